@@ -1,0 +1,1 @@
+"""The optimized scheduler: same interface and decisions as spec/, much faster."""

@@ -1,0 +1,500 @@
+"""The neutral scheduler interface that every part of schedspec speaks.
+
+spec/ owns these types; impl/, invariants/, harness/ and gpu_runner/ import them
+and never the spec's logic. Everything here is a frozen value: a StepPlan or a
+SchedulerView can be compared with ``==`` across schedulers, stored in a trace
+and replayed.
+
+Validation happens here, at the boundary: a bad SchedulerConfig or RequestSpec
+raises a typed error naming the field and never reaches a scheduler.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class SchedSpecError(Exception):
+    """Base class of every error schedspec raises on purpose."""
+
+
+class ConfigError(SchedSpecError, ValueError):
+    """A SchedulerConfig field is invalid; ``field`` names it."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"config.{field_name}: {message}")
+        self.field = field_name
+
+
+class RequestError(SchedSpecError, ValueError):
+    """A request cannot be accepted (or named) as given; ``field`` names why."""
+
+    def __init__(self, request_id: str, field_name: str, message: str) -> None:
+        super().__init__(f"request {request_id!r}: {field_name}: {message}")
+        self.request_id = request_id
+        self.field = field_name
+
+
+class ProtocolError(SchedSpecError, RuntimeError):
+    """The caller broke the add / schedule / update protocol (e.g. an update
+    with a result that does not match the plan). The scheduler is unchanged."""
+
+
+# --------------------------------------------------------------------------
+# Enums
+# --------------------------------------------------------------------------
+
+
+class RequestStatus(enum.Enum):
+    """Request states (vllm/v1/request.py, RequestStatus), restricted to the
+    ones the modelled configuration can reach."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH_CAPPED = "finished_length_capped"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_IGNORED = "finished_ignored"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in FINISHED_STATUSES
+
+
+FINISHED_STATUSES = frozenset(
+    {
+        RequestStatus.FINISHED_STOPPED,
+        RequestStatus.FINISHED_LENGTH_CAPPED,
+        RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_IGNORED,
+    }
+)
+
+_S = RequestStatus
+#: The legal status transitions. Every status change in the spec goes through
+#: ``check_transition``; an illegal one is a bug in the spec, not bad input.
+#:  WAITING   -> RUNNING (admitted), FINISHED_ABORTED (abort while queued),
+#:               FINISHED_IGNORED (never admissible; vLLM 0.33 rejects such a
+#:               prompt before the scheduler, so the spec raises at add instead
+#:               and this edge is kept only for schedulers that report it)
+#:  RUNNING   -> PREEMPTED (recompute preemption), FINISHED_STOPPED (eos or a
+#:               stop token), FINISHED_LENGTH_CAPPED (max_tokens or
+#:               max_model_len), FINISHED_ABORTED
+#:  PREEMPTED -> RUNNING (resumed), FINISHED_ABORTED
+#:  finished  -> nothing
+LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
+    _S.WAITING: frozenset({_S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_IGNORED}),
+    _S.RUNNING: frozenset(
+        {
+            _S.PREEMPTED,
+            _S.FINISHED_STOPPED,
+            _S.FINISHED_LENGTH_CAPPED,
+            _S.FINISHED_ABORTED,
+        }
+    ),
+    _S.PREEMPTED: frozenset({_S.RUNNING, _S.FINISHED_ABORTED}),
+    _S.FINISHED_STOPPED: frozenset(),
+    _S.FINISHED_LENGTH_CAPPED: frozenset(),
+    _S.FINISHED_ABORTED: frozenset(),
+    _S.FINISHED_IGNORED: frozenset(),
+}
+
+
+def is_legal_transition(old: RequestStatus, new: RequestStatus) -> bool:
+    return new in LEGAL_TRANSITIONS[old]
+
+
+class Policy(enum.Enum):
+    """vllm/v1/core/sched/request_queue.py, SchedulingPolicy."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+
+
+class ScheduleKind(enum.Enum):
+    """How a request appears in a step: first admission, re-admission after a
+    preemption, or continuing from the running queue."""
+
+    NEW = "new"
+    RESUMED = "resumed"
+    RUNNING = "running"
+
+
+# --------------------------------------------------------------------------
+# Configuration and requests
+# --------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler options the spec models. Defaults follow vLLM 0.33 where
+    it has one; every other vLLM option is pinned by the vLLM adapter.
+
+    ``num_blocks`` counts every KV block including block 0, which vLLM keeps as
+    a reserved null block (vllm/v1/core/block_pool.py, BlockPool.__init__), so
+    ``num_blocks - 1`` blocks are usable.
+    """
+
+    block_size: int = 16
+    num_blocks: int = 65
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 16
+    max_model_len: int = 256
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = True
+    policy: Policy = Policy.FCFS
+    scheduler_reserve_full_isl: bool = True
+
+    def __post_init__(self) -> None:
+        for name in (
+            "block_size",
+            "num_blocks",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_model_len",
+            "long_prefill_token_threshold",
+        ):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise ConfigError(name, f"must be an integer, got {value!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "scheduler_reserve_full_isl"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be a boolean, got {getattr(self, name)!r}")
+        if not isinstance(self.policy, Policy):
+            raise ConfigError("policy", f"must be a Policy, got {self.policy!r}")
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        if self.num_blocks < 2:
+            raise ConfigError(
+                "num_blocks",
+                f"must be at least 2 (block 0 is the reserved null block), got {self.num_blocks}",
+            )
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(
+                "long_prefill_token_threshold",
+                f"must be >= 0, got {self.long_prefill_token_threshold}",
+            )
+        # vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                "max_num_batched_tokens",
+                f"({self.max_num_batched_tokens}) is smaller than max_model_len "
+                f"({self.max_model_len}) with chunked prefill disabled: longer prompts "
+                "could never be scheduled",
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                "max_num_batched_tokens",
+                f"({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})",
+            )
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ConfigError(
+                "long_prefill_token_threshold",
+                f"({self.long_prefill_token_threshold}) cannot exceed max_model_len "
+                f"({self.max_model_len})",
+            )
+        # vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory: the engine
+        # refuses to start unless one request of max_model_len tokens fits.
+        usable_tokens = (self.num_blocks - 1) * self.block_size
+        if usable_tokens < self.max_model_len:
+            raise ConfigError(
+                "num_blocks",
+                f"the pool ({self.num_blocks - 1} usable blocks x {self.block_size} tokens = "
+                f"{usable_tokens}) cannot hold one request of max_model_len "
+                f"({self.max_model_len}) tokens",
+            )
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["policy"] = self.policy.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SchedulerConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError("<config>", f"must be an object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], "unknown field")
+        kwargs = dict(data)
+        if "policy" in kwargs:
+            raw = kwargs["policy"]
+            if isinstance(raw, Policy):
+                pass
+            elif isinstance(raw, str) and raw in {p.value for p in Policy}:
+                kwargs["policy"] = Policy(raw)
+            else:
+                raise ConfigError("policy", f"must be one of 'fcfs', 'priority', got {raw!r}")
+        return cls(**kwargs)
+
+
+#: Content key of a cached full block: (cache salt or "", every token id from
+#: the start of the request through the end of that block). The spec keys its
+#: prefix cache by content, never by a digest, so no collision can fake a hit.
+BlockKey = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One generation request, as a client submits it.
+
+    ``arrival`` orders requests of equal priority (vLLM's arrival_time);
+    ties are broken by request_id as vLLM's Request.__lt__ does.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    priority: int = 0
+    arrival: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_id: int | None = None
+    ignore_eos: bool = False
+    cache_salt: str | None = None
+
+    def __post_init__(self) -> None:
+        rid = self.request_id
+        if not isinstance(rid, str) or not rid:
+            raise RequestError(str(rid), "request_id", "must be a non-empty string")
+        if not isinstance(self.prompt_token_ids, tuple):
+            raise RequestError(rid, "prompt_token_ids", "must be a tuple of token ids")
+        if len(self.prompt_token_ids) == 0:
+            raise RequestError(rid, "prompt_token_ids", "the prompt cannot be empty")
+        for i, tok in enumerate(self.prompt_token_ids):
+            if not _is_int(tok) or tok < 0:
+                raise RequestError(
+                    rid, f"prompt_token_ids[{i}]", f"must be a non-negative integer, got {tok!r}"
+                )
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise RequestError(rid, "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.priority):
+            raise RequestError(rid, "priority", f"must be an integer, got {self.priority!r}")
+        if not _is_int(self.arrival):
+            raise RequestError(rid, "arrival", f"must be an integer, got {self.arrival!r}")
+        if not isinstance(self.stop_token_ids, tuple):
+            raise RequestError(rid, "stop_token_ids", "must be a tuple of token ids")
+        for i, tok in enumerate(self.stop_token_ids):
+            if not _is_int(tok) or tok < 0:
+                raise RequestError(
+                    rid, f"stop_token_ids[{i}]", f"must be a non-negative integer, got {tok!r}"
+                )
+        if self.eos_token_id is not None and (
+            not _is_int(self.eos_token_id) or self.eos_token_id < 0
+        ):
+            raise RequestError(
+                rid, "eos_token_id", f"must be a non-negative integer or None, got {self.eos_token_id!r}"
+            )
+        if not isinstance(self.ignore_eos, bool):
+            raise RequestError(rid, "ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
+        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
+            raise RequestError(rid, "cache_salt", f"must be a string or None, got {self.cache_salt!r}")
+
+    @property
+    def salt(self) -> str:
+        """The salt as it enters block keys: vLLM ignores an empty salt."""
+        return self.cache_salt or ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "max_tokens": self.max_tokens,
+            "priority": self.priority,
+            "arrival": self.arrival,
+            "stop_token_ids": list(self.stop_token_ids),
+            "eos_token_id": self.eos_token_id,
+            "ignore_eos": self.ignore_eos,
+            "cache_salt": self.cache_salt,
+        }
+
+
+# --------------------------------------------------------------------------
+# Step plans and results
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step: what a model runner needs.
+
+    ``block_ids`` is the whole block table after this step's allocation;
+    ``token_ids`` are the tokens to compute, at positions
+    ``num_computed_tokens .. num_computed_tokens + num_scheduled_tokens - 1``;
+    ``num_tokens`` is how many tokens the request knows (prompt + output) at
+    schedule time, so the step samples a token iff it reaches ``num_tokens``.
+    """
+
+    request_id: str
+    kind: ScheduleKind
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    num_tokens: int
+    block_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step completes the known tokens, so the model samples."""
+        return self.num_computed_tokens + self.num_scheduled_tokens >= self.num_tokens
+
+    @property
+    def is_prefill_chunk(self) -> bool:
+        return not self.samples
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The scheduler's decision for one step, in scheduling order (running
+    requests first, in running-queue order, then admissions in admission order).
+
+    ``preempted_ids`` lists requests preempted since the previous plan, in
+    preemption order; ``finished_ids`` lists the requests that finished since
+    the previous plan, sorted (vLLM keeps them in a set).
+    """
+
+    step: int
+    scheduled: tuple[ScheduledRequest, ...]
+    preempted_ids: tuple[str, ...]
+    finished_ids: tuple[str, ...]
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(s.num_scheduled_tokens for s in self.scheduled)
+
+    def get(self, request_id: str) -> ScheduledRequest | None:
+        for s in self.scheduled:
+            if s.request_id == request_id:
+                return s
+        return None
+
+    @property
+    def scheduled_ids(self) -> tuple[str, ...]:
+        return tuple(s.request_id for s in self.scheduled)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The model's output for a plan: one sampled token for every scheduled
+    request whose step completes its known tokens, and nothing for a partial
+    prefill chunk."""
+
+    sampled: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------
+# Read-only views
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestView:
+    request_id: str
+    status: RequestStatus
+    priority: int
+    arrival: int
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    max_tokens: int
+    num_computed_tokens: int
+    block_ids: tuple[int, ...]
+    num_preemptions: int
+    cache_salt: str | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_id: int | None = None
+    ignore_eos: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> tuple[int, ...]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def salt(self) -> str:
+        return self.cache_salt or ""
+
+
+@dataclass(frozen=True)
+class KVView:
+    """The paged KV pool. ``ref_cnt[b]`` is the number of requests holding
+    block ``b`` (the null block 0 reports 0); ``free_queue`` lists the free
+    blocks in eviction order, head first; ``block_keys`` maps every block that
+    carries a prefix-cache key to that key; ``cache_index`` lists, per key,
+    the blocks registered under it in lookup order (a hit takes the first)."""
+
+    num_blocks: int
+    block_size: int
+    ref_cnt: tuple[int, ...]
+    free_queue: tuple[int, ...]
+    block_keys: Mapping[int, BlockKey]
+    cache_index: Mapping[BlockKey, tuple[int, ...]]
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+
+@dataclass(frozen=True)
+class SchedulerView:
+    """A snapshot of a scheduler's whole observable state.
+
+    ``requests`` holds every unfinished request; ``finished`` holds requests
+    that finished since the last schedule() (their ids go into the next plan's
+    ``finished_ids``), with their final status and output.
+    """
+
+    config: SchedulerConfig
+    step: int
+    requests: Mapping[str, RequestView]
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    kv: KVView
+    finished: Mapping[str, RequestView]
+    preempted_since_plan: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------
+# The Scheduler protocol
+# --------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """What schedspec drives. One step is ``plan = schedule()`` then
+    ``update(plan, result)``; ``add``, ``abort`` and ``reset_prefix_cache``
+    may come between steps. An operation that raises changes nothing."""
+
+    @property
+    def config(self) -> SchedulerConfig: ...
+
+    def add(self, request: RequestSpec) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def schedule(self) -> StepPlan: ...
+
+    def update(self, plan: StepPlan, result: StepResult) -> None: ...
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
+
+    def view(self) -> SchedulerView: ...

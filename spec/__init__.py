@@ -45,3 +45,7 @@ __all__ = [
     "StepResult",
     "is_legal_transition",
 ]
+
+from spec.scheduler import SpecScheduler  # noqa: E402
+
+__all__ += ["SpecScheduler"]

@@ -25,7 +25,7 @@ from spec.interface import ConfigError, RequestError, RequestSpec, SchedulerConf
 from harness.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, Workload
 
 TRACE_VERSION = 1
-_REQUEST_FIELDS = {
+_REQUEST_FIELDS: dict[str, type | tuple[type, ...]] = {
     "request_id": str,
     "prompt_token_ids": list,
     "max_tokens": int,

@@ -104,6 +104,7 @@ class CheckOutcome:
     seed: int | None = None
     out_dir: Path | None = None
     trace_path: Path | None = None
+    seeds: list[int] | None = None
 
 
 def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
@@ -154,6 +155,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     steps = workloads = 0
     start = time.monotonic()
     outcome = CheckOutcome(0, 0, 0.0, stats)
+    seeds: list[int] = []
     index = 0
     while True:
         if total_steps is not None and steps >= total_steps:
@@ -162,6 +164,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             break
         seed = args.seed + index * shard_n + (shard_k - 1)
         index += 1
+        seeds.append(seed)
         n = wl_steps if total_steps is None else min(wl_steps, total_steps - steps)
         workload = random_workload(seed, n, vocab=args.vocab)
         runner, failure = run_workload(workload, factories, args.vocab, oracle_seed=seed)
@@ -197,6 +200,7 @@ def cmd_check(args: argparse.Namespace) -> int:
               + ("" if target.name == "spec" else ", plans and views equal to the spec")
               + f" ({rate:,.0f} steps/s; {stats.preemptions} preemptions, {stats.hit_admissions} prefix hits,"
               f" {stats.chunks} prefill chunks)")
+    outcome.seeds = seeds
     if args.json:
         _write_json(Path(args.json), args, outcome)
     if args.junit:
@@ -212,6 +216,7 @@ def _summary(args: argparse.Namespace, o: CheckOutcome) -> dict[str, Any]:
         "shard": args.shard or "1/1",
         "steps": o.steps,
         "workloads": o.workloads,
+        "workload_seeds": o.seeds or [],
         "elapsed_s": round(o.elapsed, 3),
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
@@ -351,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SchedSpecError as exc:
         print(f"schedspec: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # e.g. `schedspec invariants | head`
+        sys.stderr.close()
+        return EXIT_OK
     parser.error(f"unknown command {args.command!r}")
     return EXIT_USAGE
 

@@ -184,7 +184,7 @@ def _parse_event(
         "step": ("op",),
         "reset_prefix_cache": ("op", "reset_running_requests"),
     }
-    if op not in allowed:
+    if not isinstance(op, str) or op not in allowed:
         raise TraceError(path, line, "op", f"unknown event {op!r} (expected one of {sorted(allowed)})")
     assert isinstance(op, str)
     for key in obj:

@@ -136,6 +136,17 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: Upper bounds that keep a hostile config from exhausting memory (the pool
+#: is an array of num_blocks entries).
+_LIMITS = {
+    "block_size": 1 << 16,
+    "num_blocks": 1 << 24,
+    "max_num_batched_tokens": 1 << 24,
+    "max_num_seqs": 1 << 20,
+    "max_model_len": 1 << 24,
+}
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduler options the spec models. Defaults follow vLLM 0.33 where
@@ -177,6 +188,9 @@ class SchedulerConfig:
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        for name, limit in _LIMITS.items():
+            if getattr(self, name) > limit:
+                raise ConfigError(name, f"{getattr(self, name)} is beyond the supported maximum {limit}")
         if self.num_blocks < 2:
             raise ConfigError(
                 "num_blocks",

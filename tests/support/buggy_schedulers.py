@@ -1,0 +1,33 @@
+"""Deliberately broken schedulers the tests hold the gate against."""
+
+from __future__ import annotations
+
+from spec.scheduler import SpecScheduler
+
+
+class LeakyAbort(SpecScheduler):
+    """Forgets to free the last block of an aborted request."""
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is not None and req.blocks:
+            req.blocks = req.blocks[:-1]
+        super().abort(request_id)
+
+
+class WrongVictim(SpecScheduler):
+    """FCFS preemption takes the FIRST running request instead of the last."""
+
+    def schedule(self):  # type: ignore[no-untyped-def]
+        import spec.scheduler as mod
+
+        original = mod.choose_victim
+        mod.choose_victim = lambda policy, keys: 0  # type: ignore[assignment]
+        try:
+            return super().schedule()
+        finally:
+            mod.choose_victim = original
+
+
+class NotAScheduler:
+    pass

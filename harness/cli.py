@@ -285,11 +285,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_equivalence(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    import importlib
+
     try:
-        from gpu_runner.cli import main as eq_main
+        eq_cli = importlib.import_module("gpu_runner.cli")
     except ImportError as exc:
         raise UsageError(f"equivalence needs the runner extra (torch): {exc}") from None
-    result: int = eq_main(list(extra))
+    result: int = eq_cli.main(list(extra))
     return result
 
 

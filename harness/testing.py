@@ -43,8 +43,10 @@ def _as_factory(target: Any) -> SchedulerFactory:
 
             return wrapped
 
+        cls: Any = target
+
         def build(config: SchedulerConfig) -> Scheduler:
-            sched: Scheduler = target(config)
+            sched: Scheduler = cls(config)
             return sched
 
         return build

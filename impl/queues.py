@@ -1,0 +1,142 @@
+"""Waiting queues and the PRIORITY victim heap.
+
+- FCFS waiting (vLLM: FCFSRequestQueue, a deque): an OrderedDict keyed by
+  request id, so append, prepend (a preempted request goes back to the front),
+  peek/pop at the head and removal from the middle (abort) are all O(1).
+- PRIORITY waiting (vLLM: PriorityRequestQueue, a heap on Request.__lt__): a
+  binary heap of ``(priority, arrival, request_id, seq, request)`` with lazy
+  deletion. Request ids are unique among live entries, so the head is the
+  spec's ``min`` on (priority, arrival, request_id); ``seq`` keeps stale
+  entries of a reused request id from ever comparing their payloads.
+- PRIORITY victims: ``max(running, key=(priority, arrival))``, the first such
+  request in running order. Running order is admission order, so a min-heap
+  on ``(-priority, -arrival, run_seq)`` with lazy deletion gives the same
+  request in O(log n) instead of a scan.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from typing import Generic, Iterator, Protocol, TypeVar
+
+
+class Queued(Protocol):
+    rid: str
+    priority: int
+    arrival: int
+    wseq: int
+    run_seq: int
+
+    @property
+    def is_running(self) -> bool: ...
+
+
+R = TypeVar("R", bound=Queued)
+
+
+class FcfsWaiting(Generic[R]):
+    __slots__ = ("_q",)
+
+    def __init__(self) -> None:
+        self._q: OrderedDict[str, R] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def push_back(self, req: R) -> None:
+        self._q[req.rid] = req
+
+    def push_front(self, req: R) -> None:
+        self._q[req.rid] = req
+        self._q.move_to_end(req.rid, last=False)
+
+    def peek(self) -> R:
+        return next(iter(self._q.values()))
+
+    def pop_head(self) -> R:
+        return self._q.popitem(last=False)[1]
+
+    def remove(self, req: R) -> None:
+        del self._q[req.rid]
+
+    def order(self) -> Iterator[R]:
+        return iter(list(self._q.values()))
+
+
+_HeapEntry = tuple[int, int, str, int, R]
+
+
+class PriorityWaiting(Generic[R]):
+    __slots__ = ("_heap", "_live", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, str, int, R]] = []
+        self._live = 0
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def push_back(self, req: R) -> None:
+        self._seq += 1
+        req.wseq = self._seq
+        heapq.heappush(self._heap, (req.priority, req.arrival, req.rid, self._seq, req))
+        self._live += 1
+
+    # A preempted request is ordered by its key like any other.
+    push_front = push_back
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        while heap and heap[0][4].wseq != heap[0][3]:
+            heapq.heappop(heap)
+
+    def peek(self) -> R:
+        self._drop_stale()
+        return self._heap[0][4]
+
+    def pop_head(self) -> R:
+        self._drop_stale()
+        req = heapq.heappop(self._heap)[4]
+        req.wseq = -1
+        self._live -= 1
+        return req
+
+    def remove(self, req: R) -> None:
+        req.wseq = -1
+        self._live -= 1
+        if len(self._heap) > 2 * self._live + 64:
+            self._heap = [e for e in self._heap if e[4].wseq == e[3]]
+            heapq.heapify(self._heap)
+
+    def order(self) -> Iterator[R]:
+        live = sorted(e for e in self._heap if e[4].wseq == e[3])
+        return iter([e[4] for e in live])
+
+
+class VictimHeap(Generic[R]):
+    """PRIORITY preemption victims among the running requests."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int, R]] = []
+
+    def push(self, req: R) -> None:
+        heapq.heappush(self._heap, (-req.priority, -req.arrival, req.run_seq, req))
+
+    def top(self) -> R:
+        """The running request to preempt. The caller guarantees one runs."""
+        heap = self._heap
+        while True:
+            e = heap[0]
+            req = e[3]
+            if req.is_running and req.run_seq == e[2]:
+                return req
+            heapq.heappop(heap)
+
+    def compact(self, running: list[R]) -> None:
+        if len(self._heap) > 2 * len(running) + 64:
+            self._heap = [(-r.priority, -r.arrival, r.run_seq, r) for r in running]
+            heapq.heapify(self._heap)

@@ -1,0 +1,752 @@
+"""ImplScheduler: the spec's observable behaviour, at production speed.
+
+Same decisions as spec.scheduler.SpecScheduler (plans, views, errors), written
+independently: it imports only the interface types. Where the time goes and
+what keeps it small:
+
+- A decode step costs O(1) per running request. Each request carries
+  ``cap`` (slots in its block table) and ``next_full`` (the token count at
+  which its next block becomes full and gets a prefix-cache key); only a
+  request whose step crosses one of them leaves the fast path.
+- The block table is handed to plans as a tuple that is cached on the request
+  and rebuilt only when the table changes.
+- Plan entries are frozen dataclasses; building one through ``__init__``
+  (``object.__setattr__`` per field) costs three times more than filling its
+  ``__dict__`` directly, which yields an equal object.
+- ``update`` validates and applies in one pass over the plan, and undoes the
+  appended tokens if it finds bad input; the exact error is then produced by
+  a check written in the spec's order, so callers see the same exception.
+- The KV pool: free queue as a linked list over arrays (impl/free_queue.py),
+  interned chained prefix keys (impl/prefix_index.py), counters, no scans.
+- Waiting queues and PRIORITY victims: impl/queues.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from spec.interface import (
+    BlockKey,
+    KVView,
+    Policy,
+    ProtocolError,
+    RequestError,
+    RequestSpec,
+    RequestStatus,
+    RequestView,
+    ScheduledRequest,
+    ScheduleKind,
+    SchedulerConfig,
+    SchedulerView,
+    StepPlan,
+    StepResult,
+)
+
+from impl.free_queue import FreeBlockQueue
+from impl.prefix_index import KeyNode, PrefixIndex
+from impl.queues import FcfsWaiting, PriorityWaiting, VictimHeap
+
+_WAITING = RequestStatus.WAITING
+_RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+_STOPPED = RequestStatus.FINISHED_STOPPED
+_LENGTH = RequestStatus.FINISHED_LENGTH_CAPPED
+_ABORTED = RequestStatus.FINISHED_ABORTED
+_K_NEW = ScheduleKind.NEW
+_K_RESUMED = ScheduleKind.RESUMED
+_K_RUNNING = ScheduleKind.RUNNING
+
+_NEVER = 1 << 62  # "no next full block" when prefix caching is off
+_new = object.__new__
+_SR = ScheduledRequest
+
+
+class _Req:
+    """One unfinished (or just finished) request."""
+
+    __slots__ = (
+        "rid",
+        "spec",
+        "status",
+        "prompt",
+        "plen",
+        "output",
+        "tail",
+        "num_tokens",
+        "num_computed",
+        "blocks",
+        "btuple",
+        "cap",
+        "ncached",
+        "next_full",
+        "edge",
+        "npreempt",
+        "salt",
+        "priority",
+        "arrival",
+        "stop",
+        "end_at",
+        "wseq",
+        "run_seq",
+    )
+
+    def __init__(self, spec: RequestSpec, max_model_len: int, block_size: int, caching: bool) -> None:
+        self.rid = spec.request_id
+        self.spec = spec
+        self.status = _WAITING
+        self.prompt = spec.prompt_token_ids
+        self.plen = len(self.prompt)
+        self.output: list[int] = []
+        # (last token,): a decode step's token_ids. update() stores the
+        # result's own 1-tuple here, so a decode step allocates no tuple.
+        self.tail: tuple[int, ...] = self.prompt[-1:]
+        self.num_tokens = self.plen
+        self.num_computed = 0
+        self.blocks: list[int] = []
+        self.btuple: tuple[int, ...] | None = ()
+        self.cap = 0
+        self.ncached = 0
+        self.next_full = block_size if caching else _NEVER
+        # The first computed-token count that leaves the decode fast path:
+        # past the table's slots, or filling the next block to key.
+        self.edge = 1
+        self.npreempt = 0
+        self.salt = spec.cache_salt or ""
+        self.priority = spec.priority
+        self.arrival = spec.arrival
+        stop = set(spec.stop_token_ids)
+        if spec.eos_token_id is not None and not spec.ignore_eos:
+            stop.add(spec.eos_token_id)
+        self.stop = frozenset(stop)
+        # A request is length-capped once it has max_tokens outputs or
+        # max_model_len tokens in all.
+        self.end_at = self.plen + min(spec.max_tokens, max_model_len - self.plen)
+        self.wseq = -1
+        self.run_seq = -1
+
+    @property
+    def is_running(self) -> bool:
+        return self.status is _RUNNING
+
+    def toks(self, a: int, b: int) -> tuple[int, ...]:
+        """Tokens at positions a .. b - 1 (prompt then output)."""
+        p = self.plen
+        if b <= p:
+            return self.prompt[a:b]
+        if a >= p:
+            return tuple(self.output[a - p : b - p])
+        return self.prompt[a:] + tuple(self.output[: b - p])
+
+    def block_tuple(self) -> tuple[int, ...]:
+        bt = self.btuple
+        if bt is None:
+            bt = self.btuple = tuple(self.blocks)
+        return bt
+
+    def view(self) -> RequestView:
+        s = self.spec
+        return RequestView(
+            request_id=s.request_id,
+            status=self.status,
+            priority=s.priority,
+            arrival=s.arrival,
+            prompt_token_ids=s.prompt_token_ids,
+            output_token_ids=tuple(self.output),
+            max_tokens=s.max_tokens,
+            num_computed_tokens=self.num_computed,
+            block_ids=tuple(self.blocks),
+            num_preemptions=self.npreempt,
+            cache_salt=s.cache_salt,
+            stop_token_ids=s.stop_token_ids,
+            eos_token_id=s.eos_token_id,
+            ignore_eos=s.ignore_eos,
+        )
+
+
+Waiting = Union[FcfsWaiting[_Req], PriorityWaiting[_Req]]
+
+
+class ImplScheduler:
+    """Implements spec.interface.Scheduler."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        if not isinstance(config, SchedulerConfig):
+            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        self._config = config
+        self._bs = config.block_size
+        self._mml = config.max_model_len
+        self._caching = config.enable_prefix_caching
+        self._priority = config.policy == Policy.PRIORITY
+        nb = config.num_blocks
+        # KV pool
+        self._ref: list[int] = [0] * nb
+        self._fq = FreeBlockQueue(nb)
+        self._px = PrefixIndex(nb)
+        # requests and queues
+        self._requests: dict[str, _Req] = {}
+        self._waiting: Waiting = PriorityWaiting() if self._priority else FcfsWaiting()
+        self._running: list[_Req] = []
+        self._victims: VictimHeap[_Req] = VictimHeap()
+        self._run_seq = 0
+        self._finished: dict[str, _Req] = {}
+        self._preempted: set[str] = set()
+        self._step = 0
+        self._outstanding: StepPlan | None = None
+        self._out_reqs: list[_Req] = []
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self._config
+
+    # ------------------------------------------------------------------ events
+
+    def add(self, request: RequestSpec) -> None:
+        if not isinstance(request, RequestSpec):
+            raise TypeError(f"request must be a RequestSpec, got {type(request).__name__}")
+        rid = request.request_id
+        if rid in self._requests or rid in self._finished:
+            raise RequestError(rid, "request_id", "duplicate request id")
+        if len(request.prompt_token_ids) >= self._mml:
+            raise RequestError(
+                rid,
+                "prompt_token_ids",
+                f"prompt length {len(request.prompt_token_ids)} leaves no room for an output "
+                f"token within max_model_len {self._mml}",
+            )
+        req = _Req(request, self._mml, self._bs, self._caching)
+        self._requests[rid] = req
+        self._waiting.push_back(req)
+
+    def abort(self, request_id: str) -> None:
+        req = self._requests.get(request_id)
+        if req is None:
+            raise RequestError(request_id, "request_id", "no unfinished request with this id")
+        if req.status is _RUNNING:
+            self._running.remove(req)
+        else:
+            self._waiting.remove(req)
+        self._finish(req, _ABORTED)
+
+    def _finish(self, req: _Req, status: RequestStatus) -> None:
+        req.status = status
+        self._free(req.blocks)
+        req.blocks = []
+        req.btuple = ()
+        req.cap = 0
+        del self._requests[req.rid]
+        self._finished[req.rid] = req
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        if self._outstanding is not None:
+            raise ProtocolError("reset_prefix_cache between schedule() and update()")
+        if reset_running_requests:
+            running = self._running
+            while running:
+                self._preempt(running.pop())
+        if self._fq.size != self._config.num_blocks - 1:
+            return False
+        self._px.clear()
+        return True
+
+    # ------------------------------------------------------------------ KV
+
+    def _free(self, table: list[int]) -> None:
+        """Release a block table, tail first: unkeyed blocks to the head of the
+        free queue, keyed ones to the tail."""
+        if not table:
+            return
+        ref = self._ref
+        node_of = self._px.block_node
+        front: list[int] = []
+        back: list[int] = []
+        for b in reversed(table):
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                if node_of[b] is None:
+                    front.append(b)
+                else:
+                    back.append(b)
+        self._fq.prepend(front)
+        self._fq.append(back)
+
+    def _allocate(self, k: int) -> list[int]:
+        taken = self._fq.popleft_n(k)
+        ref = self._ref
+        px = self._px
+        node_of = px.block_node
+        for b in taken:
+            if node_of[b] is not None:
+                px.evict(b)
+            ref[b] = 1
+        return taken
+
+    def _register(self, req: _Req, upto: int) -> None:
+        """Give keys to the blocks of ``req`` that are full once ``upto`` tokens
+        are computed (requires prefix caching)."""
+        bs = self._bs
+        num_full = upto // bs
+        i = req.ncached
+        if num_full <= i:
+            return
+        px = self._px
+        blocks = req.blocks
+        parent: KeyNode | str
+        if i == 0:
+            parent = req.salt
+        else:
+            node = px.block_node[blocks[i - 1]]
+            assert node is not None
+            parent = node
+        for j in range(i, num_full):
+            b = blocks[j]
+            px.register(b, parent, req.toks(j * bs, (j + 1) * bs))
+            node = px.block_node[b]
+            assert node is not None
+            parent = node
+        req.ncached = num_full
+        req.next_full = (num_full + 1) * bs
+        req.edge = min(req.cap + 1, req.next_full)
+
+    def _grow(self, req: _Req, end: int) -> bool:
+        """Slots for a running request to reach ``end`` computed tokens, and
+        keys for the blocks that fill up. False (and nothing changed) when the
+        pool is short."""
+        bs = self._bs
+        need = -(-end // bs) - len(req.blocks)
+        if need > 0:
+            if need > self._fq.size:
+                return False
+            req.blocks.extend(self._allocate(need))
+            req.cap = len(req.blocks) * bs
+            req.btuple = None
+        if self._caching:
+            self._register(req, end)
+        req.edge = min(req.cap + 1, req.next_full)
+        return True
+
+    def _find_hit(self, req: _Req) -> list[int]:
+        if not self._caching:
+            return []
+        bs = self._bs
+        lookup = self._px.lookup
+        hit: list[int] = []
+        parent: KeyNode | str = req.salt
+        for i in range((req.num_tokens - 1) // bs):
+            node = lookup(parent, req.toks(i * bs, (i + 1) * bs))
+            if node is None:
+                break
+            hit.append(next(iter(node.holders)))
+            parent = node
+        return hit
+
+    def _admit_alloc(self, req: _Req, hit: list[int], n: int) -> bool:
+        bs = self._bs
+        ref = self._ref
+        free = self._fq.size
+        nhit = len(hit)
+        evictable = 0
+        for b in hit:
+            if ref[b] == 0:
+                evictable += 1
+        if self._config.scheduler_reserve_full_isl:
+            full = min(req.num_tokens, self._mml)
+            if max(-(-full // bs) - nhit, 0) + evictable > free:
+                return False
+        hit_tokens = nhit * bs
+        target = min(hit_tokens + n, self._mml)
+        need = max(-(-target // bs) - nhit, 0)
+        if need + evictable > free:
+            return False
+        fq = self._fq
+        for b in hit:
+            if ref[b] == 0:
+                fq.remove(b)
+            ref[b] += 1
+        blocks = list(hit)
+        if need:
+            blocks.extend(self._allocate(need))
+        req.blocks = blocks
+        req.btuple = None
+        req.cap = len(blocks) * bs
+        req.ncached = nhit
+        if self._caching:
+            req.next_full = (nhit + 1) * bs
+            self._register(req, min(hit_tokens + n, req.num_tokens))
+        req.edge = min(req.cap + 1, req.next_full)
+        return True
+
+    def _preempt(self, req: _Req) -> None:
+        req.status = _PREEMPTED
+        self._free(req.blocks)
+        req.blocks = []
+        req.btuple = ()
+        req.cap = 0
+        req.ncached = 0
+        if self._caching:
+            req.next_full = self._bs
+        req.edge = 1
+        req.num_computed = 0
+        req.npreempt += 1
+        self._waiting.push_front(req)
+        self._preempted.add(req.rid)
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self) -> StepPlan:
+        if self._outstanding is not None:
+            raise ProtocolError("schedule() called again before update() of the previous plan")
+        cfg = self._config
+        self._step += 1
+        budget = cfg.max_num_batched_tokens
+        running = self._running
+        waiting = self._waiting
+        thr = cfg.long_prefill_token_threshold
+        if len(running) + len(waiting) <= 1:
+            thr = 0
+        mml = self._mml
+        # Plan entries and their requests, in scheduling order (parallel lists).
+        ents: list[ScheduledRequest] = []
+        out: list[_Req] = []
+        ents_append = ents.append
+        out_append = out.append
+        k_running = _K_RUNNING
+        new = _new
+        sr = _SR
+
+        # Phase 1: running requests, in order. The common case (nobody needs
+        # preempting) is this plain loop; at the first request that cannot get
+        # its blocks, the general loop (_schedule_running_slow) takes over.
+        slow_req: _Req | None = None
+        for req in running:
+            if budget <= 0:
+                break
+            c = req.num_computed
+            nt = req.num_tokens
+            n = nt - c
+            if n == 1:  # decoding: every cap leaves n == 1 (nt <= mml - 1)
+                e = nt
+                tt: tuple[int, ...] = req.tail
+            else:
+                if 0 < thr < n:
+                    n = thr
+                if n > budget:
+                    n = budget
+                if n > mml - c - 1:
+                    n = mml - c - 1
+                if n <= 0:
+                    continue  # skipped, not a stop
+                e = c + n
+                tt = req.toks(c, e)
+            if e >= req.edge and not self._grow(req, e):
+                slow_req = req
+                break
+            o = new(sr)
+            d = o.__dict__
+            d["request_id"] = req.rid
+            d["kind"] = k_running
+            d["num_computed_tokens"] = c
+            d["num_scheduled_tokens"] = n
+            d["num_tokens"] = nt
+            bt = req.btuple
+            d["block_ids"] = bt if bt is not None else req.block_tuple()
+            d["token_ids"] = tt
+            ents_append(o)
+            out_append(req)
+            req.num_computed = e
+            budget -= n
+        preempted_now = False
+        if slow_req is not None:
+            budget, preempted_now = self._schedule_running_slow(
+                running.index(slow_req), budget, thr, ents, out
+            )
+
+        # Phase 2: admissions, only in a step that preempted nobody.
+        if not preempted_now:
+            max_seqs = cfg.max_num_seqs
+            chunked = cfg.enable_chunked_prefill
+            bs = self._bs
+            while budget > 0 and len(waiting):
+                if len(running) >= max_seqs:
+                    break
+                req = waiting.peek()
+                hit = self._find_hit(req)
+                hit_tokens = len(hit) * bs
+                nt = req.num_tokens
+                n = nt - hit_tokens
+                if 0 < thr < n:
+                    n = thr
+                if n > budget:
+                    if not chunked:
+                        break
+                    n = budget
+                if not self._admit_alloc(req, hit, n):
+                    break
+                waiting.pop_head()
+                kind = _K_NEW if req.status is _WAITING else _K_RESUMED
+                req.status = _RUNNING
+                self._run_seq += 1
+                req.run_seq = self._run_seq
+                running.append(req)
+                if self._priority:
+                    self._victims.push(req)
+                e = hit_tokens + n
+                ents_append(
+                    ScheduledRequest(
+                        request_id=req.rid,
+                        kind=kind,
+                        num_computed_tokens=hit_tokens,
+                        num_scheduled_tokens=n,
+                        num_tokens=nt,
+                        block_ids=req.block_tuple(),
+                        token_ids=req.toks(hit_tokens, e),
+                    )
+                )
+                out_append(req)
+                req.num_computed = e
+                budget -= n
+        if self._priority:
+            self._victims.compact(running)
+
+        plan = StepPlan(
+            step=self._step,
+            scheduled=tuple(ents),
+            preempted_ids=tuple(sorted(self._preempted)),
+            finished_ids=tuple(sorted(self._finished)),
+        )
+        self._preempted = set()
+        self._finished = {}
+        self._outstanding = plan
+        self._out_reqs = out
+        return plan
+
+    def _schedule_running_slow(
+        self, i: int, budget: int, thr: int, ents: list[ScheduledRequest], out: list[_Req]
+    ) -> tuple[int, bool]:
+        """The RUNNING loop from index ``i`` on, with preemption: while a
+        request cannot get its blocks, preempt the victim (FCFS: the last
+        running request; PRIORITY: the first with the largest (priority,
+        arrival)), give back the budget of a victim already scheduled, retry.
+        A request that preempts itself ends the loop (FCFS) or is skipped
+        (PRIORITY). Returns the remaining budget and whether anyone was
+        preempted."""
+        running = self._running
+        mml = self._mml
+        priority = self._priority
+        preempted = False
+        while i < len(running) and budget > 0:
+            req = running[i]
+            c = req.num_computed
+            nt = req.num_tokens
+            n = nt - c
+            if 0 < thr < n:
+                n = thr
+            if n > budget:
+                n = budget
+            if n > mml - c - 1:
+                n = mml - c - 1
+            if n <= 0:
+                i += 1
+                continue
+            e = c + n
+            if e >= req.edge and not self._grow(req, e):
+                allocated = False
+                while True:
+                    if priority:
+                        victim = self._victims.top()
+                        v = running.index(victim)
+                        running.pop(v)
+                    else:
+                        v = len(running) - 1
+                        victim = running.pop()
+                    if v < i:
+                        i -= 1
+                    if victim in out:  # already scheduled this step: give its budget back
+                        j = out.index(victim)
+                        del out[j]
+                        budget += ents.pop(j).num_scheduled_tokens
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                    if self._grow(req, e):
+                        allocated = True
+                        break
+                if not allocated:
+                    if priority:
+                        continue  # it preempted itself; later requests may still fit
+                    break
+            ents.append(
+                ScheduledRequest(
+                    request_id=req.rid,
+                    kind=_K_RUNNING,
+                    num_computed_tokens=c,
+                    num_scheduled_tokens=n,
+                    num_tokens=nt,
+                    block_ids=req.block_tuple(),
+                    token_ids=req.toks(c, e),
+                )
+            )
+            out.append(req)
+            req.num_computed = e
+            budget -= n
+            i += 1
+        return budget, preempted
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, plan: StepPlan, result: StepResult) -> None:
+        outstanding = self._outstanding
+        if outstanding is None or (plan is not outstanding and plan != outstanding):
+            raise ProtocolError(
+                f"update() with a plan that is not the outstanding one (step {plan.step})"
+            )
+        if not isinstance(result, StepResult):
+            raise ProtocolError(f"result must be a StepResult, got {type(result).__name__}")
+        sampled = result.sampled
+        get = sampled.get
+        out = self._out_reqs
+        others = 0  # entries that are not a live sampling step
+        extra = 0  # tokens present for those entries
+        stopped: list[_Req] = []
+        bad = -1
+        req: _Req | None = None
+        try:
+            for req in out:
+                toks = get(req.rid)
+                if req.status is not _RUNNING:  # aborted while the step ran
+                    others += 1
+                    if toks is not None:
+                        extra += 1
+                        if not _valid_tokens(toks):
+                            raise _Bad
+                    continue
+                nt = req.num_tokens
+                if req.num_computed >= nt:  # this step samples
+                    if toks.__class__ is not tuple:
+                        raise _Bad
+                    (t,) = toks
+                    if t.__class__ is not int or t < 0:
+                        raise _Bad
+                    req.output.append(t)
+                    nt += 1
+                    req.num_tokens = nt
+                    req.tail = toks
+                    if nt >= req.end_at or t in req.stop:
+                        stopped.append(req)
+                else:
+                    others += 1
+                    if toks is not None:
+                        extra += 1
+                        if toks.__class__ is not tuple or len(toks) != 0:
+                            raise _Bad
+            if len(out) - others + extra != len(sampled):
+                bad = len(out)  # tokens for a request the plan did not schedule
+        except (_Bad, ValueError):
+            assert req is not None
+            bad = out.index(req)
+        if bad >= 0:
+            self._rollback(plan, bad)
+            self._check_result_exactly(plan, result)  # raises the spec's error
+            # Valid after all (e.g. an int subclass as a token): the plain way.
+            stopped = self._append_slow(plan, result)
+        if stopped:
+            for r in stopped:
+                self._finish(r, _STOPPED if r.tail[0] in r.stop else _LENGTH)
+            self._running = [r for r in self._running if r.status is _RUNNING]
+        self._outstanding = None
+        self._out_reqs = []
+
+    def _rollback(self, plan: StepPlan, bad: int) -> None:
+        """Undo the tokens the fast pass appended to the entries before
+        position ``bad``."""
+        for s, req in zip(plan.scheduled[:bad], self._out_reqs):
+            if req.status is _RUNNING and s.samples:
+                req.output.pop()
+                req.num_tokens -= 1
+                req.tail = (req.output[-1],) if req.output else req.prompt[-1:]
+
+    def _append_slow(self, plan: StepPlan, result: StepResult) -> list[_Req]:
+        stopped: list[_Req] = []
+        for s in plan.scheduled:
+            req = self._requests.get(s.request_id)
+            toks = result.sampled.get(s.request_id, ())
+            if req is None or not toks:
+                continue
+            t = toks[0]
+            req.output.append(t)
+            req.num_tokens += 1
+            req.tail = (t,)
+            if req.num_tokens >= req.end_at or t in req.stop:
+                stopped.append(req)
+        return stopped
+
+    def _check_result_exactly(self, plan: StepPlan, result: StepResult) -> None:
+        """Raise the error the spec raises for this (bad) result, checking in
+        the spec's order."""
+        planned = {s.request_id: s for s in plan.scheduled}
+        for rid, toks in result.sampled.items():
+            if rid not in planned:
+                raise ProtocolError(f"result has tokens for {rid!r}, which the plan did not schedule")
+            if not isinstance(toks, tuple) or any(
+                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in toks
+            ):
+                raise ProtocolError(f"result for {rid!r} must be a tuple of token ids, got {toks!r}")
+        for s in plan.scheduled:
+            if s.request_id not in self._requests:
+                continue
+            got = len(result.sampled.get(s.request_id, ()))
+            want = 1 if s.samples else 0
+            if got != want:
+                what = "a completed step" if s.samples else "a partial prefill chunk"
+                raise ProtocolError(
+                    f"result for {s.request_id!r} has {got} tokens; {what} takes {want}"
+                )
+
+    # ------------------------------------------------------------------ view
+
+    def view(self) -> SchedulerView:
+        block_keys, cache_index = self._px.views()
+        kv = KVView(
+            num_blocks=self._config.num_blocks,
+            block_size=self._bs,
+            ref_cnt=tuple(self._ref),
+            free_queue=tuple(self._fq.to_list()),
+            block_keys=block_keys,
+            cache_index=cache_index,
+        )
+        return SchedulerView(
+            config=self._config,
+            step=self._step,
+            requests={rid: r.view() for rid, r in self._requests.items()},
+            waiting=tuple(r.rid for r in self._waiting.order()),
+            running=tuple(r.rid for r in self._running),
+            kv=kv,
+            finished={rid: r.view() for rid, r in self._finished.items()},
+            preempted_since_plan=tuple(sorted(self._preempted)),
+        )
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes of the internal structures (for tests and benchmarks)."""
+        return {
+            "requests": len(self._requests),
+            "waiting": len(self._waiting),
+            "running": len(self._running),
+            "free_blocks": self._fq.size,
+            "interned_keys": len(self._px.intern),
+        }
+
+
+class _Bad(Exception):
+    """Internal: the fast pass of update() met input it does not vouch for."""
+
+
+def _valid_tokens(toks: object) -> bool:
+    return isinstance(toks, tuple) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in toks
+    )
+
+
+__all__ = ["ImplScheduler", "BlockKey"]

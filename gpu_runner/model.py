@@ -1,0 +1,464 @@
+"""A Llama-family decoder whose KV cache is paged.
+
+The model is a plain set of float32 tensors (``LlamaWeights``) and two forward
+functions over one flattened step batch (``StepBatch``): every scheduled token
+of every request, prefill chunks and decodes mixed. Each layer first writes the
+step's keys and values into their slots of the paged cache
+``[layers, num_blocks, block_size, kv_heads, head_dim]`` and then attends, for
+each token, over its own request's positions ``0 .. pos`` found through the
+request's block table.
+
+Two modes:
+
+``exact``
+    Batch invariant. Every per-token computation runs in tiles of a fixed
+    number of rows (``tile_rows``, padded with dummy rows), so each matmul,
+    reduction and softmax is always the same kernel call on the same shapes,
+    whatever the batch composition and chunk boundaries. Attention reads a
+    fixed window of ``window`` keys (positions ``0 .. window-1`` through the
+    block table, later positions masked to ``-inf``), so its reductions have a
+    fixed length and order too. Elementwise operations are either correctly
+    rounded IEEE operations (add, mul, div, sqrt) or run on rows whose length
+    is a multiple of 64 (the SwiGLU hidden size is zero-padded), so no element
+    ever falls into a scalar "tail" loop that rounds differently from the
+    vector body. The result: a token's logits are bitwise identical however it
+    was batched. ``tests/test_gpu_runner.py`` proves it on the machine it runs on.
+
+``fast``
+    Ordinary batched kernels: one matmul over all tokens, attention per request
+    over exactly its context. Tokens usually agree; logits agree within a
+    tolerance that the equivalence report states.
+
+torch is imported here and only inside ``gpu_runner``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+Mode = Literal["exact", "fast"]
+RopeStyle = Literal["half", "interleaved"]
+
+#: Rows of an elementwise tensor in exact mode are padded to a multiple of this,
+#: so vectorised loops never leave a scalar remainder inside a row.
+VECTOR_PAD = 64
+
+
+class ModelError(ValueError):
+    """A model configuration or checkpoint is unusable; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    rope_style: RopeStyle = "half"
+    max_position: int = 2048
+    name: str = "llama"
+
+    def __post_init__(self) -> None:
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position",
+        ):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ModelError(f"model config {f} must be a positive integer, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ModelError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_style not in ("half", "interleaved"):
+            raise ModelError(f"rope_style must be 'half' or 'interleaved', got {self.rope_style!r}")
+        if not self.rope_theta > 0 or not self.rms_norm_eps >= 0:
+            raise ModelError("rope_theta must be positive and rms_norm_eps non-negative")
+
+    @property
+    def num_params(self) -> int:
+        d, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * i
+        return v * d * (1 if self.tie_embeddings else 2) + d + self.num_layers * per_layer
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer, in ``F.linear`` layout ([out, in])."""
+
+    attn_norm: torch.Tensor  # [D]
+    wqkv: torch.Tensor  # [(H + 2 KVH) * Dh, D]
+    wo: torch.Tensor  # [D, H * Dh]
+    mlp_norm: torch.Tensor  # [D]
+    w_gate_up: torch.Tensor  # [2 * I_pad, D]: gate rows then up rows, zero-padded
+    w_down: torch.Tensor  # [D, I_pad], zero-padded columns
+
+
+@dataclass
+class LlamaWeights:
+    """All parameters of a model, float32, on one device."""
+
+    config: ModelConfig
+    embed: torch.Tensor  # [V, D]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [D]
+    lm_head: torch.Tensor  # [V, D]; the same tensor as ``embed`` when tied
+    intermediate_padded: int = 0
+    source: str = ""
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def to(self, device: torch.device | str) -> LlamaWeights:
+        dev = torch.device(device)
+        embed = self.embed.to(dev)
+        lm_head = embed if self.lm_head is self.embed else self.lm_head.to(dev)
+        layers = [
+            LayerWeights(
+                attn_norm=lw.attn_norm.to(dev),
+                wqkv=lw.wqkv.to(dev),
+                wo=lw.wo.to(dev),
+                mlp_norm=lw.mlp_norm.to(dev),
+                w_gate_up=lw.w_gate_up.to(dev),
+                w_down=lw.w_down.to(dev),
+            )
+            for lw in self.layers
+        ]
+        return LlamaWeights(
+            self.config, embed, layers, self.norm.to(dev), lm_head, self.intermediate_padded, self.source
+        )
+
+
+@dataclass(frozen=True)
+class RawLayer:
+    """One layer as loaders hand it over, in ``F.linear`` layout, RoPE rows in
+    the order the config's ``rope_style`` expects."""
+
+    attn_norm: torch.Tensor
+    wq: torch.Tensor  # [H * Dh, D]
+    wk: torch.Tensor  # [KVH * Dh, D]
+    wv: torch.Tensor  # [KVH * Dh, D]
+    wo: torch.Tensor  # [D, H * Dh]
+    mlp_norm: torch.Tensor
+    w_gate: torch.Tensor  # [I, D]
+    w_up: torch.Tensor  # [I, D]
+    w_down: torch.Tensor  # [D, I]
+
+
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def build_weights(
+    config: ModelConfig,
+    embed: torch.Tensor,
+    layers: list[RawLayer],
+    norm: torch.Tensor,
+    lm_head: torch.Tensor | None,
+    source: str = "",
+) -> LlamaWeights:
+    """Check shapes, convert to float32, fuse QKV and gate/up, pad the SwiGLU
+    hidden size to a multiple of ``VECTOR_PAD`` with zeros (which changes no
+    value: silu(0) * 0 = 0 and the padded down-projection columns are 0)."""
+    c = config
+    d, dh = c.hidden_size, c.head_dim
+    q_out, kv_out = c.num_heads * dh, c.num_kv_heads * dh
+
+    def f32(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        if tuple(t.shape) != shape:
+            raise ModelError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+        out = t.detach().to(torch.float32).contiguous()
+        if not bool(torch.isfinite(out).all()):
+            raise ModelError(f"{name}: contains a non-finite value")
+        return out
+
+    if len(layers) != c.num_layers:
+        raise ModelError(f"expected {c.num_layers} layers, got {len(layers)}")
+    i_pad = _round_up(c.intermediate_size, VECTOR_PAD)
+    pad_rows = i_pad - c.intermediate_size
+    out_layers: list[LayerWeights] = []
+    for n, raw in enumerate(layers):
+        p = f"layer {n}"
+        wq = f32(f"{p} wq", raw.wq, (q_out, d))
+        wk = f32(f"{p} wk", raw.wk, (kv_out, d))
+        wv = f32(f"{p} wv", raw.wv, (kv_out, d))
+        gate = f32(f"{p} w_gate", raw.w_gate, (c.intermediate_size, d))
+        up = f32(f"{p} w_up", raw.w_up, (c.intermediate_size, d))
+        down = f32(f"{p} w_down", raw.w_down, (d, c.intermediate_size))
+        zeros_rows = gate.new_zeros(pad_rows, d)
+        out_layers.append(
+            LayerWeights(
+                attn_norm=f32(f"{p} attn_norm", raw.attn_norm, (d,)),
+                wqkv=torch.cat([wq, wk, wv], 0).contiguous(),
+                wo=f32(f"{p} wo", raw.wo, (d, q_out)),
+                mlp_norm=f32(f"{p} mlp_norm", raw.mlp_norm, (d,)),
+                w_gate_up=torch.cat([gate, zeros_rows, up, zeros_rows], 0).contiguous(),
+                w_down=torch.cat([down, down.new_zeros(d, pad_rows)], 1).contiguous(),
+            )
+        )
+    emb = f32("embed", embed, (c.vocab_size, d))
+    if c.tie_embeddings:
+        head = emb
+    else:
+        if lm_head is None:
+            raise ModelError("untied embeddings need an lm_head")
+        head = f32("lm_head", lm_head, (c.vocab_size, d))
+    return LlamaWeights(c, emb, out_layers, f32("norm", norm, (d,)), head, i_pad, source)
+
+
+# --------------------------------------------------------------------------
+# RoPE
+# --------------------------------------------------------------------------
+
+
+def rope_tables(config: ModelConfig, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``pos * theta_i``, ``theta_i = base^(-2i/Dh)``, computed in
+    float64 and rounded once to float32; shape [length, Dh/2]."""
+    dh = config.head_dim
+    i = torch.arange(dh // 2, dtype=torch.float64)
+    theta = config.rope_theta ** (-2.0 * i / dh)
+    angles = torch.outer(torch.arange(length, dtype=torch.float64), theta)
+    return angles.cos().to(torch.float32).to(device), angles.sin().to(torch.float32).to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
+    """x: [N, heads, Dh]; cos, sin: [N, Dh/2]. ``half`` rotates (x_i, x_{i+Dh/2})
+    pairs (Hugging Face's rotate_half); ``interleaved`` rotates adjacent pairs
+    (x_{2i}, x_{2i+1}) as glassllm and GPT-J do. Only correctly rounded
+    elementwise operations, so the result does not depend on the batch."""
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    if style == "half":
+        h = x.shape[-1] // 2
+        a, b = x[..., :h], x[..., h:]
+        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+# --------------------------------------------------------------------------
+# The step batch and the paged cache
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class PagedKVCache:
+    """K and V, each [layers, num_blocks, block_size, kv_heads, head_dim].
+    Block 0 is the null block: it stays zero."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def allocate(
+        cls, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device
+    ) -> PagedKVCache:
+        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        return cls(
+            torch.zeros(shape, dtype=torch.float32, device=device),
+            torch.zeros(shape, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.k.shape[1])
+
+    @property
+    def block_size(self) -> int:
+        return int(self.k.shape[2])
+
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer views [num_blocks * block_size, kv_heads, head_dim] (slot-major)."""
+        k = self.k[layer]
+        v = self.v[layer]
+        return k.view(-1, k.shape[-2], k.shape[-1]), v.view(-1, v.shape[-2], v.shape[-1])
+
+
+@dataclass
+class StepBatch:
+    """One step, flattened: ``N`` tokens of ``R`` requests, request-contiguous.
+
+    ``key_slots[r, j]`` is the cache slot of request r's position j for
+    ``j < window`` (slot 0, in the null block, past the end of its table);
+    ``seq_start/seq_len`` give each request's computed tokens in the flat
+    batch, ``ctx_len`` its context length after the step.
+    """
+
+    token_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    slot_mapping: torch.Tensor  # [N] int64, where each token's K/V is written
+    token_request: torch.Tensor  # [N] int64, index into the request axis
+    key_slots: torch.Tensor  # [R, window] int64
+    seq_start: list[int]
+    seq_len: list[int]
+    ctx_len: list[int]
+    logit_rows: torch.Tensor  # [S] int64, rows whose logits are wanted
+    window: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, per row."""
+    ms = (x * x).mean(dim=-1, keepdim=True)
+    return x / torch.sqrt(ms + eps) * weight
+
+
+def _mlp(x: torch.Tensor, lw: LayerWeights, i_pad: int, eps: float) -> torch.Tensor:
+    h = rms_norm(x, lw.mlp_norm, eps)
+    gu = F.linear(h, lw.w_gate_up)
+    act = F.silu(gu[:, :i_pad]) * gu[:, i_pad:]
+    return F.linear(act, lw.w_down)
+
+
+class PagedLlama:
+    """Runs ``LlamaWeights`` over ``StepBatch``es against a ``PagedKVCache``."""
+
+    def __init__(self, weights: LlamaWeights, *, mode: Mode = "exact", tile_rows: int = 16, window: int = 0):
+        if mode not in ("exact", "fast"):
+            raise ModelError(f"mode must be 'exact' or 'fast', got {mode!r}")
+        if tile_rows < 1:
+            raise ModelError(f"tile_rows must be >= 1, got {tile_rows}")
+        self.weights = weights
+        self.config = weights.config
+        self.mode: Mode = mode
+        self.tile_rows = tile_rows
+        c = weights.config
+        limit = window or c.max_position
+        #: the fixed attention window of exact mode (and the longest context).
+        self.window = _round_up(limit, VECTOR_PAD)
+        self.device = weights.device
+        self.cos, self.sin = rope_tables(c, self.window, self.device)
+        self.scale = 1.0 / math.sqrt(c.head_dim)
+        if self.device.type == "cuda":
+            # TF32 would make fp32 matmuls shape dependent in their rounding.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+
+    # ------------------------------------------------------------------ forward
+
+    @torch.no_grad()
+    def forward(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+        """Write this step's K/V into the cache and return the logits of
+        ``batch.logit_rows`` as [S, V] float32."""
+        if batch.window != self.window:
+            raise ModelError(f"batch built for window {batch.window}, model runs {self.window}")
+        if self.mode == "exact":
+            return self._forward_exact(batch, cache)
+        return self._forward_fast(batch, cache)
+
+    def _qkv(self, x: torch.Tensor, lw: LayerWeights, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Fast mode: the whole batch at once."""
+        c = self.config
+        qkv = F.linear(rms_norm(x, lw.attn_norm, c.rms_norm_eps), lw.wqkv)
+        nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        qk = apply_rope(qkv[:, : nq + nkv].reshape(-1, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin, c.rope_style)
+        v = qkv[:, nq + nkv :].reshape(-1, c.num_kv_heads, c.head_dim)
+        return qk[:, : c.num_heads], qk[:, c.num_heads :], v
+
+    def _forward_exact(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+        c, w = self.config, self.weights
+        T = self.tile_rows
+        n = batch.num_tokens
+        n_pad = _round_up(max(n, 1), T)
+        dev = self.device
+        pad = n_pad - n
+        H, KVH, Dh = c.num_heads, c.num_kv_heads, c.head_dim
+        G = H // KVH
+        nq, nkv = H * Dh, KVH * Dh
+        eps = c.rms_norm_eps
+        # Dummy rows: token 0 at position 0 of a request whose window is all
+        # null-block slots; they write nothing and their output is dropped.
+        tok = torch.cat([batch.token_ids, batch.token_ids.new_zeros(pad)])
+        pos = torch.cat([batch.positions, batch.positions.new_zeros(pad)])
+        key_slots = torch.cat([batch.key_slots[batch.token_request], batch.key_slots.new_zeros(pad, self.window)])
+        key_pos = torch.arange(self.window, device=dev)
+        # [1, n_pad, 1, window]: True where the key lies after the query.
+        masked = (key_pos[None, :] > pos[:, None])[None, :, None, :]
+        cos, sin = self.cos[pos], self.sin[pos]
+        tiles = [slice(i, i + T) for i in range(0, n_pad, T)]
+        tile_keys = [key_slots[t] for t in tiles]
+        x = w.embed[tok]
+        qkv = x.new_empty(n_pad, nq + 2 * nkv)
+        for layer, lw in enumerate(w.layers):
+            # Per tile: the reduction of RMSNorm and the QKV matmul.
+            for t in tiles:
+                torch.matmul(rms_norm(x[t], lw.attn_norm, eps), lw.wqkv.t(), out=qkv[t])
+            # Whole batch: RoPE is correctly rounded elementwise arithmetic.
+            qk = apply_rope(qkv[:, : nq + nkv].reshape(n_pad, H + KVH, Dh), cos, sin, c.rope_style)
+            q = qk[:, :H].reshape(n_pad, KVH, G, Dh).transpose(0, 1).contiguous()  # [KVH, n_pad, G, Dh]
+            kc, vc = cache.flat(layer)
+            kc.index_copy_(0, batch.slot_mapping, qk[:n, H:])
+            vc.index_copy_(0, batch.slot_mapping, qkv[:n, nq + nkv :].reshape(n, KVH, Dh))
+            kt, vt = kc.transpose(0, 1), vc.transpose(0, 1)  # [KVH, slots, Dh]
+            out = x.new_empty(x.shape)
+            for t, slots in zip(tiles, tile_keys):
+                ks = kt[:, slots]  # [KVH, T, window, Dh]
+                vs = vt[:, slots]
+                scores = torch.matmul(q[:, t], ks.transpose(-1, -2))  # [KVH, T, G, window]
+                scores = (scores * self.scale).masked_fill_(masked[:, t], float("-inf"))
+                mixed = torch.matmul(torch.softmax(scores, dim=-1), vs)  # [KVH, T, G, Dh]
+                h = x[t] + F.linear(mixed.transpose(0, 1).reshape(T, nq), lw.wo)
+                out[t] = h + _mlp(h, lw, w.intermediate_padded, eps)
+            x = out
+        rows = batch.logit_rows
+        s = int(rows.shape[0])
+        s_pad = _round_up(max(s, 1), T)
+        xs = torch.cat([x[rows], x.new_zeros(s_pad - s, c.hidden_size)])
+        logits = x.new_empty(s_pad, c.vocab_size)
+        for i in range(0, s_pad, T):
+            torch.matmul(rms_norm(xs[i : i + T], w.norm, eps), w.lm_head.t(), out=logits[i : i + T])
+        return logits[:s]
+
+    def _forward_fast(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+        c, w = self.config, self.weights
+        x = w.embed[batch.token_ids]
+        pos = batch.positions
+        cos, sin = self.cos[pos], self.sin[pos]
+        G = c.num_heads // c.num_kv_heads
+        dev = self.device
+        for layer, lw in enumerate(w.layers):
+            q, k, v = self._qkv(x, lw, cos, sin)
+            kc, vc = cache.flat(layer)
+            kc.index_copy_(0, batch.slot_mapping, k)
+            vc.index_copy_(0, batch.slot_mapping, v)
+            mixed = x.new_empty(x.shape[0], c.num_heads, c.head_dim)
+            for r, (start, length, ctx) in enumerate(zip(batch.seq_start, batch.seq_len, batch.ctx_len)):
+                slots = batch.key_slots[r, :ctx]
+                ks = kc[slots].repeat_interleave(G, dim=1).transpose(0, 1)  # [H, ctx, Dh]
+                vs = vc[slots].repeat_interleave(G, dim=1).transpose(0, 1)
+                qr = q[start : start + length].transpose(0, 1)  # [H, len, Dh]
+                qpos = pos[start : start + length]
+                allowed = torch.arange(ctx, device=dev)[None, :] <= qpos[:, None]
+                o = F.scaled_dot_product_attention(qr, ks, vs, attn_mask=allowed, scale=self.scale)
+                mixed[start : start + length] = o.transpose(0, 1)
+            h = x + F.linear(mixed.reshape(x.shape[0], -1), lw.wo)
+            x = h + _mlp(h, lw, w.intermediate_padded, c.rms_norm_eps)
+        xs = rms_norm(x[batch.logit_rows], w.norm, c.rms_norm_eps)
+        return F.linear(xs, w.lm_head)

@@ -130,13 +130,14 @@ class Runner:
         self.stats = Stats()
         self.event_index = -1
         self.history: list[StepRecord] | None = [] if keep_history else None
+        self.step_in_progress = 0  # the step being run, 0 between steps
 
     @property
     def primary(self) -> Scheduler:
         return self.scheds[self.names[0]]
 
     def _fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = ()) -> Failure:
-        return Failure(kind, self.event_index, self.stats.steps, name, message, violations)
+        return Failure(kind, self.event_index, self.step_in_progress or self.stats.steps, name, message, violations)
 
     def _observe(self, name: str, t_kind: str, before: SchedulerView, **kw: object) -> Failure | None:
         if not self.need_views:
@@ -215,6 +216,13 @@ class Runner:
         return self._compare("view()", dict(self.views))
 
     def _step(self) -> Failure | None:
+        self.step_in_progress = self.stats.steps + 1
+        try:
+            return self._step_inner()
+        finally:
+            self.step_in_progress = 0
+
+    def _step_inner(self) -> Failure | None:
         if self.need_views:  # finished requests are reported once, by the next plan
             for rv in self.views[self.names[0]].finished.values():
                 self.stats.finished[rv.status.value] += 1
@@ -223,10 +231,10 @@ class Runner:
             before = self.views.get(name)
             plans[name] = self.scheds[name].schedule()
             if before is not None and (f := self._observe(name, "schedule", before, plan=plans[name])):
+                self._record_failed_step(name, plans[name])
                 return f
-        if (f := self._compare("schedule()", dict(plans))):
-            return f
-        if (f := self._compare_views()):
+        if (f := self._compare("schedule()", dict(plans))) or (f := self._compare_views()):
+            self._record_failed_step(f.scheduler, plans[f.scheduler])
             return f
         plan = plans[self.names[0]]
         self.stats.absorb(plan)
@@ -259,6 +267,11 @@ class Runner:
         if self.history is not None:
             self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]]))
         return self._compare_views()
+
+    def _record_failed_step(self, name: str, plan: StepPlan) -> None:
+        """The step table ends with the plan that failed, as that scheduler made it."""
+        if self.history is not None and name in self.views:
+            self.history.append(StepRecord(plan.step, plan, self.views[name]))
 
     def run(self, events: tuple[Event, ...] | list[Event]) -> Failure | None:
         for event in events:

@@ -92,33 +92,78 @@ def _png(width: int, height: int, pixels: list[list[tuple[int, int, int]]]) -> b
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
 
 
-def timeline_png(records: list[StepRecord], path: str | Path, cell: int = 12) -> None:
+# A 3x5 bitmap font for row labels (request ids) and step numbers.
+_GLYPHS = {
+    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
+    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
+    "8": "111101111101111", "9": "111101111001111", "a": "010101111101101", "b": "110101110101110",
+    "c": "011100100100011", "d": "110101101101110", "e": "111100110100111", "f": "111100110100100",
+    "g": "011100101101011", "h": "101101111101101", "i": "111010010010111", "j": "001001001101010",
+    "k": "101101110101101", "l": "100100100100111", "m": "101111111101101", "n": "110101101101101",
+    "o": "010101101101010", "p": "110101110100100", "q": "010101101110011", "r": "110101110101101",
+    "s": "011100010001110", "t": "111010010010010", "u": "101101101101111", "v": "101101101101010",
+    "w": "101101111111101", "x": "101101010101101", "y": "101101010010010", "z": "111001010100111",
+    "-": "000000111000000", "_": "000000000000111", ":": "000010000010000", ".": "000000000000010",
+}
+
+
+def _text(pixels: list[list[tuple[int, int, int]]], x: int, y: int, text: str, scale: int = 2) -> None:
+    color = (40, 40, 40)
+    for ch in text.lower():
+        glyph = _GLYPHS.get(ch)
+        if glyph is not None:
+            for i, bit in enumerate(glyph):
+                if bit == "1":
+                    gx, gy = x + (i % 3) * scale, y + (i // 3) * scale
+                    for dy in range(scale):
+                        for dx in range(scale):
+                            if 0 <= gy + dy < len(pixels) and 0 <= gx + dx < len(pixels[0]):
+                                pixels[gy + dy][gx + dx] = color
+        x += 4 * scale
+
+
+def timeline_png(records: list[StepRecord], path: str | Path, cell: int = 16, failed_step: int | None = None) -> None:
+    """Write the timeline picture; ``failed_step`` gets a red marker above its column."""
     order, grid, usage = _cell_states(records)
     steps = max(len(records), 1)
     rows = max(len(order), 1)
+    label_w = 8 * max((len(r) for r in order), default=1) + 8
+    top_band = cell  # step numbers and the failure marker
     strip = 4 * cell
-    width = steps * cell
-    height = rows * cell + cell + strip
+    width = label_w + steps * cell
+    height = top_band + rows * cell + cell + strip
     white = COLORS["absent"]
     pixels = [[white] * width for _ in range(height)]
+    for y, rid in enumerate(order):
+        _text(pixels, 2, top_band + y * cell + (cell - 10) // 2, rid)
+    for x, rec in enumerate(records):
+        x0 = label_w + x * cell
+        if rec.step == failed_step:
+            for dy in range(2, top_band - 2):
+                for dx in range(1, cell):
+                    pixels[dy][x0 + dx] = COLORS["preempted"]
+        elif x % 5 == 0 or x == len(records) - 1:
+            _text(pixels, x0 + 2, 2, str(rec.step)[-2:], scale=1)
     for x, col in enumerate(grid):
+        x0 = label_w + x * cell
         for y, state in enumerate(col):
             color = COLORS[state]
             for dy in range(1, cell):
-                row = pixels[y * cell + dy]
+                row = pixels[top_band + y * cell + dy]
                 for dx in range(1, cell):
-                    row[x * cell + dx] = color
-        top = rows * cell + cell
+                    row[x0 + dx] = color
+        base = top_band + rows * cell + cell
         filled = int(round(usage[x] * strip))
         for dy in range(strip):
             color = COLORS["usage"] if dy >= strip - filled else COLORS["grid"]
-            row = pixels[top + dy]
+            row = pixels[base + dy]
             for dx in range(1, cell):
-                row[x * cell + dx] = color
+                row[x0 + dx] = color
+    _text(pixels, 2, top_band + rows * cell + cell + strip // 2 - 5, "kv")
     Path(path).write_bytes(_png(width, height, pixels))
 
 
 def legend() -> str:
     return ("timeline.png: a row per request (in order of appearance), a column per step; "
             "grey waiting, blue prefill chunk, green decode, red preempted, black finished; "
-            "the yellow strip below is KV-pool usage.")
+            "the yellow strip below is KV-pool usage; a red mark above a column is the failing step.")

@@ -363,7 +363,7 @@ def load_gguf_llama(path: str | Path, max_position: int | None = None) -> LlamaW
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         arr = dequantize(t.data, t.tensor_type)
-        tensors[t.name] = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+        tensors[t.name] = torch.from_numpy(np.array(arr, dtype=np.float32))
     heads = int(field("llama.attention.head_count"))
     kv_heads = int(field("llama.attention.head_count_kv"))
     hidden = int(field("llama.embedding_length"))

@@ -2,7 +2,7 @@
 
     schedspec equivalence [--against spec|impl|vllm|MODULE:CLASS] [--model NAME|PATH]
                           [--device auto|cpu|cuda] [--mode exact|fast] [--workloads N]
-                          [--seed N] [--json FILE] [--out DIR] [--threads N] [--quiet]
+                          [--seed N] [--json FILE] [--png FILE] [--out DIR] [--threads N] [--quiet]
 
 Exit status: 0 every variant generated the baseline's tokens (and, in exact
 mode, bitwise the same logits), every guard held and both negative controls
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", default=1e-3, type=float, help="fast mode: largest tolerated logit difference")
     p.add_argument("--threads", default=None, type=int, help="torch CPU threads (default 1 on the CPU)")
     p.add_argument("--json", default=None, help="write the full report as JSON here")
+    p.add_argument("--png", default=None, help="draw the matrix (workloads x variants) as a PNG here")
     p.add_argument("--out", default="schedspec-out", help="where failing workloads go (default schedspec-out/)")
     p.add_argument("--no-negative", action="store_true", help="skip the negative controls")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -96,12 +97,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             negative=not args.no_negative,
             progress=progress,
         )
-    except (ModelError, ValueError, SchedSpecError) as exc:
+    except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
         print(f"schedspec equivalence: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(report.table())
     if args.json:
         Path(args.json).write_text(report.dumps())
+    if args.png:
+        report.png(args.png)
+        print(
+            f"picture: {args.png} (a row per workload, a column per variant; green: same tokens, bitwise "
+            "logits; yellow: same tokens, logits within --atol; red: diverged; marks: blue chunked, "
+            "purple prefix-cache hit, orange preempted)"
+        )
     if report.ok:
         return EXIT_OK
     bad = sorted({c.workload for c in report.divergent})

@@ -25,6 +25,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -614,6 +615,58 @@ class MatrixReport:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
+
+    def png(self, path: str | Path, cell_w: int = 150, cell_h: int = 22) -> Path:
+        """The matrix as a picture: a row per workload, a column per variant;
+        green = the same tokens and bitwise logits, yellow = the same tokens,
+        logits within tolerance, red = diverged. Three marks at a cell's
+        right say what the run exercised: blue chunked, purple a cache hit,
+        orange a preemption."""
+        from harness.report import _png, _text
+
+        label_w, head_h = 64, 28
+        width = label_w + cell_w * len(self.variants) + 1
+        height = head_h + cell_h * len(self.workloads) + 1
+        white = (255, 255, 255)
+        pixels = [[white] * width for _ in range(height)]
+
+        def fill(x0: int, y0: int, w: int, h: int, color: tuple[int, int, int]) -> None:
+            for y in range(max(y0, 0), min(y0 + h, height)):
+                row = pixels[y]
+                for x in range(max(x0, 0), min(x0 + w, width)):
+                    row[x] = color
+
+        for j, v in enumerate(self.variants):
+            _text(pixels, label_w + j * cell_w + 4, 8, v.name[:17])
+        by_key = {(c.workload, c.variant): c for c in self.comparisons}
+        marks: tuple[tuple[str, tuple[int, int, int]], ...] = (
+            ("chunked", (60, 110, 220)),
+            ("cache_hit", (150, 70, 190)),
+            ("preempted", (240, 140, 20)),
+        )
+        for i, wname in enumerate(self.workloads):
+            y = head_h + i * cell_h
+            _text(pixels, 4, y + 6, wname[:7])
+            for j, v in enumerate(self.variants):
+                x = label_w + j * cell_w
+                c = by_key.get((wname, v.name))
+                if c is None:
+                    color = (220, 220, 220)
+                elif not c.ok:
+                    color = (220, 70, 60)
+                elif c.logits_bitwise == c.logits_compared:
+                    color = (90, 180, 90)
+                else:
+                    color = (230, 200, 70)
+                fill(x, y, cell_w, cell_h, (60, 60, 60))
+                fill(x + 1, y + 1, cell_w - 1, cell_h - 1, color)
+                if c is not None:
+                    for k, (feat, mark) in enumerate(marks):
+                        if c.counters.feature(feat):
+                            fill(x + cell_w - 3 * 9 + k * 9, y + 6, 7, cell_h - 12, mark)
+        out = Path(path)
+        out.write_bytes(_png(width, height, pixels))
+        return out
 
 
 def _fault_target(workload: Workload) -> str | None:

@@ -479,14 +479,29 @@ def test_workload_round_trips_to_dict() -> None:
 # --------------------------------------------------------------------------
 
 
+def test_matrix_picture_is_a_png(glass: LlamaWeights, tmp_path: Path) -> None:
+    from gpu_runner.equivalence import Comparison, MatrixReport
+
+    variants = list(default_variants(128))
+    report = MatrixReport("m", "cpu", "exact", ["w0", "w1"], variants)
+    report.comparisons.append(Comparison("w0", variants[0].name, "exact"))
+    bad = Comparison("w1", variants[1].name, "exact")
+    bad.counters.chunked = 3
+    report.comparisons.append(bad)
+    path = report.png(tmp_path / "m.png")
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 100
+
+
 def test_cli_runs_a_small_matrix_and_reports_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from gpu_runner.cli import main
 
     rc = main(["--model", "random:seed=1,vocab=256,hidden=64,layers=1", "--workloads", "1", "--mode", "fast",
-               "--device", "cpu", "--max-model-len", "64", "--json", str(tmp_path / "r.json"), "--quiet", "--no-negative"])
+               "--device", "cpu", "--max-model-len", "64", "--json", str(tmp_path / "r.json"), "--quiet", "--no-negative",
+               "--png", str(tmp_path / "r.png")])
     out = capsys.readouterr().out
     assert "variant" in out and "chunked-budget" in out
-    assert (tmp_path / "r.json").exists()
+    assert (tmp_path / "r.json").exists() and (tmp_path / "r.png").exists()
     assert rc in (0, 1)  # one workload may leave a guard unmet; the run itself worked
     assert main(["--model", "nope", "--workloads", "1"]) == 2
     assert main(["--workloads", "0"]) == 2

@@ -1,0 +1,24 @@
+"""Named invariants that every scheduler must keep, checked over read-only views.
+
+A driver calls ``Monitor.observe(Transition(...))`` after every operation of a
+scheduler (add, abort, schedule, update, reset_prefix_cache) and gets back the
+violations. ``CATALOGUE`` lists the invariants; ``catalogue_text()`` is what
+``schedspec invariants`` prints. Importing this package imports neither torch
+nor vLLM.
+"""
+
+from invariants.core import History, Invariant, Transition, TransitionKind, Violation
+from invariants.monitor import BY_ID, CATALOGUE, Monitor, catalogue_markdown, catalogue_text
+
+__all__ = [
+    "BY_ID",
+    "CATALOGUE",
+    "History",
+    "Invariant",
+    "Monitor",
+    "Transition",
+    "TransitionKind",
+    "Violation",
+    "catalogue_markdown",
+    "catalogue_text",
+]

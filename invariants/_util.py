@@ -1,0 +1,160 @@
+"""Small helpers the checkers share. They read views only; none of them
+imports the spec's logic (spec.interface holds plain types)."""
+
+from __future__ import annotations
+
+from spec.interface import (
+    BlockKey,
+    Policy,
+    RequestStatus,
+    RequestView,
+    ScheduledRequest,
+    ScheduleKind,
+    SchedulerView,
+    StepPlan,
+)
+
+from invariants.core import Transition
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def block_key(r: RequestView, index: int, block_size: int) -> BlockKey:
+    """The content key block ``index`` of ``r`` must carry once it is full."""
+    return (r.salt, r.all_token_ids[: (index + 1) * block_size])
+
+
+def queue_key(r: RequestView) -> tuple[int, int, str]:
+    """PRIORITY waiting-queue order (vllm/v1/request.py, Request.__lt__)."""
+    return (r.priority, r.arrival, r.request_id)
+
+
+def victim_key(r: RequestView) -> tuple[int, int]:
+    """PRIORITY preemption order: the running request with the greatest key
+    is preempted first (scheduler.py, schedule())."""
+    return (r.priority, r.arrival)
+
+
+def lookup(view: SchedulerView, rid: str) -> RequestView | None:
+    """The request, live or finished since the last plan."""
+    r = view.requests.get(rid)
+    return r if r is not None else view.finished.get(rid)
+
+
+def status_of(view: SchedulerView, rid: str) -> RequestStatus | None:
+    r = lookup(view, rid)
+    return None if r is None else r.status
+
+
+def admitted(plan: StepPlan) -> list[ScheduledRequest]:
+    """Entries taken from the waiting queue this step, in admission order."""
+    return [s for s in plan.scheduled if s.kind in (ScheduleKind.NEW, ScheduleKind.RESUMED)]
+
+
+def step_victims(t: Transition) -> list[str]:
+    """Requests preempted by this schedule() call. A plan's preempted_ids
+    also carries the requests that reset_prefix_cache(reset_running_requests
+    =True) preempted since the previous plan (``before.preempted_since_plan``);
+    those are not this step's victims."""
+    if t.plan is None:
+        return []
+    earlier = set(t.before.preempted_since_plan)
+    return [rid for rid in t.plan.preempted_ids if rid not in earlier]
+
+
+def holders(view: SchedulerView) -> dict[int, list[tuple[str, int]]]:
+    """block id -> [(request id, index in its table)] over live requests."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    for rid, r in view.requests.items():
+        for i, b in enumerate(r.block_ids):
+            out.setdefault(b, []).append((rid, i))
+    return out
+
+
+def effective_threshold(before: SchedulerView) -> int:
+    """The long-prefill threshold in force for the step that starts from
+    ``before``: none while at most one request is running or waiting
+    (scheduler.py, schedule(), ``num_eligible_reqs > 1``)."""
+    threshold = before.config.long_prefill_token_threshold
+    eligible = len(before.running) + len(before.waiting)
+    return threshold if eligible > 1 else 0
+
+
+def queue_head(view: SchedulerView) -> str | None:
+    """The request the waiting loop looks at next: FCFS the front of the
+    queue, PRIORITY the least (priority, arrival, request_id)."""
+    live = [rid for rid in view.waiting if rid in view.requests]
+    if not live:
+        return None
+    if view.config.policy == Policy.FCFS:
+        return live[0]
+    return min(live, key=lambda rid: queue_key(view.requests[rid]))
+
+
+def prefix_hit(view: SchedulerView, r: RequestView) -> list[int]:
+    """The blocks a prefix-cache lookup for ``r`` returns in ``view``: the
+    longest run of full blocks from the start whose key is cached (first
+    block registered under each key), at most ``num_tokens - 1`` tokens
+    (kv_cache_manager.py, get_computed_blocks; FullAttentionManager.
+    find_longest_cache_hit)."""
+    if not view.config.enable_prefix_caching:
+        return []
+    bs = view.config.block_size
+    hit: list[int] = []
+    for i in range((r.num_tokens - 1) // bs):
+        blocks = view.kv.cache_index.get(block_key(r, i, bs), ())
+        if not blocks:
+            break
+        hit.append(blocks[0])
+    return hit
+
+
+def admission_fits(view: SchedulerView, r: RequestView, budget: int, threshold: int) -> str | None:
+    """If the waiting loop, at ``view`` with ``budget`` tokens left, would
+    admit ``r``: None if not, else a sentence saying why it fits
+    (scheduler.py, schedule(), the WAITING loop; kv_cache_manager.py,
+    allocate_slots with full_sequence_must_fit; single_type_kv_cache_manager.py,
+    get_num_blocks_to_allocate). ``budget`` must be positive."""
+    cfg = view.config
+    bs = cfg.block_size
+    hit = prefix_hit(view, r)
+    hit_tokens = len(hit) * bs
+    n = r.num_tokens - hit_tokens
+    if 0 < threshold < n:
+        n = threshold
+    if not cfg.enable_chunked_prefill and n > budget:
+        return None
+    n = min(n, budget)
+    evictable = sum(1 for b in hit if 0 <= b < len(view.kv.ref_cnt) and view.kv.ref_cnt[b] == 0)
+    free = len(view.kv.free_queue)
+
+    def needed(target_tokens: int) -> int:
+        return max(cdiv(target_tokens, bs) - len(hit), 0) + evictable
+
+    if cfg.scheduler_reserve_full_isl and needed(min(r.num_tokens, cfg.max_model_len)) > free:
+        return None
+    need = needed(min(hit_tokens + n, cfg.max_model_len))
+    if need > free:
+        return None
+    whole = needed(min(r.num_tokens, cfg.max_model_len))
+    return (
+        f"{r.num_tokens} tokens, {hit_tokens} of them cached; {n} tokens fit the "
+        f"{budget} left in the budget; the whole sequence needs {whole} free blocks and "
+        f"{free} are free"
+    )
+
+
+def running_chunk(r: RequestView, budget: int, threshold: int, max_model_len: int) -> int:
+    """Tokens a running request is given when the RUNNING loop reaches it with
+    ``budget`` tokens left (scheduler.py, schedule())."""
+    n = r.num_tokens - r.num_computed_tokens
+    if 0 < threshold < n:
+        n = threshold
+    n = min(n, budget, max_model_len - r.num_computed_tokens - 1)
+    return max(n, 0)
+
+
+def is_prefix(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> bool:
+    return len(a) <= len(b) and tuple(b[: len(a)]) == tuple(a)

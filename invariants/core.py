@@ -1,0 +1,150 @@
+"""The invariant machinery: what a transition is, what a violation is, how an
+invariant is declared, and the history a Monitor keeps between transitions.
+
+An invariant is a named predicate over one observed operation of a scheduler
+(a Transition: the view before, the view after, and what the operation was).
+Its check function yields ``(request_id, message)`` findings; the Invariant
+turns each into a Violation carrying its id. State invariants look at
+``t.after`` only and run after every kind of operation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Literal
+
+from spec.interface import RequestSpec, SchedulerView, StepPlan, StepResult
+
+TransitionKind = Literal["add", "abort", "schedule", "update", "reset"]
+ALL_KINDS: frozenset[TransitionKind] = frozenset({"add", "abort", "schedule", "update", "reset"})
+
+#: What a check yields: the request it is about (or None) and what is wrong.
+Finding = tuple[str | None, str]
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant_id: str
+    message: str  # says what is wrong, with the numbers and request ids
+    request_id: str | None = None
+
+    def __str__(self) -> str:
+        who = f" [{self.request_id}]" if self.request_id is not None else ""
+        return f"{self.invariant_id}{who}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One operation of a scheduler, as a driver observed it."""
+
+    kind: TransitionKind
+    before: SchedulerView  # view() before the operation
+    after: SchedulerView  # view() after it
+    plan: StepPlan | None = None  # "schedule": the plan returned; "update": the plan completed
+    result: StepResult | None = None  # "update" only
+    request: RequestSpec | None = None  # "add" only
+    request_id: str | None = None  # "abort" only
+
+
+@dataclass
+class History:
+    """What the Monitor remembers across transitions, for the invariants that
+    compare with the past rather than with ``t.before`` alone."""
+
+    #: request id -> the prompt and output last seen for it (live or finished).
+    prompts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: ids already reported in some plan's finished_ids (since their last add).
+    reported_finished: set[str] = field(default_factory=set)
+
+    def record(self, t: Transition) -> None:
+        """Fold a transition in; called after every invariant has checked it."""
+        if t.kind == "add" and t.request is not None:
+            # A request id may be reused once its previous holder is reported.
+            rid = t.request.request_id
+            self.prompts.pop(rid, None)
+            self.outputs.pop(rid, None)
+            self.reported_finished.discard(rid)
+        for views in (t.after.requests, t.after.finished):
+            for rid, r in views.items():
+                self.prompts[rid] = r.prompt_token_ids
+                self.outputs[rid] = r.output_token_ids
+        if t.kind == "schedule" and t.plan is not None:
+            for rid in t.plan.finished_ids:
+                self.reported_finished.add(rid)
+                # Reported and gone: nothing left to compare its tokens with.
+                if rid not in t.after.requests:
+                    self.prompts.pop(rid, None)
+                    self.outputs.pop(rid, None)
+
+
+CheckFn = Callable[[Transition, History], Iterable[Finding]]
+Scope = Literal["state", "transition"]
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """A named invariant.
+
+    ``scope`` is "state" when the check reads ``t.after`` only (it then holds
+    of every view a scheduler can show), "transition" when it relates
+    before, plan, result and after. ``kinds`` lists the operations it checks.
+    """
+
+    id: str  # stable, kebab-case
+    statement: str  # one line
+    vllm_behaviour: str  # the vLLM 0.33 file/function and behaviour behind it
+    scope: Scope
+    kinds: frozenset[TransitionKind]
+    check_fn: CheckFn = field(repr=False, compare=False)
+
+    def check(self, t: Transition, history: History | None = None) -> list[Violation]:
+        """The violations of this invariant in ``t`` (empty if it holds or does
+        not apply to this kind of operation)."""
+        if t.kind not in self.kinds:
+            return []
+        h = history if history is not None else History()
+        return [Violation(self.id, msg, rid) for rid, msg in self.check_fn(t, h)]
+
+
+# --------------------------------------------------------------------------
+# Declaring invariants
+# --------------------------------------------------------------------------
+
+REGISTRY: list[Invariant] = []
+
+
+def state_invariant(
+    id: str, statement: str, vllm_behaviour: str
+) -> Callable[[Callable[[SchedulerView], Iterable[Finding]]], Callable[[SchedulerView], Iterable[Finding]]]:
+    """Declare an invariant of a single view; it runs on ``t.after`` of every
+    transition."""
+
+    def register(
+        fn: Callable[[SchedulerView], Iterable[Finding]],
+    ) -> Callable[[SchedulerView], Iterable[Finding]]:
+        def check(t: Transition, h: History) -> Iterable[Finding]:
+            return fn(t.after)
+
+        REGISTRY.append(Invariant(id, statement, vllm_behaviour, "state", ALL_KINDS, check))
+        return fn
+
+    return register
+
+
+def transition_invariant(
+    id: str,
+    statement: str,
+    vllm_behaviour: str,
+    kinds: Iterable[TransitionKind] = ALL_KINDS,
+) -> Callable[[CheckFn], CheckFn]:
+    """Declare an invariant that relates a transition's before, plan, result
+    and after."""
+
+    def register(fn: CheckFn) -> CheckFn:
+        REGISTRY.append(
+            Invariant(id, statement, vllm_behaviour, "transition", frozenset(kinds), fn)
+        )
+        return fn
+
+    return register

@@ -1,0 +1,123 @@
+"""The catalogue, the Monitor that runs it over a scheduler's transitions,
+and the text `schedspec invariants` prints."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Iterable
+
+# Importing the checker modules registers their invariants, in this order.
+from invariants import lifecycle, state, step  # noqa: F401
+from invariants.core import REGISTRY, History, Invariant, Transition, Violation
+
+_ORDER = (
+    # the state of one view
+    "queues-match-status",
+    "max-num-seqs",
+    "block-conservation",
+    "block-table-covers-computed",
+    "computed-within-known",
+    "max-model-len",
+    "shared-blocks-identical-prefix",
+    "cache-index-consistent",
+    "cached-block-content",
+    "full-blocks-cached",
+    "quiescence",
+    # one schedule() call
+    "token-budget",
+    "long-prefill-threshold",
+    "chunked-prefill-disabled",
+    "scheduled-are-running",
+    "plan-order-and-kinds",
+    "plan-matches-state",
+    "plan-token-ids",
+    "cache-hit-identical-prefix",
+    "preemption-resets",
+    "no-admission-with-preemption",
+    "fcfs-admission-order",
+    "priority-admission-order",
+    "fcfs-victim-suffix",
+    "priority-victim-choice",
+    "progress",
+    "work-conserving-admission",
+    "no-starvation",
+    # a request's life across operations
+    "legal-status-transition",
+    "status-change-by-operation",
+    "waiting-queue-order",
+    "running-queue-update",
+    "blocks-only-grow",
+    "output-append-only",
+    "update-appends-sampled-token",
+    "stop-conditions",
+    "finished-reported-once",
+    "free-queue-lru",
+    "reset-prefix-cache",
+)
+
+
+def _catalogue() -> tuple[Invariant, ...]:
+    by_id = {inv.id: inv for inv in REGISTRY}
+    assert len(by_id) == len(REGISTRY), "duplicate invariant id"
+    assert set(by_id) == set(_ORDER), sorted(set(by_id) ^ set(_ORDER))
+    return tuple(by_id[i] for i in _ORDER)
+
+
+CATALOGUE: tuple[Invariant, ...] = _catalogue()
+BY_ID: dict[str, Invariant] = {inv.id: inv for inv in CATALOGUE}
+
+
+class Monitor:
+    """Checks every transition a driver shows it against a set of invariants,
+    keeping the history the transition invariants need. A checker that cannot
+    read a malformed view reports that as a violation of its invariant."""
+
+    def __init__(self, invariants: Iterable[Invariant] = CATALOGUE) -> None:
+        self.invariants: tuple[Invariant, ...] = tuple(invariants)
+        self.history = History()
+        self.transitions_seen = 0
+
+    def observe(self, t: Transition) -> list[Violation]:
+        out: list[Violation] = []
+        for inv in self.invariants:
+            try:
+                out.extend(inv.check(t, self.history))
+            except Exception as exc:  # a malformed view must not crash the driver
+                out.append(
+                    Violation(inv.id, f"could not check the {t.kind} transition: {type(exc).__name__}: {exc}")
+                )
+        self.history.record(t)
+        self.transitions_seen += 1
+        return out
+
+
+def catalogue_text() -> str:
+    """What `schedspec invariants` prints: id, statement, vLLM behaviour."""
+    lines = [f"{len(CATALOGUE)} invariants (vLLM 0.33.0 v1 scheduler)", ""]
+    for inv in CATALOGUE:
+        kinds = "every operation" if inv.scope == "state" else ", ".join(sorted(inv.kinds))
+        lines.append(f"{inv.id}  [{inv.scope}; {kinds}]")
+        lines.extend(textwrap.wrap(inv.statement, 96, initial_indent="    ", subsequent_indent="    "))
+        lines.extend(
+            textwrap.wrap("vLLM: " + inv.vllm_behaviour, 96, initial_indent="    ", subsequent_indent="      ")
+        )
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def catalogue_markdown() -> str:
+    """The catalogue as the markdown table in docs/invariants.md."""
+    rows = [
+        "| id | scope | statement | vLLM 0.33 behaviour |",
+        "|----|-------|-----------|---------------------|",
+    ]
+    for inv in CATALOGUE:
+        if inv.scope == "state":
+            scope = "state (every op)"
+        elif len(inv.kinds) == 5:
+            scope = "transition (every op)"
+        else:
+            scope = "transition: " + ", ".join(sorted(inv.kinds))
+        cells = (f"`{inv.id}`", scope, inv.statement, inv.vllm_behaviour)
+        rows.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,293 @@
+"""Invariants of a single view: they hold of every state a scheduler can show,
+whatever operation led to it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterator
+
+from spec.interface import RequestStatus, SchedulerView
+
+from invariants._util import block_key, cdiv, holders
+from invariants.core import Finding, state_invariant
+
+_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+@state_invariant(
+    "queues-match-status",
+    "Waiting holds exactly the WAITING/PREEMPTED requests, running exactly the RUNNING ones; "
+    "the queues are disjoint, without duplicates, and together hold every unfinished request.",
+    "vllm/v1/core/sched/scheduler.py, Scheduler: add_request puts a request in self.waiting; "
+    "schedule() moves it to self.running with status RUNNING; _preempt_request sets PREEMPTED and "
+    "prepends it to waiting; finish_requests/_free_request remove it from both and from self.requests.",
+)
+def queues_match_status(v: SchedulerView) -> Iterator[Finding]:
+    for rid, r in v.requests.items():
+        if r.request_id != rid:
+            yield rid, f"requests[{rid!r}] is a view of {r.request_id!r}"
+        if r.status.is_finished:
+            yield rid, f"unfinished request has finished status {r.status.name}"
+    for name, queue in (("waiting", v.waiting), ("running", v.running)):
+        for rid, n in Counter(queue).items():
+            if n > 1:
+                yield rid, f"appears {n} times in the {name} queue"
+    for rid in set(v.waiting) & set(v.running):
+        yield rid, "is in both the waiting and the running queue"
+    for rid in v.waiting:
+        w = v.requests.get(rid)
+        if w is None:
+            yield rid, "is in the waiting queue but not an unfinished request"
+        elif w.status not in _QUEUED:
+            yield rid, f"is in the waiting queue with status {w.status.name}"
+    for rid in v.running:
+        u = v.requests.get(rid)
+        if u is None:
+            yield rid, "is in the running queue but not an unfinished request"
+        elif u.status != RequestStatus.RUNNING:
+            yield rid, f"is in the running queue with status {u.status.name}"
+    for rid in sorted(set(v.requests) - set(v.waiting) - set(v.running)):
+        yield rid, f"unfinished request (status {v.requests[rid].status.name}) is in no queue"
+    for rid, r in v.finished.items():
+        if not r.status.is_finished:
+            yield rid, f"listed as finished with status {r.status.name}"
+        if rid in v.requests:
+            yield rid, "is both finished and unfinished"
+
+
+@state_invariant(
+    "max-num-seqs",
+    "At most max_num_seqs requests are running.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop stops admitting once "
+    "len(self.running) >= self.max_num_active_reqs (max_num_seqs).",
+)
+def max_num_seqs(v: SchedulerView) -> Iterator[Finding]:
+    if len(v.running) > v.config.max_num_seqs:
+        yield None, (
+            f"{len(v.running)} requests running, max_num_seqs is {v.config.max_num_seqs}: "
+            f"{', '.join(v.running)}"
+        )
+
+
+@state_invariant(
+    "block-conservation",
+    "Free blocks + held blocks + the null block = num_blocks: ref_cnt[b] is the number of "
+    "unfinished requests holding b, the free queue is exactly the usable blocks with ref_cnt 0, "
+    "each once, and no table holds block 0, a block twice, or an id out of range.",
+    "vllm/v1/core/block_pool.py, BlockPool: get_new_blocks pops the free queue and sets "
+    "ref_cnt 1, touch increments (and removes a free block from the queue), free_blocks decrements "
+    "and requeues at 0; block 0 is the null block taken out in __init__.",
+)
+def block_conservation(v: SchedulerView) -> Iterator[Finding]:
+    kv = v.kv
+    n = kv.num_blocks
+    if n != v.config.num_blocks or kv.block_size != v.config.block_size:
+        yield None, (
+            f"KV view has {n} blocks of {kv.block_size} tokens, config says "
+            f"{v.config.num_blocks} of {v.config.block_size}"
+        )
+    if len(kv.ref_cnt) != n:
+        yield None, f"ref_cnt has {len(kv.ref_cnt)} entries for {n} blocks"
+        return
+    if kv.ref_cnt[0] != 0:
+        yield None, f"null block 0 has ref_cnt {kv.ref_cnt[0]}"
+    count: Counter[int] = Counter()
+    who: dict[int, list[str]] = {}
+    for rid, r in v.requests.items():
+        for b, k in Counter(r.block_ids).items():
+            if k > 1:
+                yield rid, f"holds block {b} {k} times"
+        for b in set(r.block_ids):
+            if not 1 <= b < n:
+                yield rid, f"holds block {b}, outside the usable blocks 1..{n - 1}"
+            else:
+                count[b] += 1
+                who.setdefault(b, []).append(rid)
+    for b in range(1, n):
+        if kv.ref_cnt[b] != count[b]:
+            yield None, (
+                f"block {b} has ref_cnt {kv.ref_cnt[b]} but {count[b]} unfinished requests hold it"
+                f" ({', '.join(sorted(who.get(b, []))) or 'none'})"
+            )
+    for b, k in Counter(kv.free_queue).items():
+        if k > 1:
+            yield None, f"block {b} is {k} times in the free queue"
+        if not 1 <= b < n:
+            yield None, f"free queue holds block {b}, outside the usable blocks 1..{n - 1}"
+    free = set(kv.free_queue)
+    for b in range(1, n):
+        if count[b] == 0 and b not in free:
+            yield None, f"block {b} is held by nobody and not in the free queue (leaked)"
+        if count[b] > 0 and b in free:
+            yield None, f"block {b} is in the free queue while held by {', '.join(sorted(who[b]))}"
+
+
+@state_invariant(
+    "block-table-covers-computed",
+    "A running request holds exactly cdiv(num_computed_tokens, block_size) blocks (after "
+    "schedule() its computed count includes the tokens just scheduled); a waiting or preempted "
+    "request holds none and has 0 computed tokens.",
+    "vllm/v1/core/kv_cache_manager.py, allocate_slots: a request is given cdiv(computed + new, "
+    "block_size) slots' worth of blocks (single_type_kv_cache_manager.py, "
+    "get_num_blocks_to_allocate); scheduler.py, _update_after_schedule advances "
+    "num_computed_tokens by the scheduled tokens; _preempt_request frees all and resets to 0.",
+)
+def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
+    bs = v.config.block_size
+    for rid, r in v.requests.items():
+        if r.status == RequestStatus.RUNNING:
+            want = cdiv(r.num_computed_tokens, bs)
+            if len(r.block_ids) != want:
+                yield rid, (
+                    f"running with {r.num_computed_tokens} computed tokens holds "
+                    f"{len(r.block_ids)} blocks, should hold cdiv({r.num_computed_tokens}, {bs}) = {want}"
+                )
+        elif r.status in _QUEUED:
+            if r.block_ids:
+                yield rid, f"{r.status.name} but holds blocks {list(r.block_ids)}"
+            if r.num_computed_tokens != 0:
+                yield rid, f"{r.status.name} with {r.num_computed_tokens} computed tokens (should be 0)"
+
+
+@state_invariant(
+    "shared-blocks-identical-prefix",
+    "Two requests share a block only at the same index i, with equal salt and equal tokens "
+    "[:(i+1)*block_size], and the block is full and computed for both.",
+    "vllm/v1/core/kv_cache_manager.py, get_computed_blocks / allocate_slots: a block is shared "
+    "only through a prefix-cache hit on the chained hash of its salt and full-block tokens "
+    "(kv_cache_utils.py, hash_block_tokens); only full blocks are cached (block_pool.py, "
+    "cache_full_blocks).",
+)
+def shared_blocks_identical_prefix(v: SchedulerView) -> Iterator[Finding]:
+    bs = v.config.block_size
+    for b, hs in sorted(holders(v).items()):
+        if len(hs) < 2:
+            continue
+        rid0, i0 = hs[0]
+        r0 = v.requests[rid0]
+        for rid, i in hs:
+            r = v.requests[rid]
+            if i != i0:
+                yield rid, f"holds block {b} at index {i}, {rid0} holds it at index {i0}"
+                continue
+            if r.num_computed_tokens < (i + 1) * bs:
+                yield rid, (
+                    f"shares block {b} (index {i}) but has only {r.num_computed_tokens} computed "
+                    f"tokens: the block is not full ({(i + 1) * bs} needed)"
+                )
+            if rid != rid0 and block_key(r, i, bs) != block_key(r0, i0, bs):
+                yield rid, (
+                    f"shares block {b} (index {i}) with {rid0} but their salt or tokens "
+                    f"[:{(i + 1) * bs}] differ"
+                )
+
+
+@state_invariant(
+    "cache-index-consistent",
+    "block_keys and cache_index describe the same (key, block) pairs; each key is (salt, tokens) "
+    "with a non-empty whole number of blocks of tokens; blocks are usable ids, listed once per key.",
+    "vllm/v1/core/block_pool.py, BlockHashToBlockMap and KVCacheBlock.block_hash: "
+    "_insert_block_hash / _maybe_evict_cached_block keep the block's hash and the hash -> blocks "
+    "map in step.",
+)
+def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
+    kv = v.kv
+    bs = v.config.block_size
+    for b, key in kv.block_keys.items():
+        if not 1 <= b < kv.num_blocks:
+            yield None, f"block_keys names block {b}, outside 1..{kv.num_blocks - 1}"
+        salt, toks = key
+        if not isinstance(salt, str) or len(toks) == 0 or len(toks) % bs != 0:
+            yield None, (
+                f"block {b} has a malformed key: salt {salt!r}, {len(toks)} tokens "
+                f"(want a positive multiple of {bs})"
+            )
+        if b not in kv.cache_index.get(key, ()):
+            yield None, f"block {b} has a key that cache_index does not list it under"
+    for key, blocks in kv.cache_index.items():
+        if not blocks:
+            yield None, f"cache_index has an empty entry for a key of {len(key[1])} tokens"
+        for b, k in Counter(blocks).items():
+            if k > 1:
+                yield None, f"cache_index lists block {b} {k} times under one key"
+            if kv.block_keys.get(b) != key:
+                yield None, (
+                    f"cache_index lists block {b} under a key of {len(key[1])} tokens, "
+                    f"but block_keys gives it {'no key' if b not in kv.block_keys else 'another key'}"
+                )
+
+
+@state_invariant(
+    "cached-block-content",
+    "A held block that carries a key carries the key of its content: for every holder r at "
+    "index i, key = (r.salt, r.tokens[:(i+1)*block_size]), and the block is full of computed tokens.",
+    "vllm/v1/core/block_pool.py, cache_full_blocks: a block gets the hash of the request's "
+    "block_hashes[i] only once its tokens are all scheduled (kv_cache_manager.py, allocate_slots, "
+    "num_tokens_to_cache); get_new_blocks evicts the old hash before a block is reused.",
+)
+def cached_block_content(v: SchedulerView) -> Iterator[Finding]:
+    bs = v.config.block_size
+    for rid, r in v.requests.items():
+        for i, b in enumerate(r.block_ids):
+            key = v.kv.block_keys.get(b)
+            if key is None:
+                continue
+            if key != block_key(r, i, bs):
+                yield rid, (
+                    f"block {b} (index {i}) is keyed by a salt/tokens prefix of {len(key[1])} tokens "
+                    f"that differs from the request's own (salt {r.salt!r}, tokens [:{(i + 1) * bs}])"
+                )
+            elif r.num_computed_tokens < (i + 1) * bs:
+                yield rid, (
+                    f"block {b} (index {i}) carries a key but only {r.num_computed_tokens} tokens "
+                    f"are computed ({(i + 1) * bs} fill it)"
+                )
+
+
+@state_invariant(
+    "full-blocks-cached",
+    "With prefix caching on, every full computed block of a running request carries a key; "
+    "with it off, no block does.",
+    "vllm/v1/core/kv_cache_manager.py, allocate_slots: cache_blocks(request, min(computed + new, "
+    "num_tokens)) hashes every block that becomes full (single_type_kv_cache_manager.py, "
+    "cache_blocks); with enable_caching False nothing is cached.",
+)
+def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
+    bs = v.config.block_size
+    if not v.config.enable_prefix_caching:
+        if v.kv.block_keys or v.kv.cache_index:
+            yield None, (
+                f"prefix caching is off but {len(v.kv.block_keys)} blocks carry keys and "
+                f"cache_index has {len(v.kv.cache_index)} keys"
+            )
+        return
+    for rid in v.running:
+        r = v.requests.get(rid)
+        if r is None:
+            continue
+        for i in range(min(r.num_computed_tokens // bs, len(r.block_ids))):
+            if r.block_ids[i] not in v.kv.block_keys:
+                yield rid, (
+                    f"block {r.block_ids[i]} (index {i}) is full ({r.num_computed_tokens} computed "
+                    f"tokens) but carries no key"
+                )
+
+
+@state_invariant(
+    "quiescence",
+    "With no unfinished request, the queues are empty, every ref_cnt is 0 and all "
+    "num_blocks - 1 usable blocks are in the free queue.",
+    "vllm/v1/core/sched/scheduler.py, _free_request -> kv_cache_manager.free: a finished or "
+    "aborted request returns every block; only unfinished requests hold KV.",
+)
+def quiescence(v: SchedulerView) -> Iterator[Finding]:
+    if v.requests:
+        return
+    if v.waiting or v.running:
+        yield None, f"no unfinished request, yet waiting={list(v.waiting)} running={list(v.running)}"
+    held = [b for b, c in enumerate(v.kv.ref_cnt) if c != 0]
+    if held:
+        yield None, f"no unfinished request, yet blocks {held} have non-zero ref_cnt"
+    usable = v.kv.num_blocks - 1
+    if len(set(v.kv.free_queue) - {0}) != usable:
+        yield None, f"no unfinished request, yet {len(set(v.kv.free_queue))} of {usable} usable blocks are free"

@@ -1,0 +1,562 @@
+"""Invariants of one schedule() call: budgets, the plan against the state,
+admission and preemption order, progress and starvation."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from spec.interface import Policy, RequestStatus, ScheduleKind
+
+from invariants._util import (
+    admission_fits,
+    admitted,
+    block_key,
+    cdiv,
+    effective_threshold,
+    is_prefix,
+    queue_head,
+    queue_key,
+    running_chunk,
+    step_victims,
+    victim_key,
+)
+from invariants.core import Finding, History, Transition, TransitionKind, transition_invariant
+
+_SCHED: tuple[TransitionKind, ...] = ("schedule",)
+_KIND_FROM = {
+    ScheduleKind.RUNNING: RequestStatus.RUNNING,
+    ScheduleKind.NEW: RequestStatus.WAITING,
+    ScheduleKind.RESUMED: RequestStatus.PREEMPTED,
+}
+
+
+@transition_invariant(
+    "token-budget",
+    "A step schedules at most max_num_batched_tokens tokens in all, and every scheduled "
+    "request gets at least one.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): token_budget starts at "
+    "max_num_scheduled_tokens (= max_num_batched_tokens) and each scheduled request's "
+    "num_new_tokens (> 0; 0 means skip) is taken from it.",
+    _SCHED,
+)
+def token_budget(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    budget = t.before.config.max_num_batched_tokens
+    total = t.plan.total_num_scheduled_tokens
+    if total > budget:
+        yield None, f"step {t.plan.step} schedules {total} tokens, max_num_batched_tokens is {budget}"
+    for s in t.plan.scheduled:
+        if s.num_scheduled_tokens <= 0:
+            yield s.request_id, f"scheduled with {s.num_scheduled_tokens} tokens"
+
+
+@transition_invariant(
+    "long-prefill-threshold",
+    "While more than one request is running or waiting at the start of a step, no request is "
+    "given more than long_prefill_token_threshold tokens (when that is > 0).",
+    "vllm/v1/core/sched/scheduler.py, schedule(): num_new_tokens is cut to "
+    "long_prefill_token_threshold in both loops; the threshold is 0 when "
+    "num_running + num_waiting <= 1.",
+    _SCHED,
+)
+def long_prefill_threshold(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    thr = effective_threshold(t.before)
+    if thr <= 0:
+        return
+    for s in t.plan.scheduled:
+        if s.num_scheduled_tokens > thr:
+            yield s.request_id, (
+                f"given {s.num_scheduled_tokens} tokens, long_prefill_token_threshold is {thr} "
+                f"({len(t.before.running)} running + {len(t.before.waiting)} waiting)"
+            )
+
+
+@transition_invariant(
+    "chunked-prefill-disabled",
+    "With chunked prefill off (and no long-prefill threshold in force) every scheduled request "
+    "is given all its remaining tokens: no partial prefill chunk.",
+    "vllm/v1/core/sched/scheduler.py, schedule(), WAITING loop: without enable_chunked_prefill "
+    "a request whose remaining tokens exceed the budget stops admission (break) instead of being "
+    "chunked; config requires max_num_batched_tokens >= max_model_len then.",
+    _SCHED,
+)
+def chunked_prefill_disabled(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    cfg = t.before.config
+    if cfg.enable_chunked_prefill or cfg.long_prefill_token_threshold > 0:
+        return
+    for s in t.plan.scheduled:
+        if not s.samples:
+            yield s.request_id, (
+                f"given a partial chunk ({s.num_computed_tokens} + {s.num_scheduled_tokens} of "
+                f"{s.num_tokens} tokens) with chunked prefill disabled"
+            )
+
+
+@transition_invariant(
+    "scheduled-are-running",
+    "Every scheduled request is scheduled once and is RUNNING and in the running queue after the step.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): the RUNNING loop schedules members of "
+    "self.running; the WAITING loop appends each admitted request to self.running with status RUNNING.",
+    _SCHED,
+)
+def scheduled_are_running(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    seen: set[str] = set()
+    running = set(t.after.running)
+    for s in t.plan.scheduled:
+        rid = s.request_id
+        if rid in seen:
+            yield rid, "scheduled twice in one step"
+        seen.add(rid)
+        r = t.after.requests.get(rid)
+        if rid not in running or r is None or r.status != RequestStatus.RUNNING:
+            where = "not unfinished" if r is None else f"status {r.status.name}"
+            yield rid, f"scheduled but not running after the step ({where}, in running queue: {rid in running})"
+
+
+@transition_invariant(
+    "plan-order-and-kinds",
+    "A plan lists the running requests first, in running-queue order, then the admissions; "
+    "RUNNING entries were RUNNING, NEW entries WAITING, RESUMED entries PREEMPTED before the step.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): scheduled_running_reqs are filled in the order "
+    "of self.running before the WAITING loop runs; admitted requests go to scheduled_new_reqs "
+    "(status WAITING) or scheduled_resumed_reqs (status PREEMPTED).",
+    _SCHED,
+)
+def plan_order_and_kinds(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    seen_admission = False
+    for s in t.plan.scheduled:
+        b = t.before.requests.get(s.request_id)
+        if b is None:
+            yield s.request_id, f"scheduled as {s.kind.name} but was not an unfinished request"
+            continue
+        want = _KIND_FROM[s.kind]
+        if b.status != want:
+            yield s.request_id, f"scheduled as {s.kind.name} but its status was {b.status.name}"
+        if s.kind == ScheduleKind.RUNNING and seen_admission:
+            yield s.request_id, "a RUNNING entry comes after an admission in the plan"
+        seen_admission |= s.kind != ScheduleKind.RUNNING
+    order = {rid: i for i, rid in enumerate(t.before.running)}
+    positions = [order.get(s.request_id, -1) for s in t.plan.scheduled if s.kind == ScheduleKind.RUNNING]
+    if positions != sorted(positions):
+        ids = [s.request_id for s in t.plan.scheduled if s.kind == ScheduleKind.RUNNING]
+        yield None, f"RUNNING entries {ids} are not in running-queue order {list(t.before.running)}"
+
+
+@transition_invariant(
+    "plan-matches-state",
+    "Each entry's computed count, known tokens and block table match the request: after the step "
+    "num_computed_tokens = computed before + scheduled and the table is the entry's, of "
+    "cdiv(computed + scheduled, block_size) blocks, extending the old one; running requests left "
+    "out keep their count and table; plan.step = view.step = previous step + 1.",
+    "vllm/v1/core/sched/scheduler.py, schedule() / _make_cached_request_data (new_block_ids are "
+    "appended) and _update_after_schedule (num_computed_tokens += num_scheduled_tokens); "
+    "current_step += 1 on each call.",
+    _SCHED,
+)
+def plan_matches_state(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    bs = t.before.config.block_size
+    if t.plan.step != t.before.step + 1 or t.after.step != t.plan.step:
+        yield None, f"plan.step {t.plan.step}, view step {t.before.step} before and {t.after.step} after"
+    for s in t.plan.scheduled:
+        rid = s.request_id
+        b = t.before.requests.get(rid)
+        a = t.after.requests.get(rid)
+        if b is None or a is None:
+            continue  # scheduled-are-running / plan-order-and-kinds say so
+        if s.num_tokens != b.num_tokens:
+            yield rid, f"entry says {s.num_tokens} known tokens, the request had {b.num_tokens}"
+        if s.kind == ScheduleKind.RUNNING:
+            if s.num_computed_tokens != b.num_computed_tokens:
+                yield rid, (
+                    f"entry starts at {s.num_computed_tokens} computed tokens, the request had "
+                    f"{b.num_computed_tokens}"
+                )
+            if not is_prefix(b.block_ids, s.block_ids):
+                yield rid, f"block table {list(b.block_ids)} was not extended but replaced by {list(s.block_ids)}"
+        done = s.num_computed_tokens + s.num_scheduled_tokens
+        if a.num_computed_tokens != done:
+            yield rid, (
+                f"has {a.num_computed_tokens} computed tokens after the step, want "
+                f"{s.num_computed_tokens} + {s.num_scheduled_tokens} = {done}"
+            )
+        if a.block_ids != s.block_ids:
+            yield rid, f"entry block table {list(s.block_ids)} differs from the request's {list(a.block_ids)}"
+        if len(s.block_ids) != cdiv(done, bs):
+            yield rid, f"entry holds {len(s.block_ids)} blocks for {done} tokens, want {cdiv(done, bs)}"
+    scheduled = set(t.plan.scheduled_ids)
+    for rid in t.after.running:
+        if rid in scheduled:
+            continue
+        b = t.before.requests.get(rid)
+        a = t.after.requests.get(rid)
+        if b is None or a is None:
+            continue
+        if (a.num_computed_tokens, a.block_ids) != (b.num_computed_tokens, b.block_ids):
+            yield rid, (
+                f"not scheduled, yet its computed tokens/blocks changed from {b.num_computed_tokens}/"
+                f"{list(b.block_ids)} to {a.num_computed_tokens}/{list(a.block_ids)}"
+            )
+
+
+@transition_invariant(
+    "plan-token-ids",
+    "Each entry's token_ids are the request's tokens at positions computed .. computed + "
+    "scheduled - 1 (prompt then output).",
+    "vllm/v1/core/sched/output.py, NewRequestData (prompt_token_ids, num_computed_tokens) / "
+    "CachedRequestData.num_computed_tokens with SchedulerOutput.num_scheduled_tokens: the model "
+    "runner computes the request's tokens from position num_computed_tokens on.",
+    _SCHED,
+)
+def plan_token_ids(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    for s in t.plan.scheduled:
+        b = t.before.requests.get(s.request_id)
+        if b is None:
+            continue
+        c, n = s.num_computed_tokens, s.num_scheduled_tokens
+        want = b.all_token_ids[c : c + n]
+        if s.token_ids != want or len(s.token_ids) != n:
+            yield s.request_id, f"token_ids {list(s.token_ids)} are not tokens [{c}:{c + n}] = {list(want)}"
+
+
+@transition_invariant(
+    "computed-within-known",
+    "A request never has more computed tokens than known tokens: computed <= num_tokens in every "
+    "view, and computed + scheduled <= num_tokens in every plan entry.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): num_new_tokens = num_tokens_with_spec - "
+    "num_computed_tokens at most (RUNNING loop), request.num_tokens - num_computed_tokens "
+    "(WAITING loop); a prefix hit is capped at num_tokens - 1.",
+)
+def computed_within_known(t: Transition, h: History) -> Iterator[Finding]:
+    for rid, r in t.after.requests.items():
+        if not 0 <= r.num_computed_tokens <= r.num_tokens:
+            yield rid, f"{r.num_computed_tokens} computed tokens, {r.num_tokens} known"
+    if t.kind == "schedule" and t.plan is not None:
+        for s in t.plan.scheduled:
+            if s.num_computed_tokens < 0 or s.num_computed_tokens + s.num_scheduled_tokens > s.num_tokens:
+                yield s.request_id, (
+                    f"entry computes {s.num_computed_tokens} + {s.num_scheduled_tokens} tokens of "
+                    f"{s.num_tokens} known"
+                )
+
+
+@transition_invariant(
+    "max-model-len",
+    "An unfinished request has fewer than max_model_len tokens, and no entry computes past "
+    "max_model_len (computed + scheduled <= max_model_len).",
+    "vllm/v1/core/sched/scheduler.py, schedule(): num_new_tokens <= max_model_len - "
+    "num_computed_tokens - 1 (a slot is kept for the sampled token); utils.py, check_stop finishes "
+    "a request at num_tokens >= max_model_len; input_processor.py rejects prompts of "
+    "max_model_len tokens or more.",
+)
+def max_model_len(t: Transition, h: History) -> Iterator[Finding]:
+    mml = t.after.config.max_model_len
+    for rid, r in t.after.requests.items():
+        if r.num_tokens >= mml:
+            yield rid, f"unfinished with {r.num_tokens} tokens, max_model_len is {mml}"
+    if t.kind == "schedule" and t.plan is not None:
+        for s in t.plan.scheduled:
+            end = s.num_computed_tokens + s.num_scheduled_tokens
+            if end > mml:
+                yield s.request_id, f"entry computes up to position {end}, max_model_len is {mml}"
+
+
+@transition_invariant(
+    "cache-hit-identical-prefix",
+    "An admission's computed tokens are a prefix-cache hit: a whole number of blocks, fewer than "
+    "its known tokens (0 with caching off), and each hit block i was cached (before the step, or "
+    "by another request in it) under the request's own key (salt, tokens[:(i+1)*block_size]).",
+    "vllm/v1/core/kv_cache_manager.py, get_computed_blocks: find_longest_cache_hit matches the "
+    "request's block hashes (salt and token prefix chained) against cached full blocks, capped at "
+    "num_tokens - 1; allocate_slots touches those blocks and puts them first in the table.",
+    _SCHED,
+)
+def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    bs = t.before.config.block_size
+    caching = t.before.config.enable_prefix_caching
+    for s in admitted(t.plan):
+        rid, c = s.request_id, s.num_computed_tokens
+        b = t.before.requests.get(rid)
+        if b is None:
+            continue
+        if c == 0:
+            continue
+        if not caching:
+            yield rid, f"admitted with {c} computed tokens while prefix caching is off"
+            continue
+        if c % bs != 0:
+            yield rid, f"admitted with a hit of {c} tokens, not a whole number of {bs}-token blocks"
+        if c >= s.num_tokens:
+            yield rid, f"admitted with a hit of {c} tokens of {s.num_tokens}: at most {s.num_tokens - 1} may hit"
+        # Blocks another entry filled (and so cached) in this very step.
+        others = {
+            e.block_ids[j]
+            for e in t.plan.scheduled
+            if e.request_id != rid
+            for j in range(len(e.block_ids))
+            if e.num_computed_tokens < (j + 1) * bs <= e.num_computed_tokens + e.num_scheduled_tokens
+        }
+        for i in range(min(c // bs, len(s.block_ids))):
+            blk = s.block_ids[i]
+            want = block_key(b, i, bs)
+            if t.after.kv.block_keys.get(blk) != want:
+                yield rid, f"hit block {blk} (index {i}) does not carry the request's key after the step"
+            elif t.before.kv.block_keys.get(blk) != want and blk not in others:
+                yield rid, (
+                    f"hit block {blk} (index {i}) was not cached under the request's key before the "
+                    f"step, nor filled by another request in it"
+                )
+
+
+@transition_invariant(
+    "preemption-resets",
+    "A request preempted (by schedule() or by reset_prefix_cache(reset_running_requests=True)) was "
+    "RUNNING and is now PREEMPTED, in the waiting queue, with 0 computed tokens, no blocks and one "
+    "more preemption, is not scheduled in that step, and is listed in the next plan's preempted_ids.",
+    "vllm/v1/core/sched/scheduler.py, _preempt_request: frees the blocks, sets status PREEMPTED and "
+    "num_computed_tokens 0, num_preemptions += 1, prepends to waiting, records the id in "
+    "reset_preempted_req_ids, which the next SchedulerOutput reports as preempted_req_ids.",
+    kinds=("schedule", "reset"),
+)
+def preemption_resets(t: Transition, h: History) -> Iterator[Finding]:
+    newly = [
+        rid
+        for rid, b in t.before.requests.items()
+        if b.status == RequestStatus.RUNNING
+        and (a := t.after.requests.get(rid)) is not None
+        and a.status == RequestStatus.PREEMPTED
+    ]
+    if t.kind == "schedule":
+        assert t.plan is not None
+        victims = step_victims(t)
+        listed = set(t.plan.preempted_ids)
+        for rid in sorted(set(t.before.preempted_since_plan) - listed):
+            yield rid, "preempted before the step but missing from the plan's preempted_ids"
+        if t.after.preempted_since_plan:
+            yield None, f"preempted_since_plan is {list(t.after.preempted_since_plan)} right after a plan"
+        if len(set(t.plan.preempted_ids)) != len(t.plan.preempted_ids):
+            yield None, f"preempted_ids has duplicates: {list(t.plan.preempted_ids)}"
+        scheduled = set(t.plan.scheduled_ids)
+    else:
+        victims = newly
+        listed = set(t.after.preempted_since_plan)
+        scheduled = set()
+    for rid in newly:
+        if rid not in listed:
+            yield rid, "was preempted but is not reported as preempted"
+    for rid in victims:
+        b = t.before.requests.get(rid)
+        a = t.after.requests.get(rid)
+        if b is None or b.status != RequestStatus.RUNNING:
+            yield rid, f"reported preempted but was {'not unfinished' if b is None else b.status.name}"
+            continue
+        if a is None:
+            yield rid, "reported preempted but is no longer an unfinished request"
+            continue
+        if a.status != RequestStatus.PREEMPTED or rid not in t.after.waiting:
+            yield rid, f"preempted but has status {a.status.name}, in waiting: {rid in t.after.waiting}"
+        if a.num_computed_tokens != 0 or a.block_ids:
+            yield rid, (
+                f"preempted but kept {a.num_computed_tokens} computed tokens and blocks "
+                f"{list(a.block_ids)}"
+            )
+        if a.num_preemptions != b.num_preemptions + 1:
+            yield rid, f"num_preemptions went from {b.num_preemptions} to {a.num_preemptions}, not +1"
+        if rid in scheduled:
+            yield rid, "is both preempted and scheduled in the same step"
+
+
+@transition_invariant(
+    "no-admission-with-preemption",
+    "A step that preempts any request admits none from the waiting queue.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop runs only "
+    "`if not preempted_reqs`.",
+    _SCHED,
+)
+def no_admission_with_preemption(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    victims = step_victims(t)
+    adm = [s.request_id for s in admitted(t.plan)]
+    if victims and adm:
+        yield None, f"step {t.plan.step} preempted {victims} and still admitted {adm}"
+
+
+@transition_invariant(
+    "fcfs-admission-order",
+    "FCFS: the requests admitted in a step are the first ones of the waiting queue, in queue order.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop peeks the head of the "
+    "FCFSRequestQueue (request_queue.py) and stops (break) at the first request that does not fit.",
+    _SCHED,
+)
+def fcfs_admission_order(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    if t.before.config.policy != Policy.FCFS:
+        return
+    adm = [s.request_id for s in admitted(t.plan)]
+    head = list(t.before.waiting[: len(adm)])
+    if adm != head:
+        yield None, f"admitted {adm}, but the head of the waiting queue was {head}"
+
+
+@transition_invariant(
+    "priority-admission-order",
+    "PRIORITY: the requests admitted in a step are the waiting requests of least (priority, "
+    "arrival, request_id), in that order; the waiting view lists them in that order.",
+    "vllm/v1/core/sched/request_queue.py, PriorityRequestQueue (a heap on Request.__lt__: "
+    "priority, arrival_time, request_id); scheduler.py, schedule() admits from its head and stops "
+    "at the first that does not fit.",
+)
+def priority_admission_order(t: Transition, h: History) -> Iterator[Finding]:
+    if t.after.config.policy != Policy.PRIORITY:
+        return
+    live = [rid for rid in t.after.waiting if rid in t.after.requests]
+    keys = [queue_key(t.after.requests[rid]) for rid in live]
+    if keys != sorted(keys):
+        yield None, f"waiting queue {live} is not in (priority, arrival, request_id) order"
+    if t.kind != "schedule" or t.plan is None:
+        return
+    adm = [s.request_id for s in admitted(t.plan)]
+    cands = sorted(
+        (rid for rid in t.before.waiting if rid in t.before.requests),
+        key=lambda rid: queue_key(t.before.requests[rid]),
+    )
+    if adm != cands[: len(adm)]:
+        yield None, f"admitted {adm}, but in priority order the waiting queue starts {cands[: len(adm)]}"
+
+
+@transition_invariant(
+    "fcfs-victim-suffix",
+    "FCFS: the requests preempted in a step are the last ones of the running queue before it.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): under FCFS the victim is self.running.pop(), "
+    "the last running request, until the request being scheduled fits or is itself popped.",
+    _SCHED,
+)
+def fcfs_victim_suffix(t: Transition, h: History) -> Iterator[Finding]:
+    if t.before.config.policy != Policy.FCFS:
+        return
+    victims = step_victims(t)
+    if not victims:
+        return
+    tail = t.before.running[len(t.before.running) - len(victims) :]
+    if set(victims) != set(tail):
+        yield None, (
+            f"preempted {sorted(victims)}, but the last {len(victims)} of the running queue "
+            f"{list(t.before.running)} are {list(tail)}"
+        )
+
+
+@transition_invariant(
+    "priority-victim-choice",
+    "PRIORITY: no request still running after a step has a greater (priority, arrival) than a "
+    "request preempted in it.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): under PRIORITY the victim is "
+    "max(self.running, key=(priority, arrival_time)).",
+    _SCHED,
+)
+def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
+    if t.before.config.policy != Policy.PRIORITY:
+        return
+    for v in step_victims(t):
+        bv = t.before.requests.get(v)
+        if bv is None:
+            continue
+        for rid in t.after.running:
+            r = t.after.requests.get(rid)
+            if r is not None and victim_key(r) > victim_key(bv):
+                yield v, (
+                    f"preempted with (priority, arrival) {victim_key(bv)} while {rid} with "
+                    f"{victim_key(r)} keeps running"
+                )
+
+
+@transition_invariant(
+    "progress",
+    "A step that starts with an unfinished request schedules at least one; when nothing is "
+    "running, it admits the head of the waiting queue.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): the first running request can preempt every "
+    "other (or, under PRIORITY, only preempts itself while another remains), and the pool holds "
+    "max_model_len tokens (kv_cache_planning.py, check_enough_kv_cache_memory), so some running "
+    "request always fits; with none running the whole pool is free and the head's first chunk fits.",
+    _SCHED,
+)
+def progress(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    if not t.before.requests:
+        return
+    if not t.plan.scheduled:
+        yield None, (
+            f"step {t.plan.step} scheduled nothing with {len(t.before.running)} running and "
+            f"{len(t.before.waiting)} waiting"
+        )
+        return
+    head = queue_head(t.before)
+    if not t.before.running and head is not None and head not in t.plan.scheduled_ids:
+        yield head, "nothing was running, yet the head of the waiting queue was not admitted"
+
+
+@transition_invariant(
+    "work-conserving-admission",
+    "Admission stops only for a reason: after a step without preemption that leaves tokens in the "
+    "budget and room under max_num_seqs, the head of the waiting queue does not fit (its whole "
+    "sequence, counting cached hits, exceeds the free blocks, or chunked prefill is off and its "
+    "prompt exceeds the budget left).",
+    "vllm/v1/core/sched/scheduler.py, schedule(), WAITING loop: `while token_budget > 0`, "
+    "break on max_num_active_reqs, on a prompt over the budget without chunked prefill, or when "
+    "kv_cache_manager.allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl) returns None.",
+    _SCHED,
+)
+def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    cfg = t.after.config
+    if step_victims(t):
+        return
+    left = cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
+    if left <= 0 or len(t.after.running) >= cfg.max_num_seqs:
+        return
+    head = queue_head(t.after)
+    if head is None:
+        return
+    why = admission_fits(t.after, t.after.requests[head], left, effective_threshold(t.before))
+    if why is not None:
+        yield head, f"admission stopped though the head of the waiting queue fits: {why}"
+
+
+@transition_invariant(
+    "no-starvation",
+    "The head of the running queue is served in every step: FCFS, it is scheduled with "
+    "min(remaining tokens, max_num_batched_tokens, threshold) tokens; PRIORITY, it is scheduled "
+    "so, or preempted in that step.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): the RUNNING loop starts at self.running[0] with "
+    "the whole budget; under FCFS it may preempt every request behind it (self.running.pop()) and "
+    "one request of max_model_len tokens always fits the pool; under PRIORITY it may instead be "
+    "the max((priority, arrival_time)) victim.",
+    _SCHED,
+)
+def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    if not t.before.running:
+        return
+    rid = t.before.running[0]
+    r = t.before.requests.get(rid)
+    if r is None:
+        return
+    cfg = t.before.config
+    want = running_chunk(r, cfg.max_num_batched_tokens, effective_threshold(t.before), cfg.max_model_len)
+    entry = t.plan.get(rid)
+    preempted = rid in step_victims(t)
+    if cfg.policy == Policy.PRIORITY and preempted:
+        return
+    if entry is None:
+        yield rid, f"head of the running queue was not scheduled in step {t.plan.step} (wanted {want} tokens)"
+    elif entry.num_scheduled_tokens != want:
+        yield rid, (
+            f"head of the running queue was given {entry.num_scheduled_tokens} tokens, want "
+            f"min(remaining {r.num_tokens - r.num_computed_tokens}, budget "
+            f"{cfg.max_num_batched_tokens}, threshold) = {want}"
+        )

@@ -220,7 +220,7 @@ class SchedulerConfig:
                 f"({self.long_prefill_token_threshold}) cannot exceed max_model_len "
                 f"({self.max_model_len})",
             )
-        # vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory: the engine
+        # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine
         # refuses to start unless one request of max_model_len tokens fits.
         usable_tokens = (self.num_blocks - 1) * self.block_size
         if usable_tokens < self.max_model_len:
@@ -379,9 +379,10 @@ class StepPlan:
     """The scheduler's decision for one step, in scheduling order (running
     requests first, in running-queue order, then admissions in admission order).
 
-    ``preempted_ids`` lists requests preempted since the previous plan, in
-    preemption order; ``finished_ids`` lists the requests that finished since
-    the previous plan, sorted (vLLM keeps them in a set).
+    ``preempted_ids`` lists the requests preempted since the previous plan (in
+    this step, or by reset_prefix_cache(reset_running_requests=True) before
+    it); ``finished_ids`` the requests that finished since the previous plan.
+    Both are sorted: vLLM keeps them in sets.
     """
 
     step: int

@@ -399,11 +399,11 @@ class PagedLlama:
         pos = torch.cat([batch.positions, batch.positions.new_zeros(pad)])
         key_slots = torch.cat([batch.key_slots[batch.token_request], batch.key_slots.new_zeros(pad, self.window)])
         key_pos = torch.arange(self.window, device=dev)
-        # [1, n_pad, 1, window]: True where the key lies after the query.
-        masked = (key_pos[None, :] > pos[:, None])[None, :, None, :]
+        # [n_pad, 1, window]: True where the key lies after the query.
+        masked = (key_pos[None, :] > pos[:, None])[:, None, :]
         cos, sin = self.cos[pos], self.sin[pos]
         tiles = [slice(i, i + T) for i in range(0, n_pad, T)]
-        tile_keys = [key_slots[t] for t in tiles]
+        tile_keys = [key_slots[t].reshape(-1) for t in tiles]
         x = w.embed[tok]
         qkv = x.new_empty(n_pad, nq + 2 * nkv)
         for layer, lw in enumerate(w.layers):
@@ -412,19 +412,24 @@ class PagedLlama:
                 torch.matmul(rms_norm(x[t], lw.attn_norm, eps), lw.wqkv.t(), out=qkv[t])
             # Whole batch: RoPE is correctly rounded elementwise arithmetic.
             qk = apply_rope(qkv[:, : nq + nkv].reshape(n_pad, H + KVH, Dh), cos, sin, c.rope_style)
-            q = qk[:, :H].reshape(n_pad, KVH, G, Dh).transpose(0, 1).contiguous()  # [KVH, n_pad, G, Dh]
+            # The softmax scale goes into q (one correctly rounded multiply per element).
+            q = (qk[:, :H] * self.scale).reshape(n_pad, KVH, G, Dh)
             kc, vc = cache.flat(layer)
             kc.index_copy_(0, batch.slot_mapping, qk[:n, H:])
             vc.index_copy_(0, batch.slot_mapping, qkv[:n, nq + nkv :].reshape(n, KVH, Dh))
-            kt, vt = kc.transpose(0, 1), vc.transpose(0, 1)  # [KVH, slots, Dh]
             out = x.new_empty(x.shape)
+            mixed = x.new_empty(T, KVH, G, Dh)
             for t, slots in zip(tiles, tile_keys):
-                ks = kt[:, slots]  # [KVH, T, window, Dh]
-                vs = vt[:, slots]
-                scores = torch.matmul(q[:, t], ks.transpose(-1, -2))  # [KVH, T, G, window]
-                scores = (scores * self.scale).masked_fill_(masked[:, t], float("-inf"))
-                mixed = torch.matmul(torch.softmax(scores, dim=-1), vs)  # [KVH, T, G, Dh]
-                h = x[t] + F.linear(mixed.transpose(0, 1).reshape(T, nq), lw.wo)
+                # The tile's key windows, position order: [T, window, KVH, Dh].
+                ks = kc.index_select(0, slots).view(T, self.window, KVH, Dh)
+                vs = vc.index_select(0, slots).view(T, self.window, KVH, Dh)
+                qt = q[t]
+                for g in range(KVH):
+                    # Strided views, no copies: [T, G, Dh] @ [T, Dh, window].
+                    scores = torch.bmm(qt[:, g], ks[:, :, g].transpose(1, 2))
+                    probs = torch.softmax(scores.masked_fill_(masked[t], float("-inf")), dim=-1)
+                    torch.bmm(probs, vs[:, :, g], out=mixed[:, g])
+                h = x[t] + F.linear(mixed.view(T, nq), lw.wo)
                 out[t] = h + _mlp(h, lw, w.intermediate_padded, eps)
             x = out
         rows = batch.logit_rows

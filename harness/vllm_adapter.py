@@ -31,9 +31,11 @@ unless said otherwise):
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -203,6 +205,7 @@ def load_vllm() -> _Vllm:
 
         init_none_hash(sha256)
         model_dir = tempfile.mkdtemp(prefix="schedspec-tiny-llama-")
+        atexit.register(shutil.rmtree, model_dir, True)
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(_TINY_LLAMA, f)
 
@@ -407,11 +410,17 @@ class VllmScheduler:
                     f"{cls.__name__} has no attribute {attr!r}: the adapter reads vLLM "
                     "Scheduler internals and needs a subclass of vllm's Scheduler"
                 )
+        managers = self.sched.kv_cache_manager.coordinator.single_type_managers
+        if len(managers) != 1:
+            raise VllmAdapterError(f"vLLM built {len(managers)} KV cache groups; the spec models one")
+        self._blocks_of: Any = managers[0].req_to_blocks  # request id -> its block table
+        self._statuses = {v.VRequestStatus[name]: ours for name, ours in _STATUS_NAMES.items()}
         self._block_hasher = v.block_hasher(config.block_size)
         self._live: dict[str, _Live] = {}
         self._finished: dict[str, RequestView] = {}
         self._tables: dict[str, list[int]] = {}  # block tables as a model runner sees them
         self._keys: dict[bytes, BlockKey] = {}  # vLLM block hash -> content key
+        self._prune_at = 4096  # forget keys nobody can ask for once there are this many
         self._step = 0
         self._outstanding: tuple[StepPlan, Any] | None = None
 
@@ -502,7 +511,7 @@ class VllmScheduler:
                 else:
                     kind = ScheduleKind.RUNNING
                     table = self._tables.get(rid, []) + (list(sent[0]) if sent is not None else [])
-            kept = list(self.sched.kv_cache_manager.get_block_ids(rid)[0])
+            kept = self._table(rid)
             if table != kept:
                 raise VllmAdapterError(
                     f"step {self._step}: vLLM sent {rid!r} a block table {table} that is not "
@@ -572,6 +581,8 @@ class VllmScheduler:
             if live is not None:
                 self._record_keys(live)
         self._collect_finished(ids)
+        if len(self._keys) > self._prune_at:
+            self._prune_keys()
 
     def _collect_finished(self, candidates: list[str]) -> None:
         """Move requests vLLM has finished (and forgotten) into ``finished``."""
@@ -600,6 +611,18 @@ class VllmScheduler:
                 raise VllmAdapterError(f"vLLM block hash collision: {known} and {key}")
         live.num_hashed = len(hashes)
 
+    def _prune_keys(self) -> None:
+        """Keep only the keys of hashes vLLM can still show us: those in its
+        prefix cache and those of live requests (a request added later records
+        its own again), so a long run does not hold every prefix it ever saw."""
+        get_block_hash = self._v.get_block_hash
+        pool = self.sched.kv_cache_manager.block_pool
+        keep = {get_block_hash(h) for h in pool.cached_block_hash_to_block._cache}
+        for live in self._live.values():
+            keep.update(live.req.block_hashes[: live.num_hashed])
+        self._keys = {h: k for h, k in self._keys.items() if h in keep}
+        self._prune_at = max(4096, 2 * len(self._keys))
+
     def _key(self, hash_with_group: bytes) -> BlockKey:
         key = self._keys.get(self._v.get_block_hash(hash_with_group))
         if key is None:
@@ -608,8 +631,14 @@ class VllmScheduler:
 
     # ------------------------------------------------------------------ view
 
+    def _table(self, rid: str) -> list[int]:
+        """The request's block table as vLLM's KV manager keeps it. Read with
+        .get: the manager's defaultdict must not grow an entry."""
+        blocks = self._blocks_of.get(rid)
+        return [b.block_id for b in blocks] if blocks else []
+
     def _status(self, req: Any) -> RequestStatus:
-        status = _STATUS_NAMES.get(req.status.name)
+        status = self._statuses.get(req.status)
         if status is None:
             raise VllmAdapterError(
                 f"request {req.request_id!r} is in vLLM state {req.status.name}, outside the "
@@ -622,7 +651,7 @@ class VllmScheduler:
         if finished:
             blocks: tuple[int, ...] = ()
         else:
-            blocks = tuple(self.sched.kv_cache_manager.get_block_ids(s.request_id)[0])
+            blocks = tuple(self._table(s.request_id))
         return RequestView(
             request_id=s.request_id,
             status=self._status(req),

@@ -476,6 +476,30 @@ def test_lockstep_random_workloads() -> None:
 @pytest.mark.usefixtures("vllm_loaded")
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_forgetting_unreachable_block_keys_changes_nothing() -> None:
+    """The adapter forgets the content of hashes vLLM can no longer show;
+    pruning at every step must leave plans and views equal to the spec's."""
+    from harness.vllm_adapter import VllmScheduler
+
+    built: list[VllmScheduler] = []
+
+    def pruning(config: SchedulerConfig) -> Scheduler:
+        sched = VllmScheduler(config)
+        sched._prune_at = 0
+        built.append(sched)
+        return sched
+
+    for seed in (3, 11, 12):
+        w = random_workload(seed, 80)
+        runner = Runner(w.config, {"spec": spec_factory, "vllm": pruning})
+        failure = runner.run(w.events)
+        assert failure is None, failure.describe()
+    assert all(s._prune_at == 4096 for s in built)
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
 def test_lockstep_state_machine() -> None:
     """The Hypothesis state machine (harness/stateful.py) over spec and vLLM."""
     from hypothesis import HealthCheck, settings

@@ -31,6 +31,9 @@ def test_state_machine_reaches_preemption_hits_and_chunking() -> None:
     print(f"\nstate machine: {tally.all_runs} runs, {tally.runs} of >= {tally.min_steps} steps; "
           f"rates {rates}; totals {tally.total.as_dict()}")
     assert tally.runs >= 40
-    assert rates["preemption"] >= 0.5, rates
-    assert rates["prefix_hit"] >= 0.5, rates
+    # Measured over several seeds: preemption 0.43-0.76, prefix hit 0.41-0.85,
+    # chunked prefill 0.74-0.97 of the runs of 20+ steps. The floor catches a
+    # generator that stopped exercising a mechanism.
+    assert rates["preemption"] >= 0.35, rates
+    assert rates["prefix_hit"] >= 0.35, rates
     assert rates["chunked_prefill"] >= 0.5, rates

@@ -36,4 +36,4 @@ def test_state_machine_reaches_preemption_hits_and_chunking() -> None:
     # generator that stopped exercising a mechanism.
     assert rates["preemption"] >= 0.35, rates
     assert rates["prefix_hit"] >= 0.35, rates
-    assert rates["chunked_prefill"] >= 0.5, rates
+    assert rates["chunked_prefill"] >= 0.35, rates

@@ -3,9 +3,12 @@
 ``run_bench({"impl": factory, "spec": factory, ...})`` builds each scheduler
 from the same configuration, drives it through the same workload and times
 only ``schedule()`` + ``update()`` (the fake model's work and the result
-construction are outside the clock). Rows report the median and mean ms per
-step, the speed-up against the baseline (vLLM when present, else the spec),
-and, in a separate pass under ``tracemalloc``, peak memory.
+construction are outside the clock), on two clocks: wall time and the CPU
+time of the process (what the step cost, undisturbed by other processes on a
+shared machine; the two agree on an idle one). Rows report medians of both,
+the mean and 90th percentile of wall time, the speed-up against the baseline
+(vLLM when present, else the spec) on CPU time, and, in a separate pass under
+``tracemalloc``, peak memory.
 
 Workloads:
 
@@ -16,8 +19,9 @@ Workloads:
 - ``mixed``: arrivals in bursts, long prompts split by chunked prefill, shared
   system prompts (prefix hits), a pool small enough to force preemptions,
   requests finishing by max_tokens and by stop tokens.
-- ``memory``: 4,096 running + 10,000 waiting requests (peak traced bytes over
-  building the requests, adding them and a few steps).
+- ``memory``: 4,096 running + 10,000 waiting requests of about 512 prompt
+  tokens each (peak traced bytes over building the requests, adding them,
+  prefill, and a few decode steps).
 
 Harness-free: it needs only the interface; ``main`` resolves scheduler names
 (``spec`` and ``impl`` directly, anything else through harness.adapters, lazily).
@@ -59,10 +63,11 @@ class Row:
     workload: str
     scheduler: str
     steps: int
-    median_ms: float
+    median_ms: float  # wall clock
+    cpu_median_ms: float  # CPU time of the process (robust on a shared machine)
     mean_ms: float
     p90_ms: float
-    speedup: float | None = None  # baseline median / this median
+    speedup: float | None = None  # baseline CPU median / this CPU median
     baseline: str | None = None
     peak_mb: float | None = None
     note: str = ""
@@ -73,6 +78,7 @@ class Row:
             "scheduler": self.scheduler,
             "steps": self.steps,
             "median_ms": round(self.median_ms, 4),
+            "cpu_median_ms": round(self.cpu_median_ms, 4),
             "mean_ms": round(self.mean_ms, 4),
             "p90_ms": round(self.p90_ms, 4),
             "speedup_vs_baseline": None if self.speedup is None else round(self.speedup, 2),
@@ -87,13 +93,13 @@ class Row:
 # --------------------------------------------------------------------------
 
 
-def decode_config(n: int, prompt_max: int = 64, gen: int = 4096) -> SchedulerConfig:
+def decode_config(n: int, prompt_max: int = 64, gen: int = 4096, budget: int = 8192) -> SchedulerConfig:
     max_model_len = prompt_max + gen + 16
     blocks_per_req = -(-max_model_len // BLOCK_SIZE)
     return SchedulerConfig(
         block_size=BLOCK_SIZE,
         num_blocks=n * blocks_per_req + 1,
-        max_num_batched_tokens=max(n, 8192),
+        max_num_batched_tokens=max(n, budget),
         max_num_seqs=n,
         max_model_len=max_model_len,
         enable_chunked_prefill=True,
@@ -107,17 +113,20 @@ def _prompt(rng: random.Random, length: int, prefix: tuple[int, ...] = ()) -> tu
     return prefix + tuple(toks[rng.randrange(1000, 32000)] for _ in range(length - len(prefix)))
 
 
-def decode_requests(n: int, seed: int = 0, max_tokens: int = 4000) -> list[RequestSpec]:
+def decode_requests(
+    n: int, seed: int = 0, max_tokens: int = 4000, prompt_len: int = 48, prefix: str = "d"
+) -> list[RequestSpec]:
     rng = random.Random(seed)
     system = _prompt(rng, 16)
     out = []
     for i in range(n):
-        # Lengths 33 .. 48: the first decode token of request i lands at a
-        # different offset in its block, so crossings are spread out.
-        length = 33 + i % BLOCK_SIZE
+        # Lengths prompt_len - 15 .. prompt_len: the first decode token of
+        # request i lands at a different offset in its block, so crossings
+        # are spread out.
+        length = prompt_len - BLOCK_SIZE + 1 + i % BLOCK_SIZE
         out.append(
             RequestSpec(
-                request_id=f"d{i}",
+                request_id=f"{prefix}{i}",
                 prompt_token_ids=_prompt(rng, length, system if i % 2 else ()),
                 max_tokens=max_tokens,
                 arrival=i,
@@ -148,18 +157,19 @@ class _Driver:
     def add(self, req: RequestSpec) -> None:
         self.sched.add(req)
 
-    def step(self) -> tuple[float, int, bool]:
-        """(seconds inside the scheduler, entries scheduled, all of them one token)."""
-        clock = time.perf_counter
-        t0 = clock()
+    def step(self) -> tuple[float, float, int, bool]:
+        """(wall seconds inside the scheduler, CPU seconds of this process
+        inside the scheduler, entries scheduled, all of them one token)."""
+        wall, cpu = time.perf_counter, time.process_time
+        t0, c0 = wall(), cpu()
         plan = self.sched.schedule()
-        t1 = clock()
+        t1, c1 = wall(), cpu()
         result = _result_for(plan)
-        t2 = clock()
+        t2, c2 = wall(), cpu()
         self.sched.update(plan, result)
-        t3 = clock()
+        t3, c3 = wall(), cpu()
         decode = all(s.num_scheduled_tokens == 1 for s in plan.scheduled)
-        return (t1 - t0) + (t3 - t2), len(plan.scheduled), decode
+        return (t1 - t0) + (t3 - t2), (c1 - c0) + (c3 - c2), len(plan.scheduled), decode
 
 
 class _VllmRawDriver(_Driver):
@@ -174,12 +184,12 @@ class _VllmRawDriver(_Driver):
         self.inner: Any = getattr(sched, "sched")
         self.mro_cls: Any = sched._v.ModelRunnerOutput  # type: ignore[attr-defined]
 
-    def step(self) -> tuple[float, int, bool]:
-        clock = time.perf_counter
+    def step(self) -> tuple[float, float, int, bool]:
+        wall, cpu = time.perf_counter, time.process_time
         inner = self.inner
-        t0 = clock()
+        t0, c0 = wall(), cpu()
         out = inner.schedule()
-        t1 = clock()
+        t1, c1 = wall(), cpu()
         ids = list(out.num_scheduled_tokens)
         reqs = inner.requests
         sampled: list[list[int]] = []
@@ -193,11 +203,11 @@ class _VllmRawDriver(_Driver):
             req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=sampled,
         )
-        t2 = clock()
+        t2, c2 = wall(), cpu()
         inner.update_from_output(out, mro)
-        t3 = clock()
+        t3, c3 = wall(), cpu()
         decode = all(n == 1 for n in out.num_scheduled_tokens.values())
-        return (t1 - t0) + (t3 - t2), len(ids), decode
+        return (t1 - t0) + (t3 - t2), (c1 - c0) + (c3 - c2), len(ids), decode
 
 
 def _driver(sched: Scheduler) -> _Driver:
@@ -213,8 +223,8 @@ def _timed_steps(
     max_seconds: float,
     before_step: Callable[[int], None] | None = None,
     min_steps: int = 5,
-) -> list[float]:
-    times: list[float] = []
+) -> list[tuple[float, float]]:
+    times: list[tuple[float, float]] = []
     clock = time.perf_counter
     started = clock()
     gc_was = gc.isenabled()
@@ -224,7 +234,8 @@ def _timed_steps(
         for k in range(steps):
             if before_step is not None:
                 before_step(k)
-            times.append(drv.step()[0])
+            w, c, _, _ = drv.step()
+            times.append((w, c))
             if k + 1 >= min_steps and clock() - started > max_seconds:
                 break
     finally:
@@ -239,13 +250,15 @@ def _warm_to_decode(drv: _Driver, reqs: Sequence[RequestSpec], limit: int = 10_0
         drv.add(r)
     want = len(reqs)
     for _ in range(limit):
-        _, count, decode = drv.step()
+        _, _, count, decode = drv.step()
         if count == want and decode:
             return
     raise RuntimeError("the decode workload never reached steady decoding")
 
 
-def bench_decode(factory: Factory, n: int, steps: int, max_seconds: float) -> tuple[list[float], str]:
+def bench_decode(
+    factory: Factory, n: int, steps: int, max_seconds: float
+) -> tuple[list[tuple[float, float]], str]:
     drv = _driver(factory(decode_config(n)))
     _warm_to_decode(drv, decode_requests(n))
     return _timed_steps(drv, steps, max_seconds), drv.note
@@ -254,9 +267,9 @@ def bench_decode(factory: Factory, n: int, steps: int, max_seconds: float) -> tu
 def mixed_config() -> SchedulerConfig:
     return SchedulerConfig(
         block_size=BLOCK_SIZE,
-        num_blocks=1200,  # ~19k tokens: tight enough to preempt under load
+        num_blocks=6000,  # ~96k tokens: ~150 running, tight enough to preempt
         max_num_batched_tokens=2048,
-        max_num_seqs=256,
+        max_num_seqs=512,
         max_model_len=4096,
         enable_chunked_prefill=True,
         long_prefill_token_threshold=512,
@@ -298,7 +311,9 @@ def mixed_arrivals(steps: int, seed: int = 1) -> list[list[RequestSpec]]:
     return out
 
 
-def bench_mixed(factory: Factory, steps: int, max_seconds: float) -> tuple[list[float], str]:
+def bench_mixed(
+    factory: Factory, steps: int, max_seconds: float
+) -> tuple[list[tuple[float, float]], str]:
     drv = _driver(factory(mixed_config()))
     arrivals = mixed_arrivals(steps)
 
@@ -309,25 +324,25 @@ def bench_mixed(factory: Factory, steps: int, max_seconds: float) -> tuple[list[
     return _timed_steps(drv, steps, max_seconds, before_step=before, min_steps=steps), drv.note
 
 
-def memory_peak_mb(factory: Factory, running: int = 4096, waiting: int = 10_000, steps: int = 3) -> float:
-    """Peak traced memory: build and add ``running + waiting`` requests, admit
-    ``running`` of them, and decode a few steps."""
-    cfg = decode_config(running, gen=256)
+def memory_peak_mb(
+    factory: Factory,
+    running: int = 4096,
+    waiting: int = 10_000,
+    steps: int = 3,
+    prompt_len: int = 512,
+) -> float:
+    """Peak traced memory: build and add ``running`` requests of about
+    ``prompt_len`` tokens, run them into decode (every full prompt block gets
+    a prefix-cache key), add ``waiting`` more of the same size, and decode a
+    few steps. Requests, scheduler and plans all count."""
+    cfg = decode_config(running, prompt_max=prompt_len, gen=512, budget=32768)
     gc.collect()
     tracemalloc.start()
     try:
         drv = _driver(factory(cfg))
-        _warm_to_decode(drv, decode_requests(running, seed=2, max_tokens=200))
-        rng = random.Random(3)
-        for i in range(waiting):
-            drv.add(
-                RequestSpec(
-                    request_id=f"w{i}",
-                    prompt_token_ids=_prompt(rng, 33 + i % BLOCK_SIZE),
-                    max_tokens=200,
-                    arrival=running + i,
-                )
-            )
+        _warm_to_decode(drv, decode_requests(running, seed=2, max_tokens=500, prompt_len=prompt_len))
+        for r in decode_requests(waiting, seed=3, max_tokens=500, prompt_len=prompt_len, prefix="w"):
+            drv.add(r)
         for _ in range(steps):
             drv.step()
         _, peak = tracemalloc.get_traced_memory()
@@ -341,14 +356,16 @@ def memory_peak_mb(factory: Factory, running: int = 4096, waiting: int = 10_000,
 # --------------------------------------------------------------------------
 
 
-def _row(workload: str, name: str, times: list[float], note: str = "") -> Row:
-    ms = [t * 1000 for t in times]
+def _row(workload: str, name: str, times: list[tuple[float, float]], note: str = "") -> Row:
+    ms = [w * 1000 for w, _ in times]
+    cpu_ms = [c * 1000 for _, c in times]
     ms_sorted = sorted(ms)
     return Row(
         workload=workload,
         scheduler=name,
         steps=len(ms),
         median_ms=statistics.median(ms),
+        cpu_median_ms=statistics.median(cpu_ms),
         mean_ms=statistics.fmean(ms),
         p90_ms=ms_sorted[min(len(ms_sorted) - 1, int(0.9 * len(ms_sorted)))],
         note=note,
@@ -390,15 +407,16 @@ def run_bench(
     by_key = {(r.workload, r.scheduler): r for r in rows}
     for r in rows:
         base = by_key.get((r.workload, baseline))
-        if base is not None and r.median_ms > 0:
-            r.speedup = base.median_ms / r.median_ms
+        if base is not None and r.cpu_median_ms > 0:
+            r.speedup = base.cpu_median_ms / r.cpu_median_ms
             r.baseline = baseline
     if memory:
         label = f"memory {memory_running}+{memory_waiting}w"
         for name in names:
             say(f"{label} {name}")
             peak = memory_peak_mb(schedulers[name], memory_running, memory_waiting)
-            rows.append(Row(label, name, 3, float("nan"), float("nan"), float("nan"), peak_mb=peak))
+            nan = float("nan")
+            rows.append(Row(label, name, 3, nan, nan, nan, nan, peak_mb=peak))
     if json_path:
         with open(json_path, "w") as fh:
             json.dump({"rows": [r.as_dict() for r in rows], "machine": _machine()}, fh, indent=2)
@@ -417,15 +435,22 @@ def _machine() -> dict[str, Any]:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    head = f"{'workload':<22} {'scheduler':<10} {'steps':>6} {'median ms':>10} {'mean ms':>9} {'p90 ms':>9} {'speed-up':>12} {'peak MB':>8}"
+    head = (
+        f"{'workload':<20} {'scheduler':<9} {'steps':>5} {'median ms':>10} {'cpu ms':>9} "
+        f"{'mean ms':>9} {'p90 ms':>9} {'speed-up (cpu)':>16} {'peak MB':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         timed = r.median_ms == r.median_ms  # not NaN
         sp = f"{r.speedup:.1f}x vs {r.baseline}" if r.speedup is not None and r.baseline != r.scheduler else ""
         lines.append(
-            f"{r.workload:<22} {r.scheduler:<10} {r.steps:>6} "
-            + (f"{r.median_ms:>10.3f} {r.mean_ms:>9.3f} {r.p90_ms:>9.3f} " if timed else f"{'':>10} {'':>9} {'':>9} ")
-            + f"{sp:>12} "
+            f"{r.workload:<20} {r.scheduler:<9} {r.steps:>5} "
+            + (
+                f"{r.median_ms:>10.3f} {r.cpu_median_ms:>9.3f} {r.mean_ms:>9.3f} {r.p90_ms:>9.3f} "
+                if timed
+                else f"{'':>10} {'':>9} {'':>9} {'':>9} "
+            )
+            + f"{sp:>16} "
             + (f"{r.peak_mb:>8.1f}" if r.peak_mb is not None else f"{'':>8}")
         )
     return "\n".join(lines)

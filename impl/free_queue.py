@@ -17,6 +17,7 @@ count is 0, which the pool tracks.
 
 from __future__ import annotations
 
+from array import array
 from typing import Iterator
 
 
@@ -29,9 +30,11 @@ class FreeBlockQueue:
         tail = num_blocks + 1
         self.head = head
         self.tail = tail
-        # nxt[b] = b + 1 and prv[b] = b - 1 for the inner blocks.
-        self.nxt: list[int] = list(range(1, num_blocks + 3))
-        self.prv: list[int] = list(range(-1, num_blocks + 1))
+        # nxt[b] = b + 1 and prv[b] = b - 1 for the inner blocks. Machine
+        # ints (8 bytes a block, no int objects): the queue is touched only at
+        # block boundaries, never per decoded token.
+        self.nxt = array("q", range(1, num_blocks + 3))
+        self.prv = array("q", range(-1, num_blocks + 1))
         first, last = 1, num_blocks - 1
         self.nxt[head] = first
         self.prv[first] = head

@@ -10,9 +10,12 @@ index behaves like the spec's, at O(block_size) per block.
 
 A node lives while it has holders (blocks registered under it) or children
 (nodes whose parent it is); it is dropped when both reach zero, so the intern
-table never outgrows the cache. ``holders`` is an insertion-ordered dict used
-as an ordered set: a lookup returns the first holder, a removal is O(1), and
-the order is the spec's ``cache_index`` order.
+table never outgrows the cache. ``holders`` lists the blocks registered under
+the key in insertion order: a lookup returns the first, and the order is the
+spec's ``cache_index`` order. It almost always holds one block (two only when
+two requests computed the same block at once), so a list (O(k) removal, k
+tiny) is both the fastest and the smallest choice; the node keeps the intern
+key tuple itself rather than a copy of its parts.
 """
 
 from __future__ import annotations
@@ -23,14 +26,20 @@ from spec.interface import BlockKey
 
 
 class KeyNode:
-    __slots__ = ("parent", "tokens", "holders", "refs", "ikey")
+    __slots__ = ("ikey", "holders", "refs")
 
-    def __init__(self, parent: Union["KeyNode", str], tokens: tuple[int, ...]) -> None:
-        self.parent = parent
-        self.tokens = tokens
-        self.holders: dict[int, None] = {}
-        self.refs = 0  # len(holders) + number of child nodes
-        self.ikey: tuple[Union[KeyNode, str], tuple[int, ...]] = (parent, tokens)
+    def __init__(self, ikey: tuple[Union["KeyNode", str], tuple[int, ...]], block: int) -> None:
+        self.ikey = ikey  # (parent node or salt, this block's tokens)
+        self.holders: list[int] = [block]
+        self.refs = 1  # len(holders) + number of child nodes
+
+    @property
+    def parent(self) -> Union["KeyNode", str]:
+        return self.ikey[0]
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.ikey[1]
 
     def full_key(self) -> BlockKey:
         """The spec's BlockKey of this node (slow; for views)."""
@@ -65,28 +74,31 @@ class PrefixIndex:
             return None
         return node
 
-    def register(self, block: int, parent: Parent, tokens: tuple[int, ...]) -> None:
+    def register(self, block: int, parent: Parent, tokens: tuple[int, ...]) -> KeyNode:
+        """Register ``block`` under the key (parent, tokens); returns its node."""
         ikey = (parent, tokens)
         node = self.intern.get(ikey)
         if node is None:
-            node = KeyNode(parent, tokens)
+            node = KeyNode(ikey, block)
             self.intern[ikey] = node
             if isinstance(parent, KeyNode):
                 parent.refs += 1
-        node.holders[block] = None
-        node.refs += 1
+        else:
+            node.holders.append(block)
+            node.refs += 1
         self.block_node[block] = node
+        return node
 
     def evict(self, block: int) -> None:
         """Drop the key of ``block`` (which has one)."""
         node = self.block_node[block]
         assert node is not None
         self.block_node[block] = None
-        del node.holders[block]
+        node.holders.remove(block)
         node.refs -= 1
         while node.refs == 0:
             del self.intern[node.ikey]
-            parent = node.parent
+            parent = node.ikey[0]
             if not isinstance(parent, KeyNode):
                 break
             parent.refs -= 1

@@ -298,12 +298,10 @@ class ImplScheduler:
             node = px.block_node[blocks[i - 1]]
             assert node is not None
             parent = node
+        register = px.register
+        toks = req.toks
         for j in range(i, num_full):
-            b = blocks[j]
-            px.register(b, parent, req.toks(j * bs, (j + 1) * bs))
-            node = px.block_node[b]
-            assert node is not None
-            parent = node
+            parent = register(blocks[j], parent, toks(j * bs, (j + 1) * bs))
         req.ncached = num_full
         req.next_full = (num_full + 1) * bs
         req.edge = min(req.cap + 1, req.next_full)
@@ -313,14 +311,29 @@ class ImplScheduler:
         keys for the blocks that fill up. False (and nothing changed) when the
         pool is short."""
         bs = self._bs
-        need = -(-end // bs) - len(req.blocks)
+        blocks = req.blocks
+        need = -(-end // bs) - len(blocks)
         if need > 0:
-            if need > self._fq.size:
+            fq = self._fq
+            if need > fq.size:
                 return False
-            req.blocks.extend(self._allocate(need))
-            req.cap = len(req.blocks) * bs
+            if need == 1:  # a decode step crossing into a new block
+                nxt = fq.nxt
+                head = fq.head
+                b = nxt[head]
+                x = nxt[b]
+                nxt[head] = x
+                fq.prv[x] = head
+                fq.size -= 1
+                if self._px.block_node[b] is not None:
+                    self._px.evict(b)
+                self._ref[b] = 1
+                blocks.append(b)
+            else:
+                blocks.extend(self._allocate(need))
+            req.cap = len(blocks) * bs
             req.btuple = None
-        if self._caching:
+        if end >= req.next_full:  # never when prefix caching is off
             self._register(req, end)
         req.edge = min(req.cap + 1, req.next_full)
         return True
@@ -336,7 +349,7 @@ class ImplScheduler:
             node = lookup(parent, req.toks(i * bs, (i + 1) * bs))
             if node is None:
                 break
-            hit.append(next(iter(node.holders)))
+            hit.append(node.holders[0])
             parent = node
         return hit
 

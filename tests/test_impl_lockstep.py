@@ -355,6 +355,17 @@ class Lockstep(RuleBasedStateMachine):
 
 LockstepTest = Lockstep.TestCase
 LockstepTest.settings = settings.get_profile(PROFILE)
+if os.environ.get("IMPL_LOCKSTEP_EXAMPLES"):  # e.g. to bound a deep run
+    LockstepTest.settings = settings(
+        LockstepTest.settings, max_examples=int(os.environ["IMPL_LOCKSTEP_EXAMPLES"])
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_steps() -> Any:
+    yield
+    if PROFILE == "deep":
+        print(f"\nlockstep: {STEP_COUNT[0]} steps compared (profile {PROFILE})")
 
 
 def test_profiles_registered() -> None:

@@ -362,3 +362,25 @@ def test_int_subclass_tokens_take_the_plain_path() -> None:
     plan = s.schedule()
     s.update(plan, StepResult({e.request_id: (Tok.A,) for e in plan.scheduled if e.samples}))
     assert s.view().requests["r0"].output_token_ids == (7,)
+
+
+def test_impl_imports_only_the_interface() -> None:
+    """impl/ is written independently of the spec's logic: the scheduler's
+    modules import spec.interface and nothing else from spec/ (the bench
+    may build a SpecScheduler to time it)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "impl"
+    for path in sorted(root.glob("*.py")):
+        if path.name == "bench.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                if name == "spec" or name.startswith("spec."):
+                    assert name == "spec.interface", f"{path.name} imports {name}"

@@ -268,6 +268,11 @@ class Runner:
             self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]]))
         return self._compare_views()
 
+    def compare_final_views(self) -> Failure | None:
+        """Views of all schedulers at the end of a run must be equal."""
+        views: dict[str, object] = {n: s.view() for n, s in self.scheds.items()}
+        return self._compare("final view()", views)
+
     def _record_failed_step(self, name: str, plan: StepPlan) -> None:
         """The step table ends with the plan that failed, as that scheduler made it."""
         if self.history is not None and name in self.views:

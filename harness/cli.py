@@ -295,6 +295,12 @@ def cmd_equivalence(args: argparse.Namespace, extra: Sequence[str]) -> int:
     return result
 
 
+def cmd_modelcheck(args: argparse.Namespace) -> int:
+    from harness.modelcheck import run_command
+
+    return run_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="schedspec", description="Hold LLM schedulers to the executable spec of vLLM 0.33's v1 scheduler.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -327,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true")
 
     sub.add_parser("equivalence", help="token equivalence on a real model (needs torch)", add_help=False)
+
+    from harness.modelcheck import add_arguments as modelcheck_arguments
+
+    modelcheck_arguments(sub.add_parser("modelcheck", help="explore every state within a bound (TLC-style): "
+                                        "invariants, deadlock, liveness, impl differential"))
     return p
 
 
@@ -352,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_invariants(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "modelcheck":
+            return cmd_modelcheck(args)
     except (UsageError, AdapterError, tracefile.TraceError) as exc:
         print(f"schedspec: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -103,3 +103,22 @@ def test_invariants_prints_the_catalogue(capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert "token-budget" in out or "budget" in out
     assert "vllm/v1/core/sched/scheduler.py" in out
+
+
+def test_time_budget_and_plain_progress_lines_in_ci_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # stderr is not a terminal here: progress comes as plain lines, the last one forced at the end
+    rc = main(["check", "--time", "1.5", "--workload-steps", "50", "--json", str(tmp_path / "s.json")])
+    assert rc == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "steps/s" in line]
+    assert lines and "\r" not in err
+    assert "preemptions" in lines[-1] and "prefix hits" in lines[-1] and "chunks" in lines[-1]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["steps"] >= 50 and summary["elapsed_s"] >= 1.5
+
+
+def test_plans_only_lockstep_catches_a_divergence(tmp_path: Path) -> None:
+    rc = main(["check", "--against", "buggy_schedulers:LeakyAbort", "--plans-only", "--steps", "5000",
+               "--quiet", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "s.json")])
+    assert rc == 1
+    assert json.loads((tmp_path / "s.json").read_text())["failure"]["kind"] in ("divergence", "violation")

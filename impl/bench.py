@@ -174,15 +174,41 @@ class _Driver:
 
 class _VllmRawDriver(_Driver):
     """vLLM behind harness.vllm_adapter.VllmScheduler, timed on vLLM's own
-    ``schedule()`` + ``update_from_output()``: the adapter's translation to
-    StepPlans is bypassed (requests still go in through the adapter's add)."""
+    ``schedule()`` + ``update_from_output()``: the adapter builds vLLM's
+    Scheduler; its translation to StepPlans and views is bypassed."""
 
     note = "vLLM schedule()+update_from_output()"
 
     def __init__(self, sched: Scheduler) -> None:
         super().__init__(sched)
         self.inner: Any = getattr(sched, "sched")
-        self.mro_cls: Any = sched._v.ModelRunnerOutput  # type: ignore[attr-defined]
+        self.v: Any = getattr(sched, "_v")
+        self.mro_cls: Any = self.v.ModelRunnerOutput
+        self.hasher: Any = getattr(sched, "_block_hasher")
+
+    def add(self, req: RequestSpec) -> None:
+        """A vLLM Request built as the adapter builds it, straight into vLLM's
+        add_request: the adapter's own bookkeeping (a content key per block
+        hash, for its views) would otherwise dominate the memory row."""
+        v = self.v
+        params = v.SamplingParams(
+            max_tokens=req.max_tokens,
+            stop_token_ids=list(req.stop_token_ids),
+            ignore_eos=req.ignore_eos,
+        )
+        params.update_from_generation_config({}, req.eos_token_id)
+        self.inner.add_request(
+            v.Request(
+                request_id=req.request_id,
+                prompt_token_ids=list(req.prompt_token_ids),
+                sampling_params=params,
+                pooling_params=None,
+                arrival_time=float(req.arrival),
+                priority=req.priority,
+                cache_salt=req.cache_salt,
+                block_hasher=self.hasher,
+            )
+        )
 
     def step(self) -> tuple[float, float, int, bool]:
         wall, cpu = time.perf_counter, time.process_time
@@ -212,7 +238,12 @@ class _VllmRawDriver(_Driver):
 
 def _driver(sched: Scheduler) -> _Driver:
     inner = getattr(sched, "sched", None)
-    if inner is not None and hasattr(inner, "update_from_output") and hasattr(sched, "_v"):
+    if (
+        inner is not None
+        and hasattr(inner, "update_from_output")
+        and hasattr(sched, "_v")
+        and hasattr(sched, "_block_hasher")
+    ):
         return _VllmRawDriver(sched)
     return _Driver(sched)
 

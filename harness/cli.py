@@ -146,6 +146,20 @@ def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
     return trace_path
 
 
+def _warm_up(factories: dict[str, SchedulerFactory]) -> None:
+    """Build each scheduler once: a class that cannot even be built is a usage
+    error (exit 2), and one-time costs (vLLM's import) are not counted as checking."""
+    from spec.interface import SchedulerConfig
+
+    for name, factory in factories.items():
+        try:
+            factory(SchedulerConfig())
+        except SchedSpecError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"--against {name}: cannot build the scheduler: {type(exc).__name__}: {exc}") from None
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     target = resolve(args.against)
     if args.steps is not None and args.time is not None:
@@ -159,6 +173,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     shard_k, shard_n = _parse_shard(args.shard) if args.shard else (1, 1)
     wl_steps = _positive_int("--workload-steps", str(args.workload_steps))
     factories = _factories(target)
+    _warm_up(factories)  # imports and first construction stay out of the steps/s figure
     progress = Progress(enabled=not args.quiet)
     stats = Stats()
     steps = workloads = 0

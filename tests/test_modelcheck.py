@@ -218,6 +218,25 @@ def test_impl_divergence_is_caught() -> None:
     assert len(r.failure.labels) == 3
 
 
+class SpecWithClone(SpecScheduler):
+    """The spec as an "impl" that knows how to copy itself."""
+
+    def clone(self) -> SpecWithClone:
+        return clone_spec(self)
+
+
+def test_differential_uses_clone_when_the_impl_has_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_pickle(*args: object, **kw: object) -> None:
+        raise AssertionError("pickled an impl that has clone()")
+
+    r = Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithClone).run()
+    assert r.complete and r.impl_transitions == r.transitions
+    import harness.modelcheck as mc
+
+    monkeypatch.setattr(mc.pickle, "loads", no_pickle)
+    assert Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithClone, max_states=200).run().failure is None
+
+
 # ---------------------------------------------------------------------------
 # Deadlock and liveness
 # ---------------------------------------------------------------------------

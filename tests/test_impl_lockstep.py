@@ -7,7 +7,9 @@ waiting order, every request) and equal exceptions (type and message) on bad
 input, with the state unchanged by the failed operation.
 
 Profiles: ``ci`` (quick, derandomized; the default) and ``deep`` (long runs);
-pick one with HYPOTHESIS_PROFILE=deep.
+pick one with HYPOTHESIS_PROFILE=deep (registered as impl-ci / impl-deep, and
+as ci / deep when the harness has not registered those names);
+IMPL_LOCKSTEP_EXAMPLES=N bounds a run.
 """
 
 from __future__ import annotations
@@ -36,23 +38,32 @@ from spec.interface import (
 )
 from spec.scheduler import SpecScheduler
 
-settings.register_profile(
-    "ci",
-    max_examples=300,
-    stateful_step_count=50,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "deep",
-    max_examples=1_000_000,
-    stateful_step_count=400,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
+_PROFILES = {
+    "ci": settings(
+        max_examples=300,
+        stateful_step_count=50,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    ),
+    "deep": settings(
+        max_examples=1_000_000,
+        stateful_step_count=400,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    ),
+}
+# Registered as "impl-ci" / "impl-deep" (what this machine runs), and as "ci" /
+# "deep" unless someone registered those already: harness.stateful registers
+# its own, and a test module must not change another module's profile.
+for _name, _profile in _PROFILES.items():
+    settings.register_profile(f"impl-{_name}", _profile)
+    try:
+        settings.get_profile(_name)
+    except Exception:  # noqa: BLE001 - hypothesis raises InvalidArgument
+        settings.register_profile(_name, _profile)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE not in ("ci", "deep"):
+if PROFILE not in _PROFILES:
     PROFILE = "ci"
 
 VOCAB = 12
@@ -354,7 +365,7 @@ class Lockstep(RuleBasedStateMachine):
 
 
 LockstepTest = Lockstep.TestCase
-LockstepTest.settings = settings.get_profile(PROFILE)
+LockstepTest.settings = settings.get_profile(f"impl-{PROFILE}")
 if os.environ.get("IMPL_LOCKSTEP_EXAMPLES"):  # e.g. to bound a deep run
     LockstepTest.settings = settings(
         LockstepTest.settings, max_examples=int(os.environ["IMPL_LOCKSTEP_EXAMPLES"])
@@ -369,8 +380,10 @@ def _report_steps() -> Any:
 
 
 def test_profiles_registered() -> None:
-    assert settings.get_profile("ci").derandomize
-    assert settings.get_profile("deep").max_examples >= 100_000
+    assert settings.get_profile("impl-ci").derandomize
+    assert settings.get_profile("impl-deep").max_examples >= 100_000
+    settings.get_profile("ci")  # registered here or by the harness
+    settings.get_profile("deep")
 
 
 @pytest.mark.skipif(
@@ -390,6 +403,6 @@ def test_harness_state_machine_spec_vs_impl() -> None:
         pytest.skip("harness.stateful's class attribute check_invariants shadows "
                     "RuleBasedStateMachine.check_invariants; the machine cannot run yet")
     test = machine.TestCase
-    base = settings.get_profile("ci") if PROFILE == "ci" else settings.get_profile("deep")
+    base = settings.get_profile(f"impl-{PROFILE}")
     test.settings = settings(base, max_examples=min(base.max_examples, 100))
     test().runTest()

@@ -1,7 +1,8 @@
 """Run the gate against the zoo's mutants; write the zoo table of docs/bugzoo.md.
 
     python tests/bugzoo/bugzoo.py                 # run every mutant, print the table
-    python tests/bugzoo/bugzoo.py --write-docs    # ... and put it in docs/bugzoo.md
+    python tests/bugzoo/bugzoo.py --write-docs    # ... put it in docs/bugzoo.md, and the
+                                                  # counterexamples in tests/bugzoo/corpus/
     python tests/bugzoo/bugzoo.py WrongFcfsVictim # one mutant
 
 Each run is exactly what CI does (tests/bugzoo/test_bugzoo.py): ``schedspec
@@ -30,6 +31,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DOC = ROOT / "docs" / "bugzoo.md"
+#: Every mutant's shrunk counterexample, kept as a regression corpus: short
+#: traces that reach the corners each bug lives in (tests/test_spec_mutants.py
+#: replays them with spec and impl in lockstep).
+CORPUS = HERE / "corpus"
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
@@ -197,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for cls in classes:
             r = run_mutant(cls.__name__, Path(tmp) / cls.__name__, steps=args.steps)
+            if args.write_docs and r.trace is not None:
+                CORPUS.mkdir(exist_ok=True)
+                (CORPUS / f"{cls.__name__}.jsonl").write_text(r.trace.read_text())
             row = table_row(cls, r)
             rows.append(row)
             print(row, flush=True)

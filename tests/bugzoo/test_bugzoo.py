@@ -6,7 +6,8 @@ tests/bugzoo/bugzoo.py (seeded, deterministic), then checks:
 
 - exit status 1, and the failure is one of the mutant's ``CAUGHT_BY``;
 - the shrunk counterexample has at most ``MAX_STEPS`` steps, fails again on
-  replay against the mutant, and passes against impl (and the spec);
+  replay against the mutant, and passes against impl (and the spec); the copy
+  kept in tests/bugzoo/corpus/ still fails against the mutant;
 - the row of docs/bugzoo.md's zoo table says the same (caught by, counterexample
   length, steps checked), so the table stays true.
 """
@@ -44,6 +45,10 @@ def test_gate_catches_mutant(cls: type[zoo.Mutant], tmp_path: Path) -> None:
     assert _quiet(["replay", str(r.trace), "--against", f"zoo:{name}"]) == 1
     assert _quiet(["replay", str(r.trace), "--against", "impl"]) == 0
     assert _quiet(["replay", str(r.trace), "--against", "spec"]) == 0
+
+    corpus = bugzoo.CORPUS / f"{name}.jsonl"
+    assert corpus.exists(), f"no corpus trace for {name}: run python tests/bugzoo/bugzoo.py --write-docs"
+    assert _quiet(["replay", str(corpus), "--against", f"zoo:{name}"]) == 1
 
     rows = bugzoo.parse_doc_rows(bugzoo.DOC.read_text())
     assert name in rows, f"docs/bugzoo.md has no row for {name}: run python tests/bugzoo/bugzoo.py --write-docs"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Mutation testing of spec/ and impl/ with mutmut 3 (docs/bugzoo.md, "Mutation testing").
+#
+#   tests/bugzoo/run_mutmut.sh                 # every mutant of spec/ and impl/
+#   tests/bugzoo/run_mutmut.sh 'spec.rules*'   # only these mutants (mutmut name globs)
+#
+# mutmut runs in a scratch copy of the working tree ($MUTMUT_WORKDIR, default
+# /tmp/schedspec-mutmut), so the repository gets no mutants/ directory and its
+# pyproject.toml no [tool.mutmut] table: the table below is appended to the
+# copy's. Results stay in the copy: `cd $MUTMUT_WORKDIR && mutmut results`,
+# `mutmut show NAME`; the summary is printed at the end.
+#
+# The test command for each mutant is the fast selection: tests/test_spec.py (the
+# spec's scenario tests), tests/test_spec_mutants.py (scenario tests written for
+# survivors of earlier runs, and a short `schedspec check --against impl` run:
+# spec and impl in lockstep, every invariant), stopping at the first failure.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+WORK="${MUTMUT_WORKDIR:-/tmp/schedspec-mutmut}"
+PY="${PYTHON:-$ROOT/../venv/bin/python}"
+[ -x "$PY" ] || PY="$(command -v python)"
+MUTMUT="$(dirname "$PY")/mutmut"
+CHILDREN="${MUTMUT_CHILDREN:-2}"
+
+mkdir -p "$WORK"
+# Sync the working tree (tracked and untracked-but-not-ignored files), keeping
+# mutmut's own state (mutants/) so an interrupted run resumes.
+(cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$WORK"
+cat >> "$WORK/pyproject.toml" <<'EOF'
+
+[tool.mutmut]
+source_paths = ["spec", "impl"]
+do_not_mutate = ["impl/bench.py"]
+also_copy = ["harness", "invariants"]
+pytest_add_cli_args_test_selection = ["tests/test_spec.py", "tests/test_spec_mutants.py"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore"]
+EOF
+cd "$WORK"
+start=$(date +%s)
+"$MUTMUT" run --max-children "$CHILDREN" "$@" || true
+"$MUTMUT" export-cicd-stats >/dev/null
+echo "mutmut run took $(( $(date +%s) - start )) s"
+cat mutants/mutmut-cicd-stats.json

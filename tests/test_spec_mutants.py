@@ -739,6 +739,10 @@ def test_chunked_prefill_off_admission_stops_at_a_prompt_over_the_budget() -> No
     t.add(req("c", [6] * 2))
     assert entries(t.step()) == [("a", "new", 0, 20)]
     assert entries(t.step()) == [("a", "running", 20, 1)]  # b waits for blocks, c behind it
+    t = Twin(cfg(enable_chunked_prefill=False, max_num_batched_tokens=32))
+    t.add(req("a", 16))
+    t.add(req("b", [5] * 16))  # fits the 16 tokens left exactly
+    assert entries(t.step()) == [("a", "new", 0, 16), ("b", "new", 0, 16)]
 
 
 def test_plain_path_after_an_aborted_entry_and_token_zero() -> None:
@@ -758,7 +762,7 @@ def test_update_result_variants() -> None:
     or reject alike, with the same message."""
     import itertools
 
-    def setup() -> tuple[Twin, StepPlan]:
+    def setup(aborted: tuple[str, ...] = ("d",)) -> tuple[Twin, StepPlan]:
         t = Twin(cfg(max_num_batched_tokens=12))
         t.add(req("a", 3))
         t.add(req("b", 3))
@@ -767,7 +771,8 @@ def test_update_result_variants() -> None:
         p = t.schedule()
         assert [(e.request_id, e.samples) for e in p.scheduled] == [
             ("a", True), ("b", True), ("d", True), ("c", False)]
-        t.abort("d")
+        for rid in aborted:
+            t.abort(rid)
         return t, p
 
     options: list[Any] = [None, (1,), (), [1], [], (-1,)]
@@ -786,6 +791,16 @@ def test_update_result_variants() -> None:
         except BothRaised:
             pass
     assert accepted == 2 * 3  # c: none or (); d: none, (1,) or ()
+    for b_tok, d_tok, k in itertools.product(options, options, range(4)):  # two aborted entries
+        t, p = setup(aborted=("b", "d"))
+        sampled = {"a": (1,), "c": ()}
+        for rid, tok in (("b", b_tok), ("d", d_tok)):
+            if tok is not None:
+                sampled[rid] = tok
+        for j in range(k):
+            sampled[f"u{j}"] = (3,)
+        with contextlib.suppress(BothRaised):
+            t.update(p, StepResult(sampled))
 
 
 # ---------------------------------------------------------------- preemption-heavy lockstep

@@ -1,0 +1,105 @@
+"""The mutmut mutants of spec/ and impl/ that no test can kill, and why.
+
+Each was examined by hand (docs/bugzoo.md, "Mutation testing"). Names are
+mutmut 3's (``module.xǁClassǁmethod__mutmut_N``); the numbers hold for the
+source they were examined on (spec/ and impl/ as of commit 2f55e4d) and move
+when a mutated function changes: tests/bugzoo/mutation_report.py then lists
+the survivors it cannot find here as undocumented.
+"""
+
+from __future__ import annotations
+
+REASONS: dict[str, str] = {
+    "dead": "code no reachable state executes: the max_model_len cap and the n <= 0 skip of the running "
+            "loops (a running request has num_tokens <= max_model_len - 1 and at least one uncomputed token, "
+            "so n >= 1 and c + n <= max_model_len - 1), a token budget used up before a later running request "
+            "in impl's fast loop, the message of an assert that holds, a Protocol method's body",
+    "same-value": "a boundary moved where both sides give the same value (`if n > budget: n = budget` with n == "
+                  "budget; a threshold equal to n; the first element compared with itself)",
+    "overwritten": "a field set (at creation, preemption, finish or a rejected update) that is always set again "
+                   "before anything reads it (admission sets cap, ncached, next_full, edge, blocks, btuple; "
+                   "the plan sets num_computed; an accepted update rewrites tail)",
+    "performance": "a change of a fast-path gate, cache or compaction threshold: impl takes its slow, exact path "
+                   "more often (or compacts at another moment) and decides the same; the tail/edge gates, the "
+                   "block-tuple cache, the key memo of views(), the heap compaction thresholds, the fast pass of "
+                   "update() sending a valid result through the exact check, one unused slot at the end of the "
+                   "free-queue link arrays",
+    "indistinguishable": "a value no reader tells apart: None for False or () where only truthiness is read, "
+                         "other unique sequence numbers, another 'not queued' marker, the links of the null block, "
+                         "a ceiling compared with an integer, max(.., 1) where at least one block is always needed, "
+                         "a zero budget that stops a loop as a negative one does, break for continue where the loop "
+                         "ends anyway (FCFS self-preemption: the request is the last one, cf. vLLM PR #26765), "
+                         "an assert weakened",
+}
+
+_EQUIVALENT: dict[str, dict[str, list[int]]] = {
+    "dead": {
+        "spec.scheduler.xǁSpecSchedulerǁschedule": [39, 40, 41, 42],
+        "spec.kv_cache.xǁKVPoolǁallocate": [2, 3],
+        "spec.kv_cache.xǁKVPoolǁregister": [2, 3],
+        "spec.interface.xǁSchedulerǁreset_prefix_cache": [1],
+        "impl.scheduler.xǁImplSchedulerǁschedule": [27, 29, 44, 45, 46, 47, 48, 49, 50, 51, 52, 54],
+        "impl.scheduler.xǁImplSchedulerǁ_schedule_running_slow": [21, 22, 23, 24, 25, 26, 27, 28, 29, 31, 32,
+                                                                   33, 34],
+    },
+    "same-value": {
+        "spec.rules.x_running_chunk": [5],
+        "spec.rules.x_admission_chunk": [5],
+        "spec.rules.x_choose_victim": [8],
+        "impl.scheduler.xǁImplSchedulerǁschedule": [40, 42, 139],
+        "impl.scheduler.xǁImplSchedulerǁ_schedule_running_slow": [17, 19],
+    },
+    "overwritten": {
+        "spec.scheduler.xǁSpecSchedulerǁ_preempt": [4, 5],
+        "spec.scheduler.xǁSpecSchedulerǁschedule": [135],
+        "impl.scheduler.xǁ_Reqǁ__init__": [14, 15, 16, 17, 18, 20, 21, 22, 23, 46, 47, 48, 49, 50, 51],
+        "impl.scheduler.xǁImplSchedulerǁ__init__": [31],
+        "impl.scheduler.xǁImplSchedulerǁadd": [30, 31],
+        "impl.scheduler.xǁImplSchedulerǁ_finish": [4, 5, 6],
+        "impl.scheduler.xǁImplSchedulerǁ_preempt": [4, 5, 6, 7, 8, 9, 10, 11],
+        "impl.scheduler.xǁImplSchedulerǁ_register": [43, 48, 49],
+        "impl.scheduler.xǁImplSchedulerǁupdate": [99],
+        "impl.scheduler.xǁImplSchedulerǁ_rollback": [10, 11, 13, 14, 15, 16],
+    },
+    "performance": {
+        "impl.prefix_index.xǁPrefixIndexǁviews": [7, 8, 9, 12, 13],
+        "impl.free_queue.xǁFreeBlockQueueǁ__init__": [20, 35],
+        "impl.queues.xǁPriorityWaitingǁremove": [7, 8, 11],
+        "impl.queues.xǁVictimHeapǁcompact": [1, 2, 4, 5],
+        "impl.scheduler.xǁ_Reqǁblock_tuple": [1],
+        "impl.scheduler.xǁImplSchedulerǁ_register": [5, 40, 41],
+        "impl.scheduler.xǁImplSchedulerǁ_grow": [7, 14, 25],
+        "impl.scheduler.xǁImplSchedulerǁ_admit_alloc": [64, 67, 68, 84],
+        "impl.scheduler.xǁImplSchedulerǁschedule": [62, 89, 93],
+        "impl.scheduler.xǁImplSchedulerǁupdate": [15, 21, 22, 23, 24, 28, 29, 30, 31, 34, 42, 43, 56, 57, 58, 59,
+                                                  65],
+        "impl.scheduler.x__valid_tokens": [5, 6, 7],
+    },
+    "indistinguishable": {
+        "spec.scheduler.xǁSpecSchedulerǁ_allocate_admission": [56],
+        "spec.scheduler.xǁSpecSchedulerǁschedule": [23, 69, 78, 91, 98],
+        "spec.scheduler.xǁSpecSchedulerǁupdate": [11, 13],
+        "impl.prefix_index.xǁPrefixIndexǁevict": [13],
+        "impl.free_queue.xǁFreeBlockQueueǁ__init__": [47, 48],
+        "impl.queues.xǁFcfsWaitingǁpush_front": [3],
+        "impl.queues.xǁFcfsWaitingǁpop_head": [1],
+        "impl.queues.xǁPriorityWaitingǁ__init__": [5],
+        "impl.queues.xǁPriorityWaitingǁpush_back": [3],
+        "impl.queues.xǁPriorityWaitingǁpop_head": [4, 5, 6],
+        "impl.queues.xǁPriorityWaitingǁremove": [1, 3],
+        "impl.scheduler.xǁ_Reqǁtoks": [2, 3],
+        "impl.scheduler.xǁImplSchedulerǁ__init__": [25],
+        "impl.scheduler.xǁImplSchedulerǁ_admit_alloc": [24, 26, 46],
+        "impl.scheduler.xǁImplSchedulerǁschedule": [104, 160],
+        "impl.scheduler.xǁImplSchedulerǁ_schedule_running_slow": [4, 5, 8, 44, 53, 54],
+        "impl.scheduler.xǁImplSchedulerǁ_append_slow": [6, 8],
+    },
+}
+
+#: mutant name -> reason key
+EQUIVALENT: dict[str, str] = {
+    f"{function}__mutmut_{n}": reason
+    for reason, functions in _EQUIVALENT.items()
+    for function, numbers in functions.items()
+    for n in numbers
+}

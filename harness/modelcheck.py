@@ -437,6 +437,7 @@ class _Checker:
     ``t.after`` only, and the reductions keep every such verdict)."""
 
     def __init__(self, invariants: Sequence[Invariant]) -> None:
+        self._history = History()
         self.state = tuple(inv for inv in invariants if inv.scope == "state")
         kinds: tuple[TransitionKind, ...] = ("add", "abort", "schedule", "update", "reset")
         self.by_kind: dict[str, tuple[Invariant, ...]] = {
@@ -448,11 +449,19 @@ class _Checker:
         return self.check(Transition("reset", view, view), True, transition=False)
 
     def check(self, t: Transition, state_too: bool, transition: bool = True) -> list[Violation]:
-        out: list[Violation] = []
-        h = History()
         invs = self.by_kind[t.kind] if transition else ()
         if state_too:
             invs = invs + self.state
+        # The invariants only read the History, and here it is always empty:
+        # one shared instance. The fast pass collects every finding in one
+        # comprehension; if any check raises, the slow pass below reruns them
+        # one by one so that the exception is reported under its invariant.
+        h = self._history
+        try:
+            return [Violation(inv.id, msg, rid) for inv in invs for rid, msg in inv.check_fn(t, h)]
+        except Exception:
+            pass
+        out: list[Violation] = []
         for inv in invs:
             try:
                 found = inv.check_fn(t, h)

@@ -107,3 +107,13 @@ class FreeBlockQueue:
 
     def to_list(self) -> list[int]:
         return list(self)
+
+    def copy(self) -> "FreeBlockQueue":
+        """An independent queue in the same state."""
+        new: FreeBlockQueue = object.__new__(FreeBlockQueue)
+        new.nxt = self.nxt[:]
+        new.prv = self.prv[:]
+        new.head = self.head
+        new.tail = self.tail
+        new.size = self.size
+        return new

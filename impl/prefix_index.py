@@ -104,6 +104,27 @@ class PrefixIndex:
             parent.refs -= 1
             node = parent
 
+    def copy(self) -> "PrefixIndex":
+        """An independent index in the same state (nodes copied, parents
+        remapped). A node enters the intern table after its parent and leaves
+        it before, so table order visits every parent before its children."""
+        new: PrefixIndex = object.__new__(PrefixIndex)
+        remap: dict[int, KeyNode] = {}
+        intern: dict[tuple[Parent, tuple[int, ...]], KeyNode] = {}
+        for (parent, tokens), node in self.intern.items():
+            if isinstance(parent, KeyNode):
+                parent = remap[id(parent)]
+            ikey = (parent, tokens)
+            n: KeyNode = object.__new__(KeyNode)
+            n.ikey = ikey
+            n.holders = node.holders[:]
+            n.refs = node.refs
+            intern[ikey] = n
+            remap[id(node)] = n
+        new.intern = intern
+        new.block_node = [None if nd is None else remap[id(nd)] for nd in self.block_node]
+        return new
+
     def clear(self) -> None:
         self.intern.clear()
         n = len(self.block_node)

@@ -20,6 +20,8 @@ import heapq
 from collections import OrderedDict
 from typing import Generic, Iterator, Protocol, TypeVar
 
+from spec.interface import Policy
+
 
 class Queued(Protocol):
     rid: str
@@ -62,6 +64,12 @@ class FcfsWaiting(Generic[R]):
 
     def order(self) -> Iterator[R]:
         return iter(list(self._q.values()))
+
+    def copy(self, remap: dict[int, R]) -> "FcfsWaiting[R]":
+        """This queue over other request objects: ``remap[id(old)]`` is the new one."""
+        new: FcfsWaiting[R] = object.__new__(FcfsWaiting)
+        new._q = OrderedDict([(rid, remap[id(r)]) for rid, r in self._q.items()])
+        return new
 
 
 _HeapEntry = tuple[int, int, str, int, R]
@@ -114,6 +122,18 @@ class PriorityWaiting(Generic[R]):
         live = sorted(e for e in self._heap if e[4].wseq == e[3])
         return iter([e[4] for e in live])
 
+    def copy(self, remap: dict[int, R]) -> "PriorityWaiting[R]":
+        """This queue over other request objects (``remap[id(old)]``); stale
+        entries of requests no longer known are dropped (they can never be
+        live again: a request leaves the scheduler only finished)."""
+        new: PriorityWaiting[R] = object.__new__(PriorityWaiting)
+        new._heap = [(p, a, rid, seq, remap[id(r)]) for p, a, rid, seq, r in self._heap
+                     if id(r) in remap]
+        heapq.heapify(new._heap)
+        new._live = self._live
+        new._seq = self._seq
+        return new
+
 
 class VictimHeap(Generic[R]):
     """PRIORITY preemption victims among the running requests."""
@@ -136,7 +156,47 @@ class VictimHeap(Generic[R]):
                 return req
             heapq.heappop(heap)
 
+    def copy(self, remap: dict[int, R]) -> "VictimHeap[R]":
+        """This heap over other request objects (``remap[id(old)]``); entries
+        of requests no longer known are dropped (never running again)."""
+        new: VictimHeap[R] = object.__new__(VictimHeap)
+        new._heap = [(p, a, seq, remap[id(r)]) for p, a, seq, r in self._heap if id(r) in remap]
+        heapq.heapify(new._heap)
+        return new
+
     def compact(self, running: list[R]) -> None:
         if len(self._heap) > 2 * len(running) + 64:
             self._heap = [(-r.priority, -r.arrival, r.run_seq, r) for r in running]
             heapq.heapify(self._heap)
+
+
+class _Running:
+    """A running request reduced to what the victim heap reads."""
+
+    __slots__ = ("rid", "priority", "arrival", "wseq", "run_seq")
+
+    def __init__(self, index: int, priority: int, arrival: int) -> None:
+        self.rid = str(index)
+        self.priority = priority
+        self.arrival = arrival
+        self.wseq = -1
+        self.run_seq = index
+
+    @property
+    def is_running(self) -> bool:
+        return True
+
+
+def choose_victim(policy: Policy, running_keys: list[tuple[int, int]]) -> int:
+    """The index, in running order, of the request the scheduler preempts,
+    given each running request's ``(priority, arrival)``: FCFS the last one;
+    PRIORITY the top of a VictimHeap holding the running requests, pushed in
+    running order with their admission sequence numbers, as ImplScheduler
+    keeps it. (spec/rules.py states the rule directly; the test suite compares
+    the two with ``crosshair diffbehavior``.)"""
+    if policy == Policy.FCFS:
+        return len(running_keys) - 1
+    heap: VictimHeap[_Running] = VictimHeap()
+    for i, (priority, arrival) in enumerate(running_keys):
+        heap.push(_Running(i, priority, arrival))
+    return heap.top().run_seq

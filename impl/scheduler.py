@@ -124,6 +124,34 @@ class _Req:
         self.wseq = -1
         self.run_seq = -1
 
+    def copy(self) -> "_Req":
+        """An independent copy (the lists copied, immutable values shared)."""
+        n: _Req = _new(_Req)
+        n.rid = self.rid
+        n.spec = self.spec
+        n.status = self.status
+        n.prompt = self.prompt
+        n.plen = self.plen
+        n.output = self.output[:]
+        n.tail = self.tail
+        n.num_tokens = self.num_tokens
+        n.num_computed = self.num_computed
+        n.blocks = self.blocks[:]
+        n.btuple = self.btuple
+        n.cap = self.cap
+        n.ncached = self.ncached
+        n.next_full = self.next_full
+        n.edge = self.edge
+        n.npreempt = self.npreempt
+        n.salt = self.salt
+        n.priority = self.priority
+        n.arrival = self.arrival
+        n.stop = self.stop
+        n.end_at = self.end_at
+        n.wseq = self.wseq
+        n.run_seq = self.run_seq
+        return n
+
     @property
     def is_running(self) -> bool:
         return self.status is _RUNNING
@@ -345,7 +373,7 @@ class ImplScheduler:
         lookup = self._px.lookup
         hit: list[int] = []
         parent: KeyNode | str = req.salt
-        for i in range((req.num_tokens - 1) // bs):
+        for i in range(max_hit_blocks(req.num_tokens, bs)):
             node = lookup(parent, req.toks(i * bs, (i + 1) * bs))
             if node is None:
                 break
@@ -739,6 +767,32 @@ class ImplScheduler:
             preempted_since_plan=tuple(sorted(self._preempted)),
         )
 
+    # ------------------------------------------------------------------ copies
+
+    def clone(self) -> "ImplScheduler":
+        """An independent scheduler in the same state, several times faster
+        than a pickle round trip (the model checker replays every transition
+        of a state on its own copy). Immutable values are shared."""
+        new: ImplScheduler = _new(ImplScheduler)
+        d = new.__dict__
+        d.update(self.__dict__)
+        remap: dict[int, _Req] = {}
+        for reqs in (self._requests.values(), self._finished.values(), self._out_reqs):
+            for r in reqs:
+                if id(r) not in remap:
+                    remap[id(r)] = r.copy()
+        d["_requests"] = {rid: remap[id(r)] for rid, r in self._requests.items()}
+        d["_finished"] = {rid: remap[id(r)] for rid, r in self._finished.items()}
+        d["_running"] = [remap[id(r)] for r in self._running]
+        d["_out_reqs"] = [remap[id(r)] for r in self._out_reqs]
+        d["_waiting"] = self._waiting.copy(remap)
+        d["_victims"] = self._victims.copy(remap)
+        d["_ref"] = self._ref[:]
+        d["_fq"] = self._fq.copy()
+        d["_px"] = self._px.copy()
+        d["_preempted"] = self._preempted.copy()
+        return new
+
     # ------------------------------------------------------------------ introspection
 
     def stats(self) -> dict[str, Any]:
@@ -756,10 +810,18 @@ class _Bad(Exception):
     """Internal: the fast pass of update() met input it does not vouch for."""
 
 
+def max_hit_blocks(num_tokens: int, block_size: int) -> int:
+    """The most full blocks a prefix-cache lookup may return: the last token
+    is always computed (it yields the logits), so the hit covers at most
+    ``num_tokens - 1`` tokens. (spec/rules.py has the same rule; the test
+    suite compares the two with ``crosshair diffbehavior``.)"""
+    return (num_tokens - 1) // block_size
+
+
 def _valid_tokens(toks: object) -> bool:
     return isinstance(toks, tuple) and all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in toks
     )
 
 
-__all__ = ["ImplScheduler", "BlockKey"]
+__all__ = ["ImplScheduler", "BlockKey", "max_hit_blocks"]

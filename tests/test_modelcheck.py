@@ -464,3 +464,22 @@ def test_impl_is_replayed_when_available() -> None:
     if not impl_available():
         pytest.skip("impl.ImplScheduler is not importable yet")
     assert impl_class().__name__ == "ImplScheduler"
+
+
+def test_crosshair_explores_heap_based_victim_choice(tmp_path: Path) -> None:
+    """impl's choose_victim goes through heapq; CrossHair must see through it:
+    a heap ordered on the wrong arrival direction differs from the spec's rule
+    and diffbehavior says so, with the inputs."""
+    pytest.importorskip("crosshair")
+    wrong = (
+        "import heapq\n"
+        "def rewrite(policy, running_keys):\n"
+        "    if policy == Policy.FCFS:\n"
+        "        return len(running_keys) - 1\n"
+        "    h = [(-p, a, i) for i, (p, a) in enumerate(running_keys)]\n"
+        "    heapq.heapify(h)\n"
+        "    return h[0][2]\n"
+    )
+    proc = _diffbehavior(tmp_path, _guarded_wrappers(tmp_path, "choose_victim", "rewrite", wrong))
+    assert proc.returncode != 0
+    assert "running_keys=" in proc.stdout and "returns" in proc.stdout

@@ -872,3 +872,23 @@ def test_short_gate_run_impl_in_lockstep_with_spec(tmp_path: Path) -> None:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         rc = cli_main(argv)
     assert rc == 0, out.getvalue()[-3000:]
+
+
+def test_impl_counterparts_agree_with_the_rules() -> None:
+    """impl's module-level counterparts of spec/rules.py helpers (compared
+    symbolically by tests/test_modelcheck.py) agree on an exhaustive small
+    domain too, ties included."""
+    import itertools
+
+    from impl.queues import choose_victim
+    from impl.scheduler import max_hit_blocks
+
+    for n in range(1, 20):
+        for bs in range(1, 6):
+            assert max_hit_blocks(n, bs) == rules.max_hit_blocks(n, bs), (n, bs)
+    keys = [(p, a) for p in (0, 1, 2) for a in (0, 1)]
+    for size in range(1, 4):
+        for running in itertools.product(keys, repeat=size):
+            for policy in (Policy.FCFS, Policy.PRIORITY):
+                got = choose_victim(policy, list(running))
+                assert got == rules.choose_victim(policy, list(running)), (policy, running)

@@ -13,11 +13,14 @@
 # The test command for each mutant is the fast selection: tests/test_spec.py (the
 # spec's scenario tests), tests/test_spec_mutants.py (scenario tests written for
 # survivors of earlier runs, and a short `schedspec check --against impl` run:
-# spec and impl in lockstep, every invariant), stopping at the first failure.
+# spec and impl in lockstep, every invariant) and tests/test_impl_clone.py (the
+# impl's clone(), which the model checker relies on), stopping at the first
+# failure. mutmut runs, for each mutant, only the tests that execute the mutated
+# function.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${MUTMUT_WORKDIR:-/tmp/schedspec-mutmut}"
-PY="${PYTHON:-$ROOT/../venv/bin/python}"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python)"
 MUTMUT="$(dirname "$PY")/mutmut"
 CHILDREN="${MUTMUT_CHILDREN:-2}"
@@ -32,7 +35,7 @@ cat >> "$WORK/pyproject.toml" <<'EOF'
 source_paths = ["spec", "impl"]
 do_not_mutate = ["impl/bench.py"]
 also_copy = ["harness", "invariants"]
-pytest_add_cli_args_test_selection = ["tests/test_spec.py", "tests/test_spec_mutants.py"]
+pytest_add_cli_args_test_selection = ["tests/test_spec.py", "tests/test_spec_mutants.py", "tests/test_impl_clone.py"]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore"]
 EOF
 cd "$WORK"

@@ -311,7 +311,8 @@ class ImplScheduler:
 
     def _register(self, req: _Req, upto: int) -> None:
         """Give keys to the blocks of ``req`` that are full once ``upto`` tokens
-        are computed (requires prefix caching)."""
+        are computed (requires prefix caching). Both callers (_grow and
+        _admit_alloc) set ``req.edge`` from the new ``next_full`` afterwards."""
         bs = self._bs
         num_full = upto // bs
         i = req.ncached
@@ -332,7 +333,6 @@ class ImplScheduler:
             parent = register(blocks[j], parent, toks(j * bs, (j + 1) * bs))
         req.ncached = num_full
         req.next_full = (num_full + 1) * bs
-        req.edge = min(req.cap + 1, req.next_full)
 
     def _grow(self, req: _Req, end: int) -> bool:
         """Slots for a running request to reach ``end`` computed tokens, and

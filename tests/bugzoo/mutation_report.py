@@ -4,9 +4,11 @@
 
 Reads ``mutmut results --all true``, sorts every survivor into documented
 equivalent mutants (tests/bugzoo/equivalent_mutants.py) and the rest, and
-prints killed / timeout / survived / equivalent per file and the score:
-(killed + timeout) / (mutants - equivalent). Exit status 1 when a survivor is
-not documented as equivalent.
+prints killed / timeout / crashed / survived / equivalent per file and the
+score: (killed + timeout + crashed) / (mutants - equivalent); a mutant that
+makes the tests hang (timeout) or kill their process (crashed) is detected.
+MUTATION_REPORT_MARKDOWN=1 prints the table as markdown. Exit status 1 when a
+survivor is not documented as equivalent, or a mutant has no result.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def main(argv: list[str]) -> int:
     by_reason: collections.Counter[str] = collections.Counter()
     for name, st in sorted(status.items()):
         module = name.split(".x")[0]
+        if st == "segfault":
+            st = "crashed"  # the test process died under the mutant: detected
+        elif st not in ("killed", "timeout", "survived", "no tests"):
+            undocumented.append(f"{name}: {st}")  # not checked, skipped, suspicious: not a result
         if st in ("survived", "no tests"):
             if name in EQUIVALENT:
                 st = "equivalent"
@@ -45,15 +51,26 @@ def main(argv: list[str]) -> int:
             else:
                 undocumented.append(f"{name}: {st}")
         per_file[module][st] += 1
-    cols = ("killed", "timeout", "equivalent", "survived", "no tests")
-    print(f"{'module':24} {'mutants':>8} " + " ".join(f"{c:>10}" for c in cols))
+    cols = ("killed", "timeout", "crashed", "equivalent", "survived", "no tests")
+    markdown = os.environ.get("MUTATION_REPORT_MARKDOWN") == "1"
     total: collections.Counter[str] = collections.Counter()
+    rows: list[tuple[str, collections.Counter[str]]] = []
     for module, c in sorted(per_file.items()):
         total.update(c)
-        print(f"{module:24} {sum(c.values()):>8} " + " ".join(f"{c[k]:>10}" for k in cols))
+        rows.append((module, c))
+    rows.append(("all", total))
+    if markdown:
+        print("| module | mutants | " + " | ".join(cols) + " |")
+        print("|---" * (len(cols) + 2) + "|")
+        for module, c in rows:
+            name = f"**{module}**" if module == "all" else f"`{module}`"
+            print(f"| {name} | {sum(c.values()):,} | " + " | ".join(f"{c[k]:,}" for k in cols) + " |")
+    else:
+        print(f"{'module':24} {'mutants':>8} " + " ".join(f"{c:>10}" for c in cols))
+        for module, c in rows:
+            print(f"{module:24} {sum(c.values()):>8} " + " ".join(f"{c[k]:>10}" for k in cols))
     n = sum(total.values())
-    print(f"{'all':24} {n:>8} " + " ".join(f"{total[k]:>10}" for k in cols))
-    detected = total["killed"] + total["timeout"]
+    detected = total["killed"] + total["timeout"] + total["crashed"]
     print(f"score: {detected} / {n - total['equivalent']} non-equivalent mutants killed "
           f"({100 * detected / max(n - total['equivalent'], 1):.1f}%)")
     for reason, count in by_reason.most_common():

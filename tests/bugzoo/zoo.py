@@ -262,14 +262,14 @@ class FullPromptHit(Mutant):
     BUG = "a prefix hit may cover the whole prompt, leaving no token to compute (no logits to sample from)"
     ISSUE = "https://github.com/GeeeekExplorer/nano-vllm/issues/144"
     CAUGHT_BY = frozenset({"token-budget", "cache-hit-identical-prefix", "computed-within-known"})
-    _find_hit = patched(_find_hit, ("range((req.num_tokens - 1) // bs)", "range(req.num_tokens // bs)"))
+    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, bs))", "range(req.num_tokens // bs)"))
 
 
 class HitBoundaryOffByOne(Mutant):
     BUG = "the hit limit subtracts one twice, so a prompt one token past a block boundary misses its last cached block"
     ISSUE = "https://github.com/vllm-project/vllm/pull/40684"
     CAUGHT_BY = frozenset({"divergence"})
-    _find_hit = patched(_find_hit, ("range((req.num_tokens - 1) // bs)", "range((req.num_tokens - 2) // bs)"))
+    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, bs))", "range((req.num_tokens - 2) // bs)"))
 
 
 class UncomputedBlockHit(Mutant):

@@ -37,6 +37,20 @@ class Queued(Protocol):
 R = TypeVar("R", bound=Queued)
 
 
+class Runnable(Protocol):
+    """What the victim heap reads of a running request."""
+
+    priority: int
+    arrival: int
+    run_seq: int
+
+    @property
+    def is_running(self) -> bool: ...
+
+
+V = TypeVar("V", bound=Runnable)
+
+
 class FcfsWaiting(Generic[R]):
     __slots__ = ("_q",)
 
@@ -135,18 +149,18 @@ class PriorityWaiting(Generic[R]):
         return new
 
 
-class VictimHeap(Generic[R]):
+class VictimHeap(Generic[V]):
     """PRIORITY preemption victims among the running requests."""
 
     __slots__ = ("_heap",)
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, int, R]] = []
+        self._heap: list[tuple[int, int, int, V]] = []
 
-    def push(self, req: R) -> None:
+    def push(self, req: V) -> None:
         heapq.heappush(self._heap, (-req.priority, -req.arrival, req.run_seq, req))
 
-    def top(self) -> R:
+    def top(self) -> V:
         """The running request to preempt. The caller guarantees one runs."""
         heap = self._heap
         while True:
@@ -156,15 +170,15 @@ class VictimHeap(Generic[R]):
                 return req
             heapq.heappop(heap)
 
-    def copy(self, remap: dict[int, R]) -> "VictimHeap[R]":
+    def copy(self, remap: dict[int, V]) -> "VictimHeap[V]":
         """This heap over other request objects (``remap[id(old)]``); entries
         of requests no longer known are dropped (never running again)."""
-        new: VictimHeap[R] = object.__new__(VictimHeap)
+        new: VictimHeap[V] = object.__new__(VictimHeap)
         new._heap = [(p, a, seq, remap[id(r)]) for p, a, seq, r in self._heap if id(r) in remap]
         heapq.heapify(new._heap)
         return new
 
-    def compact(self, running: list[R]) -> None:
+    def compact(self, running: list[V]) -> None:
         if len(self._heap) > 2 * len(running) + 64:
             self._heap = [(-r.priority, -r.arrival, r.run_seq, r) for r in running]
             heapq.heapify(self._heap)
@@ -173,13 +187,11 @@ class VictimHeap(Generic[R]):
 class _Running:
     """A running request reduced to what the victim heap reads."""
 
-    __slots__ = ("rid", "priority", "arrival", "wseq", "run_seq")
+    __slots__ = ("priority", "arrival", "run_seq")
 
     def __init__(self, index: int, priority: int, arrival: int) -> None:
-        self.rid = str(index)
         self.priority = priority
         self.arrival = arrival
-        self.wseq = -1
         self.run_seq = index
 
     @property

@@ -21,7 +21,8 @@ REASONS: dict[str, str] = {
                    "the plan sets num_computed; an accepted update rewrites tail)",
     "performance": "a change of a fast-path gate, cache or compaction threshold: impl takes its slow, exact path "
                    "more often (or compacts at another moment) and decides the same; the tail/edge gates, the "
-                   "block-tuple cache, the key memo of views(), the heap compaction thresholds, the fast pass of "
+                   "block-tuple cache (also dropped by a clone), a request copied twice by clone() (every "
+                   "table is rebuilt from the last copy), the key memo of views(), the heap compaction thresholds, the fast pass of "
                    "update() sending a valid result through the exact check, one unused slot at the end of the "
                    "free-queue link arrays",
     "indistinguishable": "a value no reader tells apart: None for False or () where only truthiness is read, "
@@ -53,14 +54,14 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         "spec.scheduler.xǁSpecSchedulerǁ_preempt": [4, 5],
         "spec.scheduler.xǁSpecSchedulerǁschedule": [135],
         "impl.scheduler.xǁ_Reqǁ__init__": [14, 15, 16, 17, 18, 20, 22, 23, 46, 47, 48, 49, 50, 51],
-        "impl.scheduler.xǁImplSchedulerǁ__init__": [31],
         "impl.scheduler.xǁImplSchedulerǁadd": [30, 31],
         "impl.scheduler.xǁImplSchedulerǁ_finish": [4, 5, 6],
         "impl.scheduler.xǁImplSchedulerǁ_preempt": [4, 5, 6, 7, 8, 9, 10, 11],
-        "impl.scheduler.xǁImplSchedulerǁupdate": [99],
         "impl.scheduler.xǁImplSchedulerǁ_rollback": [10, 11, 13, 14, 15, 16],
     },
     "performance": {
+        "impl.scheduler.xǁ_Reqǁcopy": [13],
+        "impl.scheduler.xǁImplSchedulerǁclone": [6],
         "impl.prefix_index.xǁPrefixIndexǁviews": [7, 8, 9, 12, 13],
         "impl.free_queue.xǁFreeBlockQueueǁ__init__": [20, 35],
         "impl.queues.xǁPriorityWaitingǁremove": [7, 8, 11],

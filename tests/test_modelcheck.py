@@ -483,3 +483,25 @@ def test_crosshair_explores_heap_based_victim_choice(tmp_path: Path) -> None:
     proc = _diffbehavior(tmp_path, _guarded_wrappers(tmp_path, "choose_victim", "rewrite", wrong))
     assert proc.returncode != 0
     assert "running_keys=" in proc.stdout and "returns" in proc.stdout
+
+
+def test_cost_benchmark_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/modelcheck_costs.py runs (one small space, one round) and
+    reports the four modes on the same state space."""
+    import importlib.util
+
+    path = ROOT / "benchmarks" / "modelcheck_costs.py"
+    spec = importlib.util.spec_from_file_location("modelcheck_costs", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["modelcheck_costs"] = mod  # its impl subclass is pickled by reference
+    try:
+        spec.loader.exec_module(mod)
+        rc = mod.main(["--rounds", "1", "--space", "fcfs-cache-salt-tight"])
+    finally:
+        del sys.modules["modelcheck_costs"]
+    assert rc == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("search only", "+ "))]
+    assert len(rows) == 4
+    assert len({tuple(r.split()[-6:-4]) for r in rows}) == 1, rows  # same states and transitions

@@ -23,20 +23,6 @@ from typing import Generic, Iterator, Protocol, TypeVar
 from spec.interface import Policy
 
 
-class Queued(Protocol):
-    rid: str
-    priority: int
-    arrival: int
-    wseq: int
-    run_seq: int
-
-    @property
-    def is_running(self) -> bool: ...
-
-
-R = TypeVar("R", bound=Queued)
-
-
 class Runnable(Protocol):
     """What the victim heap reads of a running request."""
 
@@ -48,6 +34,14 @@ class Runnable(Protocol):
     def is_running(self) -> bool: ...
 
 
+class Queued(Runnable, Protocol):
+    """What the waiting queues read of a request, besides the above."""
+
+    rid: str
+    wseq: int
+
+
+R = TypeVar("R", bound=Queued)
 V = TypeVar("V", bound=Runnable)
 
 

@@ -8,7 +8,9 @@
 # /tmp/schedspec-mutmut), so the repository gets no mutants/ directory and its
 # pyproject.toml no [tool.mutmut] table: the table below is appended to the
 # copy's. Results stay in the copy: `cd $MUTMUT_WORKDIR && mutmut results`,
-# `mutmut show NAME`; the summary is printed at the end.
+# `mutmut show NAME`; the summary is printed at the end. Quote a score only from
+# a fresh full run (a new MUTMUT_WORKDIR): with name globs, mutmut re-tests only
+# the named mutants and keeps stale results for the rest of a changed function.
 #
 # The test command for each mutant is the fast selection: tests/test_spec.py (the
 # spec's scenario tests), tests/test_spec_mutants.py (scenario tests written for

@@ -55,22 +55,29 @@ def _is_vllm_scheduler_class(cls: type) -> bool:
     ) or hasattr(cls, "update_from_output")
 
 
-def _user_class(spec: str) -> SchedulerFactory:
+def import_class(spec: str, flag: str = "--against") -> type:
+    """The class named by ``MODULE:CLASS`` (CLASS may be dotted); AdapterError
+    naming ``flag`` and what is wrong otherwise."""
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
-        raise AdapterError(f"--against {spec!r}: expected MODULE:CLASS")
+        raise AdapterError(f"{flag} {spec!r}: expected MODULE:CLASS")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise AdapterError(f"--against {spec!r}: cannot import module {module_name!r} ({exc})") from None
+        raise AdapterError(f"{flag} {spec!r}: cannot import module {module_name!r} ({exc})") from None
     obj = module
     for part in class_name.split("."):
         if not hasattr(obj, part):
-            raise AdapterError(f"--against {spec!r}: module {module_name!r} has no attribute {class_name!r}")
+            raise AdapterError(f"{flag} {spec!r}: module {module_name!r} has no attribute {class_name!r}")
         obj = getattr(obj, part)
     if not inspect.isclass(obj):
-        raise AdapterError(f"--against {spec!r}: {class_name!r} is not a class")
-    cls: type = obj
+        raise AdapterError(f"{flag} {spec!r}: {class_name!r} is not a class")
+    return obj
+
+
+def _user_class(spec: str) -> SchedulerFactory:
+    cls = import_class(spec)
+    class_name = spec.partition(":")[2]
     if _is_vllm_scheduler_class(cls):
 
         def wrapped(config: SchedulerConfig) -> Scheduler:

@@ -32,7 +32,8 @@ class UsageError(Exception):
     pass
 
 
-def _positive_int(flag: str, text: str) -> int:
+def positive_int(flag: str, text: str) -> int:
+    """A flag's value as a positive integer; UsageError naming the flag otherwise."""
     try:
         value = int(text)
     except ValueError:
@@ -164,14 +165,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     target = resolve(args.against)
     if args.steps is not None and args.time is not None:
         raise UsageError("--steps and --time: give one of them")
-    total_steps = _positive_int("--steps", args.steps) if args.steps is not None else None
+    total_steps = positive_int("--steps", args.steps) if args.steps is not None else None
     time_budget = float(args.time) if args.time is not None else None
     if time_budget is not None and time_budget <= 0:
         raise UsageError(f"--time: must be positive, got {args.time}")
     if total_steps is None and time_budget is None:
         total_steps = 2000
     shard_k, shard_n = _parse_shard(args.shard) if args.shard else (1, 1)
-    wl_steps = _positive_int("--workload-steps", str(args.workload_steps))
+    wl_steps = positive_int("--workload-steps", str(args.workload_steps))
     factories = _factories(target)
     _warm_up(factories)  # imports and first construction stay out of the steps/s figure
     progress = Progress(enabled=not args.quiet)

@@ -57,7 +57,6 @@ from spec.interface import (
     RequestSpec,
     RequestStatus,
     ScheduleKind,
-    SchedSpecError,
     Scheduler,
     SchedulerConfig,
     SchedulerView,
@@ -1224,9 +1223,6 @@ def write_json(path: Path, result: BoundResult, extra: dict[str, Any] | None = N
 # ---------------------------------------------------------------------------
 
 
-class ModelCheckUsageError(SchedSpecError, ValueError):
-    """A bad modelcheck flag; the CLI exits 2 with this message."""
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", default="small", choices=sorted(BOUNDS),
@@ -1242,18 +1238,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
-def _positive(flag: str, text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ModelCheckUsageError(f"{flag}: expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise ModelCheckUsageError(f"{flag}: must be positive, got {value}")
-    return value
-
-
 def default_workers() -> int:
     try:
         n = len(os.sched_getaffinity(0))
@@ -1265,19 +1249,13 @@ def default_workers() -> int:
 def _scheduler_class(text: str | None) -> type[SpecScheduler]:
     if text is None:
         return SpecScheduler
-    import importlib
+    from harness.adapters import import_class
+    from harness.cli import UsageError
 
-    module_name, _, class_name = text.partition(":")
-    if not module_name or not class_name:
-        raise ModelCheckUsageError(f"--scheduler: expected MODULE:CLASS, got {text!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ModelCheckUsageError(f"--scheduler: cannot import {module_name!r} ({exc})") from None
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, SpecScheduler)):
-        raise ModelCheckUsageError(f"--scheduler: {text!r} is not a subclass of spec.scheduler.SpecScheduler "
-                                   "(the model checker copies the spec's fields)")
+    cls = import_class(text, "--scheduler")
+    if not issubclass(cls, SpecScheduler):
+        raise UsageError(f"--scheduler: {text!r} is not a subclass of spec.scheduler.SpecScheduler "
+                         "(the model checker copies the spec's fields)")
     return cls
 
 
@@ -1285,14 +1263,16 @@ def run_command(args: argparse.Namespace) -> int:
     """`schedspec modelcheck`: 0 everything held over the whole bound, 1 a
     failure (its shortest counterexample is written as a trace), 2 bad usage."""
     scheduler_cls = _scheduler_class(args.scheduler)
-    workers = _positive("--workers", args.workers) or default_workers()
-    max_states = _positive("--max-states", args.max_states)
+    from harness.cli import UsageError, positive_int
+
+    workers = default_workers() if args.workers is None else positive_int("--workers", args.workers)
+    max_states = None if args.max_states is None else positive_int("--max-states", args.max_states)
     b = bound(args.bound)
     names = [s.name for s in b.spaces]
     if args.space:
         unknown = [n for n in args.space if n not in names]
         if unknown:
-            raise ModelCheckUsageError(f"--space: {unknown[0]!r} is not a space of bound {args.bound} "
+            raise UsageError(f"--space: {unknown[0]!r} is not a space of bound {args.bound} "
                                        f"(its spaces: {', '.join(names)})")
     use_impl = not args.no_impl
     note = ""

@@ -445,6 +445,16 @@ class VllmScheduler:
                 f"prompt length {len(request.prompt_token_ids)} leaves no room for an output "
                 f"token within max_model_len {self._config.max_model_len}",
             )
+        req = self.vllm_request(request)
+        live = _Live(request, req)
+        self._record_keys(live)
+        self.sched.add_request(req)
+        self._live[rid] = live
+
+    def vllm_request(self, request: RequestSpec) -> Any:
+        """The vLLM Request for ``request``, as the engine would hand it to the
+        scheduler (no bookkeeping of this adapter's; the benchmark adds these
+        straight to vLLM's scheduler)."""
         v = self._v
         params = v.SamplingParams(
             max_tokens=request.max_tokens,
@@ -454,8 +464,8 @@ class VllmScheduler:
         # What the engine's input processor does with the tokenizer's eos id:
         # with ignore_eos the id is not set, so check_stop never matches it.
         params.update_from_generation_config({}, request.eos_token_id)
-        req = v.Request(
-            request_id=rid,
+        return v.Request(
+            request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
             sampling_params=params,
             pooling_params=None,
@@ -464,10 +474,6 @@ class VllmScheduler:
             cache_salt=request.cache_salt,
             block_hasher=self._block_hasher,
         )
-        live = _Live(request, req)
-        self._record_keys(live)
-        self.sched.add_request(req)
-        self._live[rid] = live
 
     def abort(self, request_id: str) -> None:
         if request_id not in self._live:

@@ -182,33 +182,14 @@ class _VllmRawDriver(_Driver):
     def __init__(self, sched: Scheduler) -> None:
         super().__init__(sched)
         self.inner: Any = getattr(sched, "sched")
-        self.v: Any = getattr(sched, "_v")
-        self.mro_cls: Any = self.v.ModelRunnerOutput
-        self.hasher: Any = getattr(sched, "_block_hasher")
+        self.mro_cls: Any = getattr(sched, "_v").ModelRunnerOutput
+        self.make_request: Any = getattr(sched, "vllm_request")
 
     def add(self, req: RequestSpec) -> None:
-        """A vLLM Request built as the adapter builds it, straight into vLLM's
-        add_request: the adapter's own bookkeeping (a content key per block
-        hash, for its views) would otherwise dominate the memory row."""
-        v = self.v
-        params = v.SamplingParams(
-            max_tokens=req.max_tokens,
-            stop_token_ids=list(req.stop_token_ids),
-            ignore_eos=req.ignore_eos,
-        )
-        params.update_from_generation_config({}, req.eos_token_id)
-        self.inner.add_request(
-            v.Request(
-                request_id=req.request_id,
-                prompt_token_ids=list(req.prompt_token_ids),
-                sampling_params=params,
-                pooling_params=None,
-                arrival_time=float(req.arrival),
-                priority=req.priority,
-                cache_salt=req.cache_salt,
-                block_hasher=self.hasher,
-            )
-        )
+        """The adapter's vLLM Request, straight into vLLM's add_request: the
+        adapter's own bookkeeping (a content key per block hash, for its
+        views) would otherwise dominate the memory row."""
+        self.inner.add_request(self.make_request(req))
 
     def step(self) -> tuple[float, float, int, bool]:
         wall, cpu = time.perf_counter, time.process_time

@@ -40,8 +40,8 @@ class _Run:
         model.slots = dict(self.model.slots)
         return _Run(self.sched.clone(), model)
 
-    def event(self, e: Event, mid_step: "_Run | None" = None) -> "_Run | None":
-        """Apply one event; for a step with ``mid_step`` given, fork between
+    def event(self, e: Event, fork_mid_step: bool = False) -> "_Run | None":
+        """Apply one event; for a step with ``fork_mid_step``, fork between
         schedule() and update() and return the fork (which then updates too)."""
         s = self.sched
         fork = None
@@ -55,7 +55,7 @@ class _Run:
         else:
             plan = s.schedule()
             self.log.append(plan)
-            if mid_step is not None:
+            if fork_mid_step:
                 fork = self.fork()
             result, _ = self.model.run(plan)
             s.update(plan, result)
@@ -65,10 +65,6 @@ class _Run:
                 fork.log.append(plan)
         self.log.append(s.view())
         return fork
-
-
-def _views_equal(a: SchedulerView, b: SchedulerView) -> None:
-    assert a == b
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -82,15 +78,15 @@ def test_clone_is_independent_and_equal(seed: int) -> None:
     for i, e in enumerate(events):
         if i % every == 0:
             f = orig.fork()
-            _views_equal(f.sched.view(), orig.sched.view())
+            assert f.sched.view() == orig.sched.view()
             forks.append((i, f, f.sched.view()))
-        mid = orig.event(e, mid_step=orig if (i % every == 1 and isinstance(e, Step)) else None)
+        mid = orig.event(e, fork_mid_step=i % every == 1 and isinstance(e, Step))
         ref.event(e)
         if mid is not None:
             forks.append((i + 1, mid, mid.sched.view()))
     # The original ran on: every fork still holds the state it was made in.
     for _, f, snap in forks:
-        _views_equal(f.sched.view(), snap)
+        assert f.sched.view() == snap
     # Each fork replays the rest of the workload and ends where the spec did.
     for start, f, _ in forks:
         for e in events[start:]:

@@ -12,6 +12,7 @@ from spec import (
     RequestSpec,
     RequestStatus,
     ScheduleKind,
+    Scheduler,
     SchedulerConfig,
     SpecScheduler,
     StepPlan,
@@ -32,7 +33,8 @@ def req(rid: str, prompt: list[int] | int, max_tokens: int = 4, **kw: object) ->
     return RequestSpec(rid, toks, max_tokens, **kw)  # type: ignore[arg-type]
 
 
-def step(s: SpecScheduler, token: int = 7) -> StepPlan:
+def step(s: Scheduler, token: int = 7) -> StepPlan:
+    """One schedule() + update() in which every sampling entry gets ``token``."""
     plan = s.schedule()
     s.update(plan, StepResult({e.request_id: (token,) for e in plan.scheduled if e.samples}))
     return plan

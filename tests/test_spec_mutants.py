@@ -37,27 +37,10 @@ from spec import (
 from spec import rules
 from spec.interface import KVView, RequestView, ScheduledRequest, is_legal_transition
 
+from test_spec import cfg, req, step  # the spec tests' scenario helpers
+
 SCHEDULERS: list[Callable[[SchedulerConfig], Any]] = [SpecScheduler, ImplScheduler]
 both = pytest.mark.parametrize("make", SCHEDULERS, ids=["spec", "impl"])
-
-
-def cfg(**kw: object) -> SchedulerConfig:
-    base: dict[str, object] = dict(
-        block_size=4, num_blocks=9, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=32
-    )
-    base.update(kw)
-    return SchedulerConfig(**base)  # type: ignore[arg-type]
-
-
-def req(rid: str, prompt: list[int] | int, max_tokens: int = 4, **kw: object) -> RequestSpec:
-    toks = tuple(range(prompt)) if isinstance(prompt, int) else tuple(prompt)
-    return RequestSpec(rid, toks, max_tokens, **kw)  # type: ignore[arg-type]
-
-
-def step(s: Any, token: int = 7) -> StepPlan:
-    plan: StepPlan = s.schedule()
-    s.update(plan, StepResult({e.request_id: (token,) for e in plan.scheduled if e.samples}))
-    return plan
 
 
 def entries(plan: StepPlan) -> list[tuple[str, str, int, int]]:

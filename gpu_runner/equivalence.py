@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from spec.interface import (
+from schedspec.spec.interface import (
     Policy,
     RequestSpec,
     RequestStatus,
@@ -40,8 +40,8 @@ from spec.interface import (
     SchedulerConfig,
 )
 
-from .executor import Executor, Fault, FaultKind, PlanError
-from .model import PagedLlama
+from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, PlanError
+from schedspec.gpu_runner.model import PagedLlama
 
 SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
 Progress = Callable[[str], None]
@@ -51,7 +51,7 @@ FEATURES = ("chunked", "cache_hit", "preempted")
 
 def spec_factory(config: SchedulerConfig) -> Scheduler:
     """The reference scheduler (imported lazily)."""
-    from spec.scheduler import SpecScheduler
+    from schedspec.spec.scheduler import SpecScheduler
 
     return SpecScheduler(config)
 
@@ -622,7 +622,7 @@ class MatrixReport:
         logits within tolerance, red = diverged. Three marks at a cell's
         right say what the run exercised: blue chunked, purple a cache hit,
         orange a preemption."""
-        from harness.report import _png, _text
+        from schedspec.check.report import _png, _text
 
         label_w, head_h = 64, 28
         width = label_w + cell_w * len(self.variants) + 1
@@ -785,8 +785,8 @@ def run_equivalence(
     progress: Progress | None = None,
 ) -> MatrixReport:
     """Load ``model``, build workloads and variants, run the matrix."""
-    from .executor import pick_device
-    from .loaders import load_model
+    from schedspec.gpu_runner.executor import pick_device
+    from schedspec.gpu_runner.loaders import load_model
 
     dev = pick_device(device)
     weights = load_model(model, dev)

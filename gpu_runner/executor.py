@@ -20,9 +20,9 @@ from typing import Literal, Mapping, Sequence
 
 import torch
 
-from spec.interface import SchedSpecError, SchedulerConfig, StepPlan, StepResult
+from schedspec.spec.interface import SchedSpecError, SchedulerConfig, StepPlan, StepResult
 
-from .model import LlamaWeights, PagedKVCache, PagedLlama, StepBatch
+from schedspec.gpu_runner.model import LlamaWeights, PagedKVCache, PagedLlama, StepBatch
 
 
 class PlanError(SchedSpecError, ValueError):

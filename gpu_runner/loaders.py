@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .model import LlamaWeights, ModelConfig, ModelError, RawLayer, build_weights
+from schedspec.gpu_runner.model import LlamaWeights, ModelConfig, ModelError, RawLayer, build_weights
 
 # --------------------------------------------------------------------------
 # glassllm

@@ -1,6 +1,6 @@
 """The fast scheduler: spec.interface.Scheduler with the spec's exact
 observable behaviour, built on its own data structures (see docs/impl.md)."""
 
-from impl.scheduler import ImplScheduler
+from schedspec.impl.scheduler import ImplScheduler
 
 __all__ = ["ImplScheduler"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Union
 
-from spec.interface import BlockKey
+from schedspec.spec.interface import BlockKey
 
 
 class KeyNode:

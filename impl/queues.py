@@ -20,7 +20,7 @@ import heapq
 from collections import OrderedDict
 from typing import Generic, Iterator, Protocol, TypeVar
 
-from spec.interface import Policy
+from schedspec.spec.interface import Policy
 
 
 class Runnable(Protocol):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from spec.interface import (
+from schedspec.spec.interface import (
     BlockKey,
     KVView,
     Policy,
@@ -42,9 +42,9 @@ from spec.interface import (
     StepResult,
 )
 
-from impl.free_queue import FreeBlockQueue
-from impl.prefix_index import KeyNode, PrefixIndex
-from impl.queues import FcfsWaiting, PriorityWaiting, VictimHeap
+from schedspec.impl.free_queue import FreeBlockQueue
+from schedspec.impl.prefix_index import KeyNode, PrefixIndex
+from schedspec.impl.queues import FcfsWaiting, PriorityWaiting, VictimHeap
 
 _WAITING = RequestStatus.WAITING
 _RUNNING = RequestStatus.RUNNING

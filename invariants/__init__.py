@@ -7,8 +7,8 @@ violations. ``CATALOGUE`` lists the invariants; ``catalogue_text()`` is what
 nor vLLM.
 """
 
-from invariants.core import History, Invariant, Transition, TransitionKind, Violation
-from invariants.monitor import BY_ID, CATALOGUE, Monitor, catalogue_markdown, catalogue_text
+from schedspec.invariants.core import History, Invariant, Transition, TransitionKind, Violation
+from schedspec.invariants.monitor import BY_ID, CATALOGUE, Monitor, catalogue_markdown, catalogue_text
 
 __all__ = [
     "BY_ID",

@@ -3,7 +3,7 @@ imports the spec's logic (spec.interface holds plain types)."""
 
 from __future__ import annotations
 
-from spec.interface import (
+from schedspec.spec.interface import (
     BlockKey,
     Policy,
     RequestStatus,
@@ -14,7 +14,7 @@ from spec.interface import (
     StepPlan,
 )
 
-from invariants.core import Transition
+from schedspec.invariants.core import Transition
 
 
 def cdiv(a: int, b: int) -> int:

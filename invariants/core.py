@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
-from spec.interface import RequestSpec, SchedulerView, StepPlan, StepResult
+from schedspec.spec.interface import RequestSpec, SchedulerView, StepPlan, StepResult
 
 TransitionKind = Literal["add", "abort", "schedule", "update", "reset"]
 ALL_KINDS: frozenset[TransitionKind] = frozenset({"add", "abort", "schedule", "update", "reset"})

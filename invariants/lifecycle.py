@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from spec.interface import Policy, RequestStatus, RequestView, is_legal_transition
+from schedspec.spec.interface import Policy, RequestStatus, RequestView, is_legal_transition
 
-from invariants._util import admitted, is_prefix, lookup, status_of, step_victims
-from invariants.core import Finding, History, Transition, transition_invariant
+from schedspec.invariants._util import admitted, is_prefix, lookup, status_of, step_victims
+from schedspec.invariants.core import Finding, History, Transition, transition_invariant
 
 _S = RequestStatus
 

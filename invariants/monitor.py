@@ -7,8 +7,8 @@ import textwrap
 from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
-from invariants import lifecycle, state, step  # noqa: F401
-from invariants.core import REGISTRY, History, Invariant, Transition, Violation
+from schedspec.invariants import lifecycle, state, step  # noqa: F401
+from schedspec.invariants.core import REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
     # the state of one view

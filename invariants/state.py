@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterator
 
-from spec.interface import RequestStatus, SchedulerView
+from schedspec.spec.interface import RequestStatus, SchedulerView
 
-from invariants._util import block_key, cdiv, holders
-from invariants.core import Finding, state_invariant
+from schedspec.invariants._util import block_key, cdiv, holders
+from schedspec.invariants.core import Finding, state_invariant
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 

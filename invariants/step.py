@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from spec.interface import Policy, RequestStatus, ScheduleKind
+from schedspec.spec.interface import Policy, RequestStatus, ScheduleKind
 
-from invariants._util import (
+from schedspec.invariants._util import (
     admission_fits,
     admitted,
     block_key,
@@ -20,7 +20,7 @@ from invariants._util import (
     step_victims,
     victim_key,
 )
-from invariants.core import Finding, History, Transition, TransitionKind, transition_invariant
+from schedspec.invariants.core import Finding, History, Transition, TransitionKind, transition_invariant
 
 _SCHED: tuple[TransitionKind, ...] = ("schedule",)
 _KIND_FROM = {

@@ -1,6 +1,6 @@
 """schedspec's reference: the interface types and the executable spec of vLLM 0.33's v1 scheduler."""
 
-from spec.interface import (
+from schedspec.spec.interface import (
     FINISHED_STATUSES,
     LEGAL_TRANSITIONS,
     BlockKey,
@@ -46,6 +46,6 @@ __all__ = [
     "is_legal_transition",
 ]
 
-from spec.scheduler import SpecScheduler  # noqa: E402
+from schedspec.spec.scheduler import SpecScheduler  # noqa: E402
 
 __all__ += ["SpecScheduler"]

@@ -11,8 +11,8 @@ themselves (BlockKey), so no collision can ever produce a wrong hit.
 
 from __future__ import annotations
 
-from spec.interface import BlockKey, KVView
-from spec.rules import split_freed_blocks
+from schedspec.spec.interface import BlockKey, KVView
+from schedspec.spec.rules import split_freed_blocks
 
 
 class KVPool:

@@ -7,7 +7,7 @@ symbolically in the test suite (tests/test_contracts.py).
 
 from __future__ import annotations
 
-from spec.interface import Policy
+from schedspec.spec.interface import Policy
 
 
 def cdiv(a: int, b: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spec.interface import (
+from schedspec.spec.interface import (
     BlockKey,
     Policy,
     ProtocolError,
@@ -29,8 +29,8 @@ from spec.interface import (
     StepResult,
     is_legal_transition,
 )
-from spec.kv_cache import KVPool
-from spec.rules import (
+from schedspec.spec.kv_cache import KVPool
+from schedspec.spec.rules import (
     admission_blocks_needed,
     admission_chunk,
     blocks_for_tokens,

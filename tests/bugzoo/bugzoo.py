@@ -34,11 +34,9 @@ DOC = ROOT / "docs" / "bugzoo.md"
 #: Every mutant's shrunk counterexample, kept as a regression corpus: short
 #: traces that reach the corners each bug lives in (tests/test_spec_mutants.py
 #: replays them with spec and impl in lockstep).
-CORPUS = HERE / "corpus"
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+CORPUS = ROOT / "vectors" / "bugzoo"
 
-import zoo  # noqa: E402
+from tests.bugzoo import zoo  # noqa: E402
 
 #: The CI budget: at most this many steps per mutant, in workloads of this
 #: many steps (short workloads keep shrinking cheap), and at most this long
@@ -82,7 +80,7 @@ class Result:
 def run_mutant(name: str, out_dir: Path, steps: int = STEPS, workload_steps: int = WORKLOAD_STEPS,
                shrink_time: float = SHRINK_TIME_S) -> Result:
     """``schedspec check --against zoo:NAME`` in this process, timed."""
-    import harness.cli as cli
+    import schedspec.cli.main as cli
 
     marks: dict[str, float] = {}
     real_shrink = cli.shrink
@@ -96,7 +94,7 @@ def run_mutant(name: str, out_dir: Path, steps: int = STEPS, workload_steps: int
 
     out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = out_dir / "summary.json"
-    argv = ["check", "--against", f"zoo:{name}", "--steps", str(steps), "--workload-steps",
+    argv = ["check", "--against", f"tests.bugzoo.zoo:{name}", "--steps", str(steps), "--workload-steps",
             str(workload_steps), "--shrink-time", str(shrink_time), "--quiet", "--out", str(out_dir),
             "--json", str(summary_path)]
     out = io.StringIO()

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-import bugzoo
-import zoo
-from harness.cli import main as cli_main
-from impl import ImplScheduler
+from tests.bugzoo import bugzoo, zoo
+from schedspec.cli.main import main as cli_main
+from schedspec.impl import ImplScheduler
 
 
 def _quiet(argv: list[str]) -> int:
@@ -42,13 +41,13 @@ def test_gate_catches_mutant(cls: type[zoo.Mutant], tmp_path: Path) -> None:
     assert set(r.caught_by) & cls.CAUGHT_BY, f"{name} caught by {r.caught_by}, expected one of {set(cls.CAUGHT_BY)}"
     assert r.cx_steps is not None and r.cx_steps <= cls.MAX_STEPS, f"counterexample of {r.cx_steps} steps"
     assert r.trace is not None
-    assert _quiet(["replay", str(r.trace), "--against", f"zoo:{name}"]) == 1
+    assert _quiet(["replay", str(r.trace), "--against", f"tests.bugzoo.zoo:{name}"]) == 1
     assert _quiet(["replay", str(r.trace), "--against", "impl"]) == 0
     assert _quiet(["replay", str(r.trace), "--against", "spec"]) == 0
 
     corpus = bugzoo.CORPUS / f"{name}.jsonl"
     assert corpus.exists(), f"no corpus trace for {name}: run python tests/bugzoo/bugzoo.py --write-docs"
-    assert _quiet(["replay", str(corpus), "--against", f"zoo:{name}"]) == 1
+    assert _quiet(["replay", str(corpus), "--against", f"tests.bugzoo.zoo:{name}"]) == 1
 
     rows = bugzoo.parse_doc_rows(bugzoo.DOC.read_text())
     assert name in rows, f"docs/bugzoo.md has no row for {name}: run python tests/bugzoo/bugzoo.py --write-docs"
@@ -84,9 +83,9 @@ def test_patched_refuses_text_that_is_not_there_once() -> None:
 
 def test_patched_without_edits_is_impl() -> None:
     """A patched method with no edit behaves as impl's own (same plans on a workload)."""
-    from harness.cli import run_workload
-    from harness.adapters import resolve
-    from harness.workload import random_workload
+    from schedspec.cli.main import run_workload
+    from schedspec.adapters.registry import resolve
+    from schedspec.check.workload import random_workload
 
     class Same(ImplScheduler):
         schedule = zoo.patched(ImplScheduler.schedule)

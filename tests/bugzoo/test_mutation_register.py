@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from equivalent_mutants import EQUIVALENT, REASONS  # noqa: E402
+from tools.mutation.equivalent_mutants import EQUIVALENT, REASONS
 
 
 def _resolve(name: str) -> object:

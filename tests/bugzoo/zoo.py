@@ -29,9 +29,9 @@ import inspect
 import textwrap
 from typing import Any, Callable
 
-from impl import ImplScheduler
-from impl.queues import PriorityWaiting
-from spec.interface import RequestSpec, RequestStatus, StepPlan
+from schedspec.impl import ImplScheduler
+from schedspec.impl.queues import PriorityWaiting
+from schedspec.spec.interface import RequestSpec, RequestStatus, StepPlan
 
 _ANNOTATIONS = __future__.annotations.compiler_flag
 

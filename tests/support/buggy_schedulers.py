@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spec.scheduler import SpecScheduler
+from schedspec.spec.scheduler import SpecScheduler
 
 
 class LeakyAbort(SpecScheduler):
@@ -19,7 +19,7 @@ class WrongVictim(SpecScheduler):
     """FCFS preemption takes the FIRST running request instead of the last."""
 
     def schedule(self):  # type: ignore[no-untyped-def]
-        import spec.scheduler as mod
+        import schedspec.spec.scheduler as mod
 
         original = mod.choose_victim
         mod.choose_victim = lambda policy, keys: 0  # type: ignore[assignment]

@@ -1,0 +1,721 @@
+"""vLLM 0.33.0's real v1 Scheduler behind schedspec's Scheduler protocol.
+
+``VllmScheduler(config)`` builds vLLM's ``Scheduler`` (or a user subclass, as
+vLLM accepts for ``scheduler_cls``) for exactly the configuration the spec
+models, feeds it our events, and translates its ``SchedulerOutput`` into our
+``StepPlan`` and its internal state into our ``SchedulerView``, so vLLM can run
+in lockstep with the spec and be held to the same invariants.
+
+No GPU, no weights, no hub: the model is a tiny Llama ``config.json`` in a
+temporary directory and the KV cache is a ``KVCacheConfig`` with no tensors
+(see VLLM_NOTES.md). vLLM and torch are imported lazily, on the first
+``VllmScheduler``; importing this module imports neither.
+
+What the translation relies on (vLLM 0.33.0, file vllm/v1/core/sched/scheduler.py
+unless said otherwise):
+
+* ``SchedulerOutput.num_scheduled_tokens`` is filled in scheduling order
+  (running loop, then admissions), so its key order is the plan's order.
+* A request in ``scheduled_new_reqs`` is NEW; one whose id is in
+  ``scheduled_cached_reqs.resumed_req_ids`` is RESUMED (with
+  ``VLLM_USE_V2_MODEL_RUNNER=0``, pinned here); any other cached one is RUNNING.
+* vLLM sends a new or resumed request's whole block table and only the new
+  blocks of a running one (vllm/v1/worker/gpu_model_runner.py, _update_states).
+  The adapter rebuilds each table from those messages, as a model runner does,
+  and checks it against the KV manager's own table every step.
+* vLLM keys cached blocks by a chained SHA-256 of their tokens; the spec keys
+  them by content, ``(salt or "", tokens from the start through the block)``.
+  The adapter records, for every request it ever handed to vLLM, which content
+  each of the request's block hashes stands for, and reports content keys.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedspec.spec.interface import (
+    BlockKey,
+    KVView,
+    Policy,
+    ProtocolError,
+    RequestError,
+    RequestSpec,
+    RequestStatus,
+    RequestView,
+    ScheduledRequest,
+    ScheduleKind,
+    SchedSpecError,
+    SchedulerConfig,
+    SchedulerView,
+    StepPlan,
+    StepResult,
+)
+
+VLLM_VERSION = "0.33.0"
+
+
+class VllmUnavailable(SchedSpecError, ImportError):
+    """vLLM (or the exact pinned version of it) is not installed."""
+
+
+class VllmAdapterError(SchedSpecError, RuntimeError):
+    """vLLM did something the modelled configuration cannot explain: a state
+    outside the modelled ones, an option it silently changed, or a block table
+    it sent that is not the one it keeps."""
+
+
+# --------------------------------------------------------------------------
+# Loading vLLM once per process
+# --------------------------------------------------------------------------
+
+#: A Llama small enough to describe, never loaded: the scheduler only reads
+#: the architecture, the vocabulary and the context length from it.
+_TINY_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 1,
+    "vocab_size": 32000,
+    "max_position_embeddings": 1 << 20,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+#: Environment vLLM must see before it is imported. VLLM_USE_V2_MODEL_RUNNER
+#: decides how a resumed request is reported (see the module docstring).
+_PINNED_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def _default_cache_root() -> str:
+    """Where vLLM caches what it learns about the model architecture (the
+    first ModelConfig spends seconds in a subprocess finding out)."""
+    explicit = os.environ.get("VLLM_CACHE_ROOT")
+    if explicit:
+        return explicit
+    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "schedspec" / "vllm"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return str(home)
+    except OSError:
+        pass
+    fallback = Path(tempfile.gettempdir()) / f"schedspec-vllm-cache-{os.getuid()}"
+    fallback.mkdir(parents=True, exist_ok=True)
+    return str(fallback)
+
+
+@dataclass(frozen=True)
+class _Vllm:
+    """The vLLM names the adapter uses, imported once."""
+
+    CacheConfig: Any
+    DeviceConfig: Any
+    ModelConfig: Any
+    VllmSchedulerConfig: Any
+    VllmConfig: Any
+    FullAttentionSpec: Any
+    KVCacheConfig: Any
+    KVCacheGroupSpec: Any
+    KVCacheBlock: Any
+    SamplingParams: Any
+    Request: Any
+    VRequestStatus: Any
+    ModelRunnerOutput: Any
+    Scheduler: Any
+    StructuredOutputManager: Any
+    get_block_hash: Any
+    register_all_kvcache_specs: Any
+    block_hasher: Any  # block_size -> hasher
+    float32: Any
+    model_dir: str
+
+
+_LOCK = threading.Lock()
+_LOADED: _Vllm | None = None
+_SPECS_REGISTERED = False
+
+
+def load_vllm() -> _Vllm:
+    """Import vLLM with the environment pinned; raise VllmUnavailable with a
+    pointer to scripts/install_vllm.sh when it is missing or not 0.33.0."""
+    global _LOADED
+    with _LOCK:
+        if _LOADED is not None:
+            return _LOADED
+        for name, value in _PINNED_ENV.items():
+            os.environ[name] = value
+        os.environ["VLLM_CACHE_ROOT"] = _default_cache_root()
+        # vLLM configures its loggers only inside its engine; here its warnings
+        # (a refused prefix-cache reset, say) would reach the root logger.
+        vllm_logger = logging.getLogger("vllm")
+        if vllm_logger.level == logging.NOTSET:
+            vllm_logger.setLevel(logging.ERROR)
+        try:
+            import vllm
+        except ImportError as exc:
+            raise VllmUnavailable(
+                f"vLLM is not importable ({exc}); install it with scripts/install_vllm.sh VENV"
+            ) from exc
+        if getattr(vllm, "__version__", None) != VLLM_VERSION:
+            raise VllmUnavailable(
+                f"vLLM {VLLM_VERSION} is required, found {getattr(vllm, '__version__', '?')}; "
+                "install it with scripts/install_vllm.sh VENV"
+            )
+        import torch
+        from vllm.config import (
+            CacheConfig,
+            DeviceConfig,
+            ModelConfig,
+            VllmConfig,
+        )
+        from vllm.config import SchedulerConfig as VllmSchedulerConfig
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import (
+            KVCacheBlock,
+            get_block_hash,
+            get_request_block_hasher,
+            init_none_hash,
+        )
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+        )
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+        from vllm.v1.request import RequestStatus as VRequestStatus
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        init_none_hash(sha256)
+        model_dir = tempfile.mkdtemp(prefix="schedspec-tiny-llama-")
+        atexit.register(shutil.rmtree, model_dir, True)
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(_TINY_LLAMA, f)
+
+        def block_hasher(block_size: int) -> Any:
+            return get_request_block_hasher(block_size, sha256)
+
+        _LOADED = _Vllm(
+            CacheConfig=CacheConfig,
+            DeviceConfig=DeviceConfig,
+            ModelConfig=ModelConfig,
+            VllmSchedulerConfig=VllmSchedulerConfig,
+            VllmConfig=VllmConfig,
+            FullAttentionSpec=FullAttentionSpec,
+            KVCacheConfig=KVCacheConfig,
+            KVCacheGroupSpec=KVCacheGroupSpec,
+            KVCacheBlock=KVCacheBlock,
+            SamplingParams=SamplingParams,
+            Request=Request,
+            VRequestStatus=VRequestStatus,
+            ModelRunnerOutput=ModelRunnerOutput,
+            Scheduler=Scheduler,
+            StructuredOutputManager=StructuredOutputManager,
+            get_block_hash=get_block_hash,
+            register_all_kvcache_specs=register_all_kvcache_specs,
+            block_hasher=block_hasher,
+            float32=torch.float32,
+            model_dir=model_dir,
+        )
+        return _LOADED
+
+
+def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
+    """The VllmConfig and KVCacheConfig for ``config``: every option the spec
+    models set from it, every other one set explicitly to its neutral value,
+    and the result read back so that a value vLLM changed on its own fails
+    here instead of as a mysterious divergence later."""
+    model_config = v.ModelConfig(
+        model=v.model_dir,
+        tokenizer=v.model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=config.max_model_len,
+        dtype="float32",
+        seed=0,
+    )
+    scheduler_config = v.VllmSchedulerConfig(
+        max_model_len=config.max_model_len,
+        is_encoder_decoder=False,
+        runner_type="generate",
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_scheduled_tokens=None,  # = max_num_batched_tokens
+        max_num_seqs=config.max_num_seqs,
+        max_num_active_seqs=None,  # = max_num_seqs
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=False,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        is_multimodal_model=False,
+        policy=config.policy.value,
+        disable_chunked_mm_input=False,
+        scheduler_cls=None,
+        scheduler_reserve_full_isl=config.scheduler_reserve_full_isl,
+        watermark=0.0,
+        prefill_schedule_interval=1,
+        async_scheduling=False,
+        stream_interval=1,
+    )
+    cache_config = v.CacheConfig(
+        block_size=config.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+        prefix_caching_hash_algo="sha256",
+        cache_dtype="auto",
+        sliding_window=None,
+        num_gpu_blocks_override=None,
+    )
+    vllm_config = v.VllmConfig(
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        device_config=v.DeviceConfig(device="cpu"),
+        speculative_config=None,
+        kv_transfer_config=None,
+        ec_transfer_config=None,
+        lora_config=None,
+        kv_events_config=None,
+    )
+    # The engine sets this after profiling the GPU; the scheduler asserts on it.
+    vllm_config.cache_config.num_gpu_blocks = config.num_blocks
+    kv_cache_config = v.KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            v.KVCacheGroupSpec(
+                ["layer"],
+                v.FullAttentionSpec(
+                    block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.float32
+                ),
+            )
+        ],
+    )
+    _check_effective(vllm_config, config)
+    global _SPECS_REGISTERED
+    with _LOCK:
+        if not _SPECS_REGISTERED:  # what the engine core does once (v1/engine/core.py)
+            v.register_all_kvcache_specs(vllm_config)
+            _SPECS_REGISTERED = True
+    return vllm_config, kv_cache_config
+
+
+def _check_effective(vc: Any, config: SchedulerConfig) -> None:
+    sc, cc, mc = vc.scheduler_config, vc.cache_config, vc.model_config
+    effective = {
+        "block_size": cc.block_size,
+        "enable_prefix_caching": bool(cc.enable_prefix_caching),
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "max_num_seqs": sc.max_num_seqs,
+        "max_model_len": mc.max_model_len,
+        "enable_chunked_prefill": sc.enable_chunked_prefill,
+        "long_prefill_token_threshold": sc.long_prefill_token_threshold,
+        "policy": Policy(sc.policy),
+        "scheduler_reserve_full_isl": sc.scheduler_reserve_full_isl,
+    }
+    for name, value in effective.items():
+        if value != getattr(config, name):
+            raise VllmAdapterError(
+                f"vLLM changed {name} from {getattr(config, name)!r} to {value!r} while "
+                "building its config"
+            )
+    neutral = {
+        "async_scheduling": (sc.async_scheduling, False),
+        "watermark": (sc.watermark, 0.0),
+        "max_num_active_seqs": (sc.max_num_active_seqs, None),
+        "max_num_scheduled_tokens": (sc.max_num_scheduled_tokens, None),
+        "prefill_schedule_interval": (sc.prefill_schedule_interval, 1),
+        "long_prefill_token_threshold_adaptive": (sc.long_prefill_token_threshold_adaptive, False),
+        "use_v2_model_runner": (vc.use_v2_model_runner, False),
+        "num_speculative_tokens": (vc.num_speculative_tokens, 0),
+        "num_lookahead_tokens": (vc.num_lookahead_tokens, 0),
+        "num_prefill_lookahead_tokens": (vc.num_prefill_lookahead_tokens, 0),
+        "num_hash_lookahead_tokens": (vc.num_hash_lookahead_tokens, 0),
+        "pipeline_parallel_size": (vc.parallel_config.pipeline_parallel_size, 1),
+        "data_parallel_size": (vc.parallel_config.data_parallel_size, 1),
+        "decode_context_parallel_size": (vc.parallel_config.decode_context_parallel_size, 1),
+        "is_encoder_decoder": (mc.is_encoder_decoder, False),
+        "supports_multimodal_inputs": (mc.supports_multimodal_inputs, False),
+        "runner_type": (mc.runner_type, "generate"),
+    }
+    for name, (value, want) in neutral.items():
+        if value != want:
+            raise VllmAdapterError(
+                f"vLLM resolved {name} to {value!r}; the modelled configuration needs {want!r}"
+            )
+
+
+# --------------------------------------------------------------------------
+# The adapter
+# --------------------------------------------------------------------------
+
+_STATUS_NAMES = {
+    "WAITING": RequestStatus.WAITING,
+    "RUNNING": RequestStatus.RUNNING,
+    "PREEMPTED": RequestStatus.PREEMPTED,
+    "FINISHED_STOPPED": RequestStatus.FINISHED_STOPPED,
+    "FINISHED_LENGTH_CAPPED": RequestStatus.FINISHED_LENGTH_CAPPED,
+    "FINISHED_ABORTED": RequestStatus.FINISHED_ABORTED,
+    "FINISHED_IGNORED": RequestStatus.FINISHED_IGNORED,
+}
+
+
+@dataclass
+class _Live:
+    spec: RequestSpec
+    req: Any  # vllm.v1.request.Request
+    num_hashed: int = 0  # block hashes already translated to content keys
+
+
+class VllmScheduler:
+    """Implements spec.interface.Scheduler on top of vLLM's real Scheduler.
+
+    ``scheduler_cls`` may name a subclass of vLLM's Scheduler (what vLLM takes
+    as ``scheduler_cls``); it is built exactly as vLLM's engine builds one.
+    """
+
+    def __init__(self, config: SchedulerConfig, scheduler_cls: type | None = None) -> None:
+        if not isinstance(config, SchedulerConfig):
+            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        v = load_vllm()
+        if scheduler_cls is not None and not isinstance(scheduler_cls, type):
+            raise TypeError(f"scheduler_cls must be a class, got {scheduler_cls!r}")
+        self._v = v
+        self._config = config
+        self._vllm_config, kv_cache_config = build_vllm_config(v, config)
+        cls = scheduler_cls if scheduler_cls is not None else v.Scheduler
+        self.sched: Any = cls(
+            vllm_config=self._vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=v.StructuredOutputManager(self._vllm_config),
+            block_size=config.block_size,
+            log_stats=False,
+        )
+        for attr in ("requests", "waiting", "running", "kv_cache_manager", "finished_req_ids"):
+            if not hasattr(self.sched, attr):
+                raise VllmAdapterError(
+                    f"{cls.__name__} has no attribute {attr!r}: the adapter reads vLLM "
+                    "Scheduler internals and needs a subclass of vllm's Scheduler"
+                )
+        managers = self.sched.kv_cache_manager.coordinator.single_type_managers
+        if len(managers) != 1:
+            raise VllmAdapterError(f"vLLM built {len(managers)} KV cache groups; the spec models one")
+        self._blocks_of: Any = managers[0].req_to_blocks  # request id -> its block table
+        self._statuses = {v.VRequestStatus[name]: ours for name, ours in _STATUS_NAMES.items()}
+        self._block_hasher = v.block_hasher(config.block_size)
+        self._live: dict[str, _Live] = {}
+        self._finished: dict[str, RequestView] = {}
+        self._tables: dict[str, list[int]] = {}  # block tables as a model runner sees them
+        self._keys: dict[bytes, BlockKey] = {}  # vLLM block hash -> content key
+        self._prune_at = 4096  # forget keys nobody can ask for once there are this many
+        self._step = 0
+        self._outstanding: tuple[StepPlan, Any] | None = None
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self._config
+
+    # ------------------------------------------------------------------ events
+
+    def add(self, request: RequestSpec) -> None:
+        if not isinstance(request, RequestSpec):
+            raise TypeError(f"request must be a RequestSpec, got {type(request).__name__}")
+        rid = request.request_id
+        # The spec's boundary (spec/scheduler.py, add): vLLM's own input
+        # processor rejects these before the scheduler ever sees them.
+        if rid in self._live or rid in self._finished:
+            raise RequestError(rid, "request_id", "duplicate request id")
+        if len(request.prompt_token_ids) >= self._config.max_model_len:
+            raise RequestError(
+                rid,
+                "prompt_token_ids",
+                f"prompt length {len(request.prompt_token_ids)} leaves no room for an output "
+                f"token within max_model_len {self._config.max_model_len}",
+            )
+        req = self.vllm_request(request)
+        live = _Live(request, req)
+        self._record_keys(live)
+        self.sched.add_request(req)
+        self._live[rid] = live
+
+    def vllm_request(self, request: RequestSpec) -> Any:
+        """The vLLM Request for ``request``, as the engine would hand it to the
+        scheduler (no bookkeeping of this adapter's; the benchmark adds these
+        straight to vLLM's scheduler)."""
+        v = self._v
+        params = v.SamplingParams(
+            max_tokens=request.max_tokens,
+            stop_token_ids=list(request.stop_token_ids),
+            ignore_eos=request.ignore_eos,
+        )
+        # What the engine's input processor does with the tokenizer's eos id:
+        # with ignore_eos the id is not set, so check_stop never matches it.
+        params.update_from_generation_config({}, request.eos_token_id)
+        return v.Request(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=float(request.arrival),
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+            block_hasher=self._block_hasher,
+        )
+
+    def abort(self, request_id: str) -> None:
+        if request_id not in self._live:
+            raise RequestError(request_id, "request_id", "no unfinished request with this id")
+        self.sched.finish_requests(request_id, self._v.VRequestStatus.FINISHED_ABORTED)
+        self._collect_finished([request_id])
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        if self._outstanding is not None:
+            raise ProtocolError("reset_prefix_cache between schedule() and update()")
+        return bool(self.sched.reset_prefix_cache(reset_running_requests=reset_running_requests))
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self) -> StepPlan:
+        if self._outstanding is not None:
+            raise ProtocolError("schedule() called again before update() of the previous plan")
+        out = self.sched.schedule()
+        self._step += 1
+        self._finished = {}
+        new = {nr.req_id: nr for nr in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        cached_index = {rid: i for i, rid in enumerate(cached.req_ids)}
+        resumed = cached.resumed_req_ids
+        for rid in out.preempted_req_ids:  # a resumed request gets its whole table again
+            self._tables.pop(rid, None)
+        entries = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self._live[rid].req
+            if rid in new:
+                kind = ScheduleKind.NEW
+                computed = new[rid].num_computed_tokens
+                table = list(new[rid].block_ids[0])
+            else:
+                i = cached_index[rid]
+                computed = cached.num_computed_tokens[i]
+                sent = cached.new_block_ids[i]
+                if rid in resumed:
+                    kind = ScheduleKind.RESUMED
+                    table = list(sent[0]) if sent is not None else []
+                else:
+                    kind = ScheduleKind.RUNNING
+                    table = self._tables.get(rid, []) + (list(sent[0]) if sent is not None else [])
+            kept = self._table(rid)
+            if table != kept:
+                raise VllmAdapterError(
+                    f"step {self._step}: vLLM sent {rid!r} a block table {table} that is not "
+                    f"its own {kept}"
+                )
+            self._tables[rid] = table
+            entries.append(
+                ScheduledRequest(
+                    request_id=rid,
+                    kind=kind,
+                    num_computed_tokens=computed,
+                    num_scheduled_tokens=n,
+                    num_tokens=req.num_tokens,
+                    block_ids=tuple(table),
+                    token_ids=tuple(req.all_token_ids[computed : computed + n]),
+                )
+            )
+        plan = StepPlan(
+            step=self._step,
+            scheduled=tuple(entries),
+            preempted_ids=tuple(sorted(out.preempted_req_ids)),
+            finished_ids=tuple(sorted(out.finished_req_ids)),
+        )
+        self._outstanding = (plan, out)
+        return plan
+
+    # ------------------------------------------------------------------ update
+
+    def _check_result(self, plan: StepPlan, result: StepResult) -> Any:
+        """The spec's protocol checks, so a bad update never reaches vLLM."""
+        if self._outstanding is None or (
+            plan is not self._outstanding[0] and plan != self._outstanding[0]
+        ):
+            raise ProtocolError(f"update() with a plan that is not the outstanding one (step {plan.step})")
+        if not isinstance(result, StepResult):
+            raise ProtocolError(f"result must be a StepResult, got {type(result).__name__}")
+        planned = {s.request_id: s for s in plan.scheduled}
+        for rid, toks in result.sampled.items():
+            if rid not in planned:
+                raise ProtocolError(f"result has tokens for {rid!r}, which the plan did not schedule")
+            if not isinstance(toks, tuple) or any(
+                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in toks
+            ):
+                raise ProtocolError(f"result for {rid!r} must be a tuple of token ids, got {toks!r}")
+        for s in plan.scheduled:
+            if s.request_id not in self._live:
+                continue  # aborted while the step ran: its output is dropped
+            got = len(result.sampled.get(s.request_id, ()))
+            want = 1 if s.samples else 0
+            if got != want:
+                what = "a completed step" if s.samples else "a partial prefill chunk"
+                raise ProtocolError(f"result for {s.request_id!r} has {got} tokens; {what} takes {want}")
+        return self._outstanding[1]
+
+    def update(self, plan: StepPlan, result: StepResult) -> None:
+        out = self._check_result(plan, result)
+        ids = [s.request_id for s in plan.scheduled]
+        runner_output = self._v.ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=[list(result.sampled.get(rid, ())) for rid in ids],
+        )
+        self._outstanding = None
+        self.sched.update_from_output(out, runner_output)
+        for rid in ids:
+            live = self._live.get(rid)
+            if live is not None:
+                self._record_keys(live)
+        self._collect_finished(ids)
+        if len(self._keys) > self._prune_at:
+            self._prune_keys()
+
+    def _collect_finished(self, candidates: list[str]) -> None:
+        """Move requests vLLM has finished (and forgotten) into ``finished``."""
+        for rid in candidates:
+            live = self._live.get(rid)
+            if live is None or not live.req.is_finished():
+                continue
+            del self._live[rid]
+            self._tables.pop(rid, None)
+            self._finished[rid] = self._request_view(live, finished=True)
+
+    # ------------------------------------------------------------------ keys
+
+    def _record_keys(self, live: _Live) -> None:
+        """Remember which content every new block hash of the request stands
+        for: (salt, all tokens through that block)."""
+        hashes = live.req.block_hashes
+        if live.num_hashed == len(hashes):
+            return
+        bs = self._config.block_size
+        tokens = live.req.all_token_ids
+        for i in range(live.num_hashed, len(hashes)):
+            key: BlockKey = (live.spec.salt, tuple(tokens[: (i + 1) * bs]))
+            known = self._keys.setdefault(hashes[i], key)
+            if known != key:
+                raise VllmAdapterError(f"vLLM block hash collision: {known} and {key}")
+        live.num_hashed = len(hashes)
+
+    def _prune_keys(self) -> None:
+        """Keep only the keys of hashes vLLM can still show us: those in its
+        prefix cache and those of live requests (a request added later records
+        its own again), so a long run does not hold every prefix it ever saw."""
+        get_block_hash = self._v.get_block_hash
+        pool = self.sched.kv_cache_manager.block_pool
+        keep = {get_block_hash(h) for h in pool.cached_block_hash_to_block._cache}
+        for live in self._live.values():
+            keep.update(live.req.block_hashes[: live.num_hashed])
+        self._keys = {h: k for h, k in self._keys.items() if h in keep}
+        self._prune_at = max(4096, 2 * len(self._keys))
+
+    def _key(self, hash_with_group: bytes) -> BlockKey:
+        key = self._keys.get(self._v.get_block_hash(hash_with_group))
+        if key is None:
+            raise VllmAdapterError(f"vLLM holds a block hash {hash_with_group.hex()} of no known request")
+        return key
+
+    # ------------------------------------------------------------------ view
+
+    def _table(self, rid: str) -> list[int]:
+        """The request's block table as vLLM's KV manager keeps it. Read with
+        .get: the manager's defaultdict must not grow an entry."""
+        blocks = self._blocks_of.get(rid)
+        return [b.block_id for b in blocks] if blocks else []
+
+    def _status(self, req: Any) -> RequestStatus:
+        status = self._statuses.get(req.status)
+        if status is None:
+            raise VllmAdapterError(
+                f"request {req.request_id!r} is in vLLM state {req.status.name}, outside the "
+                "modelled configuration"
+            )
+        return status
+
+    def _request_view(self, live: _Live, finished: bool = False) -> RequestView:
+        s, req = live.spec, live.req
+        if finished:
+            blocks: tuple[int, ...] = ()
+        else:
+            blocks = tuple(self._table(s.request_id))
+        return RequestView(
+            request_id=s.request_id,
+            status=self._status(req),
+            priority=s.priority,
+            arrival=s.arrival,
+            prompt_token_ids=s.prompt_token_ids,
+            output_token_ids=tuple(req.output_token_ids),
+            max_tokens=s.max_tokens,
+            num_computed_tokens=req.num_computed_tokens,
+            block_ids=blocks,
+            num_preemptions=req.num_preemptions,
+            cache_salt=s.cache_salt,
+            stop_token_ids=s.stop_token_ids,
+            eos_token_id=s.eos_token_id,
+            ignore_eos=s.ignore_eos,
+        )
+
+    def _kv_view(self) -> KVView:
+        pool = self.sched.kv_cache_manager.block_pool
+        if pool.cached_block_hashes_by_block:
+            raise VllmAdapterError("vLLM registered partial-block hashes, outside the modelled configuration")
+        ref_cnt = tuple(0 if b.is_null else b.ref_cnt for b in pool.blocks)
+        free_queue = tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
+        block_keys = {
+            b.block_id: self._key(b.block_hash) for b in pool.blocks if b.block_hash is not None
+        }
+        cache_index: dict[BlockKey, tuple[int, ...]] = {}
+        for h, held in pool.cached_block_hash_to_block._cache.items():
+            if isinstance(held, self._v.KVCacheBlock):
+                ids: tuple[int, ...] = (held.block_id,)
+            else:
+                ids = tuple(held)  # dict block_id -> block, in insertion (lookup) order
+            if ids:
+                cache_index[self._key(h)] = ids
+        return KVView(
+            num_blocks=self._config.num_blocks,
+            block_size=self._config.block_size,
+            ref_cnt=ref_cnt,
+            free_queue=free_queue,
+            block_keys=block_keys,
+            cache_index=cache_index,
+        )
+
+    def view(self) -> SchedulerView:
+        sched = self.sched
+        for rid in self._live:
+            if rid not in sched.requests:
+                raise VllmAdapterError(f"vLLM dropped request {rid!r} without finishing it")
+        waiting = tuple(r.request_id for r in sched.kv_holding_waiting) + tuple(
+            r.request_id for r in sched.waiting
+        )
+        return SchedulerView(
+            config=self._config,
+            step=self._step,
+            requests={rid: self._request_view(live) for rid, live in self._live.items()},
+            waiting=waiting,
+            running=tuple(r.request_id for r in sched.running),
+            kv=self._kv_view(),
+            finished=dict(self._finished),
+            preempted_since_plan=tuple(sorted(sched.reset_preempted_req_ids)),
+        )

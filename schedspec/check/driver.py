@@ -1,0 +1,333 @@
+"""Drives one scheduler, or several in lockstep, through a workload.
+
+For every event each scheduler performs the operation; with invariants on,
+a Monitor per scheduler sees the (before, after) views of every operation; in
+lockstep, the StepPlans (block ids included) and the views must be equal after
+every operation. The first failure stops the run and says where and why.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from schedspec.invariants import Monitor, Transition, Violation
+from schedspec.spec.interface import (
+    RequestError,
+    ScheduleKind,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerView,
+    StepPlan,
+    StepResult,
+)
+from schedspec.check.oracle import FakeModel
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step
+
+SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
+
+
+@dataclass
+class Stats:
+    steps: int = 0
+    scheduled_tokens: int = 0
+    admissions: int = 0
+    hit_admissions: int = 0
+    hit_tokens: int = 0
+    chunks: int = 0  # partial prefill chunks scheduled
+    preemptions: int = 0
+    aborts: int = 0
+    resets: int = 0
+    finished: Counter[str] = field(default_factory=Counter)
+
+    def absorb(self, plan: StepPlan) -> None:
+        self.steps += 1
+        self.preemptions += len(plan.preempted_ids)
+        for s in plan.scheduled:
+            self.scheduled_tokens += s.num_scheduled_tokens
+            if s.kind != ScheduleKind.RUNNING:
+                self.admissions += 1
+                if s.num_computed_tokens > 0:
+                    self.hit_admissions += 1
+                    self.hit_tokens += s.num_computed_tokens
+            if s.is_prefill_chunk:
+                self.chunks += 1
+
+    def merge(self, other: Stats) -> None:
+        for name in ("steps", "scheduled_tokens", "admissions", "hit_admissions", "hit_tokens",
+                     "chunks", "preemptions", "aborts", "resets"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.finished.update(other.finished)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "steps": self.steps,
+            "scheduled_tokens": self.scheduled_tokens,
+            "admissions": self.admissions,
+            "hit_admissions": self.hit_admissions,
+            "hit_tokens": self.hit_tokens,
+            "prefill_chunks": self.chunks,
+            "preemptions": self.preemptions,
+            "aborts": self.aborts,
+            "prefix_cache_resets": self.resets,
+            "finished": dict(self.finished),
+        }
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What the step table and the timeline picture show for one step."""
+
+    step: int
+    plan: StepPlan
+    view_after: SchedulerView
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # "violation" | "divergence" | "error"
+    event_index: int
+    step: int
+    scheduler: str
+    message: str
+    violations: tuple[Violation, ...] = ()
+
+    def describe(self) -> str:
+        head = f"{self.kind} at event {self.event_index} (step {self.step}) in {self.scheduler}"
+        lines = [head, "  " + self.message]
+        for v in self.violations:
+            lines.append(f"  [{v.invariant_id}] {v.message}")
+        return "\n".join(lines)
+
+
+class Runner:
+    """Feeds events to one or more schedulers built from the same config."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        factories: dict[str, SchedulerFactory],
+        *,
+        vocab: int = 64,
+        oracle_seed: int = 0,
+        check_invariants: bool = True,
+        compare_views: bool = True,
+        keep_history: bool = False,
+    ) -> None:
+        self.config = config
+        self.names = list(factories)
+        self.scheds: dict[str, Scheduler] = {n: f(config) for n, f in factories.items()}
+        self.models = {n: FakeModel(config.block_size, vocab, oracle_seed) for n in self.names}
+        self.monitors = {n: Monitor() for n in self.names} if check_invariants else {}
+        self.compare_views = compare_views and len(self.names) > 1
+        self.need_views = check_invariants or self.compare_views or keep_history
+        self.views: dict[str, SchedulerView] = (
+            {n: s.view() for n, s in self.scheds.items()} if self.need_views else {}
+        )
+        self.truth: dict[str, list[int]] = {}  # request id -> prompt + sampled tokens
+        self.aborted: set[str] = set()
+        self.stats = Stats()
+        self.event_index = -1
+        self.history: list[StepRecord] | None = [] if keep_history else None
+        self.step_in_progress = 0  # the step being run, 0 between steps
+
+    @property
+    def primary(self) -> Scheduler:
+        return self.scheds[self.names[0]]
+
+    def _fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = ()) -> Failure:
+        return Failure(kind, self.event_index, self.step_in_progress or self.stats.steps, name, message, violations)
+
+    def _observe(self, name: str, t_kind: str, before: SchedulerView, **kw: object) -> Failure | None:
+        if not self.need_views:
+            return None
+        after = self.scheds[name].view()
+        self.views[name] = after
+        monitor = self.monitors.get(name)
+        if monitor is None:
+            return None
+        t = Transition(kind=t_kind, before=before, after=after, **kw)  # type: ignore[arg-type]
+        found = monitor.observe(t)
+        if found:
+            return self._fail("violation", name, f"{len(found)} invariant violation(s) after {t_kind}", tuple(found))
+        return None
+
+    def _compare(self, what: str, values: dict[str, object]) -> Failure | None:
+        first = self.names[0]
+        for name in self.names[1:]:
+            if values[name] != values[first]:
+                return self._fail("divergence", name, describe_difference(what, first, values[first], name, values[name]))
+        return None
+
+    def apply(self, event: Event) -> Failure | None:
+        self.event_index += 1
+        try:
+            return self._apply(event)
+        except Exception as exc:  # a scheduler crashed: that is a finding, not our crash
+            return self._fail("error", "?", f"{type(exc).__name__}: {exc}")
+
+    def _apply(self, event: Event) -> Failure | None:
+        if isinstance(event, AddRequest):
+            req = event.request
+            for name in self.names:
+                before = self.views.get(name)
+                self.scheds[name].add(req)
+                if before is not None and (f := self._observe(name, "add", before, request=req)):
+                    return f
+            self.truth[req.request_id] = list(req.prompt_token_ids)
+        elif isinstance(event, Abort):
+            rid = event.request_id
+            outcomes: dict[str, object] = {}
+            for name in self.names:
+                before = self.views.get(name)
+                try:
+                    self.scheds[name].abort(rid)
+                    outcomes[name] = "aborted"
+                except RequestError:
+                    outcomes[name] = "not live"
+                    continue
+                if before is not None and (f := self._observe(name, "abort", before, request_id=rid)):
+                    return f
+            if (f := self._compare(f"abort({rid!r})", outcomes)):
+                return f
+            if outcomes[self.names[0]] == "aborted":
+                self.stats.aborts += 1
+                self.aborted.add(rid)
+        elif isinstance(event, ResetPrefixCache):
+            results: dict[str, object] = {}
+            for name in self.names:
+                before = self.views.get(name)
+                results[name] = self.scheds[name].reset_prefix_cache(event.reset_running_requests)
+                if before is not None and (f := self._observe(name, "reset", before)):
+                    return f
+            if (f := self._compare("reset_prefix_cache()", results)):
+                return f
+            self.stats.resets += 1
+        elif isinstance(event, Step):
+            return self._step()
+        else:
+            raise TypeError(f"unknown event {event!r}")
+        return self._compare_views()
+
+    def _compare_views(self) -> Failure | None:
+        if not self.compare_views:
+            return None
+        return self._compare("view()", dict(self.views))
+
+    def _step(self) -> Failure | None:
+        self.step_in_progress = self.stats.steps + 1
+        try:
+            return self._step_inner()
+        finally:
+            self.step_in_progress = 0
+
+    def _step_inner(self) -> Failure | None:
+        if self.need_views:  # finished requests are reported once, by the next plan
+            for rv in self.views[self.names[0]].finished.values():
+                self.stats.finished[rv.status.value] += 1
+        plans: dict[str, StepPlan] = {}
+        for name in self.names:
+            before = self.views.get(name)
+            plans[name] = self.scheds[name].schedule()
+            if before is not None and (f := self._observe(name, "schedule", before, plan=plans[name])):
+                self._record_failed_step(name, plans[name])
+                return f
+        if (f := self._compare("schedule()", dict(plans))) or (f := self._compare_views()):
+            self._record_failed_step(f.scheduler, plans[f.scheduler])
+            return f
+        plan = plans[self.names[0]]
+        self.stats.absorb(plan)
+        truth = {rid: tuple(toks) for rid, toks in self.truth.items() if rid not in self.aborted}
+        results: dict[str, StepResult] = {}
+        for name in self.names:
+            result, mismatches = self.models[name].run(plans[name], truth)
+            if mismatches:
+                m = mismatches[0]
+                return self._fail(
+                    "violation",
+                    name,
+                    "the model read a context that is not the request's tokens",
+                    (Violation("kv-context", f"{m.request_id}: position {m.position} holds "
+                               f"{m.found}, the request's token there is {m.expected}", m.request_id),),
+                )
+            results[name] = result
+        if (f := self._compare("model output", dict(results))):
+            return f
+        for name in self.names:
+            before = self.views.get(name)
+            self.scheds[name].update(plans[name], results[name])
+            if before is not None and (
+                f := self._observe(name, "update", before, plan=plans[name], result=results[name])
+            ):
+                return f
+        for rid, toks in results[self.names[0]].sampled.items():
+            if rid in self.truth and rid not in self.aborted:
+                self.truth[rid].extend(toks)
+        if self.history is not None:
+            self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]]))
+        return self._compare_views()
+
+    def compare_final_views(self) -> Failure | None:
+        """Views of all schedulers at the end of a run must be equal."""
+        views: dict[str, object] = {n: s.view() for n, s in self.scheds.items()}
+        return self._compare("final view()", views)
+
+    def _record_failed_step(self, name: str, plan: StepPlan) -> None:
+        """The step table ends with the plan that failed, as that scheduler made it."""
+        if self.history is not None and name in self.views:
+            self.history.append(StepRecord(plan.step, plan, self.views[name]))
+
+    def run(self, events: tuple[Event, ...] | list[Event]) -> Failure | None:
+        for event in events:
+            failure = self.apply(event)
+            if failure is not None:
+                return failure
+        return None
+
+
+def describe_difference(what: str, name_a: str, a: object, name_b: str, b: object) -> str:
+    """A short account of how two plans or views differ."""
+    if isinstance(a, StepPlan) and isinstance(b, StepPlan):
+        lines = [f"{what} differs between {name_a} and {name_b}:"]
+        for label, x, y in (("preempted", a.preempted_ids, b.preempted_ids), ("finished", a.finished_ids, b.finished_ids)):
+            if x != y:
+                lines.append(f"  {label}: {name_a}={list(x)} {name_b}={list(y)}")
+        ea = {s.request_id: s for s in a.scheduled}
+        eb = {s.request_id: s for s in b.scheduled}
+        if list(ea) != list(eb):
+            lines.append(f"  scheduled: {name_a}={list(ea)} {name_b}={list(eb)}")
+        for rid in ea.keys() & eb.keys():
+            if ea[rid] != eb[rid]:
+                lines.append(f"  {rid}: {name_a}={_entry(ea[rid])} {name_b}={_entry(eb[rid])}")
+        return "\n".join(lines)
+    if isinstance(a, SchedulerView) and isinstance(b, SchedulerView):
+        lines = [f"{what} differs between {name_a} and {name_b}:"]
+        for fname in ("step", "waiting", "running"):
+            if getattr(a, fname) != getattr(b, fname):
+                lines.append(f"  {fname}: {name_a}={getattr(a, fname)} {name_b}={getattr(b, fname)}")
+        for rid in sorted(set(a.requests) | set(b.requests)):
+            ra, rb = a.requests.get(rid), b.requests.get(rid)
+            if ra != rb:
+                lines.append(f"  request {rid}: {name_a}={ra} {name_b}={rb}")
+        if set(a.finished) != set(b.finished) or a.finished != b.finished:
+            lines.append(f"  finished: {name_a}={sorted(a.finished)} {name_b}={sorted(b.finished)}")
+        for fname in ("ref_cnt", "free_queue"):
+            if getattr(a.kv, fname) != getattr(b.kv, fname):
+                lines.append(f"  kv.{fname}: {name_a}={getattr(a.kv, fname)} {name_b}={getattr(b.kv, fname)}")
+        if dict(a.kv.block_keys) != dict(b.kv.block_keys):
+            ka, kb = dict(a.kv.block_keys), dict(b.kv.block_keys)
+            diff = sorted(k for k in set(ka) | set(kb) if ka.get(k) != kb.get(k))
+            lines.append(f"  kv.block_keys differ for blocks {diff}")
+        if dict(a.kv.cache_index) != dict(b.kv.cache_index):
+            lines.append("  kv.cache_index differs")
+        return "\n".join(lines)
+    return f"{what} differs: {name_a}={a!r} {name_b}={b!r}"
+
+
+def _entry(s: object) -> str:
+    from schedspec.spec.interface import ScheduledRequest
+
+    assert isinstance(s, ScheduledRequest)
+    return (f"({s.kind.value}, computed={s.num_computed_tokens}, n={s.num_scheduled_tokens}, "
+            f"blocks={list(s.block_ids)})")

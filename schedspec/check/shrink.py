@@ -1,0 +1,103 @@
+"""Shrink a failing workload to a short one that fails the same way.
+
+Delta debugging over the event list (drop chunks, then single events), then
+simplifications of the remaining requests (shorter prompts, fewer max_tokens,
+no stop tokens). An abort is dropped together with the request it names.
+A candidate counts as failing when it reproduces a failure of the same kind
+(violation / divergence / error), and for violations the same invariant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+from schedspec.check.driver import Failure
+from schedspec.check.workload import Abort, AddRequest, Event, Step, Workload
+
+Check = Callable[[Workload], Failure | None]
+
+
+def signature(f: Failure) -> tuple[str, frozenset[str]]:
+    return (f.kind, frozenset(v.invariant_id for v in f.violations))
+
+
+def _consistent(events: list[Event]) -> list[Event]:
+    added = {e.request.request_id for e in events if isinstance(e, AddRequest)}
+    return [e for e in events if not (isinstance(e, Abort) and e.request_id not in added)]
+
+
+def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float = 60.0) -> tuple[Workload, Failure]:
+    deadline = time.monotonic() + budget_s
+    target = signature(failure)
+    best_events = list(workload.events[: failure.event_index + 1])
+    best_failure = failure
+
+    def attempt(events: list[Event]) -> bool:
+        nonlocal best_events, best_failure
+        events = _consistent(events)
+        if not events:
+            return False
+        cand = dataclasses.replace(workload, events=tuple(events))
+        f = check(cand)
+        if f is not None and signature(f) == target:
+            best_events = list(events[: f.event_index + 1])
+            best_failure = f
+            return True
+        return False
+
+    # ddmin over events
+    n = 2
+    while len(best_events) >= 2 and time.monotonic() < deadline:
+        chunk = max(1, len(best_events) // n)
+        progressed = False
+        for start in range(0, len(best_events), chunk):
+            if time.monotonic() >= deadline:
+                break
+            cand = best_events[:start] + best_events[start + chunk:]
+            if attempt(cand):
+                n = max(n - 1, 2)
+                progressed = True
+                break
+        if not progressed:
+            if chunk == 1:
+                break
+            n = min(n * 2, len(best_events))
+
+    # simplify requests
+    changed = True
+    while changed and time.monotonic() < deadline:
+        changed = False
+        for i, e in enumerate(best_events):
+            if not isinstance(e, AddRequest):
+                continue
+            r = e.request
+            options = []
+            if len(r.prompt_token_ids) > 1:
+                half = r.prompt_token_ids[: max(1, len(r.prompt_token_ids) // 2)]
+                options.append(dataclasses.replace(r, prompt_token_ids=half))
+                options.append(dataclasses.replace(r, prompt_token_ids=r.prompt_token_ids[:-1]))
+            if r.max_tokens > 1:
+                options.append(dataclasses.replace(r, max_tokens=max(1, r.max_tokens // 2)))
+            if r.stop_token_ids:
+                options.append(dataclasses.replace(r, stop_token_ids=()))
+            if r.eos_token_id is not None:
+                options.append(dataclasses.replace(r, eos_token_id=None))
+            if r.cache_salt is not None:
+                options.append(dataclasses.replace(r, cache_salt=None))
+            if r.priority != 0:
+                options.append(dataclasses.replace(r, priority=0))
+            for opt in options:
+                cand = list(best_events)
+                cand[i] = AddRequest(opt)
+                if attempt(cand):
+                    changed = True
+                    break
+            if changed:
+                break
+    return dataclasses.replace(workload, events=tuple(best_events)), best_failure
+
+
+def count_steps(events: tuple[Event, ...] | list[Event]) -> int:
+    return sum(1 for e in events if isinstance(e, Step))

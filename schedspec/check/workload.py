@@ -1,0 +1,164 @@
+"""The workload model: what happens to a scheduler, one event at a time.
+
+A workload is a SchedulerConfig plus a sequence of events. Events are plain
+frozen values so a workload can be written to a trace and replayed against any
+scheduler. A Step event means: ``plan = schedule()``, run the model,
+``update(plan, result)``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Union
+
+from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request: RequestSpec
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Step:
+    pass
+
+
+@dataclass(frozen=True)
+class ResetPrefixCache:
+    reset_running_requests: bool = False
+
+
+Event = Union[AddRequest, Abort, Step, ResetPrefixCache]
+
+
+@dataclass(frozen=True)
+class Workload:
+    config: SchedulerConfig
+    events: tuple[Event, ...]
+    seed: int | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return sum(1 for e in self.events if isinstance(e, Step))
+
+
+# ---------------------------------------------------------------------------
+# Seeded random workloads (the CLI's `check` and the benchmarks use these; the
+# Hypothesis state machine draws its own through strategies).
+# ---------------------------------------------------------------------------
+
+#: Token ids of prompts come from a small alphabet and from a few shared
+#: prefixes, so prefix hits are common.
+ALPHABET = 16
+
+
+def random_config(rng: random.Random) -> SchedulerConfig:
+    """A small configuration where chunking, prefix hits and preemption are
+    all likely: tight pools and budgets, small blocks."""
+    block_size = rng.choice([1, 2, 4, 8])
+    max_model_len = rng.choice([16, 24, 32, 48])
+    min_blocks = -(-max_model_len // block_size) + 1
+    num_blocks = min_blocks + rng.choice([0, 0, 1, 2, 4, 8, 16])
+    chunked = rng.random() < 0.8
+    max_num_seqs = rng.choice([1, 2, 3, 4, 8])
+    if chunked:
+        budget = rng.choice([max_num_seqs, 4, 8, 16, 32, 64])
+        budget = max(budget, max_num_seqs)
+    else:
+        budget = max_model_len + rng.choice([0, 8, 32])
+    threshold = rng.choice([0, 0, 0, 2, 4, 8])
+    threshold = min(threshold, max_model_len)
+    return SchedulerConfig(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=threshold,
+        enable_prefix_caching=rng.random() < 0.85,
+        policy=rng.choice([Policy.FCFS, Policy.PRIORITY]),
+        scheduler_reserve_full_isl=rng.random() < 0.9,
+    )
+
+
+class RequestFactory:
+    """Makes requests rich in shared prefixes, stop tokens and priorities."""
+
+    def __init__(self, rng: random.Random, config: SchedulerConfig, vocab: int) -> None:
+        self.rng = rng
+        self.config = config
+        self.vocab = vocab
+        self.counter = 0
+        bs = config.block_size
+        self.prefixes = [
+            tuple(rng.randrange(ALPHABET) for _ in range(rng.randint(bs, 3 * bs)))
+            for _ in range(3)
+        ]
+
+    def make(self) -> RequestSpec:
+        rng, cfg = self.rng, self.config
+        self.counter += 1
+        rid = f"r{self.counter}"
+        longest = cfg.max_model_len - 1
+        if rng.random() < 0.6:
+            prefix = rng.choice(self.prefixes)
+        else:
+            prefix = ()
+        tail_len = rng.choice([1, 2, 3, cfg.block_size, cfg.block_size + 1, rng.randint(1, longest)])
+        prompt = (prefix + tuple(rng.randrange(ALPHABET) for _ in range(tail_len)))[:longest]
+        stop: tuple[int, ...] = ()
+        if rng.random() < 0.3:
+            stop = (rng.randrange(self.vocab),)
+        eos = rng.randrange(self.vocab) if rng.random() < 0.3 else None
+        return RequestSpec(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            max_tokens=rng.choice([1, 2, 4, 8, 16, 64]),
+            priority=rng.choice([0, 0, 1, 2]),
+            arrival=self.counter,
+            stop_token_ids=stop,
+            eos_token_id=eos,
+            ignore_eos=rng.random() < 0.2,
+            cache_salt=rng.choice([None, None, None, "s1"]),
+        )
+
+
+def random_workload(seed: int, num_steps: int, vocab: int = 64) -> Workload:
+    """A seeded workload of ``num_steps`` steps with arrivals in bursts,
+    aborts and occasional prefix-cache resets."""
+    rng = random.Random(seed)
+    config = random_config(rng)
+    factory = RequestFactory(rng, config, vocab)
+    events: list[Event] = []
+    live: list[str] = []
+    steps = 0
+    while steps < num_steps:
+        r = rng.random()
+        if r < 0.25 or not live:
+            for _ in range(rng.choice([1, 1, 2, 4])):
+                req = factory.make()
+                events.append(AddRequest(req))
+                live.append(req.request_id)
+        elif r < 0.29:
+            victim = rng.choice(live)
+            events.append(Abort(victim))
+            live.remove(victim)
+        elif r < 0.31:
+            events.append(ResetPrefixCache(rng.random() < 0.3))
+        else:
+            events.append(Step())
+            steps += 1
+            # Requests finish on their own; forget some so aborts stay likely
+            # to name live requests (an abort of a finished one is dropped by
+            # the driver).
+            if len(live) > 16:
+                live = live[-16:]
+    return Workload(config=config, events=tuple(events), seed=seed)

@@ -1,0 +1,1 @@
+"""The ``schedspec`` command line: thin subcommands over library calls (``main.main``)."""

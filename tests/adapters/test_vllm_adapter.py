@@ -1,0 +1,518 @@
+"""vLLM 0.33.0's real Scheduler through harness/vllm_adapter.py.
+
+Plan shapes on hand-made workloads, the adapter's boundary (the spec's errors,
+an operation that raises changes nothing), a consistent view, and lockstep with
+the spec: equal StepPlans (block ids included) and equal views after every
+operation, over seeded random workloads, targeted ones and the Hypothesis
+state machine.
+
+These tests need vLLM 0.33.0 (scripts/install_vllm.sh). Without it they are
+skipped, unless SCHEDSPEC_REQUIRE_VLLM=1, when they fail instead. Knobs:
+SCHEDSPEC_VLLM_WORKLOADS (random lockstep workloads, default 40) and
+SCHEDSPEC_VLLM_STEPS (steps per workload, default 120).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from schedspec.check.driver import Runner
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, random_workload
+from schedspec.spec.interface import (
+    Policy,
+    ProtocolError,
+    RequestError,
+    RequestSpec,
+    RequestStatus,
+    ScheduleKind,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerView,
+    StepPlan,
+    StepResult,
+)
+from schedspec.spec.scheduler import SpecScheduler
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRE = os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1"
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+WORKLOADS = int(os.environ.get("SCHEDSPEC_VLLM_WORKLOADS", "40"))
+STEPS = int(os.environ.get("SCHEDSPEC_VLLM_STEPS", "120"))
+
+needs_vllm = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not HAVE_VLLM and not REQUIRE,
+        reason="vLLM is not installed (scripts/install_vllm.sh VENV); "
+        "set SCHEDSPEC_REQUIRE_VLLM=1 to fail instead of skipping",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_loaded() -> Any:
+    """Import vLLM once (15-30 s); with SCHEDSPEC_REQUIRE_VLLM=1 a missing or
+    wrong vLLM fails here, loudly."""
+    from schedspec.adapters.vllm_adapter import load_vllm
+
+    return load_vllm()
+
+
+def vllm_factory(config: SchedulerConfig) -> Scheduler:
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+
+    sched: Scheduler = VllmScheduler(config)
+    return sched
+
+
+def spec_factory(config: SchedulerConfig) -> Scheduler:
+    return SpecScheduler(config)
+
+
+def req(rid: str, prompt: tuple[int, ...] | range, max_tokens: int = 4, **kw: Any) -> RequestSpec:
+    return RequestSpec(rid, tuple(prompt), max_tokens, **kw)
+
+
+def run_step(s: Scheduler, token: Callable[[str], int] = lambda rid: 7) -> StepPlan:
+    plan = s.schedule()
+    s.update(plan, StepResult({x.request_id: (token(x.request_id),) for x in plan.scheduled if x.samples}))
+    return plan
+
+
+def check_view(view: SchedulerView) -> None:
+    """What must hold of any view the adapter builds from vLLM's state."""
+    cfg = view.config
+    kv = view.kv
+    assert len(kv.ref_cnt) == cfg.num_blocks and kv.ref_cnt[0] == 0
+    holders = [0] * cfg.num_blocks
+    for r in view.requests.values():
+        assert not r.status.is_finished
+        for b in r.block_ids:
+            holders[b] += 1
+        if r.status != RequestStatus.RUNNING:
+            assert r.block_ids == () and r.num_computed_tokens == 0
+        else:
+            assert len(r.block_ids) * cfg.block_size >= r.num_computed_tokens
+    assert tuple(holders) == kv.ref_cnt
+    assert sorted(kv.free_queue) == [b for b in range(1, cfg.num_blocks) if holders[b] == 0]
+    assert set(view.waiting) | set(view.running) == set(view.requests)
+    assert not set(view.waiting) & set(view.running)
+    assert {r for r in view.running if view.requests[r].status == RequestStatus.RUNNING} == set(view.running)
+    for block, key in kv.block_keys.items():
+        assert block in kv.cache_index[key]
+        salt, tokens = key
+        assert len(tokens) % cfg.block_size == 0 and tokens
+    assert sum(len(v) for v in kv.cache_index.values()) == len(kv.block_keys)
+    if not cfg.enable_prefix_caching:
+        assert not kv.block_keys
+    for r in view.finished.values():
+        assert r.status.is_finished and r.block_ids == ()
+
+
+def lockstep(config: SchedulerConfig, events: list[Event] | tuple[Event, ...], invariants: bool = True) -> Runner:
+    runner = Runner(config, {"spec": spec_factory, "vllm": vllm_factory}, check_invariants=invariants)
+    failure = runner.run(tuple(events))
+    assert failure is None, failure.describe()
+    return runner
+
+
+# ----------------------------------------------------------------------------- no vLLM needed
+
+
+def test_importing_the_adapter_imports_neither_vllm_nor_torch() -> None:
+    code = (
+        "import sys, schedspec.adapters.vllm_adapter, schedspec.adapters.registry\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm'))\n"
+        "print(','.join(heavy))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
+
+
+# ----------------------------------------------------------------------------- plan shapes
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+class TestPlans:
+    pytestmark = needs_vllm
+
+    def test_prefix_hit_in_the_admitting_step(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=32)
+        s = vllm_factory(cfg)
+        s.add(req("a", range(10), max_tokens=2))
+        s.add(req("b", range(10), max_tokens=2, arrival=1))
+        plan = s.schedule()
+        a, b = plan.scheduled
+        assert (a.request_id, a.kind, a.num_computed_tokens, a.num_scheduled_tokens) == ("a", ScheduleKind.NEW, 0, 10)
+        assert a.token_ids == tuple(range(10)) and a.num_tokens == 10 and len(a.block_ids) == 3
+        # vLLM caches full blocks at allocation time, so b hits a's two full blocks at once.
+        assert (b.kind, b.num_computed_tokens, b.num_scheduled_tokens, b.token_ids) == (ScheduleKind.NEW, 8, 2, (8, 9))
+        assert b.block_ids[:2] == a.block_ids[:2] and b.block_ids[2] != a.block_ids[2]
+        s.update(plan, StepResult({"a": (5,), "b": (6,)}))
+        plan = s.schedule()
+        assert [(x.kind, x.num_computed_tokens, x.num_scheduled_tokens, x.token_ids) for x in plan.scheduled] == [
+            (ScheduleKind.RUNNING, 10, 1, (5,)),
+            (ScheduleKind.RUNNING, 10, 1, (6,)),
+        ]
+        s.update(plan, StepResult({"a": (1,), "b": (1,)}))  # max_tokens=2: both finish
+        view = s.view()
+        check_view(view)
+        assert {r: v.status for r, v in view.finished.items()} == {
+            "a": RequestStatus.FINISHED_LENGTH_CAPPED,
+            "b": RequestStatus.FINISHED_LENGTH_CAPPED,
+        }
+        assert view.finished["a"].output_token_ids == (5, 1)
+        plan = s.schedule()
+        assert plan.scheduled == () and plan.finished_ids == ("a", "b")
+        assert s.view().finished == {}
+
+    def test_chunked_prefill_samples_only_at_the_end(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=32)
+        s = vllm_factory(cfg)
+        s.add(req("a", range(20), max_tokens=1))
+        chunks = []
+        while True:
+            plan = s.schedule()
+            (x,) = plan.scheduled
+            chunks.append((x.num_computed_tokens, x.num_scheduled_tokens, x.samples, len(x.block_ids)))
+            s.update(plan, StepResult({"a": (3,)} if x.samples else {}))
+            if x.samples:
+                break
+        assert chunks == [(0, 8, False, 2), (8, 8, False, 4), (16, 4, True, 5)]
+        assert s.view().finished["a"].status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+    def test_preemption_and_resumption(self) -> None:
+        # 6 usable blocks of 2 tokens; two requests outgrow the pool together.
+        cfg = SchedulerConfig(block_size=2, num_blocks=7, max_num_batched_tokens=16, max_num_seqs=2,
+                              max_model_len=12, enable_prefix_caching=False)
+        s = vllm_factory(cfg)
+        s.add(req("a", range(5), max_tokens=6))
+        s.add(req("b", range(10, 15), max_tokens=6, arrival=1))
+        kinds: list[tuple[str, ScheduleKind]] = []
+        preempted: list[str] = []
+        for _ in range(30):
+            plan = run_step(s)
+            check_view(s.view())
+            kinds += [(x.request_id, x.kind) for x in plan.scheduled if x.kind != ScheduleKind.RUNNING]
+            preempted += plan.preempted_ids
+            for x in plan.scheduled:
+                if x.kind == ScheduleKind.RESUMED:
+                    assert x.num_computed_tokens == 0 and x.num_tokens > 5
+                    assert x.token_ids == tuple(range(10, 15)) + (7,) * (x.num_tokens - 5)
+            if not s.view().requests:
+                break
+        assert preempted == ["b"]  # FCFS: the last running request
+        assert ("b", ScheduleKind.RESUMED) in kinds
+        assert not s.view().requests
+
+    def test_eos_stop_tokens_and_ignore_eos(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=32)
+        s = vllm_factory(cfg)
+        s.add(req("eos", (1, 2), max_tokens=5, eos_token_id=7))
+        s.add(req("ignored", (1, 2), max_tokens=2, eos_token_id=7, ignore_eos=True, arrival=1))
+        s.add(req("stop", (1, 2), max_tokens=5, stop_token_ids=(7,), ignore_eos=True, arrival=2))
+        s.add(req("plain", (1, 2), max_tokens=5, arrival=3))
+        run_step(s, lambda rid: 7)
+        view = s.view()
+        assert view.finished["eos"].status == RequestStatus.FINISHED_STOPPED
+        assert view.finished["stop"].status == RequestStatus.FINISHED_STOPPED
+        assert set(view.requests) == {"ignored", "plain"}
+        run_step(s, lambda rid: 7)
+        assert s.view().finished["ignored"].status == RequestStatus.FINISHED_LENGTH_CAPPED
+        assert "plain" in s.view().requests  # no eos id: 7 is just a token
+
+    def test_abort_in_every_state(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=8, max_num_seqs=1, max_model_len=32)
+        s = vllm_factory(cfg)
+        s.add(req("run", range(12), max_tokens=5))
+        s.add(req("wait", range(3), max_tokens=5, arrival=1))
+        plan = s.schedule()
+        s.abort("run")  # between schedule and update: its output is dropped
+        s.update(plan, StepResult({}))
+        s.abort("wait")
+        view = s.view()
+        check_view(view)
+        assert {r: v.status for r, v in view.finished.items()} == {
+            "run": RequestStatus.FINISHED_ABORTED,
+            "wait": RequestStatus.FINISHED_ABORTED,
+        }
+        assert view.kv.num_free_blocks == cfg.num_usable_blocks
+        assert s.schedule().finished_ids == ("run", "wait")
+
+    def test_reset_prefix_cache(self) -> None:
+        cfg = SchedulerConfig(block_size=2, num_blocks=12, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=16)
+        s = vllm_factory(cfg)
+        s.add(req("a", range(6), max_tokens=3))
+        run_step(s)
+        assert s.view().kv.block_keys
+        assert s.reset_prefix_cache() is False  # a running request holds blocks
+        assert s.view().kv.block_keys
+        assert s.reset_prefix_cache(reset_running_requests=True) is True
+        view = s.view()
+        assert not view.kv.block_keys and view.waiting == ("a",) and view.preempted_since_plan == ("a",)
+        plan = run_step(s)
+        assert plan.preempted_ids == ("a",)
+        (x,) = plan.scheduled
+        assert (x.kind, x.num_computed_tokens, x.num_scheduled_tokens) == (ScheduleKind.RESUMED, 0, 7)
+
+    def test_priority_waiting_order(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=32, max_num_seqs=4,
+                              max_model_len=32, policy=Policy.PRIORITY)
+        s = vllm_factory(cfg)
+        for rid, prio, arrival in (("x", 2, 0), ("y", 0, 5), ("z", 0, 1), ("w", 1, 1), ("v", 0, 1)):
+            s.add(req(rid, (1,), priority=prio, arrival=arrival))
+        assert s.view().waiting == ("v", "z", "y", "w", "x")
+
+    def test_a_user_subclass_runs_in_lockstep(self, vllm_loaded: Any) -> None:
+        calls: list[int] = []
+
+        class Counting(vllm_loaded.Scheduler):  # type: ignore[misc, name-defined]
+            def schedule(self, *args: Any, **kwargs: Any) -> Any:
+                calls.append(1)
+                return super().schedule(*args, **kwargs)
+
+        from schedspec.adapters.vllm_adapter import VllmScheduler
+
+        cfg = SchedulerConfig(block_size=2, num_blocks=9, max_num_batched_tokens=8, max_num_seqs=3, max_model_len=16)
+        w = random_workload(7, 40)
+        runner = Runner(
+            w.config,
+            {"spec": spec_factory, "user": lambda c: VllmScheduler(c, scheduler_cls=Counting)},
+        )
+        assert runner.run(w.events) is None
+        assert len(calls) == runner.stats.steps > 0
+        assert cfg  # the class also builds for any valid config
+        VllmScheduler(cfg, scheduler_cls=Counting)
+
+
+# ----------------------------------------------------------------------------- the boundary
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+class TestBoundary:
+    pytestmark = needs_vllm
+    cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=8, max_num_seqs=2, max_model_len=16)
+
+    def test_bad_requests_raise_the_spec_errors_and_change_nothing(self) -> None:
+        s, ref = vllm_factory(self.cfg), spec_factory(self.cfg)
+        for sched in (s, ref):
+            sched.add(req("a", range(5)))
+        before = s.view()
+        for bad in (req("a", range(3)), req("long", range(16))):
+            errors = []
+            for sched in (s, ref):
+                with pytest.raises(RequestError) as info:
+                    sched.add(bad)
+                errors.append((info.value.field, str(info.value)))
+            assert errors[0] == errors[1]
+        with pytest.raises(RequestError):
+            s.abort("nobody")
+        assert s.view() == before == ref.view()
+        with pytest.raises(TypeError):
+            s.add("a")  # type: ignore[arg-type]
+
+    def test_finished_ids_stay_taken_until_reported(self) -> None:
+        s = vllm_factory(self.cfg)
+        s.add(req("a", range(3), max_tokens=1))
+        run_step(s)
+        with pytest.raises(RequestError):
+            s.add(req("a", range(3)))
+        s.schedule()  # reports "a" as finished: the id is free again
+        s2 = vllm_factory(self.cfg)
+        s2.add(req("a", range(3), max_tokens=1))
+        run_step(s2)
+        s2.update(s2.schedule(), StepResult({}))
+        s2.add(req("a", range(3)))
+
+    def test_protocol_errors(self) -> None:
+        s = vllm_factory(self.cfg)
+        s.add(req("a", range(10), max_tokens=3))
+        plan = s.schedule()  # 8 of 10 tokens: a partial chunk
+        with pytest.raises(ProtocolError):
+            s.schedule()
+        with pytest.raises(ProtocolError):
+            s.reset_prefix_cache()
+        before = s.view()
+        for bad in (
+            StepResult({"a": (1,)}),  # a partial chunk samples nothing
+            StepResult({"zz": (1,)}),
+            StepResult({"a": (-1,)}),
+        ):
+            with pytest.raises(ProtocolError):
+                s.update(plan, bad)
+            assert s.view() == before
+        with pytest.raises(ProtocolError):
+            s.update(StepPlan(99, (), (), ()), StepResult({}))
+        s.update(plan, StepResult({}))
+        with pytest.raises(ProtocolError):
+            s.update(plan, StepResult({}))
+
+
+# ----------------------------------------------------------------------------- lockstep
+
+
+def _events(*items: Event | list[Event]) -> list[Event]:
+    out: list[Event] = []
+    for item in items:
+        out.extend(item if isinstance(item, list) else [item])
+    return out
+
+
+def steps(n: int) -> list[Event]:
+    return [Step() for _ in range(n)]
+
+
+def adds(*requests: RequestSpec) -> list[Event]:
+    return [AddRequest(r) for r in requests]
+
+
+TARGETED: dict[str, tuple[SchedulerConfig, list[Event]]] = {
+    # PRIORITY: the victim is the lowest-priority running request, wherever
+    # it stands in the running queue.
+    "priority-preempts-lowest": (
+        SchedulerConfig(block_size=2, num_blocks=9, max_num_batched_tokens=16, max_num_seqs=3,
+                        max_model_len=16, policy=Policy.PRIORITY, enable_prefix_caching=False),
+        _events(adds(req("lo", range(6), 8, priority=2), req("hi", range(10, 16), 8, priority=0, arrival=1),
+                     req("mid", range(20, 23), 8, priority=1, arrival=2)), steps(20)),
+    ),
+    # PRIORITY: "lo" runs ahead of "hi" in the running queue (admitted first);
+    # in step 4 the pool is full, "lo" cannot grow, is itself the victim and
+    # preempts itself; "hi" behind it still runs.
+    "priority-self-preemption": (
+        SchedulerConfig(block_size=1, num_blocks=12, max_num_batched_tokens=16, max_num_seqs=3,
+                        max_model_len=11, policy=Policy.PRIORITY, enable_prefix_caching=False),
+        _events(adds(req("lo", range(4), 8, priority=1)), steps(1),
+                adds(req("hi", range(10, 14), 8, priority=0, arrival=1)), steps(10)),
+    ),
+    # PRIORITY: in step 4 "lo" is scheduled first, then "hi" cannot grow and
+    # preempts "lo", which is taken out of the step and its budget returned.
+    "priority-unschedule": (
+        SchedulerConfig(block_size=2, num_blocks=9, max_num_batched_tokens=16, max_num_seqs=3,
+                        max_model_len=16, policy=Policy.PRIORITY, enable_prefix_caching=False),
+        _events(adds(req("lo", range(6), 8, priority=2)), steps(1),
+                adds(req("hi", range(10, 15), 8, priority=0, arrival=1)), steps(12)),
+    ),
+    "no-chunked-prefill": (
+        SchedulerConfig(block_size=4, num_blocks=9, max_num_batched_tokens=20, max_num_seqs=3,
+                        max_model_len=20, enable_chunked_prefill=False),
+        _events(adds(req("a", range(15), 3), req("b", range(12), 3, arrival=1), req("c", range(4), 3, arrival=2)),
+                steps(12)),
+    ),
+    "long-prefill-threshold": (
+        SchedulerConfig(block_size=2, num_blocks=20, max_num_batched_tokens=16, max_num_seqs=3,
+                        max_model_len=24, long_prefill_token_threshold=3),
+        _events(adds(req("a", range(20), 2)), steps(2), adds(req("b", range(20), 2, arrival=1)), steps(12)),
+    ),
+    "reserve-full-isl-off": (
+        SchedulerConfig(block_size=2, num_blocks=9, max_num_batched_tokens=4, max_num_seqs=3,
+                        max_model_len=16, scheduler_reserve_full_isl=False),
+        _events(adds(req("a", range(14), 2), req("b", range(20, 34), 2, arrival=1)), steps(25)),
+    ),
+    "reset-with-running-requests": (
+        SchedulerConfig(block_size=2, num_blocks=17, max_num_batched_tokens=8, max_num_seqs=3, max_model_len=16),
+        _events(adds(req("a", range(9), 6), req("b", range(9), 6, arrival=1), req("c", range(4), 6, arrival=2)),
+                steps(2), ResetPrefixCache(True), steps(1), ResetPrefixCache(False), steps(12), ResetPrefixCache(False),
+                adds(req("d", range(9), 2, arrival=3)), steps(4)),
+    ),
+    "salted-prefixes": (
+        SchedulerConfig(block_size=2, num_blocks=17, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=16),
+        _events(adds(req("a", range(7), 2), req("b", range(7), 2, cache_salt="s", arrival=1),
+                     req("c", range(7), 2, cache_salt="s", arrival=2), req("d", range(7), 2, cache_salt="", arrival=3)),
+                steps(4)),
+    ),
+    "abort-mid-step-and-queued": (
+        SchedulerConfig(block_size=2, num_blocks=9, max_num_batched_tokens=6, max_num_seqs=2, max_model_len=16),
+        _events(adds(req("a", range(9), 4), req("b", range(9), 4, arrival=1), req("c", range(5), 4, arrival=2)),
+                steps(1), Abort("b"), steps(1), Abort("c"), Abort("a"), Abort("a"), steps(3)),
+    ),
+}
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+@pytest.mark.parametrize("name", sorted(TARGETED))
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_lockstep_targeted(name: str) -> None:
+    config, events = TARGETED[name]
+    runner = lockstep(config, events)
+    assert runner.stats.steps == sum(isinstance(e, Step) for e in events)
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_lockstep_random_workloads() -> None:
+    """Seeded random workloads: shared prefixes, salts, chunked prefill, tiny
+    pools with preemption, FCFS and PRIORITY, aborts, stop and eos tokens,
+    prefix-cache resets. Every mechanism must actually fire."""
+    fired = {"preemptions": 0, "hit_admissions": 0, "chunks": 0, "aborts": 0, "resets": 0}
+    policies = set()
+    start, total = time.perf_counter(), 0
+    for seed in range(WORKLOADS):
+        w = random_workload(seed, STEPS)
+        runner = Runner(w.config, {"spec": spec_factory, "vllm": vllm_factory})
+        failure = runner.run(w.events)
+        assert failure is None, f"seed {seed}, config {w.config}\n{failure.describe()}"
+        total += runner.stats.steps
+        policies.add(w.config.policy)
+        for name in fired:
+            fired[name] += getattr(runner.stats, name)
+    elapsed = time.perf_counter() - start
+    print(f"\nlockstep spec+vllm with invariants: {total} steps in {elapsed:.1f} s = {total / elapsed:.0f} steps/s")
+    if WORKLOADS >= 20:
+        assert all(fired.values()), fired
+        assert policies == {Policy.FCFS, Policy.PRIORITY}
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_forgetting_unreachable_block_keys_changes_nothing() -> None:
+    """The adapter forgets the content of hashes vLLM can no longer show;
+    pruning at every step must leave plans and views equal to the spec's."""
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+
+    built: list[VllmScheduler] = []
+
+    def pruning(config: SchedulerConfig) -> Scheduler:
+        sched = VllmScheduler(config)
+        sched._prune_at = 0
+        built.append(sched)
+        return sched
+
+    for seed in (3, 11, 12):
+        w = random_workload(seed, 80)
+        runner = Runner(w.config, {"spec": spec_factory, "vllm": pruning})
+        failure = runner.run(w.events)
+        assert failure is None, failure.describe()
+    assert all(s._prune_at == 4096 for s in built)
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_lockstep_state_machine() -> None:
+    """The Hypothesis state machine (harness/stateful.py) over spec and vLLM."""
+    from hypothesis import HealthCheck, settings
+
+    from schedspec.testing.stateful import make_machine
+
+    machine = make_machine({"spec": spec_factory, "vllm": vllm_factory}, name="SpecVsVllm")
+    case = machine.TestCase
+    case.settings = settings(
+        max_examples=int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "25")),
+        stateful_step_count=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    case("runTest").runTest()

@@ -1,0 +1,140 @@
+"""The trace parser returns a Trace or a TraceError, nothing else, whatever it is fed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedspec.check import trace as tracefile
+from schedspec.check.trace import TraceError
+from schedspec.check.workload import random_workload
+
+VALID = tracefile.dumps(tracefile.Trace(random_workload(3, 12)))
+LINES = VALID.splitlines()
+
+
+def _parse(text: str) -> None:
+    try:
+        tracefile.loads(text, "t.jsonl")
+    except TraceError as exc:
+        assert exc.path == "t.jsonl" and exc.line >= 0 and exc.field
+
+
+def test_roundtrip() -> None:
+    t = tracefile.loads(VALID)
+    assert tracefile.dumps(t) == VALID
+    assert t.workload.num_steps == 12
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_arbitrary_bytes(data: bytes) -> None:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return
+    _parse(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_arbitrary_text(text: str) -> None:
+    _parse(text)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 2**70) | st.floats(allow_nan=True) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _mutate(obj: Any, path: list[str | int], value: Any, delete: bool) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(obj, dict) and head in obj:
+        new = dict(obj)
+        if delete and not rest:
+            del new[head]
+        else:
+            new[head] = _mutate(obj[head], rest, value, delete)
+        return new
+    if isinstance(obj, list) and isinstance(head, int) and head < len(obj):
+        new_l = list(obj)
+        new_l[head] = _mutate(obj[head], rest, value, delete)
+        return new_l
+    return obj
+
+
+def _paths(obj: Any, prefix: list[str | int]) -> list[list[str | int]]:
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, prefix + [k])
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, prefix + [i])
+    return out
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutated_valid_traces(data: st.DataObject) -> None:
+    lines = list(LINES)
+    kind = data.draw(st.sampled_from(["value", "delete", "dup_line", "drop_line", "swap", "truncate"]))
+    i = data.draw(st.integers(0, len(lines) - 1))
+    if kind in ("value", "delete"):
+        obj = json.loads(lines[i])
+        path = data.draw(st.sampled_from(_paths(obj, [])))
+        value = data.draw(JSON_VALUES)
+        lines[i] = json.dumps(_mutate(obj, path, value, kind == "delete"))
+    elif kind == "dup_line":
+        lines.insert(i, lines[i])
+    elif kind == "drop_line":
+        del lines[i]
+    elif kind == "swap":
+        j = data.draw(st.integers(0, len(lines) - 1))
+        lines[i], lines[j] = lines[j], lines[i]
+    else:
+        lines[i] = lines[i][: data.draw(st.integers(0, len(lines[i])))]
+    _parse("\n".join(lines))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "line", "field"),
+    [
+        (lambda L: L.__setitem__(0, L[0].replace('"schedspec_trace": 1', '"schedspec_trace": 9')), 1, "schedspec_trace"),
+        (lambda L: L.__setitem__(0, L[0].replace('"block_size": ', '"block_size": -')), 1, "config.block_size"),
+        (lambda L: L.append('{"op": "teleport"}'), None, "op"),
+        (lambda L: L.append('{"op": "abort", "request_id": "ghost"}'), None, "request_id"),
+        (lambda L: L.append(L[1]), None, "request.request_id"),
+        (lambda L: L.append('{"op": "step", "extra": 1}'), None, "extra"),
+        (lambda L: L.append('{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1, 2.5], "max_tokens": 1}}'), None, "request.prompt_token_ids[1]"),
+        (lambda L: L.append("{not json"), None, "json"),
+    ],
+)
+def test_each_bad_input_names_line_and_field(mutate: Any, line: int | None, field: str, tmp_path: Path) -> None:
+    lines = list(LINES)
+    assert lines[1].startswith('{"op": "add"')
+    mutate(lines)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError) as e:
+        tracefile.read(path)
+    assert e.value.field == field
+    assert e.value.line == (line if line is not None else len(lines))
+    assert str(path) in str(e.value)
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(VALID.encode() + b"\xff\xfe\n")
+    with pytest.raises(TraceError) as e:
+        tracefile.read(path)
+    assert e.value.field == "encoding"

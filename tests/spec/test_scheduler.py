@@ -1,0 +1,417 @@
+"""Scenario tests: each pins one vLLM 0.33 rule of the spec with exact numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedspec.spec import (
+    ConfigError,
+    Policy,
+    ProtocolError,
+    RequestError,
+    RequestSpec,
+    RequestStatus,
+    ScheduleKind,
+    Scheduler,
+    SchedulerConfig,
+    SpecScheduler,
+    StepPlan,
+    StepResult,
+)
+
+
+def cfg(**kw: object) -> SchedulerConfig:
+    base: dict[str, object] = dict(
+        block_size=4, num_blocks=9, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=32
+    )
+    base.update(kw)
+    return SchedulerConfig(**base)  # type: ignore[arg-type]
+
+
+def req(rid: str, prompt: list[int] | int, max_tokens: int = 4, **kw: object) -> RequestSpec:
+    toks = tuple(range(prompt)) if isinstance(prompt, int) else tuple(prompt)
+    return RequestSpec(rid, toks, max_tokens, **kw)  # type: ignore[arg-type]
+
+
+def step(s: Scheduler, token: int = 7) -> StepPlan:
+    """One schedule() + update() in which every sampling entry gets ``token``."""
+    plan = s.schedule()
+    s.update(plan, StepResult({e.request_id: (token,) for e in plan.scheduled if e.samples}))
+    return plan
+
+
+def entries(plan: StepPlan) -> list[tuple[str, str, int, int]]:
+    return [(e.request_id, e.kind.value, e.num_computed_tokens, e.num_scheduled_tokens) for e in plan.scheduled]
+
+
+# ---------------------------------------------------------------- KV pool
+
+
+def test_block_zero_is_reserved_and_free_queue_starts_in_id_order() -> None:
+    s = SpecScheduler(cfg())
+    v = s.view()
+    assert v.kv.free_queue == tuple(range(1, 9))
+    s.add(req("a", 5))
+    plan = s.schedule()
+    assert plan.scheduled[0].block_ids == (1, 2)  # allocation pops the head
+
+
+def test_freed_blocks_tail_first_unkeyed_to_front_keyed_to_back() -> None:
+    # block_pool.py BlockPool.free_blocks: LIFO for blocks without a hash,
+    # LRU tail for cached ones; kv_cache_manager.free walks the table reversed.
+    s = SpecScheduler(cfg())
+    s.add(req("a", 10, max_tokens=1))  # blocks 1,2 full (keyed), block 3 partial
+    plan = step(s)
+    assert plan.scheduled[0].block_ids == (1, 2, 3)
+    s.schedule()  # reports 'a' finished; the table was freed at update
+    assert s.view().kv.free_queue == (3, 4, 5, 6, 7, 8, 2, 1)
+
+
+def test_freed_blocks_all_go_to_the_front_without_prefix_caching() -> None:
+    s = SpecScheduler(cfg(enable_prefix_caching=False))
+    s.add(req("a", 10, max_tokens=1))
+    step(s)
+    assert s.view().kv.free_queue == (3, 2, 1, 4, 5, 6, 7, 8)
+    assert s.view().kv.block_keys == {}
+
+
+def test_prefix_hit_reuses_blocks_and_is_capped_below_num_tokens() -> None:
+    s = SpecScheduler(cfg())
+    s.add(req("a", 8, max_tokens=1))
+    step(s)
+    # Same 8-token prompt: both blocks are cached, but a hit may cover at most
+    # 7 tokens, so only block 1 is reused and the last block is recomputed.
+    s.add(req("b", 8, max_tokens=1))
+    plan = s.schedule()
+    (e,) = plan.scheduled
+    assert (e.kind, e.num_computed_tokens, e.num_scheduled_tokens) == (ScheduleKind.NEW, 4, 4)
+    assert e.block_ids[0] == 1
+    assert e.token_ids == (4, 5, 6, 7)
+
+
+def test_hit_takes_blocks_out_of_the_free_queue_and_counts_them_for_admission() -> None:
+    s = SpecScheduler(cfg())
+    s.add(req("a", 9, max_tokens=1))
+    step(s)
+    free_before = s.view().kv.free_queue
+    assert 1 in free_before and 2 in free_before
+    s.add(req("b", list(range(8)) + [99]))
+    plan = s.schedule()
+    assert plan.scheduled[0].block_ids[:2] == (1, 2)
+    kv = s.view().kv
+    assert 1 not in kv.free_queue and 2 not in kv.free_queue
+    assert kv.ref_cnt[1] == kv.ref_cnt[2] == 1
+
+
+def test_salt_separates_cache_entries() -> None:
+    s = SpecScheduler(cfg())
+    s.add(req("a", 9, max_tokens=1, cache_salt="x"))
+    step(s)
+    s.add(req("b", 9, max_tokens=1))
+    assert s.schedule().scheduled[0].num_computed_tokens == 0
+
+
+def test_blocks_are_cached_at_allocation_so_a_same_step_admission_hits_them() -> None:
+    # allocate_slots caches min(computed + new, num_tokens) tokens' full blocks
+    # when it allocates, before the step runs.
+    s = SpecScheduler(cfg())
+    s.add(req("a", 9, max_tokens=2))
+    s.add(req("b", 9, max_tokens=2))
+    plan = s.schedule()
+    assert entries(plan) == [("a", "new", 0, 9), ("b", "new", 8, 1)]
+    assert plan.scheduled[1].block_ids[:2] == plan.scheduled[0].block_ids[:2]
+
+
+def test_allocation_evicts_cached_blocks_from_the_head() -> None:
+    s = SpecScheduler(cfg(num_blocks=9))
+    s.add(req("a", 9, max_tokens=1))
+    step(s)
+    s.add(req("big", [50] * 31, max_tokens=1))  # needs all 8 usable blocks
+    plan = s.schedule()
+    assert len(plan.scheduled[0].block_ids) == 8
+    assert s.view().kv.block_keys.keys() == {s.view().requests["big"].block_ids[i] for i in range(7)}
+
+
+# ---------------------------------------------------------------- schedule()
+
+
+def test_running_first_then_waiting_and_token_budget() -> None:
+    s = SpecScheduler(cfg(max_num_batched_tokens=8, long_prefill_token_threshold=0))
+    s.add(req("a", 10))
+    s.add(req("b", 3))
+    p1 = s.schedule()
+    assert entries(p1) == [("a", "new", 0, 8)]
+    s.update(p1, StepResult({}))
+    p2 = s.schedule()
+    assert entries(p2) == [("a", "running", 8, 2), ("b", "new", 0, 3)]
+
+
+def test_long_prefill_threshold_and_lone_request_exemption() -> None:
+    s = SpecScheduler(cfg(long_prefill_token_threshold=3))
+    s.add(req("a", 10))
+    p = s.schedule()  # only one request: the threshold is not applied
+    assert entries(p) == [("a", "new", 0, 10)]
+    s2 = SpecScheduler(cfg(long_prefill_token_threshold=3))
+    s2.add(req("a", 10))
+    s2.add(req("b", 10))
+    p = s2.schedule()
+    assert entries(p) == [("a", "new", 0, 3), ("b", "new", 0, 3)]
+
+
+def test_chunked_prefill_off_prompt_that_does_not_fit_the_budget_waits() -> None:
+    s = SpecScheduler(cfg(enable_chunked_prefill=False, max_num_batched_tokens=32))
+    s.add(req("a", 20))
+    s.add(req("b", [5] * 20))
+    s.add(req("c", [6] * 2))
+    p = s.schedule()
+    # b does not fit the 12 tokens left; the loop stops, c is not tried.
+    assert entries(p) == [("a", "new", 0, 20)]
+
+
+def test_max_num_seqs_limits_admission() -> None:
+    s = SpecScheduler(cfg(max_num_seqs=2))
+    for r in "abc":
+        s.add(req(r, 2))
+    assert [e.request_id for e in s.schedule().scheduled] == ["a", "b"]
+
+
+def test_admission_needs_the_whole_prompt_to_fit_with_reserve_full_isl() -> None:
+    for reserve, expected in ((True, []), (False, [("b", "new", 0, 3)])):
+        s = SpecScheduler(cfg(max_num_batched_tokens=8, long_prefill_token_threshold=4, num_blocks=9,
+                              scheduler_reserve_full_isl=reserve))
+        s.add(req("a", 16, max_tokens=10))
+        s.add(req("x", [9] * 4, max_tokens=10))
+        step(s)
+        # a holds 1 block, x holds 1; a's next chunk takes one more: 5 free,
+        # and b's 28-token prompt needs 7.
+        s.add(req("b", [5] * 28))
+        p = s.schedule()
+        assert [t for t in entries(p) if t[0] == "b"] == expected
+
+
+def test_fcfs_preempts_the_last_running_and_puts_it_in_front() -> None:
+    s = SpecScheduler(cfg(num_blocks=5, max_model_len=16))  # 4 usable blocks
+    s.add(req("a", 4, max_tokens=10))
+    s.add(req("b", [9] * 4, max_tokens=10))
+    s.add(req("c", [8] * 3, max_tokens=10))
+    step(s)  # a, b, c hold one block each; 1 free
+    p = s.schedule()  # a takes the last free block; b needs one: c (last) is preempted
+    assert p.preempted_ids == ("c",)
+    assert [e.request_id for e in p.scheduled] == ["a", "b"]
+    v = s.view()
+    assert v.waiting[0] == "c" and v.requests["c"].status == RequestStatus.PREEMPTED
+    assert v.requests["c"].num_computed_tokens == 0 and v.requests["c"].block_ids == ()
+    assert v.requests["c"].output_token_ids == (7,)  # kept across preemption
+
+
+def test_no_admission_in_a_step_that_preempted() -> None:
+    s = SpecScheduler(cfg(num_blocks=5, max_model_len=16))
+    s.add(req("a", 4, max_tokens=10))
+    s.add(req("b", [9] * 4, max_tokens=10))
+    s.add(req("c", [8] * 3, max_tokens=10))
+    step(s)
+    s.add(req("d", 1))
+    p = s.schedule()
+    assert p.preempted_ids == ("c",)
+    assert "d" not in p.scheduled_ids
+
+
+def test_resumed_request_comes_back_as_resumed_with_its_outputs() -> None:
+    s = SpecScheduler(cfg(num_blocks=5, max_model_len=16))
+    s.add(req("a", 4, max_tokens=3))
+    s.add(req("b", [9] * 4, max_tokens=10))
+    s.add(req("c", [8] * 3, max_tokens=10))
+    step(s)
+    kinds = {}
+    for _ in range(10):
+        p = step(s)
+        for e in p.scheduled:
+            kinds.setdefault(e.request_id, set()).add(e.kind)
+            if e.request_id == "c" and e.kind == ScheduleKind.RESUMED:
+                # the whole prompt and every output so far is recomputed
+                assert e.num_computed_tokens == 0 and e.num_scheduled_tokens == e.num_tokens
+                assert e.token_ids == (8, 8, 8) + (7,) * (e.num_tokens - 3)
+    assert ScheduleKind.RESUMED in kinds["c"]
+
+
+def test_priority_victim_is_max_priority_then_arrival_and_gives_budget_back() -> None:
+    c = cfg(num_blocks=5, max_model_len=16, policy=Policy.PRIORITY)
+    s = SpecScheduler(c)
+    s.add(req("low", [1] * 4, max_tokens=10, priority=5, arrival=0))
+    step(s)  # low alone: 1 block, 5 tokens
+    s.add(req("hi", [2] * 8, max_tokens=10, priority=0, arrival=1))
+    p = step(s)  # low takes a 2nd block, hi is admitted with 2: the pool is full
+    assert entries(p) == [("low", "running", 4, 1), ("hi", "new", 0, 8)]
+    p = s.schedule()
+    # running order is [low, hi]: low is scheduled first (no new block), then
+    # hi needs a 3rd block; the victim is low, already scheduled in this step,
+    # so it leaves the plan and its tokens go back to the budget.
+    assert p.preempted_ids == ("low",)
+    assert entries(p) == [("hi", "running", 8, 1)]
+    assert s.view().running == ("hi",)
+
+
+def test_priority_waiting_order_is_priority_then_arrival_then_id() -> None:
+    s = SpecScheduler(cfg(policy=Policy.PRIORITY, max_num_seqs=1))
+    s.add(req("b", 2, priority=1, arrival=5))
+    s.add(req("z", 2, priority=0, arrival=7))
+    s.add(req("a", 2, priority=1, arrival=5))
+    assert s.view().waiting == ("z", "a", "b")
+    assert s.schedule().scheduled_ids == ("z",)
+
+
+# ---------------------------------------------------------------- update()
+
+
+@pytest.mark.parametrize(
+    ("kw", "token", "status", "n_out"),
+    [
+        (dict(eos_token_id=7), 7, RequestStatus.FINISHED_STOPPED, 1),
+        (dict(eos_token_id=7, ignore_eos=True, max_tokens=3), 7, RequestStatus.FINISHED_LENGTH_CAPPED, 3),
+        (dict(stop_token_ids=(7,)), 7, RequestStatus.FINISHED_STOPPED, 1),
+        (dict(max_tokens=2), 7, RequestStatus.FINISHED_LENGTH_CAPPED, 2),
+    ],
+)
+def test_stop_conditions(kw: dict[str, object], token: int, status: RequestStatus, n_out: int) -> None:
+    s = SpecScheduler(cfg())
+    params: dict[str, object] = dict(max_tokens=10)
+    params.update(kw)
+    s.add(req("a", 3, **params))
+    finished = None
+    for _ in range(12):
+        step(s, token)
+        if s.view().finished:
+            finished = s.view().finished["a"]
+            break
+    assert finished is not None
+    assert finished.status == status and len(finished.output_token_ids) == n_out
+
+
+def test_max_model_len_caps_length() -> None:
+    s = SpecScheduler(cfg(max_model_len=8))
+    s.add(req("a", 6, max_tokens=100))
+    step(s)
+    step(s)
+    fin = s.view().finished["a"]
+    assert fin.status == RequestStatus.FINISHED_LENGTH_CAPPED and fin.num_tokens == 8
+
+
+def test_partial_prefill_chunk_gets_no_token_and_finished_reported_once() -> None:
+    s = SpecScheduler(cfg(max_num_batched_tokens=8, max_num_seqs=4))
+    s.add(req("a", 12, max_tokens=1))
+    p = s.schedule()
+    assert p.scheduled[0].is_prefill_chunk
+    with pytest.raises(ProtocolError):
+        s.update(p, StepResult({"a": (1,)}))
+    s.update(p, StepResult({}))
+    step(s)
+    p3 = s.schedule()
+    assert p3.finished_ids == ("a",)
+    s.update(p3, StepResult({}))
+    assert s.schedule().finished_ids == ()
+
+
+def test_abort_in_every_state_frees_blocks() -> None:
+    s = SpecScheduler(cfg(num_blocks=5, max_model_len=16))
+    s.add(req("a", 4, max_tokens=10))
+    s.add(req("b", [9] * 4, max_tokens=10))
+    s.add(req("c", [8] * 3, max_tokens=10))
+    s.add(req("w", [6] * 15, max_tokens=10))
+    step(s)
+    step(s)  # c preempted
+    v = s.view()
+    assert v.requests["c"].status == RequestStatus.PREEMPTED
+    for rid in ("c", "w", "a"):
+        s.abort(rid)
+    s.abort("b")
+    v = s.view()
+    assert not v.requests and v.kv.num_free_blocks == 4
+    assert {r.status for r in v.finished.values()} == {RequestStatus.FINISHED_ABORTED}
+    with pytest.raises(RequestError):
+        s.abort("a")
+
+
+def test_abort_between_schedule_and_update_drops_the_output() -> None:
+    s = SpecScheduler(cfg())
+    s.add(req("a", 3))
+    p = s.schedule()
+    s.abort("a")
+    s.update(p, StepResult({"a": (1,)}))
+    assert s.view().finished["a"].output_token_ids == ()
+
+
+# ---------------------------------------------------------------- reset, errors
+
+
+def test_reset_prefix_cache_only_when_nothing_is_held() -> None:
+    s = SpecScheduler(cfg())
+    s.add(req("a", 9, max_tokens=5))
+    step(s)
+    assert s.reset_prefix_cache() is False
+    assert s.view().kv.block_keys
+    assert s.reset_prefix_cache(reset_running_requests=True) is True
+    v = s.view()
+    assert v.requests["a"].status == RequestStatus.PREEMPTED and not v.kv.block_keys
+    assert s.schedule().preempted_ids == ("a",)
+
+
+def test_bad_requests_are_rejected_and_change_nothing() -> None:
+    s = SpecScheduler(cfg(max_model_len=8))
+    s.add(req("a", 3))
+    before = s.view()
+    with pytest.raises(RequestError) as e1:
+        s.add(req("a", 3))
+    assert e1.value.field == "request_id"
+    with pytest.raises(RequestError) as e2:
+        s.add(req("b", 8))
+    assert e2.value.field == "prompt_token_ids"
+    assert s.view() == before
+    with pytest.raises(RequestError):
+        RequestSpec("x", (), 1)
+    with pytest.raises(RequestError):
+        RequestSpec("x", (1, -2), 1)
+    with pytest.raises(RequestError):
+        RequestSpec("x", (1,), 0)
+
+
+def test_protocol_errors_change_nothing() -> None:
+    s = SpecScheduler(cfg())
+    s.add(req("a", 3))
+    p = s.schedule()
+    with pytest.raises(ProtocolError):
+        s.schedule()
+    before = s.view()
+    for bad in (StepResult({}), StepResult({"a": (1, 2)}), StepResult({"zz": (1,)}), StepResult({"a": (-1,)})):
+        with pytest.raises(ProtocolError):
+            s.update(p, bad)
+        assert s.view() == before
+    with pytest.raises(ProtocolError):
+        s.reset_prefix_cache()
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        (dict(block_size=0), "block_size"),
+        (dict(num_blocks=1), "num_blocks"),
+        (dict(num_blocks=4, max_model_len=32), "num_blocks"),
+        (dict(max_num_batched_tokens=4, max_num_seqs=8), "max_num_batched_tokens"),
+        (dict(enable_chunked_prefill=False, max_num_batched_tokens=16), "max_num_batched_tokens"),
+        (dict(long_prefill_token_threshold=-1), "long_prefill_token_threshold"),
+        (dict(long_prefill_token_threshold=40), "long_prefill_token_threshold"),
+        (dict(max_num_seqs=True), "max_num_seqs"),
+        (dict(policy="fcfs"), "policy"),
+    ],
+)
+def test_bad_configs_name_the_field(kw: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        cfg(**kw)
+    assert e.value.field == field
+
+
+def test_status_transitions_are_enforced() -> None:
+    s = SpecScheduler(cfg())
+    s.add(req("a", 3))
+    r = s.requests["a"]
+    with pytest.raises(AssertionError):
+        r.set_status(RequestStatus.PREEMPTED)  # WAITING -> PREEMPTED is not legal

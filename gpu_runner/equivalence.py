@@ -38,12 +38,12 @@ from schedspec.spec.interface import (
     ScheduleKind,
     Scheduler,
     SchedulerConfig,
+    SchedulerFactory,
 )
 
 from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, PlanError
 from schedspec.gpu_runner.model import PagedLlama
 
-SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
 Progress = Callable[[str], None]
 
 FEATURES = ("chunked", "cache_hit", "preempted")

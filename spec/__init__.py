@@ -20,6 +20,7 @@ from schedspec.spec.interface import (
     SchedSpecError,
     StepPlan,
     StepResult,
+    SchedulerFactory,
     is_legal_transition,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "SchedSpecError",
     "StepPlan",
     "StepResult",
+    "SchedulerFactory",
     "is_legal_transition",
 ]
 

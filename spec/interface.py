@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 # --------------------------------------------------------------------------
 # Errors
@@ -513,3 +513,8 @@ class Scheduler(Protocol):
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
 
     def view(self) -> SchedulerView: ...
+
+
+#: How every part of schedspec names "a way to build a scheduler": a class or
+#: any callable from a validated config to a fresh Scheduler.
+SchedulerFactory = Callable[[SchedulerConfig], Scheduler]

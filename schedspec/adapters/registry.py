@@ -14,7 +14,7 @@ import inspect
 from dataclasses import dataclass
 
 from schedspec.spec.interface import SchedSpecError, Scheduler, SchedulerConfig
-from schedspec.check.driver import SchedulerFactory
+from schedspec.spec.interface import SchedulerFactory
 
 _PROTOCOL_METHODS = ("add", "abort", "schedule", "update", "reset_prefix_cache", "view")
 

@@ -47,9 +47,9 @@ from schedspec.spec.interface import (
     SchedulerConfig,
     StepPlan,
     StepResult,
+    SchedulerFactory,
 )
 
-Factory = Callable[[SchedulerConfig], Scheduler]
 
 BLOCK_SIZE = 16
 #: Token ids are drawn from this list so prompts share int objects (8 bytes a
@@ -269,7 +269,7 @@ def _warm_to_decode(drv: _Driver, reqs: Sequence[RequestSpec], limit: int = 10_0
 
 
 def bench_decode(
-    factory: Factory, n: int, steps: int, max_seconds: float
+    factory: SchedulerFactory, n: int, steps: int, max_seconds: float
 ) -> tuple[list[tuple[float, float]], str]:
     drv = _driver(factory(decode_config(n)))
     _warm_to_decode(drv, decode_requests(n))
@@ -324,7 +324,7 @@ def mixed_arrivals(steps: int, seed: int = 1) -> list[list[RequestSpec]]:
 
 
 def bench_mixed(
-    factory: Factory, steps: int, max_seconds: float
+    factory: SchedulerFactory, steps: int, max_seconds: float
 ) -> tuple[list[tuple[float, float]], str]:
     drv = _driver(factory(mixed_config()))
     arrivals = mixed_arrivals(steps)
@@ -337,7 +337,7 @@ def bench_mixed(
 
 
 def memory_peak_mb(
-    factory: Factory,
+    factory: SchedulerFactory,
     running: int = 4096,
     waiting: int = 10_000,
     steps: int = 3,
@@ -385,7 +385,7 @@ def _row(workload: str, name: str, times: list[tuple[float, float]], note: str =
 
 
 def run_bench(
-    schedulers: Mapping[str, Factory],
+    schedulers: Mapping[str, SchedulerFactory],
     running: Sequence[int] = (256, 1024, 4096),
     steps: int = 200,
     json_path: str | None = None,
@@ -473,10 +473,10 @@ def format_table(rows: Sequence[Row]) -> str:
 # --------------------------------------------------------------------------
 
 
-def resolve_factories(names: Sequence[str], *, skip_missing: bool = True) -> tuple[dict[str, Factory], list[str]]:
+def resolve_factories(names: Sequence[str], *, skip_missing: bool = True) -> tuple[dict[str, SchedulerFactory], list[str]]:
     """Factories for scheduler names; vLLM is skipped (with a note) when it
     cannot be imported and ``skip_missing`` is set."""
-    out: dict[str, Factory] = {}
+    out: dict[str, SchedulerFactory] = {}
     notes: list[str] = []
     for name in names:
         if name == "impl":

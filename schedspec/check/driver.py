@@ -21,11 +21,11 @@ from schedspec.spec.interface import (
     SchedulerView,
     StepPlan,
     StepResult,
+    SchedulerFactory,
 )
 from schedspec.check.oracle import FakeModel
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step
 
-SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
 
 
 @dataclass

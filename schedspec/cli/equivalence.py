@@ -61,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from schedspec.spec.interface import SchedSpecError
 
-    from schedspec.gpu_runner.equivalence import SchedulerFactory, run_equivalence, spec_factory
+    from schedspec.gpu_runner.equivalence import run_equivalence, spec_factory
+    from schedspec.spec.interface import SchedulerFactory
     from schedspec.gpu_runner.model import ModelError
 
     if args.threads:

@@ -21,7 +21,8 @@ from schedspec.spec.interface import SchedSpecError
 from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.adapters.registry import AdapterError, Target, resolve
-from schedspec.check.driver import Failure, Runner, SchedulerFactory, Stats
+from schedspec.check.driver import Failure, Runner, Stats
+from schedspec.spec.interface import SchedulerFactory
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.workload import Workload, random_workload
 

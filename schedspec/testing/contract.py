@@ -27,7 +27,7 @@ from hypothesis import settings
 
 from schedspec.spec.interface import Scheduler, SchedulerConfig
 from schedspec.adapters.registry import resolve
-from schedspec.check.driver import SchedulerFactory
+from schedspec.spec.interface import SchedulerFactory
 from schedspec.testing.stateful import make_machine
 
 

@@ -26,7 +26,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
 from schedspec.check import trace as tracefile
-from schedspec.check.driver import Failure, Runner, SchedulerFactory, Stats
+from schedspec.check.driver import Failure, Runner, Stats
+from schedspec.spec.interface import SchedulerFactory
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, Workload
 
 settings.register_profile(

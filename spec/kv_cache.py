@@ -33,6 +33,17 @@ class KVPool:
         # blocks are not de-duplicated so block tables stay append-only.
         self.index: dict[BlockKey, list[int]] = {}
 
+    def clone(self) -> KVPool:
+        """An independent pool in the same state; keys (tuples) are shared."""
+        new: KVPool = object.__new__(type(self))
+        d = new.__dict__
+        d.update(self.__dict__)
+        d["ref_cnt"] = self.ref_cnt[:]
+        d["free_queue"] = self.free_queue[:]
+        d["block_key"] = self.block_key.copy()
+        d["index"] = {k: v[:] for k, v in self.index.items()}
+        return new
+
     @property
     def num_free(self) -> int:
         return len(self.free_queue)

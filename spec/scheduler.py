@@ -43,6 +43,9 @@ from schedspec.spec.rules import (
 )
 
 
+_new = object.__new__
+
+
 @dataclass
 class _Request:
     spec: RequestSpec
@@ -72,6 +75,15 @@ class _Request:
     def set_status(self, new: RequestStatus) -> None:
         assert is_legal_transition(self.status, new), f"{self.rid}: {self.status} -> {new}"
         self.status = new
+
+    def copy(self) -> _Request:
+        """An independent copy: the lists are copied, the frozen spec shared."""
+        new: _Request = _new(_Request)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d["output"] = self.output[:]
+        d["blocks"] = self.blocks[:]
+        return new
 
     def view(self) -> RequestView:
         s = self.spec
@@ -112,6 +124,24 @@ class SpecScheduler:
     @property
     def config(self) -> SchedulerConfig:
         return self._config
+
+    def clone(self) -> SpecScheduler:
+        """An independent scheduler in the same state (the model checker
+        replays every transition of a state on its own copy). Only immutable
+        values are shared (the config, request specs, views, the outstanding
+        plan); the lists and dicts are copied by hand, several times faster
+        than ``copy.deepcopy``. A subclass that adds mutable state of its own
+        must extend this."""
+        new: SpecScheduler = _new(type(self))
+        d = new.__dict__
+        d.update(self.__dict__)
+        d["kv"] = self.kv.clone()
+        d["requests"] = {rid: r.copy() for rid, r in self.requests.items()}
+        d["waiting"] = self.waiting[:]
+        d["running"] = self.running[:]
+        d["finished"] = self.finished.copy()
+        d["preempted"] = self.preempted.copy()
+        return new
 
     # ------------------------------------------------------------------ queues
 

@@ -8,7 +8,6 @@ every operation. The first failure stops the run and says where and why.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,55 +23,9 @@ from schedspec.spec.interface import (
     SchedulerFactory,
 )
 from schedspec.check.oracle import FakeModel
+from schedspec.check.stats import Stats as Stats  # re-exported: callers import it from here too
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step
 
-
-
-@dataclass
-class Stats:
-    steps: int = 0
-    scheduled_tokens: int = 0
-    admissions: int = 0
-    hit_admissions: int = 0
-    hit_tokens: int = 0
-    chunks: int = 0  # partial prefill chunks scheduled
-    preemptions: int = 0
-    aborts: int = 0
-    resets: int = 0
-    finished: Counter[str] = field(default_factory=Counter)
-
-    def absorb(self, plan: StepPlan) -> None:
-        self.steps += 1
-        self.preemptions += len(plan.preempted_ids)
-        for s in plan.scheduled:
-            self.scheduled_tokens += s.num_scheduled_tokens
-            if s.kind != ScheduleKind.RUNNING:
-                self.admissions += 1
-                if s.num_computed_tokens > 0:
-                    self.hit_admissions += 1
-                    self.hit_tokens += s.num_computed_tokens
-            if s.is_prefill_chunk:
-                self.chunks += 1
-
-    def merge(self, other: Stats) -> None:
-        for name in ("steps", "scheduled_tokens", "admissions", "hit_admissions", "hit_tokens",
-                     "chunks", "preemptions", "aborts", "resets"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.finished.update(other.finished)
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "steps": self.steps,
-            "scheduled_tokens": self.scheduled_tokens,
-            "admissions": self.admissions,
-            "hit_admissions": self.hit_admissions,
-            "hit_tokens": self.hit_tokens,
-            "prefill_chunks": self.chunks,
-            "preemptions": self.preemptions,
-            "aborts": self.aborts,
-            "prefix_cache_resets": self.resets,
-            "finished": dict(self.finished),
-        }
 
 
 @dataclass(frozen=True)

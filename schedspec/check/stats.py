@@ -1,0 +1,86 @@
+"""What a run exercised: one statistics type for every driver.
+
+``Stats.absorb(plan)`` counts one step of a plan; the driver adds aborts,
+prefix-cache resets and finished requests, the equivalence matrix adds its
+wall and forward times. The check command, the Hypothesis state machine's
+rates and the equivalence matrix's guards all read the same counters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from schedspec.spec.interface import ScheduleKind, StepPlan
+
+#: The mechanisms a run can be asked to have exercised (see ``Stats.feature``).
+FEATURES = ("chunked", "cache_hit", "preempted")
+
+_SUMMED = (
+    "steps", "scheduled_tokens", "admissions", "hit_admissions", "hit_tokens", "chunks",
+    "preemptions", "resumed", "aborts", "resets", "seconds", "forward_seconds",
+)
+
+
+@dataclass
+class Stats:
+    steps: int = 0
+    scheduled_tokens: int = 0
+    admissions: int = 0  # entries of kind NEW or RESUMED
+    hit_admissions: int = 0  # admissions with computed tokens (a prefix-cache hit)
+    hit_tokens: int = 0  # tokens found in the prefix cache at admission
+    chunks: int = 0  # partial prefill chunks scheduled
+    preemptions: int = 0
+    resumed: int = 0  # entries of kind RESUMED
+    aborts: int = 0
+    resets: int = 0
+    finished: Counter[str] = field(default_factory=Counter)  # final status -> count
+    seconds: float = 0.0  # wall time, where a driver measures it
+    forward_seconds: float = 0.0  # time in the model, where a driver measures it
+
+    def absorb(self, plan: StepPlan) -> None:
+        """Count one scheduled step."""
+        self.steps += 1
+        self.preemptions += len(plan.preempted_ids)
+        for s in plan.scheduled:
+            self.scheduled_tokens += s.num_scheduled_tokens
+            if s.kind != ScheduleKind.RUNNING:
+                self.admissions += 1
+                if s.num_computed_tokens > 0:
+                    self.hit_admissions += 1
+                    self.hit_tokens += s.num_computed_tokens
+            if s.kind == ScheduleKind.RESUMED:
+                self.resumed += 1
+            if s.is_prefill_chunk:
+                self.chunks += 1
+
+    def merge(self, other: Stats) -> None:
+        """Add ``other``'s counts to these."""
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.finished.update(other.finished)
+
+    def feature(self, name: str) -> int:
+        """How much of one of ``FEATURES`` the run exercised (0: never)."""
+        if name == "chunked":
+            return self.chunks
+        if name == "cache_hit":
+            return self.hit_tokens
+        if name == "preempted":
+            return self.preemptions
+        raise ValueError(f"feature must be one of {', '.join(FEATURES)}, got {name!r}")
+
+    def as_dict(self) -> dict[str, object]:
+        """The counts the check command reports (JSON keys)."""
+        return {
+            "steps": self.steps,
+            "scheduled_tokens": self.scheduled_tokens,
+            "admissions": self.admissions,
+            "hit_admissions": self.hit_admissions,
+            "hit_tokens": self.hit_tokens,
+            "prefill_chunks": self.chunks,
+            "preemptions": self.preemptions,
+            "aborts": self.aborts,
+            "prefix_cache_resets": self.resets,
+            "finished": dict(self.finished),
+        }

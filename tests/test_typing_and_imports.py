@@ -61,3 +61,34 @@ def test_python_dash_m_schedspec_runs_the_cli() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "invariants" in proc.stdout.splitlines()[0]
+
+
+def test_a_built_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
+    """Not only the editable install: the wheel itself holds ``schedspec/`` alone
+    (spec, impl, invariants and gpu_runner inside it), and imports from a bare
+    target directory with the repository out of reach."""
+    pytest.importorskip("setuptools")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path / "wheel"), str(ROOT)], capture_output=True, text=True,
+                           timeout=600)
+    assert build.returncode == 0, build.stdout + build.stderr
+    import zipfile
+
+    (wheel,) = (tmp_path / "wheel").glob("schedspec-*.whl")
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"schedspec"}
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for module in ("spec/scheduler.py", "impl/scheduler.py", "invariants/monitor.py", "gpu_runner/model.py",
+                   "check/trace.schema.json", "cli/main.py"):
+        assert f"schedspec/{module}" in names, module
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                              str(wheel)], capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stdout + install.stderr
+    code = ("import schedspec.spec.scheduler as s, schedspec.impl, schedspec.check.trace\n"
+            "print(s.__file__)\n")
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().startswith(str(target))

@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+from typing import Any, Callable
 
 import pytest
 from hypothesis import given, settings
@@ -23,16 +25,20 @@ from schedspec.impl import ImplScheduler
 from schedspec.impl.free_queue import FreeBlockQueue
 from schedspec.impl.prefix_index import PrefixIndex
 from schedspec.impl.queues import FcfsWaiting, PriorityWaiting, VictimHeap
+from schedspec.spec import rules
 from schedspec.spec.interface import (
     BlockKey,
     Policy,
     ProtocolError,
+    RequestError,
     RequestSpec,
     ScheduledRequest,
     ScheduleKind,
     SchedulerConfig,
     StepResult,
 )
+
+from tests.helpers import cfg, message, req, step
 
 
 # --------------------------------------------------------------------------
@@ -365,22 +371,129 @@ def test_int_subclass_tokens_take_the_plain_path() -> None:
 
 
 def test_impl_imports_only_the_interface() -> None:
-    """impl/ is written independently of the spec's logic: the scheduler's
-    modules import spec.interface and nothing else from spec/ (the bench
-    may build a SpecScheduler to time it)."""
+    """impl/ is written independently of the spec's logic: its modules import
+    from the spec only the interface types (and the protocol boundary every
+    scheduler shares), never the spec's scheduling logic."""
     import ast
     from pathlib import Path
 
+    allowed = {"schedspec.spec.interface", "schedspec.spec.protocol"}
     root = Path(__file__).resolve().parents[2] / "impl"
+    seen: set[str] = set()
     for path in sorted(root.glob("*.py")):
-        if path.name == "bench.py":
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
+                names = [node.module] if node.level == 0 else []
+                if node.module == "schedspec":
+                    names = [f"schedspec.{a.name}" for a in node.names]
             for name in names:
-                if name == "spec" or name.startswith("spec."):
-                    assert name == "spec.interface", f"{path.name} imports {name}"
+                if name.split(".")[0] in ("spec", "schedspec") and name.split(".")[:2] != ["schedspec", "impl"]:
+                    assert name in allowed, f"{path.name} imports {name}"
+                    seen.add(name)
+    assert "schedspec.spec.interface" in seen  # the walk sees impl's imports at all
+
+
+# --------------------------------------------------------------------------
+# Counts, the free queue, the prefix index, the rules' counterparts
+# --------------------------------------------------------------------------
+
+
+def test_impl_stats_count_its_structures() -> None:
+    s = ImplScheduler(cfg(max_num_seqs=1))
+    assert s.stats() == {"requests": 0, "waiting": 0, "running": 0, "free_blocks": 8, "interned_keys": 0}
+    s.add(req("a", 9, max_tokens=3))
+    s.add(req("b", 2))
+    step(s)
+    assert s.stats() == {"requests": 2, "waiting": 1, "running": 1, "free_blocks": 5, "interned_keys": 2}
+
+
+def test_free_queue_keeps_its_order_through_every_operation() -> None:
+    from schedspec.impl.free_queue import FreeBlockQueue
+
+    q = FreeBlockQueue(6)
+    assert (len(q), q.to_list(), list(q)) == (5, [1, 2, 3, 4, 5], [1, 2, 3, 4, 5])
+    q.remove(3)  # a block never allocated, from the middle
+    assert (len(q), q.to_list()) == (4, [1, 2, 4, 5])
+    q.remove(1)
+    q.remove(5)
+    assert q.to_list() == [2, 4]
+    q.prepend([5, 1])
+    q.append([3])
+    assert q.to_list() == [5, 1, 2, 4, 3]
+    assert q.popleft_n(2) == [5, 1] and q.to_list() == [2, 4, 3] and len(q) == 3
+    assert message(lambda: q.popleft_n(4), IndexError) == "popleft_n(4) from a queue of 3"
+    assert q.popleft_n(3) == [2, 4, 3] and q.to_list() == [] and len(q) == 0
+    q.append([4, 2])
+    q.prepend([])
+    q.append([])
+    assert q.to_list() == [4, 2]
+    one = FreeBlockQueue(2)
+    assert one.to_list() == [1] and one.popleft_n(1) == [1] and one.to_list() == []
+
+
+def _drive(make: Callable[[SchedulerConfig], Any], seed: int, check: Callable[[Any], None]) -> None:
+    """Run a seeded random workload on one scheduler with the fake model, calling
+    ``check`` after every operation."""
+    from schedspec.check.oracle import FakeModel
+    from schedspec.check.workload import Abort, AddRequest, ResetPrefixCache, random_workload
+
+    w = random_workload(seed, 60)
+    s = make(w.config)
+    model = FakeModel(w.config.block_size, 64, seed)
+    for e in w.events:
+        if isinstance(e, AddRequest):
+            s.add(e.request)
+        elif isinstance(e, Abort):
+            with contextlib.suppress(RequestError):
+                s.abort(e.request_id)
+        elif isinstance(e, ResetPrefixCache):
+            s.reset_prefix_cache(e.reset_running_requests)
+        else:
+            plan = s.schedule()
+            result, _ = model.run(plan)
+            s.update(plan, result)
+        check(s)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefix_index_interns_exactly_the_live_keys(seed: int) -> None:
+    """A key node lives exactly while it, or a node below it, holds a block: no
+    leaked node, none dropped early (impl/prefix_index.py)."""
+    from schedspec.impl.prefix_index import KeyNode
+
+    def check(s: Any) -> None:
+        px = s._px
+        live: set[int] = set()
+        for node in px.block_node:
+            while isinstance(node, KeyNode) and id(node) not in live:
+                live.add(id(node))
+                node = node.ikey[0]
+        assert {id(n) for n in px.intern.values()} == live
+        for n in px.intern.values():
+            children = sum(1 for m in px.intern.values() if m.ikey[0] is n)
+            assert n.refs == len(n.holders) + children
+
+    _drive(ImplScheduler, seed, check)
+
+
+def test_impl_counterparts_of_the_rules_agree_on_a_small_domain() -> None:
+    """impl's module-level counterparts of spec/rules.py helpers (compared
+    symbolically by tests/test_modelcheck.py) agree on an exhaustive small
+    domain too, ties included."""
+    import itertools
+
+    from schedspec.impl.queues import choose_victim
+    from schedspec.impl.scheduler import max_hit_blocks
+
+    for n in range(1, 20):
+        for bs in range(1, 6):
+            assert max_hit_blocks(n, bs) == rules.max_hit_blocks(n, bs), (n, bs)
+    keys = [(p, a) for p in (0, 1, 2) for a in (0, 1)]
+    for size in range(1, 4):
+        for running in itertools.product(keys, repeat=size):
+            for policy in (Policy.FCFS, Policy.PRIORITY):
+                got = choose_victim(policy, list(running))
+                assert got == rules.choose_victim(policy, list(running)), (policy, running)

@@ -19,29 +19,7 @@ from schedspec.spec import (
     StepResult,
 )
 
-
-def cfg(**kw: object) -> SchedulerConfig:
-    base: dict[str, object] = dict(
-        block_size=4, num_blocks=9, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=32
-    )
-    base.update(kw)
-    return SchedulerConfig(**base)  # type: ignore[arg-type]
-
-
-def req(rid: str, prompt: list[int] | int, max_tokens: int = 4, **kw: object) -> RequestSpec:
-    toks = tuple(range(prompt)) if isinstance(prompt, int) else tuple(prompt)
-    return RequestSpec(rid, toks, max_tokens, **kw)  # type: ignore[arg-type]
-
-
-def step(s: Scheduler, token: int = 7) -> StepPlan:
-    """One schedule() + update() in which every sampling entry gets ``token``."""
-    plan = s.schedule()
-    s.update(plan, StepResult({e.request_id: (token,) for e in plan.scheduled if e.samples}))
-    return plan
-
-
-def entries(plan: StepPlan) -> list[tuple[str, str, int, int]]:
-    return [(e.request_id, e.kind.value, e.num_computed_tokens, e.num_scheduled_tokens) for e in plan.scheduled]
+from tests.helpers import cfg, entries, req, step  # the shared scenario helpers
 
 
 # ---------------------------------------------------------------- KV pool

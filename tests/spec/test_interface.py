@@ -1,0 +1,28 @@
+"""spec/interface.py: the helpers of the interface types (status predicates, legal
+transitions, plan and view properties) with exact values."""
+
+from __future__ import annotations
+
+from schedspec.spec import RequestStatus, ScheduleKind, StepPlan
+from schedspec.spec.interface import KVView, RequestView, ScheduledRequest, is_legal_transition
+
+
+def test_statuses_transitions_and_plan_helpers_answer_as_documented() -> None:
+    S = RequestStatus
+    assert [s.is_finished for s in S] == [False, False, False, True, True, True, True]
+    assert is_legal_transition(S.WAITING, S.RUNNING) and is_legal_transition(S.PREEMPTED, S.RUNNING)
+    assert not is_legal_transition(S.WAITING, S.PREEMPTED)
+    assert not is_legal_transition(S.FINISHED_ABORTED, S.RUNNING)
+    a = ScheduledRequest("a", ScheduleKind.NEW, 0, 4, 6, (1, 2), (0, 1, 2, 3))
+    b = ScheduledRequest("b", ScheduleKind.RUNNING, 5, 1, 6, (3, 4), (9,))
+    assert a.is_prefill_chunk and not a.samples
+    assert b.samples and not b.is_prefill_chunk
+    assert ScheduledRequest("c", ScheduleKind.NEW, 2, 4, 6, (), ()).samples
+    plan = StepPlan(1, (a, b), (), ())
+    assert plan.total_num_scheduled_tokens == 5
+    assert plan.get("b") is b and plan.get("zz") is None
+    assert plan.scheduled_ids == ("a", "b")
+    rv = RequestView("a", S.RUNNING, 0, 0, (1, 2), (3,), 4, 0, (), 0, cache_salt="q")
+    assert rv.num_tokens == 3 and rv.all_token_ids == (1, 2, 3) and rv.salt == "q"
+    assert RequestView("a", S.RUNNING, 0, 0, (1,), (), 4, 0, (), 0).salt == ""
+    assert KVView(3, 4, (0, 0, 0), (1, 2), {}, {}).num_free_blocks == 2

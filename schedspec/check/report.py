@@ -1,30 +1,75 @@
 """Counterexample reports: a readable step table and a timeline picture.
 
-The picture is a PNG written with the standard library only (zlib): a row per
-request, steps along x, each cell colored by what the request was doing in that
-step; a KV-usage strip runs below.
+The picture is drawn with matplotlib (the ``plots`` extra), imported only when
+a picture is drawn, on the Agg backend (no display): a row per request, a
+column per step, each cell coloured by what the request was doing in that
+step, KV-pool usage as a line below, and the failing step marked. Without
+matplotlib, :func:`timeline_png` raises :class:`PlotUnavailable` and the
+caller writes everything else.
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from schedspec.spec.interface import RequestStatus, ScheduleKind
+from schedspec.spec.interface import RequestStatus, ScheduleKind, SchedSpecError
 from schedspec.check.driver import Failure, StepRecord
 
-# state -> RGB
-COLORS: dict[str, tuple[int, int, int]] = {
-    "absent": (255, 255, 255),
-    "waiting": (210, 210, 210),
-    "prefill": (66, 133, 244),
-    "decode": (52, 168, 83),
-    "preempted": (234, 67, 53),
-    "finished": (60, 60, 60),
-    "usage": (251, 188, 5),
-    "grid": (240, 240, 240),
+if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
+    from matplotlib.figure import Figure
+
+#: What a request can be doing in one step, in the order of the picture's colour scale.
+STATES: tuple[str, ...] = ("absent", "waiting", "prefill", "decode", "preempted", "finished")
+
+#: state -> colour (hex). "absent" is the background: not yet added.
+COLORS: dict[str, str] = {
+    "absent": "#ffffff",
+    "waiting": "#cfcfcf",
+    "prefill": "#4285f4",
+    "decode": "#34a853",
+    "preempted": "#ea4335",
+    "finished": "#3c3c3c",
+    "usage": "#e09e00",
+    "failure": "#d93025",
 }
+
+#: The legend's words for each state.
+STATE_LABELS: dict[str, str] = {
+    "waiting": "waiting",
+    "prefill": "prefill (chunk)",
+    "decode": "decode",
+    "preempted": "preempted",
+    "finished": "finished",
+}
+
+PLOTS_HINT = "matplotlib is not installed (pip install 'schedspec[plots]')"
+
+
+class PlotUnavailable(SchedSpecError, ImportError):
+    """A picture was asked for but matplotlib cannot be imported."""
+
+
+def require_matplotlib() -> None:
+    """Import matplotlib on the Agg backend, or raise :class:`PlotUnavailable`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    except ImportError as exc:
+        raise PlotUnavailable(f"{PLOTS_HINT}: {exc}") from None
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A matplotlib Figure bound to an Agg canvas (no pyplot, no display)."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def step_table(records: list[StepRecord], failure: Failure | None = None) -> str:
@@ -49,7 +94,10 @@ def step_table(records: list[StepRecord], failure: Failure | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-def _cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]], list[float]]:
+def cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]], list[float]]:
+    """The picture's data: request ids in order of appearance, one column of
+    states per step (a state per request, from :data:`STATES`), and the
+    fraction of usable KV blocks in use after each step."""
     order: list[str] = []
     for rec in records:
         for rid in list(rec.view_after.requests) + list(rec.view_after.finished) + list(rec.plan.scheduled_ids):
@@ -57,7 +105,7 @@ def _cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]],
                 order.append(rid)
     grid: list[list[str]] = []
     usage: list[float] = []
-    done: set[str] = set()
+    seen: set[str] = set()
     for rec in records:
         col: list[str] = []
         planned = {s.request_id: s for s in rec.plan.scheduled}
@@ -70,11 +118,13 @@ def _cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]],
             elif rid in rec.view_after.requests:
                 st = rec.view_after.requests[rid].status
                 col.append("preempted" if st == RequestStatus.PREEMPTED else "waiting" if st == RequestStatus.WAITING else "decode")
-            elif rid in rec.view_after.finished or rid in done:
-                done.add(rid)
-                col.append("finished")
+            elif rid in rec.view_after.finished or rid in seen:
+                col.append("finished")  # finished or aborted: gone from the scheduler
             else:
                 col.append("absent")
+        # a request that finished in this step's update shows its last state
+        # here and "finished" from the next step on
+        seen.update(planned, rec.view_after.requests, rec.view_after.finished)
         grid.append(col)
         kv = rec.view_after.kv
         usable = max(kv.num_blocks - 1, 1)
@@ -82,88 +132,113 @@ def _cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]],
     return order, grid, usage
 
 
-def _png(width: int, height: int, pixels: list[list[tuple[int, int, int]]]) -> bytes:
-    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
-
-
-# A 3x5 bitmap font for row labels (request ids) and step numbers.
-_GLYPHS = {
-    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
-    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
-    "8": "111101111101111", "9": "111101111001111", "a": "010101111101101", "b": "110101110101110",
-    "c": "011100100100011", "d": "110101101101110", "e": "111100110100111", "f": "111100110100100",
-    "g": "011100101101011", "h": "101101111101101", "i": "111010010010111", "j": "001001001101010",
-    "k": "101101110101101", "l": "100100100100111", "m": "101111111101101", "n": "110101101101101",
-    "o": "010101101101010", "p": "110101110100100", "q": "010101101110011", "r": "110101110101101",
-    "s": "011100010001110", "t": "111010010010010", "u": "101101101101111", "v": "101101101101010",
-    "w": "101101111111101", "x": "101101010101101", "y": "101101010010010", "z": "111001010100111",
-    "-": "000000111000000", "_": "000000000000111", ":": "000010000010000", ".": "000000000000010",
-}
+def _title(failure: Failure | None, failed_step: int | None) -> str:
+    if failure is None:
+        return "schedspec timeline" + (f" (failing step {failed_step})" if failed_step is not None else "")
+    what = failure.kind
+    if failure.violations:
+        what += " of " + ", ".join(sorted({v.invariant_id for v in failure.violations}))
+    message = " ".join((failure.violations[0].message if failure.violations else failure.message).split())
+    if len(message) > 110:
+        message = message[:107] + "..."
+    return f"{failure.scheduler}: {what} at step {failure.step}\n{message}"
 
 
-def _text(pixels: list[list[tuple[int, int, int]]], x: int, y: int, text: str, scale: int = 2) -> None:
-    color = (40, 40, 40)
-    for ch in text.lower():
-        glyph = _GLYPHS.get(ch)
-        if glyph is not None:
-            for i, bit in enumerate(glyph):
-                if bit == "1":
-                    gx, gy = x + (i % 3) * scale, y + (i // 3) * scale
-                    for dy in range(scale):
-                        for dx in range(scale):
-                            if 0 <= gy + dy < len(pixels) and 0 <= gx + dx < len(pixels[0]):
-                                pixels[gy + dy][gx + dx] = color
-        x += 4 * scale
+def timeline_figure(
+    records: list[StepRecord], *, failure: Failure | None = None, failed_step: int | None = None
+) -> Figure:
+    """The counterexample timeline as a matplotlib Figure (not yet saved).
+
+    Top: a row per request (in order of appearance), a column per step, the
+    cell's colour what the request did in that step. Bottom, on the same step
+    axis: the KV pool's usage after each step. The failing step (``failed_step``,
+    else ``failure.step``) is a red band across both.
+    """
+    require_matplotlib()
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
+
+    if failed_step is None and failure is not None:
+        failed_step = failure.step
+    order, grid, usage = cell_states(records)
+    n_steps, n_rows = max(len(records), 1), max(len(order), 1)
+    width = min(max(7.5, 3.2 + 0.3 * n_steps), 20.0)
+    height = min(max(2.0, 0.26 * n_rows + 1.0), 10.0) + 1.9
+    fig = new_figure(width, height)
+    grid_h = height - 1.9
+    ax, kv_ax = fig.subplots(2, 1, sharex=True, height_ratios=[grid_h, 1.3])
+
+    index = {s: i for i, s in enumerate(STATES)}
+    values = [[index[grid[x][y]] for x in range(len(grid))] for y in range(len(order))] or [[0]]
+    cmap = ListedColormap([COLORS[s] for s in STATES])
+    norm = BoundaryNorm([i - 0.5 for i in range(len(STATES) + 1)], cmap.N)
+    ax.pcolormesh(
+        [x - 0.5 for x in range(len(values[0]) + 1)],
+        [y - 0.5 for y in range(len(values) + 1)],
+        values, cmap=cmap, norm=norm, edgecolors="#f0f0f0", linewidth=0.6,
+    )
+    ax.set_ylim(len(values) - 0.5, -0.5)  # first request on top
+    ax.set_yticks(range(len(order)), order, fontsize=8 if n_rows <= 20 else 6)
+    ax.set_ylabel("request")
+    ax.tick_params(labelbottom=False)
+
+    steps = [rec.step for rec in records]
+
+    def step_label(x: float, _pos: int) -> str:
+        i = int(round(x))
+        return str(steps[i]) if 0 <= i < len(steps) and abs(x - i) < 1e-6 else ""
+
+    kv_ax.xaxis.set_major_locator(MaxNLocator(nbins=min(n_steps, 20), integer=True))
+    kv_ax.xaxis.set_major_formatter(FuncFormatter(step_label))
+    xs = list(range(len(usage)))
+    kv_ax.plot(xs, [100.0 * u for u in usage], color=COLORS["usage"], marker="o", markersize=3, linewidth=1.6)
+    kv_ax.fill_between(xs, [100.0 * u for u in usage], color=COLORS["usage"], alpha=0.2, linewidth=0)
+    kv_ax.set_ylim(0, 105)
+    kv_ax.yaxis.set_major_formatter(PercentFormatter())
+    kv_ax.set_yticks([0, 50, 100])
+    kv_ax.set_ylabel("KV pool\nused")
+    kv_ax.set_xlabel("step")
+    kv_ax.grid(axis="y", color="#e6e6e6", linewidth=0.6)
+    kv_ax.set_xlim(-0.5, n_steps - 0.5)
+
+    handles: list[Patch | Line2D] = [
+        Patch(facecolor=COLORS[s], edgecolor="#999999", label=STATE_LABELS[s]) for s in STATE_LABELS
+    ]
+    handles.append(Patch(facecolor=COLORS["absent"], edgecolor="#999999", label="not added yet"))
+    handles.append(Line2D([], [], color=COLORS["usage"], marker="o", markersize=3, label="KV-pool usage"))
+    if failed_step is not None and failed_step in steps:
+        col = steps.index(failed_step)
+        for a in (ax, kv_ax):
+            a.axvspan(col - 0.5, col + 0.5, facecolor="none", edgecolor=COLORS["failure"], linewidth=2.0, zorder=5)
+        ax.annotate(
+            f"fails at step {failed_step}", xy=(col, -0.5), xytext=(0, 4), textcoords="offset points",
+            ha="center", va="bottom", color=COLORS["failure"], fontsize=8, fontweight="bold", annotation_clip=False,
+        )
+        handles.append(Patch(facecolor="none", edgecolor=COLORS["failure"], linewidth=2.0, label=f"failing step ({failed_step})"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    fig.suptitle(_title(failure, failed_step), fontsize=10, x=0.01, ha="left")
+    return fig
 
 
-def timeline_png(records: list[StepRecord], path: str | Path, cell: int = 16, failed_step: int | None = None) -> None:
-    """Write the timeline picture; ``failed_step`` gets a red marker above its column."""
-    order, grid, usage = _cell_states(records)
-    steps = max(len(records), 1)
-    rows = max(len(order), 1)
-    label_w = 8 * max((len(r) for r in order), default=1) + 8
-    top_band = cell  # step numbers and the failure marker
-    strip = 4 * cell
-    width = label_w + steps * cell
-    height = top_band + rows * cell + cell + strip
-    white = COLORS["absent"]
-    pixels = [[white] * width for _ in range(height)]
-    for y, rid in enumerate(order):
-        _text(pixels, 2, top_band + y * cell + (cell - 10) // 2, rid)
-    for x, rec in enumerate(records):
-        x0 = label_w + x * cell
-        if rec.step == failed_step:
-            for dy in range(2, top_band - 2):
-                for dx in range(1, cell):
-                    pixels[dy][x0 + dx] = COLORS["preempted"]
-        elif x % 5 == 0 or x == len(records) - 1:
-            _text(pixels, x0 + 2, 2, str(rec.step)[-2:], scale=1)
-    for x, col in enumerate(grid):
-        x0 = label_w + x * cell
-        for y, state in enumerate(col):
-            color = COLORS[state]
-            for dy in range(1, cell):
-                row = pixels[top_band + y * cell + dy]
-                for dx in range(1, cell):
-                    row[x0 + dx] = color
-        base = top_band + rows * cell + cell
-        filled = int(round(usage[x] * strip))
-        for dy in range(strip):
-            color = COLORS["usage"] if dy >= strip - filled else COLORS["grid"]
-            row = pixels[base + dy]
-            for dx in range(1, cell):
-                row[x0 + dx] = color
-    _text(pixels, 2, top_band + rows * cell + cell + strip // 2 - 5, "kv")
-    Path(path).write_bytes(_png(width, height, pixels))
+def timeline_png(
+    records: list[StepRecord],
+    path: str | Path,
+    *,
+    failure: Failure | None = None,
+    failed_step: int | None = None,
+) -> Path:
+    """Write the timeline picture (see :func:`timeline_figure`) as a PNG.
+
+    Raises :class:`PlotUnavailable` (and writes nothing) without matplotlib."""
+    fig = timeline_figure(records, failure=failure, failed_step=failed_step)
+    out = Path(path)
+    fig.savefig(out, format="png", dpi=110)
+    return out
 
 
 def legend() -> str:
     return ("timeline.png: a row per request (in order of appearance), a column per step; "
             "grey waiting, blue prefill chunk, green decode, red preempted, black finished; "
-            "the yellow strip below is KV-pool usage; a red mark above a column is the failing step.")
+            "the orange line below is KV-pool usage; a red frame marks the failing step.")

@@ -133,7 +133,10 @@ def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
     records = runner.history or []
     (out_dir / "steps.txt").write_text(report.step_table(records, again or failure))
     if records:
-        report.timeline_png(records, out_dir / "timeline.png", failed_step=(again or failure).step)
+        try:
+            report.timeline_png(records, out_dir / "timeline.png", failure=again or failure)
+        except report.PlotUnavailable as exc:
+            print(f"timeline.png skipped: {exc}", file=sys.stderr)
     summary = {
         "against": against,
         "kind": failure.kind,

@@ -1,7 +1,8 @@
 """ImplScheduler: the spec's observable behaviour, at production speed.
 
 Same decisions as spec.scheduler.SpecScheduler (plans, views, errors), written
-independently: it imports only the interface types. Where the time goes and
+independently: it imports only the interface types and the protocol boundary
+(spec/protocol.py), never the spec's scheduling logic. Where the time goes and
 what keeps it small:
 
 - A decode step costs O(1) per running request. Each request carries
@@ -15,7 +16,8 @@ what keeps it small:
   ``__dict__`` directly, which yields an equal object.
 - ``update`` validates and applies in one pass over the plan, and undoes the
   appended tokens if it finds bad input; the exact error is then produced by
-  a check written in the spec's order, so callers see the same exception.
+  the spec's own boundary check (spec/protocol.py, check_sampled), so callers
+  see the same exception.
 - The KV pool: free queue as a linked list over arrays (impl/free_queue.py),
   interned chained prefix keys (impl/prefix_index.py), counters, no scans.
 - Waiting queues and PRIORITY victims: impl/queues.py.
@@ -29,8 +31,6 @@ from schedspec.spec.interface import (
     BlockKey,
     KVView,
     Policy,
-    ProtocolError,
-    RequestError,
     RequestSpec,
     RequestStatus,
     RequestView,
@@ -40,6 +40,17 @@ from schedspec.spec.interface import (
     SchedulerView,
     StepPlan,
     StepResult,
+)
+
+from schedspec.spec.protocol import (
+    check_abort,
+    check_add,
+    check_config,
+    check_reset,
+    check_sampled,
+    check_schedule,
+    check_update,
+    is_token_ids,
 )
 
 from schedspec.impl.free_queue import FreeBlockQueue
@@ -172,22 +183,13 @@ class _Req:
         return bt
 
     def view(self) -> RequestView:
-        s = self.spec
-        return RequestView(
-            request_id=s.request_id,
+        return RequestView.of(
+            self.spec,
             status=self.status,
-            priority=s.priority,
-            arrival=s.arrival,
-            prompt_token_ids=s.prompt_token_ids,
             output_token_ids=tuple(self.output),
-            max_tokens=s.max_tokens,
             num_computed_tokens=self.num_computed,
             block_ids=tuple(self.blocks),
             num_preemptions=self.npreempt,
-            cache_salt=s.cache_salt,
-            stop_token_ids=s.stop_token_ids,
-            eos_token_id=s.eos_token_id,
-            ignore_eos=s.ignore_eos,
         )
 
 
@@ -198,9 +200,7 @@ class ImplScheduler:
     """Implements spec.interface.Scheduler."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        if not isinstance(config, SchedulerConfig):
-            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
-        self._config = config
+        self._config = config = check_config(config)
         self._bs = config.block_size
         self._mml = config.max_model_len
         self._caching = config.enable_prefix_caching
@@ -229,26 +229,13 @@ class ImplScheduler:
     # ------------------------------------------------------------------ events
 
     def add(self, request: RequestSpec) -> None:
-        if not isinstance(request, RequestSpec):
-            raise TypeError(f"request must be a RequestSpec, got {type(request).__name__}")
-        rid = request.request_id
-        if rid in self._requests or rid in self._finished:
-            raise RequestError(rid, "request_id", "duplicate request id")
-        if len(request.prompt_token_ids) >= self._mml:
-            raise RequestError(
-                rid,
-                "prompt_token_ids",
-                f"prompt length {len(request.prompt_token_ids)} leaves no room for an output "
-                f"token within max_model_len {self._mml}",
-            )
+        request = check_add(request, self._config, self._requests, self._finished)
         req = _Req(request, self._mml, self._bs, self._caching)
-        self._requests[rid] = req
+        self._requests[request.request_id] = req
         self._waiting.push_back(req)
 
     def abort(self, request_id: str) -> None:
-        req = self._requests.get(request_id)
-        if req is None:
-            raise RequestError(request_id, "request_id", "no unfinished request with this id")
+        req = check_abort(request_id, self._requests)
         if req.status is _RUNNING:
             self._running.remove(req)
         else:
@@ -265,8 +252,7 @@ class ImplScheduler:
         self._finished[req.rid] = req
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        if self._outstanding is not None:
-            raise ProtocolError("reset_prefix_cache between schedule() and update()")
+        check_reset(self._outstanding)
         if reset_running_requests:
             running = self._running
             while running:
@@ -435,8 +421,7 @@ class ImplScheduler:
     # ------------------------------------------------------------------ schedule
 
     def schedule(self) -> StepPlan:
-        if self._outstanding is not None:
-            raise ProtocolError("schedule() called again before update() of the previous plan")
+        check_schedule(self._outstanding)
         cfg = self._config
         self._step += 1
         budget = cfg.max_num_batched_tokens
@@ -637,13 +622,7 @@ class ImplScheduler:
     # ------------------------------------------------------------------ update
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
-        outstanding = self._outstanding
-        if outstanding is None or (plan is not outstanding and plan != outstanding):
-            raise ProtocolError(
-                f"update() with a plan that is not the outstanding one (step {plan.step})"
-            )
-        if not isinstance(result, StepResult):
-            raise ProtocolError(f"result must be a StepResult, got {type(result).__name__}")
+        check_update(plan, self._outstanding, result)
         sampled = result.sampled
         get = sampled.get
         out = self._out_reqs
@@ -659,7 +638,7 @@ class ImplScheduler:
                     others += 1
                     if toks is not None:
                         extra += 1
-                        if not _valid_tokens(toks):
+                        if not is_token_ids(toks):
                             raise _Bad
                     continue
                 nt = req.num_tokens
@@ -688,7 +667,7 @@ class ImplScheduler:
             bad = out.index(req)
         if bad >= 0:
             self._rollback(plan, bad)
-            self._check_result_exactly(plan, result)  # raises the spec's error
+            check_sampled(plan, result, self._requests)  # raises the spec's error
             # Valid after all (e.g. an int subclass as a token): the plain way.
             stopped = self._append_slow(plan, result)
         if stopped:
@@ -721,28 +700,6 @@ class ImplScheduler:
             if req.num_tokens >= req.end_at or t in req.stop:
                 stopped.append(req)
         return stopped
-
-    def _check_result_exactly(self, plan: StepPlan, result: StepResult) -> None:
-        """Raise the error the spec raises for this (bad) result, checking in
-        the spec's order."""
-        planned = {s.request_id: s for s in plan.scheduled}
-        for rid, toks in result.sampled.items():
-            if rid not in planned:
-                raise ProtocolError(f"result has tokens for {rid!r}, which the plan did not schedule")
-            if not isinstance(toks, tuple) or any(
-                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in toks
-            ):
-                raise ProtocolError(f"result for {rid!r} must be a tuple of token ids, got {toks!r}")
-        for s in plan.scheduled:
-            if s.request_id not in self._requests:
-                continue
-            got = len(result.sampled.get(s.request_id, ()))
-            want = 1 if s.samples else 0
-            if got != want:
-                what = "a completed step" if s.samples else "a partial prefill chunk"
-                raise ProtocolError(
-                    f"result for {s.request_id!r} has {got} tokens; {what} takes {want}"
-                )
 
     # ------------------------------------------------------------------ view
 
@@ -816,12 +773,6 @@ def max_hit_blocks(num_tokens: int, block_size: int) -> int:
     ``num_tokens - 1`` tokens. (spec/rules.py has the same rule; the test
     suite compares the two with ``crosshair diffbehavior``.)"""
     return (num_tokens - 1) // block_size
-
-
-def _valid_tokens(toks: object) -> bool:
-    return isinstance(toks, tuple) and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in toks
-    )
 
 
 __all__ = ["ImplScheduler", "BlockKey", "max_hit_blocks"]

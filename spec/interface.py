@@ -436,6 +436,37 @@ class RequestView:
     eos_token_id: int | None = None
     ignore_eos: bool = False
 
+    @classmethod
+    def of(
+        cls,
+        spec: RequestSpec,
+        *,
+        status: RequestStatus,
+        output_token_ids: tuple[int, ...],
+        num_computed_tokens: int,
+        block_ids: tuple[int, ...],
+        num_preemptions: int,
+    ) -> RequestView:
+        """The view of request ``spec`` in the given state: every scheduler
+        builds its views here, so the fields taken from the spec are always
+        the same ones."""
+        return cls(
+            request_id=spec.request_id,
+            status=status,
+            priority=spec.priority,
+            arrival=spec.arrival,
+            prompt_token_ids=spec.prompt_token_ids,
+            output_token_ids=output_token_ids,
+            max_tokens=spec.max_tokens,
+            num_computed_tokens=num_computed_tokens,
+            block_ids=block_ids,
+            num_preemptions=num_preemptions,
+            cache_salt=spec.cache_salt,
+            stop_token_ids=spec.stop_token_ids,
+            eos_token_id=spec.eos_token_id,
+            ignore_eos=spec.ignore_eos,
+        )
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

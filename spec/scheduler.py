@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from schedspec.spec.interface import (
     BlockKey,
     Policy,
-    ProtocolError,
-    RequestError,
     RequestSpec,
     RequestStatus,
     RequestView,
@@ -30,6 +28,14 @@ from schedspec.spec.interface import (
     is_legal_transition,
 )
 from schedspec.spec.kv_cache import KVPool
+from schedspec.spec.protocol import (
+    check_abort,
+    check_add,
+    check_config,
+    check_reset,
+    check_result,
+    check_schedule,
+)
 from schedspec.spec.rules import (
     admission_blocks_needed,
     admission_chunk,
@@ -86,22 +92,13 @@ class _Request:
         return new
 
     def view(self) -> RequestView:
-        s = self.spec
-        return RequestView(
-            request_id=s.request_id,
+        return RequestView.of(
+            self.spec,
             status=self.status,
-            priority=s.priority,
-            arrival=s.arrival,
-            prompt_token_ids=s.prompt_token_ids,
             output_token_ids=tuple(self.output),
-            max_tokens=s.max_tokens,
             num_computed_tokens=self.num_computed,
             block_ids=tuple(self.blocks),
             num_preemptions=self.num_preemptions,
-            cache_salt=s.cache_salt,
-            stop_token_ids=s.stop_token_ids,
-            eos_token_id=s.eos_token_id,
-            ignore_eos=s.ignore_eos,
         )
 
 
@@ -109,9 +106,7 @@ class SpecScheduler:
     """Implements spec.interface.Scheduler."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        if not isinstance(config, SchedulerConfig):
-            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
-        self._config = config
+        self._config = check_config(config)
         self.kv = KVPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.requests: dict[str, _Request] = {}  # unfinished requests
         self.waiting: list[str] = []  # FCFS: queue order; PRIORITY: unordered, head = min key
@@ -169,28 +164,16 @@ class SpecScheduler:
         """add_request. The input processor rejects an empty prompt and a
         prompt that leaves no room for one output token
         (vllm/v1/engine/input_processor.py, _validate_model_input), so no
-        request that can never run enters the scheduler."""
-        if not isinstance(request, RequestSpec):
-            raise TypeError(f"request must be a RequestSpec, got {type(request).__name__}")
-        rid = request.request_id
-        if rid in self.requests or rid in self.finished:
-            raise RequestError(rid, "request_id", "duplicate request id")
-        if len(request.prompt_token_ids) >= self._config.max_model_len:
-            raise RequestError(
-                rid,
-                "prompt_token_ids",
-                f"prompt length {len(request.prompt_token_ids)} leaves no room for an output "
-                f"token within max_model_len {self._config.max_model_len}",
-            )
-        self.requests[rid] = _Request(spec=request)
-        self.waiting.append(rid)
+        request that can never run enters the scheduler (spec/protocol.py,
+        check_add)."""
+        request = check_add(request, self._config, self.requests, self.finished)
+        self.requests[request.request_id] = _Request(spec=request)
+        self.waiting.append(request.request_id)
 
     def abort(self, request_id: str) -> None:
         """finish_requests(request_id, FINISHED_ABORTED): any unfinished request,
         in any state; its blocks are freed at once."""
-        req = self.requests.get(request_id)
-        if req is None:
-            raise RequestError(request_id, "request_id", "no unfinished request with this id")
+        req = check_abort(request_id, self.requests)
         if req.status == RequestStatus.RUNNING:
             self.running.remove(request_id)
         else:
@@ -209,8 +192,7 @@ class SpecScheduler:
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """reset_prefix_cache. With reset_running_requests, every running request
         is preempted first, last first, so they come back in their order."""
-        if self.outstanding is not None:
-            raise ProtocolError("reset_prefix_cache between schedule() and update()")
+        check_reset(self.outstanding)
         if reset_running_requests:
             while self.running:
                 self._preempt(self.requests[self.running.pop()])
@@ -293,8 +275,7 @@ class SpecScheduler:
     def schedule(self) -> StepPlan:
         """schedule(): running requests first, then waiting ones, and those only
         in a step that preempted nobody."""
-        if self.outstanding is not None:
-            raise ProtocolError("schedule() called again before update() of the previous plan")
+        check_schedule(self.outstanding)
         cfg = self._config
         self.step += 1
         budget = cfg.max_num_batched_tokens
@@ -391,35 +372,11 @@ class SpecScheduler:
 
     # ------------------------------------------------------------------ update
 
-    def _check_result(self, plan: StepPlan, result: StepResult) -> None:
-        if self.outstanding is None or plan != self.outstanding:
-            raise ProtocolError(f"update() with a plan that is not the outstanding one (step {plan.step})")
-        if not isinstance(result, StepResult):
-            raise ProtocolError(f"result must be a StepResult, got {type(result).__name__}")
-        planned = {s.request_id: s for s in plan.scheduled}
-        for rid, toks in result.sampled.items():
-            if rid not in planned:
-                raise ProtocolError(f"result has tokens for {rid!r}, which the plan did not schedule")
-            if not isinstance(toks, tuple) or any(
-                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in toks
-            ):
-                raise ProtocolError(f"result for {rid!r} must be a tuple of token ids, got {toks!r}")
-        for s in plan.scheduled:
-            if s.request_id not in self.requests:
-                continue  # aborted while the step ran: its output is dropped
-            got = len(result.sampled.get(s.request_id, ()))
-            want = 1 if s.samples else 0
-            if got != want:
-                what = "a completed step" if s.samples else "a partial prefill chunk"
-                raise ProtocolError(
-                    f"result for {s.request_id!r} has {got} tokens; {what} takes {want}"
-                )
-
     def update(self, plan: StepPlan, result: StepResult) -> None:
         """update_from_output: append each sampled token, check stop
         (vllm/v1/core/sched/utils.py, check_stop), free finished requests in
         plan order."""
-        self._check_result(plan, result)
+        check_result(plan, self.outstanding, result, self.requests)
         cfg = self._config
         stopped: list[str] = []
         for s in plan.scheduled:

@@ -46,8 +46,6 @@ from schedspec.spec.interface import (
     BlockKey,
     KVView,
     Policy,
-    ProtocolError,
-    RequestError,
     RequestSpec,
     RequestStatus,
     RequestView,
@@ -61,6 +59,15 @@ from schedspec.spec.interface import (
 )
 
 VLLM_VERSION = "0.33.0"
+from schedspec.spec.protocol import (
+    check_abort,
+    check_add,
+    check_config,
+    check_reset,
+    check_result,
+    check_schedule,
+)
+
 
 
 class VllmUnavailable(SchedSpecError, ImportError):
@@ -388,8 +395,7 @@ class VllmScheduler:
     """
 
     def __init__(self, config: SchedulerConfig, scheduler_cls: type | None = None) -> None:
-        if not isinstance(config, SchedulerConfig):
-            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        config = check_config(config)
         v = load_vllm()
         if scheduler_cls is not None and not isinstance(scheduler_cls, type):
             raise TypeError(f"scheduler_cls must be a class, got {scheduler_cls!r}")
@@ -431,20 +437,10 @@ class VllmScheduler:
     # ------------------------------------------------------------------ events
 
     def add(self, request: RequestSpec) -> None:
-        if not isinstance(request, RequestSpec):
-            raise TypeError(f"request must be a RequestSpec, got {type(request).__name__}")
+        # The spec's boundary: vLLM's own input processor rejects these before
+        # the scheduler ever sees them.
+        request = check_add(request, self._config, self._live, self._finished)
         rid = request.request_id
-        # The spec's boundary (spec/scheduler.py, add): vLLM's own input
-        # processor rejects these before the scheduler ever sees them.
-        if rid in self._live or rid in self._finished:
-            raise RequestError(rid, "request_id", "duplicate request id")
-        if len(request.prompt_token_ids) >= self._config.max_model_len:
-            raise RequestError(
-                rid,
-                "prompt_token_ids",
-                f"prompt length {len(request.prompt_token_ids)} leaves no room for an output "
-                f"token within max_model_len {self._config.max_model_len}",
-            )
         req = self.vllm_request(request)
         live = _Live(request, req)
         self._record_keys(live)
@@ -476,21 +472,18 @@ class VllmScheduler:
         )
 
     def abort(self, request_id: str) -> None:
-        if request_id not in self._live:
-            raise RequestError(request_id, "request_id", "no unfinished request with this id")
+        check_abort(request_id, self._live)
         self.sched.finish_requests(request_id, self._v.VRequestStatus.FINISHED_ABORTED)
         self._collect_finished([request_id])
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        if self._outstanding is not None:
-            raise ProtocolError("reset_prefix_cache between schedule() and update()")
+        check_reset(self._outstanding[0] if self._outstanding else None)
         return bool(self.sched.reset_prefix_cache(reset_running_requests=reset_running_requests))
 
     # ------------------------------------------------------------------ schedule
 
     def schedule(self) -> StepPlan:
-        if self._outstanding is not None:
-            raise ProtocolError("schedule() called again before update() of the previous plan")
+        check_schedule(self._outstanding[0] if self._outstanding else None)
         out = self.sched.schedule()
         self._step += 1
         self._finished = {}
@@ -548,29 +541,10 @@ class VllmScheduler:
 
     def _check_result(self, plan: StepPlan, result: StepResult) -> Any:
         """The spec's protocol checks, so a bad update never reaches vLLM."""
-        if self._outstanding is None or (
-            plan is not self._outstanding[0] and plan != self._outstanding[0]
-        ):
-            raise ProtocolError(f"update() with a plan that is not the outstanding one (step {plan.step})")
-        if not isinstance(result, StepResult):
-            raise ProtocolError(f"result must be a StepResult, got {type(result).__name__}")
-        planned = {s.request_id: s for s in plan.scheduled}
-        for rid, toks in result.sampled.items():
-            if rid not in planned:
-                raise ProtocolError(f"result has tokens for {rid!r}, which the plan did not schedule")
-            if not isinstance(toks, tuple) or any(
-                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in toks
-            ):
-                raise ProtocolError(f"result for {rid!r} must be a tuple of token ids, got {toks!r}")
-        for s in plan.scheduled:
-            if s.request_id not in self._live:
-                continue  # aborted while the step ran: its output is dropped
-            got = len(result.sampled.get(s.request_id, ()))
-            want = 1 if s.samples else 0
-            if got != want:
-                what = "a completed step" if s.samples else "a partial prefill chunk"
-                raise ProtocolError(f"result for {s.request_id!r} has {got} tokens; {what} takes {want}")
-        return self._outstanding[1]
+        outstanding = self._outstanding
+        check_result(plan, outstanding[0] if outstanding else None, result, self._live)
+        assert outstanding is not None
+        return outstanding[1]
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         out = self._check_result(plan, result)
@@ -658,21 +632,13 @@ class VllmScheduler:
             blocks: tuple[int, ...] = ()
         else:
             blocks = tuple(self._table(s.request_id))
-        return RequestView(
-            request_id=s.request_id,
+        return RequestView.of(
+            s,
             status=self._status(req),
-            priority=s.priority,
-            arrival=s.arrival,
-            prompt_token_ids=s.prompt_token_ids,
             output_token_ids=tuple(req.output_token_ids),
-            max_tokens=s.max_tokens,
             num_computed_tokens=req.num_computed_tokens,
             block_ids=blocks,
             num_preemptions=req.num_preemptions,
-            cache_salt=s.cache_salt,
-            stop_token_ids=s.stop_token_ids,
-            eos_token_id=s.eos_token_id,
-            ignore_eos=s.ignore_eos,
         )
 
     def _kv_view(self) -> KVView:

@@ -38,9 +38,10 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from schedspec.spec.interface import (
     BlockKey,
@@ -58,7 +59,6 @@ from schedspec.spec.interface import (
     StepResult,
 )
 
-VLLM_VERSION = "0.33.0"
 from schedspec.spec.protocol import (
     check_abort,
     check_add,
@@ -68,6 +68,7 @@ from schedspec.spec.protocol import (
     check_schedule,
 )
 
+VLLM_VERSION = "0.33.0"
 
 
 class VllmUnavailable(SchedSpecError, ImportError):
@@ -380,6 +381,18 @@ _STATUS_NAMES = {
 }
 
 
+@dataclass(frozen=True)
+class RawStep:
+    """One ``VllmScheduler.raw_step``: seconds inside vLLM's schedule() and
+    update_from_output() (wall clock and process CPU time), how many requests
+    the step scheduled, and whether each got exactly one token (decode)."""
+
+    wall_s: float
+    cpu_s: float
+    scheduled: int
+    decode: bool
+
+
 @dataclass
 class _Live:
     spec: RequestSpec
@@ -469,6 +482,50 @@ class VllmScheduler:
             priority=request.priority,
             cache_salt=request.cache_salt,
             block_hasher=self._block_hasher,
+        )
+
+    # ------------------------------------------------------------------ raw timing
+
+    def raw_add(self, request: RequestSpec) -> None:
+        """Add ``request`` straight to vLLM's scheduler, without this adapter's
+        bookkeeping (a content key per block hash, for its views), which would
+        otherwise dominate a memory measurement. A scheduler fed this way is
+        stepped with ``raw_step`` only; ``schedule``/``update``/``view`` do
+        not know its requests."""
+        self.sched.add_request(self.vllm_request(request))
+
+    def raw_step(self, sample: Callable[[int], int]) -> RawStep:
+        """One step of vLLM's own ``schedule()`` + ``update_from_output()``,
+        bypassing the translation to StepPlans and views: what vLLM's
+        scheduling costs. The model output is fake: a request that reaches
+        its known tokens samples ``sample(num_tokens)``. Only the two vLLM
+        calls are timed, on the wall clock and on the process's CPU clock."""
+        wall, cpu = time.perf_counter, time.process_time
+        inner = self.sched
+        t0, c0 = wall(), cpu()
+        out = inner.schedule()
+        t1, c1 = wall(), cpu()
+        ids = list(out.num_scheduled_tokens)
+        reqs = inner.requests
+        sampled: list[list[int]] = []
+        for rid in ids:
+            r = reqs[rid]
+            # vLLM advanced num_computed_tokens in schedule(); a step samples
+            # when it reaches the request's known tokens.
+            sampled.append([sample(r.num_tokens)] if r.num_computed_tokens >= r.num_tokens else [])
+        runner_output = self._v.ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=sampled,
+        )
+        t2, c2 = wall(), cpu()
+        inner.update_from_output(out, runner_output)
+        t3, c3 = wall(), cpu()
+        return RawStep(
+            wall_s=(t1 - t0) + (t3 - t2),
+            cpu_s=(c1 - c0) + (c3 - c2),
+            scheduled=len(ids),
+            decode=all(n == 1 for n in out.num_scheduled_tokens.values()),
         )
 
     def abort(self, request_id: str) -> None:

@@ -23,18 +23,17 @@ Workloads:
   tokens each (peak traced bytes over building the requests, adding them,
   prefill, and a few decode steps).
 
-Harness-free: it needs only the interface; ``main`` resolves scheduler names
-(``spec`` and ``impl`` directly, anything else through schedspec.adapters.registry, lazily).
+A library: it takes scheduler factories (``schedspec bench`` resolves names
+through schedspec.adapters.registry) and returns rows; ``format_table`` and
+``table_cells`` lay them out.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import random
 import statistics
-import sys
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
-
+from schedspec.adapters.vllm_adapter import VllmScheduler
 
 BLOCK_SIZE = 16
 #: Token ids are drawn from this list so prompts share int objects (8 bytes a
@@ -173,58 +172,26 @@ class _Driver:
 
 
 class _VllmRawDriver(_Driver):
-    """vLLM behind schedspec.adapters.vllm_adapter.VllmScheduler, timed on vLLM's own
-    ``schedule()`` + ``update_from_output()``: the adapter builds vLLM's
-    Scheduler; its translation to StepPlans and views is bypassed."""
+    """vLLM behind the adapter, timed on vLLM's own ``schedule()`` +
+    ``update_from_output()`` (``VllmScheduler.raw_step``): the adapter builds
+    vLLM's Scheduler; its translation to StepPlans and views is bypassed."""
 
     note = "vLLM schedule()+update_from_output()"
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: VllmScheduler) -> None:
         super().__init__(sched)
-        self.inner: Any = getattr(sched, "sched")
-        self.mro_cls: Any = getattr(sched, "_v").ModelRunnerOutput
-        self.make_request: Any = getattr(sched, "vllm_request")
+        self.vllm = sched
 
     def add(self, req: RequestSpec) -> None:
-        """The adapter's vLLM Request, straight into vLLM's add_request: the
-        adapter's own bookkeeping (a content key per block hash, for its
-        views) would otherwise dominate the memory row."""
-        self.inner.add_request(self.make_request(req))
+        self.vllm.raw_add(req)
 
     def step(self) -> tuple[float, float, int, bool]:
-        wall, cpu = time.perf_counter, time.process_time
-        inner = self.inner
-        t0, c0 = wall(), cpu()
-        out = inner.schedule()
-        t1, c1 = wall(), cpu()
-        ids = list(out.num_scheduled_tokens)
-        reqs = inner.requests
-        sampled: list[list[int]] = []
-        for rid in ids:
-            r = reqs[rid]
-            # vLLM advanced num_computed_tokens in schedule(); a step samples
-            # when it reaches the request's known tokens.
-            sampled.append([_token_for(r.num_tokens)] if r.num_computed_tokens >= r.num_tokens else [])
-        mro = self.mro_cls(
-            req_ids=ids,
-            req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
-        t2, c2 = wall(), cpu()
-        inner.update_from_output(out, mro)
-        t3, c3 = wall(), cpu()
-        decode = all(n == 1 for n in out.num_scheduled_tokens.values())
-        return (t1 - t0) + (t3 - t2), (c1 - c0) + (c3 - c2), len(ids), decode
+        raw = self.vllm.raw_step(_token_for)
+        return raw.wall_s, raw.cpu_s, raw.scheduled, raw.decode
 
 
 def _driver(sched: Scheduler) -> _Driver:
-    inner = getattr(sched, "sched", None)
-    if (
-        inner is not None
-        and hasattr(inner, "update_from_output")
-        and hasattr(sched, "_v")
-        and hasattr(sched, "_block_hasher")
-    ):
+    if isinstance(sched, VllmScheduler):
         return _VllmRawDriver(sched)
     return _Driver(sched)
 
@@ -446,119 +413,40 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def format_table(rows: Sequence[Row]) -> str:
-    head = (
-        f"{'workload':<20} {'scheduler':<9} {'steps':>5} {'median ms':>10} {'cpu ms':>9} "
-        f"{'mean ms':>9} {'p90 ms':>9} {'speed-up (cpu)':>16} {'peak MB':>8}"
-    )
-    lines = [head, "-" * len(head)]
+#: The table's columns: heading, width, alignment (``<`` left, ``>`` right).
+TABLE_COLUMNS: tuple[tuple[str, int, str], ...] = (
+    ("workload", 20, "<"),
+    ("scheduler", 9, "<"),
+    ("steps", 5, ">"),
+    ("median ms", 10, ">"),
+    ("cpu ms", 9, ">"),
+    ("mean ms", 9, ">"),
+    ("p90 ms", 9, ">"),
+    ("speed-up (cpu)", 16, ">"),
+    ("peak MB", 8, ">"),
+)
+
+
+def table_cells(rows: Sequence[Row]) -> list[list[str]]:
+    """One list of cell texts per row, in TABLE_COLUMNS order (blank where a
+    row has no such figure: the memory rows are not timed)."""
+    out = []
     for r in rows:
         timed = r.median_ms == r.median_ms  # not NaN
         sp = f"{r.speedup:.1f}x vs {r.baseline}" if r.speedup is not None and r.baseline != r.scheduler else ""
-        lines.append(
-            f"{r.workload:<20} {r.scheduler:<9} {r.steps:>5} "
-            + (
-                f"{r.median_ms:>10.3f} {r.cpu_median_ms:>9.3f} {r.mean_ms:>9.3f} {r.p90_ms:>9.3f} "
-                if timed
-                else f"{'':>10} {'':>9} {'':>9} {'':>9} "
-            )
-            + f"{sp:>16} "
-            + (f"{r.peak_mb:>8.1f}" if r.peak_mb is not None else f"{'':>8}")
-        )
-    return "\n".join(lines)
+        times = ([f"{r.median_ms:.3f}", f"{r.cpu_median_ms:.3f}", f"{r.mean_ms:.3f}", f"{r.p90_ms:.3f}"]
+                 if timed else ["", "", "", ""])
+        peak = f"{r.peak_mb:.1f}" if r.peak_mb is not None else ""
+        out.append([r.workload, r.scheduler, str(r.steps), *times, sp, peak])
+    return out
 
 
-# --------------------------------------------------------------------------
-# Command line (also `schedspec bench`)
-# --------------------------------------------------------------------------
+def format_table(rows: Sequence[Row]) -> str:
+    """The rows as a plain fixed-width table (what ``schedspec bench`` prints
+    when stdout is not a terminal)."""
 
+    def line(cells: Sequence[str]) -> str:
+        return " ".join(f"{cell:{align}{width}}" for cell, (_, width, align) in zip(cells, TABLE_COLUMNS))
 
-def resolve_factories(names: Sequence[str], *, skip_missing: bool = True) -> tuple[dict[str, SchedulerFactory], list[str]]:
-    """Factories for scheduler names; vLLM is skipped (with a note) when it
-    cannot be imported and ``skip_missing`` is set."""
-    out: dict[str, SchedulerFactory] = {}
-    notes: list[str] = []
-    for name in names:
-        if name == "impl":
-            from schedspec.impl import ImplScheduler
-
-            out[name] = ImplScheduler
-        elif name == "spec":
-            from schedspec.spec.scheduler import SpecScheduler
-
-            out[name] = SpecScheduler
-        else:
-            from schedspec.adapters.registry import resolve
-
-            target = resolve(name)
-            if name == "vllm":
-                try:
-                    import vllm  # noqa: F401
-                    import schedspec.adapters.vllm_adapter  # noqa: F401
-                except Exception as exc:  # noqa: BLE001 - any import failure means "not here"
-                    if not skip_missing:
-                        raise
-                    notes.append(f"vllm skipped: {type(exc).__name__}: {exc}")
-                    continue
-            out[name] = target.factory
-    return out, notes
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="schedspec bench", description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--against", default="impl,spec,vllm", help="comma-separated: impl, spec, vllm, MODULE:CLASS")
-    p.add_argument("--running", default="256,1024,4096", help="decode batch sizes (comma-separated)")
-    p.add_argument("--steps", type=int, default=200, help="timed decode steps per cell (default 200)")
-    p.add_argument("--mixed-steps", type=int, default=400, help="steps of the mixed trace (0: skip)")
-    p.add_argument("--max-seconds", type=float, default=20.0, help="time cap per decode cell (at least 5 steps)")
-    p.add_argument("--no-memory", action="store_true", help="skip the tracemalloc memory pass")
-    p.add_argument("--memory-waiting", type=int, default=10_000)
-    p.add_argument("--json", default=None, help="write the rows as JSON here")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, a few steps (for tests)")
-    args = p.parse_args(list(argv) if argv is not None else None)
-    try:
-        running = tuple(int(x) for x in args.running.split(",") if x.strip())
-        if not running or min(running) <= 0:
-            raise ValueError
-    except ValueError:
-        print(f"schedspec bench: error: --running: expected positive integers, got {args.running!r}", file=sys.stderr)
-        return 2
-    names = [x.strip() for x in args.against.split(",") if x.strip()]
-    try:
-        factories, notes = resolve_factories(names)
-    except Exception as exc:  # noqa: BLE001
-        print(f"schedspec bench: error: --against: {exc}", file=sys.stderr)
-        return 2
-    if not factories:
-        print("schedspec bench: error: --against: no scheduler available", file=sys.stderr)
-        return 2
-    for note in notes:
-        print(note, file=sys.stderr)
-    if args.quick:
-        rows = run_bench(
-            factories,
-            running=tuple(min(r, 32) for r in running[:2]),
-            steps=5,
-            json_path=args.json,
-            mixed_steps=20,
-            max_seconds=2.0,
-            memory=False,
-        )
-    else:
-        rows = run_bench(
-            factories,
-            running=running,
-            steps=args.steps,
-            json_path=args.json,
-            mixed_steps=args.mixed_steps,
-            max_seconds=args.max_seconds,
-            memory=not args.no_memory,
-            memory_waiting=args.memory_waiting,
-            progress=lambda m: print(f"... {m}", file=sys.stderr, flush=True),
-        )
-    print(format_table(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    head = line([name for name, _, _ in TABLE_COLUMNS])
+    return "\n".join([head, "-" * len(head), *(line(cells) for cells in table_cells(rows))])

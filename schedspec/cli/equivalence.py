@@ -7,7 +7,7 @@
 Exit status: 0 every variant generated the baseline's tokens (and, in exact
 mode, bitwise the same logits), every guard held and both negative controls
 were caught; 1 otherwise (the failing workloads are written to ``--out``);
-2 bad input or usage.
+2 bad input or usage. Needs the runner extra (torch).
 """
 
 from __future__ import annotations
@@ -16,17 +16,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError
+
+PROG = "schedspec equivalence"
+DESCRIPTION = ("Run every workload under a baseline configuration and under chunked prefill, "
+               "prefix caching and preemption variants with a real model; the generated tokens must not change.")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="schedspec equivalence",
-        description="Run every workload under a baseline configuration and under chunked prefill, "
-        "prefix caching and preemption variants with a real model; the generated tokens must not change.",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--against", default="spec", help="spec | impl | vllm | MODULE:CLASS (default spec)")
     p.add_argument("--model", default="glassllm", help="glassllm[:pt] | random[:k=v,...] | smollm2 | DIR | FILE.gguf")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto: CUDA when present)")
@@ -41,29 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="schedspec-out", help="where failing workloads go (default schedspec-out/)")
     p.add_argument("--no-negative", action="store_true", help="skip the negative controls")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:
-        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+def run(args: argparse.Namespace) -> int:
     if args.workloads < 1:
-        print("schedspec equivalence: error: --workloads must be >= 1", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError("--workloads must be >= 1", PROG)
     if args.threads is not None and args.threads < 1:
-        print("schedspec equivalence: error: --threads must be >= 1", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError("--threads must be >= 1", PROG)
+    try:
+        import torch
+    except ImportError as exc:
+        raise UsageError(f"equivalence needs the runner extra (torch): {exc}", PROG) from None
 
-    import torch
-
-    from schedspec.spec.interface import SchedSpecError
-
+    from schedspec.adapters.registry import resolve
     from schedspec.gpu_runner.equivalence import run_equivalence, spec_factory
-    from schedspec.spec.interface import SchedulerFactory
     from schedspec.gpu_runner.model import ModelError
+    from schedspec.spec.interface import SchedSpecError, SchedulerFactory
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,12 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     factory: SchedulerFactory = spec_factory
     if args.against != "spec":
         try:
-            from schedspec.adapters.registry import resolve
-
             factory = resolve(args.against).factory
         except (SchedSpecError, ImportError) as exc:
-            print(f"schedspec equivalence: error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            raise UsageError(str(exc), PROG) from None
 
     def progress(line: str) -> None:
         if not args.quiet:
@@ -99,18 +87,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=progress,
         )
     except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
-        print(f"schedspec equivalence: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(exc), PROG) from None
     print(report.table())
     if args.json:
         Path(args.json).write_text(report.dumps())
     if args.png:
-        report.png(args.png)
-        print(
-            f"picture: {args.png} (a row per workload, a column per variant; green: same tokens, bitwise "
-            "logits; yellow: same tokens, logits within --atol; red: diverged; marks: blue chunked, "
-            "purple prefix-cache hit, orange preempted)"
-        )
+        from schedspec.check.report import PlotUnavailable
+        from schedspec.gpu_runner.equivalence import MATRIX_LEGEND
+
+        try:
+            report.png(args.png)
+            print(f"picture: {args.png} ({MATRIX_LEGEND})")
+        except PlotUnavailable as exc:
+            print(f"picture {args.png} skipped: {exc}", file=sys.stderr)
     if report.ok:
         return EXIT_OK
     bad = sorted({c.workload for c in report.divergent})
@@ -119,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"equivalence-seed{args.seed}.json"
         payload = {
-            "command": ["schedspec", "equivalence", *(sys.argv[1:] if argv is None else argv)],
+            "command": ["schedspec", *getattr(args, "command_line", ["equivalence"])],
             "report": report.to_json(),
             "failing_workloads": [report.workload_defs[name] for name in bad],
         }
@@ -127,7 +116,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds = ", ".join(str(report.workload_defs[b]["seed"]) for b in bad)
         print(f"failing workloads {', '.join(bad)} (seeds {seeds}) written to {path}")
     return EXIT_FAIL
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -6,8 +6,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from schedspec.impl import ImplScheduler
-from schedspec.bench.scheduler import format_table, main, run_bench
+from schedspec.bench.scheduler import TABLE_COLUMNS, Row, format_table, run_bench, table_cells
+from schedspec.cli.main import main as schedspec_main
 from schedspec.spec.scheduler import SpecScheduler
 
 
@@ -38,9 +41,41 @@ def test_run_bench_quick(tmp_path: Path) -> None:
     assert "impl" in format_table(rows)
 
 
-def test_bench_cli_quick(capsys: object) -> None:
+def main(argv: list[str]) -> int:
+    return schedspec_main(["bench", *argv])
+
+
+def test_bench_cli_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--against", "impl,spec", "--running", "16", "--quick"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # not a terminal: the plain fixed-width table, a row per (workload, scheduler)
+    assert out[0].split()[:3] == ["workload", "scheduler", "steps"] and set(out[1]) == {"-"}
+    assert [line.split()[:2] for line in out[2:]] == [["decode-16", "impl"], ["decode-16", "spec"],
+                                                      ["mixed", "impl"], ["mixed", "spec"]]
 
 
-def test_bench_cli_bad_flag() -> None:
-    assert main(["--against", "impl", "--running", "x"]) == 2
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--against", "impl", "--running", "x"], "schedspec bench: error: --running"),
+    (["--against", "impl", "--running", "0"], "--running"),
+    (["--against", "nosuch"], "schedspec bench: error: --against"),
+    (["--against", " , "], "no scheduler available"),
+])
+def test_bench_cli_bad_flag(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_plain_table_is_the_cells_in_fixed_width_columns() -> None:
+    nan = float("nan")
+    rows = [Row("decode-8", "impl", 5, 0.5, 0.25, 0.75, 1.0, speedup=4.0, baseline="spec"),
+            Row("decode-8", "spec", 5, 2.0, 1.0, 2.5, 3.0, speedup=1.0, baseline="spec"),
+            Row("memory 8+20w", "impl", 3, nan, nan, nan, nan, peak_mb=1.25)]
+    cells = table_cells(rows)
+    assert cells[0] == ["decode-8", "impl", "5", "0.500", "0.250", "0.750", "1.000", "4.0x vs spec", ""]
+    assert cells[1][7] == ""  # the baseline has no speed-up against itself
+    assert cells[2][3:7] == ["", "", "", ""] and cells[2][8] == "1.2"
+    lines = format_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert len(lines[0]) == sum(w for _, w, _ in TABLE_COLUMNS) + len(TABLE_COLUMNS) - 1
+    assert all(len(line) == len(lines[0]) for line in lines)
+    assert lines[2].startswith("decode-8             impl          5      0.500     0.250")

@@ -80,10 +80,11 @@ class Result:
 def run_mutant(name: str, out_dir: Path, steps: int = STEPS, workload_steps: int = WORKLOAD_STEPS,
                shrink_time: float = SHRINK_TIME_S) -> Result:
     """``schedspec check --against zoo:NAME`` in this process, timed."""
+    import schedspec.check.gate as gate
     import schedspec.cli.main as cli
 
     marks: dict[str, float] = {}
-    real_shrink = cli.shrink
+    real_shrink = gate.shrink
 
     def timed_shrink(*args: Any, **kwargs: Any) -> Any:
         marks["caught"] = time.monotonic()
@@ -98,13 +99,13 @@ def run_mutant(name: str, out_dir: Path, steps: int = STEPS, workload_steps: int
             str(workload_steps), "--shrink-time", str(shrink_time), "--quiet", "--out", str(out_dir),
             "--json", str(summary_path)]
     out = io.StringIO()
-    cli.shrink = timed_shrink  # type: ignore[assignment]
+    gate.shrink = timed_shrink  # type: ignore[assignment]
     start = time.monotonic()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             rc = cli.main(argv)
     finally:
-        cli.shrink = real_shrink  # type: ignore[assignment]
+        gate.shrink = real_shrink  # type: ignore[assignment]
     end = time.monotonic()
     summary = json.loads(summary_path.read_text())
     failure = summary["failure"]

@@ -23,9 +23,9 @@ from schedspec.spec.interface import (  # noqa: E402
     StepPlan,
 )
 
+from schedspec.check.stats import FEATURES  # noqa: E402
+from schedspec.check.workload import AddRequest, Step, Workload  # noqa: E402
 from schedspec.gpu_runner.equivalence import (  # noqa: E402
-    FEATURES,
-    Workload,
     baseline_config,
     compare_runs,
     default_variants,
@@ -34,6 +34,7 @@ from schedspec.gpu_runner.equivalence import (  # noqa: E402
     run_matrix,
     run_one,
     spec_factory,
+    workload_dict,
 )
 from schedspec.gpu_runner.executor import Executor, Fault, PlanError, pick_device  # noqa: E402
 from schedspec.gpu_runner.loaders import (  # noqa: E402
@@ -371,7 +372,7 @@ def test_pick_device() -> None:
 def test_workloads_are_seeded_and_valid() -> None:
     a = make_workloads(4, seed=3, vocab_size=1024, max_model_len=128)
     b = make_workloads(4, seed=3, vocab_size=1024, max_model_len=128)
-    assert [w.to_dict() for w in a] == [w.to_dict() for w in b]
+    assert [workload_dict(w) for w in a] == [workload_dict(w) for w in b]
     for w in a:
         assert 7 <= len(w.requests) <= 10
         assert all(len(r.prompt_token_ids) < 128 for r in w.requests)
@@ -398,7 +399,7 @@ def test_matrix_slice_with_glassllm_is_bitwise_equivalent(glass: LlamaWeights) -
 
 
 def test_matrix_drives_the_impl_scheduler_too(rand_gqa: LlamaWeights) -> None:
-    impl = pytest.importorskip("impl")
+    impl = pytest.importorskip("schedspec.impl")
     model = PagedLlama(rand_gqa, mode="exact", window=64)
     workloads = make_workloads(1, seed=5, vocab_size=rand_gqa.config.vocab_size, max_model_len=64)
     report = run_matrix(impl.ImplScheduler, model, workloads, default_variants(64), baseline=baseline_config(64), negative=False)
@@ -467,11 +468,20 @@ def test_guards_fail_when_a_variant_never_exercises_its_feature(glass: LlamaWeig
     assert set(FEATURES) == {"chunked", "cache_hit", "preempted"}
 
 
-def test_workload_round_trips_to_dict() -> None:
+def test_workload_is_the_check_workload_with_arrivals_before_their_step() -> None:
     w = make_workload(4, vocab_size=1024, max_model_len=128)
-    d = w.to_dict()
+    assert isinstance(w, Workload) and w.config == baseline_config(128)
+    d = workload_dict(w)
     assert d["seed"] == 4 and len(d["requests"]) == len(w.requests)
-    assert isinstance(w, Workload)
+    # An arrival at step N is an AddRequest after N Steps; no Step ends the events.
+    steps = 0
+    for e in w.events:
+        if isinstance(e, Step):
+            steps += 1
+        elif isinstance(e, AddRequest):
+            assert d["arrive_at"][e.request.request_id] == steps
+    assert not isinstance(w.events[-1], Step)
+    assert steps == max(list(d["arrive_at"].values()) + [a[0] for a in d["aborts"]])
 
 
 # --------------------------------------------------------------------------
@@ -479,22 +489,51 @@ def test_workload_round_trips_to_dict() -> None:
 # --------------------------------------------------------------------------
 
 
-def test_matrix_picture_is_a_png(glass: LlamaWeights, tmp_path: Path) -> None:
-    from schedspec.gpu_runner.equivalence import Comparison, MatrixReport
+def test_matrix_picture_is_a_labelled_heatmap(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from schedspec.gpu_runner.equivalence import MATRIX_OUTCOMES, Comparison, Divergence, MatrixReport
 
     variants = list(default_variants(128))
     report = MatrixReport("m", "cpu", "exact", ["w0", "w1"], variants)
-    report.comparisons.append(Comparison("w0", variants[0].name, "exact"))
-    bad = Comparison("w1", variants[1].name, "exact")
-    bad.counters.chunked = 3
+    good = Comparison("w0", variants[0].name, "exact", tokens_compared=42, logits_compared=42, logits_bitwise=42)
+    report.comparisons.append(good)
+    bad = Comparison("w1", variants[1].name, "exact", divergences=[Divergence("r1", "tokens", 3, "x")])
+    bad.counters.chunks = 3
     report.comparisons.append(bad)
+    fig = report.figure()
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "variant" and ax.get_ylabel() == "workload"
+    assert [t.get_text() for t in ax.get_xticklabels()] == [v.name for v in variants]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["w0", "w1"]
+    texts = [t.get_text() for t in ax.texts]
+    assert "42 tok" in texts and "DIVERGED (1)\nC" in texts and texts.count("-") == 2 * len(variants) - 2
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert all(label in labels for label, _ in MATRIX_OUTCOMES) and "C: chunked prefill" in labels
+    assert "NOT EQUIVALENT" in (fig._suptitle.get_text() if fig._suptitle else "")  # noqa: SLF001
     path = report.png(tmp_path / "m.png")
     data = path.read_bytes()
-    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 100
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+
+
+def test_matrix_picture_without_matplotlib_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    from schedspec.check.report import PlotUnavailable
+    from schedspec.gpu_runner.equivalence import MatrixReport
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(PlotUnavailable, match="matplotlib"):
+        MatrixReport("m", "cpu", "exact", ["w0"], list(default_variants(128))).png(tmp_path / "m.png")
+    assert not (tmp_path / "m.png").exists()
 
 
 def test_cli_runs_a_small_matrix_and_reports_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from schedspec.cli.equivalence import main
+    from schedspec.cli.main import main as schedspec_main
+
+    def main(argv: list[str]) -> int:
+        return schedspec_main(["equivalence", *argv])
 
     rc = main(["--model", "random:seed=1,vocab=256,hidden=64,layers=1", "--workloads", "1", "--mode", "fast",
                "--device", "cpu", "--max-model-len", "64", "--json", str(tmp_path / "r.json"), "--quiet", "--no-negative",
@@ -507,3 +546,17 @@ def test_cli_runs_a_small_matrix_and_reports_usage_errors(tmp_path: Path, capsys
     assert main(["--workloads", "0"]) == 2
     assert main(["--bogus"]) == 2
     assert main(["--against", "no_such_module:Cls", "--workloads", "1"]) == 2
+
+
+def test_executor_is_a_model_the_check_driver_steps(rand_gqa: LlamaWeights) -> None:
+    from schedspec.check.driver import Runner
+    from schedspec.check.oracle import Model
+
+    cfg = baseline_config(64)
+    ex = Executor(PagedLlama(rand_gqa, window=64), cfg)
+    assert isinstance(ex, Model)
+    w = make_workload(3, vocab_size=rand_gqa.config.vocab_size, max_model_len=64)
+    runner = Runner(cfg, {"spec": spec_factory}, models={"spec": ex}, check_invariants=True)
+    assert runner.run_to_completion(w.events) is None
+    assert set(runner.finished) == {r.request_id for r in w.requests}
+    assert runner.stats.steps == ex.steps and ex.logits

@@ -1,0 +1,243 @@
+"""The checking gate: random workloads in lockstep with the spec, a failure
+shrunk and written as a replayable counterexample.
+
+This is the library behind ``schedspec check`` and ``schedspec replay``; it
+takes scheduler factories (the caller resolves names) and reports through
+callbacks, so it imports neither the adapters nor the command line.
+
+    outcome = run_check({"spec": SpecScheduler, "mine": Mine}, CheckSettings(against="mine"))
+    outcome.failure        # None when everything held
+    check_summary(settings, outcome)   # the JSON summary, as data
+    junit_xml(settings, outcome)       # the JUnit report, as text
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+from xml.sax.saxutils import escape, quoteattr
+
+from schedspec.check import report
+from schedspec.check import trace as tracefile
+from schedspec.check.driver import Failure, Runner, Stats
+from schedspec.check.shrink import count_steps, shrink
+from schedspec.check.workload import Workload, random_workload
+from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory
+
+#: Steps checked when neither a step count nor a time budget is given.
+DEFAULT_STEPS = 2000
+
+
+class BuildError(SchedSpecError, RuntimeError):
+    """A scheduler could not even be built from the default configuration."""
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """What one ``check`` run does. ``against`` names the scheduler under
+    test (a key of the factories, and the name the replay line repeats)."""
+
+    against: str = "spec"
+    total_steps: int | None = None  # with time_budget also None: DEFAULT_STEPS
+    time_budget: float | None = None  # seconds
+    seed: int = 0
+    shard: tuple[int, int] = (1, 1)  # K/N: this job takes seeds seed+K-1, seed+K-1+N, ...
+    workload_steps: int = 200
+    vocab: int = 64
+    shrink_time: float = 60.0
+    plans_only: bool = False
+    out_dir: Path = Path("schedspec-out")
+
+    @property
+    def steps_goal(self) -> int | None:
+        if self.total_steps is None and self.time_budget is None:
+            return DEFAULT_STEPS
+        return self.total_steps
+
+    @property
+    def shard_text(self) -> str:
+        return f"{self.shard[0]}/{self.shard[1]}"
+
+
+@dataclass(frozen=True)
+class CheckProgress:
+    """A snapshot for a progress display; ``final`` marks the last one (the
+    run ended or just failed), which a display shows whatever its rate limit."""
+
+    steps: int
+    total: int | None
+    workloads: int
+    stats: Stats
+    final: bool = False
+
+
+@dataclass
+class CheckOutcome:
+    steps: int
+    workloads: int
+    elapsed: float
+    stats: Stats
+    failure: Failure | None = None
+    seed: int | None = None  # the failing workload's seed
+    out_dir: Path | None = None  # the counterexample's folder
+    trace_path: Path | None = None
+    seeds: list[int] = field(default_factory=list)  # every workload seed run
+    counterexample: Workload | None = None  # the shrunk failing workload
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def replay_command(trace_path: Path | str, against: str) -> str:
+    return f"schedspec replay {trace_path} --against {against}"
+
+
+def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
+                 oracle_seed: int = 0, keep_history: bool = False,
+                 plans_only: bool = False) -> tuple[Runner, Failure | None]:
+    """Run one workload. ``plans_only``: compare plans (and model outputs) at
+    every step but views only once, at the end, with no invariants: the fast
+    lockstep; a failure it finds is re-run with everything on."""
+    runner = Runner(workload.config, factories, vocab=vocab, oracle_seed=oracle_seed,
+                    keep_history=keep_history, check_invariants=not plans_only,
+                    compare_views=not plans_only)
+    failure = runner.run(workload.events)
+    if failure is None and plans_only and len(factories) > 1:
+        failure = runner.compare_final_views()
+    return runner, failure
+
+
+def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
+                         factories: dict[str, SchedulerFactory], against: str, vocab: int, oracle_seed: int) -> Path:
+    """Write trace.jsonl, steps.txt, timeline.png and summary.json into
+    ``out_dir``; return the trace's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = out_dir / "trace.jsonl"
+    tracefile.write(trace_path, tracefile.Trace(workload, vocab=vocab, oracle_seed=oracle_seed))
+    runner, again = run_workload(workload, factories, vocab, oracle_seed, keep_history=True)
+    records = runner.history or []
+    (out_dir / "steps.txt").write_text(report.step_table(records, again or failure))
+    if records:
+        report.timeline_png(records, out_dir / "timeline.png", failed_step=(again or failure).step)
+    summary = {
+        "against": against,
+        "kind": failure.kind,
+        "scheduler": failure.scheduler,
+        "message": failure.message,
+        "violations": [{"id": v.invariant_id, "message": v.message} for v in failure.violations],
+        "events": len(workload.events),
+        "steps": count_steps(workload.events),
+        "replay": replay_command(trace_path, against),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return trace_path
+
+
+def warm_up(factories: dict[str, SchedulerFactory]) -> None:
+    """Build each scheduler once: a class that cannot even be built raises
+    BuildError, and one-time costs (vLLM's import) stay out of the checking."""
+    for name, factory in factories.items():
+        try:
+            factory(SchedulerConfig())
+        except SchedSpecError:
+            raise
+        except Exception as exc:
+            raise BuildError(f"--against {name}: cannot build the scheduler: {type(exc).__name__}: {exc}") from None
+
+
+def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
+              progress: Callable[[CheckProgress], None] | None = None,
+              notice: Callable[[str], None] | None = None) -> CheckOutcome:
+    """Seeded random workloads against ``factories`` (the spec and the
+    scheduler under test) until the step goal or the time budget is reached
+    or something fails; a failure is shrunk (``notice`` hears of it first)
+    and written under ``settings.out_dir / f"seed-{seed}"``."""
+    total_steps, time_budget = settings.steps_goal, settings.time_budget
+    shard_k, shard_n = settings.shard
+    warm_up(factories)  # imports and first construction stay out of the steps/s figure
+    show = progress or (lambda _p: None)
+    say = notice or (lambda _m: None)
+    stats = Stats()
+    steps = workloads = 0
+    seeds: list[int] = []
+    start = time.monotonic()
+    index = 0
+    while True:
+        if total_steps is not None and steps >= total_steps:
+            break
+        if time_budget is not None and time.monotonic() - start >= time_budget:
+            break
+        seed = settings.seed + index * shard_n + (shard_k - 1)
+        index += 1
+        seeds.append(seed)
+        n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
+        workload = random_workload(seed, n, vocab=settings.vocab)
+        runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
+                                       plans_only=settings.plans_only)
+        if failure is not None and settings.plans_only:  # the same workload, everything checked
+            failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed)[1] or failure
+        stats.merge(runner.stats)
+        steps += runner.stats.steps
+        workloads += 1
+        show(CheckProgress(steps, total_steps, workloads, stats))
+        if failure is not None:
+            show(CheckProgress(steps, total_steps, workloads, stats, final=True))
+            say(f"FAILED on workload seed {seed}: {failure.describe()}")
+            say("shrinking...")
+
+            def check(w: Workload, seed: int = seed) -> Failure | None:
+                return run_workload(w, factories, settings.vocab, oracle_seed=seed)[1]
+
+            small, small_failure = shrink(workload, failure, check, budget_s=settings.shrink_time)
+            out_dir = settings.out_dir / f"seed-{seed}"
+            trace_path = write_counterexample(out_dir, small, small_failure, factories, settings.against,
+                                              settings.vocab, seed)
+            return CheckOutcome(steps, workloads, time.monotonic() - start, stats, small_failure, seed,
+                                out_dir, trace_path, seeds, small)
+    outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds)
+    show(CheckProgress(steps, total_steps, workloads, stats, final=True))
+    return outcome
+
+
+def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
+    """The JSON summary of a check run (what ``--json`` writes)."""
+    return {
+        "result": "pass" if o.failure is None else "fail",
+        "against": settings.against,
+        "seed": settings.seed,
+        "shard": settings.shard_text,
+        "steps": o.steps,
+        "workloads": o.workloads,
+        "workload_seeds": o.seeds,
+        "elapsed_s": round(o.elapsed, 3),
+        "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
+        "stats": o.stats.as_dict(),
+        "failure": None if o.failure is None else {
+            "kind": o.failure.kind,
+            "workload_seed": o.seed,
+            "message": o.failure.message,
+            "violations": [{"id": v.invariant_id, "message": v.message} for v in o.failure.violations],
+            "trace": str(o.trace_path),
+            "replay": replay_command(str(o.trace_path), settings.against),
+        },
+    }
+
+
+def junit_xml(settings: CheckSettings, o: CheckOutcome) -> str:
+    """The check run as a JUnit test suite of one case (what ``--junit`` writes)."""
+    name = f"schedspec check --against {settings.against} (shard {settings.shard_text})"
+    case = f'<testcase classname="schedspec.check" name={quoteattr(name)} time="{o.elapsed:.3f}">'
+    if o.failure is not None:
+        body = escape(o.failure.describe() + f"\nreplay: {replay_command(str(o.trace_path), settings.against)}")
+        case += f'<failure message={quoteattr(o.failure.message)} type="{o.failure.kind}">{body}</failure>'
+    case += f"<system-out>{escape(json.dumps(check_summary(settings, o)))}</system-out></testcase>"
+    return (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="schedspec" tests="1" '
+            f'failures="{0 if o.failure is None else 1}" time="{o.elapsed:.3f}">{case}</testsuite>\n')

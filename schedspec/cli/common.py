@@ -151,7 +151,7 @@ class Progress:
     def _start_rich(self, console: Any) -> None:
         from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
-        self._rich = RichProgress(TextColumn("check"), BarColumn(), TextColumn("{task.fields[head]}"),
+        self._rich = RichProgress(TextColumn("check"), BarColumn(bar_width=24), TextColumn("{task.fields[head]}"),
                                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
         self._task = self._rich.add_task("check", total=None, head="", info="")
         self._rich.start()

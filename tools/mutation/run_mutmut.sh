@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
 # Mutation testing of spec/ and impl/ with mutmut 3 (docs/bugzoo.md, "Mutation testing").
 #
-#   tests/bugzoo/run_mutmut.sh                 # every mutant of spec/ and impl/
-#   tests/bugzoo/run_mutmut.sh 'spec.rules*'   # only these mutants (mutmut name globs)
+#   tools/mutation/run_mutmut.sh                           # every mutant of spec/ and impl/
+#   tools/mutation/run_mutmut.sh 'schedspec.spec.rules*'   # only these mutants (mutmut name globs)
 #
 # mutmut runs in a scratch copy of the working tree ($MUTMUT_WORKDIR, default
 # /tmp/schedspec-mutmut), so the repository gets no mutants/ directory and its
-# pyproject.toml no [tool.mutmut] table: the table below is appended to the
-# copy's. Results stay in the copy: `cd $MUTMUT_WORKDIR && mutmut results`,
-# `mutmut show NAME`; the summary is printed at the end. Quote a score only from
-# a fresh full run (a new MUTMUT_WORKDIR): with name globs, mutmut re-tests only
-# the named mutants and keeps stale results for the rest of a changed function.
+# pyproject.toml no mutmut table: the table below is appended to the copy's.
+# Results stay in the copy: `cd $MUTMUT_WORKDIR && mutmut results`,
+# `mutmut show NAME`; tools/mutation/mutation_report.py sums them up. Quote a
+# score only from a fresh full run (a new MUTMUT_WORKDIR): with name globs,
+# mutmut re-tests only the named mutants and keeps stale results for the rest
+# of a changed function.
 #
-# The test command for each mutant is the fast selection: tests/test_spec.py (the
-# spec's scenario tests), tests/test_spec_mutants.py (scenario tests written for
-# survivors of earlier runs, and a short `schedspec check --against impl` run:
-# spec and impl in lockstep, every invariant) and tests/test_impl_clone.py (the
-# impl's clone(), which the model checker relies on), stopping at the first
-# failure. mutmut runs, for each mutant, only the tests that execute the mutated
-# function.
+# What is mutated: schedspec/spec and schedspec/impl, the symlinks to spec/ and
+# impl/ (mutmut walks a symlinked folder as a folder). mutmut names a mutant by
+# the path it mutated, so the names are those of the modules the tests import:
+# schedspec.spec.rules.x_choose_victim__mutmut_3,
+# schedspec.impl.scheduler.xǁImplSchedulerǁschedule__mutmut_12. The copy under
+# mutants/ gets schedspec/ with its symlinks followed (real folders that hold the
+# mutated files), tests/ and vectors/.
+#
+# The test command for each mutant is the fast selection, stopping at the first
+# failure (vLLM's tests deselected): the spec's scenario tests
+# (tests/spec/test_scheduler.py); the rules at the edges of their contracts and
+# the exact messages of config, request and protocol errors
+# (tests/spec/test_rules.py, test_config.py, test_interface.py,
+# test_protocol.py); spec and impl side by side, impl's structures and its
+# clone() (tests/impl/test_twins.py, test_queues.py, test_structures.py,
+# test_clone.py); every vector replayed in lockstep (tests/vectors/test_vectors.py);
+# a preemption-heavy lockstep run and a short `schedspec check --against impl`
+# (tests/impl/test_gate.py). mutmut runs, for each mutant, only the tests that
+# execute the mutated function, fastest first.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${MUTMUT_WORKDIR:-/tmp/schedspec-mutmut}"
@@ -28,17 +41,21 @@ MUTMUT="$(dirname "$PY")/mutmut"
 CHILDREN="${MUTMUT_CHILDREN:-2}"
 
 mkdir -p "$WORK"
-# Sync the working tree (tracked and untracked-but-not-ignored files), keeping
-# mutmut's own state (mutants/) so an interrupted run resumes.
+# Sync the working tree (tracked and untracked-but-not-ignored files, symlinks
+# as symlinks), keeping mutmut's own state (mutants/) so an interrupted run resumes.
 (cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$WORK"
 cat >> "$WORK/pyproject.toml" <<'EOF'
 
 [tool.mutmut]
-source_paths = ["spec", "impl"]
-do_not_mutate = ["impl/bench.py"]
-also_copy = ["harness", "invariants"]
-pytest_add_cli_args_test_selection = ["tests/test_spec.py", "tests/test_spec_mutants.py", "tests/test_impl_clone.py"]
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore"]
+source_paths = ["schedspec/spec", "schedspec/impl"]
+also_copy = ["schedspec", "vectors"]
+pytest_add_cli_args_test_selection = [
+    "tests/spec/test_scheduler.py", "tests/spec/test_rules.py", "tests/spec/test_config.py",
+    "tests/spec/test_interface.py", "tests/spec/test_protocol.py",
+    "tests/impl/test_twins.py", "tests/impl/test_queues.py", "tests/impl/test_structures.py",
+    "tests/impl/test_clone.py", "tests/vectors/test_vectors.py", "tests/impl/test_gate.py",
+]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore", "-m", "not vllm"]
 EOF
 cd "$WORK"
 start=$(date +%s)

@@ -26,7 +26,7 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -34,19 +34,21 @@ from schedspec.spec.interface import (
     Policy,
     RequestSpec,
     RequestStatus,
-    RequestView,
-    ScheduleKind,
     Scheduler,
     SchedulerConfig,
     SchedulerFactory,
 )
 
+from schedspec.check.driver import Runner
+from schedspec.check.stats import FEATURES, Stats
+from schedspec.check.workload import Workload, timed_events
 from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, PlanError
 from schedspec.gpu_runner.model import PagedLlama
 
-Progress = Callable[[str], None]
+if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
+    from matplotlib.figure import Figure
 
-FEATURES = ("chunked", "cache_hit", "preempted")
+Progress = Callable[[str], None]
 
 
 def spec_factory(config: SchedulerConfig) -> Scheduler:
@@ -61,26 +63,16 @@ def spec_factory(config: SchedulerConfig) -> Scheduler:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Workload:
-    """Requests, when each arrives (a driver step), and aborts (step, id)."""
-
-    name: str
-    seed: int
-    requests: tuple[RequestSpec, ...]
-    arrive_at: Mapping[str, int]
-    aborts: tuple[tuple[int, str], ...] = ()
-    features: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "seed": self.seed,
-            "requests": [r.to_dict() for r in self.requests],
-            "arrive_at": dict(self.arrive_at),
-            "aborts": [list(a) for a in self.aborts],
-            "features": list(self.features),
-        }
+def workload_dict(workload: Workload) -> dict[str, Any]:
+    """A workload as the report's JSON gives it: its requests and timetable."""
+    return {
+        "name": workload.name,
+        "seed": workload.seed,
+        "requests": [r.to_dict() for r in workload.requests],
+        "arrive_at": workload.arrival_steps(),
+        "aborts": [list(a) for a in workload.abort_steps()],
+        "features": list(workload.features),
+    }
 
 
 def make_workload(
@@ -92,7 +84,7 @@ def make_workload(
     name: str | None = None,
     first_token: int = 4,
 ) -> Workload:
-    """A seeded workload of 7 to 10 requests.
+    """A seeded workload of 7 to 10 requests, its config the baseline's.
 
     Two "pressure" requests arrive first, at step 0, each with a prompt of a
     little under half of a one-request pool and enough tokens to outgrow it
@@ -182,11 +174,10 @@ def make_workload(
             aborts.append((arrive_at[s.request_id] + rng.randint(0, 8), s.request_id))
         features.add("aborts")
     return Workload(
-        name=name or f"w{seed}",
+        config=baseline_config(max_model_len, block_size),
+        events=timed_events(requests, arrive_at, aborts),
         seed=seed,
-        requests=requests,
-        arrive_at=arrive_at,
-        aborts=tuple(sorted(aborts)),
+        name=name or f"w{seed}",
         features=tuple(sorted(features)),
     )
 
@@ -287,32 +278,13 @@ def default_variants(max_model_len: int, block_size: int = 16, max_num_seqs: int
 
 
 @dataclass
-class Counters:
-    steps: int = 0
-    tokens: int = 0
-    chunked: int = 0  # partial prefill chunks scheduled
-    cache_hit_tokens: int = 0  # tokens found in the prefix cache at admission
-    preemptions: int = 0
-    resumed: int = 0
-    seconds: float = 0.0  # wall time of the whole run
-    forward_seconds: float = 0.0
-
-    def feature(self, name: str) -> int:
-        return {"chunked": self.chunked, "cache_hit": self.cache_hit_tokens, "preempted": self.preemptions}[name]
-
-    def add(self, other: Counters) -> None:
-        for f in ("steps", "tokens", "chunked", "cache_hit_tokens", "preemptions", "resumed", "seconds", "forward_seconds"):
-            setattr(self, f, getattr(self, f) + getattr(other, f))
-
-
-@dataclass
 class RunRecord:
     workload: str
     variant: str
     outputs: dict[str, tuple[int, ...]]
     status: dict[str, RequestStatus]
     logits: dict[tuple[str, int], torch.Tensor]
-    counters: Counters
+    counters: Stats
     fault_fired: list[str] = field(default_factory=list)
 
 
@@ -321,83 +293,38 @@ class StallError(RuntimeError):
 
 
 def drive(
-    scheduler: Scheduler,
+    scheduler: SchedulerFactory,
     executor: Executor,
     workload: Workload,
     *,
     variant: str = "",
     max_steps: int = 20_000,
-    check_tokens: bool = True,
 ) -> RunRecord:
-    """Add requests when their step comes, abort on schedule, and run
-    schedule -> execute -> update until every request has finished."""
+    """Build the scheduler for the executor's config and run the workload
+    through the check driver (schedule -> execute -> update, arrivals and
+    aborts on their steps) until every request has finished."""
     t0 = time.perf_counter()
-    pending = sorted(workload.requests, key=lambda r: (workload.arrive_at[r.request_id], r.arrival))
-    aborts = sorted(workload.aborts)
+    runner = Runner(executor.config, {variant or "scheduler": scheduler}, check_invariants=False,
+                    compare_views=False, models={variant or "scheduler": executor})
+    failure = runner.run_to_completion(workload.events, max_steps=max_steps)
+    if failure is not None:
+        if failure.kind == "stall":
+            raise StallError(f"{workload.name}/{variant}: {failure.message}")
+        if failure.exception is not None:
+            raise failure.exception
+        raise RuntimeError(failure.describe())
+    stats = runner.stats
+    stats.seconds = time.perf_counter() - t0
+    stats.forward_seconds = executor.seconds
     prompt_len = {r.request_id: len(r.prompt_token_ids) for r in workload.requests}
-    known: dict[str, list[int]] = {}
-    done: dict[str, RequestView] = {}
-    logits: dict[tuple[str, int], torch.Tensor] = {}
-    c = Counters()
-    total = len(workload.requests)
-    idle = 0
-
-    def collect() -> None:
-        for rid, rv in scheduler.view().finished.items():
-            done.setdefault(rid, rv)
-
-    step = 0
-    while True:
-        while pending and workload.arrive_at[pending[0].request_id] <= step:
-            r = pending.pop(0)
-            scheduler.add(r)
-            known[r.request_id] = list(r.prompt_token_ids)
-        while aborts and aborts[0][0] <= step:
-            _, rid = aborts.pop(0)
-            if rid in scheduler.view().requests:
-                scheduler.abort(rid)
-        collect()
-        if len(done) == total and not pending:
-            break
-        if step >= max_steps:
-            raise StallError(f"{workload.name}/{variant}: not finished after {max_steps} steps")
-        plan = scheduler.schedule()
-        c.steps += 1
-        for s in plan.scheduled:
-            if s.is_prefill_chunk:
-                c.chunked += 1
-            if s.kind != ScheduleKind.RUNNING and s.num_computed_tokens > 0:
-                c.cache_hit_tokens += s.num_computed_tokens
-            if s.kind == ScheduleKind.RESUMED:
-                c.resumed += 1
-        c.preemptions += len(plan.preempted_ids)
-        out = executor.run(plan, known if check_tokens else None)
-        c.tokens += out.num_tokens
-        c.forward_seconds += out.seconds
-        scheduler.update(plan, out.result)
-        for s in plan.scheduled:
-            toks = out.result.sampled.get(s.request_id)
-            if toks:
-                k = s.num_tokens - prompt_len[s.request_id]
-                known[s.request_id].append(toks[0])
-                if s.request_id in out.logits:
-                    logits[(s.request_id, k)] = out.logits[s.request_id]
-        collect()
-        if plan.scheduled:
-            idle = 0
-        elif not pending:
-            idle += 1
-            if idle > 3:
-                raise StallError(f"{workload.name}/{variant}: the scheduler schedules nothing with requests left")
-        step += 1
-    c.seconds = time.perf_counter() - t0
+    done = runner.finished
     return RunRecord(
         workload=workload.name,
         variant=variant,
         outputs={rid: tuple(rv.output_token_ids) for rid, rv in done.items()},
         status={rid: rv.status for rid, rv in done.items()},
-        logits=logits,
-        counters=c,
+        logits={(rid, pos - prompt_len[rid]): row for (rid, pos), row in executor.logits.items()},
+        counters=stats,
         fault_fired=list(executor.fault.fired) if executor.fault else [],
     )
 
@@ -412,7 +339,7 @@ def run_one(
     fault: Fault | None = None,
 ) -> RunRecord:
     executor = Executor(model, config, fault=fault)
-    return drive(factory(config), executor, workload, variant=variant)
+    return drive(factory, executor, workload, variant=variant)
 
 
 # --------------------------------------------------------------------------
@@ -441,7 +368,7 @@ class Comparison:
     logits_compared: int = 0
     logits_bitwise: int = 0
     max_abs_diff: float = 0.0
-    counters: Counters = field(default_factory=Counters)
+    counters: Stats = field(default_factory=Stats)
 
     @property
     def ok(self) -> bool:
@@ -519,7 +446,7 @@ class MatrixReport:
     workloads: list[str]
     variants: list[Variant]
     comparisons: list[Comparison] = field(default_factory=list)
-    baselines: dict[str, Counters] = field(default_factory=dict)
+    baselines: dict[str, Stats] = field(default_factory=dict)
     guard_failures: list[str] = field(default_factory=list)
     negative: list[NegativeControl] = field(default_factory=list)
     seconds: float = 0.0
@@ -533,11 +460,11 @@ class MatrixReport:
     def ok(self) -> bool:
         return not self.divergent and not self.guard_failures and all(n.caught for n in self.negative)
 
-    def totals(self, variant: str) -> tuple[Counters, list[Comparison]]:
+    def totals(self, variant: str) -> tuple[Stats, list[Comparison]]:
         rows = [c for c in self.comparisons if c.variant == variant]
-        tot = Counters()
+        tot = Stats()
         for c in rows:
-            tot.add(c.counters)
+            tot.merge(c.counters)
         return tot, rows
 
     def table(self) -> str:
@@ -551,12 +478,12 @@ class MatrixReport:
             head,
             "-" * len(head),
         ]
-        base = Counters()
+        base = Stats()
         for c in self.baselines.values():
-            base.add(c)
+            base.merge(c)
         lines.append(
-            f"{'baseline':<18} {'-':>7} {'-':>7} {'-':>7} {'-':>7} {'-':>8} {base.chunked:>6} "
-            f"{base.cache_hit_tokens:>7} {base.preemptions:>7} {base.steps:>6} {base.seconds:>6.1f}"
+            f"{'baseline':<18} {'-':>7} {'-':>7} {'-':>7} {'-':>7} {'-':>8} {base.chunks:>6} "
+            f"{base.hit_tokens:>7} {base.preemptions:>7} {base.steps:>6} {base.seconds:>6.1f}"
         )
         for v in self.variants:
             tot, rows = self.totals(v.name)
@@ -564,8 +491,8 @@ class MatrixReport:
             lines.append(
                 f"{v.name:<18} {f'{passed}/{len(rows)}':>7} {sum(r.tokens_compared for r in rows):>7} "
                 f"{sum(r.logits_compared for r in rows):>7} {sum(r.logits_bitwise for r in rows):>7} "
-                f"{max((r.max_abs_diff for r in rows), default=0.0):>8.2g} {tot.chunked:>6} "
-                f"{tot.cache_hit_tokens:>7} {tot.preemptions:>7} {tot.steps:>6} {tot.seconds:>6.1f}"
+                f"{max((r.max_abs_diff for r in rows), default=0.0):>8.2g} {tot.chunks:>6} "
+                f"{tot.hit_tokens:>7} {tot.preemptions:>7} {tot.steps:>6} {tot.seconds:>6.1f}"
             )
         for bad in self.divergent:
             lines.append(f"DIVERGED {bad.workload}/{bad.variant}: " + "; ".join(str(d) for d in bad.divergences[:3]))
@@ -598,8 +525,8 @@ class MatrixReport:
                     "logits_compared": c.logits_compared,
                     "logits_bitwise": c.logits_bitwise,
                     "max_abs_diff": c.max_abs_diff,
-                    "chunked": c.counters.chunked,
-                    "cache_hit_tokens": c.counters.cache_hit_tokens,
+                    "chunked": c.counters.chunks,
+                    "cache_hit_tokens": c.counters.hit_tokens,
                     "preemptions": c.counters.preemptions,
                     "steps": c.counters.steps,
                     "divergences": [str(d) for d in c.divergences],
@@ -616,63 +543,104 @@ class MatrixReport:
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
 
-    def png(self, path: str | Path, cell_w: int = 150, cell_h: int = 22) -> Path:
-        """The matrix as a picture: a row per workload, a column per variant;
-        green = the same tokens and bitwise logits, yellow = the same tokens,
-        logits within tolerance, red = diverged. Three marks at a cell's
-        right say what the run exercised: blue chunked, purple a cache hit,
-        orange a preemption."""
-        from schedspec.check.report import _png, _text
+    def figure(self) -> Figure:
+        """The matrix as a matplotlib Figure: see :func:`matrix_figure`."""
+        return matrix_figure(self)
 
-        label_w, head_h = 64, 28
-        width = label_w + cell_w * len(self.variants) + 1
-        height = head_h + cell_h * len(self.workloads) + 1
-        white = (255, 255, 255)
-        pixels = [[white] * width for _ in range(height)]
-
-        def fill(x0: int, y0: int, w: int, h: int, color: tuple[int, int, int]) -> None:
-            for y in range(max(y0, 0), min(y0 + h, height)):
-                row = pixels[y]
-                for x in range(max(x0, 0), min(x0 + w, width)):
-                    row[x] = color
-
-        for j, v in enumerate(self.variants):
-            _text(pixels, label_w + j * cell_w + 4, 8, v.name[:17])
-        by_key = {(c.workload, c.variant): c for c in self.comparisons}
-        marks: tuple[tuple[str, tuple[int, int, int]], ...] = (
-            ("chunked", (60, 110, 220)),
-            ("cache_hit", (150, 70, 190)),
-            ("preempted", (240, 140, 20)),
-        )
-        for i, wname in enumerate(self.workloads):
-            y = head_h + i * cell_h
-            _text(pixels, 4, y + 6, wname[:7])
-            for j, v in enumerate(self.variants):
-                x = label_w + j * cell_w
-                c = by_key.get((wname, v.name))
-                if c is None:
-                    color = (220, 220, 220)
-                elif not c.ok:
-                    color = (220, 70, 60)
-                elif c.logits_bitwise == c.logits_compared:
-                    color = (90, 180, 90)
-                else:
-                    color = (230, 200, 70)
-                fill(x, y, cell_w, cell_h, (60, 60, 60))
-                fill(x + 1, y + 1, cell_w - 1, cell_h - 1, color)
-                if c is not None:
-                    for k, (feat, mark) in enumerate(marks):
-                        if c.counters.feature(feat):
-                            fill(x + cell_w - 3 * 9 + k * 9, y + 6, 7, cell_h - 12, mark)
+    def png(self, path: str | Path) -> Path:
+        """Write :meth:`figure` as a PNG. Raises ``PlotUnavailable`` (and
+        writes nothing) without matplotlib (the ``plots`` extra)."""
         out = Path(path)
-        out.write_bytes(_png(width, height, pixels))
+        self.figure().savefig(out, format="png", dpi=110)
         return out
+
+
+#: Outcome of one cell of the matrix -> (legend label, colour), in colour-scale order.
+MATRIX_OUTCOMES: tuple[tuple[str, str], ...] = (
+    ("not run", "#dddddd"),
+    ("diverged", "#dc463c"),
+    ("same tokens, logits within tolerance", "#e6c846"),
+    ("same tokens, bitwise-equal logits", "#5ab45a"),
+)
+#: Feature letters written in a cell: what the variant's run exercised there.
+MATRIX_FEATURES: tuple[tuple[str, str, str], ...] = (
+    ("chunked", "C", "chunked prefill"),
+    ("cache_hit", "H", "prefix-cache hit"),
+    ("preempted", "P", "preempted"),
+)
+MATRIX_LEGEND = (
+    "a row per workload, a column per variant; green: same tokens, bitwise logits; yellow: same tokens, "
+    "logits within --atol; red: diverged; grey: not run; in a cell: tokens compared, then C chunked prefill, "
+    "H prefix-cache hit, P preempted"
+)
+
+
+def _cell(c: Comparison | None) -> tuple[int, str]:
+    """A cell's outcome (an index into MATRIX_OUTCOMES) and its text."""
+    if c is None:
+        return 0, "-"
+    if not c.ok:
+        code, head = 1, f"DIVERGED ({len(c.divergences)})"
+    elif c.logits_bitwise == c.logits_compared:
+        code, head = 3, f"{c.tokens_compared} tok"
+    else:
+        code, head = 2, f"{c.tokens_compared} tok, |d|<={c.max_abs_diff:.0e}"
+    feats = " ".join(letter for name, letter, _ in MATRIX_FEATURES if c.counters.feature(name))
+    return code, head + ("\n" + feats if feats else "")
+
+
+def matrix_figure(report: MatrixReport) -> Figure:
+    """The matrix as a labelled heatmap: a row per workload, a column per
+    variant, each cell coloured by its outcome (bitwise equal, within
+    tolerance, diverged, not run) and labelled with the tokens compared and
+    the features its run exercised. matplotlib is imported here, on Agg."""
+    from schedspec.check.report import new_figure, require_matplotlib
+
+    require_matplotlib()
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.patches import Patch
+
+    by_key = {(c.workload, c.variant): c for c in report.comparisons}
+    rows, cols = max(len(report.workloads), 1), max(len(report.variants), 1)
+    cells = [[_cell(by_key.get((w, v.name))) for v in report.variants] for w in report.workloads]
+    fig = new_figure(min(max(6.0, 2.2 + 1.45 * cols), 22.0), min(max(3.0, 1.9 + 0.42 * rows), 30.0))
+    ax = fig.subplots()
+    cmap = ListedColormap([colour for _, colour in MATRIX_OUTCOMES])
+    norm = BoundaryNorm([i - 0.5 for i in range(len(MATRIX_OUTCOMES) + 1)], cmap.N)
+    values = [[code for code, _ in row] for row in cells] or [[0]]
+    ax.pcolormesh(
+        [x - 0.5 for x in range(len(values[0]) + 1)], [y - 0.5 for y in range(len(values) + 1)],
+        values, cmap=cmap, norm=norm, edgecolors="white", linewidth=1.5,
+    )
+    for y, row in enumerate(cells):
+        for x, (code, text) in enumerate(row):
+            ax.text(x, y, text, ha="center", va="center", fontsize=7,
+                    color="white" if code == 1 else "#202020", fontweight="bold" if code == 1 else "normal")
+    ax.set_ylim(len(values) - 0.5, -0.5)
+    ax.set_xticks(range(len(report.variants)), [v.name for v in report.variants], rotation=25, ha="right", fontsize=8)
+    ax.set_yticks(range(len(report.workloads)), report.workloads, fontsize=8)
+    ax.set_xlabel("variant")
+    ax.set_ylabel("workload")
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(length=0)
+    handles = [Patch(facecolor=colour, edgecolor="#999999", label=label) for label, colour in MATRIX_OUTCOMES]
+    handles += [
+        Patch(facecolor="none", edgecolor="none", label=f"{letter}: {words}") for _, letter, words in MATRIX_FEATURES
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=7, frameon=False)
+    verdict = "EQUIVALENT" if report.ok else "NOT EQUIVALENT"
+    fig.suptitle(
+        f"equivalence matrix: {report.model} on {report.device}, {report.mode} mode: {verdict}",
+        fontsize=10, x=0.01, ha="left",
+    )
+    return fig
 
 
 def _fault_target(workload: Workload) -> str | None:
     """A request that is never aborted and generates at least two tokens, so
     that KV written in one step is read in a later one."""
-    aborted = {rid for _, rid in workload.aborts}
+    aborted = {rid for _, rid in workload.abort_steps()}
     best = [r for r in workload.requests if r.request_id not in aborted and r.max_tokens >= 2]
     if not best:
         return None
@@ -730,7 +698,7 @@ def run_matrix(
         mode=model.mode,
         workloads=[w.name for w in workloads],
         variants=list(variants),
-        workload_defs={w.name: w.to_dict() for w in workloads},
+        workload_defs={w.name: workload_dict(w) for w in workloads},
     )
     bases: dict[str, RunRecord] = {}
     for i, w in enumerate(workloads):
@@ -745,9 +713,9 @@ def run_matrix(
             line.append(f"{v.name} {'ok' if cmp.ok else 'DIVERGED'}")
         if progress:
             progress(", ".join(line) + f" ({time.perf_counter() - t0:.1f} s)")
-    base_tot = Counters()
+    base_tot = Stats()
     for c in report.baselines.values():
-        base_tot.add(c)
+        base_tot.merge(c)
     for feat in FEATURES:
         if base_tot.feature(feat):
             report.guard_failures.append(f"the baseline itself {feat} ({base_tot.feature(feat)}): it is not a clean baseline")

@@ -7,6 +7,11 @@ null block 0, no two tokens writing one slot, the token ids it was handed),
 flattens every scheduled token of every request into one ``StepBatch``, runs
 one forward and samples greedily for each entry whose ``samples`` is true.
 
+The executor is a ``schedspec.check.oracle.Model``: ``execute(plan, context)``
+returns the StepResult and keeps each sampled logits row in ``logits``, keyed
+by request and the position of the token it sampled, so the check driver can
+step it like the fake model.
+
 A ``Fault`` deliberately corrupts one entry of one step (a wrong block in the
 table, or shifted positions); the equivalence matrix's negative control uses
 it to show that a wrong KV address is caught.
@@ -106,6 +111,8 @@ class Executor:
         self.steps = 0
         self.tokens = 0
         self.seconds = 0.0
+        #: (request id, position of the sampled token) -> its logits row, kept by ``execute``
+        self.logits: dict[tuple[str, int], torch.Tensor] = {}
 
     def reset(self) -> None:
         """Zero the whole cache (a fresh run on the same pool)."""
@@ -233,3 +240,13 @@ class Executor:
         self.tokens += batch.num_tokens
         self.seconds += dt
         return StepOutput(StepResult(sampled), rows, batch.num_tokens, dt)
+
+    def execute(self, plan: StepPlan, context: Mapping[str, Sequence[int]] | None = None) -> StepResult:
+        """``run`` as a Model: the result, with each sampled row kept in ``logits``."""
+        out = self.run(plan, context)
+        if out.logits:
+            for s in plan.scheduled:
+                row = out.logits.get(s.request_id)
+                if row is not None:
+                    self.logits[(s.request_id, s.num_tokens)] = row
+        return out.result

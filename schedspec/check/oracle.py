@@ -8,14 +8,33 @@ a prefix hit on a block with other contents, a block reused while still shared,
 a token emitted at the wrong moment or at the wrong position: each one changes
 the generated text, and the driver also reports it directly, by comparing the
 context read back with the request's true tokens.
+
+``Model`` is what the driver needs of any model: ``execute(plan, context)``
+returns the step's sampled tokens. The fake model satisfies it here; the torch
+executor (schedspec.gpu_runner.executor.Executor) satisfies it on real weights.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
-from schedspec.spec.interface import StepPlan, StepResult
+from schedspec.spec.interface import SchedSpecError, StepPlan, StepResult
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Runs the plans of one scheduler configuration, one step at a time."""
+
+    def execute(self, plan: StepPlan, context: Mapping[str, Sequence[int]] | None = None) -> StepResult:
+        """Run ``plan`` and sample a token for every entry that samples.
+
+        ``context`` (request id -> every token the request has, prompt then
+        outputs), when given, is what the scheduled tokens and the KV read
+        back must agree with; a model that finds otherwise raises a
+        SchedSpecError that names the request."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -28,7 +47,21 @@ class ContextMismatch:
     found: int | None
 
 
+class ContextError(SchedSpecError):
+    """The fake model read a context that is not the request's tokens."""
+
+    def __init__(self, mismatch: ContextMismatch) -> None:
+        super().__init__(
+            f"{mismatch.request_id}: position {mismatch.position} holds {mismatch.found}, "
+            f"the request's token there is {mismatch.expected}"
+        )
+        self.mismatch = mismatch
+
+
 class FakeModel:
+    """A Model on a dictionary of slots; ``run`` also returns every context
+    mismatch instead of raising at the first."""
+
     def __init__(self, block_size: int, vocab: int = 64, seed: int = 0) -> None:
         if vocab < 2:
             raise ValueError("vocab must be at least 2")
@@ -47,6 +80,13 @@ class FakeModel:
         h = hashlib.blake2b(digest_size=8, key=self.seed.to_bytes(8, "little"))
         h.update(repr(context).encode())
         return int.from_bytes(h.digest(), "little") % self.vocab
+
+    def execute(self, plan: StepPlan, context: Mapping[str, Sequence[int]] | None = None) -> StepResult:
+        truth = None if context is None else {rid: tuple(toks) for rid, toks in context.items()}
+        result, mismatches = self.run(plan, truth)
+        if mismatches:
+            raise ContextError(mismatches[0])
+        return result
 
     def run(
         self,

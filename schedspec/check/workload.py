@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Union
+from typing import Mapping, Sequence, Union
 
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
 
@@ -40,13 +40,71 @@ Event = Union[AddRequest, Abort, Step, ResetPrefixCache]
 
 @dataclass(frozen=True)
 class Workload:
+    """A configuration and the events to feed a scheduler built from it.
+
+    ``name`` and ``features`` (what the workload was built to contain, such as
+    "shared-prefix" or "aborts") are for reports; drivers read neither."""
+
     config: SchedulerConfig
     events: tuple[Event, ...]
     seed: int | None = None
+    name: str = ""
+    features: tuple[str, ...] = ()
 
     @property
     def num_steps(self) -> int:
         return sum(1 for e in self.events if isinstance(e, Step))
+
+    @property
+    def requests(self) -> tuple[RequestSpec, ...]:
+        """The requests the workload adds, in order."""
+        return tuple(e.request for e in self.events if isinstance(e, AddRequest))
+
+    def arrival_steps(self) -> dict[str, int]:
+        """Request id -> the number of steps before it is added."""
+        out: dict[str, int] = {}
+        steps = 0
+        for e in self.events:
+            if isinstance(e, Step):
+                steps += 1
+            elif isinstance(e, AddRequest):
+                out[e.request.request_id] = steps
+        return out
+
+    def abort_steps(self) -> tuple[tuple[int, str], ...]:
+        """(the number of steps before it, request id) of every abort, in order."""
+        out: list[tuple[int, str]] = []
+        steps = 0
+        for e in self.events:
+            if isinstance(e, Step):
+                steps += 1
+            elif isinstance(e, Abort):
+                out.append((steps, e.request_id))
+        return tuple(out)
+
+
+def timed_events(
+    requests: Sequence[RequestSpec], arrive_at: Mapping[str, int], aborts: Sequence[tuple[int, str]] = ()
+) -> tuple[Event, ...]:
+    """Events from a timetable: a request that arrives at step N (counted
+    from 0) is an AddRequest before the (N+1)th Step, an abort at step N an
+    Abort after that step's arrivals. No Step follows the last arrival or
+    abort: a driver that runs to completion steps on from there."""
+    adds = sorted(requests, key=lambda r: (arrive_at[r.request_id], r.arrival))
+    kills = sorted(aborts)
+    last = max([arrive_at[r.request_id] for r in adds] + [step for step, _ in kills], default=0)
+    events: list[Event] = []
+    a = k = 0
+    for step in range(last + 1):
+        if step:
+            events.append(Step())
+        while a < len(adds) and arrive_at[adds[a].request_id] <= step:
+            events.append(AddRequest(adds[a]))
+            a += 1
+        while k < len(kills) and kills[k][0] <= step:
+            events.append(Abort(kills[k][1]))
+            k += 1
+    return tuple(events)
 
 
 # ---------------------------------------------------------------------------

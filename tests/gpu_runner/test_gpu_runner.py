@@ -243,6 +243,42 @@ def test_hf_checkpoint_errors(tmp_path: Path) -> None:
         load_hf_llama(d)
 
 
+def test_bad_safetensors_files_name_the_file_and_the_tensor(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from schedspec.gpu_runner.loaders import read_safetensors, write_safetensors
+
+    d = save_hf_llama(random_llama(1, num_layers=1), tmp_path / "c")
+    st = d / "model.safetensors"
+    good = st.read_bytes()
+    tensors = read_safetensors(st)
+    # truncated: the data ends before the header says it does
+    st.write_bytes(good[: len(good) - 100])
+    with pytest.raises(ModelError, match=r"model\.safetensors: not a valid safetensors file"):
+        load_hf_llama(d)
+    # not a safetensors file at all, and too short for one
+    for junk in (b"\x00" * 3, b"\xff" * 64, good[:8] + b"{not json"):
+        st.write_bytes(junk)
+        with pytest.raises(ModelError, match=r"model\.safetensors: not a valid safetensors file"):
+            read_safetensors(st)
+    # a missing tensor
+    write_safetensors(st, {k: v for k, v in tensors.items() if k != "model.norm.weight"})
+    with pytest.raises(ModelError, match=r"missing tensor model\.norm\.weight \(in none of model\.safetensors\)"):
+        load_hf_llama(d)
+    # a wrong shape
+    write_safetensors(st, {**tensors, "model.layers.0.mlp.up_proj.weight": torch.zeros(3, 5)})
+    with pytest.raises(ModelError, match=r"model\.safetensors: tensor model\.layers\.0\.mlp\.up_proj\.weight: "
+                                         r"expected shape \(176, 64\) from config\.json, got \(3, 5\)"):
+        load_hf_llama(d)
+    # a dtype that is not a float
+    save_file({**tensors, "model.norm.weight": torch.arange(64, dtype=torch.int32)}, str(st))
+    with pytest.raises(ModelError, match=r"model\.safetensors: tensor model\.norm\.weight: unsupported dtype I32"):
+        load_hf_llama(d)
+    # and a good file still loads after all that
+    st.write_bytes(good)
+    assert load_hf_llama(d).config.num_layers == 1
+
+
 def test_hf_checkpoint_matches_transformers(tmp_path: Path) -> None:
     try:
         from transformers import LlamaForCausalLM
@@ -559,4 +595,4 @@ def test_executor_is_a_model_the_check_driver_steps(rand_gqa: LlamaWeights) -> N
     runner = Runner(cfg, {"spec": spec_factory}, models={"spec": ex}, check_invariants=True)
     assert runner.run_to_completion(w.events) is None
     assert set(runner.finished) == {r.request_id for r in w.requests}
-    assert runner.stats.steps == ex.steps and ex.logits
+    assert runner.stats.steps >= ex.steps > 0 and ex.logits

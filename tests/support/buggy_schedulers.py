@@ -31,3 +31,19 @@ class WrongVictim(SpecScheduler):
 
 class NotAScheduler:
     pass
+
+
+class RaisingSchedule(SpecScheduler):
+    """schedule() raises once a request has waited through two steps."""
+
+    def schedule(self):  # type: ignore[no-untyped-def]
+        if self.step >= 2 and self.requests:
+            raise RuntimeError("the batch is full of surprises")
+        return super().schedule()
+
+
+class WrongTypeSchedule(SpecScheduler):
+    """schedule() returns the plan's entries as a list instead of a StepPlan."""
+
+    def schedule(self):  # type: ignore[no-untyped-def]
+        return list(super().schedule().scheduled)

@@ -1,6 +1,6 @@
 """Trace files: a workload as JSON Lines, versioned, replayable against any scheduler.
 
-Format version 1 (JSON Schema: harness/trace.schema.json, docs/trace-format.md):
+Format version 1 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-format.md):
 
     line 1   {"schedspec_trace": 1, "config": {...SchedulerConfig...},
               "vocab": 64, "oracle_seed": 0, "seed": 7}
@@ -10,33 +10,28 @@ Format version 1 (JSON Schema: harness/trace.schema.json, docs/trace-format.md):
              {"op": "step"}
              {"op": "reset_prefix_cache", "reset_running_requests": false}
 
-Blank lines and lines starting with ``#`` are ignored. Every problem raises
-TraceError naming the file, the line and the field; nothing else escapes.
+Blank lines and lines starting with ``#`` are ignored. Each line is validated
+against the shipped JSON Schema with ``jsonschema`` (imported on first use);
+the rules a schema cannot state (the config's cross-field rules, unique ids,
+an abort after its add, a prompt below ``max_model_len``) are checked here.
+Every problem raises TraceError naming the file, the line and the field;
+nothing else escapes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from schedspec.spec.interface import ConfigError, RequestError, RequestSpec, SchedulerConfig, SchedSpecError
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, Workload
 
 TRACE_VERSION = 1
-_REQUEST_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "request_id": str,
-    "prompt_token_ids": list,
-    "max_tokens": int,
-    "priority": int,
-    "arrival": int,
-    "stop_token_ids": list,
-    "eos_token_id": (int, type(None)),
-    "ignore_eos": bool,
-    "cache_salt": (str, type(None)),
-}
-_REQUIRED_REQUEST_FIELDS = ("request_id", "prompt_token_ids", "max_tokens")
+#: The JSON Schema every line is validated against (shipped with the package).
+SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
 
 class TraceError(SchedSpecError, ValueError):
@@ -95,30 +90,69 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _type_ok(value: object, expected: type | tuple[type, ...]) -> bool:
-    types = expected if isinstance(expected, tuple) else (expected,)
-    if int in types and isinstance(value, bool):
-        return False
-    return isinstance(value, types)
+@dataclass(frozen=True)
+class _Validators:
+    header: Any
+    events: Mapping[str, Any]  # op -> the validator of that event's branch of $defs/event
 
 
-def _parse_request(where: tuple[str, int], obj: object, config: SchedulerConfig) -> RequestSpec:
+@functools.cache
+def _validators() -> _Validators:
+    """Validators for the header and for each event kind, built once from the
+    shipped schema with the dialect it declares (Draft 2020-12). ``integer``
+    is strict: JSON Schema counts 2.0 as an integer, a trace may not."""
+    from jsonschema import validators
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    base = validators.validator_for(schema)
+    base.check_schema(schema)
+    strict = base.TYPE_CHECKER.redefine("integer", lambda _checker, value: _is_int(value))
+    cls = validators.extend(base, type_checker=strict)
+    defs = schema["$defs"]
+
+    def at(ref: str) -> Any:
+        return cls({"$schema": schema["$schema"], "$defs": defs, "$ref": ref})
+
+    events = {
+        branch["properties"]["op"]["const"]: at(f"#/$defs/event/oneOf/{i}")
+        for i, branch in enumerate(defs["event"]["oneOf"])
+    }
+    return _Validators(at("#/$defs/header"), events)
+
+
+def _dotted(parts: Sequence[str | int]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _schema_check(where: tuple[str, int], validator: Any, obj: dict[str, Any], root: str, unknown: str) -> None:
+    """Raise TraceError for the most relevant schema violation of ``obj``,
+    naming the field (``request.prompt_token_ids[1]``)."""
+    from jsonschema.exceptions import best_match
+
+    error = best_match(validator.iter_errors(obj))
+    if error is None:
+        return
+    path: list[str | int] = list(error.absolute_path)
+    instance = error.instance
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        known = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+        path.append(sorted(k for k in instance if k not in known)[0])
+        message = unknown if len(path) == 1 else "unknown field"
+    elif error.validator == "required" and isinstance(instance, dict):
+        required = error.validator_value if isinstance(error.validator_value, list) else []
+        path.append(next(k for k in required if k not in instance))
+        message = "missing"
+    else:
+        message = error.message
+    raise TraceError(where[0], where[1], _dotted(path) or root, message)
+
+
+def _parse_request(where: tuple[str, int], obj: dict[str, Any], config: SchedulerConfig) -> RequestSpec:
+    """A request that passed the schema: what the schema cannot say."""
     path, line = where
-    if not isinstance(obj, dict):
-        raise TraceError(path, line, "request", f"must be an object, got {type(obj).__name__}")
-    for key in obj:
-        if key not in _REQUEST_FIELDS:
-            raise TraceError(path, line, f"request.{key}", "unknown field")
-    for key in _REQUIRED_REQUEST_FIELDS:
-        if key not in obj:
-            raise TraceError(path, line, f"request.{key}", "missing")
-    for key, value in obj.items():
-        if not _type_ok(value, _REQUEST_FIELDS[key]):
-            raise TraceError(path, line, f"request.{key}", f"wrong type: {value!r}")
-    for key in ("prompt_token_ids", "stop_token_ids"):
-        for i, tok in enumerate(obj.get(key, [])):
-            if not _is_int(tok) or tok < 0:
-                raise TraceError(path, line, f"request.{key}[{i}]", f"must be a non-negative integer, got {tok!r}")
     kwargs = dict(obj)
     kwargs["prompt_token_ids"] = tuple(obj["prompt_token_ids"])
     kwargs["stop_token_ids"] = tuple(obj.get("stop_token_ids", []))
@@ -140,35 +174,16 @@ def _parse_header(path: str, line: int, obj: object) -> tuple[SchedulerConfig, i
     if "schedspec_trace" not in obj:
         raise TraceError(path, line, "schedspec_trace", "missing: this is not a schedspec trace")
     version = obj["schedspec_trace"]
-    if version != TRACE_VERSION:
+    if not _is_int(version) or version != TRACE_VERSION:
         raise TraceError(path, line, "schedspec_trace", f"unsupported version {version!r} (this reads {TRACE_VERSION})")
-    for key in obj:
-        if key not in ("schedspec_trace", "config", "vocab", "oracle_seed", "seed"):
-            raise TraceError(path, line, key, "unknown header field")
-    if "config" not in obj:
-        raise TraceError(path, line, "config", "missing")
-    raw = obj["config"]
-    if not isinstance(raw, dict):
-        raise TraceError(path, line, "config", "must be an object")
-    for key, value in raw.items():
-        if key != "policy" and not isinstance(value, (int, bool)):
-            raise TraceError(path, line, f"config.{key}", f"wrong type: {value!r}")
-    try:
-        config = SchedulerConfig.from_dict(raw)
+    _schema_check((path, line), _validators().header, obj, "header", "unknown header field")
+    try:  # the cross-field rules the schema cannot express
+        config = SchedulerConfig.from_dict(obj["config"])
     except ConfigError as exc:
         raise TraceError(path, line, f"config.{exc.field}", str(exc)) from None
     except TypeError as exc:
         raise TraceError(path, line, "config", str(exc)) from None
-    vocab = obj.get("vocab", 64)
-    if not _is_int(vocab) or vocab < 2:
-        raise TraceError(path, line, "vocab", f"must be an integer >= 2, got {vocab!r}")
-    oracle_seed = obj.get("oracle_seed", 0)
-    if not _is_int(oracle_seed) or oracle_seed < 0:
-        raise TraceError(path, line, "oracle_seed", f"must be a non-negative integer, got {oracle_seed!r}")
-    seed = obj.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise TraceError(path, line, "seed", f"must be an integer or null, got {seed!r}")
-    return config, vocab, oracle_seed, seed
+    return config, obj.get("vocab", 64), obj.get("oracle_seed", 0), obj.get("seed")
 
 
 def _parse_event(
@@ -178,39 +193,24 @@ def _parse_event(
     if not isinstance(obj, dict):
         raise TraceError(path, line, "event", f"must be a JSON object, got {type(obj).__name__}")
     op = obj.get("op")
-    allowed: Mapping[str, tuple[str, ...]] = {
-        "add": ("op", "request"),
-        "abort": ("op", "request_id"),
-        "step": ("op",),
-        "reset_prefix_cache": ("op", "reset_running_requests"),
-    }
-    if not isinstance(op, str) or op not in allowed:
-        raise TraceError(path, line, "op", f"unknown event {op!r} (expected one of {sorted(allowed)})")
-    assert isinstance(op, str)
-    for key in obj:
-        if key not in allowed[op]:
-            raise TraceError(path, line, key, f"unknown field for {op!r}")
+    branches = _validators().events
+    if not isinstance(op, str) or op not in branches:
+        raise TraceError(path, line, "op", f"unknown event {op!r} (expected one of {sorted(branches)})")
+    _schema_check(where, branches[op], obj, "event", f"unknown field for {op!r}")
     if op == "add":
-        if "request" not in obj:
-            raise TraceError(path, line, "request", "missing")
         req = _parse_request(where, obj["request"], config)
         if req.request_id in seen:
             raise TraceError(path, line, "request.request_id", f"duplicate request id {req.request_id!r}")
         seen.add(req.request_id)
         return AddRequest(req)
     if op == "abort":
-        rid = obj.get("request_id")
-        if not isinstance(rid, str) or not rid:
-            raise TraceError(path, line, "request_id", f"must be a non-empty string, got {rid!r}")
+        rid = obj["request_id"]
         if rid not in seen:
             raise TraceError(path, line, "request_id", f"{rid!r} was never added before this line")
         return Abort(rid)
     if op == "step":
         return Step()
-    flag = obj.get("reset_running_requests", False)
-    if not isinstance(flag, bool):
-        raise TraceError(path, line, "reset_running_requests", f"must be a boolean, got {flag!r}")
-    return ResetPrefixCache(flag)
+    return ResetPrefixCache(obj.get("reset_running_requests", False))
 
 
 def loads(text: str, path: str = "<trace>") -> Trace:

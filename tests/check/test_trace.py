@@ -117,6 +117,22 @@ def test_mutated_valid_traces(data: st.DataObject) -> None:
         (lambda L: L.append('{"op": "step", "extra": 1}'), None, "extra"),
         (lambda L: L.append('{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1, 2.5], "max_tokens": 1}}'), None, "request.prompt_token_ids[1]"),
         (lambda L: L.append("{not json"), None, "json"),
+        # what the schema says, named down to the field
+        (lambda L: L.__setitem__(0, L[0].replace('"schedspec_trace": 1', '"schedspec_trace": true')), 1, "schedspec_trace"),
+        (lambda L: L.__setitem__(0, L[0].replace('"vocab": 64', '"vocab": 1')), 1, "vocab"),
+        (lambda L: L.__setitem__(0, L[0].replace('{', '{"bogus": 1, ', 1)), 1, "bogus"),
+        (lambda L: L.__setitem__(0, L[0].replace('"config": {', '"config": {"bogus": 1, ')), 1, "config.bogus"),
+        (lambda L: L.__setitem__(0, L[0].replace('"policy": "', '"policy": "x')), 1, "config.policy"),
+        (lambda L: L.append('{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1], "max_tokens": 2.0}}'), None, "request.max_tokens"),
+        (lambda L: L.append('{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1]}}'), None, "request.max_tokens"),
+        (lambda L: L.append('{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [], "max_tokens": 1}}'), None, "request.prompt_token_ids"),
+        (lambda L: L.append('{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1], "max_tokens": 1, "eos_token_id": -1}}'), None, "request.eos_token_id"),
+        (lambda L: L.append('{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1], "max_tokens": 1, "stop_token_ids": [0, true]}}'), None, "request.stop_token_ids[1]"),
+        (lambda L: L.append('{"op": "add", "request": [1]}'), None, "request"),
+        (lambda L: L.append('{"op": "abort"}'), None, "request_id"),
+        (lambda L: L.append('{"op": "reset_prefix_cache", "reset_running_requests": 1}'), None, "reset_running_requests"),
+        # what only the config's own rules say
+        (lambda L: L.__setitem__(0, L[0].replace('"max_model_len": ', '"max_model_len": 9999')), 1, "config.max_num_batched_tokens"),
     ],
 )
 def test_each_bad_input_names_line_and_field(mutate: Any, line: int | None, field: str, tmp_path: Path) -> None:
@@ -138,3 +154,47 @@ def test_not_utf8(tmp_path: Path) -> None:
     with pytest.raises(TraceError) as e:
         tracefile.read(path)
     assert e.value.field == "encoding"
+
+
+def test_messages_say_what_is_wrong(tmp_path: Path) -> None:
+    cases = {
+        '{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1], "max_tokens": 2.0}}':
+            "request.max_tokens: 2.0 is not of type 'integer'",
+        '{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1]}}': "request.max_tokens: missing",
+        '{"op": "step", "extra": 1}': "extra: unknown field for 'step'",
+        '{"op": "add", "request": {"request_id": "q", "prompt_token_ids": [1, -2], "max_tokens": 1}}':
+            "request.prompt_token_ids[1]: -2 is less than the minimum of 0",
+    }
+    for line, message in cases.items():
+        with pytest.raises(TraceError) as e:
+            tracefile.loads(LINES[0] + "\n" + line, "t.jsonl")
+        assert str(e.value) == f"t.jsonl:2: {message}"
+
+
+def test_the_schema_names_every_config_and_request_field() -> None:
+    """The shipped schema and the types it describes must not drift apart."""
+    from schedspec.spec.interface import RequestSpec, SchedulerConfig
+
+    schema = json.loads(tracefile.SCHEMA_PATH.read_text())
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert set(schema["$defs"]["config"]["properties"]) == set(SchedulerConfig().to_dict())
+    request = RequestSpec("r", (1,), 1).to_dict()
+    assert set(schema["$defs"]["request"]["properties"]) == set(request)
+    assert set(schema["$defs"]["request"]["required"]) == {"request_id", "prompt_token_ids", "max_tokens"}
+
+
+def test_every_line_of_a_written_trace_validates_against_the_schema() -> None:
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(json.loads(tracefile.SCHEMA_PATH.read_text()))
+    for line in LINES:
+        validator.validate(json.loads(line))
+
+
+def test_importing_the_trace_module_does_not_import_jsonschema() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, schedspec.check.trace; print('jsonschema' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

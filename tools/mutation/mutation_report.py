@@ -1,9 +1,9 @@
 """Summarise a mutmut run of spec/ and impl/ (run from its work directory).
 
-    python tests/bugzoo/mutation_report.py [WORKDIR]   # default /tmp/schedspec-mutmut
+    .venv/bin/python tools/mutation/mutation_report.py [WORKDIR]   # default /tmp/schedspec-mutmut
 
 Reads ``mutmut results --all true``, sorts every survivor into documented
-equivalent mutants (tests/bugzoo/equivalent_mutants.py) and the rest, and
+equivalent mutants (tools/mutation/equivalent_mutants.py) and the rest, and
 prints killed / timeout / crashed / survived / equivalent per file and the
 score: (killed + timeout + crashed) / (mutants - equivalent); a mutant that
 makes the tests hang (timeout) or kill their process (crashed) is detected.
@@ -66,9 +66,9 @@ def main(argv: list[str]) -> int:
             name = f"**{module}**" if module == "all" else f"`{module}`"
             print(f"| {name} | {sum(c.values()):,} | " + " | ".join(f"{c[k]:,}" for k in cols) + " |")
     else:
-        print(f"{'module':24} {'mutants':>8} " + " ".join(f"{c:>10}" for c in cols))
+        print(f"{'module':30} {'mutants':>8} " + " ".join(f"{c:>10}" for c in cols))
         for module, c in rows:
-            print(f"{module:24} {sum(c.values()):>8} " + " ".join(f"{c[k]:>10}" for k in cols))
+            print(f"{module:30} {sum(c.values()):>8} " + " ".join(f"{c[k]:>10}" for k in cols))
     n = sum(total.values())
     detected = total["killed"] + total["timeout"] + total["crashed"]
     print(f"score: {detected} / {n - total['equivalent']} non-equivalent mutants killed "

@@ -107,7 +107,7 @@ def _validators() -> _Validators:
     base = validators.validator_for(schema)
     base.check_schema(schema)
     strict = base.TYPE_CHECKER.redefine("integer", lambda _checker, value: _is_int(value))
-    cls = validators.extend(base, type_checker=strict)
+    cls = validators.extend(base, type_checker=strict)  # type: ignore[no-untyped-call]  # untyped in types-jsonschema
     defs = schema["$defs"]
 
     def at(ref: str) -> Any:

@@ -1,6 +1,7 @@
 """vectors/: every vector replays with ``schedspec replay`` against spec and impl
-(and vLLM, when installed), a vector fails against a scheduler with the bug it
-pins, and vectors/spec/ is exactly what tests/vectors/generate.py writes.
+(and vLLM, when installed), and vectors/spec/ is exactly what
+tests/vectors/generate.py writes (that a vector fails against a scheduler with
+the bug it pins: tests/vectors/test_vectors_catch_bugs.py).
 
 A vector passes when the replay exits 0: every invariant held at every step
 and, against any scheduler other than the spec, every plan and view equalled
@@ -83,21 +84,3 @@ def test_vector_replays_against_impl_in_lockstep_with_the_spec(path: Path) -> No
 def test_vector_replays_against_vllm(path: Path) -> None:
     rc, out = replay(path, "vllm")
     assert rc == 0, out[-3000:]
-
-
-@pytest.mark.parametrize(
-    ("vector", "mutant"),
-    [
-        ("fcfs-preempts-the-last-running-and-puts-it-in-front", "WrongFcfsVictim"),
-        ("freed-blocks-go-tail-first-unkeyed-to-the-front-keyed-to-the-back", "FreeHeadFirst"),
-        ("cache-salt-separates-prefix-cache-entries", "SaltIgnored"),
-        ("long-prefill-threshold-spares-a-lone-request", "ThresholdOnLoneRequest"),
-        ("stop-token-stops-a-request-even-with-ignore-eos", "StopTokenIgnored"),
-    ],
-)
-def test_a_spec_vector_fails_against_the_bug_it_pins(vector: str, mutant: str) -> None:
-    """A vector is a test: replayed against a zoo mutant with the bug the
-    vector is named against, it fails (exit 1) and says where."""
-    rc, out = replay(VECTORS / "spec" / f"{vector}.jsonl", f"tests.bugzoo.zoo:{mutant}")
-    assert rc == 1, out[-3000:]
-    assert "FAILED:" in out

@@ -19,7 +19,9 @@
 # schedspec.spec.rules.x_choose_victim__mutmut_3,
 # schedspec.impl.scheduler.xǁImplSchedulerǁschedule__mutmut_12. The copy under
 # mutants/ gets schedspec/ with its symlinks followed (real folders that hold the
-# mutated files), tests/ and vectors/.
+# mutated files), tests/, vectors/, docs/, and plain copies of spec/, impl/ and
+# invariants/ for tests that read source files by path (never imported: the
+# tests import schedspec.*).
 #
 # The test command for each mutant is the fast selection, stopping at the first
 # failure (vLLM's tests deselected): the spec's scenario tests
@@ -48,7 +50,7 @@ cat >> "$WORK/pyproject.toml" <<'EOF'
 
 [tool.mutmut]
 source_paths = ["schedspec/spec", "schedspec/impl"]
-also_copy = ["schedspec", "vectors"]
+also_copy = ["schedspec", "spec", "impl", "invariants", "vectors", "docs"]
 pytest_add_cli_args_test_selection = [
     "tests/spec/test_scheduler.py", "tests/spec/test_rules.py", "tests/spec/test_config.py",
     "tests/spec/test_interface.py", "tests/spec/test_protocol.py",

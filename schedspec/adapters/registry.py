@@ -1,7 +1,7 @@
 """Turn a --against name into a scheduler factory.
 
 ``spec`` and ``impl`` are ours; ``vllm`` is vLLM 0.33's real Scheduler through
-harness/vllm_adapter.py; ``MODULE:CLASS`` is either a class implementing our
+schedspec/adapters/vllm_adapter.py; ``MODULE:CLASS`` is either a class implementing our
 Scheduler protocol (built as ``CLASS(config)``) or a vLLM-compatible scheduler
 class (a subclass of vLLM's Scheduler, what vLLM accepts as scheduler_cls),
 which the vLLM adapter wraps. Nothing heavy is imported until asked for.

@@ -20,8 +20,6 @@ from schedspec.cli.common import (
     positive_int,
 )
 
-HELP = "random workloads in lockstep with the spec, every invariant on every step"
-
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--against", default="spec", help="spec | impl | vllm | MODULE:CLASS (default spec)")

@@ -97,7 +97,7 @@ def print_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]
 
     table = Table(title=title)
     for heading, align in columns:
-        table.add_column(heading, justify="right" if align == ">" else "left")
+        table.add_column(heading, justify="right" if align == ">" else "left", overflow="fold")
     for row in rows:
         table.add_row(*row)
     console.print(table)

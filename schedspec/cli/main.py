@@ -11,20 +11,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from types import ModuleType
 from typing import Callable, Sequence
 
 from schedspec.adapters.registry import AdapterError
 from schedspec.check import trace as tracefile
-from schedspec.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError, positive_int
+from schedspec.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 from schedspec.spec.interface import SchedSpecError
 
-__all__ = ["EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "UsageError", "build_parser", "main", "positive_int"]
+__all__ = ["EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
 
 DESCRIPTION = "Hold LLM schedulers to the executable spec of vLLM 0.33's v1 scheduler."
 
-#: The subcommands, in --help order: name, module, one-line help. Each
-#: module is imported when the parser is built; none imports anything heavy.
+#: The subcommands, in --help order: name, module, one-line help. Each module
+#: has ``add_arguments(parser)`` and ``run(args) -> int``; all are imported when
+#: the parser is built, and none imports anything heavy at import time.
 SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("check", "schedspec.cli.check",
      "random workloads in lockstep with the spec, every invariant on every step"),
@@ -38,26 +38,11 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _module(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if name != "schedspec.cli.modelcheck" or exc.name != name:
-            raise
-    # Until the model checker's own subcommand module lands: its arguments
-    # and command live in the library.
-    module = ModuleType(name)
-    library = importlib.import_module("schedspec.modelcheck")
-    module.add_arguments = library.add_arguments  # type: ignore[attr-defined]
-    module.run = library.run_command  # type: ignore[attr-defined]
-    return module
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="schedspec", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     for name, module_name, help_text in SUBCOMMANDS:
-        module = _module(module_name)
+        module = importlib.import_module(module_name)
         description = getattr(module, "DESCRIPTION", None) or help_text
         parser = sub.add_parser(name, help=help_text, description=description)
         module.add_arguments(parser)

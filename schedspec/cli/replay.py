@@ -23,8 +23,6 @@ from schedspec.check.gate import run_workload
 from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, lockstep_factories, print_table, rich_console
 from schedspec.spec.interface import ScheduleKind, SchedulerFactory
 
-HELP = "replay traces (files or directories of .jsonl traces) against a scheduler"
-
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("trace", nargs="+", help="trace files (.jsonl), or directories holding them")
@@ -98,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"OK      {path}: {len(trace.events)} events ({runner.stats.steps} steps)")
         else:
             failed += 1
+            first = failure.message.splitlines()[0] if failure.message else ""
             print(f"FAILED  {path}: {failure.kind} at event {failure.event_index} (step {failure.step}) "
-                  f"in {failure.scheduler}: {failure.message.splitlines()[0] if failure.message else ''}")
+                  f"in {failure.scheduler}: {first}")
     if failed:
         print(f"FAILED: {failed} of {len(traces)} traces against {args.against}")
         return EXIT_FAIL

@@ -1,12 +1,13 @@
 """The neutral scheduler interface that every part of schedspec speaks.
 
-spec/ owns these types; impl/, invariants/, harness/ and gpu_runner/ import them
-and never the spec's logic. Everything here is a frozen value: a StepPlan or a
+spec/ owns these types; impl/, invariants/, the checking engine and the rest
+of schedspec import them and never the spec's logic. Everything here is a frozen value: a StepPlan or a
 SchedulerView can be compared with ``==`` across schedulers, stored in a trace
 and replayed.
 
-Validation happens here, at the boundary: a bad SchedulerConfig or RequestSpec
-raises a typed error naming the field and never reaches a scheduler.
+Validation happens at construction, at the boundary: a bad SchedulerConfig or
+RequestSpec raises a typed error naming the field (the checks are in
+spec/validate.py, the errors in spec/errors.py) and never reaches a scheduler.
 """
 
 from __future__ import annotations
@@ -15,36 +16,12 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
-# --------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------
-
-
-class SchedSpecError(Exception):
-    """Base class of every error schedspec raises on purpose."""
-
-
-class ConfigError(SchedSpecError, ValueError):
-    """A SchedulerConfig field is invalid; ``field`` names it."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"config.{field_name}: {message}")
-        self.field = field_name
-
-
-class RequestError(SchedSpecError, ValueError):
-    """A request cannot be accepted (or named) as given; ``field`` names why."""
-
-    def __init__(self, request_id: str, field_name: str, message: str) -> None:
-        super().__init__(f"request {request_id!r}: {field_name}: {message}")
-        self.request_id = request_id
-        self.field = field_name
-
-
-class ProtocolError(SchedSpecError, RuntimeError):
-    """The caller broke the add / schedule / update protocol (e.g. an update
-    with a result that does not match the plan). The scheduler is unchanged."""
-
+# The errors are re-exported: import them from here.
+from schedspec.spec.errors import ConfigError as ConfigError
+from schedspec.spec.errors import ProtocolError as ProtocolError
+from schedspec.spec.errors import RequestError as RequestError
+from schedspec.spec.errors import SchedSpecError as SchedSpecError
+from schedspec.spec.validate import validate_config, validate_request
 
 # --------------------------------------------------------------------------
 # Enums
@@ -132,21 +109,6 @@ class ScheduleKind(enum.Enum):
 # --------------------------------------------------------------------------
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-#: Upper bounds that keep a hostile config from exhausting memory (the pool
-#: is an array of num_blocks entries).
-_LIMITS = {
-    "block_size": 1 << 16,
-    "num_blocks": 1 << 24,
-    "max_num_batched_tokens": 1 << 24,
-    "max_num_seqs": 1 << 20,
-    "max_model_len": 1 << 24,
-}
-
-
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduler options the spec models. Defaults follow vLLM 0.33 where
@@ -169,67 +131,7 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
-        for name in (
-            "block_size",
-            "num_blocks",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "max_model_len",
-            "long_prefill_token_threshold",
-        ):
-            value = getattr(self, name)
-            if not _is_int(value):
-                raise ConfigError(name, f"must be an integer, got {value!r}")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "scheduler_reserve_full_isl"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, f"must be a boolean, got {getattr(self, name)!r}")
-        if not isinstance(self.policy, Policy):
-            raise ConfigError("policy", f"must be a Policy, got {self.policy!r}")
-        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
-        for name, limit in _LIMITS.items():
-            if getattr(self, name) > limit:
-                raise ConfigError(name, f"{getattr(self, name)} is beyond the supported maximum {limit}")
-        if self.num_blocks < 2:
-            raise ConfigError(
-                "num_blocks",
-                f"must be at least 2 (block 0 is the reserved null block), got {self.num_blocks}",
-            )
-        if self.long_prefill_token_threshold < 0:
-            raise ConfigError(
-                "long_prefill_token_threshold",
-                f"must be >= 0, got {self.long_prefill_token_threshold}",
-            )
-        # vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ConfigError(
-                "max_num_batched_tokens",
-                f"({self.max_num_batched_tokens}) is smaller than max_model_len "
-                f"({self.max_model_len}) with chunked prefill disabled: longer prompts "
-                "could never be scheduled",
-            )
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ConfigError(
-                "max_num_batched_tokens",
-                f"({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})",
-            )
-        if self.long_prefill_token_threshold > self.max_model_len:
-            raise ConfigError(
-                "long_prefill_token_threshold",
-                f"({self.long_prefill_token_threshold}) cannot exceed max_model_len "
-                f"({self.max_model_len})",
-            )
-        # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine
-        # refuses to start unless one request of max_model_len tokens fits.
-        usable_tokens = (self.num_blocks - 1) * self.block_size
-        if usable_tokens < self.max_model_len:
-            raise ConfigError(
-                "num_blocks",
-                f"the pool ({self.num_blocks - 1} usable blocks x {self.block_size} tokens = "
-                f"{usable_tokens}) cannot hold one request of max_model_len "
-                f"({self.max_model_len}) tokens",
-            )
+        validate_config(self, Policy)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -285,41 +187,7 @@ class RequestSpec:
     cache_salt: str | None = None
 
     def __post_init__(self) -> None:
-        rid = self.request_id
-        if not isinstance(rid, str) or not rid:
-            raise RequestError(str(rid), "request_id", "must be a non-empty string")
-        if not isinstance(self.prompt_token_ids, tuple):
-            raise RequestError(rid, "prompt_token_ids", "must be a tuple of token ids")
-        if len(self.prompt_token_ids) == 0:
-            raise RequestError(rid, "prompt_token_ids", "the prompt cannot be empty")
-        for i, tok in enumerate(self.prompt_token_ids):
-            if not _is_int(tok) or tok < 0:
-                raise RequestError(
-                    rid, f"prompt_token_ids[{i}]", f"must be a non-negative integer, got {tok!r}"
-                )
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise RequestError(rid, "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_int(self.priority):
-            raise RequestError(rid, "priority", f"must be an integer, got {self.priority!r}")
-        if not _is_int(self.arrival):
-            raise RequestError(rid, "arrival", f"must be an integer, got {self.arrival!r}")
-        if not isinstance(self.stop_token_ids, tuple):
-            raise RequestError(rid, "stop_token_ids", "must be a tuple of token ids")
-        for i, tok in enumerate(self.stop_token_ids):
-            if not _is_int(tok) or tok < 0:
-                raise RequestError(
-                    rid, f"stop_token_ids[{i}]", f"must be a non-negative integer, got {tok!r}"
-                )
-        if self.eos_token_id is not None and (
-            not _is_int(self.eos_token_id) or self.eos_token_id < 0
-        ):
-            raise RequestError(
-                rid, "eos_token_id", f"must be a non-negative integer or None, got {self.eos_token_id!r}"
-            )
-        if not isinstance(self.ignore_eos, bool):
-            raise RequestError(rid, "ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
-        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
-            raise RequestError(rid, "cache_salt", f"must be a string or None, got {self.cache_salt!r}")
+        validate_request(self)
 
     @property
     def salt(self) -> str:

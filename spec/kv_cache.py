@@ -6,7 +6,8 @@ vllm/v1/core/single_type_kv_cache_manager.py (FullAttentionManager).
 
 One deliberate difference in representation, none in behaviour: vLLM keys a
 cached block by a chained hash of its tokens; the spec keys it by the tokens
-themselves (BlockKey), so no collision can ever produce a wrong hit.
+themselves (BlockKey), so no collision can ever produce a wrong hit. The
+methods carry the names of the BlockPool methods they capture.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ class KVPool:
     def num_free(self) -> int:
         return len(self.free_queue)
 
-    def lookup(self, key: BlockKey) -> int | None:
-        """BlockPool.get_cached_block."""
+    def get_cached_block(self, key: BlockKey) -> int | None:
+        """The block a prefix hit on ``key`` reuses: the first registered
+        under it (BlockPool.get_cached_block)."""
         blocks = self.index.get(key)
         return blocks[0] if blocks else None
 
@@ -61,7 +63,7 @@ class KVPool:
                 self.free_queue.remove(b)
             self.ref_cnt[b] += 1
 
-    def allocate(self, n: int) -> list[int]:
+    def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the head of the free queue; a popped block that
         still carries a key is evicted from the cache first
         (BlockPool.get_new_blocks, _maybe_evict_cached_block)."""
@@ -70,7 +72,7 @@ class KVPool:
         del self.free_queue[:n]
         for b in taken:
             if self.enable_caching:
-                self._evict(b)
+                self._maybe_evict_cached_block(b)
             assert self.ref_cnt[b] == 0
             self.ref_cnt[b] = 1
         return taken
@@ -87,17 +89,22 @@ class KVPool:
             assert self.ref_cnt[b] >= 0
             newly_free.append(self.ref_cnt[b] == 0)
         has_key = [b in self.block_key for b in tail_first]
-        front, back = split_freed_blocks(tail_first, newly_free, has_key, self.enable_caching)
+        front, back = split_freed_blocks(
+            blocks_tail_first=tail_first, newly_free=newly_free, has_key=has_key, caching=self.enable_caching
+        )
         self.free_queue = front + self.free_queue + back
 
-    def register(self, block: int, key: BlockKey) -> None:
-        """Give a block that just became full its key (BlockPool.cache_full_blocks,
-        _insert_block_hash)."""
-        assert block not in self.block_key, "a newly full block has no key yet"
-        self.block_key[block] = key
-        self.index.setdefault(key, []).append(block)
+    def cache_full_blocks(self, blocks: list[int], keys: list[BlockKey]) -> None:
+        """Give each block that just became full its key, in table order
+        (BlockPool.cache_full_blocks, one ``_insert_block_hash`` per block)."""
+        for block, key in zip(blocks, keys, strict=True):
+            assert block not in self.block_key, "a newly full block has no key yet"
+            self.block_key[block] = key
+            self.index.setdefault(key, []).append(block)
 
-    def _evict(self, block: int) -> None:
+    def _maybe_evict_cached_block(self, block: int) -> None:
+        """A block leaving the free queue for a new owner loses its key
+        (BlockPool._maybe_evict_cached_block)."""
         key = self.block_key.pop(block, None)
         if key is None:
             return
@@ -106,7 +113,7 @@ class KVPool:
         if not holders:
             del self.index[key]
 
-    def reset(self) -> bool:
+    def reset_prefix_cache(self) -> bool:
         """Drop every key, only when no block is held (BlockPool.reset_prefix_cache)."""
         if self.num_free != self.num_blocks - 1:
             return False

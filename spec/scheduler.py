@@ -4,6 +4,11 @@ Each rule names the vLLM function whose behaviour it captures; unless said
 otherwise the file is vllm/v1/core/sched/scheduler.py (Scheduler) and the KV
 side lives in spec/kv_cache.py. Speed is no concern here.
 
+schedule() follows vLLM's Scheduler.schedule phase by phase: the RUNNING loop
+(``_schedule_running``), the WAITING loop (``_schedule_waiting``), then the
+plan and the advance of computed tokens (``_make_plan``, vLLM's
+SchedulerOutput and ``_update_after_schedule``).
+
 The modelled configuration: one full-attention KV group, synchronous
 scheduling, no speculative decoding, no KV connectors, no LoRA, no
 multimodal inputs, watermark 0, one sampled token per step.
@@ -48,38 +53,42 @@ from schedspec.spec.rules import (
     stop_reason,
 )
 
-
 _new = object.__new__
 
 
 @dataclass
 class _Request:
+    """One unfinished request, with vLLM's field names (vllm/v1/request.py,
+    Request)."""
+
     spec: RequestSpec
     status: RequestStatus = RequestStatus.WAITING
-    output: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    blocks: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    blocks: list[int] = field(default_factory=list)  # the block table
     num_cached_blocks: int = 0  # blocks of the table already given a key
     num_preemptions: int = 0
 
     @property
-    def rid(self) -> str:
+    def request_id(self) -> str:
         return self.spec.request_id
 
     @property
-    def tokens(self) -> tuple[int, ...]:
-        return self.spec.prompt_token_ids + tuple(self.output)
+    def all_token_ids(self) -> tuple[int, ...]:
+        return self.spec.prompt_token_ids + tuple(self.output_token_ids)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.spec.prompt_token_ids) + len(self.output)
+        return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
 
-    def key(self, block_index: int, block_size: int) -> BlockKey:
-        """The content key of this request's block ``block_index``."""
-        return (self.spec.salt, self.tokens[: (block_index + 1) * block_size])
+    def block_key(self, block_index: int, block_size: int) -> BlockKey:
+        """The content key of this request's block ``block_index`` (vLLM:
+        ``request.block_hashes[block_index]``, a chained hash of the same
+        tokens)."""
+        return (self.spec.salt, self.all_token_ids[: (block_index + 1) * block_size])
 
     def set_status(self, new: RequestStatus) -> None:
-        assert is_legal_transition(self.status, new), f"{self.rid}: {self.status} -> {new}"
+        assert is_legal_transition(self.status, new), f"{self.request_id}: {self.status} -> {new}"
         self.status = new
 
     def copy(self) -> _Request:
@@ -87,7 +96,7 @@ class _Request:
         new: _Request = _new(_Request)
         d = new.__dict__
         d.update(self.__dict__)
-        d["output"] = self.output[:]
+        d["output_token_ids"] = self.output_token_ids[:]
         d["blocks"] = self.blocks[:]
         return new
 
@@ -95,11 +104,24 @@ class _Request:
         return RequestView.of(
             self.spec,
             status=self.status,
-            output_token_ids=tuple(self.output),
-            num_computed_tokens=self.num_computed,
+            output_token_ids=tuple(self.output_token_ids),
+            num_computed_tokens=self.num_computed_tokens,
             block_ids=tuple(self.blocks),
             num_preemptions=self.num_preemptions,
         )
+
+
+@dataclass
+class _StepState:
+    """What one schedule() call has decided so far (vLLM's locals of
+    Scheduler.schedule: ``token_budget``, ``num_scheduled_tokens``,
+    ``preempted_reqs``)."""
+
+    token_budget: int
+    threshold: int  # the long-prefill threshold in force this step (0 = off)
+    # request id -> (kind, computed before, scheduled); dict order = scheduling order
+    scheduled: dict[str, tuple[ScheduleKind, int, int]] = field(default_factory=dict)
+    preempted: list[str] = field(default_factory=list)
 
 
 class SpecScheduler:
@@ -146,17 +168,17 @@ class SpecScheduler:
         (priority, arrival, request_id) (PriorityRequestQueue, Request.__lt__)."""
         if self._config.policy == Policy.FCFS:
             return list(self.waiting)
-        return sorted(self.waiting, key=self._pkey)
+        return sorted(self.waiting, key=self._priority_key)
 
-    def _pkey(self, rid: str) -> tuple[int, int, str]:
-        s = self.requests[rid].spec
-        return priority_key(s.priority, s.arrival, s.request_id)
+    def _priority_key(self, request_id: str) -> tuple[int, int, str]:
+        s = self.requests[request_id].spec
+        return priority_key(priority=s.priority, arrival=s.arrival, request_id=s.request_id)
 
-    def _enqueue_front(self, rid: str) -> None:
+    def _prepend_waiting(self, request_id: str) -> None:
         """A preempted request goes back to the front of the waiting queue
         (_preempt_request: ``self.waiting.prepend_request``; for PRIORITY the
         heap orders it by key instead)."""
-        self.waiting.insert(0, rid)
+        self.waiting.insert(0, request_id)
 
     # ------------------------------------------------------------------ events
 
@@ -186,8 +208,8 @@ class SpecScheduler:
         req.set_status(status)
         self.kv.free(req.blocks)
         req.blocks = []
-        del self.requests[req.rid]
-        self.finished[req.rid] = req.view()
+        del self.requests[req.request_id]
+        self.finished[req.request_id] = req.view()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """reset_prefix_cache. With reset_running_requests, every running request
@@ -195,24 +217,24 @@ class SpecScheduler:
         check_reset(self.outstanding)
         if reset_running_requests:
             while self.running:
-                self._preempt(self.requests[self.running.pop()])
-        return self.kv.reset()
+                self._preempt_request(self.requests[self.running.pop()])
+        return self.kv.reset_prefix_cache()
 
     # ------------------------------------------------------------------ KV
 
-    def _preempt(self, req: _Request) -> None:
+    def _preempt_request(self, req: _Request) -> None:
         """_preempt_request: free every block, forget all computed tokens (the
         KV is recomputed on resume), keep the generated tokens."""
         req.set_status(RequestStatus.PREEMPTED)
         self.kv.free(req.blocks)
         req.blocks = []
         req.num_cached_blocks = 0
-        req.num_computed = 0
+        req.num_computed_tokens = 0
         req.num_preemptions += 1
-        self._enqueue_front(req.rid)
-        self.preempted.add(req.rid)
+        self._prepend_waiting(req.request_id)
+        self.preempted.add(req.request_id)
 
-    def _cache_full_blocks(self, req: _Request, num_tokens: int) -> None:
+    def _cache_blocks(self, req: _Request, num_tokens: int) -> None:
         """Give a key to every block that is full once ``num_tokens`` tokens are
         computed. Called at allocation time, before the step runs
         (KVCacheManager.allocate_slots -> cache_blocks with
@@ -220,29 +242,32 @@ class SpecScheduler:
         if not self.kv.enable_caching:
             return
         bs = self._config.block_size
-        num_full = num_tokens // bs
-        for i in range(req.num_cached_blocks, num_full):
-            self.kv.register(req.blocks[i], req.key(i, bs))
-        req.num_cached_blocks = max(req.num_cached_blocks, num_full)
+        new_full = range(req.num_cached_blocks, num_tokens // bs)
+        self.kv.cache_full_blocks(
+            [req.blocks[i] for i in new_full], [req.block_key(i, bs) for i in new_full]
+        )
+        req.num_cached_blocks = max(req.num_cached_blocks, num_tokens // bs)
 
     def _allocate_running(self, req: _Request, n: int) -> bool:
         """KVCacheManager.allocate_slots for a running request (no new hits)."""
-        target = min(req.num_computed + n, self._config.max_model_len)
-        need = max(blocks_for_tokens(target, self._config.block_size) - len(req.blocks), 0)
+        target = min(req.num_computed_tokens + n, self._config.max_model_len)
+        total = blocks_for_tokens(num_tokens=target, block_size=self._config.block_size)
+        need = max(total - len(req.blocks), 0)
         if need > self.kv.num_free:
             return False
-        req.blocks.extend(self.kv.allocate(need))
-        self._cache_full_blocks(req, min(req.num_computed + n, req.num_tokens))
+        req.blocks.extend(self.kv.get_new_blocks(need))
+        self._cache_blocks(req, min(req.num_computed_tokens + n, req.num_tokens))
         return True
 
-    def _find_hit(self, req: _Request) -> list[int]:
+    def _get_computed_blocks(self, req: _Request) -> list[int]:
         """KVCacheManager.get_computed_blocks: the longest run of cached full
         blocks from the start, at most ``num_tokens - 1`` tokens."""
         if not self.kv.enable_caching:
             return []
+        bs = self._config.block_size
         hit: list[int] = []
-        for i in range(max_hit_blocks(req.num_tokens, self._config.block_size)):
-            block = self.kv.lookup(req.key(i, self._config.block_size))
+        for i in range(max_hit_blocks(num_tokens=req.num_tokens, block_size=bs)):
+            block = self.kv.get_cached_block(req.block_key(i, bs))
             if block is None:
                 break
             hit.append(block)
@@ -255,19 +280,28 @@ class SpecScheduler:
         cfg = self._config
         bs = cfg.block_size
         evictable = sum(1 for b in hit if self.kv.ref_cnt[b] == 0)
-        if cfg.scheduler_reserve_full_isl:
-            full = min(req.num_tokens, cfg.max_model_len)
-            if admission_blocks_needed(full, bs, len(hit), evictable) > self.kv.num_free:
-                return False
+
+        def fits(target_tokens: int) -> bool:
+            need = admission_blocks_needed(
+                target_tokens=target_tokens,
+                block_size=bs,
+                num_hit_blocks=len(hit),
+                num_evictable_hits=evictable,
+            )
+            return need <= self.kv.num_free
+
+        if cfg.scheduler_reserve_full_isl and not fits(min(req.num_tokens, cfg.max_model_len)):
+            return False
         num_hit_tokens = len(hit) * bs
         target = min(num_hit_tokens + n, cfg.max_model_len)
-        if admission_blocks_needed(target, bs, len(hit), evictable) > self.kv.num_free:
+        if not fits(target):
             return False
         self.kv.touch(hit)
         req.blocks = list(hit)
         req.num_cached_blocks = len(hit)
-        req.blocks.extend(self.kv.allocate(max(blocks_for_tokens(target, bs) - len(hit), 0)))
-        self._cache_full_blocks(req, min(num_hit_tokens + n, req.num_tokens))
+        num_new = max(blocks_for_tokens(num_tokens=target, block_size=bs) - len(hit), 0)
+        req.blocks.extend(self.kv.get_new_blocks(num_new))
+        self._cache_blocks(req, min(num_hit_tokens + n, req.num_tokens))
         return True
 
     # ------------------------------------------------------------------ schedule
@@ -278,74 +312,111 @@ class SpecScheduler:
         check_schedule(self.outstanding)
         cfg = self._config
         self.step += 1
-        budget = cfg.max_num_batched_tokens
         threshold = effective_threshold(
-            cfg.long_prefill_token_threshold, len(self.running), len(self.waiting)
+            threshold=cfg.long_prefill_token_threshold,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
         )
-        # request id -> (kind, computed before, scheduled); dict order = scheduling order
-        scheduled: dict[str, tuple[ScheduleKind, int, int]] = {}
-        preempted_now: list[str] = []
+        st = _StepState(token_budget=cfg.max_num_batched_tokens, threshold=threshold)
+        self._schedule_running(st)
+        if not st.preempted:
+            self._schedule_waiting(st)
+        assert len(self.running) <= cfg.max_num_seqs
+        return self._make_plan(st)
 
-        # Phase 1: the RUNNING loop.
+    def _schedule_running(self, st: _StepState) -> None:
+        """Phase 1, the RUNNING loop: each running request in queue order gets
+        its next chunk, preempting others (or itself) when the pool is short."""
+        cfg = self._config
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and st.token_budget > 0:
             req = self.requests[self.running[i]]
-            n = running_chunk(req.num_tokens, req.num_computed, threshold, budget, cfg.max_model_len)
+            n = running_chunk(
+                num_tokens=req.num_tokens,
+                num_computed=req.num_computed_tokens,
+                threshold=st.threshold,
+                token_budget=st.token_budget,
+                max_model_len=cfg.max_model_len,
+            )
             if n == 0:
                 i += 1  # skipped, not a stop ("continue" in vLLM)
                 continue
-            allocated = self._allocate_running(req, n)
-            while not allocated:
-                # Preempt the lowest-priority running request and retry.
-                keys = [self._pkey(r)[:2] for r in self.running]
-                v = choose_victim(cfg.policy, [(p, a) for p, a in keys])
-                victim = self.requests[self.running.pop(v)]
-                if v < i:
-                    i -= 1
-                if victim.rid in scheduled:  # PRIORITY only: give its budget back
-                    budget += scheduled.pop(victim.rid)[2]
-                self._preempt(victim)
-                preempted_now.append(victim.rid)
-                if victim is req:
-                    break
-                allocated = self._allocate_running(req, n)
+            allocated, i = self._allocate_or_preempt(st, req, n, i)
             if not allocated:
                 if cfg.policy == Policy.PRIORITY and req.status == RequestStatus.PREEMPTED:
                     continue  # it preempted itself; later requests may still fit
                 break
-            scheduled[req.rid] = (ScheduleKind.RUNNING, req.num_computed, n)
-            budget -= n
+            st.scheduled[req.request_id] = (ScheduleKind.RUNNING, req.num_computed_tokens, n)
+            st.token_budget -= n
             i += 1
 
-        # Phase 2: the WAITING loop, only if nothing was preempted.
-        if not preempted_now:
-            while budget > 0 and self.waiting:
-                if len(self.running) >= cfg.max_num_seqs:
-                    break
-                rid = self._waiting_order()[0]
-                req = self.requests[rid]
-                assert req.num_computed == 0 and not req.blocks
-                hit = self._find_hit(req)
-                num_hit_tokens = len(hit) * cfg.block_size
-                n = admission_chunk(
-                    req.num_tokens, num_hit_tokens, threshold, budget, cfg.enable_chunked_prefill
-                )
-                if n == 0:
-                    break  # chunked prefill off and the prompt does not fit the budget
-                if not self._allocate_admission(req, hit, n):
-                    break  # head-of-line: nothing behind it is tried
-                self.waiting.remove(rid)
-                self.running.append(rid)
-                kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
-                req.set_status(RequestStatus.RUNNING)
-                req.num_computed = num_hit_tokens
-                scheduled[rid] = (kind, num_hit_tokens, n)
-                budget -= n
+    def _allocate_or_preempt(self, st: _StepState, req: _Request, n: int, i: int) -> tuple[bool, int]:
+        """allocate_slots for ``req`` (at index ``i`` of the running queue); while
+        it fails, preempt the lowest-priority running request and retry. A
+        victim already scheduled this step gives its budget back (PRIORITY
+        only). Returns whether ``req`` got its blocks (False once it preempted
+        itself) and its index after the victims left the queue."""
+        while not self._allocate_running(req, n):
+            keys = [self._priority_key(r)[:2] for r in self.running]
+            v = choose_victim(policy=self._config.policy, running_keys=keys)
+            victim = self.requests[self.running.pop(v)]
+            if v < i:
+                i -= 1
+            if victim.request_id in st.scheduled:
+                st.token_budget += st.scheduled.pop(victim.request_id)[2]
+            self._preempt_request(victim)
+            st.preempted.append(victim.request_id)
+            if victim is req:
+                return False, i
+        return True, i
 
-        assert len(self.running) <= cfg.max_num_seqs
-        # Build the plan, then advance computed tokens (_update_after_schedule).
+    def _schedule_waiting(self, st: _StepState) -> None:
+        """Phase 2, the WAITING loop (only in a step that preempted nobody):
+        admit from the head of the waiting queue while the budget, max_num_seqs
+        and the pool allow; the first request that cannot be admitted stops
+        the loop (head-of-line)."""
+        while st.token_budget > 0 and self.waiting:
+            if len(self.running) >= self._config.max_num_seqs:
+                break
+            if not self._admit(st, self.requests[self._waiting_order()[0]]):
+                break
+
+    def _admit(self, st: _StepState, req: _Request) -> bool:
+        """One admission of the WAITING loop: the prefix hit, the chunk past it,
+        the blocks; then the request moves to the running queue as NEW or
+        RESUMED. False when it cannot be admitted (nothing changes)."""
+        cfg = self._config
+        assert req.num_computed_tokens == 0 and not req.blocks
+        hit = self._get_computed_blocks(req)
+        num_hit_tokens = len(hit) * cfg.block_size
+        n = admission_chunk(
+            num_tokens=req.num_tokens,
+            num_hit_tokens=num_hit_tokens,
+            threshold=st.threshold,
+            token_budget=st.token_budget,
+            chunked_prefill=cfg.enable_chunked_prefill,
+        )
+        if n == 0:
+            return False  # chunked prefill off and the prompt does not fit the budget
+        if not self._allocate_admission(req, hit, n):
+            return False  # head-of-line: nothing behind it is tried
+        rid = req.request_id
+        self.waiting.remove(rid)
+        self.running.append(rid)
+        kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
+        req.set_status(RequestStatus.RUNNING)
+        req.num_computed_tokens = num_hit_tokens
+        st.scheduled[rid] = (kind, num_hit_tokens, n)
+        st.token_budget -= n
+        return True
+
+    def _make_plan(self, st: _StepState) -> StepPlan:
+        """Phase 3: the plan in scheduling order (vLLM's SchedulerOutput), then
+        each scheduled request's computed tokens advance
+        (_update_after_schedule) and the finished and preempted ids since the
+        previous plan are handed over."""
         entries = []
-        for rid, (kind, computed, n) in scheduled.items():
+        for rid, (kind, computed, n) in st.scheduled.items():
             req = self.requests[rid]
             entries.append(
                 ScheduledRequest(
@@ -355,10 +426,10 @@ class SpecScheduler:
                     num_scheduled_tokens=n,
                     num_tokens=req.num_tokens,
                     block_ids=tuple(req.blocks),
-                    token_ids=req.tokens[computed : computed + n],
+                    token_ids=req.all_token_ids[computed : computed + n],
                 )
             )
-            req.num_computed = computed + n
+            req.num_computed_tokens = computed + n
         plan = StepPlan(
             step=self.step,
             scheduled=tuple(entries),
@@ -377,32 +448,35 @@ class SpecScheduler:
         (vllm/v1/core/sched/utils.py, check_stop), free finished requests in
         plan order."""
         check_result(plan, self.outstanding, result, self.requests)
-        cfg = self._config
         stopped: list[str] = []
         for s in plan.scheduled:
             req = self.requests.get(s.request_id)
             toks = result.sampled.get(s.request_id, ())
             if req is None or not toks:
                 continue
-            req.output.append(toks[0])
-            reason = stop_reason(
-                toks[0],
-                len(req.output),
-                req.num_tokens,
-                req.spec.max_tokens,
-                cfg.max_model_len,
-                req.spec.eos_token_id,
-                req.spec.ignore_eos,
-                req.spec.stop_token_ids,
-            )
-            if reason is not None:
-                status = (
-                    RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_LENGTH_CAPPED
-                )
-                self._finish(req, status)
-                stopped.append(req.rid)
+            if self._append_and_check_stop(req, toks[0]):
+                stopped.append(req.request_id)
         self.running = [r for r in self.running if r not in stopped]
         self.outstanding = None
+
+    def _append_and_check_stop(self, req: _Request, token: int) -> bool:
+        """Append ``token`` to ``req``'s output; finish it if it stops."""
+        req.output_token_ids.append(token)
+        reason = stop_reason(
+            token=token,
+            num_output_tokens=len(req.output_token_ids),
+            num_tokens=req.num_tokens,
+            max_tokens=req.spec.max_tokens,
+            max_model_len=self._config.max_model_len,
+            eos_token_id=req.spec.eos_token_id,
+            ignore_eos=req.spec.ignore_eos,
+            stop_token_ids=req.spec.stop_token_ids,
+        )
+        if reason is None:
+            return False
+        status = RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_LENGTH_CAPPED
+        self._finish(req, status)
+        return True
 
     # ------------------------------------------------------------------ view
 

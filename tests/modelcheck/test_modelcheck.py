@@ -87,7 +87,7 @@ class FirstVictim(SpecScheduler):
         import schedspec.spec.scheduler as mod
 
         original = getattr(mod, "choose_victim")
-        setattr(mod, "choose_victim", lambda policy, keys: 0)
+        setattr(mod, "choose_victim", lambda policy, running_keys: 0)
         try:
             return super().schedule()
         finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from schedspec.spec import (
@@ -473,9 +475,9 @@ def test_clone_shares_no_mutable_structure() -> None:
     c = s.clone()
     before = s.view()
     # Mutate every structure of the clone by hand.
-    c.requests["a"].output.append(99)
+    c.requests["a"].output_token_ids.append(99)
     c.requests["a"].blocks.append(6)
-    c.requests["a"].num_computed = 0
+    c.requests["a"].num_computed_tokens = 0
     c.waiting.append("x")
     c.running.pop()
     c.finished["x"] = before.requests["a"]
@@ -500,3 +502,31 @@ def test_clone_negative_control_a_shallow_copy_is_caught() -> None:
     before = s.view()
     step(shallow)
     assert s.view() != before
+
+
+# ---------------------------------------------------------------- readability
+
+
+def _long_functions(folder: Path, limit: int) -> list[str]:
+    import ast
+
+    out = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    out.append(f"{path.name}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_no_function_in_spec_is_over_60_lines(tmp_path: Path) -> None:
+
+    spec_dir = Path(__file__).resolve().parents[2] / "spec"
+    assert (spec_dir / "scheduler.py").is_file()
+    assert _long_functions(spec_dir, 60) == []
+    # Negative control: the walk sees a long function, nested ones included.
+    body = "\n".join(f"        x{i} = {i}" for i in range(60))
+    (tmp_path / "long.py").write_text(f"def outer() -> None:\n    def inner() -> None:\n{body}\n")
+    assert [s.split(" ")[1] for s in _long_functions(tmp_path, 60)] == ["outer", "inner"]

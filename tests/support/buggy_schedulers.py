@@ -22,7 +22,7 @@ class WrongVictim(SpecScheduler):
         import schedspec.spec.scheduler as mod
 
         original = mod.choose_victim
-        mod.choose_victim = lambda policy, keys: 0  # type: ignore[assignment]
+        mod.choose_victim = lambda policy, running_keys: 0  # type: ignore[assignment]
         try:
             return super().schedule()
         finally:

@@ -1,0 +1,213 @@
+"""Input validation of the interface's values: what makes a SchedulerConfig
+or a RequestSpec acceptable, and the typed error naming the field when it is
+not. SchedulerConfig and RequestSpec (spec/interface.py) call these from
+``__post_init__``, so an invalid value is never built and never reaches a
+scheduler.
+
+The checks read the fields by name; this module imports only the errors, so
+the interface can depend on it and not the other way round.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from schedspec.spec.errors import ConfigError, RequestError
+
+
+class ConfigFields(Protocol):
+    """The fields of a SchedulerConfig as the checks read them."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def max_num_batched_tokens(self) -> int: ...
+
+    @property
+    def max_num_seqs(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def long_prefill_token_threshold(self) -> int: ...
+
+    @property
+    def enable_chunked_prefill(self) -> bool: ...
+
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+
+    @property
+    def scheduler_reserve_full_isl(self) -> bool: ...
+
+    @property
+    def policy(self) -> object: ...
+
+
+class RequestFields(Protocol):
+    """The fields of a RequestSpec as the checks read them."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def arrival(self) -> int: ...
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def ignore_eos(self) -> bool: ...
+
+    @property
+    def cache_salt(self) -> str | None: ...
+
+
+def is_int(value: object) -> bool:
+    """An int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: Upper bounds that keep a hostile config from exhausting memory (the pool
+#: is an array of num_blocks entries).
+LIMITS = {
+    "block_size": 1 << 16,
+    "num_blocks": 1 << 24,
+    "max_num_batched_tokens": 1 << 24,
+    "max_num_seqs": 1 << 20,
+    "max_model_len": 1 << 24,
+}
+
+_INT_FIELDS = (
+    "block_size",
+    "num_blocks",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "long_prefill_token_threshold",
+)
+_BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "scheduler_reserve_full_isl")
+_POSITIVE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
+
+
+def validate_config(config: ConfigFields, policy_type: type) -> None:
+    """Raise ConfigError for the first invalid field of ``config``: first the
+    type of each field (``policy`` must be a ``policy_type``), then each
+    field's own range, then the relations between fields."""
+    _check_config_types(config, policy_type)
+    _check_config_ranges(config)
+    _check_config_relations(config)
+
+
+def _check_config_types(config: ConfigFields, policy_type: type) -> None:
+    for name in _INT_FIELDS:
+        value = getattr(config, name)
+        if not is_int(value):
+            raise ConfigError(name, f"must be an integer, got {value!r}")
+    for name in _BOOL_FIELDS:
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(name, f"must be a boolean, got {getattr(config, name)!r}")
+    if not isinstance(config.policy, policy_type):
+        raise ConfigError("policy", f"must be a Policy, got {config.policy!r}")
+
+
+def _check_config_ranges(config: ConfigFields) -> None:
+    for name in _POSITIVE_FIELDS:
+        if getattr(config, name) <= 0:
+            raise ConfigError(name, f"must be positive, got {getattr(config, name)}")
+    for name, limit in LIMITS.items():
+        if getattr(config, name) > limit:
+            raise ConfigError(name, f"{getattr(config, name)} is beyond the supported maximum {limit}")
+    if config.num_blocks < 2:
+        raise ConfigError(
+            "num_blocks",
+            f"must be at least 2 (block 0 is the reserved null block), got {config.num_blocks}",
+        )
+    if config.long_prefill_token_threshold < 0:
+        raise ConfigError(
+            "long_prefill_token_threshold",
+            f"must be >= 0, got {config.long_prefill_token_threshold}",
+        )
+
+
+def _check_config_relations(config: ConfigFields) -> None:
+    # vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
+        raise ConfigError(
+            "max_num_batched_tokens",
+            f"({config.max_num_batched_tokens}) is smaller than max_model_len "
+            f"({config.max_model_len}) with chunked prefill disabled: longer prompts "
+            "could never be scheduled",
+        )
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        raise ConfigError(
+            "max_num_batched_tokens",
+            f"({config.max_num_batched_tokens}) must be >= max_num_seqs ({config.max_num_seqs})",
+        )
+    if config.long_prefill_token_threshold > config.max_model_len:
+        raise ConfigError(
+            "long_prefill_token_threshold",
+            f"({config.long_prefill_token_threshold}) cannot exceed max_model_len "
+            f"({config.max_model_len})",
+        )
+    # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine
+    # refuses to start unless one request of max_model_len tokens fits.
+    usable_tokens = (config.num_blocks - 1) * config.block_size
+    if usable_tokens < config.max_model_len:
+        raise ConfigError(
+            "num_blocks",
+            f"the pool ({config.num_blocks - 1} usable blocks x {config.block_size} tokens = "
+            f"{usable_tokens}) cannot hold one request of max_model_len "
+            f"({config.max_model_len}) tokens",
+        )
+
+
+def _check_token_ids(rid: str, name: str, tokens: tuple[int, ...]) -> None:
+    for i, tok in enumerate(tokens):
+        if not is_int(tok) or tok < 0:
+            raise RequestError(rid, f"{name}[{i}]", f"must be a non-negative integer, got {tok!r}")
+
+
+def validate_request(request: RequestFields) -> None:
+    """Raise RequestError for the first invalid field of ``request``, in field
+    order."""
+    rid = request.request_id
+    if not isinstance(rid, str) or not rid:
+        raise RequestError(str(rid), "request_id", "must be a non-empty string")
+    if not isinstance(request.prompt_token_ids, tuple):
+        raise RequestError(rid, "prompt_token_ids", "must be a tuple of token ids")
+    if len(request.prompt_token_ids) == 0:
+        raise RequestError(rid, "prompt_token_ids", "the prompt cannot be empty")
+    _check_token_ids(rid, "prompt_token_ids", request.prompt_token_ids)
+    if not is_int(request.max_tokens) or request.max_tokens < 1:
+        raise RequestError(rid, "max_tokens", f"must be an integer >= 1, got {request.max_tokens!r}")
+    for name in ("priority", "arrival"):
+        if not is_int(getattr(request, name)):
+            raise RequestError(rid, name, f"must be an integer, got {getattr(request, name)!r}")
+    if not isinstance(request.stop_token_ids, tuple):
+        raise RequestError(rid, "stop_token_ids", "must be a tuple of token ids")
+    _check_token_ids(rid, "stop_token_ids", request.stop_token_ids)
+    eos = request.eos_token_id
+    if eos is not None and (not is_int(eos) or eos < 0):
+        raise RequestError(rid, "eos_token_id", f"must be a non-negative integer or None, got {eos!r}")
+    if not isinstance(request.ignore_eos, bool):
+        raise RequestError(rid, "ignore_eos", f"must be a boolean, got {request.ignore_eos!r}")
+    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
+        raise RequestError(rid, "cache_salt", f"must be a string or None, got {request.cache_salt!r}")

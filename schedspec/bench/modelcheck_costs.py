@@ -1,13 +1,14 @@
 """Where the model checker's time goes, measured side by side in one process.
 
-    python benchmarks/modelcheck_costs.py [--bound small] [--rounds 5] [--space NAME ...]
+    python -m schedspec.bench.modelcheck_costs [--bound small] [--rounds 5] [--space NAME ...]
 
 Explores the bound's spaces (one process, no workers) in four modes, interleaved
 round by round so that a noisy machine disturbs them alike, and prints the median
 CPU seconds, states per CPU-second and microseconds per transition of each:
 
-1. search only: copy the spec, apply the event, fingerprint, the fake model and
-   the KV contents check (``invariants=()``, no impl);
+1. search only: copy the spec (its clone()), apply the event, take its view and
+   fingerprint it, the fake model and the KV contents check (``invariants=()``,
+   no impl);
 2. + the invariant catalogue (what ``--no-impl`` runs);
 3. + ImplScheduler replaying every transition on a pickle round-trip copy;
 4. + ImplScheduler replaying every transition on its own ``clone()`` (the CLI).
@@ -38,7 +39,7 @@ def _cpu() -> float:
 
 
 MODES: list[tuple[str, Any, Sequence[Any]]] = [
-    ("search only (spec copy, event, fingerprint, KV model)", None, ()),
+    ("search only (spec clone, event, view, fingerprint, KV model)", None, ()),
     ("+ every invariant (--no-impl)", None, CATALOGUE),
     ("+ impl differential, pickle copies", _PickledImpl, CATALOGUE),
     ("+ impl differential, clone() (the default)", ImplScheduler, CATALOGUE),

@@ -1,4 +1,4 @@
-"""The explicit-state model checker (harness/modelcheck.py).
+"""The explicit-state model checker (schedspec/modelcheck/).
 
 The small bound is explored completely, with every invariant on every
 transition and ImplScheduler replaying every transition; deliberately broken
@@ -32,17 +32,19 @@ from schedspec.modelcheck import (
     Bound,
     Explorer,
     Expander,
+    ModelCheckError,
     Shape,
     Space,
     bound,
-    clone_spec,
+    check_bound,
+    expected_memory,
     impl_available,
     impl_class,
 )
 from schedspec.spec.interface import SchedulerConfig, StepPlan
 from schedspec.spec.kv_cache import KVPool
 from schedspec.spec.rules import split_freed_blocks
-from schedspec.spec.scheduler import SpecScheduler, _Request
+from schedspec.spec.scheduler import SpecScheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -95,12 +97,17 @@ class FirstVictim(SpecScheduler):
 
 
 class NeverAdmitsD(SpecScheduler):
-    """Never admits a request whose prompt is (3,): a head-of-line deadlock."""
+    """Never admits a request whose prompt is (3,): it hides such requests
+    from the waiting queue while it schedules, so they wait forever."""
 
-    def _allocate_admission(self, req: _Request, hit: list[int], n: int) -> bool:
-        if req.spec.prompt_token_ids == (3,):
-            return False
-        return super()._allocate_admission(req, hit, n)
+    def schedule(self) -> StepPlan:
+        requests = self.view().requests
+        held = [rid for rid in self.waiting if requests[rid].prompt_token_ids == (3,)]
+        self.waiting = [rid for rid in self.waiting if rid not in held]
+        try:
+            return super().schedule()
+        finally:
+            self.waiting[:0] = held
 
 
 def _space(name: str = "fcfs-cache-tight") -> Space:
@@ -218,23 +225,25 @@ def test_impl_divergence_is_caught() -> None:
     assert len(r.failure.labels) == 3
 
 
-class SpecWithClone(SpecScheduler):
-    """The spec as an "impl" that knows how to copy itself."""
+class SpecWithoutClone(SpecScheduler):
+    """The spec as an "impl" that cannot copy itself: the checker pickles it."""
 
-    def clone(self) -> SpecWithClone:
-        return clone_spec(self)
+    clone = None  # type: ignore[assignment]
 
 
 def test_differential_uses_clone_when_the_impl_has_one(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_pickle(*args: object, **kw: object) -> None:
         raise AssertionError("pickled an impl that has clone()")
 
-    r = Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithClone).run()
+    r = Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecScheduler).run()
     assert r.complete and r.impl_transitions == r.transitions
-    import schedspec.modelcheck as mc
-
-    monkeypatch.setattr(mc.pickle, "loads", no_pickle)
-    assert Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithClone, max_states=200).run().failure is None
+    # Without clone() the impl travels by pickle, and the answer is the same.
+    pickled = Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithoutClone).run()
+    assert (pickled.states, pickled.transitions, pickled.complete) == (r.states, r.transitions, True)
+    monkeypatch.setattr(pickle, "loads", no_pickle)
+    assert Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecScheduler, max_states=200).run().failure is None
+    with pytest.raises(AssertionError, match="pickled an impl"):
+        Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithoutClone, max_states=200).run()
 
 
 # ---------------------------------------------------------------------------
@@ -276,14 +285,11 @@ def _state(space: Space, codes: list[int]) -> tuple[SpecScheduler, int]:
     s: SpecScheduler = ex.root().state
     adds = 0
     for code in codes:
-        s, _, adds = ex.apply(s, code, s.view(), {}, adds) if code != STEP else _step(ex, s, adds)
+        before = s.view()
+        succ = ex.apply(s, code, before, expected_memory(before), adds)
+        assert succ.view == succ.state.view() and succ.fingerprint == ex.canon.fingerprint(succ.view)
+        s, adds = succ.state, succ.adds
     return s, adds
-
-
-def _step(ex: Expander, s: SpecScheduler, adds: int) -> tuple[SpecScheduler, object, int]:
-    from schedspec.modelcheck import expected_memory
-
-    return ex.apply(s, STEP, s.view(), expected_memory(s), adds)
 
 
 def test_ids_enter_the_fingerprint_only_through_order() -> None:
@@ -293,22 +299,23 @@ def test_ids_enter_the_fingerprint_only_through_order() -> None:
     add_a, abort0 = a.add(0), a.abort(0)
     one, _ = _state(space, [add_a])
     other, _ = _state(space, [add_a, abort0, STEP, add_a])  # r1 gone and reported; r2 waits
-    assert list(one.requests) == ["r1"] and list(other.requests) == ["r2"]
-    assert one.step != other.step
-    assert ex.canon.fingerprint(one) == ex.canon.fingerprint(other)
+    assert list(one.view().requests) == ["r1"] and list(other.view().requests) == ["r2"]
+    assert one.view().step != other.view().step
+    assert ex.canon.fingerprint(one.view()) == ex.canon.fingerprint(other.view())
     # ... but arrival order is kept: A then B differs from B then A.
     ab, _ = _state(space, [a.add(0), a.add(1)])
     ba, _ = _state(space, [a.add(1), a.add(0)])
-    assert ex.canon.fingerprint(ab) != ex.canon.fingerprint(ba)
+    assert ex.canon.fingerprint(ab.view()) != ex.canon.fingerprint(ba.view())
 
 
 def test_block_ids_and_free_queue_order_are_kept() -> None:
     space = _space()
     ex = Expander(space)
     s, _ = _state(space, [ex.alphabet.add(0), STEP, ex.alphabet.abort(0), STEP])
-    t = clone_spec(s)
+    t = s.clone()
     t.kv.free_queue = list(reversed(t.kv.free_queue))
-    assert ex.canon.fingerprint(s) != ex.canon.fingerprint(t)
+    assert t.view().kv.free_queue != s.view().kv.free_queue
+    assert ex.canon.fingerprint(s.view()) != ex.canon.fingerprint(t.view())
 
 
 def test_clone_is_independent_and_equal() -> None:
@@ -316,17 +323,15 @@ def test_clone_is_independent_and_equal() -> None:
     ex = Expander(space)
     s, _ = _state(space, [ex.alphabet.add(0), ex.alphabet.add(1), STEP])
     frozen = pickle.loads(pickle.dumps(s))
-    c = clone_spec(s)
+    c = s.clone()
     assert c.view() == s.view() and type(c) is type(s)
     plan = c.schedule()
     from schedspec.check.oracle import FakeModel
 
     model = FakeModel(space.config.block_size, space.vocab, space.oracle_seed)
-    from schedspec.modelcheck import expected_memory
-
-    model.slots = expected_memory(s)
+    model.slots = expected_memory(s.view())
     c.update(plan, model.run(plan)[0])
-    c.abort(next(iter(c.requests)))
+    c.abort(next(iter(c.view().requests)))
     c.reset_prefix_cache(True)
     assert s.view() == frozen.view()
     assert c.view() != s.view()
@@ -486,22 +491,18 @@ def test_crosshair_explores_heap_based_victim_choice(tmp_path: Path) -> None:
 
 
 def test_cost_benchmark_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
-    """benchmarks/modelcheck_costs.py runs (one small space, one round) and
-    reports the four modes on the same state space."""
-    import importlib.util
+    """schedspec/bench/modelcheck_costs.py runs (one small space, one round)
+    and reports the four modes on the same state space."""
+    from schedspec.bench import modelcheck_costs
 
-    path = ROOT / "schedspec" / "bench" / "modelcheck_costs.py"
-    spec = importlib.util.spec_from_file_location("modelcheck_costs", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["modelcheck_costs"] = mod  # its impl subclass is pickled by reference
-    try:
-        spec.loader.exec_module(mod)
-        rc = mod.main(["--rounds", "1", "--space", "fcfs-cache-salt-tight"])
-    finally:
-        del sys.modules["modelcheck_costs"]
-    assert rc == 0
+    assert modelcheck_costs.main(["--rounds", "1", "--space", "fcfs-cache-salt-tight"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("search only", "+ "))]
     assert len(rows) == 4
     assert len({tuple(r.split()[-6:-4]) for r in rows}) == 1, rows  # same states and transitions
+
+
+def test_cost_benchmark_runs_as_a_module() -> None:
+    proc = subprocess.run([sys.executable, "-m", "schedspec.bench.modelcheck_costs", "--rounds", "0"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "--rounds must be at least 1" in proc.stderr

@@ -1,0 +1,72 @@
+"""The alphabet: every event the checker may apply to a state, as a small int.
+
+Codes 0-2 are fixed (``EventCode``); then one ``add`` per request shape of the
+space, then one ``abort`` per position in the list of unfinished requests
+(``abort #k`` aborts the k-th in arrival order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+
+from schedspec.modelcheck.space import Shape
+
+
+class EventCode(IntEnum):
+    STEP = 0  # schedule(), the fake model, update()
+    RESET = 1  # reset_prefix_cache()
+    RESET_RUNNING = 2  # reset_prefix_cache(reset_running_requests=True)
+    FIRST_ADD = 3  # add shape 0; add shape i is FIRST_ADD + i
+
+
+STEP, RESET, RESET_RUNNING = EventCode.STEP, EventCode.RESET, EventCode.RESET_RUNNING
+
+
+class Alphabet:
+    """Event codes: 0 step, 1 reset, 2 reset+running, 3.. add shape i, then
+    abort of the k-th unfinished request."""
+
+    def __init__(self, shapes: Sequence[Shape], max_requests: int) -> None:
+        self.shapes = tuple(shapes)
+        self.max_requests = max_requests
+        self.first_abort = EventCode.FIRST_ADD + len(self.shapes)
+        self.size = self.first_abort + max_requests
+
+    def add(self, i: int) -> int:
+        return EventCode.FIRST_ADD + i
+
+    def abort(self, k: int) -> int:
+        return self.first_abort + k
+
+    def is_add(self, code: int) -> bool:
+        return EventCode.FIRST_ADD <= code < self.first_abort
+
+    def shape_index(self, code: int) -> int:
+        """The shape an ``add`` code adds."""
+        return code - EventCode.FIRST_ADD
+
+    def abort_index(self, code: int) -> int:
+        """The position (among the unfinished requests) an ``abort`` code aborts."""
+        return code - self.first_abort
+
+    def enabled(self, known: int, unfinished: int) -> list[int]:
+        """The codes enabled in a state where the scheduler knows ``known``
+        requests (unfinished, or finished and not yet reported), ``unfinished``
+        of them unfinished: adds only below the space's request bound."""
+        codes = [STEP.value, RESET.value, RESET_RUNNING.value]
+        if known < self.max_requests:
+            codes += [self.add(i) for i in range(len(self.shapes))]
+        codes += [self.abort(k) for k in range(unfinished)]
+        return codes
+
+    def label(self, code: int) -> str:
+        if code == STEP:
+            return "step"
+        if code == RESET:
+            return "reset"
+        if code == RESET_RUNNING:
+            return "reset+running"
+        if code < self.first_abort:
+            return f"add {self.shapes[self.shape_index(code)].name}"
+        return f"abort #{self.abort_index(code)}"

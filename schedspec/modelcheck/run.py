@@ -1,0 +1,88 @@
+"""Running a bound: every space in turn, stopping at the first failure."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from schedspec.invariants import CATALOGUE, Invariant
+from schedspec.modelcheck.explore import Explorer
+from schedspec.modelcheck.result import BoundResult, SpaceResult
+from schedspec.modelcheck.space import bound, select_spaces
+from schedspec.spec.interface import Scheduler, SchedulerConfig
+from schedspec.spec.scheduler import SpecScheduler
+
+
+def impl_available() -> bool:
+    try:
+        from schedspec import impl
+
+        return hasattr(impl, "ImplScheduler")
+    except ImportError:
+        return False
+
+
+def impl_class() -> Callable[[SchedulerConfig], Scheduler]:
+    """impl.ImplScheduler (a class: it travels to worker processes by name)."""
+    from schedspec.impl import ImplScheduler
+
+    cls: Callable[[SchedulerConfig], Scheduler] = ImplScheduler
+    return cls
+
+
+def default_workers() -> int:
+    """The CPUs this process may use, at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+def check_bound(
+    name: str,
+    *,
+    use_impl: bool = True,
+    scheduler_cls: type[SpecScheduler] = SpecScheduler,
+    max_states: int | None = None,
+    log: TextIO | None = None,
+    spaces: Sequence[str] | None = None,
+    workers: int = 1,
+    invariants: Sequence[Invariant] = CATALOGUE,
+    on_space: Callable[[SpaceResult], None] | None = None,
+) -> BoundResult:
+    """Explore the spaces of a bound (all, or those named in ``spaces``) in
+    turn; stop at the first failure. ``log`` gets a progress line every few
+    seconds; ``on_space`` each space's result as soon as it is done.
+    ModelCheckError for an unknown bound or space."""
+    b = bound(name)
+    chosen = select_spaces(b, spaces)
+    out = BoundResult(name)
+    for space in chosen:
+        progress = progress_printer(log, space.name) if log is not None else None
+        r = Explorer(space, scheduler_cls=scheduler_cls, impl_cls=impl_class() if use_impl else None,
+                     invariants=invariants, max_states=max_states, workers=workers, progress=progress).run()
+        out.spaces.append(r)
+        if on_space is not None:
+            on_space(r)
+        if r.failure is not None:
+            break
+    return out
+
+
+def progress_printer(log: TextIO, name: str, every_s: float = 5.0) -> Callable[[SpaceResult, int], None]:
+    """A progress callback for an Explorer: one line on ``log`` at most every ``every_s`` seconds."""
+    last = [time.monotonic()]
+
+    def show(r: SpaceResult, frontier: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < every_s:
+            return
+        last[0] = now
+        log.write(f"  {name}: depth {r.depth}, {r.states:,} states, {r.transitions:,} transitions, "
+                  f"frontier {frontier:,}\n")
+        log.flush()
+
+    return show

@@ -1,0 +1,199 @@
+"""What is explored: request shapes, spaces (one scheduler config each) and
+the bounds (small, medium, large) that group them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schedspec.check.oracle import FakeModel
+from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
+
+
+class ModelCheckError(SchedSpecError, ValueError):
+    """The model checker was asked for something that does not exist (an
+    unknown bound or space); the message names it and what does exist."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A request without an id: what a client sends. ``stop_after`` k > 0 makes
+    the k-th token the fake model generates for this prompt a stop token
+    (resolved per space, since it depends on the model's seed and vocab)."""
+
+    name: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    priority: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_id: int | None = None
+    ignore_eos: bool = False
+    cache_salt: str | None = None
+    stop_after: int = 0
+
+    def request(self, request_id: str, arrival: int) -> RequestSpec:
+        return RequestSpec(
+            request_id=request_id,
+            prompt_token_ids=self.prompt,
+            max_tokens=self.max_tokens,
+            priority=self.priority,
+            arrival=arrival,
+            stop_token_ids=self.stop_token_ids,
+            eos_token_id=self.eos_token_id,
+            ignore_eos=self.ignore_eos,
+            cache_salt=self.cache_salt,
+        )
+
+    def describe(self) -> str:
+        parts = [f"prompt {list(self.prompt)}", f"max_tokens {self.max_tokens}"]
+        if self.priority:
+            parts.append(f"priority {self.priority}")
+        if self.stop_token_ids:
+            parts.append(f"stop {list(self.stop_token_ids)}")
+        if self.eos_token_id is not None:
+            parts.append(f"eos {self.eos_token_id}" + (" (ignored)" if self.ignore_eos else ""))
+        if self.cache_salt:
+            parts.append(f"salt {self.cache_salt!r}")
+        return f"{self.name}: " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Space:
+    """One configuration explored completely: the scheduler config, the
+    request shapes, and at most ``max_requests`` requests known to the
+    scheduler at a time (unfinished, or finished and not yet reported)."""
+
+    name: str
+    config: SchedulerConfig
+    shapes: tuple[Shape, ...]
+    max_requests: int
+    vocab: int = 4
+    oracle_seed: int = 0
+
+    def resolved_shapes(self) -> tuple[Shape, ...]:
+        """The shapes with ``stop_after`` turned into a concrete stop token."""
+        out = []
+        for s in self.shapes:
+            if s.stop_after > 0:
+                toks = generated_tokens(s.prompt, s.stop_after, self.vocab, self.oracle_seed, self.config.block_size)
+                s = Shape(s.name, s.prompt, s.max_tokens, s.priority, s.stop_token_ids + (toks[-1],),
+                          s.eos_token_id, s.ignore_eos, s.cache_salt, 0)
+            out.append(s)
+        return tuple(out)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "config": self.config.to_dict(),
+            "shapes": [s.describe() for s in self.resolved_shapes()],
+            "max_requests": self.max_requests,
+            "vocab": self.vocab,
+            "oracle_seed": self.oracle_seed,
+        }
+
+
+@dataclass(frozen=True)
+class Bound:
+    name: str
+    spaces: tuple[Space, ...]
+
+
+def generated_tokens(prompt: tuple[int, ...], n: int, vocab: int, seed: int, block_size: int) -> tuple[int, ...]:
+    """The first ``n`` tokens the fake model generates for ``prompt`` when the
+    scheduler is right (the model then reads back exactly the request's tokens)."""
+    model = FakeModel(block_size, vocab, seed)
+    toks = list(prompt)
+    for _ in range(n):
+        toks.append(model.sample_token(tuple(toks)))
+    return tuple(toks[len(prompt):])
+
+
+# Shapes for block size 2 (prompt token ids from a vocabulary of 4):
+# A and B share their first block, so one can hit the other's cached block; C
+# is A's prompt under a salt (same tokens, another prefix); D is distinct and
+# stops on a stop token (its 2nd generated token); E fills exactly one block
+# and stops on eos if the model says 0; L is long and of low priority; P is a
+# short prompt of high priority (PRIORITY serves the lowest value first and
+# preempts the greatest). Generation lengths are small, so requests finish
+# within a few steps, yet two requests of A and B outgrow a pool of 4 blocks
+# and preempt each other.
+_A = Shape("A", (1, 2, 3), 3)
+_A2 = Shape("A", (1, 2, 3), 2)
+_B = Shape("B", (1, 2, 0, 3), 2, priority=1)
+_C = Shape("C", (1, 2, 3), 2, cache_salt="s")
+_D = Shape("D", (3,), 3, stop_after=2)
+_Dlow = Shape("D", (3,), 3, priority=1, stop_after=2)
+_E = Shape("E", (2, 1), 2, eos_token_id=0)
+_L = Shape("L", (1, 2, 3, 0, 1), 2, priority=2)
+_P = Shape("P", (1, 2), 3)
+
+#: The common config: blocks of 2 tokens, 4 usable blocks (one request of
+#: max_model_len 8 fits), 4 tokens per step, 2 running requests.
+_BASE: dict[str, Any] = dict(block_size=2, num_blocks=5, max_num_batched_tokens=4, max_num_seqs=2, max_model_len=8)
+
+
+def _space(name: str, shapes: tuple[Shape, ...], max_requests: int, **overrides: Any) -> Space:
+    return Space(name, SchedulerConfig(**{**_BASE, **overrides}), shapes, max_requests)
+
+
+def _small() -> Bound:
+    # A pool of 3 usable blocks (6 tokens) and 3 tokens per step: two requests
+    # preempt each other, chunk their prefills and hit each other's prefix.
+    tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
+    return Bound("small", (
+        _space("fcfs-cache-tight", (_A, _B), 2, **tight),
+        _space("priority-cache-tight", (_A, _B), 2, policy=Policy.PRIORITY, **tight),
+        _space("priority-nocache-threshold", (_A, _Dlow), 2, policy=Policy.PRIORITY,
+               enable_prefix_caching=False, long_prefill_token_threshold=2),
+        _space("fcfs-cache-salt-tight", (_A2, _C), 2, **tight),
+    ))
+
+
+def _medium() -> Bound:
+    return Bound("medium", (
+        *_small().spaces,
+        _space("fcfs-cache", (_A, _B), 2),
+        _space("fcfs-cache-stop", (_A, _B, _D), 2),
+        _space("priority-cache", (_B, _P), 2, policy=Policy.PRIORITY),
+        _space("priority-cache-long", (_A, _L), 2, policy=Policy.PRIORITY),
+        _space("fcfs-cache-nochunk", (_A, _B), 2, enable_chunked_prefill=False, max_num_batched_tokens=8),
+        _space("fcfs-cache-threshold-noreserve", (_A, _B), 2, long_prefill_token_threshold=2,
+               scheduler_reserve_full_isl=False),
+        _space("fcfs-cache-eos", (_A2, _E), 2),
+    ))
+
+
+def _large() -> Bound:
+    tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
+    return Bound("large", (
+        *_medium().spaces,
+        _space("fcfs-cache-3req", (_A, _B), 3),
+        _space("priority-cache-3req", (_B, _P), 3, policy=Policy.PRIORITY),
+        _space("fcfs-cache-tight-3seqs", (_A, _B), 3, max_num_seqs=3, **tight),
+        _space("priority-nocache-threshold-3req", (_A, _Dlow), 3, policy=Policy.PRIORITY,
+               enable_prefix_caching=False, long_prefill_token_threshold=2),
+    ))
+
+
+BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "large": _large}
+
+
+def bound(name: str) -> Bound:
+    """The bound called ``name``; ModelCheckError naming the known ones otherwise."""
+    try:
+        return BOUNDS[name]()
+    except KeyError:
+        raise ModelCheckError(f"unknown bound {name!r} (expected one of {', '.join(BOUNDS)})") from None
+
+
+def select_spaces(b: Bound, names: Sequence[str] | None) -> tuple[Space, ...]:
+    """The spaces of ``b`` named in ``names`` (all of them for None), in the
+    bound's order; ModelCheckError on the first name that is not a space of it."""
+    if names is None:
+        return b.spaces
+    known = [s.name for s in b.spaces]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ModelCheckError(f"{unknown[0]!r} is not a space of bound {b.name} (its spaces: {', '.join(known)})")
+    return tuple(s for s in b.spaces if s.name in names)

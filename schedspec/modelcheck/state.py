@@ -1,0 +1,98 @@
+"""The state as the checker sees it: a canonical fingerprint of a scheduler's
+view, and the KV contents that view implies.
+
+Both read only the public SchedulerView (``Scheduler.view()``), never the
+spec's own fields: whatever the spec calls its fields, the checker explores
+the state every scheduler reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedspec.spec.interface import SchedulerView
+
+#: A canonical fingerprint: a nested tuple of ints, strings and None.
+Fingerprint = tuple[Any, ...]
+
+
+class Canon:
+    """Computes canonical fingerprints of views. Request ids are replaced by
+    their arrival rank among the requests the state knows (unfinished, and
+    finished since the last plan). The checker gives the k-th request of a
+    path, of shape i, the id ``r{k}`` and the arrival ``k * len(shapes) + i``,
+    so the arrival orders requests as their ids do and also names the shape.
+
+    A request's row is its shape, status, output, computed tokens, block
+    table and whether it was ever preempted. The spec's count of keyed
+    blocks of a table is not in the view and need not be: between steps it
+    is ``num_computed_tokens // block_size`` with prefix caching on and 0
+    with it off (docs/modelcheck.md, "Fingerprints")."""
+
+    def __init__(self, num_shapes: int, priority: bool) -> None:
+        self.num_shapes = num_shapes
+        self.priority = priority
+
+    def fingerprint(self, v: SchedulerView) -> Fingerprint:
+        reqs = v.requests
+        fin = v.finished
+        if fin:
+            known: list[tuple[int, str]] = [(r.arrival, rid) for rid, r in reqs.items()]
+            known += [(r.arrival, rid) for rid, r in fin.items()]
+            known.sort()
+            ids = [rid for _, rid in known]
+        else:
+            ids = list(reqs)  # insertion order is arrival order
+        rank = {rid: i for i, rid in enumerate(ids)}
+        ns = self.num_shapes
+        rows = []
+        for rid in ids:
+            r = reqs.get(rid) or fin[rid]
+            rows.append((r.arrival % ns, r.status._value_, r.output_token_ids, r.num_computed_tokens,
+                         r.block_ids, r.num_preemptions > 0))
+        if self.priority:
+            # The PRIORITY waiting list is unordered (the head is the least
+            # key); only the service order is observable.
+            waiting = tuple(sorted([rank[r] for r in v.waiting]))
+        else:
+            waiting = tuple([rank[r] for r in v.waiting])
+        kv = v.kv
+        keys = kv.block_keys
+        if keys:
+            key_part: Any = tuple(sorted(keys.items()))
+            multi: Any = tuple(sorted([b for b in kv.cache_index.values() if len(b) > 1]))
+        else:
+            key_part = multi = ()
+        preempted = v.preempted_since_plan
+        return (
+            tuple(rows),
+            waiting,
+            tuple([rank[r] for r in v.running]),
+            tuple(sorted([rank[r] for r in preempted])) if preempted else (),
+            kv.ref_cnt,
+            kv.free_queue,
+            key_part,
+            multi,
+        )
+
+
+def expected_memory(v: SchedulerView) -> dict[int, int]:
+    """What the KV slots hold if the state tells the truth: every computed
+    position of an unfinished request holds its token, every keyed block
+    holds the last block of its key's tokens."""
+    bs = v.kv.block_size
+    mem: dict[int, int] = {}
+    for b, (_, toks) in v.kv.block_keys.items():
+        base = b * bs
+        tail = toks[len(toks) - bs:]
+        for off in range(len(tail)):
+            mem[base + off] = tail[off]
+    for r in v.requests.values():
+        n = r.num_computed_tokens
+        if not n:
+            continue
+        toks = r.prompt_token_ids + r.output_token_ids
+        blocks = r.block_ids
+        for pos in range(min(n, len(blocks) * bs, len(toks))):
+            mem[blocks[pos // bs] * bs + pos % bs] = toks[pos]
+    return mem

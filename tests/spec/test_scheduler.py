@@ -530,3 +530,31 @@ def test_no_function_in_spec_is_over_60_lines(tmp_path: Path) -> None:
     body = "\n".join(f"        x{i} = {i}" for i in range(60))
     (tmp_path / "long.py").write_text(f"def outer() -> None:\n    def inner() -> None:\n{body}\n")
     assert [s.split(" ")[1] for s in _long_functions(tmp_path, 60)] == ["outer", "inner"]
+
+
+# ---------------------------------------------------------------- docs/spec.md worked example
+
+
+def test_worked_example_in_docs_is_fresh(tmp_path: Path) -> None:
+    """docs/spec.md holds, between its markers, exactly what running the spec
+    prints; refresh it with ``python -m schedspec.spec.worked_example --write
+    docs/spec.md``."""
+    from schedspec.spec import worked_example as we
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
+    text = doc.read_text()
+    generated = we.render()
+    assert we.splice(text, generated) == text, "docs/spec.md is stale: regenerate the worked example"
+    # The example shows what the prose says it shows.
+    assert "8 from the cache" in generated and "preempted C" in generated
+    assert "C resumed  tokens 4..12, 4 from the cache" in generated
+    # Negative control: a stale copy is detected, and --write repairs it.
+    stale = tmp_path / "spec.md"
+    stale.write_text(text.replace("free      7 5 3 ", "free      3 5 7 "))
+    assert we.splice(stale.read_text(), generated) != stale.read_text()
+    assert we.main(["--write", str(stale)]) == 0
+    assert stale.read_text() == text
+    no_markers = tmp_path / "bare.md"
+    no_markers.write_text("# nothing here\n")
+    with pytest.raises(ValueError, match="markers"):
+        we.main(["--write", str(no_markers)])

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pytest
 
 from schedspec.check.driver import Failure, Runner
+from schedspec.check.gate import run_workload
 from schedspec.check.workload import Workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec import (
@@ -69,10 +70,6 @@ def lockstep(workload: Workload, factories: dict[str, SchedulerFactory] | None =
              oracle_seed: int = 0) -> tuple[Runner, Failure | None]:
     """Run ``workload`` on spec and impl (or ``factories``) in lockstep with the
     fake model and every invariant, as ``schedspec check`` and ``replay`` do."""
-    try:
-        from schedspec.check.gate import run_workload
-    except ImportError:  # before the gate's library module exists
-        from schedspec.cli.main import run_workload
     chosen: dict[str, SchedulerFactory] = factories or {"spec": SpecScheduler, "impl": ImplScheduler}
     return run_workload(workload, chosen, vocab, oracle_seed)
 

@@ -1,12 +1,14 @@
 """Run the gate against the zoo's mutants; write the zoo table of docs/bugzoo.md.
 
-    python tests/bugzoo/bugzoo.py                 # run every mutant, print the table
-    python tests/bugzoo/bugzoo.py --write-docs    # ... put it in docs/bugzoo.md, and the
-                                                  # counterexamples in tests/bugzoo/corpus/
-    python tests/bugzoo/bugzoo.py WrongFcfsVictim # one mutant
+From the repository root:
+
+    python -m tests.bugzoo.bugzoo                  # run every mutant, print the table
+    python -m tests.bugzoo.bugzoo --write-docs     # ... put it in docs/bugzoo.md, and the
+                                                   # counterexamples in vectors/bugzoo/
+    python -m tests.bugzoo.bugzoo WrongFcfsVictim  # one mutant
 
 Each run is exactly what CI does (tests/bugzoo/test_bugzoo.py): ``schedspec
-check --against zoo:NAME`` with the CI budget below, in lockstep with the spec
+check --against tests.bugzoo.zoo:NAME`` with the CI budget below, in lockstep with the spec
 and every invariant, shrinking the first failure and writing the
 counterexample directory. The table's "caught by" and "counterexample"
 columns are deterministic (seeded workloads, deterministic shrinking) and the
@@ -31,9 +33,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DOC = ROOT / "docs" / "bugzoo.md"
-#: Every mutant's shrunk counterexample, kept as a regression corpus: short
-#: traces that reach the corners each bug lives in (tests/test_spec_mutants.py
-#: replays them with spec and impl in lockstep).
+#: Every mutant's shrunk counterexample, kept in the vector corpus: short
+#: traces that reach the corners each bug lives in (tests/vectors/test_vectors.py
+#: replays them against spec, impl and vLLM; vectors/README.md).
 CORPUS = ROOT / "vectors" / "bugzoo"
 
 from tests.bugzoo import zoo  # noqa: E402
@@ -79,7 +81,7 @@ class Result:
 
 def run_mutant(name: str, out_dir: Path, steps: int = STEPS, workload_steps: int = WORKLOAD_STEPS,
                shrink_time: float = SHRINK_TIME_S) -> Result:
-    """``schedspec check --against zoo:NAME`` in this process, timed."""
+    """``schedspec check --against tests.bugzoo.zoo:NAME`` in this process, timed."""
     import schedspec.check.gate as gate
     import schedspec.cli.main as cli
 

@@ -1,13 +1,13 @@
 """The gate against the bug zoo: every mutant is caught, by what docs/bugzoo.md says,
 with a short counterexample that replays.
 
-Each test runs ``schedspec check --against zoo:NAME`` with the CI budget of
+Each test runs ``schedspec check --against tests.bugzoo.zoo:NAME`` with the CI budget of
 tests/bugzoo/bugzoo.py (seeded, deterministic), then checks:
 
 - exit status 1, and the failure is one of the mutant's ``CAUGHT_BY``;
 - the shrunk counterexample has at most ``MAX_STEPS`` steps, fails again on
   replay against the mutant, and passes against impl (and the spec); the copy
-  kept in tests/bugzoo/corpus/ still fails against the mutant;
+  kept in vectors/bugzoo/ still fails against the mutant;
 - the row of docs/bugzoo.md's zoo table says the same (caught by, counterexample
   length, steps checked), so the table stays true.
 """
@@ -46,11 +46,11 @@ def test_gate_catches_mutant(cls: type[zoo.Mutant], tmp_path: Path) -> None:
     assert _quiet(["replay", str(r.trace), "--against", "spec"]) == 0
 
     corpus = bugzoo.CORPUS / f"{name}.jsonl"
-    assert corpus.exists(), f"no corpus trace for {name}: run python tests/bugzoo/bugzoo.py --write-docs"
+    assert corpus.exists(), f"no corpus trace for {name}: run python -m tests.bugzoo.bugzoo --write-docs"
     assert _quiet(["replay", str(corpus), "--against", f"tests.bugzoo.zoo:{name}"]) == 1
 
     rows = bugzoo.parse_doc_rows(bugzoo.DOC.read_text())
-    assert name in rows, f"docs/bugzoo.md has no row for {name}: run python tests/bugzoo/bugzoo.py --write-docs"
+    assert name in rows, f"docs/bugzoo.md has no row for {name}: run python -m tests.bugzoo.bugzoo --write-docs"
     row = rows[name]
     assert row[bugzoo.COL_CAUGHT_BY] == r.label, "docs/bugzoo.md is stale (caught by)"
     assert row[bugzoo.COL_STEPS_CHECKED] == f"{r.steps_checked} (seed {r.seed})", "docs/bugzoo.md is stale (steps)"

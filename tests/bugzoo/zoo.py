@@ -17,9 +17,9 @@ Each class carries:
   these;
 - ``MAX_STEPS``: the longest shrunk counterexample the test accepts.
 
-Run one by hand:
+Run one by hand, from the repository root:
 
-    PYTHONPATH=tests/bugzoo schedspec check --against zoo:WrongFcfsVictim --steps 3000
+    PYTHONPATH=. schedspec check --against tests.bugzoo.zoo:WrongFcfsVictim --steps 3000
 """
 
 from __future__ import annotations

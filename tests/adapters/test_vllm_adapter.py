@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's real Scheduler through harness/vllm_adapter.py.
+"""vLLM 0.33.0's real Scheduler through schedspec/adapters/vllm_adapter.py.
 
 Plan shapes on hand-made workloads, the adapter's boundary (the spec's errors,
 an operation that raises changes nothing), a consistent view, and lockstep with
@@ -501,7 +501,7 @@ def test_forgetting_unreachable_block_keys_changes_nothing() -> None:
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
 def test_lockstep_state_machine() -> None:
-    """The Hypothesis state machine (harness/stateful.py) over spec and vLLM."""
+    """The Hypothesis state machine (schedspec/testing/stateful.py) over spec and vLLM."""
     from hypothesis import HealthCheck, settings
 
     from schedspec.testing.stateful import make_machine
@@ -516,3 +516,39 @@ def test_lockstep_state_machine() -> None:
         suppress_health_check=list(HealthCheck),
     )
     case("runTest").runTest()
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_raw_step_schedules_as_the_protocol_does() -> None:
+    """raw_add + raw_step (vLLM's own schedule() and update_from_output(),
+    what the benchmark times) make the same decisions as add + schedule +
+    update through the adapter, given the same tokens."""
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+
+    config = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=16, max_num_seqs=3,
+                             max_model_len=40, enable_prefix_caching=True)
+    requests = [req(f"r{i}", range(10 * i, 10 * i + 9 + i), max_tokens=8) for i in range(4)]
+
+    def sample(num_tokens: int) -> int:
+        return 100 + num_tokens
+
+    through, raw = VllmScheduler(config), VllmScheduler(config)
+    for r in requests:
+        through.add(r)
+        raw.raw_add(r)
+    steps = preemptions = 0
+    while through.view().requests:
+        plan = through.schedule()
+        through.update(plan, StepResult({s.request_id: (sample(s.num_tokens),) for s in plan.scheduled
+                                         if s.samples}))
+        got = raw.raw_step(sample)
+        assert got.scheduled == len(plan.scheduled)
+        assert got.decode == all(s.num_scheduled_tokens == 1 for s in plan.scheduled)
+        assert got.wall_s >= 0 and got.cpu_s >= 0
+        steps += 1
+        preemptions += len(plan.preempted_ids)
+        assert steps < 100
+    assert preemptions > 0  # the pool is small enough that decisions matter
+    assert not raw.sched.requests  # every request finished, in the same step count

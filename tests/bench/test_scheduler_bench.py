@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -79,3 +80,20 @@ def test_plain_table_is_the_cells_in_fixed_width_columns() -> None:
     assert len(lines[0]) == sum(w for _, w, _ in TABLE_COLUMNS) + len(TABLE_COLUMNS) - 1
     assert all(len(line) == len(lines[0]) for line in lines)
     assert lines[2].startswith("decode-8             impl          5      0.500     0.250")
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_vllm_rows_time_vllms_own_calls() -> None:
+    """vLLM is timed through the adapter's public raw_step (its own
+    schedule() + update_from_output()), and the decode rows reach decode."""
+    from schedspec.adapters.registry import resolve
+
+    rows = run_bench({"vllm": resolve("vllm").factory, "impl": ImplScheduler}, running=(8,), steps=3,
+                     mixed_steps=10, max_seconds=1.0, memory=True, memory_running=8, memory_waiting=8)
+    vllm = {r.workload: r for r in rows if r.scheduler == "vllm"}
+    assert vllm["decode-8"].note == vllm["mixed"].note == "vLLM schedule()+update_from_output()"
+    assert vllm["decode-8"].steps >= 3 and vllm["decode-8"].cpu_median_ms > 0
+    assert all(r.baseline == "vllm" for r in rows if not r.workload.startswith("memory"))
+    assert vllm["memory 8+8w"].peak_mb is not None and vllm["memory 8+8w"].peak_mb > 0
+    assert all(r.note == "" for r in rows if r.scheduler == "impl")

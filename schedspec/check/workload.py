@@ -83,6 +83,18 @@ class Workload:
         return tuple(out)
 
 
+def describe_event(event: Event) -> str:
+    """One event as a line of a script: ``add(RequestSpec(...))``, ``step()``,
+    ``abort('r3')``, ``reset_prefix_cache(reset_running_requests=True)``."""
+    if isinstance(event, AddRequest):
+        return f"add({event.request!r})"
+    if isinstance(event, Abort):
+        return f"abort({event.request_id!r})"
+    if isinstance(event, Step):
+        return "step()"
+    return f"reset_prefix_cache(reset_running_requests={event.reset_running_requests})"
+
+
 def timed_events(
     requests: Sequence[RequestSpec], arrive_at: Mapping[str, int], aborts: Sequence[tuple[int, str]] = ()
 ) -> tuple[Event, ...]:
@@ -117,33 +129,119 @@ def timed_events(
 ALPHABET = 16
 
 
-def random_config(rng: random.Random) -> SchedulerConfig:
-    """A small configuration where chunking, prefix hits and preemption are
-    all likely: tight pools and budgets, small blocks."""
-    block_size = rng.choice([1, 2, 4, 8])
-    max_model_len = rng.choice([16, 24, 32, 48])
-    min_blocks = -(-max_model_len // block_size) + 1
-    num_blocks = min_blocks + rng.choice([0, 0, 1, 2, 4, 8, 16])
-    chunked = rng.random() < 0.8
-    max_num_seqs = rng.choice([1, 2, 3, 4, 8])
-    if chunked:
-        budget = rng.choice([max_num_seqs, 4, 8, 16, 32, 64])
-        budget = max(budget, max_num_seqs)
-    else:
-        budget = max_model_len + rng.choice([0, 8, 32])
-    threshold = rng.choice([0, 0, 0, 2, 4, 8])
-    threshold = min(threshold, max_model_len)
-    return SchedulerConfig(
+@dataclass(frozen=True)
+class ConfigSpace:
+    """What small configurations look like: every choice a generator of
+    configurations makes, in one place. The seeded random workloads
+    (``random_config``) and the Hypothesis strategies
+    (schedspec.testing.strategies.configs) both draw from a ConfigSpace and
+    build the config with ``build``."""
+
+    block_sizes: tuple[int, ...]
+    max_model_lens: tuple[int, ...]
+    extra_blocks: tuple[int, ...]  # blocks beyond the least that holds one request at max_model_len
+    max_num_seqs: tuple[int, ...]
+    chunked_budgets: tuple[int, ...]  # token budgets with chunked prefill (raised to max_num_seqs)
+    unchunked_extra_budgets: tuple[int, ...]  # budget beyond max_model_len without it
+    thresholds: tuple[int, ...]  # long_prefill_token_threshold (capped at max_model_len)
+    p_chunked: float
+    p_prefix_caching: float
+    p_reserve_full_isl: float
+
+    def build(
+        self,
+        *,
+        block_size: int,
+        max_model_len: int,
+        extra_blocks: int,
+        chunked: bool,
+        max_num_seqs: int,
+        budget: int,
+        threshold: int,
+        prefix_caching: bool,
+        policy: Policy,
+        reserve_full_isl: bool,
+    ) -> SchedulerConfig:
+        """The config of one set of choices; ``budget`` is a chunked budget or
+        the extra over max_model_len, as ``chunked`` says."""
+        return SchedulerConfig(
+            block_size=block_size,
+            num_blocks=-(-max_model_len // block_size) + 1 + extra_blocks,
+            max_num_batched_tokens=max(budget if chunked else max_model_len + budget, max_num_seqs),
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=chunked,
+            long_prefill_token_threshold=min(threshold, max_model_len),
+            enable_prefix_caching=prefix_caching,
+            policy=policy,
+            scheduler_reserve_full_isl=reserve_full_isl,
+        )
+
+
+#: The seeded random workloads of ``schedspec check``: chunking, prefix hits
+#: and preemption all likely (tight pools and budgets, small blocks).
+CHECK_SPACE = ConfigSpace(
+    block_sizes=(1, 2, 4, 8),
+    max_model_lens=(16, 24, 32, 48),
+    extra_blocks=(0, 0, 1, 2, 4, 8, 16),
+    max_num_seqs=(1, 2, 3, 4, 8),
+    chunked_budgets=(0, 4, 8, 16, 32, 64),  # 0: max_num_seqs
+    unchunked_extra_budgets=(0, 8, 32),
+    thresholds=(0, 0, 0, 2, 4, 8),
+    p_chunked=0.8,
+    p_prefix_caching=0.85,
+    p_reserve_full_isl=0.9,
+)
+
+#: The Hypothesis state machine (schedspec.testing): smaller still.
+MACHINE_SPACE = ConfigSpace(
+    block_sizes=(1, 2, 4),
+    max_model_lens=(8, 12, 16, 24),
+    extra_blocks=(0, 0, 1, 1, 2, 3, 6),
+    max_num_seqs=(1, 2, 3, 4, 6),
+    chunked_budgets=(2, 3, 4, 6, 8, 16, 32),
+    unchunked_extra_budgets=(0, 4, 16),
+    thresholds=(0, 0, 1, 2, 3, 5),
+    p_chunked=0.75,
+    p_prefix_caching=0.8,
+    p_reserve_full_isl=0.75,
+)
+
+#: The spec-versus-impl lockstep test: wider, down to one-token budgets.
+LOCKSTEP_SPACE = ConfigSpace(
+    block_sizes=(1, 2, 3, 4, 8),
+    max_model_lens=tuple(range(3, 41)),
+    extra_blocks=(0, 0, 1, 2, 3, 5, 10, 30),
+    max_num_seqs=(1, 2, 3, 4, 5, 6),
+    chunked_budgets=(1, 2, 3, 4, 6, 8, 16, 64),
+    unchunked_extra_budgets=(0, 1, 5, 20),
+    thresholds=(0, 0, 1, 2, 3, 5, 9),
+    p_chunked=0.5,
+    p_prefix_caching=0.75,
+    p_reserve_full_isl=0.75,
+)
+
+
+def random_config(rng: random.Random, space: ConfigSpace = CHECK_SPACE) -> SchedulerConfig:
+    """A small configuration drawn from ``space``."""
+    block_size = rng.choice(space.block_sizes)
+    max_model_len = rng.choice(space.max_model_lens)
+    extra = rng.choice(space.extra_blocks)
+    chunked = rng.random() < space.p_chunked
+    max_num_seqs = rng.choice(space.max_num_seqs)
+    budget = rng.choice(space.chunked_budgets if chunked else space.unchunked_extra_budgets)
+    threshold = rng.choice(space.thresholds)
+    return space.build(
         block_size=block_size,
-        num_blocks=num_blocks,
-        max_num_batched_tokens=budget,
-        max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
-        enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=threshold,
-        enable_prefix_caching=rng.random() < 0.85,
+        extra_blocks=extra,
+        chunked=chunked,
+        max_num_seqs=max_num_seqs,
+        budget=budget,
+        threshold=threshold,
+        prefix_caching=rng.random() < space.p_prefix_caching,
         policy=rng.choice([Policy.FCFS, Policy.PRIORITY]),
-        scheduler_reserve_full_isl=rng.random() < 0.9,
+        reserve_full_isl=rng.random() < space.p_reserve_full_isl,
     )
 
 

@@ -1,1 +1,11 @@
-"""schedspec.testing."""
+"""schedspec.testing: hold a scheduler to the spec from your own test suite.
+
+``SchedulerContract`` is the base class to subclass (see
+schedspec.testing.contract); ``schedspec.testing.strategies`` holds the
+Hypothesis strategies; ``schedspec.testing.stateful`` the state machine.
+Importing it registers no Hypothesis profile.
+"""
+
+from schedspec.testing.contract import SchedulerContract
+
+__all__ = ["SchedulerContract"]

@@ -1,19 +1,22 @@
-"""Run schedspec's state machine inside your own pytest suite.
+"""Hold your own scheduler to the spec inside your pytest (or unittest) suite.
 
     # tests/test_my_scheduler.py
-    from schedspec.testing.contract import scheduler_test_case
-    from mypkg.sched import MyScheduler          # implements spec.interface.Scheduler
-    TestMyScheduler = scheduler_test_case(MyScheduler)
+    from schedspec.testing import SchedulerContract
+    from mypkg.sched import MyScheduler      # implements schedspec.spec.interface.Scheduler
 
-``scheduler_test_case`` accepts a factory ``config -> Scheduler``, a class
-implementing our Scheduler protocol, or a vLLM scheduler class (a subclass of
+    class TestMyScheduler(SchedulerContract):
+        scheduler = MyScheduler
+
+``scheduler`` is a class implementing our Scheduler protocol, a factory
+``config -> Scheduler``, or a vLLM scheduler class (a subclass of
 vllm.v1.core.sched.scheduler.Scheduler, as passed to vLLM's scheduler_cls),
-which is wrapped by the vLLM adapter. The returned unittest.TestCase runs the
-Hypothesis state machine: every invariant on every operation, and, unless
-``reference=None``, plans and views equal to the reference scheduler's at every
-step. On a failure Hypothesis prints the shrunk steps, and the workload is
-written as a trace when ``trace_sink`` is given (replay it with
-``schedspec replay``).
+which the vLLM adapter wraps. The test runs the Hypothesis state machine:
+every invariant after every operation and, unless ``reference = None``, plans
+and views equal to the reference scheduler's (the spec) at every step. A
+failure's Hypothesis notes are the shrunk run as a script of events; with
+``trace_sink`` set the workload is also written as a trace (replay it with
+``schedspec replay``). ``hypothesis_settings`` (default: the profile in force)
+sets the number of examples and steps.
 """
 
 from __future__ import annotations
@@ -21,17 +24,19 @@ from __future__ import annotations
 import inspect
 import unittest
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
 
-from schedspec.spec.interface import Scheduler, SchedulerConfig
 from schedspec.adapters.registry import resolve
-from schedspec.spec.interface import SchedulerFactory
+from schedspec.spec.interface import Scheduler, SchedulerConfig, SchedulerFactory
 from schedspec.testing.stateful import make_machine
 
 
-def _as_factory(target: Any) -> SchedulerFactory:
+def as_factory(target: Any) -> SchedulerFactory:
+    """A factory ``config -> Scheduler`` for a scheduler class (ours or
+    vLLM's) or a factory."""
     if inspect.isclass(target):
         if any(b.__module__.startswith("vllm.") for b in inspect.getmro(target)):
 
@@ -56,27 +61,41 @@ def _as_factory(target: Any) -> SchedulerFactory:
     raise TypeError(f"expected a scheduler class or a factory, got {target!r}")
 
 
-def scheduler_test_case(
-    target: Any,
-    *,
-    name: str = "candidate",
-    reference: str | None = "spec",
-    check_invariants: bool = True,
-    settings_: settings | None = None,
-    trace_sink: Path | None = None,
-) -> type[unittest.TestCase]:
-    factories: dict[str, SchedulerFactory] = {}
-    if reference is not None:
-        factories[reference] = resolve(reference).factory
-    factories[name] = _as_factory(target)
-    machine = make_machine(
-        factories,
-        check_invariants=check_invariants,
-        compare_views=reference is not None,
-        trace_sink=trace_sink,
-        name=f"SchedSpecMachine_{name}",
-    )
-    case: type[unittest.TestCase] = machine.TestCase
-    if settings_ is not None:
-        case.settings = settings_  # type: ignore[attr-defined]
-    return case
+class SchedulerContract(unittest.TestCase):
+    """Subclass it and set ``scheduler``; the subclass is a test case."""
+
+    #: the scheduler under test: a class, a vLLM scheduler class or a factory
+    scheduler: ClassVar[type | SchedulerFactory | None] = None
+    #: what it is held equal to ("spec", "impl", ...); None: invariants only
+    reference: ClassVar[str | None] = "spec"
+    #: check every invariant after every operation
+    check_invariants: ClassVar[bool] = True
+    #: Hypothesis settings of the run; None: the settings in force
+    hypothesis_settings: ClassVar[settings | None] = None
+    #: where a failing workload is written as a trace
+    trace_sink: ClassVar[Path | None] = None
+    #: the scheduler's name in failures
+    scheduler_name: ClassVar[str] = "candidate"
+
+    __test__ = False  # the base class itself is no test; every subclass is
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__test__ = True
+
+    def test_scheduler_meets_the_contract(self) -> None:
+        cls = type(self)
+        if cls.scheduler is None:
+            raise TypeError(f"{cls.__qualname__}: set the class attribute `scheduler` to the scheduler under test")
+        factories: dict[str, SchedulerFactory] = {}
+        if cls.reference is not None:
+            factories[cls.reference] = resolve(cls.reference).factory
+        factories[cls.scheduler_name] = as_factory(cls.scheduler)
+        machine = make_machine(
+            factories,
+            check_invariants=cls.check_invariants,
+            compare_views=cls.reference is not None,
+            trace_sink=cls.trace_sink,
+            name=f"{cls.__name__}Machine",
+        )
+        run_state_machine_as_test(machine, settings=cls.hypothesis_settings)

@@ -7,11 +7,14 @@ prompts, priorities, stop and eos tokens; aborts; steps with the fake model;
 prefix-cache resets. After every operation every invariant is checked on every
 scheduler and, with more than one scheduler, plans and views must be equal.
 
-On a failure the machine writes the workload as a replayable trace (the last
-write is Hypothesis's shrunk example) when ``trace_sink`` is set.
+Every event is passed to Hypothesis's ``note()`` as a line of a script
+(``add(RequestSpec(...))``, ``step()``, ``abort('r2')``), so a shrunk failure
+reads as the events that cause it. On a failure the machine also writes the
+workload as a replayable trace (the last write is Hypothesis's shrunk example)
+when ``trace_sink`` is set.
 
-Profiles: ``ci`` (quick, derandomized) and ``deep`` (long); pick with
-HYPOTHESIS_PROFILE or ``load_profile``.
+Importing this module registers no Hypothesis profile: the run takes the
+settings in force (a profile the caller loaded, or ``settings=`` of the test).
 """
 
 from __future__ import annotations
@@ -20,72 +23,25 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hypothesis import HealthCheck, settings
+from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
+from schedspec.spec.interface import SchedulerConfig
 from schedspec.check import trace as tracefile
-from schedspec.check.driver import Failure, Runner, Stats
+from schedspec.check.driver import Failure, Runner
+from schedspec.check.stats import Stats
 from schedspec.spec.interface import SchedulerFactory
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, Workload
-
-settings.register_profile(
-    "ci",
-    max_examples=60,
-    stateful_step_count=60,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    print_blob=True,
+from schedspec.check.workload import (
+    Abort,
+    AddRequest,
+    Event,
+    ResetPrefixCache,
+    Step,
+    Workload,
+    describe_event,
 )
-settings.register_profile(
-    "deep",
-    max_examples=1_000_000,
-    stateful_step_count=400,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    print_blob=True,
-)
-settings.register_profile(
-    "dev",
-    max_examples=30,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
-
-VOCAB = 24
-ALPHABET = 4  # tokens of prompts: a tiny alphabet makes accidental sharing common too
-
-
-@st.composite
-def configs(draw: st.DrawFn) -> SchedulerConfig:
-    """Small, tight configurations: every mechanism gets exercised."""
-    block_size = draw(st.sampled_from([1, 2, 4]))
-    max_model_len = draw(st.sampled_from([8, 12, 16, 24]))
-    min_blocks = -(-max_model_len // block_size) + 1
-    num_blocks = min_blocks + draw(st.sampled_from([0, 0, 1, 1, 2, 3, 6]))
-    chunked = draw(st.booleans() | st.just(True))
-    max_num_seqs = draw(st.sampled_from([1, 2, 3, 4, 6]))
-    if chunked:
-        budget = max(draw(st.sampled_from([2, 3, 4, 6, 8, 16, 32])), max_num_seqs)
-    else:
-        budget = max_model_len + draw(st.sampled_from([0, 4, 16]))
-    threshold = draw(st.sampled_from([0, 0, 1, 2, 3, 5]))
-    return SchedulerConfig(
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_num_batched_tokens=budget,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=min(threshold, max_model_len),
-        enable_prefix_caching=draw(st.sampled_from([True, True, True, True, False])),
-        policy=draw(st.sampled_from([Policy.FCFS, Policy.PRIORITY])),
-        scheduler_reserve_full_isl=draw(st.booleans() | st.just(True)),
-    )
-
+from schedspec.testing.strategies import VOCAB, configs, prefixes, requests
 
 class RunTally:
     """Counts over many state-machine runs: how often each mechanism fired.
@@ -141,12 +97,13 @@ class SchedulerMachineBase(RuleBasedStateMachine):
 
     @initialize(
         config=configs(),
-        prefixes=st.lists(st.lists(st.integers(0, ALPHABET - 1), min_size=4, max_size=12), min_size=1, max_size=3),
+        shared=prefixes(),
         data=st.data(),
     )
-    def setup(self, config: SchedulerConfig, prefixes: list[list[int]], data: st.DataObject) -> None:
+    def setup(self, config: SchedulerConfig, shared: list[tuple[int, ...]], data: st.DataObject) -> None:
         self.config = config
-        self.prefixes = [tuple(p) for p in prefixes]
+        self.prefixes = list(shared)
+        note(f"config = {config!r}")
         self.runner = Runner(
             config,
             dict(self.factories),
@@ -161,6 +118,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
     def _do(self, event: Event) -> None:
         assert self.runner is not None and self.config is not None
         self.events.append(event)
+        note(f"{len(self.events) - 1}: {describe_event(event)}")
         failure = self.runner.apply(event)
         if failure is not None:
             self._report(failure)
@@ -175,25 +133,11 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         raise AssertionError(failure.describe())
 
     def _add(self, data: st.DataObject) -> None:
-        """One arrival: often a shared prefix plus a tail, sometimes long."""
+        """One arrival (schedspec.testing.strategies.requests)."""
         assert self.config is not None
-        use_prefix = data.draw(st.sampled_from([True, True, True, False]), label="shared prefix")
-        prefix = data.draw(st.sampled_from(self.prefixes)) if use_prefix else ()
-        tail = data.draw(st.lists(st.integers(0, ALPHABET - 1), min_size=0, max_size=14))
-        prompt = (prefix + tuple(tail))[: self.config.max_model_len - 1] or (0,)
         self.counter += 1
         rid = f"r{self.counter}"
-        req = RequestSpec(
-            request_id=rid,
-            prompt_token_ids=prompt,
-            max_tokens=data.draw(st.sampled_from([1, 3, 5, 8, 30, 30])),
-            priority=data.draw(st.integers(0, 2)),
-            arrival=self.counter,
-            stop_token_ids=tuple(data.draw(st.lists(st.integers(0, VOCAB - 1), max_size=1))),
-            eos_token_id=data.draw(st.none() | st.integers(0, VOCAB - 1)),
-            ignore_eos=data.draw(st.booleans()),
-            cache_salt=data.draw(st.sampled_from([None, None, None, "a"])),
-        )
+        req = data.draw(requests(rid, self.counter, self.config.max_model_len, self.prefixes))
         self._do(AddRequest(req))
         self.live.append(rid)
 

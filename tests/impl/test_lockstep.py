@@ -7,9 +7,8 @@ waiting order, every request) and equal exceptions (type and message) on bad
 input, with the state unchanged by the failed operation.
 
 Profiles: ``ci`` (quick, derandomized; the default) and ``deep`` (long runs);
-pick one with HYPOTHESIS_PROFILE=deep (registered as impl-ci / impl-deep, and
-as ci / deep when the harness has not registered those names);
-IMPL_LOCKSTEP_EXAMPLES=N bounds a run.
+pick one with HYPOTHESIS_PROFILE=deep (this machine runs impl-ci / impl-deep,
+registered in tests/conftest.py); IMPL_LOCKSTEP_EXAMPLES=N bounds a run.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import os
 from typing import Any, Callable
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -30,40 +29,17 @@ from hypothesis.stateful import (
 
 from schedspec.impl import ImplScheduler
 from schedspec.spec.interface import (
-    Policy,
     RequestSpec,
     SchedulerConfig,
     StepPlan,
     StepResult,
 )
 from schedspec.spec.scheduler import SpecScheduler
+from schedspec.check.workload import LOCKSTEP_SPACE
+from schedspec.testing.strategies import configs
 
-_PROFILES = {
-    "ci": settings(
-        max_examples=300,
-        stateful_step_count=50,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    ),
-    "deep": settings(
-        max_examples=1_000_000,
-        stateful_step_count=400,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    ),
-}
-# Registered as "impl-ci" / "impl-deep" (what this machine runs), and as "ci" /
-# "deep" unless someone registered those already: schedspec.testing.stateful registers
-# its own, and a test module must not change another module's profile.
-for _name, _profile in _PROFILES.items():
-    settings.register_profile(f"impl-{_name}", _profile)
-    try:
-        settings.get_profile(_name)
-    except Exception:  # noqa: BLE001 - hypothesis raises InvalidArgument
-        settings.register_profile(_name, _profile)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE not in _PROFILES:
+if PROFILE not in ("ci", "deep"):
     PROFILE = "ci"
 
 VOCAB = 12
@@ -76,33 +52,6 @@ STEP_COUNT = [0]
 def fake_token(tokens: list[int]) -> int:
     """A deterministic 'model': a hash of the request's tokens so far."""
     return hash(tuple(tokens)) % VOCAB
-
-
-@st.composite
-def configs(draw: st.DrawFn) -> SchedulerConfig:
-    block_size = draw(st.sampled_from([1, 2, 3, 4, 8]))
-    max_model_len = draw(st.integers(3, 40))
-    min_blocks = -(-max_model_len // block_size) + 1
-    num_blocks = min_blocks + draw(st.sampled_from([0, 0, 1, 2, 3, 5, 10, 30]))
-    chunked = draw(st.booleans())
-    max_num_seqs = draw(st.integers(1, 6))
-    if chunked:
-        budget = max(draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16, 64])), max_num_seqs)
-    else:
-        budget = max(max_model_len + draw(st.sampled_from([0, 1, 5, 20])), max_num_seqs)
-    threshold = min(draw(st.sampled_from([0, 0, 1, 2, 3, 5, 9])), max_model_len)
-    return SchedulerConfig(
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_num_batched_tokens=budget,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=threshold,
-        enable_prefix_caching=draw(st.booleans() | st.just(True)),
-        policy=draw(st.sampled_from([Policy.FCFS, Policy.PRIORITY])),
-        scheduler_reserve_full_isl=draw(st.booleans() | st.just(True)),
-    )
 
 
 def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
@@ -158,7 +107,7 @@ class Lockstep(RuleBasedStateMachine):
     # -------------------------------------------------------------- setup
 
     @initialize(
-        cfg=configs(),
+        cfg=configs(LOCKSTEP_SPACE),
         prefixes=st.lists(
             st.lists(st.integers(0, ALPHABET - 1), min_size=2, max_size=16), min_size=1, max_size=3
         ),
@@ -382,26 +331,16 @@ def _report_steps() -> Any:
 def test_profiles_registered() -> None:
     assert settings.get_profile("impl-ci").derandomize
     assert settings.get_profile("impl-deep").max_examples >= 100_000
-    settings.get_profile("ci")  # registered here or by the harness
+    settings.get_profile("ci")  # tests/conftest.py registers them all
     settings.get_profile("deep")
 
 
-@pytest.mark.skipif(
-    not os.path.exists(os.path.join(os.path.dirname(__file__), "..", "harness", "stateful.py")),
-    reason="harness not present",
-)
-def test_harness_state_machine_spec_vs_impl() -> None:
-    """The harness's reusable machine, run with spec and impl in lockstep."""
-    try:
-        from schedspec.testing.stateful import make_machine
-    except ImportError as exc:  # the harness is still being written
-        pytest.skip(f"harness not importable: {exc}")
+def test_testing_state_machine_spec_vs_impl() -> None:
+    """schedspec.testing's reusable machine, run with spec and impl in lockstep."""
     from schedspec.adapters.registry import resolve
+    from schedspec.testing.stateful import make_machine
 
     machine = make_machine({"spec": resolve("spec").factory, "impl": resolve("impl").factory}, name="SpecVsImpl")
-    if not callable(getattr(machine, "check_invariants", None)):
-        pytest.skip("schedspec.testing.stateful's class attribute check_invariants shadows "
-                    "RuleBasedStateMachine.check_invariants; the machine cannot run yet")
     test = machine.TestCase
     base = settings.get_profile(f"impl-{PROFILE}")
     test.settings = settings(base, max_examples=min(base.max_examples, 100))

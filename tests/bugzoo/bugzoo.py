@@ -86,7 +86,7 @@ def run_mutant(name: str, out_dir: Path, steps: int = STEPS, workload_steps: int
     import schedspec.cli.main as cli
 
     marks: dict[str, float] = {}
-    real_shrink = gate.shrink
+    real_shrink = gate.shrink  # type: ignore[attr-defined]
 
     def timed_shrink(*args: Any, **kwargs: Any) -> Any:
         marks["caught"] = time.monotonic()
@@ -101,13 +101,13 @@ def run_mutant(name: str, out_dir: Path, steps: int = STEPS, workload_steps: int
             str(workload_steps), "--shrink-time", str(shrink_time), "--quiet", "--out", str(out_dir),
             "--json", str(summary_path)]
     out = io.StringIO()
-    gate.shrink = timed_shrink  # type: ignore[assignment]
+    setattr(gate, "shrink", timed_shrink)
     start = time.monotonic()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             rc = cli.main(argv)
     finally:
-        gate.shrink = real_shrink  # type: ignore[assignment]
+        setattr(gate, "shrink", real_shrink)
     end = time.monotonic()
     summary = json.loads(summary_path.read_text())
     failure = summary["failure"]

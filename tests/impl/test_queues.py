@@ -41,7 +41,7 @@ def test_victim_heap_compacts_and_still_finds_the_victim() -> None:
     assert len(t.impl._victims._heap) <= 2 * 0 + 64 + 2
     t.add(req("a", 13, max_tokens=20, priority=0, arrival=1000))
     t.add(req("b", [9] * 13, max_tokens=20, priority=1, arrival=1001))
-    preempted = []
+    preempted: list[str] = []
     for _ in range(20):
         preempted += t.step().preempted_ids
     assert "b" in preempted

@@ -2,7 +2,7 @@
 
 Every function is total on its documented domain and carries PEP 316
 contracts (``pre:`` / ``post:`` lines in the docstring) that CrossHair checks
-symbolically in the test suite (tests/test_contracts.py).
+symbolically in the test suite (tests/spec/test_contracts.py).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def scheduler_class(text: str | None) -> type[SpecScheduler]:
     cls = import_class(text, "--scheduler")
     if not issubclass(cls, SpecScheduler):
         raise UsageError(f"--scheduler: {text!r} is not a subclass of spec.scheduler.SpecScheduler "
-                         "(the model checker copies the spec's fields)")
+                         "(the model checker explores the spec and its subclasses, copied by their clone())")
     return cls
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 # The errors are re-exported: import them from here.
 from schedspec.spec.errors import ConfigError as ConfigError
@@ -231,6 +231,31 @@ class ScheduledRequest:
     num_tokens: int
     block_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
+
+    @classmethod
+    def of(
+        cls,
+        request_id: str,
+        kind: ScheduleKind,
+        *,
+        num_computed_tokens: int,
+        num_scheduled_tokens: int,
+        all_token_ids: Sequence[int],
+        block_ids: tuple[int, ...],
+    ) -> ScheduledRequest:
+        """The entry of a request that knows ``all_token_ids`` (prompt then
+        output): ``num_tokens`` and the slice to compute follow from them, so
+        every scheduler that builds its entries here derives them alike."""
+        end = num_computed_tokens + num_scheduled_tokens
+        return cls(
+            request_id=request_id,
+            kind=kind,
+            num_computed_tokens=num_computed_tokens,
+            num_scheduled_tokens=num_scheduled_tokens,
+            num_tokens=len(all_token_ids),
+            block_ids=block_ids,
+            token_ids=tuple(all_token_ids[num_computed_tokens:end]),
+        )
 
     @property
     def samples(self) -> bool:

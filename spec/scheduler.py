@@ -419,15 +419,8 @@ class SpecScheduler:
         for rid, (kind, computed, n) in st.scheduled.items():
             req = self.requests[rid]
             entries.append(
-                ScheduledRequest(
-                    request_id=rid,
-                    kind=kind,
-                    num_computed_tokens=computed,
-                    num_scheduled_tokens=n,
-                    num_tokens=req.num_tokens,
-                    block_ids=tuple(req.blocks),
-                    token_ids=req.all_token_ids[computed : computed + n],
-                )
+                ScheduledRequest.of(rid, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
+                                    all_token_ids=req.all_token_ids, block_ids=tuple(req.blocks))
             )
             req.num_computed_tokens = computed + n
         plan = StepPlan(

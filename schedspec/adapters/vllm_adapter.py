@@ -575,15 +575,8 @@ class VllmScheduler:
                 )
             self._tables[rid] = table
             entries.append(
-                ScheduledRequest(
-                    request_id=rid,
-                    kind=kind,
-                    num_computed_tokens=computed,
-                    num_scheduled_tokens=n,
-                    num_tokens=req.num_tokens,
-                    block_ids=tuple(table),
-                    token_ids=tuple(req.all_token_ids[computed : computed + n]),
-                )
+                ScheduledRequest.of(rid, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
+                                    all_token_ids=req.all_token_ids, block_ids=tuple(table))
             )
         plan = StepPlan(
             step=self._step,

@@ -26,3 +26,16 @@ def test_statuses_transitions_and_plan_helpers_answer_as_documented() -> None:
     assert rv.num_tokens == 3 and rv.all_token_ids == (1, 2, 3) and rv.salt == "q"
     assert RequestView("a", S.RUNNING, 0, 0, (1,), (), 4, 0, (), 0).salt == ""
     assert KVView(3, 4, (0, 0, 0), (1, 2), {}, {}).num_free_blocks == 2
+
+
+def test_a_scheduled_entry_built_from_the_known_tokens_derives_its_count_and_slice() -> None:
+    """ScheduledRequest.of, the one constructor the spec and the vLLM adapter
+    share: num_tokens is all the known tokens, token_ids the scheduled slice."""
+    tokens = [10, 11, 12, 13, 14, 15, 16]  # any sequence: vLLM hands over a list
+    e = ScheduledRequest.of("r", ScheduleKind.RESUMED, num_computed_tokens=2, num_scheduled_tokens=3,
+                            all_token_ids=tokens, block_ids=(4, 5))
+    assert e == ScheduledRequest("r", ScheduleKind.RESUMED, 2, 3, 7, (4, 5), (12, 13, 14))
+    assert isinstance(e.token_ids, tuple)
+    last = ScheduledRequest.of("r", ScheduleKind.RUNNING, num_computed_tokens=6, num_scheduled_tokens=1,
+                               all_token_ids=tuple(tokens), block_ids=(4, 5))
+    assert last.token_ids == (16,) and last.samples

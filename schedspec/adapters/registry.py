@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from dataclasses import dataclass
 
-from schedspec.spec.interface import SchedSpecError, Scheduler, SchedulerConfig
-from schedspec.spec.interface import SchedulerFactory
+from schedspec.spec.interface import SchedSpecError, Scheduler, SchedulerConfig, SchedulerFactory
 
 _PROTOCOL_METHODS = ("add", "abort", "schedule", "update", "reset_prefix_cache", "view")
 
@@ -55,12 +56,22 @@ def _is_vllm_scheduler_class(cls: type) -> bool:
     ) or hasattr(cls, "update_from_output")
 
 
+def _search_current_directory() -> None:
+    """A user's MODULE is found as ``python -m`` would find it: the current
+    directory first (the ``schedspec`` script, unlike ``python -m``, does not
+    put it on the path), then the installed packages."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)
+
+
 def import_class(spec: str, flag: str = "--against") -> type:
     """The class named by ``MODULE:CLASS`` (CLASS may be dotted); AdapterError
     naming ``flag`` and what is wrong otherwise."""
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
         raise AdapterError(f"{flag} {spec!r}: expected MODULE:CLASS")
+    _search_current_directory()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

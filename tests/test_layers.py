@@ -52,7 +52,8 @@ ROOT_RANK = -1
 PEERS: frozenset[tuple[str, str]] = frozenset({("bench", "modelcheck")})
 #: impl is written apart from the spec's logic (N-version): of spec it may use
 #: only the interface types and the shared protocol boundary.
-IMPL_MAY_USE = frozenset({"schedspec.spec.interface", "schedspec.spec.protocol", "schedspec.spec.validate"})
+IMPL_MAY_USE = frozenset({"schedspec.spec.interface", "schedspec.spec.errors", "schedspec.spec.protocol",
+                          "schedspec.spec.validate"})
 #: private attributes of a third party's objects that a module must read, with why.
 FOREIGN_PRIVATE: dict[tuple[str, str], str] = {
     ("schedspec.adapters.vllm_adapter", "_cache"):

@@ -22,14 +22,15 @@ Two modes:
     is a multiple of 64 (the SwiGLU hidden size is zero-padded), so no element
     ever falls into a scalar "tail" loop that rounds differently from the
     vector body. The result: a token's logits are bitwise identical however it
-    was batched. ``tests/test_gpu_runner.py`` proves it on the machine it runs on.
+    was batched. ``tests/gpu_runner/test_gpu_runner.py`` proves it on the machine it
+    runs on.
 
 ``fast``
     Ordinary batched kernels: one matmul over all tokens, attention per request
     over exactly its context. Tokens usually agree; logits agree within a
     tolerance that the equivalence report states.
 
-torch is imported here and only inside ``gpu_runner``.
+torch is imported here and only inside ``schedspec.gpu_runner``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,30 @@
 """Hold your own scheduler to the spec inside your pytest (or unittest) suite.
 
-    # tests/test_my_scheduler.py
+    # in your project's test suite, e.g. test_my_scheduler.py
     from schedspec.testing import SchedulerContract
     from mypkg.sched import MyScheduler      # implements schedspec.spec.interface.Scheduler
 
     class TestMyScheduler(SchedulerContract):
         scheduler = MyScheduler
 
-``scheduler`` is a class implementing our Scheduler protocol, a factory
-``config -> Scheduler``, or a vLLM scheduler class (a subclass of
-vllm.v1.core.sched.scheduler.Scheduler, as passed to vLLM's scheduler_cls),
-which the vLLM adapter wraps. The test runs the Hypothesis state machine:
-every invariant after every operation and, unless ``reference = None``, plans
-and views equal to the reference scheduler's (the spec) at every step. A
-failure's Hypothesis notes are the shrunk run as a script of events; with
-``trace_sink`` set the workload is also written as a trace (replay it with
-``schedspec replay``). ``hypothesis_settings`` (default: the profile in force)
-sets the number of examples and steps.
+``SchedulerContract`` is a ``unittest.TestCase`` (pytest collects it too); the
+base class itself is no test, every subclass is, with one test,
+``test_scheduler_meets_the_contract``. ``scheduler`` is a class implementing
+our Scheduler protocol, a factory ``config -> Scheduler``, or a vLLM scheduler
+class (a subclass of vllm.v1.core.sched.scheduler.Scheduler, as passed to
+vLLM's scheduler_cls), which the vLLM adapter wraps (``as_factory``). The test
+runs the Hypothesis state machine of ``schedspec.testing.stateful``
+(``make_machine``): every invariant after every operation
+(``check_invariants``) and, unless ``reference = None``, plans and views equal
+to the reference scheduler's at every step (``reference`` is a name the
+adapter registry resolves: ``"spec"``, the default, ``"impl"``, ``"vllm"`` or
+``MODULE:CLASS``). A failure's Hypothesis notes are the shrunk run as a script
+of events, naming the scheduler as ``scheduler_name``; with ``trace_sink`` set
+the workload is also written as a trace (replay it with ``schedspec replay``).
+``hypothesis_settings`` (default: the settings in force) sets the number of
+examples and steps; schedspec.testing registers no Hypothesis profile, so the
+settings in force are those the suite loads (in its conftest.py, say) or
+Hypothesis's defaults.
 """
 
 from __future__ import annotations

@@ -483,7 +483,7 @@ def test_prefix_index_interns_exactly_the_live_keys(seed: int) -> None:
 
 def test_impl_counterparts_of_the_rules_agree_on_a_small_domain() -> None:
     """impl's module-level counterparts of spec/rules.py helpers (compared
-    symbolically by tests/test_modelcheck.py) agree on an exhaustive small
+    symbolically by tests/modelcheck/test_modelcheck.py) agree on an exhaustive small
     domain too, ties included."""
     import itertools
 

@@ -153,7 +153,7 @@ def test_small_bound_is_explored_completely(tmp_path: Path, capsys: pytest.Captu
 
 
 def _fails_under_runner(cls: type[SpecScheduler], space: Space, codes: tuple[int, ...]) -> bool | None:
-    """Run an event sequence through the harness's own driver (Monitor with
+    """Run an event sequence through the check engine's driver (Monitor with
     history, persistent fake model) against ``cls`` alone. None: the sequence
     names an abort of a request that does not exist."""
     ex = Expander(space, cls)
@@ -174,7 +174,7 @@ def test_broken_spec_is_caught_with_a_shortest_replayable_counterexample(tmp_pat
     # Freeing needs a request with a full (keyed) block: add it, step, abort.
     assert len(f.labels) == 3 and f.labels[0].startswith("add") and f.labels[1] == "step"
     # Shortest: no sequence of fewer events fails, by brute force through
-    # the harness's own driver, independently of the model checker.
+    # the check engine's driver, independently of the model checker.
     alphabet = Expander(space).alphabet
     for n in range(1, len(f.labels)):
         for codes in itertools.product(range(alphabet.size), repeat=n):

@@ -26,7 +26,7 @@ from schedspec.spec.interface import ScheduleKind, SchedulerFactory
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("trace", nargs="+", help="trace files (.jsonl), or directories holding them")
-    r.add_argument("--against", default="spec")
+    r.add_argument("--against", default="spec", help="spec | impl | vllm | MODULE:CLASS (default spec)")
     r.add_argument("--table", action="store_true", help="print the step table even when everything held")
 
 

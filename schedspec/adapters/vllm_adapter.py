@@ -8,8 +8,9 @@ in lockstep with the spec and be held to the same invariants.
 
 No GPU, no weights, no hub: the model is a tiny Llama ``config.json`` in a
 temporary directory and the KV cache is a ``KVCacheConfig`` with no tensors
-(the shared notes beside the repository, ../shared/VLLM_NOTES.md, say how vLLM 0.33 runs with no GPU). vLLM and torch are imported lazily, on the first
-``VllmScheduler``; importing this module imports neither.
+(../shared/VLLM_NOTES.md, beside the repository, says how vLLM 0.33 runs with
+no GPU). vLLM and torch are imported lazily, on the first ``VllmScheduler``;
+importing this module imports neither.
 
 What the translation relies on (vLLM 0.33.0, file vllm/v1/core/sched/scheduler.py
 unless said otherwise):

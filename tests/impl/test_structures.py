@@ -436,6 +436,21 @@ def test_free_queue_keeps_its_order_through_every_operation() -> None:
     assert one.to_list() == [1] and one.popleft_n(1) == [1] and one.to_list() == []
 
 
+def test_iterating_a_free_queue_yields_each_free_block_once_and_stops() -> None:
+    """A new queue, and one whose blocks were all taken and given back, lists
+    exactly its free blocks (a bounded read, so a queue linked into a cycle
+    fails here instead of hanging)."""
+    import itertools
+
+    for n in (2, 3, 6):
+        q = FreeBlockQueue(n)
+        assert list(itertools.islice(q, n + 2)) == list(range(1, n))
+        taken = q.popleft_n(n - 1)
+        assert list(itertools.islice(q, n + 2)) == []
+        q.append(taken[::-1])
+        assert list(itertools.islice(q, n + 2)) == list(range(n - 1, 0, -1))
+
+
 def _drive(make: Callable[[SchedulerConfig], Any], seed: int, check: Callable[[Any], None]) -> None:
     """Run a seeded random workload on one scheduler with the fake model, calling
     ``check`` after every operation."""

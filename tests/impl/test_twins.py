@@ -103,3 +103,21 @@ def test_the_plain_path_takes_an_aborted_entry_and_token_zero() -> None:
     t.update(p, StepResult({"b": (Tok(4),), "c": (0,)}))
     v = t.impl.view()
     assert v.requests["b"].output_token_ids == (4,) and v.requests["c"].output_token_ids == (0,)
+
+
+def test_an_id_finished_since_the_last_plan_stays_taken_until_a_plan_reports_it() -> None:
+    t = Twin(cfg())
+    t.add(req("a", 3, max_tokens=1))
+    t.add(req("b", 3, max_tokens=4))
+    t.step()  # a samples its only token and finishes
+    assert t.expect_error(lambda s: s.add(req("a", 5))) == (
+        "RequestError: request 'a': request_id: duplicate request id")
+    t.abort("b")
+    assert t.expect_error(lambda s: s.add(req("b", 5))) == (
+        "RequestError: request 'b': request_id: duplicate request id")
+    p = t.schedule()
+    assert p.finished_ids == ("a", "b")
+    t.update(p, StepResult({}))
+    t.add(req("a", 5))  # reported: the ids are free again
+    t.add(req("b", 5))
+    assert t.step().scheduled_ids == ("a", "b")

@@ -345,7 +345,7 @@ class SpecScheduler:
             if not allocated:
                 if cfg.policy == Policy.PRIORITY and req.status == RequestStatus.PREEMPTED:
                     continue  # it preempted itself; later requests may still fit
-                break
+                return  # vLLM: break out of the RUNNING loop
             st.scheduled[req.request_id] = (ScheduleKind.RUNNING, req.num_computed_tokens, n)
             st.token_budget -= n
             i += 1
@@ -377,9 +377,9 @@ class SpecScheduler:
         the loop (head-of-line)."""
         while st.token_budget > 0 and self.waiting:
             if len(self.running) >= self._config.max_num_seqs:
-                break
+                return  # vLLM: break
             if not self._admit(st, self.requests[self._waiting_order()[0]]):
-                break
+                return  # vLLM: break
 
     def _admit(self, st: _StepState, req: _Request) -> bool:
         """One admission of the WAITING loop: the prefix hit, the chunk past it,

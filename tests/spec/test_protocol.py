@@ -149,3 +149,22 @@ def test_every_mix_of_result_tokens_is_accepted_or_rejected_alike() -> None:
             sampled[f"u{j}"] = (3,)
         with contextlib.suppress(BothRaised):
             t.update(p, StepResult(sampled))
+
+
+@spec_and_impl
+def test_the_id_of_a_request_finished_since_the_last_plan_is_taken_until_the_next_plan(
+        make: Callable[[SchedulerConfig], Any]) -> None:
+    """A finished request stays known until a plan reports it in finished_ids:
+    adding its id again before that is a duplicate; after it, the id is free."""
+    s = make(cfg())
+    s.add(req("a", 3, max_tokens=1))
+    p = s.schedule()
+    s.update(p, StepResult({"a": (5,)}))  # a stops at max_tokens
+    assert "a" in s.view().finished
+    assert message(lambda: s.add(req("a", 3)), RequestError) == "request 'a': request_id: duplicate request id"
+    s.add(req("b", 3))
+    s.abort("b")
+    assert message(lambda: s.add(req("b", 3)), RequestError) == "request 'b': request_id: duplicate request id"
+    assert s.schedule().finished_ids == ("a", "b")
+    s.add(req("a", 3))  # reported: the id is free again
+    assert s.view().waiting == ("a",)

@@ -558,3 +558,71 @@ def test_worked_example_in_docs_is_fresh(tmp_path: Path) -> None:
     no_markers.write_text("# nothing here\n")
     with pytest.raises(ValueError, match="markers"):
         we.main(["--write", str(no_markers)])
+
+
+def test_worked_example_prints_without_arguments_and_rejects_any_other_than_write_file(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from schedspec.spec import worked_example as we
+
+    usage = "usage: python -m schedspec.spec.worked_example [--write FILE]\n"
+    monkeypatch.setattr(sys, "argv", ["worked_example"])
+    assert we.main() == 0  # the arguments come from sys.argv when none are given
+    assert capsys.readouterr() == (we.render() + "\n", "")
+    for bad in (["--write"], ["--out", "x.md"], ["x.md", "--write"], ["--write", "a.md", "b.md"]):
+        assert we.main(bad) == 2, bad
+        assert capsys.readouterr() == ("", usage), bad
+    monkeypatch.setattr(sys, "argv", ["worked_example", "--write"])
+    assert we.main() == 2
+    assert capsys.readouterr() == ("", usage)
+
+
+def test_worked_example_splice_replaces_only_the_first_marked_region() -> None:
+    from schedspec.spec import worked_example as we
+
+    b, e = we.BEGIN, we.END
+    doc = f"intro\n{b}\nold\n{e}\nprose quoting {e}\n{b}\nsecond\n{e}\nend\n"
+    assert we.splice(doc, "new") == f"intro\n{b}\nnew\n{e}\nprose quoting {e}\n{b}\nsecond\n{e}\nend\n"
+    lacks = f"the document lacks the markers {b!r} .. {e!r}"
+    for bad in (f"{b}\nold\n", f"old\n{e}\n", "no markers\n"):
+        with pytest.raises(ValueError) as info:
+            we.splice(bad, "new")
+        assert str(info.value) == lacks
+
+
+def test_worked_example_shows_empty_steps_joint_arrivals_two_preemptions_and_joint_finishes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example's formatting, on arrivals other than the document's: a step
+    with nothing to do, three arrivals at once, two preemptions in one step
+    (X takes Z's only block, then Y finds none and preempts itself) and two
+    requests finishing together."""
+    from schedspec.spec import worked_example as we
+
+    monkeypatch.setattr(we, "ARRIVALS", {2: (RequestSpec("X", tuple(range(1, 13)), max_tokens=2),
+                                             RequestSpec("Y", tuple(range(20, 32)), max_tokens=2),
+                                             RequestSpec("Z", (40, 41, 42, 43), max_tokens=2))})
+    monkeypatch.setattr(we, "NUM_STEPS", 4)
+    steps = we.render().split("\n\n")
+    assert len(steps) == 4
+    assert steps[0].splitlines() == [
+        "```text",
+        "Time 1: schedule, update",
+        "  tables    -   (waiting: -)",
+        "  block      1  2  3  4  5  6  7",
+        "  ref_cnt    0  0  0  0  0  0  0",
+        "  free      1 2 3 4 5 6 7   (head .. tail)",
+        "  cached    -",
+    ]
+    assert steps[1].splitlines()[0] == (
+        "Time 2: add X (prompt 1 2 3 4 5 6 7 8 9 10 11 12); add Y (prompt 20 21 22 23 24 25 26 27 28 29 30 31); "
+        "add Z (prompt 40 41 42 43); schedule, update")
+    assert steps[2].splitlines()[:5] == [
+        "Time 3: schedule, update",
+        "  plan      X running  tokens 12..12",
+        "  preempted Y Z",
+        "  finished  X",
+        "  tables    Y=[]  Z=[]   (waiting: Y Z)",
+    ]
+    assert steps[3].splitlines()[3:5] == ["  finished  Y Z", "  tables    -   (waiting: -)"]
+    assert steps[3].endswith("\n```")

@@ -65,13 +65,16 @@ class CheckSettings:
 @dataclass(frozen=True)
 class CheckProgress:
     """A snapshot for a progress display; ``final`` marks the last one (the
-    run ended or just failed), which a display shows whatever its rate limit."""
+    run ended or just failed), which a display shows whatever its rate limit.
+    ``elapsed`` is the check's own clock, started after the warm-up, so the
+    display's steps/s is the summary's."""
 
     steps: int
     total: int | None
     workloads: int
     stats: Stats
     final: bool = False
+    elapsed: float = 0.0
 
 
 @dataclass
@@ -193,9 +196,10 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
         stats.merge(runner.stats)
         steps += runner.stats.steps
         workloads += 1
-        show(CheckProgress(steps, total_steps, workloads, stats))
+        show(CheckProgress(steps, total_steps, workloads, stats, elapsed=time.monotonic() - start))
         if failure is not None:
-            show(CheckProgress(steps, total_steps, workloads, stats, final=True))
+            show(CheckProgress(steps, total_steps, workloads, stats, final=True,
+                               elapsed=time.monotonic() - start))
             say(f"FAILED on workload seed {seed}: {failure.describe()}")
             say("shrinking...")
 
@@ -209,7 +213,7 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             return CheckOutcome(steps, workloads, time.monotonic() - start, stats, small_failure, seed,
                                 out_dir, trace_path, seeds, small)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds)
-    show(CheckProgress(steps, total_steps, workloads, stats, final=True))
+    show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=time.monotonic() - start))
     return outcome
 
 

@@ -139,7 +139,6 @@ class Progress:
             self.tty = self.stream.isatty()
         except (AttributeError, ValueError):
             self.tty = False
-        self.start = time.monotonic()
         self.last = 0.0
         self._rich: Any | None = None
         self._task: Any = None
@@ -176,7 +175,7 @@ class Progress:
         if not p.final and now - self.last < every:
             return
         self.last = now
-        elapsed = now - self.start
+        elapsed = p.elapsed
         if self._rich is not None:
             rate = p.steps / elapsed if elapsed > 0 else 0.0
             head = f"{p.steps}/{p.total} steps" if p.total else f"{p.steps} steps"

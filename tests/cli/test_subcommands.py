@@ -158,7 +158,18 @@ class _Terminal(io.StringIO):
 def _snapshots() -> list[CheckProgress]:
     stats = Stats()
     stats.preemptions, stats.hit_admissions, stats.chunks = 3, 2, 1
-    return [CheckProgress(100, 400, 1, stats), CheckProgress(400, 400, 4, stats, final=True)]
+    return [CheckProgress(100, 400, 1, stats, elapsed=0.5), CheckProgress(400, 400, 4, stats, final=True, elapsed=2.0)]
+
+
+def test_progress_reports_the_rate_on_the_check_s_own_clock() -> None:
+    """The display's steps/s is the summary's: the gate's clock, which starts
+    after the warm-up (imports, first builds), not when the display is made."""
+    stream = io.StringIO()
+    show = Progress(stream=stream)
+    for p in _snapshots():
+        show(p)
+    assert "  200 steps/s  " in stream.getvalue().splitlines()[-1]
+    assert stream.getvalue().splitlines()[-1].endswith("  2.0s")
 
 
 def test_progress_is_plain_lines_when_not_a_terminal() -> None:

@@ -68,8 +68,13 @@ def test_a_built_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
     (spec, impl, invariants and gpu_runner inside it), and imports from a bare
     target directory with the repository out of reach."""
     pytest.importorskip("setuptools")
+    import shutil
+
+    source = tmp_path / "source"  # a copy, so the build leaves nothing in the checkout
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "schedspec-out"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(tmp_path / "wheel"), str(ROOT)], capture_output=True, text=True,
+                            "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True,
                            timeout=600)
     assert build.returncode == 0, build.stdout + build.stderr
     import zipfile

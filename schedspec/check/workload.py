@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Mapping, Sequence, Union
+from typing import Callable, Mapping, Protocol, Sequence, TypeVar, Union
 
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -222,15 +224,24 @@ LOCKSTEP_SPACE = ConfigSpace(
 )
 
 
-def random_config(rng: random.Random, space: ConfigSpace = CHECK_SPACE) -> SchedulerConfig:
-    """A small configuration drawn from ``space``."""
-    block_size = rng.choice(space.block_sizes)
-    max_model_len = rng.choice(space.max_model_lens)
-    extra = rng.choice(space.extra_blocks)
-    chunked = rng.random() < space.p_chunked
-    max_num_seqs = rng.choice(space.max_num_seqs)
-    budget = rng.choice(space.chunked_budgets if chunked else space.unchunked_extra_budgets)
-    threshold = rng.choice(space.thresholds)
+class Pick(Protocol):
+    """Chooses one of ``options`` (a seeded ``random.Random``'s choice, or a
+    Hypothesis draw)."""
+
+    def __call__(self, options: Sequence[_T]) -> _T: ...
+
+
+def draw_config(space: ConfigSpace, pick: Pick, coin: Callable[[float], bool]) -> SchedulerConfig:
+    """A configuration of ``space``, every choice made by ``pick`` and every
+    yes/no by ``coin(p)`` (true with probability ``p``), always in this order:
+    the seeded workloads and the Hypothesis strategies share this one draw."""
+    block_size = pick(space.block_sizes)
+    max_model_len = pick(space.max_model_lens)
+    extra = pick(space.extra_blocks)
+    chunked = coin(space.p_chunked)
+    max_num_seqs = pick(space.max_num_seqs)
+    budget = pick(space.chunked_budgets if chunked else space.unchunked_extra_budgets)
+    threshold = pick(space.thresholds)
     return space.build(
         block_size=block_size,
         max_model_len=max_model_len,
@@ -239,10 +250,19 @@ def random_config(rng: random.Random, space: ConfigSpace = CHECK_SPACE) -> Sched
         max_num_seqs=max_num_seqs,
         budget=budget,
         threshold=threshold,
-        prefix_caching=rng.random() < space.p_prefix_caching,
-        policy=rng.choice([Policy.FCFS, Policy.PRIORITY]),
-        reserve_full_isl=rng.random() < space.p_reserve_full_isl,
+        prefix_caching=coin(space.p_prefix_caching),
+        policy=pick([Policy.FCFS, Policy.PRIORITY]),
+        reserve_full_isl=coin(space.p_reserve_full_isl),
     )
+
+
+def random_config(rng: random.Random, space: ConfigSpace = CHECK_SPACE) -> SchedulerConfig:
+    """A small configuration drawn from ``space``."""
+
+    def pick(options: Sequence[_T]) -> _T:
+        return rng.choice(options)
+
+    return draw_config(space, pick, lambda p: rng.random() < p)
 
 
 class RequestFactory:

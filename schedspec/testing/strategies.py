@@ -8,12 +8,14 @@ arrival rich in shared prefixes, salts, stop and eos tokens.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 from hypothesis import strategies as st
 
-from schedspec.check.workload import MACHINE_SPACE, ConfigSpace
+from schedspec.check.workload import MACHINE_SPACE, ConfigSpace, draw_config
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
+
+_T = TypeVar("_T")
 
 #: Sampled token ids of the state machine's fake model.
 VOCAB = 24
@@ -33,25 +35,12 @@ def flags(p: float) -> st.SearchStrategy[bool]:
 @st.composite
 def configs(draw: st.DrawFn, space: ConfigSpace = MACHINE_SPACE) -> SchedulerConfig:
     """A configuration of ``space``: small and tight, every mechanism likely."""
-    block_size = draw(st.sampled_from(space.block_sizes))
-    max_model_len = draw(st.sampled_from(space.max_model_lens))
-    extra = draw(st.sampled_from(space.extra_blocks))
-    chunked = draw(flags(space.p_chunked))
-    max_num_seqs = draw(st.sampled_from(space.max_num_seqs))
-    budget = draw(st.sampled_from(space.chunked_budgets if chunked else space.unchunked_extra_budgets))
-    threshold = draw(st.sampled_from(space.thresholds))
-    return space.build(
-        block_size=block_size,
-        max_model_len=max_model_len,
-        extra_blocks=extra,
-        chunked=chunked,
-        max_num_seqs=max_num_seqs,
-        budget=budget,
-        threshold=threshold,
-        prefix_caching=draw(flags(space.p_prefix_caching)),
-        policy=draw(st.sampled_from([Policy.FCFS, Policy.PRIORITY])),
-        reserve_full_isl=draw(flags(space.p_reserve_full_isl)),
-    )
+
+    def pick(options: Sequence[_T]) -> _T:
+        return draw(st.sampled_from(options))
+
+    return draw_config(space, pick, lambda p: draw(flags(p)))
+
 
 
 def prefixes(alphabet: int = ALPHABET) -> st.SearchStrategy[list[tuple[int, ...]]]:

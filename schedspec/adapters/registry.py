@@ -86,9 +86,11 @@ def import_class(spec: str, flag: str = "--against") -> type:
     return obj
 
 
-def _user_class(spec: str) -> SchedulerFactory:
-    cls = import_class(spec)
-    class_name = spec.partition(":")[2]
+def factory_of(cls: type, label: str) -> SchedulerFactory:
+    """The factory ``config -> Scheduler`` for a scheduler class: a class of
+    our Scheduler protocol is built as is, a vLLM scheduler class (what vLLM
+    takes as ``scheduler_cls``) is wrapped by the vLLM adapter; AdapterError
+    starting with ``label`` for anything else."""
     if _is_vllm_scheduler_class(cls):
 
         def wrapped(config: SchedulerConfig) -> Scheduler:
@@ -101,7 +103,7 @@ def _user_class(spec: str) -> SchedulerFactory:
     missing = [m for m in _PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
     if missing:
         raise AdapterError(
-            f"--against {spec!r}: {class_name} is neither a vLLM Scheduler subclass nor a "
+            f"{label}: {cls.__qualname__} is neither a vLLM Scheduler subclass nor a "
             f"schedspec Scheduler (missing {', '.join(missing)})"
         )
 
@@ -110,6 +112,10 @@ def _user_class(spec: str) -> SchedulerFactory:
         return sched
 
     return build
+
+
+def _user_class(spec: str) -> SchedulerFactory:
+    return factory_of(import_class(spec), f"--against {spec!r}")
 
 
 def resolve(name: str) -> Target:

@@ -37,32 +37,17 @@ from typing import Any, ClassVar
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from schedspec.adapters.registry import resolve
-from schedspec.spec.interface import Scheduler, SchedulerConfig, SchedulerFactory
+from schedspec.adapters.registry import factory_of, resolve
+from schedspec.spec.interface import SchedulerFactory
 from schedspec.testing.stateful import make_machine
 
 
 def as_factory(target: Any) -> SchedulerFactory:
-    """A factory ``config -> Scheduler`` for a scheduler class (ours or
-    vLLM's) or a factory."""
+    """A factory ``config -> Scheduler`` for a scheduler class (ours, or a vLLM
+    scheduler class, which the adapter wraps: the registry decides, as for
+    ``--against``) or a factory."""
     if inspect.isclass(target):
-        if any(b.__module__.startswith("vllm.") for b in inspect.getmro(target)):
-
-            def wrapped(config: SchedulerConfig) -> Scheduler:
-                from schedspec.adapters.vllm_adapter import VllmScheduler
-
-                sched: Scheduler = VllmScheduler(config, scheduler_cls=target)
-                return sched
-
-            return wrapped
-
-        cls: Any = target
-
-        def build(config: SchedulerConfig) -> Scheduler:
-            sched: Scheduler = cls(config)
-            return sched
-
-        return build
+        return factory_of(target, f"{target.__qualname__} (SchedulerContract.scheduler)")
     if callable(target):
         factory: SchedulerFactory = target
         return factory

@@ -46,3 +46,16 @@ def test_the_schedspec_script_finds_a_module_of_the_current_directory(tmp_path: 
     missing = subprocess.run([str(script), "check", "--against", "notthere:Mine", "--steps", "10"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "cannot import module 'notthere'" in missing.stderr
+
+
+def test_a_class_that_is_no_scheduler_is_refused_with_what_it_misses() -> None:
+    from schedspec.adapters.registry import factory_of
+
+    class Half:
+        def add(self, request: object) -> None: ...
+
+    with pytest.raises(AdapterError) as info:
+        factory_of(Half, "label")
+    text = str(info.value)
+    assert text.startswith("label: ") and "Half is neither a vLLM Scheduler subclass nor a schedspec Scheduler" in text
+    assert "missing abort, schedule, update" in text

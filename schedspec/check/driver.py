@@ -32,7 +32,7 @@ from schedspec.spec.interface import (
     SchedulerFactory,
 )
 from schedspec.check.oracle import ContextError, FakeModel, Model
-from schedspec.check.stats import Stats as Stats  # re-exported: callers import it from here too
+from schedspec.check.stats import Stats
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step
 
 

@@ -22,7 +22,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 from schedspec.check import report
 from schedspec.check import trace as tracefile
-from schedspec.check.driver import Failure, Runner, Stats
+from schedspec.check.driver import Failure, Runner
+from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.workload import Workload, random_workload
 from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from schedspec.check.driver import Stats
+from schedspec.check.stats import Stats
 from schedspec.check.gate import CheckProgress
 from schedspec.cli.common import Progress, print_table
 from schedspec.cli.main import SUBCOMMANDS, main

@@ -10,6 +10,7 @@ turns each into a Violation carrying its id. State invariants look at
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
@@ -81,6 +82,40 @@ class History:
 CheckFn = Callable[[Transition, History], Iterable[Finding]]
 Scope = Literal["state", "transition"]
 
+# --------------------------------------------------------------------------
+# Tags: what an invariant protects
+# --------------------------------------------------------------------------
+
+#: The tag of an invariant that holds for any correct paged-KV scheduler
+#: (conservation, no double allocation or use after free, budgets, tables that
+#: cover what is computed, cached content equal to its tokens, legal status
+#: transitions, finished reported once, quiescence).
+SAFETY = "safety"
+#: The prefix of the tag of an invariant that states one scheduling policy:
+#: ``policy:<name>`` (``policy:fcfs``, ``policy:priority``, ``policy:vllm-victim``,
+#: ``policy:vllm-free-order``, ``policy:vllm-allocation``, ...).
+POLICY_PREFIX = "policy:"
+_POLICY_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+def is_valid_tag(tag: str) -> bool:
+    """True for ``"safety"`` and for ``"policy:<kebab-case name>"``."""
+    if tag == SAFETY:
+        return True
+    return tag.startswith(POLICY_PREFIX) and _POLICY_NAME.fullmatch(tag[len(POLICY_PREFIX):]) is not None
+
+
+def _checked_tags(id: str, tags: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(tags, str):
+        raise TypeError(f"invariant {id!r}: tags must be a sequence of tags, not the string {tags!r}")
+    out = tuple(tags)
+    for tag in out:
+        if not is_valid_tag(tag):
+            raise ValueError(
+                f"invariant {id!r}: tag {tag!r} is neither {SAFETY!r} nor {POLICY_PREFIX}<name>"
+            )
+    return out
+
 
 @dataclass(frozen=True)
 class Invariant:
@@ -97,6 +132,20 @@ class Invariant:
     scope: Scope
     kinds: frozenset[TransitionKind]
     check_fn: CheckFn = field(repr=False, compare=False)
+    #: what it protects: ("safety",) or ("policy:<name>", ...)
+    tags: tuple[str, ...] = ()
+    #: the capabilities its premise needs (names in
+    #: schedspec.check.capabilities); a scheduler that lacks one skips it
+    requires: frozenset[str] = frozenset()
+
+    @property
+    def is_safety(self) -> bool:
+        return SAFETY in self.tags
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """The policy names among the tags (without the ``policy:`` prefix)."""
+        return tuple(t[len(POLICY_PREFIX):] for t in self.tags if t.startswith(POLICY_PREFIX))
 
     def check(self, t: Transition, history: History | None = None) -> list[Violation]:
         """The violations of this invariant in ``t`` (empty if it holds or does
@@ -115,10 +164,18 @@ REGISTRY: list[Invariant] = []
 
 
 def state_invariant(
-    id: str, statement: str, vllm_behaviour: str
+    id: str,
+    statement: str,
+    vllm_behaviour: str,
+    *,
+    tags: Iterable[str] = (),
+    requires: Iterable[str] = (),
 ) -> Callable[[Callable[[SchedulerView], Iterable[Finding]]], Callable[[SchedulerView], Iterable[Finding]]]:
     """Declare an invariant of a single view; it runs on ``t.after`` of every
-    transition."""
+    transition. ``tags`` says what it protects (``"safety"`` or
+    ``"policy:<name>"``); ``requires`` names the capabilities its premise needs."""
+    checked = _checked_tags(id, tags)
+    needs = frozenset(requires)
 
     def register(
         fn: Callable[[SchedulerView], Iterable[Finding]],
@@ -126,7 +183,9 @@ def state_invariant(
         def check(t: Transition, h: History) -> Iterable[Finding]:
             return fn(t.after)
 
-        REGISTRY.append(Invariant(id, statement, vllm_behaviour, "state", ALL_KINDS, check))
+        REGISTRY.append(
+            Invariant(id, statement, vllm_behaviour, "state", ALL_KINDS, check, tags=checked, requires=needs)
+        )
         return fn
 
     return register
@@ -137,13 +196,20 @@ def transition_invariant(
     statement: str,
     vllm_behaviour: str,
     kinds: Iterable[TransitionKind] = ALL_KINDS,
+    *,
+    tags: Iterable[str] = (),
+    requires: Iterable[str] = (),
 ) -> Callable[[CheckFn], CheckFn]:
     """Declare an invariant that relates a transition's before, plan, result
-    and after."""
+    and after. ``tags`` and ``requires`` as for :func:`state_invariant`."""
+    checked = _checked_tags(id, tags)
+    needs = frozenset(requires)
 
     def register(fn: CheckFn) -> CheckFn:
         REGISTRY.append(
-            Invariant(id, statement, vllm_behaviour, "transition", frozenset(kinds), fn)
+            Invariant(
+                id, statement, vllm_behaviour, "transition", frozenset(kinds), fn, tags=checked, requires=needs
+            )
         )
         return fn
 

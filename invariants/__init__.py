@@ -9,10 +9,28 @@ nor vLLM.
 
 from schedspec.invariants.core import History, Invariant, Transition, TransitionKind, Violation
 from schedspec.invariants.monitor import BY_ID, CATALOGUE, Monitor, catalogue_markdown, catalogue_text
+from schedspec.invariants.selection import (
+    DEFAULT_SELECTOR,
+    MODES,
+    Mode,
+    Selection,
+    SelectionError,
+    all_tags,
+    make_selection,
+    select,
+)
 
 __all__ = [
     "BY_ID",
     "CATALOGUE",
+    "DEFAULT_SELECTOR",
+    "MODES",
+    "Mode",
+    "Selection",
+    "SelectionError",
+    "all_tags",
+    "make_selection",
+    "select",
     "History",
     "Invariant",
     "Monitor",

@@ -21,6 +21,7 @@ _S = RequestStatus
     "(scheduler.py: add_request WAITING; schedule() RUNNING; _preempt_request PREEMPTED; "
     "utils.py, check_stop FINISHED_STOPPED / FINISHED_LENGTH_CAPPED; finish_requests "
     "FINISHED_ABORTED).",
+    tags=("safety",),
 )
 def legal_status_transition(t: Transition, h: History) -> Iterator[Finding]:
     for rid, b in t.before.requests.items():
@@ -52,6 +53,7 @@ def legal_status_transition(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py: add_request, finish_requests(FINISHED_ABORTED), schedule() "
     "(admission, _preempt_request), update_from_output (check_stop, _free_request), "
     "reset_prefix_cache(reset_running_requests) preempting every running request.",
+    tags=("safety",),
 )
 def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
     changes: dict[str, tuple[RequestStatus | None, RequestStatus | None]] = {}
@@ -111,6 +113,8 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/request_queue.py, FCFSRequestQueue (a deque): add_request -> "
     "add_request (append), schedule() -> pop_request (popleft), _preempt_request -> "
     "prepend_request (appendleft) on self.running.pop() victims, finish_requests -> remove_requests.",
+    tags=("policy:fcfs",),
+    requires=("policy_fcfs",),
 )
 def waiting_queue_order(t: Transition, h: History) -> Iterator[Finding]:
     if t.after.config.policy != Policy.FCFS:
@@ -131,6 +135,7 @@ def waiting_queue_order(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py: schedule() appends admitted requests to self.running and "
     "removes victims (pop / del by index); update_from_output and finish_requests remove finished "
     "requests (remove_all), keeping the order of the rest.",
+    tags=("policy:vllm-step",),
 )
 def running_queue_update(t: Transition, h: History) -> Iterator[Finding]:
     kept = [rid for rid in t.before.running if status_of(t.after, rid) == _S.RUNNING]
@@ -147,6 +152,7 @@ def running_queue_update(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/kv_cache_manager.py, allocate_slots appends new blocks to req_to_blocks; only "
     "free() (finish, preemption) releases them; num_computed_tokens moves only in "
     "_update_after_schedule and _preempt_request (no spec decode in the modelled configuration).",
+    tags=("safety",),
 )
 def blocks_only_grow(t: Transition, h: History) -> Iterator[Finding]:
     for rid, b in t.before.requests.items():
@@ -170,6 +176,7 @@ def blocks_only_grow(t: Transition, h: History) -> Iterator[Finding]:
     "only grows, by appending, and only in update(), across preemption and resumption too.",
     "vllm/v1/request.py, Request.append_output_token_ids is the only writer of _output_token_ids; "
     "scheduler.py, _preempt_request keeps them (recompute preemption: num_computed_tokens = 0 only).",
+    tags=("safety",),
 )
 def output_append_only(t: Transition, h: History) -> Iterator[Finding]:
     added = t.request.request_id if t.kind == "add" and t.request is not None else None
@@ -206,6 +213,7 @@ def output_append_only(t: Transition, h: History) -> Iterator[Finding]:
     "generated_token_ids from the runner (empty for a partial prefill, scheduler.py "
     "_update_request_with_output appends them one by one); max one token per step without spec decode.",
     ("update",),
+    tags=("safety",),
 )
 def update_appends_sampled_token(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -242,6 +250,7 @@ def _stop_token(r: RequestView, token: int) -> bool:
     "vllm/v1/core/sched/utils.py, check_stop: eos_token_id (None under ignore_eos), then "
     "stop_token_ids, then num_tokens >= max_model_len or num_output_tokens >= max_tokens; "
     "called by scheduler.py, _update_request_with_output after each appended token.",
+    tags=("safety",),
 )
 def stop_conditions(t: Transition, h: History) -> Iterator[Finding]:
     for rid, r in t.after.requests.items():
@@ -282,6 +291,7 @@ def stop_conditions(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, _free_request adds the id to self.finished_req_ids; "
     "schedule() hands the set to SchedulerOutput.finished_req_ids and _update_after_schedule "
     "replaces it with an empty set.",
+    tags=("safety",),
 )
 def finished_reported_once(t: Transition, h: History) -> Iterator[Finding]:
     if t.kind != "schedule":
@@ -307,6 +317,7 @@ def finished_reported_once(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/block_pool.py, free_blocks (prepend_n keyless, append_n keyed, fed "
     "reversed(table) by single_type_kv_cache_manager.py, free), get_new_blocks (popleft_n), touch "
     "(remove); kv_cache_utils.py, FreeKVCacheBlockQueue.",
+    tags=("policy:vllm-free-order",),
 )
 def free_queue_lru(t: Transition, h: History) -> Iterator[Finding]:
     before, after = list(t.before.kv.free_queue), list(t.after.kv.free_queue)
@@ -376,6 +387,8 @@ def _reset_preempted(t: Transition) -> bool:
     "vllm/v1/core/block_pool.py, reset_prefix_cache: returns False unless every block but the "
     "null block is free; on success clears cached_block_hash_to_block and every block's hash.",
     ("reset",),
+    tags=("safety",),
+    requires=("reset_prefix_cache",),
 )
 def reset_prefix_cache(t: Transition, h: History) -> Iterator[Finding]:
     kv_b, kv_a = t.before.kv, t.after.kv

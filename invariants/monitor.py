@@ -16,6 +16,7 @@ _ORDER = (
     "max-num-seqs",
     "block-conservation",
     "block-table-covers-computed",
+    "block-table-exact",
     "computed-within-known",
     "max-model-len",
     "shared-blocks-identical-prefix",
@@ -28,8 +29,10 @@ _ORDER = (
     "long-prefill-threshold",
     "chunked-prefill-disabled",
     "scheduled-are-running",
-    "plan-order-and-kinds",
+    "plan-entry-kinds",
+    "plan-order",
     "plan-matches-state",
+    "plan-blocks-exact",
     "plan-token-ids",
     "cache-hit-identical-prefix",
     "preemption-resets",
@@ -39,6 +42,7 @@ _ORDER = (
     "fcfs-victim-suffix",
     "priority-victim-choice",
     "progress",
+    "progress-admits-head",
     "work-conserving-admission",
     "no-starvation",
     # a request's life across operations
@@ -91,16 +95,23 @@ class Monitor:
         return out
 
 
-def catalogue_text() -> str:
-    """What `schedspec invariants` prints: id, statement, vLLM behaviour."""
-    lines = [f"{len(CATALOGUE)} invariants (vLLM 0.33.0 v1 scheduler)", ""]
-    for inv in CATALOGUE:
+def catalogue_text(invariants: Iterable[Invariant] | None = None) -> str:
+    """What `schedspec invariants` prints: id, tags, scope, statement, vLLM
+    behaviour (of ``invariants``, the whole catalogue by default)."""
+    chosen = CATALOGUE if invariants is None else tuple(invariants)
+    head = f"{len(chosen)} invariants (vLLM 0.33.0 v1 scheduler)"
+    if invariants is not None:
+        head = f"{len(chosen)} of {len(CATALOGUE)} invariants (vLLM 0.33.0 v1 scheduler)"
+    lines = [head, ""]
+    for inv in chosen:
         kinds = "every operation" if inv.scope == "state" else ", ".join(sorted(inv.kinds))
-        lines.append(f"{inv.id}  [{inv.scope}; {kinds}]")
+        lines.append(f"{inv.id}  [{', '.join(inv.tags)}; {inv.scope}; {kinds}]")
         lines.extend(textwrap.wrap(inv.statement, 96, initial_indent="    ", subsequent_indent="    "))
         lines.extend(
             textwrap.wrap("vLLM: " + inv.vllm_behaviour, 96, initial_indent="    ", subsequent_indent="      ")
         )
+        if inv.requires:
+            lines.append("    requires: " + ", ".join(sorted(inv.requires)))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -108,8 +119,8 @@ def catalogue_text() -> str:
 def catalogue_markdown() -> str:
     """The catalogue as the markdown table in docs/invariants.md."""
     rows = [
-        "| id | scope | statement | vLLM 0.33 behaviour |",
-        "|----|-------|-----------|---------------------|",
+        "| id | tags | scope | statement | vLLM 0.33 behaviour |",
+        "|----|------|-------|-----------|---------------------|",
     ]
     for inv in CATALOGUE:
         if inv.scope == "state":
@@ -118,6 +129,7 @@ def catalogue_markdown() -> str:
             scope = "transition (every op)"
         else:
             scope = "transition: " + ", ".join(sorted(inv.kinds))
-        cells = (f"`{inv.id}`", scope, inv.statement, inv.vllm_behaviour)
+        tags = ", ".join(f"`{t}`" for t in inv.tags)
+        cells = (f"`{inv.id}`", tags, scope, inv.statement, inv.vllm_behaviour)
         rows.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(rows) + "\n"

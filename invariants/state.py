@@ -21,6 +21,7 @@ _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
     "vllm/v1/core/sched/scheduler.py, Scheduler: add_request puts a request in self.waiting; "
     "schedule() moves it to self.running with status RUNNING; _preempt_request sets PREEMPTED and "
     "prepends it to waiting; finish_requests/_free_request remove it from both and from self.requests.",
+    tags=("safety",),
 )
 def queues_match_status(v: SchedulerView) -> Iterator[Finding]:
     for rid, r in v.requests.items():
@@ -60,6 +61,7 @@ def queues_match_status(v: SchedulerView) -> Iterator[Finding]:
     "At most max_num_seqs requests are running.",
     "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop stops admitting once "
     "len(self.running) >= self.max_num_active_reqs (max_num_seqs).",
+    tags=("safety",),
 )
 def max_num_seqs(v: SchedulerView) -> Iterator[Finding]:
     if len(v.running) > v.config.max_num_seqs:
@@ -77,6 +79,7 @@ def max_num_seqs(v: SchedulerView) -> Iterator[Finding]:
     "vllm/v1/core/block_pool.py, BlockPool: get_new_blocks pops the free queue and sets "
     "ref_cnt 1, touch increments (and removes a free block from the queue), free_blocks decrements "
     "and requeues at 0; block 0 is the null block taken out in __init__.",
+    tags=("safety",),
 )
 def block_conservation(v: SchedulerView) -> Iterator[Finding]:
     kv = v.kv
@@ -124,15 +127,42 @@ def block_conservation(v: SchedulerView) -> Iterator[Finding]:
 
 @state_invariant(
     "block-table-covers-computed",
-    "A running request holds exactly cdiv(num_computed_tokens, block_size) blocks (after "
-    "schedule() its computed count includes the tokens just scheduled); a waiting or preempted "
-    "request holds none and has 0 computed tokens.",
+    "A running request holds at least cdiv(num_computed_tokens, block_size) blocks, so every "
+    "computed token has a slot (after schedule() its computed count includes the tokens just "
+    "scheduled); a waiting or preempted request holds none and has 0 computed tokens.",
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: a request is given cdiv(computed + new, "
-    "block_size) slots' worth of blocks (single_type_kv_cache_manager.py, "
-    "get_num_blocks_to_allocate); scheduler.py, _update_after_schedule advances "
-    "num_computed_tokens by the scheduled tokens; _preempt_request frees all and resets to 0.",
+    "block_size) slots' worth of blocks before its tokens are scheduled; scheduler.py, "
+    "_update_after_schedule advances num_computed_tokens by the scheduled tokens; "
+    "_preempt_request frees all and resets to 0.",
+    tags=("safety",),
 )
 def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
+    bs = v.config.block_size
+    for rid, r in v.requests.items():
+        if r.status == RequestStatus.RUNNING:
+            want = cdiv(r.num_computed_tokens, bs)
+            if len(r.block_ids) < want:
+                yield rid, (
+                    f"running with {r.num_computed_tokens} computed tokens holds "
+                    f"{len(r.block_ids)} blocks, needs at least cdiv({r.num_computed_tokens}, {bs}) = {want}"
+                )
+        elif r.status in _QUEUED:
+            if r.block_ids:
+                yield rid, f"{r.status.name} but holds blocks {list(r.block_ids)}"
+            if r.num_computed_tokens != 0:
+                yield rid, f"{r.status.name} with {r.num_computed_tokens} computed tokens (should be 0)"
+
+
+@state_invariant(
+    "block-table-exact",
+    "A running request holds exactly cdiv(num_computed_tokens, block_size) blocks: vLLM "
+    "allocates a block only for tokens it schedules, never ahead.",
+    "vllm/v1/core/single_type_kv_cache_manager.py, get_num_blocks_to_allocate / "
+    "allocate_new_blocks: the table grows to cdiv(num_computed_tokens + num_new_tokens, "
+    "block_size) blocks (no lookahead without speculative decoding).",
+    tags=("policy:vllm-allocation",),
+)
+def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
     for rid, r in v.requests.items():
         if r.status == RequestStatus.RUNNING:
@@ -140,13 +170,8 @@ def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
             if len(r.block_ids) != want:
                 yield rid, (
                     f"running with {r.num_computed_tokens} computed tokens holds "
-                    f"{len(r.block_ids)} blocks, should hold cdiv({r.num_computed_tokens}, {bs}) = {want}"
+                    f"{len(r.block_ids)} blocks, vLLM holds cdiv({r.num_computed_tokens}, {bs}) = {want}"
                 )
-        elif r.status in _QUEUED:
-            if r.block_ids:
-                yield rid, f"{r.status.name} but holds blocks {list(r.block_ids)}"
-            if r.num_computed_tokens != 0:
-                yield rid, f"{r.status.name} with {r.num_computed_tokens} computed tokens (should be 0)"
 
 
 @state_invariant(
@@ -157,6 +182,7 @@ def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
     "only through a prefix-cache hit on the chained hash of its salt and full-block tokens "
     "(kv_cache_utils.py, hash_block_tokens); only full blocks are cached (block_pool.py, "
     "cache_full_blocks).",
+    tags=("safety",),
 )
 def shared_blocks_identical_prefix(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
@@ -189,6 +215,7 @@ def shared_blocks_identical_prefix(v: SchedulerView) -> Iterator[Finding]:
     "vllm/v1/core/block_pool.py, BlockHashToBlockMap and KVCacheBlock.block_hash: "
     "_insert_block_hash / _maybe_evict_cached_block keep the block's hash and the hash -> blocks "
     "map in step.",
+    tags=("safety",),
 )
 def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
     kv = v.kv
@@ -224,6 +251,7 @@ def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
     "vllm/v1/core/block_pool.py, cache_full_blocks: a block gets the hash of the request's "
     "block_hashes[i] only once its tokens are all scheduled (kv_cache_manager.py, allocate_slots, "
     "num_tokens_to_cache); get_new_blocks evicts the old hash before a block is reused.",
+    tags=("safety",),
 )
 def cached_block_content(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
@@ -251,6 +279,7 @@ def cached_block_content(v: SchedulerView) -> Iterator[Finding]:
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: cache_blocks(request, min(computed + new, "
     "num_tokens)) hashes every block that becomes full (single_type_kv_cache_manager.py, "
     "cache_blocks); with enable_caching False nothing is cached.",
+    tags=("policy:vllm-caching",),
 )
 def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
@@ -279,6 +308,7 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
     "num_blocks - 1 usable blocks are in the free queue.",
     "vllm/v1/core/sched/scheduler.py, _free_request -> kv_cache_manager.free: a finished or "
     "aborted request returns every block; only unfinished requests hold KV.",
+    tags=("safety",),
 )
 def quiescence(v: SchedulerView) -> Iterator[Finding]:
     if v.requests:

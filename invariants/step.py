@@ -38,6 +38,7 @@ _KIND_FROM = {
     "max_num_scheduled_tokens (= max_num_batched_tokens) and each scheduled request's "
     "num_new_tokens (> 0; 0 means skip) is taken from it.",
     _SCHED,
+    tags=("safety",),
 )
 def token_budget(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -58,6 +59,8 @@ def token_budget(t: Transition, h: History) -> Iterator[Finding]:
     "long_prefill_token_threshold in both loops; the threshold is 0 when "
     "num_running + num_waiting <= 1.",
     _SCHED,
+    tags=("safety",),
+    requires=("long_prefill_threshold",),
 )
 def long_prefill_threshold(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -80,6 +83,7 @@ def long_prefill_threshold(t: Transition, h: History) -> Iterator[Finding]:
     "a request whose remaining tokens exceed the budget stops admission (break) instead of being "
     "chunked; config requires max_num_batched_tokens >= max_model_len then.",
     _SCHED,
+    tags=("safety",),
 )
 def chunked_prefill_disabled(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -100,6 +104,7 @@ def chunked_prefill_disabled(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, schedule(): the RUNNING loop schedules members of "
     "self.running; the WAITING loop appends each admitted request to self.running with status RUNNING.",
     _SCHED,
+    tags=("safety",),
 )
 def scheduled_are_running(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -117,17 +122,17 @@ def scheduled_are_running(t: Transition, h: History) -> Iterator[Finding]:
 
 
 @transition_invariant(
-    "plan-order-and-kinds",
-    "A plan lists the running requests first, in running-queue order, then the admissions; "
-    "RUNNING entries were RUNNING, NEW entries WAITING, RESUMED entries PREEMPTED before the step.",
-    "vllm/v1/core/sched/scheduler.py, schedule(): scheduled_running_reqs are filled in the order "
-    "of self.running before the WAITING loop runs; admitted requests go to scheduled_new_reqs "
-    "(status WAITING) or scheduled_resumed_reqs (status PREEMPTED).",
+    "plan-entry-kinds",
+    "Each entry's kind says what the request was before the step: RUNNING entries were RUNNING, "
+    "NEW entries WAITING, RESUMED entries PREEMPTED (so the runner knows whose state to build).",
+    "vllm/v1/core/sched/scheduler.py, schedule(): running requests go to scheduled_running_reqs, "
+    "admitted ones to scheduled_new_reqs (status WAITING) or scheduled_resumed_reqs (status "
+    "PREEMPTED); output.py, NewRequestData / CachedRequestData.",
     _SCHED,
+    tags=("safety",),
 )
-def plan_order_and_kinds(t: Transition, h: History) -> Iterator[Finding]:
+def plan_entry_kinds(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
-    seen_admission = False
     for s in t.plan.scheduled:
         b = t.before.requests.get(s.request_id)
         if b is None:
@@ -136,6 +141,20 @@ def plan_order_and_kinds(t: Transition, h: History) -> Iterator[Finding]:
         want = _KIND_FROM[s.kind]
         if b.status != want:
             yield s.request_id, f"scheduled as {s.kind.name} but its status was {b.status.name}"
+
+
+@transition_invariant(
+    "plan-order",
+    "A plan lists the running requests first, in running-queue order, then the admissions.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): scheduled_running_reqs are filled in the order "
+    "of self.running before the WAITING loop runs, which appends the admissions.",
+    _SCHED,
+    tags=("policy:vllm-step",),
+)
+def plan_order(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    seen_admission = False
+    for s in t.plan.scheduled:
         if s.kind == ScheduleKind.RUNNING and seen_admission:
             yield s.request_id, "a RUNNING entry comes after an admission in the plan"
         seen_admission |= s.kind != ScheduleKind.RUNNING
@@ -149,13 +168,14 @@ def plan_order_and_kinds(t: Transition, h: History) -> Iterator[Finding]:
 @transition_invariant(
     "plan-matches-state",
     "Each entry's computed count, known tokens and block table match the request: after the step "
-    "num_computed_tokens = computed before + scheduled and the table is the entry's, of "
+    "num_computed_tokens = computed before + scheduled and the table is the entry's, of at least "
     "cdiv(computed + scheduled, block_size) blocks, extending the old one; running requests left "
     "out keep their count and table; plan.step = view.step = previous step + 1.",
     "vllm/v1/core/sched/scheduler.py, schedule() / _make_cached_request_data (new_block_ids are "
     "appended) and _update_after_schedule (num_computed_tokens += num_scheduled_tokens); "
     "current_step += 1 on each call.",
     _SCHED,
+    tags=("safety",),
 )
 def plan_matches_state(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -167,7 +187,7 @@ def plan_matches_state(t: Transition, h: History) -> Iterator[Finding]:
         b = t.before.requests.get(rid)
         a = t.after.requests.get(rid)
         if b is None or a is None:
-            continue  # scheduled-are-running / plan-order-and-kinds say so
+            continue  # scheduled-are-running / plan-entry-kinds say so
         if s.num_tokens != b.num_tokens:
             yield rid, f"entry says {s.num_tokens} known tokens, the request had {b.num_tokens}"
         if s.kind == ScheduleKind.RUNNING:
@@ -186,8 +206,8 @@ def plan_matches_state(t: Transition, h: History) -> Iterator[Finding]:
             )
         if a.block_ids != s.block_ids:
             yield rid, f"entry block table {list(s.block_ids)} differs from the request's {list(a.block_ids)}"
-        if len(s.block_ids) != cdiv(done, bs):
-            yield rid, f"entry holds {len(s.block_ids)} blocks for {done} tokens, want {cdiv(done, bs)}"
+        if len(s.block_ids) < cdiv(done, bs):
+            yield rid, f"entry holds {len(s.block_ids)} blocks for {done} tokens, needs at least {cdiv(done, bs)}"
     scheduled = set(t.plan.scheduled_ids)
     for rid in t.after.running:
         if rid in scheduled:
@@ -204,6 +224,24 @@ def plan_matches_state(t: Transition, h: History) -> Iterator[Finding]:
 
 
 @transition_invariant(
+    "plan-blocks-exact",
+    "Each entry's block table has exactly cdiv(computed + scheduled, block_size) blocks: vLLM "
+    "allocates for the scheduled tokens only.",
+    "vllm/v1/core/kv_cache_manager.py, allocate_slots(num_new_tokens, num_lookahead_tokens=0): "
+    "the table grows to cdiv(num_computed_tokens + num_new_tokens, block_size) blocks.",
+    _SCHED,
+    tags=("policy:vllm-allocation",),
+)
+def plan_blocks_exact(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    bs = t.before.config.block_size
+    for s in t.plan.scheduled:
+        done = s.num_computed_tokens + s.num_scheduled_tokens
+        if len(s.block_ids) != cdiv(done, bs):
+            yield s.request_id, f"entry holds {len(s.block_ids)} blocks for {done} tokens, vLLM holds {cdiv(done, bs)}"
+
+
+@transition_invariant(
     "plan-token-ids",
     "Each entry's token_ids are the request's tokens at positions computed .. computed + "
     "scheduled - 1 (prompt then output).",
@@ -211,6 +249,7 @@ def plan_matches_state(t: Transition, h: History) -> Iterator[Finding]:
     "CachedRequestData.num_computed_tokens with SchedulerOutput.num_scheduled_tokens: the model "
     "runner computes the request's tokens from position num_computed_tokens on.",
     _SCHED,
+    tags=("safety",),
 )
 def plan_token_ids(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -231,6 +270,7 @@ def plan_token_ids(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, schedule(): num_new_tokens = num_tokens_with_spec - "
     "num_computed_tokens at most (RUNNING loop), request.num_tokens - num_computed_tokens "
     "(WAITING loop); a prefix hit is capped at num_tokens - 1.",
+    tags=("safety",),
 )
 def computed_within_known(t: Transition, h: History) -> Iterator[Finding]:
     for rid, r in t.after.requests.items():
@@ -253,6 +293,7 @@ def computed_within_known(t: Transition, h: History) -> Iterator[Finding]:
     "num_computed_tokens - 1 (a slot is kept for the sampled token); utils.py, check_stop finishes "
     "a request at num_tokens >= max_model_len; input_processor.py rejects prompts of "
     "max_model_len tokens or more.",
+    tags=("safety",),
 )
 def max_model_len(t: Transition, h: History) -> Iterator[Finding]:
     mml = t.after.config.max_model_len
@@ -275,6 +316,7 @@ def max_model_len(t: Transition, h: History) -> Iterator[Finding]:
     "request's block hashes (salt and token prefix chained) against cached full blocks, capped at "
     "num_tokens - 1; allocate_slots touches those blocks and puts them first in the table.",
     _SCHED,
+    tags=("safety",),
 )
 def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -323,6 +365,7 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
     "num_computed_tokens 0, num_preemptions += 1, prepends to waiting, records the id in "
     "reset_preempted_req_ids, which the next SchedulerOutput reports as preempted_req_ids.",
     kinds=("schedule", "reset"),
+    tags=("safety",),
 )
 def preemption_resets(t: Transition, h: History) -> Iterator[Finding]:
     newly = [
@@ -378,6 +421,7 @@ def preemption_resets(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop runs only "
     "`if not preempted_reqs`.",
     _SCHED,
+    tags=("policy:vllm-step",),
 )
 def no_admission_with_preemption(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -393,6 +437,8 @@ def no_admission_with_preemption(t: Transition, h: History) -> Iterator[Finding]
     "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop peeks the head of the "
     "FCFSRequestQueue (request_queue.py) and stops (break) at the first request that does not fit.",
     _SCHED,
+    tags=("policy:fcfs",),
+    requires=("policy_fcfs",),
 )
 def fcfs_admission_order(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -411,6 +457,8 @@ def fcfs_admission_order(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/request_queue.py, PriorityRequestQueue (a heap on Request.__lt__: "
     "priority, arrival_time, request_id); scheduler.py, schedule() admits from its head and stops "
     "at the first that does not fit.",
+    tags=("policy:priority",),
+    requires=("policy_priority",),
 )
 def priority_admission_order(t: Transition, h: History) -> Iterator[Finding]:
     if t.after.config.policy != Policy.PRIORITY:
@@ -436,6 +484,8 @@ def priority_admission_order(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, schedule(): under FCFS the victim is self.running.pop(), "
     "the last running request, until the request being scheduled fits or is itself popped.",
     _SCHED,
+    tags=("policy:fcfs", "policy:vllm-victim"),
+    requires=("policy_fcfs",),
 )
 def fcfs_victim_suffix(t: Transition, h: History) -> Iterator[Finding]:
     if t.before.config.policy != Policy.FCFS:
@@ -458,6 +508,8 @@ def fcfs_victim_suffix(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, schedule(): under PRIORITY the victim is "
     "max(self.running, key=(priority, arrival_time)).",
     _SCHED,
+    tags=("policy:priority", "policy:vllm-victim"),
+    requires=("policy_priority",),
 )
 def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
     if t.before.config.policy != Policy.PRIORITY:
@@ -477,13 +529,13 @@ def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "progress",
-    "A step that starts with an unfinished request schedules at least one; when nothing is "
-    "running, it admits the head of the waiting queue.",
+    "A step that starts with an unfinished request schedules at least one.",
     "vllm/v1/core/sched/scheduler.py, schedule(): the first running request can preempt every "
     "other (or, under PRIORITY, only preempts itself while another remains), and the pool holds "
     "max_model_len tokens (kv_cache_planning.py, check_enough_kv_cache_memory), so some running "
     "request always fits; with none running the whole pool is free and the head's first chunk fits.",
     _SCHED,
+    tags=("safety",),
 )
 def progress(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -495,6 +547,18 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
             f"{len(t.before.waiting)} waiting"
         )
         return
+
+
+@transition_invariant(
+    "progress-admits-head",
+    "When nothing is running at the start of a step, it admits the head of the waiting queue.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): with self.running empty the whole pool is free "
+    "and the WAITING loop admits the head's first chunk (the pool holds max_model_len tokens).",
+    _SCHED,
+    tags=("policy:vllm-step",),
+)
+def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
     head = queue_head(t.before)
     if not t.before.running and head is not None and head not in t.plan.scheduled_ids:
         yield head, "nothing was running, yet the head of the waiting queue was not admitted"
@@ -510,6 +574,7 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
     "break on max_num_active_reqs, on a prompt over the budget without chunked prefill, or when "
     "kv_cache_manager.allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl) returns None.",
     _SCHED,
+    tags=("policy:vllm-step",),
 )
 def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
@@ -537,6 +602,7 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     "one request of max_model_len tokens always fits the pool; under PRIORITY it may instead be "
     "the max((priority, arrival_time)) victim.",
     _SCHED,
+    tags=("policy:vllm-step",),
 )
 def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None

@@ -352,6 +352,19 @@ def b_preempted_keeps_blocks() -> Transition:
     return after_is(PREEMPT, with_req(P_AFTER, "B", block_ids=(3,)))
 
 
+@bad("block-table-exact")
+def b_table_ahead_of_computed() -> Transition:
+    return after_is(UPDATE, with_req(U_AFTER, "A", num_computed_tokens=1))
+
+
+def test_a_table_ahead_of_computed_is_safe() -> None:
+    """Holding more blocks than the computed tokens need is vLLM's allocation
+    policy broken, not safety: only the policy invariant fires."""
+    t = b_table_ahead_of_computed()
+    assert fires("block-table-exact", t)
+    assert not fires("block-table-covers-computed", t)
+
+
 @bad("computed-within-known")
 def b_computed_past_known() -> Transition:
     return after_is(SCHEDULE, with_req(S_AFTER, "A", num_computed_tokens=8))
@@ -476,12 +489,12 @@ def b_scheduled_twice() -> Transition:
     return dataclasses.replace(SCHEDULE, plan=dataclasses.replace(S_PLAN, scheduled=S_PLAN.scheduled + S_PLAN.scheduled[:1]))
 
 
-@bad("plan-order-and-kinds")
+@bad("plan-order")
 def b_admission_before_running() -> Transition:
     return dataclasses.replace(SCHEDULE, plan=dataclasses.replace(S_PLAN, scheduled=S_PLAN.scheduled[::-1]))
 
 
-@bad("plan-order-and-kinds")
+@bad("plan-entry-kinds")
 def b_new_request_called_resumed() -> Transition:
     return dataclasses.replace(SCHEDULE, plan=with_entry(S_PLAN, "B", kind=RESUMED))
 
@@ -499,6 +512,12 @@ def b_entry_table_differs() -> Transition:
 @bad("plan-matches-state")
 def b_entry_computed_wrong() -> Transition:
     return dataclasses.replace(SCHEDULE, plan=with_entry(S_PLAN, "A", num_computed_tokens=5, token_ids=(6,)))
+
+
+@bad("plan-blocks-exact")
+def b_entry_allocates_ahead() -> Transition:
+    entry_b = next(e for e in S_PLAN.scheduled if e.request_id == "B")
+    return dataclasses.replace(SCHEDULE, plan=with_entry(S_PLAN, "B", block_ids=entry_b.block_ids + (8,)))
 
 
 @bad("plan-token-ids")
@@ -594,7 +613,7 @@ def b_nothing_scheduled() -> Transition:
     return Transition("schedule", S_BEFORE, dataclasses.replace(S_BEFORE, step=2), plan=plan(2))
 
 
-@bad("progress")
+@bad("progress-admits-head")
 def b_idle_head_not_admitted() -> Transition:
     c = req("C", (4, 4), status=W)
     before = view([c, B0], step=1, extra_keys={1: key(B0, 0)})

@@ -1,0 +1,257 @@
+"""What a scheduler supports, and keeping a check within it.
+
+A scheduler that is not a vLLM clone may have no priority queue, no chunked
+prefill, no prefix cache, no abort. It declares what it does support as a
+``CAPABILITIES`` class attribute (a :class:`Capabilities`); a class without
+one is taken to support everything the spec does (the default config: sync,
+no speculative decoding).
+
+Everything that makes input for a check stays within the declaration: the
+seeded workloads, the Hypothesis strategies and the model checker's spaces
+draw their configs and events as usual and pass them through
+:meth:`Capabilities.restrict_config` / :meth:`Capabilities.restrict_workload`
+(with every capability on, both are the identity, so existing seeds draw the
+same workloads). Invariants whose premise a scheduler does not support (see
+``Invariant.requires``) are skipped and listed as skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from schedspec.invariants.core import Invariant
+from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
+
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Workload
+
+#: The names an invariant may list in ``requires`` (one per capability).
+CAPABILITY_NAMES: frozenset[str] = frozenset(
+    {
+        "policy_fcfs",
+        "policy_priority",
+        "chunked_prefill",
+        "long_prefill_threshold",
+        "prefix_caching",
+        "salts",
+        "stop_tokens",
+        "abort",
+        "reset_prefix_cache",
+        "async_scheduling",
+        "speculative_decoding",
+    }
+)
+
+
+class CapabilityError(ValueError):
+    """A capability declaration that is malformed, or that a check cannot
+    honour (a fixed config or trace outside it, an invariant chosen by id
+    whose premise it lacks)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a scheduler supports. The defaults are the spec's (everything but
+    async scheduling and speculative decoding, which a scheduler opts into)."""
+
+    policies: frozenset[Policy] = frozenset({Policy.FCFS, Policy.PRIORITY})
+    chunked_prefill: bool = True
+    long_prefill_threshold: bool = True
+    prefix_caching: bool = True  # False: only enable_prefix_caching=False
+    salts: bool = True  # cache_salt on requests
+    stop_tokens: bool = True  # eos_token_id and stop_token_ids on requests
+    abort: bool = True
+    reset_prefix_cache: bool = True
+    min_block_size: int = 1
+    async_scheduling: bool = False
+    speculative_decoding: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policies, frozenset) or not self.policies:
+            raise CapabilityError(f"Capabilities.policies must be a non-empty frozenset of Policy, got {self.policies!r}")
+        for p in self.policies:
+            if not isinstance(p, Policy):
+                raise CapabilityError(f"Capabilities.policies holds {p!r}, not a Policy")
+        if not isinstance(self.min_block_size, int) or self.min_block_size < 1:
+            raise CapabilityError(f"Capabilities.min_block_size must be an int >= 1, got {self.min_block_size!r}")
+
+    @property
+    def is_full(self) -> bool:
+        """True when the declaration restricts nothing the default config space draws."""
+        return self == FULL or dataclasses.replace(self, async_scheduling=False, speculative_decoding=False) == FULL
+
+    def names(self) -> frozenset[str]:
+        """The capability names (CAPABILITY_NAMES) this declaration supports."""
+        out = {name for name in CAPABILITY_NAMES if getattr(self, name, False) is True}
+        out |= {f"policy_{p.name.lower()}" for p in self.policies}
+        return frozenset(out)
+
+    def missing(self) -> tuple[str, ...]:
+        """The capability names it lacks, sorted."""
+        return tuple(sorted(CAPABILITY_NAMES - self.names()))
+
+    def describe(self) -> str:
+        missing = self.missing()
+        extra = [] if self.min_block_size == 1 else [f"block_size >= {self.min_block_size}"]
+        if not missing and not extra:
+            return "all capabilities"
+        return "without " + ", ".join(list(missing) + extra) if missing else ", ".join(extra)
+
+    # ------------------------------------------------------------------ input
+
+    def config_problems(self, config: SchedulerConfig) -> list[str]:
+        """What in ``config`` lies outside this declaration (empty: it fits)."""
+        out: list[str] = []
+        if config.policy not in self.policies:
+            out.append(f"policy {config.policy.name}")
+        if config.enable_chunked_prefill and not self.chunked_prefill:
+            out.append("enable_chunked_prefill=True")
+        if config.long_prefill_token_threshold > 0 and not self.long_prefill_threshold:
+            out.append(f"long_prefill_token_threshold={config.long_prefill_token_threshold}")
+        if config.enable_prefix_caching and not self.prefix_caching:
+            out.append("enable_prefix_caching=True")
+        if config.block_size < self.min_block_size:
+            out.append(f"block_size={config.block_size} (< {self.min_block_size})")
+        if getattr(config, "async_scheduling", False) and not self.async_scheduling:
+            out.append("async_scheduling=True")
+        if getattr(config, "num_speculative_tokens", 0) and not self.speculative_decoding:
+            out.append(f"num_speculative_tokens={getattr(config, 'num_speculative_tokens', 0)}")
+        return out
+
+    def request_problems(self, request: RequestSpec) -> list[str]:
+        out: list[str] = []
+        if request.cache_salt and not self.salts:
+            out.append(f"{request.request_id}: cache_salt")
+        if (request.stop_token_ids or request.eos_token_id is not None) and not self.stop_tokens:
+            out.append(f"{request.request_id}: stop tokens / eos")
+        return out
+
+    def workload_problems(self, workload: Workload) -> list[str]:
+        """What in a fixed workload (a trace to replay, a hand-written case)
+        lies outside this declaration."""
+        out = self.config_problems(workload.config)
+        for e in workload.events:
+            if isinstance(e, AddRequest):
+                out.extend(self.request_problems(e.request))
+            elif isinstance(e, Abort) and not self.abort:
+                out.append(f"abort({e.request_id!r})")
+            elif isinstance(e, ResetPrefixCache) and not self.reset_prefix_cache:
+                out.append("reset_prefix_cache")
+        return list(dict.fromkeys(out))
+
+    def restrict_config(self, config: SchedulerConfig) -> SchedulerConfig:
+        """The nearest config within this declaration: an unsupported policy
+        becomes the first supported one (FCFS first), chunked prefill off (the
+        budget raised to max_model_len), the threshold 0, caching off, the
+        block size raised to the minimum (the pool grown to hold a request of
+        max_model_len), async and speculative decoding off. The identity on
+        a config that fits."""
+        if not self.config_problems(config):
+            return config
+        changes: dict[str, Any] = {}
+        if config.policy not in self.policies:
+            changes["policy"] = Policy.FCFS if Policy.FCFS in self.policies else sorted(self.policies, key=lambda p: p.name)[0]
+        if config.enable_chunked_prefill and not self.chunked_prefill:
+            changes["enable_chunked_prefill"] = False
+            changes["max_num_batched_tokens"] = max(config.max_num_batched_tokens, config.max_model_len)
+        if config.long_prefill_token_threshold > 0 and not self.long_prefill_threshold:
+            changes["long_prefill_token_threshold"] = 0
+        if config.enable_prefix_caching and not self.prefix_caching:
+            changes["enable_prefix_caching"] = False
+        if config.block_size < self.min_block_size:
+            bs = self.min_block_size
+            changes["block_size"] = bs
+            usable = max(-(-config.max_model_len // bs), -(-(config.num_blocks - 1) * config.block_size // bs))
+            changes["num_blocks"] = usable + 1
+        if getattr(config, "async_scheduling", False) and not self.async_scheduling:
+            changes["async_scheduling"] = False
+        if getattr(config, "num_speculative_tokens", 0) and not self.speculative_decoding:
+            changes["num_speculative_tokens"] = 0
+        return dataclasses.replace(config, **changes)
+
+    def restrict_request(self, request: RequestSpec) -> RequestSpec:
+        changes: dict[str, Any] = {}
+        if request.cache_salt and not self.salts:
+            changes["cache_salt"] = None
+        if (request.stop_token_ids or request.eos_token_id is not None) and not self.stop_tokens:
+            changes["stop_token_ids"] = ()
+            changes["eos_token_id"] = None
+        return dataclasses.replace(request, **changes) if changes else request
+
+    def restrict_events(self, events: Iterable[Event]) -> tuple[Event, ...]:
+        out: list[Event] = []
+        for e in events:
+            if isinstance(e, AddRequest):
+                r = self.restrict_request(e.request)
+                out.append(e if r is e.request else AddRequest(r))
+            elif isinstance(e, Abort) and not self.abort:
+                continue
+            elif isinstance(e, ResetPrefixCache) and not self.reset_prefix_cache:
+                continue
+            else:
+                out.append(e)
+        return tuple(out)
+
+    def restrict_workload(self, workload: Workload) -> Workload:
+        """The workload within this declaration (the identity on one that fits)."""
+        if not self.workload_problems(workload):
+            return workload
+        return dataclasses.replace(
+            workload, config=self.restrict_config(workload.config), events=self.restrict_events(workload.events)
+        )
+
+    # ------------------------------------------------------------- invariants
+
+    def split(self, invariants: Iterable[Invariant]) -> tuple[tuple[Invariant, ...], tuple[tuple[str, str], ...]]:
+        """The invariants whose premise it supports, and the others as
+        ``(id, "needs <capability>")``."""
+        have = self.names()
+        kept: list[Invariant] = []
+        skipped: list[tuple[str, str]] = []
+        for inv in invariants:
+            lacking = sorted(inv.requires - have)
+            if lacking:
+                skipped.append((inv.id, "needs " + ", ".join(lacking)))
+            else:
+                kept.append(inv)
+        return tuple(kept), tuple(skipped)
+
+    # --------------------------------------------------------------- records
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["policies"] = sorted(p.name for p in self.policies)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Capabilities":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - fields
+        if unknown:
+            raise CapabilityError(f"unknown capabilities {sorted(unknown)}; known: {sorted(fields)}")
+        kw = dict(d)
+        if "policies" in kw:
+            try:
+                kw["policies"] = frozenset(Policy[name] for name in kw["policies"])
+            except KeyError as exc:
+                raise CapabilityError(f"unknown policy {exc.args[0]!r} in capabilities") from None
+        return cls(**kw)
+
+
+#: Everything the spec supports in its default (sync, no speculative decoding) form.
+FULL = Capabilities()
+
+
+def capabilities_of(obj: object) -> Capabilities:
+    """The ``CAPABILITIES`` a scheduler class (or instance, or a factory that
+    carries one) declares; FULL when it declares none."""
+    caps = getattr(obj, "CAPABILITIES", None)
+    if caps is None:
+        return FULL
+    if not isinstance(caps, Capabilities):
+        raise CapabilityError(
+            f"{getattr(obj, '__qualname__', type(obj).__name__)}.CAPABILITIES is a {type(caps).__name__}, "
+            "not a schedspec.check.capabilities.Capabilities"
+        )
+    return caps

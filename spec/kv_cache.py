@@ -12,12 +12,15 @@ methods carry the names of the BlockPool methods they capture.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from schedspec.spec.interface import BlockKey, KVView
 from schedspec.spec.rules import split_freed_blocks
 
 
 class KVPool:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
+                 rules: Counter[str] | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -33,6 +36,8 @@ class KVPool:
         # returns the first (BlockHashToBlockMap.get_one_block). Identical
         # blocks are not de-duplicated so block tables stay append-only.
         self.index: dict[BlockKey, list[int]] = {}
+        # rule coverage (spec/coverage.py): shared with the scheduler and its clones
+        self.rules: Counter[str] = Counter() if rules is None else rules
 
     def clone(self) -> KVPool:
         """An independent pool in the same state; keys (tuples) are shared."""
@@ -59,7 +64,9 @@ class KVPool:
         """A prefix hit takes a reference; a block at ref_cnt 0 leaves the free
         queue (BlockPool.touch)."""
         for b in blocks:
+            self.rules["kv.touch_shared"] += self.ref_cnt[b] > 0
             if self.ref_cnt[b] == 0:
+                self.rules["kv.touch_free"] += 1
                 self.free_queue.remove(b)
             self.ref_cnt[b] += 1
 
@@ -88,10 +95,13 @@ class KVPool:
             self.ref_cnt[b] -= 1
             assert self.ref_cnt[b] >= 0
             newly_free.append(self.ref_cnt[b] == 0)
+            self.rules["kv.free_shared"] += self.ref_cnt[b] > 0
         has_key = [b in self.block_key for b in tail_first]
         front, back = split_freed_blocks(
             blocks_tail_first=tail_first, newly_free=newly_free, has_key=has_key, caching=self.enable_caching
         )
+        self.rules["kv.free_front"] += len(front)
+        self.rules["kv.free_back"] += len(back)
         self.free_queue = front + self.free_queue + back
 
     def cache_full_blocks(self, blocks: list[int], keys: list[BlockKey]) -> None:
@@ -99,6 +109,7 @@ class KVPool:
         (BlockPool.cache_full_blocks, one ``_insert_block_hash`` per block)."""
         for block, key in zip(blocks, keys, strict=True):
             assert block not in self.block_key, "a newly full block has no key yet"
+            self.rules["kv.cache_duplicate_key"] += key in self.index
             self.block_key[block] = key
             self.index.setdefault(key, []).append(block)
 
@@ -108,15 +119,19 @@ class KVPool:
         key = self.block_key.pop(block, None)
         if key is None:
             return
+        self.rules["kv.evict_cached"] += 1
         holders = self.index[key]
         holders.remove(block)
+        self.rules["kv.evict_keeps_duplicate"] += len(holders) > 0
         if not holders:
             del self.index[key]
 
     def reset_prefix_cache(self) -> bool:
         """Drop every key, only when no block is held (BlockPool.reset_prefix_cache)."""
         if self.num_free != self.num_blocks - 1:
+            self.rules["kv.reset_refused"] += 1
             return False
+        self.rules["kv.reset_ok"] += 1
         self.block_key.clear()
         self.index.clear()
         return True

@@ -16,6 +16,7 @@ multimodal inputs, watermark 0, one sampled token per step.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from schedspec.spec.interface import (
@@ -129,7 +130,9 @@ class SpecScheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self._config = check_config(config)
-        self.kv = KVPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        # rule coverage (spec/coverage.py, spec/rule_names.py): one counter, shared with the KV pool and clones
+        self.rules: Counter[str] = Counter()
+        self.kv = KVPool(config.num_blocks, config.block_size, config.enable_prefix_caching, self.rules)
         self.requests: dict[str, _Request] = {}  # unfinished requests
         self.waiting: list[str] = []  # FCFS: queue order; PRIORITY: unordered, head = min key
         self.running: list[str] = []
@@ -197,8 +200,11 @@ class SpecScheduler:
         in any state; its blocks are freed at once."""
         req = check_abort(request_id, self.requests)
         if req.status == RequestStatus.RUNNING:
+            self.rules["abort.running"] += 1
             self.running.remove(request_id)
         else:
+            self.rules["abort.waiting"] += req.status == RequestStatus.WAITING
+            self.rules["abort.preempted"] += req.status == RequestStatus.PREEMPTED
             self.waiting.remove(request_id)
         self._finish(req, RequestStatus.FINISHED_ABORTED)
 
@@ -217,6 +223,7 @@ class SpecScheduler:
         check_reset(self.outstanding)
         if reset_running_requests:
             while self.running:
+                self.rules["preempt.reset_running"] += 1
                 self._preempt_request(self.requests[self.running.pop()])
         return self.kv.reset_prefix_cache()
 
@@ -271,6 +278,11 @@ class SpecScheduler:
             if block is None:
                 break
             hit.append(block)
+        full = max_hit_blocks(num_tokens=req.num_tokens, block_size=bs)
+        self.rules["kv.miss"] += full > 0 and not hit
+        self.rules["kv.hit_partial"] += 0 < len(hit) < full
+        self.rules["kv.hit_full"] += 0 < len(hit) == full
+        self.rules["kv.hit_capped"] += 0 < len(hit) == full and req.num_tokens % bs == 0
         return hit
 
     def _allocate_admission(self, req: _Request, hit: list[int], n: int) -> bool:
@@ -291,10 +303,12 @@ class SpecScheduler:
             return need <= self.kv.num_free
 
         if cfg.scheduler_reserve_full_isl and not fits(min(req.num_tokens, cfg.max_model_len)):
+            self.rules["admit.blocked_full_sequence"] += 1
             return False
         num_hit_tokens = len(hit) * bs
         target = min(num_hit_tokens + n, cfg.max_model_len)
         if not fits(target):
+            self.rules["admit.blocked_blocks"] += 1
             return False
         self.kv.touch(hit)
         req.blocks = list(hit)
@@ -318,7 +332,9 @@ class SpecScheduler:
             num_waiting=len(self.waiting),
         )
         st = _StepState(token_budget=cfg.max_num_batched_tokens, threshold=threshold)
+        self.rules["schedule.threshold_active"] += threshold > 0
         self._schedule_running(st)
+        self.rules["schedule.waiting_skipped"] += len(st.preempted) > 0 and len(self.waiting) > 0
         if not st.preempted:
             self._schedule_waiting(st)
         assert len(self.running) <= cfg.max_num_seqs
@@ -339,16 +355,22 @@ class SpecScheduler:
                 max_model_len=cfg.max_model_len,
             )
             if n == 0:
+                self.rules["running.skip_no_tokens"] += 1
                 i += 1  # skipped, not a stop ("continue" in vLLM)
                 continue
             allocated, i = self._allocate_or_preempt(st, req, n, i)
             if not allocated:
                 if cfg.policy == Policy.PRIORITY and req.status == RequestStatus.PREEMPTED:
+                    self.rules["running.self_preempted_continue"] += 1
                     continue  # it preempted itself; later requests may still fit
+                self.rules["running.self_preempted_break"] += 1
                 return  # vLLM: break out of the RUNNING loop
+            self.rules["running.scheduled"] += 1
+            self.rules["running.prefill_chunk"] += req.num_computed_tokens + n < req.num_tokens
             st.scheduled[req.request_id] = (ScheduleKind.RUNNING, req.num_computed_tokens, n)
             st.token_budget -= n
             i += 1
+        self.rules["running.stop_budget"] += i < len(self.running)
 
     def _allocate_or_preempt(self, st: _StepState, req: _Request, n: int, i: int) -> tuple[bool, int]:
         """allocate_slots for ``req`` (at index ``i`` of the running queue); while
@@ -359,14 +381,19 @@ class SpecScheduler:
         while not self._allocate_running(req, n):
             keys = [self._priority_key(r)[:2] for r in self.running]
             v = choose_victim(policy=self._config.policy, running_keys=keys)
+            self.rules["preempt.fcfs_tail"] += self._config.policy == Policy.FCFS
+            self.rules["preempt.priority_victim"] += self._config.policy == Policy.PRIORITY
             victim = self.requests[self.running.pop(v)]
             if v < i:
+                self.rules["preempt.victim_ahead"] += 1
                 i -= 1
             if victim.request_id in st.scheduled:
+                self.rules["preempt.budget_give_back"] += 1
                 st.token_budget += st.scheduled.pop(victim.request_id)[2]
             self._preempt_request(victim)
             st.preempted.append(victim.request_id)
             if victim is req:
+                self.rules["preempt.self"] += 1
                 return False, i
         return True, i
 
@@ -377,9 +404,11 @@ class SpecScheduler:
         the loop (head-of-line)."""
         while st.token_budget > 0 and self.waiting:
             if len(self.running) >= self._config.max_num_seqs:
+                self.rules["waiting.stop_max_num_seqs"] += 1
                 return  # vLLM: break
             if not self._admit(st, self.requests[self._waiting_order()[0]]):
                 return  # vLLM: break
+        self.rules["waiting.stop_budget"] += len(self.waiting) > 0
 
     def _admit(self, st: _StepState, req: _Request) -> bool:
         """One admission of the WAITING loop: the prefix hit, the chunk past it,
@@ -397,6 +426,7 @@ class SpecScheduler:
             chunked_prefill=cfg.enable_chunked_prefill,
         )
         if n == 0:
+            self.rules["admit.blocked_chunking_off"] += 1
             return False  # chunked prefill off and the prompt does not fit the budget
         if not self._allocate_admission(req, hit, n):
             return False  # head-of-line: nothing behind it is tried
@@ -404,6 +434,9 @@ class SpecScheduler:
         self.waiting.remove(rid)
         self.running.append(rid)
         kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
+        self.rules["admit.new"] += kind == ScheduleKind.NEW
+        self.rules["admit.resumed"] += kind == ScheduleKind.RESUMED
+        self.rules["admit.prefill_chunk"] += num_hit_tokens + n < req.num_tokens
         req.set_status(RequestStatus.RUNNING)
         req.num_computed_tokens = num_hit_tokens
         st.scheduled[rid] = (kind, num_hit_tokens, n)
@@ -445,6 +478,7 @@ class SpecScheduler:
         for s in plan.scheduled:
             req = self.requests.get(s.request_id)
             toks = result.sampled.get(s.request_id, ())
+            self.rules["update.no_token"] += not toks
             if req is None or not toks:
                 continue
             if self._append_and_check_stop(req, toks[0]):
@@ -467,6 +501,11 @@ class SpecScheduler:
         )
         if reason is None:
             return False
+        eos = token == req.spec.eos_token_id and not req.spec.ignore_eos
+        self.rules["stop.eos"] += eos
+        self.rules["stop.stop_token"] += reason == "stop" and not eos
+        self.rules["stop.max_model_len"] += reason == "length" and req.num_tokens >= self._config.max_model_len
+        self.rules["stop.max_tokens"] += reason == "length" and req.num_tokens < self._config.max_model_len
         status = RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_LENGTH_CAPPED
         self._finish(req, status)
         return True

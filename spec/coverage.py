@@ -1,0 +1,130 @@
+"""Rule coverage: how often a run took each named branch of the spec.
+
+The spec scheduler keeps one ``collections.Counter`` in ``scheduler.rules``
+(its KV pool holds the same object as ``kv.rules``); every decision branch
+adds to it with a one-line marker ``self.rules["NAME"] += 1`` (or
+``+= <condition>``). Counting is always on: a dict increment per branch
+taken, lost in the cost of a step. The names and their meaning are in
+spec/rule_names.py.
+
+Clones share their original's counter (``SpecScheduler.clone`` copies the
+reference), so a search over cloned states counts every transition once, in
+one place. To count one transition alone, read ``snapshot`` before and
+``delta`` after, or give the clone a counter of its own with ``attach``.
+
+    sched = SpecScheduler(config)
+    ...                                  # drive it
+    counts = counts_of(sched)            # Counter: rule name -> times taken
+    unreached(counts)                    # catalogued rules never taken
+    print(format_table(counts))
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Mapping
+
+from schedspec.spec.rule_names import RULE_NAMES, RULES
+
+RuleCounts = Counter[str]
+
+
+def new_counts() -> RuleCounts:
+    """An empty counter, what a scheduler starts with."""
+    return Counter()
+
+
+def counts_of(scheduler: object) -> RuleCounts | None:
+    """The rule counter a scheduler keeps (the spec's ``rules``), or None for
+    a scheduler that counts no rules."""
+    rules = getattr(scheduler, "rules", None)
+    return rules if isinstance(rules, Counter) else None
+
+
+def attach(scheduler: object, counts: RuleCounts) -> None:
+    """Make ``scheduler`` (and its KV pool) count into ``counts`` from now on."""
+    setattr(scheduler, "rules", counts)
+    kv = getattr(scheduler, "kv", None)
+    if kv is not None and hasattr(kv, "rules"):
+        setattr(kv, "rules", counts)
+
+
+def snapshot(counts: Mapping[str, int]) -> dict[str, int]:
+    """A frozen copy of the positive counts, for ``delta``."""
+    return {k: v for k, v in counts.items() if v > 0}
+
+
+def delta(after: Mapping[str, int], before: Mapping[str, int]) -> RuleCounts:
+    """What was counted between two snapshots (positive entries only)."""
+    out: RuleCounts = Counter()
+    for k, v in after.items():
+        d = v - before.get(k, 0)
+        if d > 0:
+            out[k] = d
+    return out
+
+
+def merge(into: RuleCounts, other: Mapping[str, int]) -> None:
+    """Add ``other``'s positive counts to ``into``."""
+    for k, v in other.items():
+        if v > 0:
+            into[k] += v
+
+
+def reached(counts: Mapping[str, int]) -> list[str]:
+    """Catalogued rules taken at least once, in catalogue order."""
+    return [n for n in RULE_NAMES if counts.get(n, 0) > 0]
+
+
+def unreached(counts: Mapping[str, int], names: Iterable[str] = RULE_NAMES, at_least: int = 1) -> list[str]:
+    """The names among ``names`` taken fewer than ``at_least`` times, in the order given."""
+    return [n for n in names if counts.get(n, 0) < at_least]
+
+
+def parse_required(text: str) -> tuple[str, ...]:
+    """A ``--require-rules`` value: ``all``, or names and group prefixes
+    separated by commas (``kv`` or ``kv.*`` means every kv rule). Raises
+    ValueError naming an unknown name."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part == "all":
+            out.extend(RULE_NAMES)
+            continue
+        prefix = part[:-2] if part.endswith(".*") else part
+        if part in RULES:
+            out.append(part)
+        elif any(n.startswith(prefix + ".") for n in RULE_NAMES):
+            out.extend(n for n in RULE_NAMES if n.startswith(prefix + "."))
+        else:
+            raise ValueError(f"unknown rule {part!r} (see spec/rule_names.py; 'all' names every rule)")
+    if not out:
+        raise ValueError("no rule named (give 'all' or rule names separated by commas)")
+    return tuple(dict.fromkeys(out))
+
+
+def as_dict(counts: Mapping[str, int]) -> dict[str, int]:
+    """Every catalogued rule with its count (0 when never taken), catalogue order."""
+    return {n: int(counts.get(n, 0)) for n in RULE_NAMES}
+
+
+def rarest(counts: Mapping[str, int], k: int = 5) -> list[tuple[str, int]]:
+    """The ``k`` least-taken rules (ties in catalogue order)."""
+    return sorted(as_dict(counts).items(), key=lambda kv: kv[1])[:k]
+
+
+def format_table(counts: Mapping[str, int], *, width: int = 30) -> str:
+    """A text table: each rule, its count, and a mark on the unreached ones,
+    grouped as in the catalogue; a summary line first."""
+    got = reached(counts)
+    lines = [f"rule coverage: {len(got)} of {len(RULE_NAMES)} rules reached"]
+    group = ""
+    for name in RULE_NAMES:
+        g = RULES[name].group
+        if g != group:
+            group = g
+            lines.append(f"  {g}")
+        n = int(counts.get(name, 0))
+        lines.append(f"    {name:<{width}} {n:>9,}" + ("   NOT REACHED" if n == 0 else ""))
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""Rule coverage: the catalogue matches the spec's markers, and the counts a
+run reports are the branches it took."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from schedspec.spec import coverage
+from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig, StepResult
+from schedspec.spec.rule_names import RULE_NAMES, RULES, describe
+from schedspec.spec.scheduler import SpecScheduler
+
+SPEC = Path(__file__).resolve().parents[2] / "spec"
+MARKED_FILES = ("scheduler.py", "kv_cache.py")
+
+
+def _markers(path: Path) -> list[tuple[str, int]]:
+    """(name, line) of every ``self.rules["NAME"] += ...`` in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.AugAssign) or not isinstance(node.target, ast.Subscript):
+            continue
+        t = node.target
+        if isinstance(t.value, ast.Attribute) and t.value.attr == "rules":
+            assert isinstance(node.op, ast.Add), f"{path.name}:{node.lineno}: a marker adds"
+            assert isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str), (
+                f"{path.name}:{node.lineno}: a marker names its rule with a string literal")
+            found.append((t.slice.value, node.lineno))
+    return found
+
+
+def _all_markers() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for fname in MARKED_FILES:
+        for name, line in _markers(SPEC / fname):
+            out.setdefault(name, []).append(f"{fname}:{line}")
+    return out
+
+
+def test_every_marker_is_catalogued() -> None:
+    unknown = {n: w for n, w in _all_markers().items() if n not in RULES}
+    assert not unknown, f"markers without a catalogue entry in spec/rule_names.py: {unknown}"
+
+
+def test_every_catalogued_rule_has_a_marker() -> None:
+    marked = _all_markers()
+    missing = [n for n in RULE_NAMES if n not in marked]
+    assert not missing, f"catalogued rules with no marker in spec/{{{','.join(MARKED_FILES)}}}: {missing}"
+
+
+def test_each_marker_appears_once() -> None:
+    twice = {n: w for n, w in _all_markers().items() if len(w) > 1}
+    assert not twice, f"a rule is marked in one place only: {twice}"
+
+
+def test_catalogue_entries_say_what_and_where() -> None:
+    for name in RULE_NAMES:
+        r = RULES[name]
+        assert r.description and r.vllm.split(",")[0].endswith(".py"), describe(name)
+        assert "." in name and name == name.lower()
+
+
+def test_the_scan_sees_a_marker_it_is_given(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text('class A:\n    def f(self):\n        self.rules["x.y"] += 1\n        self.rules["x.z"] += 2 > 1\n')
+    assert _markers(src) == [("x.y", 3), ("x.z", 4)]
+
+
+# ---------------------------------------------------------------- counting
+
+
+def _cfg(**kw: object) -> SchedulerConfig:
+    base: dict[str, object] = dict(num_blocks=9, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
+                                   max_model_len=16, enable_prefix_caching=True)
+    base.update(kw)
+    return SchedulerConfig(**base)  # type: ignore[arg-type]
+
+
+def _req(rid: str, n: int, **kw: object) -> RequestSpec:
+    kw.setdefault("max_tokens", 8)
+    return RequestSpec(request_id=rid, prompt_token_ids=tuple(range(1, n + 1)), **kw)  # type: ignore[arg-type]
+
+
+def _step(s: SpecScheduler, token: int = 7) -> None:
+    plan = s.schedule()
+    s.update(plan, StepResult({e.request_id: (token,) for e in plan.scheduled if e.samples}))
+
+
+def test_counts_follow_the_branches_taken() -> None:
+    s = SpecScheduler(_cfg(max_num_batched_tokens=6))
+    s.add(_req("a", 10, max_tokens=2))
+    _step(s)  # a: chunk of 6 of 10
+    c = coverage.counts_of(s)
+    assert c is not None
+    assert c["admit.new"] == 1 and c["admit.prefill_chunk"] == 1 and c["kv.miss"] == 1
+    assert c["update.no_token"] == 1 and c["running.scheduled"] == 0
+    _step(s)  # a: the last 4 tokens, samples
+    _step(s)  # a: decode, then max_tokens
+    assert c["running.scheduled"] == 2 and c["stop.max_tokens"] == 1
+    assert c["kv.free_back"] == 2 and c["kv.free_front"] == 1  # two full keyed blocks, one partial
+    s.add(_req("b", 10))
+    _step(s)
+    assert c["kv.hit_full"] == 1 and c["kv.touch_free"] == 2 and c["kv.hit_capped"] == 0
+    s.abort("b")
+    assert c["abort.running"] == 1 and c["abort.waiting"] == 0
+    assert s.reset_prefix_cache() is True and c["kv.reset_ok"] == 1
+
+
+def test_preemption_rules_by_policy() -> None:
+    for policy, rule in ((Policy.FCFS, "preempt.fcfs_tail"), (Policy.PRIORITY, "preempt.priority_victim")):
+        s = SpecScheduler(_cfg(num_blocks=5, policy=policy))
+        s.add(_req("a", 7, priority=0))
+        s.add(_req("b", 7, priority=1))
+        for _ in range(4):
+            _step(s)
+        c = s.rules
+        assert c[rule] >= 1 and c["preempt.fcfs_tail" if rule != "preempt.fcfs_tail" else "preempt.priority_victim"] == 0
+        assert c["schedule.waiting_skipped"] >= 1
+
+
+def test_clones_share_the_counter_and_attach_separates() -> None:
+    s = SpecScheduler(_cfg())
+    s.add(_req("a", 5))
+    c = s.clone()
+    assert c.rules is s.rules and c.kv.rules is s.rules
+    before = coverage.snapshot(s.rules)
+    _step(c)
+    d = coverage.delta(s.rules, before)
+    assert d["admit.new"] == 1 and "abort.running" not in d
+    own = coverage.new_counts()
+    coverage.attach(c, own)
+    c.abort("a")
+    assert coverage.snapshot(own) == {"abort.running": 1, "kv.free_front": 1, "kv.free_back": 1}
+    assert s.rules["abort.running"] == 0
+
+
+def test_unreached_and_required_names() -> None:
+    counts = Counter({"admit.new": 3, "kv.miss": 1})
+    assert coverage.reached(counts) == ["admit.new", "kv.miss"]
+    assert "admit.resumed" in coverage.unreached(counts) and "admit.new" not in coverage.unreached(counts)
+    assert coverage.unreached(counts, ["admit.new"], at_least=4) == ["admit.new"]
+    assert coverage.parse_required("all") == RULE_NAMES
+    assert coverage.parse_required("admit.new, stop") == ("admit.new",) + tuple(
+        n for n in RULE_NAMES if n.startswith("stop."))
+    assert coverage.parse_required("kv.*") == tuple(n for n in RULE_NAMES if n.startswith("kv."))
+    with pytest.raises(ValueError, match="unknown rule 'admit.nope'"):
+        coverage.parse_required("admit.nope")
+    with pytest.raises(ValueError, match="no rule named"):
+        coverage.parse_required(" , ")
+    table = coverage.format_table(counts)
+    assert table.splitlines()[0] == f"rule coverage: 2 of {len(RULE_NAMES)} rules reached"
+    assert "NOT REACHED" in table and coverage.as_dict(counts)["admit.new"] == 3
+    assert coverage.rarest(counts, 1)[0][1] == 0

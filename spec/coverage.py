@@ -128,3 +128,15 @@ def format_table(counts: Mapping[str, int], *, width: int = 30) -> str:
         n = int(counts.get(name, 0))
         lines.append(f"    {name:<{width}} {n:>9,}" + ("   NOT REACHED" if n == 0 else ""))
     return "\n".join(lines)
+
+
+def rules_line(counts: Mapping[str, int], k: int = 3) -> str:
+    """One line: how many rules were reached, the unreached ones (or the
+    rarest, when every rule was reached)."""
+    got = len(reached(counts))
+    missing = unreached(counts)
+    if missing:
+        tail = "never reached: " + ", ".join(missing)
+    else:
+        tail = "rarest: " + ", ".join(f"{n} {c:,}" for n, c in rarest(counts, k))
+    return f"rule coverage: {got} of {len(RULE_NAMES)} rules reached; {tail}"

@@ -4,6 +4,10 @@
 prefix-cache resets and finished requests, the equivalence matrix adds its
 wall and forward times. The check command, the Hypothesis state machine's
 rates and the equivalence matrix's guards all read the same counters.
+
+``rules`` holds the reference scheduler's rule coverage (spec/coverage.py):
+rule name -> times the spec took that branch; ``absorb_rules`` adds the
+counts of one scheduler (the spec, or none for a scheduler that keeps none).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from schedspec.spec import coverage
+from schedspec.spec.rule_names import RULE_NAMES
 from schedspec.spec.interface import ScheduleKind, StepPlan
 
 #: The mechanisms a run can be asked to have exercised (see ``Stats.feature``).
@@ -37,6 +43,7 @@ class Stats:
     finished: Counter[str] = field(default_factory=Counter)  # final status -> count
     seconds: float = 0.0  # wall time, where a driver measures it
     forward_seconds: float = 0.0  # time in the model, where a driver measures it
+    rules: Counter[str] = field(default_factory=Counter)  # spec rule name -> times taken
 
     def absorb(self, plan: StepPlan) -> None:
         """Count one scheduled step."""
@@ -59,6 +66,28 @@ class Stats:
         for name in _SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.finished.update(other.finished)
+        coverage.merge(self.rules, other.rules)
+
+    def absorb_rules(self, scheduler: object) -> bool:
+        """Add the rule counts ``scheduler`` kept (spec/coverage.py,
+        counts_of); False when it keeps none."""
+        counts = coverage.counts_of(scheduler)
+        if counts is None:
+            return False
+        coverage.merge(self.rules, counts)
+        return True
+
+    def rule_coverage(self, required: tuple[str, ...] = ()) -> dict[str, object]:
+        """The rule-coverage report (JSON): how many catalogued rules were
+        reached, each rule's count, the unreached ones, and which of
+        ``required`` were never reached."""
+        return {
+            "reached": len(coverage.reached(self.rules)),
+            "total": len(RULE_NAMES),
+            "unreached": coverage.unreached(self.rules),
+            "required_unreached": coverage.unreached(self.rules, required),
+            "counts": coverage.as_dict(self.rules),
+        }
 
     def feature(self, name: str) -> int:
         """How much of one of ``FEATURES`` the run exercised (0: never)."""

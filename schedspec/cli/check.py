@@ -8,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from schedspec.check.gate import CheckSettings, check_summary, junit_xml, run_check
+from schedspec.check.gate import CheckSettings, check_summary, junit_xml, missing_rules_message, run_check
 from schedspec.check.shrink import count_steps
+from schedspec.spec.coverage import format_table, parse_required, rules_line
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -36,6 +37,10 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--quiet", action="store_true", help="no progress line")
     c.add_argument("--plans-only", action="store_true",
                    help="fast lockstep: plans every step, views once per workload, no invariants")
+    c.add_argument("--require-rules", default=None, metavar="all|NAME,...",
+                   help="fail (exit 1) when one of these spec rules (spec/rule_names.py; a group such as "
+                        "'kv' names all its rules) was never reached")
+    c.add_argument("--rules", action="store_true", help="print the rule-coverage table (every rule, its count)")
 
 
 def settings_from(args: argparse.Namespace) -> CheckSettings:
@@ -57,7 +62,17 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         shrink_time=args.shrink_time,
         plans_only=args.plans_only,
         out_dir=Path(args.out),
+        require_rules=_required_rules(args.require_rules),
     )
+
+
+def _required_rules(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    try:
+        return parse_required(text)
+    except ValueError as exc:
+        raise UsageError(f"--require-rules: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,9 +98,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"OK: {outcome.steps} steps in {outcome.workloads} workloads against {args.against}: {held}"
               + f" ({outcome.steps_per_s:,.0f} steps/s; {stats.preemptions} preemptions, {stats.hit_admissions}"
               f" prefix hits, {stats.chunks} prefill chunks)")
+    if outcome.stats.rules:
+        print(format_table(outcome.stats.rules) if args.rules else rules_line(outcome.stats.rules))
+    if outcome.missing_rules:
+        print(f"FAILED: {missing_rules_message(outcome.missing_rules)}")
     if args.json:
         Path(args.json).write_text(json.dumps(check_summary(settings, outcome), indent=2) + "\n")
     if args.junit:
         Path(args.junit).write_text(junit_xml(settings, outcome))
-    return EXIT_OK if outcome.failure is None else EXIT_FAIL
+    return EXIT_OK if outcome.ok else EXIT_FAIL
 

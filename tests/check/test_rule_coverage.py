@@ -155,3 +155,48 @@ def test_unreached_and_required_names() -> None:
     assert table.splitlines()[0] == f"rule coverage: 2 of {len(RULE_NAMES)} rules reached"
     assert "NOT REACHED" in table and coverage.as_dict(counts)["admit.new"] == 3
     assert coverage.rarest(counts, 1)[0][1] == 0
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def test_the_gate_counts_the_reference_and_fails_on_required_rules(tmp_path: Path) -> None:
+    from schedspec.check.gate import CheckSettings, check_summary, junit_xml, run_check
+    from schedspec.impl.scheduler import ImplScheduler
+
+    factories = {"spec": SpecScheduler, "impl": ImplScheduler}
+    settings = CheckSettings(against="impl", total_steps=200, out_dir=tmp_path,
+                             require_rules=("admit.new", "abort.preempted"))
+    o = run_check(factories, settings)  # type: ignore[arg-type]
+    assert o.failure is None and o.stats.rules["admit.new"] > 0
+    # only the reference counts: the impl keeps no rule counter
+    assert o.stats.rules["admit.new"] == o.stats.admissions - o.stats.rules["admit.resumed"]
+    missing = tuple(coverage.unreached(o.stats.rules, settings.require_rules))
+    assert o.missing_rules == missing and o.ok == (not missing)
+    summary = check_summary(settings, o)
+    assert summary["rule_coverage"]["counts"]["admit.new"] == o.stats.rules["admit.new"]
+    assert summary["rule_coverage"]["required_unreached"] == list(missing)
+    assert summary["result"] == ("pass" if not missing else "fail")
+    xml = junit_xml(settings, o)
+    assert f'<property name="rule.admit.new" value="{o.stats.rules["admit.new"]}"/>' in xml
+    assert f'<property name="rules.total" value="{len(RULE_NAMES)}"/>' in xml
+
+
+def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from schedspec.cli.main import main
+
+    out = tmp_path / "s.json"
+    rc = main(["check", "--steps", "100", "--quiet", "--require-rules", "admit.new,stop", "--json", str(out),
+               "--out", str(tmp_path)])
+    text = capsys.readouterr().out
+    import json
+    summary = json.loads(out.read_text())
+    required_unreached = summary["rule_coverage"]["required_unreached"]
+    assert rc == (1 if required_unreached else 0)
+    assert "rule coverage:" in text
+    if required_unreached:
+        assert f"never reached: {', '.join(required_unreached)}" in text
+    rc = main(["check", "--steps", "1", "--quiet", "--require-rules", "all"])
+    assert rc == 1 and "required rule(s) never reached" in capsys.readouterr().out
+    assert main(["check", "--steps", "10", "--quiet", "--require-rules", "admit.nope"]) == 2
+    assert "--require-rules: unknown rule 'admit.nope'" in capsys.readouterr().err

@@ -27,4 +27,13 @@ class RequestError(SchedSpecError, ValueError):
 
 class ProtocolError(SchedSpecError, RuntimeError):
     """The caller broke the add / schedule / update protocol (e.g. an update
-    with a result that does not match the plan). The scheduler is unchanged."""
+    with a result that does not match the plan). The scheduler is unchanged.
+
+    ``step`` is the plan's step number where the error concerns one plan, and
+    ``field`` names the offending part of the call (e.g. ``"sampled"``,
+    ``"draft_token_ids"``, ``"plan"``); both are None when not applicable."""
+
+    def __init__(self, message: str, *, step: int | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.field = field

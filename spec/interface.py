@@ -64,7 +64,11 @@ _S = RequestStatus
 #:  RUNNING   -> PREEMPTED (recompute preemption), FINISHED_STOPPED (eos or a
 #:               stop token), FINISHED_LENGTH_CAPPED (max_tokens or
 #:               max_model_len), FINISHED_ABORTED
-#:  PREEMPTED -> RUNNING (resumed), FINISHED_ABORTED
+#:  PREEMPTED -> RUNNING (resumed), FINISHED_ABORTED, and with async
+#:               scheduling FINISHED_STOPPED / FINISHED_LENGTH_CAPPED (the
+#:               stale output of a step that was in flight when the request
+#:               was preempted is still delivered and may stop it:
+#:               scheduler.py, update_from_output, ``stopped_preempted_reqs``)
 #:  finished  -> nothing
 LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
     _S.WAITING: frozenset({_S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_IGNORED}),
@@ -76,7 +80,9 @@ LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
             _S.FINISHED_ABORTED,
         }
     ),
-    _S.PREEMPTED: frozenset({_S.RUNNING, _S.FINISHED_ABORTED}),
+    _S.PREEMPTED: frozenset(
+        {_S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_STOPPED, _S.FINISHED_LENGTH_CAPPED}
+    ),
     _S.FINISHED_STOPPED: frozenset(),
     _S.FINISHED_LENGTH_CAPPED: frozenset(),
     _S.FINISHED_ABORTED: frozenset(),
@@ -117,6 +123,15 @@ class SchedulerConfig:
     ``num_blocks`` counts every KV block including block 0, which vLLM keeps as
     a reserved null block (vllm/v1/core/block_pool.py, BlockPool.__init__), so
     ``num_blocks - 1`` blocks are usable.
+
+    ``async_scheduling`` is vLLM's AsyncScheduler
+    (vllm/v1/core/sched/async_scheduler.py): schedule() for step N+1 may be
+    called while step N's plan still awaits its update(), and the scheduler
+    counts that step's output tokens as placeholders. ``num_speculative_tokens``
+    is k, the number of draft tokens verified per step (0 = speculative
+    decoding off; vLLM's speculative_config.num_speculative_tokens with the
+    ngram method, whose drafts the driver supplies). Both default to off,
+    which is the synchronous, one-token-per-step scheduler.
     """
 
     block_size: int = 16
@@ -129,6 +144,8 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     policy: Policy = Policy.FCFS
     scheduler_reserve_full_isl: bool = True
+    async_scheduling: bool = False
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         validate_config(self, Policy)
@@ -137,9 +154,22 @@ class SchedulerConfig:
     def num_usable_blocks(self) -> int:
         return self.num_blocks - 1
 
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots reserved past the scheduled tokens for the drafter
+        (vllm/config/vllm.py, VllmConfig.num_lookahead_tokens): 0 for the
+        ngram method, the only one modelled."""
+        return 0
+
     def to_dict(self) -> dict[str, Any]:
+        """Every field by name; the fields added after the first trace format
+        (``async_scheduling``, ``num_speculative_tokens``) only when they differ
+        from their defaults, so a default config serializes as it always did."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["policy"] = self.policy.value
+        for name, default in _LATER_FIELDS.items():
+            if out[name] == default:
+                del out[name]
         return out
 
     @classmethod
@@ -160,6 +190,12 @@ class SchedulerConfig:
             else:
                 raise ConfigError("policy", f"must be one of 'fcfs', 'priority', got {raw!r}")
         return cls(**kwargs)
+
+
+#: Fields added to SchedulerConfig after the first trace format, with their
+#: defaults: ``from_dict`` fills them in when absent, ``to_dict`` omits them at
+#: their default.
+_LATER_FIELDS: Mapping[str, object] = {"async_scheduling": False, "num_speculative_tokens": 0}
 
 
 #: Content key of a cached full block: (cache salt or "", every token id from
@@ -218,10 +254,23 @@ class ScheduledRequest:
     """One request's share of a step: what a model runner needs.
 
     ``block_ids`` is the whole block table after this step's allocation;
-    ``token_ids`` are the tokens to compute, at positions
-    ``num_computed_tokens .. num_computed_tokens + num_scheduled_tokens - 1``;
     ``num_tokens`` is how many tokens the request knows (prompt + output) at
-    schedule time, so the step samples a token iff it reaches ``num_tokens``.
+    schedule time.
+
+    ``num_output_placeholders`` is the number of the request's output tokens
+    that were in flight when the scheduler made this entry (async scheduling:
+    vLLM's ``request.num_output_placeholders`` at schedule time; always 0
+    without async scheduling). ``num_computed_tokens`` already counts them, as
+    vLLM's does. ``spec_token_ids`` are the draft tokens this step verifies
+    (vLLM's ``scheduled_spec_decode_tokens[req_id]``); a draft whose id the
+    scheduler does not know is -1 (async scheduling's placeholder drafts, and
+    the padding of a newly admitted decode).
+
+    ``token_ids`` are the tokens to compute, at positions
+    ``num_computed_tokens .. num_computed_tokens + num_scheduled_tokens - 1`` of
+    the sequence: the known tokens, then -1 for each in-flight placeholder,
+    then the drafts. The step samples (at least one token) iff it reaches past
+    every known and in-flight token: see ``samples``.
     """
 
     request_id: str
@@ -231,6 +280,8 @@ class ScheduledRequest:
     num_tokens: int
     block_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
+    spec_token_ids: tuple[int, ...] = ()
+    num_output_placeholders: int = 0
 
     @classmethod
     def of(
@@ -242,11 +293,21 @@ class ScheduledRequest:
         num_scheduled_tokens: int,
         all_token_ids: Sequence[int],
         block_ids: tuple[int, ...],
+        spec_token_ids: tuple[int, ...] = (),
+        num_output_placeholders: int = 0,
     ) -> ScheduledRequest:
         """The entry of a request that knows ``all_token_ids`` (prompt then
-        output): ``num_tokens`` and the slice to compute follow from them, so
-        every scheduler that builds its entries here derives them alike."""
+        output), with ``num_output_placeholders`` output tokens in flight and
+        ``spec_token_ids`` drafts to verify: ``num_tokens`` and the slice to
+        compute follow from them, so every scheduler that builds its entries
+        here derives them alike."""
         end = num_computed_tokens + num_scheduled_tokens
+        if num_output_placeholders or spec_token_ids:
+            seq: Sequence[int] = (
+                tuple(all_token_ids) + (-1,) * num_output_placeholders + tuple(spec_token_ids)
+            )
+        else:
+            seq = all_token_ids
         return cls(
             request_id=request_id,
             kind=kind,
@@ -254,13 +315,26 @@ class ScheduledRequest:
             num_scheduled_tokens=num_scheduled_tokens,
             num_tokens=len(all_token_ids),
             block_ids=block_ids,
-            token_ids=tuple(all_token_ids[num_computed_tokens:end]),
+            token_ids=tuple(seq[num_computed_tokens:end]),
+            spec_token_ids=tuple(spec_token_ids),
+            num_output_placeholders=num_output_placeholders,
         )
 
     @property
     def samples(self) -> bool:
-        """Whether this step completes the known tokens, so the model samples."""
-        return self.num_computed_tokens + self.num_scheduled_tokens >= self.num_tokens
+        """Whether this step reaches past every known and in-flight token, so
+        the model samples: one token, plus one per accepted draft."""
+        return (
+            self.num_computed_tokens + self.num_scheduled_tokens
+            >= self.num_tokens + self.num_output_placeholders
+        )
+
+    @property
+    def max_sampled(self) -> int:
+        """The most tokens the result may hold for this entry: 0 for a partial
+        prefill chunk, else 1 + the drafts (every draft accepted, then the bonus
+        token)."""
+        return 1 + len(self.spec_token_ids) if self.samples else 0
 
     @property
     def is_prefill_chunk(self) -> bool:
@@ -300,11 +374,24 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepResult:
-    """The model's output for a plan: one sampled token for every scheduled
-    request whose step completes its known tokens, and nothing for a partial
-    prefill chunk."""
+    """The model's output for a plan.
+
+    ``sampled[req]``: for every scheduled entry that samples, 1 + a tokens,
+    where a (0 <= a <= the entry's drafts) is the number of drafts accepted:
+    the accepted drafts in order, then the bonus token (vLLM's
+    ``sampled_token_ids``); without drafts exactly one token. Nothing for a
+    partial prefill chunk.
+
+    ``draft_token_ids[req]``: the drafter's proposals made after this step, for
+    the request's next step (vLLM's ``update_draft_token_ids``, which the engine
+    core calls after ``update_from_output``): at most num_speculative_tokens
+    ids, only for entries of this plan that sample (an empty tuple is allowed
+    for any scheduled entry). With async scheduling the scheduler schedules -1
+    placeholder drafts instead and ignores these ids once validated.
+    """
 
     sampled: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    draft_token_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------
@@ -328,6 +415,8 @@ class RequestView:
     stop_token_ids: tuple[int, ...] = ()
     eos_token_id: int | None = None
     ignore_eos: bool = False
+    num_output_placeholders: int = 0
+    spec_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def of(
@@ -339,10 +428,15 @@ class RequestView:
         num_computed_tokens: int,
         block_ids: tuple[int, ...],
         num_preemptions: int,
+        num_output_placeholders: int = 0,
+        spec_token_ids: tuple[int, ...] = (),
     ) -> RequestView:
         """The view of request ``spec`` in the given state: every scheduler
         builds its views here, so the fields taken from the spec are always
-        the same ones."""
+        the same ones. ``num_output_placeholders`` (async scheduling: output
+        tokens in flight, counted in ``num_computed_tokens``) and
+        ``spec_token_ids`` (the drafts held for the next step; -1 for a
+        placeholder draft) are vLLM's Request fields of those names."""
         return cls(
             request_id=spec.request_id,
             status=status,
@@ -358,6 +452,8 @@ class RequestView:
             stop_token_ids=spec.stop_token_ids,
             eos_token_id=spec.eos_token_id,
             ignore_eos=spec.ignore_eos,
+            num_output_placeholders=num_output_placeholders,
+            spec_token_ids=spec_token_ids,
         )
 
     @property
@@ -421,7 +517,13 @@ class SchedulerView:
 class Scheduler(Protocol):
     """What schedspec drives. One step is ``plan = schedule()`` then
     ``update(plan, result)``; ``add``, ``abort`` and ``reset_prefix_cache``
-    may come between steps. An operation that raises changes nothing."""
+    may come between steps. An operation that raises changes nothing.
+
+    With ``config.async_scheduling`` one plan may be in flight: schedule() may
+    be called while exactly one plan awaits its update (never two), and the
+    updates come in plan order, each exactly once; add, abort and
+    reset_prefix_cache may come while a plan is in flight. spec/protocol.py
+    states the rules and raises ProtocolError for a call that breaks them."""
 
     @property
     def config(self) -> SchedulerConfig: ...

@@ -6,6 +6,23 @@ so a caller that breaks the add / abort / schedule / update protocol gets the
 same exception whichever scheduler it drives. Each check raises or returns;
 none changes the scheduler, so an operation that raises changes nothing.
 
+The in-flight rules (async scheduling, vllm/v1/core/sched/async_scheduler.py
+driven by vllm/v1/engine/core.py, EngineCore.step_with_batch_queue):
+
+- Without ``config.async_scheduling`` a step is schedule() then its update();
+  nothing else may come between them.
+- With it, schedule() may be called while exactly one plan awaits update
+  (never two); updates come in plan order, each exactly once. add() and
+  abort() may come at any time; reset_prefix_cache() while at most one plan
+  is in flight.
+- A result holds, per entry that samples, 1 + a tokens (a accepted drafts,
+  at most the entry's drafts, then the bonus token) and nothing for a partial
+  prefill chunk; drafts only for requests the plan scheduled, at most
+  num_speculative_tokens each.
+
+Every violation raises ProtocolError with ``step`` (the plan's step) and
+``field`` (what is wrong) set, before anything changes.
+
 The two input rules at ``add`` are vLLM's own, enforced before its scheduler
 sees a request: a duplicate id, and a prompt that leaves no room for one
 output token (vllm/v1/engine/input_processor.py, _validate_model_input).
@@ -13,7 +30,7 @@ output token (vllm/v1/engine/input_processor.py, _validate_model_input).
 
 from __future__ import annotations
 
-from typing import Container, Mapping, TypeVar
+from typing import Container, Mapping, Sequence, TypeVar, Union
 
 from schedspec.spec.interface import (
     ProtocolError,
@@ -61,16 +78,62 @@ def check_abort(request_id: str, unfinished: Mapping[str, T]) -> T:
     return record
 
 
-def check_schedule(outstanding: StepPlan | None) -> None:
-    """schedule(): not while a plan awaits its update()."""
-    if outstanding is not None:
-        raise ProtocolError("schedule() called again before update() of the previous plan")
+#: The plans awaiting update(), oldest first, as a scheduler keeps them: None
+#: or one plan (the synchronous protocol's single slot), or a sequence.
+InFlight = Union[StepPlan, Sequence[StepPlan], None]
 
 
-def check_reset(outstanding: StepPlan | None) -> None:
-    """reset_prefix_cache(): not while a plan awaits its update()."""
-    if outstanding is not None:
-        raise ProtocolError("reset_prefix_cache between schedule() and update()")
+def in_flight(outstanding: InFlight) -> tuple[StepPlan, ...]:
+    """The plans awaiting update(), oldest first, whatever form the scheduler
+    keeps them in."""
+    if outstanding is None:
+        return ()
+    if isinstance(outstanding, StepPlan):
+        return (outstanding,)
+    return tuple(outstanding)
+
+
+def max_in_flight(config: SchedulerConfig | None) -> int:
+    """How many plans may await update() when schedule() returns: one without
+    async scheduling, two with it (vllm/v1/engine/core.py,
+    EngineCore.step_with_batch_queue: the batch queue of an async scheduler
+    holds two steps, so schedule() for step N+1 comes before update() for
+    step N, and never a third)."""
+    return 2 if config is not None and config.async_scheduling else 1
+
+
+def check_schedule(outstanding: InFlight, config: SchedulerConfig | None = None) -> None:
+    """schedule(): without async scheduling, not while a plan awaits its
+    update(); with it, not while two do (one plan may be in flight)."""
+    plans = in_flight(outstanding)
+    if len(plans) >= max_in_flight(config):
+        last = plans[-1].step
+        if len(plans) == 1:
+            raise ProtocolError(
+                "schedule() called again before update() of the previous plan", step=last, field="plan"
+            )
+        steps = ", ".join(str(p.step) for p in plans)
+        raise ProtocolError(
+            f"schedule() with steps {steps} in flight: async scheduling allows one plan in "
+            f"flight, so step {plans[0].step} must be updated first",
+            step=plans[0].step,
+            field="plan",
+        )
+
+
+def check_reset(outstanding: InFlight, config: SchedulerConfig | None = None) -> None:
+    """reset_prefix_cache(): without async scheduling, not between schedule()
+    and update(). With async scheduling it may come while one plan is in
+    flight, as vLLM's engine core serves it between two engine steps
+    (EngineCore.reset_prefix_cache -> Scheduler.reset_prefix_cache, which
+    preempts the running requests with ``drop_stale_output=True``); never
+    while two are."""
+    plans = in_flight(outstanding)
+    allowed = 1 if config is not None and config.async_scheduling else 0
+    if len(plans) > allowed:
+        raise ProtocolError(
+            "reset_prefix_cache between schedule() and update()", step=plans[-1].step, field="plan"
+        )
 
 
 def is_token_ids(toks: object) -> bool:
@@ -80,42 +143,147 @@ def is_token_ids(toks: object) -> bool:
     )
 
 
-def check_update(plan: StepPlan, outstanding: StepPlan | None, result: object) -> StepResult:
-    """update(), first: ``plan`` is the outstanding plan and ``result`` a StepResult."""
-    if outstanding is None or (plan is not outstanding and plan != outstanding):
-        raise ProtocolError(f"update() with a plan that is not the outstanding one (step {plan.step})")
+def check_update(plan: StepPlan, outstanding: InFlight, result: object) -> StepResult:
+    """update(), first: ``plan`` is the oldest plan in flight (updates come in
+    plan order, each exactly once) and ``result`` a StepResult."""
+    plans = in_flight(outstanding)
+    step = getattr(plan, "step", None)
+    if not plans or (plan is not plans[0] and plan != plans[0]):
+        if any(plan is p or plan == p for p in plans[1:]):
+            raise ProtocolError(
+                f"update() for step {step} out of order: step {plans[0].step} is in flight "
+                "before it and must be updated first",
+                step=step,
+                field="plan",
+            )
+        if plans and any(p.step == step for p in plans):
+            raise ProtocolError(
+                f"update() with a plan for step {step} that differs from the plan scheduled "
+                "for that step",
+                step=step,
+                field="plan",
+            )
+        raise ProtocolError(
+            f"update() with a plan that is not the outstanding one (step {step})",
+            step=step,
+            field="plan",
+        )
     if not isinstance(result, StepResult):
-        raise ProtocolError(f"result must be a StepResult, got {type(result).__name__}")
+        raise ProtocolError(
+            f"result must be a StepResult, got {type(result).__name__}", step=step, field="result"
+        )
     return result
 
 
-def check_sampled(plan: StepPlan, result: StepResult, unfinished: Container[str]) -> None:
+def check_sampled(
+    plan: StepPlan,
+    result: StepResult,
+    unfinished: Container[str],
+    config: SchedulerConfig | None = None,
+) -> None:
     """update(), then: tokens only for scheduled requests, each a tuple of token
-    ids; one token for every step that completes a request's known tokens,
-    none for a partial prefill chunk. A request aborted while the step ran
-    (no longer in ``unfinished``) may get anything well-formed: it is dropped."""
+    ids; for every entry that samples, 1 + a tokens with 0 <= a <= its drafts
+    (a accepted drafts then the bonus token: exactly one without drafts); none
+    for a partial prefill chunk. A request aborted while the step ran (no
+    longer in ``unfinished``) may get anything well-formed: it is dropped.
+    Then the drafts (``check_drafts``)."""
     planned = {s.request_id for s in plan.scheduled}
     for rid, toks in result.sampled.items():
         if rid not in planned:
-            raise ProtocolError(f"result has tokens for {rid!r}, which the plan did not schedule")
+            raise ProtocolError(
+                f"result has tokens for {rid!r}, which the plan did not schedule",
+                step=plan.step,
+                field="sampled",
+            )
         if not is_token_ids(toks):
-            raise ProtocolError(f"result for {rid!r} must be a tuple of token ids, got {toks!r}")
+            raise ProtocolError(
+                f"result for {rid!r} must be a tuple of token ids, got {toks!r}",
+                step=plan.step,
+                field="sampled",
+            )
     for s in plan.scheduled:
         if s.request_id not in unfinished:
             continue
         got = len(result.sampled.get(s.request_id, ()))
-        want = 1 if s.samples else 0
-        if got != want:
-            what = "a completed step" if s.samples else "a partial prefill chunk"
-            raise ProtocolError(f"result for {s.request_id!r} has {got} tokens; {what} takes {want}")
+        if not s.samples:
+            if got:
+                raise ProtocolError(
+                    f"result for {s.request_id!r} has {got} tokens; a partial prefill chunk takes 0",
+                    step=plan.step,
+                    field="sampled",
+                )
+        elif not s.spec_token_ids:
+            if got != 1:
+                raise ProtocolError(
+                    f"result for {s.request_id!r} has {got} tokens; a completed step takes 1",
+                    step=plan.step,
+                    field="sampled",
+                )
+        elif not 1 <= got <= 1 + len(s.spec_token_ids):
+            raise ProtocolError(
+                f"result for {s.request_id!r} has {got} tokens; a step verifying "
+                f"{len(s.spec_token_ids)} drafts takes 1 to {1 + len(s.spec_token_ids)} "
+                "(the accepted drafts, then the bonus token)",
+                step=plan.step,
+                field="sampled",
+            )
+    check_drafts(plan, result, config)
+
+
+def check_drafts(plan: StepPlan, result: StepResult, config: SchedulerConfig | None = None) -> None:
+    """update(), the drafts: ``draft_token_ids`` only for requests the plan
+    scheduled, each a tuple of token ids, at most num_speculative_tokens of
+    them (none when speculative decoding is off), and non-empty only for an
+    entry that samples (vLLM drops the drafts proposed after a partial prefill
+    chunk: scheduler.py, update_draft_token_ids)."""
+    drafts = getattr(result, "draft_token_ids", None)
+    if not drafts:
+        return
+    if not isinstance(drafts, Mapping):
+        raise ProtocolError(
+            f"draft_token_ids must be a mapping, got {type(drafts).__name__}",
+            step=plan.step,
+            field="draft_token_ids",
+        )
+    k = config.num_speculative_tokens if config is not None else 0
+    for rid, toks in drafts.items():
+        entry = plan.get(rid) if isinstance(rid, str) else None
+        if entry is None:
+            raise ProtocolError(
+                f"draft_token_ids for {rid!r}, which the plan did not schedule",
+                step=plan.step,
+                field="draft_token_ids",
+            )
+        if not is_token_ids(toks):
+            raise ProtocolError(
+                f"draft_token_ids for {rid!r} must be a tuple of token ids, got {toks!r}",
+                step=plan.step,
+                field="draft_token_ids",
+            )
+        if len(toks) > k:
+            raise ProtocolError(
+                f"draft_token_ids for {rid!r} has {len(toks)} drafts; num_speculative_tokens is {k}",
+                step=plan.step,
+                field="draft_token_ids",
+            )
+        if toks and not entry.samples:
+            raise ProtocolError(
+                f"draft_token_ids for {rid!r}, whose step is a partial prefill chunk",
+                step=plan.step,
+                field="draft_token_ids",
+            )
 
 
 def check_result(
-    plan: StepPlan, outstanding: StepPlan | None, result: object, unfinished: Container[str]
+    plan: StepPlan,
+    outstanding: InFlight,
+    result: object,
+    unfinished: Container[str],
+    config: SchedulerConfig | None = None,
 ) -> StepResult:
     """Every check of update(), in order."""
     checked = check_update(plan, outstanding, result)
-    check_sampled(plan, checked, unfinished)
+    check_sampled(plan, checked, unfinished, config)
     return checked
 
 
@@ -123,10 +291,14 @@ __all__ = [
     "check_abort",
     "check_add",
     "check_config",
+    "check_drafts",
     "check_reset",
     "check_result",
     "check_sampled",
     "check_schedule",
     "check_update",
+    "in_flight",
+    "InFlight",
     "is_token_ids",
+    "max_in_flight",
 ]

@@ -473,7 +473,7 @@ class SpecScheduler:
         """update_from_output: append each sampled token, check stop
         (vllm/v1/core/sched/utils.py, check_stop), free finished requests in
         plan order."""
-        check_result(plan, self.outstanding, result, self.requests)
+        check_result(plan, self.outstanding, result, self.requests, self._config)
         stopped: list[str] = []
         for s in plan.scheduled:
             req = self.requests.get(s.request_id)

@@ -48,6 +48,12 @@ class ConfigFields(Protocol):
     @property
     def policy(self) -> object: ...
 
+    @property
+    def async_scheduling(self) -> bool: ...
+
+    @property
+    def num_speculative_tokens(self) -> int: ...
+
 
 class RequestFields(Protocol):
     """The fields of a RequestSpec as the checks read them."""
@@ -95,6 +101,9 @@ LIMITS = {
     "max_model_len": 1 << 24,
 }
 
+#: The most draft tokens per step the spec models (0 = speculative decoding off).
+MAX_SPECULATIVE_TOKENS = 8
+
 _INT_FIELDS = (
     "block_size",
     "num_blocks",
@@ -102,8 +111,14 @@ _INT_FIELDS = (
     "max_num_seqs",
     "max_model_len",
     "long_prefill_token_threshold",
+    "num_speculative_tokens",
 )
-_BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "scheduler_reserve_full_isl")
+_BOOL_FIELDS = (
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "scheduler_reserve_full_isl",
+    "async_scheduling",
+)
 _POSITIVE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
 
 
@@ -145,6 +160,12 @@ def _check_config_ranges(config: ConfigFields) -> None:
             "long_prefill_token_threshold",
             f"must be >= 0, got {config.long_prefill_token_threshold}",
         )
+    k = config.num_speculative_tokens
+    if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ConfigError(
+            "num_speculative_tokens",
+            f"must be between 0 (off) and {MAX_SPECULATIVE_TOKENS}, got {k}",
+        )
 
 
 def _check_config_relations(config: ConfigFields) -> None:
@@ -166,6 +187,17 @@ def _check_config_relations(config: ConfigFields) -> None:
             "long_prefill_token_threshold",
             f"({config.long_prefill_token_threshold}) cannot exceed max_model_len "
             f"({config.max_model_len})",
+        )
+    # scheduler.py, schedule(), the WAITING loop: a newly admitted decode is
+    # padded to 1 + k tokens, the long-prefill threshold may then cut it, and
+    # vLLM asserts ``num_new_tokens == 1 + self.num_spec_tokens``. A threshold
+    # at or below k would crash vLLM's scheduler, so it is refused here.
+    k = config.num_speculative_tokens
+    if k > 0 and 0 < config.long_prefill_token_threshold <= k:
+        raise ConfigError(
+            "long_prefill_token_threshold",
+            f"({config.long_prefill_token_threshold}) must be 0 or above "
+            f"num_speculative_tokens ({k}): a padded decode of 1 + {k} tokens must not be cut",
         )
     # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine
     # refuses to start unless one request of max_model_len tokens fits.

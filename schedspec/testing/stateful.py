@@ -41,6 +41,7 @@ from schedspec.check.workload import (
     Workload,
     describe_event,
 )
+from schedspec.spec import coverage
 from schedspec.testing.strategies import VOCAB, configs, prefixes, requests
 
 class RunTally:
@@ -49,6 +50,8 @@ class RunTally:
     Rates are over the runs of at least ``min_steps`` steps: Hypothesis also
     tries trivially small examples (no step at all), which prove nothing
     about any mechanism either way and would only dilute the rates.
+    ``rules`` sums the spec's rule counts (spec/coverage.py) over every run,
+    short ones included: ``unreached_rules()`` names the branches no run took.
     """
 
     def __init__(self, min_steps: int = 20) -> None:
@@ -57,9 +60,11 @@ class RunTally:
         self.runs = 0
         self.runs_with: Counter[str] = Counter()
         self.total = Stats()
+        self.rules: Counter[str] = Counter()
 
     def add(self, stats: Stats) -> None:
         self.all_runs += 1
+        coverage.merge(self.rules, stats.rules)
         if stats.steps < self.min_steps:
             return
         self.runs += 1
@@ -72,6 +77,10 @@ class RunTally:
         ):
             if value:
                 self.runs_with[name] += 1
+
+    def unreached_rules(self) -> list[str]:
+        """Catalogued spec rules no run reached (spec/rule_names.py)."""
+        return coverage.unreached(self.rules)
 
     def rates(self) -> dict[str, float]:
         if not self.runs:
@@ -171,6 +180,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         if self.tally is not None and self.runner is not None:
+            self.runner.stats.absorb_rules(self.runner.scheds[self.runner.names[0]])  # the reference's
             self.tally.add(self.runner.stats)
 
 

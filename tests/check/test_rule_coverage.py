@@ -200,3 +200,18 @@ def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert rc == 1 and "required rule(s) never reached" in capsys.readouterr().out
     assert main(["check", "--steps", "10", "--quiet", "--require-rules", "admit.nope"]) == 2
     assert "--require-rules: unknown rule 'admit.nope'" in capsys.readouterr().err
+
+
+def test_the_state_machine_tallies_rule_coverage() -> None:
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from schedspec.testing.stateful import RunTally, make_machine
+
+    tally = RunTally()
+    machine = make_machine({"spec": SpecScheduler}, tally=tally, name="RuleMachine")
+    run_state_machine_as_test(machine, settings=settings(max_examples=15, stateful_step_count=20, deadline=None,
+                                                         derandomize=True, database=None))
+    assert tally.all_runs >= 15
+    assert tally.rules["admit.new"] > 0 and tally.rules["running.scheduled"] > 0
+    assert tally.unreached_rules() == coverage.unreached(tally.rules)

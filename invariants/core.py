@@ -45,6 +45,9 @@ class Transition:
     result: StepResult | None = None  # "update" only
     request: RequestSpec | None = None  # "add" only
     request_id: str | None = None  # "abort" only
+    #: the plans awaiting update() after the operation, oldest first (with
+    #: async scheduling one may stay in flight across operations)
+    in_flight: tuple[StepPlan, ...] = ()
 
 
 @dataclass

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
+from schedspec.spec.interface import SchedSpecError
+
 from schedspec.invariants.core import POLICY_PREFIX, SAFETY, Invariant
 from schedspec.invariants.monitor import CATALOGUE
 
@@ -32,7 +34,7 @@ MODES: tuple[Mode, ...] = ("lockstep", "invariants")
 DEFAULT_SELECTOR: dict[Mode, str] = {"lockstep": "all", "invariants": SAFETY}
 
 
-class SelectionError(ValueError):
+class SelectionError(SchedSpecError, ValueError):
     """A selector names an unknown id or tag, or leaves nothing to check."""
 
 
@@ -135,3 +137,11 @@ class Selection:
 
 def make_selection(selector: str | None, mode: Mode = "lockstep") -> Selection:
     return Selection(mode, selector, select(selector, mode))
+
+
+def named_ids(selector: str | None) -> tuple[str, ...]:
+    """The invariant ids a selector names one by one (not through a tag)."""
+    if selector is None:
+        return ()
+    ids = {inv.id for inv in CATALOGUE}
+    return tuple(item for item in parse_items(selector) if item in ids)

@@ -2,9 +2,14 @@
 
 ``spec`` and ``impl`` are ours; ``vllm`` is vLLM 0.33's real Scheduler through
 schedspec/adapters/vllm_adapter.py; ``MODULE:CLASS`` is either a class implementing our
-Scheduler protocol (built as ``CLASS(config)``) or a vLLM-compatible scheduler
-class (a subclass of vLLM's Scheduler, what vLLM accepts as scheduler_cls),
-which the vLLM adapter wraps. Nothing heavy is imported until asked for.
+Scheduler protocol (built as ``CLASS(config)``) or a vLLM scheduler class (a
+subclass of vLLM's SchedulerInterface, what vLLM accepts as scheduler_cls),
+which the vLLM adapter wraps. A class is taken for a vLLM scheduler only when
+it is one: a subclass of vLLM's SchedulerInterface (vLLM is imported to tell
+only when the class has a vLLM class among its bases), never because of a
+method name. A class may declare what it supports as ``CAPABILITIES``
+(schedspec.check.capabilities.Capabilities); Target carries it. Nothing heavy
+is imported until asked for.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import importlib
 import inspect
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from schedspec.check.capabilities import FULL, Capabilities, capabilities_of
+from schedspec.check.conformance import method_problems
 from schedspec.spec.interface import SchedSpecError, Scheduler, SchedulerConfig, SchedulerFactory
 
 _PROTOCOL_METHODS = ("add", "abort", "schedule", "update", "reset_prefix_cache", "view")
@@ -28,6 +35,8 @@ class AdapterError(SchedSpecError, ValueError):
 class Target:
     name: str
     factory: SchedulerFactory
+    #: what the scheduler supports (its class's CAPABILITIES; FULL by default)
+    capabilities: Capabilities = field(default=FULL)
 
 
 def _spec(config: SchedulerConfig) -> Scheduler:
@@ -50,10 +59,17 @@ def _vllm(config: SchedulerConfig) -> Scheduler:
     return sched
 
 
-def _is_vllm_scheduler_class(cls: type) -> bool:
-    return any(
-        base.__module__.startswith("vllm.v1.core.sched") for base in inspect.getmro(cls)
-    ) or hasattr(cls, "update_from_output")
+def is_vllm_scheduler_class(cls: type) -> bool:
+    """True iff ``cls`` subclasses vLLM's SchedulerInterface. vLLM is imported
+    only when one of ``cls``'s bases comes from vLLM (otherwise it cannot be a
+    subclass); a method name proves nothing."""
+    if not any(getattr(base, "__module__", "").split(".")[0] == "vllm" for base in inspect.getmro(cls)):
+        return False
+    try:
+        from vllm.v1.core.sched.interface import SchedulerInterface
+    except ImportError:  # a vLLM base, yet no vLLM to import: not usable as one
+        return False
+    return issubclass(cls, SchedulerInterface)
 
 
 def _search_current_directory() -> None:
@@ -91,7 +107,7 @@ def factory_of(cls: type, label: str) -> SchedulerFactory:
     our Scheduler protocol is built as is, a vLLM scheduler class (what vLLM
     takes as ``scheduler_cls``) is wrapped by the vLLM adapter; AdapterError
     starting with ``label`` for anything else."""
-    if _is_vllm_scheduler_class(cls):
+    if is_vllm_scheduler_class(cls):
 
         def wrapped(config: SchedulerConfig) -> Scheduler:
             from schedspec.adapters.vllm_adapter import VllmScheduler
@@ -106,6 +122,9 @@ def factory_of(cls: type, label: str) -> SchedulerFactory:
             f"{label}: {cls.__qualname__} is neither a vLLM Scheduler subclass nor a "
             f"schedspec Scheduler (missing {', '.join(missing)})"
         )
+    problems = method_problems(cls)
+    if problems:
+        raise AdapterError(f"{label}: {cls.__qualname__} is not a schedspec Scheduler: " + "; ".join(problems))
 
     def build(config: SchedulerConfig) -> Scheduler:
         sched: Scheduler = cls(config)
@@ -114,8 +133,15 @@ def factory_of(cls: type, label: str) -> SchedulerFactory:
     return build
 
 
-def _user_class(spec: str) -> SchedulerFactory:
-    return factory_of(import_class(spec), f"--against {spec!r}")
+def _user_class(spec: str) -> Target:
+    cls = import_class(spec)
+    label = f"--against {spec!r}"
+    factory = factory_of(cls, label)
+    try:
+        caps = capabilities_of(cls)
+    except SchedSpecError as exc:
+        raise AdapterError(f"{label}: {exc}") from None
+    return Target(spec, factory, caps)
 
 
 def resolve(name: str) -> Target:
@@ -126,5 +152,5 @@ def resolve(name: str) -> Target:
     if name == "vllm":
         return Target("vllm", _vllm)
     if ":" in name:
-        return Target(name, _user_class(name))
+        return _user_class(name)
     raise AdapterError(f"--against {name!r}: expected spec, impl, vllm or MODULE:CLASS")

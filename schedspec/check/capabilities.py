@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from schedspec.invariants.core import Invariant
-from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
+from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Workload
 
@@ -44,7 +44,7 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
 )
 
 
-class CapabilityError(ValueError):
+class CapabilityError(SchedSpecError, ValueError):
     """A capability declaration that is malformed, or that a check cannot
     honour (a fixed config or trace outside it, an invariant chosen by id
     whose premise it lacks)."""

@@ -7,7 +7,19 @@ every operation. The first failure stops the run and says where and why.
 
 Each scheduler steps its own model, any ``Model`` (the fake model by default;
 the equivalence matrix passes torch executors). ``run`` applies a workload's
-events; ``run_to_completion`` also steps on until every request has finished.
+events; ``run_to_completion`` also steps on until every request has finished
+and then updates the plan left in flight.
+
+With async scheduling (``config.async_scheduling``) the driver keeps up to two
+plans in flight, as vLLM's engine core does with its batch queue
+(vllm/v1/engine/core.py, EngineCore.step_with_batch_queue): a Step schedules a
+plan and runs the model on it at once, then updates the oldest plan when two
+are in flight; Schedule and Update events spell any other legal interleaving
+out. Add, abort and reset_prefix_cache events then land with a plan in flight.
+The driver's record of each request's tokens holds the delivered tokens; the
+outputs of plans in flight are added to the context the model checks until
+their update delivers them (or, for the requests reset_prefix_cache preempts
+with a plan in flight, drops them: vLLM's ``drop_stale_output``).
 A scheduler that raises, or returns the wrong type, is a Failure of kind
 "error" that names the scheduler, its class, the method and the last frame.
 """
@@ -18,9 +30,9 @@ import inspect
 import os
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
-from schedspec.invariants import Monitor, Transition, Violation
+from schedspec.invariants import Invariant, Monitor, Transition, Violation
 from schedspec.spec.interface import (
     RequestError,
     RequestView,
@@ -33,7 +45,17 @@ from schedspec.spec.interface import (
 )
 from schedspec.check.oracle import ContextError, FakeModel, Model
 from schedspec.check.stats import Stats
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step
+from schedspec.check.workload import (
+    Abort,
+    AddRequest,
+    Event,
+    EventError,
+    InFlight,
+    ResetPrefixCache,
+    Schedule,
+    Step,
+    Update,
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +65,14 @@ class StepRecord:
     step: int
     plan: StepPlan
     view_after: SchedulerView
+    #: the model's output for the plan (None where the step failed before it)
+    result: StepResult | None = None
+    #: the step numbers of the plans in flight once this plan was scheduled
+    #: (this one included); one plan in sync mode
+    in_flight: tuple[int, ...] = ()
+    #: the step whose update() came in the same engine step (async: the plan
+    #: before; sync: this one); None when no update followed
+    updated: int | None = None
 
 
 @dataclass(frozen=True)
@@ -55,13 +85,28 @@ class Failure:
     violations: tuple[Violation, ...] = ()
     #: what a scheduler or model raised (kind "error"), for a caller that re-raises it
     exception: BaseException | None = field(default=None, compare=False, repr=False)
+    #: the steps whose plans awaited update() when it failed (async scheduling)
+    in_flight: tuple[int, ...] = ()
 
     def describe(self) -> str:
         head = f"{self.kind} at event {self.event_index} (step {self.step}) in {self.scheduler}"
+        if self.in_flight:
+            head += f", step(s) {', '.join(map(str, self.in_flight))} in flight"
         lines = [head, "  " + self.message]
         for v in self.violations:
             lines.append(f"  [{v.invariant_id}] {v.message}")
         return "\n".join(lines)
+
+
+@dataclass
+class _Pending:
+    """A plan in flight: every scheduler's plan and its model's output."""
+
+    step: int  # the n-th plan of the run
+    plans: dict[str, StepPlan]
+    results: dict[str, StepResult]
+    #: requests whose output in this plan reset_prefix_cache dropped
+    dropped: set[str] = field(default_factory=set)
 
 
 class Runner:
@@ -78,13 +123,18 @@ class Runner:
         compare_views: bool = True,
         keep_history: bool = False,
         models: Mapping[str, Model] | None = None,
+        acceptance: str | None = None,
     ) -> None:
         self.config = config
         self.names = list(factories)
         self.scheds: dict[str, Scheduler] = {n: f(config) for n, f in factories.items()}
         self.models: dict[str, Model] = (
             {n: models[n] for n in self.names} if models is not None
-            else {n: FakeModel(config.block_size, vocab, oracle_seed) for n in self.names}
+            else {
+                n: FakeModel(config.block_size, vocab, oracle_seed,
+                             num_speculative_tokens=config.num_speculative_tokens, acceptance=acceptance)
+                for n in self.names
+            }
         )
         self.monitors = {n: Monitor() for n in self.names} if check_invariants else {}
         self.compare_views = compare_views and len(self.names) > 1
@@ -92,7 +142,7 @@ class Runner:
         self.views: dict[str, SchedulerView] = (
             {n: s.view() for n, s in self.scheds.items()} if self.need_views else {}
         )
-        self.truth: dict[str, list[int]] = {}  # request id -> prompt + sampled tokens
+        self.truth: dict[str, list[int]] = {}  # request id -> prompt + delivered sampled tokens
         self.aborted: set[str] = set()
         self.stats = Stats()
         self.event_index = -1
@@ -102,15 +152,23 @@ class Runner:
         #: every request the primary reported finished, by id (run_to_completion keeps it)
         self.finished: dict[str, RequestView] = {}
         self._where = ("?", "?")  # (scheduler name, method) of the call in progress
+        #: the in-flight protocol as the events drive it, and the plans in flight
+        self.flight = InFlight(config.async_scheduling)
+        self.pending: list[_Pending] = []
 
     @property
     def primary(self) -> Scheduler:
         return self.scheds[self.names[0]]
 
+    @property
+    def in_flight(self) -> tuple[int, ...]:
+        """The steps whose plans await update(), oldest first."""
+        return tuple(p.step for p in self.pending)
+
     def _fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = (),
               exception: BaseException | None = None) -> Failure:
         return Failure(kind, self.event_index, self.step_in_progress or self.stats.steps, name, message,
-                       violations, exception)
+                       violations, exception, self.in_flight if self.config.async_scheduling else ())
 
     def _observe(self, name: str, t_kind: str, before: SchedulerView, **kw: object) -> Failure | None:
         if not self.need_views:
@@ -123,7 +181,8 @@ class Runner:
         monitor = self.monitors.get(name)
         if monitor is None:
             return None
-        t = Transition(kind=t_kind, before=before, after=after, **kw)  # type: ignore[arg-type]
+        in_flight = tuple(p.plans[name] for p in self.pending)
+        t = Transition(kind=t_kind, before=before, after=after, in_flight=in_flight, **kw)  # type: ignore[arg-type]
         found = monitor.observe(t)
         if found:
             return self._fail("violation", name, f"{len(found)} invariant violation(s) after {t_kind}", tuple(found))
@@ -146,6 +205,11 @@ class Runner:
         )
 
     def apply(self, event: Event) -> Failure | None:
+        """Apply one event. An event that breaks the in-flight protocol (an
+        Update with nothing in flight, a Schedule while the scheduler may not
+        take one) raises EventError and changes nothing: that is a malformed
+        workload, not a finding about a scheduler."""
+        self._check_event(event)
         self.event_index += 1
         self._where = ("?", "?")
         try:
@@ -161,6 +225,23 @@ class Runner:
             frame = _last_frame(exc)
             return self._fail("error", name, f"{who} raised {type(exc).__name__}: {exc}"
                               + (f" (last frame: {frame})" if frame else ""), exception=exc)
+
+    def _check_event(self, event: Event) -> None:
+        """Raise EventError when ``event`` may not come now."""
+        probe = InFlight(self.flight.async_scheduling)
+        probe.scheduled, probe.steps = self.flight.scheduled, list(self.flight.steps)
+        if isinstance(event, Step):
+            why = probe.step()[1]
+        elif isinstance(event, Schedule):
+            why = probe.schedule()
+        elif isinstance(event, Update):
+            why = probe.update(event.step)
+        elif isinstance(event, ResetPrefixCache):
+            why = probe.reset()
+        else:
+            why = None
+        if why is not None:
+            raise EventError(self.event_index + 1, why)
 
     def _apply(self, event: Event) -> Failure | None:
         if isinstance(event, AddRequest):
@@ -192,6 +273,10 @@ class Runner:
                 self.stats.aborts += 1
                 self.aborted.add(rid)
         elif isinstance(event, ResetPrefixCache):
+            running: tuple[str, ...] = ()
+            if self.pending and event.reset_running_requests:
+                self._where = (self.names[0], "view")
+                running = (self.views.get(self.names[0]) or self.primary.view()).running
             results: dict[str, object] = {}
             for name in self.names:
                 before = self.views.get(name)
@@ -203,26 +288,64 @@ class Runner:
                     return f
             if (f := self._compare("reset_prefix_cache()", results)):
                 return f
+            # The requests it preempts lose the output still in flight
+            # (scheduler.py, reset_prefix_cache: drop_stale_output=True).
+            for pending in self.pending:
+                pending.dropped.update(running)
             self.stats.resets += 1
         elif isinstance(event, Step):
-            return self._step()
+            updates, _ = InFlight.step(self._probe())
+            if (f := self._scheduled(None)):
+                return f
+            if updates:
+                return self._updated(None)
+            return None
+        elif isinstance(event, Schedule):
+            return self._scheduled(event.result)
+        elif isinstance(event, Update):
+            return self._updated(event.step)
         else:
             raise TypeError(f"unknown event {event!r}")
         return self._compare_views()
+
+    def _probe(self) -> InFlight:
+        probe = InFlight(self.flight.async_scheduling)
+        probe.scheduled, probe.steps = self.flight.scheduled, list(self.flight.steps)
+        return probe
 
     def _compare_views(self) -> Failure | None:
         if not self.compare_views:
             return None
         return self._compare("view()", dict(self.views))
 
-    def _step(self) -> Failure | None:
-        self.step_in_progress = self.stats.steps + 1
+    def _scheduled(self, recorded: StepResult | None) -> Failure | None:
+        self.flight.schedule()
+        self.step_in_progress = self.flight.scheduled
         try:
-            return self._step_inner()
+            return self._schedule_inner(self.flight.scheduled, recorded)
         finally:
             self.step_in_progress = 0
 
-    def _step_inner(self) -> Failure | None:
+    def _updated(self, step: int | None) -> Failure | None:
+        pending = self.pending[0]
+        self.flight.update(step)
+        self.step_in_progress = pending.step
+        try:
+            return self._update_inner(pending)
+        finally:
+            self.step_in_progress = 0
+
+    def _context(self) -> dict[str, list[int]]:
+        """Each live request's tokens: the delivered ones, then the outputs of
+        the plans in flight (what the model's context must read back)."""
+        truth = {rid: toks for rid, toks in self.truth.items() if rid not in self.aborted}
+        for pending in self.pending:
+            for rid, toks in pending.results[self.names[0]].sampled.items():
+                if rid in truth and rid not in pending.dropped:
+                    truth[rid] = truth[rid] + list(toks)
+        return truth
+
+    def _schedule_inner(self, step: int, recorded: StepResult | None) -> Failure | None:
         if self.need_views:  # finished requests are reported once, by the next plan
             for rv in self.views[self.names[0]].finished.values():
                 self.stats.finished[rv.status.value] += 1
@@ -242,12 +365,18 @@ class Runner:
         plan = plans[self.names[0]]
         self.last_plan = plan
         self.stats.absorb(plan)
-        truth = {rid: toks for rid, toks in self.truth.items() if rid not in self.aborted}
+        truth = self._context()
         results: dict[str, StepResult] = {}
         for name in self.names:
             self._where = (name, "execute")
+            model = self.models[name]
             try:
-                results[name] = self.models[name].execute(plans[name], truth)
+                if recorded is not None:
+                    if not isinstance(model, FakeModel):
+                        raise TypeError(f"a recorded output needs the fake model, not {type(model).__qualname__}")
+                    results[name] = model.execute_recorded(plans[name], recorded, truth)
+                else:
+                    results[name] = model.execute(plans[name], truth)
             except ContextError as exc:
                 m = exc.mismatch
                 return self._fail(
@@ -258,6 +387,15 @@ class Runner:
                 )
         if (f := self._compare("model output", dict(results))):
             return f
+        self.pending.append(_Pending(step, plans, results))
+        if self.history is not None:
+            self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]], results[self.names[0]],
+                                           self.in_flight))
+        return None
+
+    def _update_inner(self, pending: _Pending) -> Failure | None:
+        plans, results = pending.plans, pending.results
+        self.pending.pop(0)
         for name in self.names:
             before = self.views.get(name)
             self._where = (name, "update")
@@ -267,11 +405,21 @@ class Runner:
             ):
                 return f
         for rid, toks in results[self.names[0]].sampled.items():
-            if rid in self.truth and rid not in self.aborted:
+            if rid in self.truth and rid not in self.aborted and rid not in pending.dropped:
                 self.truth[rid].extend(toks)
         if self.history is not None:
-            self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]]))
+            self._mark_updated(pending.step)
         return self._compare_views()
+
+    def _mark_updated(self, step: int) -> None:
+        """The last record gets this update (and the view after it); in sync
+        mode that is the plan's own record."""
+        assert self.history is not None
+        if not self.history:
+            return
+        last = self.history[-1]
+        self.history[-1] = StepRecord(last.step, last.plan, self.views[self.names[0]], last.result,
+                                      last.in_flight, step)
 
     def compare_final_views(self) -> Failure | None:
         """Views of all schedulers at the end of a run must be equal."""
@@ -281,7 +429,8 @@ class Runner:
     def _record_failed_step(self, name: str, plan: StepPlan) -> None:
         """The step table ends with the plan that failed, as that scheduler made it."""
         if self.history is not None and name in self.views:
-            self.history.append(StepRecord(plan.step, plan, self.views[name]))
+            self.history.append(StepRecord(plan.step, plan, self.views[name], None,
+                                           self.in_flight + (self.flight.scheduled,)))
 
     def run(self, events: tuple[Event, ...] | list[Event]) -> Failure | None:
         for event in events:
@@ -290,10 +439,18 @@ class Runner:
                 return failure
         return None
 
+    def drain(self) -> Failure | None:
+        """Update every plan still in flight, oldest first."""
+        while self.pending:
+            if (f := self.apply(Update())):
+                return f
+        return None
+
     def run_to_completion(
         self, events: tuple[Event, ...] | list[Event], *, max_steps: int = 20_000, max_idle_steps: int = 3
     ) -> Failure | None:
-        """Apply ``events``, then step on until every request has finished.
+        """Apply ``events``, then step on until every request has finished,
+        then update the plan left in flight (``drain``).
 
         Before each step (one of the events' or one after them), the run ends
         when every request added so far has finished and no AddRequest is
@@ -306,7 +463,7 @@ class Runner:
         idle = 0
         i = 0
         while True:
-            if i < len(events) and not isinstance(events[i], Step):
+            if i < len(events) and not isinstance(events[i], (Step, Schedule)):
                 if (f := self.apply(events[i])):
                     return f
                 i += 1
@@ -314,10 +471,11 @@ class Runner:
             arrivals_ahead = i <= last_add
             self._collect_finished()
             if not arrivals_ahead and self.finished.keys() >= self.truth.keys():
-                return None
+                return self.drain()
             if self.stats.steps >= max_steps:
                 return self._fail("stall", self.names[0], f"not finished after {max_steps} steps")
-            if (f := self.apply(Step())):
+            event = events[i] if i < len(events) else Step()
+            if (f := self.apply(event)):
                 return f
             i += 1
             self._collect_finished()
@@ -341,13 +499,11 @@ def _relative(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def _last_frame(exc: BaseException) -> str:
-    """file:line in function of the innermost frame of ``exc``'s traceback."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f"{_relative(last.filename)}:{last.lineno} in {last.name}"
+def _last_frames(exc: BaseException, n: int = 3) -> list[str]:
+    """file:line in function of the innermost ``n`` frames of ``exc``'s
+    traceback that lie below the driver (innermost first)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+    return [f"{_relative(f.filename)}:{f.lineno} in {f.name}" for f in reversed(frames[-n:])]
 
 
 def _definition(fn: object) -> str:

@@ -1,5 +1,6 @@
-"""The checking gate: random workloads in lockstep with the spec, a failure
-shrunk and written as a replayable counterexample.
+"""The checking gate: random workloads in lockstep with the spec (or, in
+invariants mode, the scheduler alone under a chosen set of invariants), a
+failure shrunk and written as a replayable counterexample.
 
 This is the library behind ``schedspec check`` and ``schedspec replay``; it
 takes scheduler factories (the caller resolves names) and reports through
@@ -17,16 +18,20 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 from schedspec.check import report
 from schedspec.check import trace as tracefile
+from schedspec.check.capabilities import FULL, Capabilities, CapabilityError
+from schedspec.check.conformance import check_conformance
 from schedspec.check.driver import Failure, Runner
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.workload import Workload, random_workload
 from schedspec.spec import coverage
+from schedspec.invariants import DEFAULT_SELECTOR, Invariant, Mode, Selection, SelectionError, select
+from schedspec.invariants.selection import named_ids
 from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory
 
 #: Steps checked when neither a step count nor a time budget is given.
@@ -52,6 +57,11 @@ class CheckSettings:
     shrink_time: float = 60.0
     plans_only: bool = False
     out_dir: Path = Path("schedspec-out")
+    #: "lockstep": plans and views compared with the reference, every step;
+    #: "invariants": the scheduler alone, the chosen invariants only
+    mode: Mode = "lockstep"
+    invariants: str | None = None  # the --invariants selector; None: the mode's default
+    capabilities: Capabilities = FULL  # what the scheduler under test supports
     #: rule names (spec/rule_names.py) the run must reach: one never reached fails it
     require_rules: tuple[str, ...] = ()
 
@@ -64,6 +74,63 @@ class CheckSettings:
     @property
     def shard_text(self) -> str:
         return f"{self.shard[0]}/{self.shard[1]}"
+
+
+def resolve_selection(mode: Mode, selector: str | None, capabilities: Capabilities = FULL) -> Selection:
+    """The invariants a check runs: ``selector`` in ``mode``, less those whose
+    premise ``capabilities`` lacks (listed as skipped). SelectionError for an
+    unknown item or an empty choice; CapabilityError for an invariant named by
+    id that the scheduler cannot take, or when nothing is left after skipping."""
+    chosen = select(selector, mode)
+    kept, skipped = capabilities.split(chosen)
+    why = dict(skipped)
+    for iid in named_ids(selector):
+        if iid in why:
+            raise CapabilityError(
+                f"--invariants {iid}: cannot be checked on this scheduler: it {why[iid]} "
+                f"(its declared capabilities: {capabilities.describe()})"
+            )
+    if not kept:
+        raise CapabilityError(
+            f"--invariants {selector or DEFAULT_SELECTOR[mode]}: nothing left to check once the invariants "
+            f"this scheduler cannot take are skipped ({', '.join(i for i, _ in skipped)})"
+        )
+    return Selection(mode, selector, kept, skipped)
+
+
+def check_record(selection: Selection) -> dict[str, str] | None:
+    """What a trace's header records of the check (None for the default
+    lockstep check of every invariant, which old traces mean)."""
+    if selection.mode == "lockstep" and selection.selector is None:
+        return None
+    return {"mode": selection.mode, "invariants": selection.effective_selector}
+
+
+def selection_of_trace(trace: tracefile.Trace, mode: Mode | None = None, selector: str | None = None,
+                       capabilities: Capabilities = FULL) -> Selection:
+    """The check a replay repeats: the one the trace records, unless ``mode``
+    (and then ``selector``) says otherwise."""
+    rec = trace.check or {}
+    if mode is None:
+        raw = rec.get("mode", "lockstep")
+        if raw not in ("lockstep", "invariants"):
+            raise SelectionError(f"the trace records an unknown mode {raw!r}")
+        mode = "invariants" if raw == "invariants" else "lockstep"
+        if selector is None:
+            selector = rec.get("invariants")
+    return resolve_selection(mode, selector, capabilities)
+
+
+def selection_summary(selection: Selection) -> dict[str, Any]:
+    """The check as data: mode, selector, whether a comparison ran, what was
+    checked and what was skipped (and why)."""
+    return {
+        "mode": selection.mode,
+        "invariants": selection.effective_selector,
+        "compared_with_reference": selection.compares,
+        "checked": list(selection.ids),
+        "skipped": [{"id": i, "why": why} for i, why in selection.skipped],
+    }
 
 
 @dataclass(frozen=True)
@@ -93,6 +160,7 @@ class CheckOutcome:
     trace_path: Path | None = None
     seeds: list[int] = field(default_factory=list)  # every workload seed run
     counterexample: Workload | None = None  # the shrunk failing workload
+    selection: Selection | None = None  # what was checked
     #: required rules (CheckSettings.require_rules) the run never reached
     missing_rules: tuple[str, ...] = ()
 
@@ -111,13 +179,16 @@ def replay_command(trace_path: Path | str, against: str) -> str:
 
 def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
                  oracle_seed: int = 0, keep_history: bool = False,
-                 plans_only: bool = False) -> tuple[Runner, Failure | None]:
+                 plans_only: bool = False,
+                 invariants: Sequence[Invariant] | None = None) -> tuple[Runner, Failure | None]:
     """Run one workload. ``plans_only``: compare plans (and model outputs) at
     every step but views only once, at the end, with no invariants: the fast
-    lockstep; a failure it finds is re-run with everything on."""
+    lockstep; a failure it finds is re-run with everything on. ``invariants``:
+    the ones to check (None: the whole catalogue). With one factory nothing is
+    compared: the invariants alone judge it."""
     runner = Runner(workload.config, factories, vocab=vocab, oracle_seed=oracle_seed,
                     keep_history=keep_history, check_invariants=not plans_only,
-                    compare_views=not plans_only)
+                    compare_views=not plans_only, invariants=invariants)
     failure = runner.run(workload.events)
     if failure is None and plans_only and len(factories) > 1:
         failure = runner.compare_final_views()
@@ -126,14 +197,17 @@ def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], voc
 
 def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
                          factories: dict[str, SchedulerFactory], against: str, vocab: int, oracle_seed: int,
-                         notice: Callable[[str], None] | None = None) -> Path:
+                         notice: Callable[[str], None] | None = None,
+                         selection: Selection | None = None) -> Path:
     """Write trace.jsonl, steps.txt, timeline.png and summary.json into
     ``out_dir``; return the trace's path. Without matplotlib the picture is
     skipped and ``notice`` hears why in one line."""
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path = out_dir / "trace.jsonl"
-    tracefile.write(trace_path, tracefile.Trace(workload, vocab=vocab, oracle_seed=oracle_seed))
-    runner, again = run_workload(workload, factories, vocab, oracle_seed, keep_history=True)
+    record = check_record(selection) if selection is not None else None
+    tracefile.write(trace_path, tracefile.Trace(workload, vocab=vocab, oracle_seed=oracle_seed, check=record))
+    invariants = selection.invariants if selection is not None else None
+    runner, again = run_workload(workload, factories, vocab, oracle_seed, keep_history=True, invariants=invariants)
     records = runner.history or []
     (out_dir / "steps.txt").write_text(report.step_table(records, again or failure))
     if records:
@@ -152,20 +226,26 @@ def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
         "steps": count_steps(workload.events),
         "replay": replay_command(trace_path, against),
     }
+    if selection is not None:
+        summary["check"] = selection_summary(selection)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return trace_path
 
 
-def warm_up(factories: dict[str, SchedulerFactory]) -> None:
-    """Build each scheduler once: a class that cannot even be built raises
-    BuildError, and one-time costs (vLLM's import) stay out of the checking."""
+def warm_up(factories: dict[str, SchedulerFactory], config: SchedulerConfig | None = None) -> None:
+    """Build each scheduler once and check that it conforms (the types of its
+    first views and plan): a class that cannot even be built raises
+    BuildError, one that does not conform ConformanceError; and one-time
+    costs (vLLM's import) stay out of the checking."""
+    cfg = config or SchedulerConfig()
     for name, factory in factories.items():
         try:
-            factory(SchedulerConfig())
+            factory(cfg)
         except SchedSpecError:
             raise
         except Exception as exc:
             raise BuildError(f"--against {name}: cannot build the scheduler: {type(exc).__name__}: {exc}") from None
+        check_conformance(name, factory, cfg)
 
 
 def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
@@ -177,7 +257,17 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     and written under ``settings.out_dir / f"seed-{seed}"``."""
     total_steps, time_budget = settings.steps_goal, settings.time_budget
     shard_k, shard_n = settings.shard
-    warm_up(factories)  # imports and first construction stay out of the steps/s figure
+    caps = settings.capabilities
+    selection = resolve_selection(settings.mode, settings.invariants, caps)
+    if settings.mode == "invariants" and settings.plans_only:
+        raise SelectionError("--plans-only compares plans with the reference: it is a lockstep option, "
+                             "not one of invariants mode")
+    if settings.mode == "invariants" and len(factories) != 1:
+        raise SelectionError(f"invariants mode checks one scheduler alone, got {len(factories)}: "
+                             f"{', '.join(factories)}")
+    invariants = selection.invariants
+    # imports and first construction stay out of the steps/s figure
+    warm_up(factories, caps.restrict_config(SchedulerConfig()))
     show = progress or (lambda _p: None)
     say = notice or (lambda _m: None)
     stats = Stats()
@@ -194,11 +284,12 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
         index += 1
         seeds.append(seed)
         n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
-        workload = random_workload(seed, n, vocab=settings.vocab)
+        workload = caps.restrict_workload(random_workload(seed, n, vocab=settings.vocab))
         runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
-                                       plans_only=settings.plans_only)
+                                       plans_only=settings.plans_only, invariants=invariants)
         if failure is not None and settings.plans_only:  # the same workload, everything checked
-            failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed)[1] or failure
+            failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
+                                   invariants=invariants)[1] or failure
         runner.stats.absorb_rules(runner.scheds[runner.names[0]])  # the reference counts the rules
         stats.merge(runner.stats)
         steps += runner.stats.steps
@@ -211,15 +302,15 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             say("shrinking...")
 
             def check(w: Workload, seed: int = seed) -> Failure | None:
-                return run_workload(w, factories, settings.vocab, oracle_seed=seed)[1]
+                return run_workload(w, factories, settings.vocab, oracle_seed=seed, invariants=invariants)[1]
 
             small, small_failure = shrink(workload, failure, check, budget_s=settings.shrink_time)
             out_dir = settings.out_dir / f"seed-{seed}"
             trace_path = write_counterexample(out_dir, small, small_failure, factories, settings.against,
-                                              settings.vocab, seed, notice=say)
+                                              settings.vocab, seed, notice=say, selection=selection)
             return CheckOutcome(steps, workloads, time.monotonic() - start, stats, small_failure, seed,
-                                out_dir, trace_path, seeds, small)
-    outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds,
+                                out_dir, trace_path, seeds, small, selection=selection)
+    outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds, selection=selection,
                            missing_rules=tuple(coverage.unreached(stats.rules, settings.require_rules)))
     show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=time.monotonic() - start))
     return outcome
@@ -238,6 +329,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "elapsed_s": round(o.elapsed, 3),
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
+        "check": None if o.selection is None else selection_summary(o.selection),
         "rule_coverage": o.stats.rule_coverage(settings.require_rules),
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,

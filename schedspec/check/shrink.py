@@ -20,6 +20,10 @@ Check = Callable[[Workload], Failure | None]
 
 
 def signature(f: Failure) -> tuple[str, frozenset[str]]:
+    """What must stay the same while shrinking: the kind and the invariant
+    ids; for a crash, the scheduler that raised and the exception's type."""
+    if f.kind == "error" and f.exception is not None:
+        return (f.kind, frozenset({f"{f.scheduler} raised {type(f.exception).__name__}"}))
     return (f.kind, frozenset(v.invariant_id for v in f.violations))
 
 

@@ -47,6 +47,9 @@ class Trace:
     workload: Workload
     vocab: int = 64
     oracle_seed: int = 0
+    #: the check that made it: {"mode": "lockstep"|"invariants", "invariants": SELECTOR}
+    #: (absent: lockstep, every invariant); replay repeats it
+    check: Mapping[str, str] | None = None
 
     @property
     def config(self) -> SchedulerConfig:
@@ -77,6 +80,8 @@ def dumps(trace: Trace) -> str:
         "oracle_seed": trace.oracle_seed,
         "seed": trace.workload.seed,
     }
+    if trace.check is not None:
+        header["check"] = dict(trace.check)
     lines = [json.dumps(header, sort_keys=True)]
     lines += [json.dumps(event_to_json(e), sort_keys=True) for e in trace.events]
     return "\n".join(lines) + "\n"
@@ -168,7 +173,9 @@ def _parse_request(where: tuple[str, int], obj: dict[str, Any], config: Schedule
     return req
 
 
-def _parse_header(path: str, line: int, obj: object) -> tuple[SchedulerConfig, int, int, int | None]:
+def _parse_header(
+    path: str, line: int, obj: object
+) -> tuple[SchedulerConfig, int, int, int | None, dict[str, str] | None]:
     if not isinstance(obj, dict):
         raise TraceError(path, line, "header", "the first line must be a JSON object")
     if "schedspec_trace" not in obj:
@@ -183,7 +190,8 @@ def _parse_header(path: str, line: int, obj: object) -> tuple[SchedulerConfig, i
         raise TraceError(path, line, f"config.{exc.field}", str(exc)) from None
     except TypeError as exc:
         raise TraceError(path, line, "config", str(exc)) from None
-    return config, obj.get("vocab", 64), obj.get("oracle_seed", 0), obj.get("seed")
+    check = obj.get("check")
+    return config, obj.get("vocab", 64), obj.get("oracle_seed", 0), obj.get("seed"), check
 
 
 def _parse_event(
@@ -214,7 +222,7 @@ def _parse_event(
 
 
 def loads(text: str, path: str = "<trace>") -> Trace:
-    header: tuple[SchedulerConfig, int, int, int | None] | None = None
+    header: tuple[SchedulerConfig, int, int, int | None, dict[str, str] | None] | None = None
     events: list[Event] = []
     seen: set[str] = set()
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -231,8 +239,8 @@ def loads(text: str, path: str = "<trace>") -> Trace:
         events.append(_parse_event((path, lineno), obj, header[0], seen))
     if header is None:
         raise TraceError(path, 1, "header", "empty trace: the first line must be the header")
-    config, vocab, oracle_seed, seed = header
-    return Trace(Workload(config, tuple(events), seed), vocab=vocab, oracle_seed=oracle_seed)
+    config, vocab, oracle_seed, seed, check = header
+    return Trace(Workload(config, tuple(events), seed), vocab=vocab, oracle_seed=oracle_seed, check=check)
 
 
 def read(path: str | Path) -> Trace:

@@ -1,22 +1,28 @@
 """``schedspec check``: random workloads in lockstep with the spec, every
-invariant on every step (the loop is schedspec.check.gate.run_check)."""
+invariant on every step; or, with ``--mode invariants``, the scheduler alone
+under the chosen invariants (the loop is schedspec.check.gate.run_check)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from schedspec.check.gate import CheckSettings, check_summary, junit_xml, missing_rules_message, run_check
 from schedspec.check.shrink import count_steps
+from schedspec.invariants import Selection
 from schedspec.spec.coverage import format_table, parse_required, rules_line
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
     Progress,
     UsageError,
-    lockstep_factories,
+    add_mode_arguments,
+    check_factories,
+    mode_of,
     parse_shard,
     positive_int,
 )
@@ -37,10 +43,14 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--quiet", action="store_true", help="no progress line")
     c.add_argument("--plans-only", action="store_true",
                    help="fast lockstep: plans every step, views once per workload, no invariants")
+    add_mode_arguments(c)
     c.add_argument("--require-rules", default=None, metavar="all|NAME,...",
                    help="fail (exit 1) when one of these spec rules (spec/rule_names.py; a group such as "
                         "'kv' names all its rules) was never reached")
     c.add_argument("--rules", action="store_true", help="print the rule-coverage table (every rule, its count)")
+    c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
+                   help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
+                        "printed and written as JSON to PATH (default OUT/fidelity.json)")
 
 
 def settings_from(args: argparse.Namespace) -> CheckSettings:
@@ -51,7 +61,15 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
     time_budget = float(args.time) if args.time is not None else None
     if time_budget is not None and time_budget <= 0:
         raise UsageError(f"--time: must be positive, got {args.time}")
+    mode = mode_of(args)
+    if args.plans_only and mode == "invariants":
+        raise UsageError("--plans-only compares plans with the spec: it is a lockstep option, not one of "
+                         "--mode invariants")
+    if args.plans_only and args.invariants is not None:
+        raise UsageError("--plans-only checks no invariants: drop --invariants or --plans-only")
     return CheckSettings(
+        mode=mode,
+        invariants=args.invariants,
         against=args.against,
         total_steps=total_steps,
         time_budget=time_budget,
@@ -76,14 +94,19 @@ def _required_rules(text: str | None) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    name, factories = lockstep_factories(args.against)
     settings = settings_from(args)
+    target, factories = check_factories(args.against, settings.mode)
+    name = target.name
+    settings = dataclasses.replace(settings, capabilities=target.capabilities)
     progress = Progress(enabled=not args.quiet)
+    coverage = _coverage_start(args, name)
     try:
         outcome = run_check(factories, settings, progress=progress,
                             notice=lambda line: print(line, file=sys.stderr))
     finally:
         progress.close()
+        if coverage is not None:
+            coverage.stop()
     if outcome.failure is not None:
         assert outcome.out_dir is not None and outcome.trace_path is not None
         print((outcome.out_dir / "steps.txt").read_text(), end="")
@@ -92,9 +115,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"replay it: schedspec replay {outcome.trace_path} --against {args.against}")
     else:
         stats = outcome.stats
-        held = ("plans equal to the spec at every step, views at the end of each workload"
-                if args.plans_only else "all invariants held"
-                + ("" if name == "spec" else ", plans and views equal to the spec"))
+        held = held_line(outcome.selection, name, plans_only=args.plans_only)
         print(f"OK: {outcome.steps} steps in {outcome.workloads} workloads against {args.against}: {held}"
               + f" ({outcome.steps_per_s:,.0f} steps/s; {stats.preemptions} preemptions, {stats.hit_admissions}"
               f" prefix hits, {stats.chunks} prefill chunks)")
@@ -102,9 +123,55 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(outcome.stats.rules) if args.rules else rules_line(outcome.stats.rules))
     if outcome.missing_rules:
         print(f"FAILED: {missing_rules_message(outcome.missing_rules)}")
+    if coverage is not None:
+        _coverage_write(args, coverage, outcome.steps)
     if args.json:
         Path(args.json).write_text(json.dumps(check_summary(settings, outcome), indent=2) + "\n")
     if args.junit:
         Path(args.junit).write_text(junit_xml(settings, outcome))
     return EXIT_OK if outcome.ok else EXIT_FAIL
 
+
+
+def held_line(selection: Selection | None, name: str, plans_only: bool = False) -> str:
+    """What held, saying exactly what ran: never a comparison that did not run."""
+    if plans_only:
+        return "plans equal to the spec at every step, views at the end of each workload (no invariants)"
+    assert selection is not None
+    n = len(selection.invariants)
+    what = f"{n} invariant{'s' if n != 1 else ''} held ({selection.effective_selector})"
+    if selection.compares and name != "spec":
+        what += ", plans and views equal to the spec"
+    elif selection.compares:
+        what += " (the spec against itself: no comparison)"
+    else:
+        what += "; invariants mode: no comparison with the spec"
+    if selection.skipped:
+        what += "; skipped, unsupported: " + ", ".join(f"{i} ({why})" for i, why in selection.skipped)
+    return what
+
+
+def _coverage_start(args: argparse.Namespace, name: str) -> Any:
+    """A started LineCollector over vLLM's scheduling files when --coverage
+    is given (vLLM imported first, outside it); None otherwise."""
+    if args.coverage is None:
+        return None
+    if name in ("spec", "impl"):
+        raise UsageError(f"--coverage: measures vLLM's scheduler; use it with --against vllm or a "
+                         f"vLLM scheduler class, not {name}")
+    from schedspec.adapters.fidelity import LineCollector
+
+    collector = LineCollector()
+    collector.start()
+    return collector
+
+
+def _coverage_write(args: argparse.Namespace, collector: Any, steps: int) -> None:
+    from schedspec.adapters.fidelity import fidelity_report, report_json, report_table
+
+    report = fidelity_report(collector.hits, steps=steps)
+    print(report_table(report), end="")
+    path = Path(args.coverage) if args.coverage else Path(args.out) / "fidelity.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report_json(report), indent=2) + "\n")
+    print(f"fidelity report written to {path}")

@@ -8,12 +8,14 @@ tests read them. rich is imported only here, and only when it is used.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from typing import Any, Sequence, TextIO
 
-from schedspec.adapters.registry import resolve
+from schedspec.adapters.registry import Target, resolve
 from schedspec.check.gate import CheckProgress
+from schedspec.invariants import Mode
 from schedspec.spec.interface import SchedulerFactory
 
 #: The exit statuses of every subcommand: 0 everything held; 1 a violation,
@@ -51,6 +53,34 @@ def parse_shard(text: str) -> tuple[int, int]:
     if nn < 1 or not 1 <= kk <= nn:
         raise UsageError(f"--shard: need 1 <= K <= N, got {text!r}")
     return kk, nn
+
+
+MODE_HELP = ("lockstep: plans and views compared with the spec at every step, plus the invariants "
+             "(default); invariants: the scheduler alone, no comparison, the chosen invariants only")
+INVARIANTS_HELP = ("comma list of invariant tags (safety, policy, policy:NAME, all) and ids; -ID or -TAG "
+                   "leaves one out (default: all in lockstep, safety in invariants mode; "
+                   "`schedspec invariants` lists them)")
+
+
+def add_mode_arguments(parser: argparse.ArgumentParser, default_help: str = "") -> None:
+    """--mode and --invariants, the same words in every subcommand."""
+    parser.add_argument("--mode", choices=("lockstep", "invariants"), default=None,
+                        help=MODE_HELP + default_help)
+    parser.add_argument("--invariants", default=None, metavar="SELECTOR", help=INVARIANTS_HELP)
+
+
+def mode_of(args: argparse.Namespace) -> Mode:
+    return "invariants" if getattr(args, "mode", None) == "invariants" else "lockstep"
+
+
+def check_factories(against: str, mode: Mode, reference: str = "spec") -> tuple[Target, dict[str, SchedulerFactory]]:
+    """The scheduler named by ``--against`` and the factories a check runs:
+    in lockstep the reference and it (once, when they are the same), in
+    invariants mode it alone."""
+    target = resolve(against)
+    if mode == "invariants" or target.name == reference:
+        return target, {target.name: target.factory}
+    return target, {reference: resolve(reference).factory, target.name: target.factory}
 
 
 def lockstep_factories(against: str, reference: str = "spec") -> tuple[str, dict[str, SchedulerFactory]]:

@@ -124,6 +124,7 @@ class Runner:
         keep_history: bool = False,
         models: Mapping[str, Model] | None = None,
         acceptance: str | None = None,
+        invariants: Sequence[Invariant] | None = None,
     ) -> None:
         self.config = config
         self.names = list(factories)
@@ -136,7 +137,11 @@ class Runner:
                 for n in self.names
             }
         )
-        self.monitors = {n: Monitor() for n in self.names} if check_invariants else {}
+        #: the invariants each Monitor checks (None: the whole catalogue)
+        self.monitors = (
+            {n: (Monitor() if invariants is None else Monitor(invariants)) for n in self.names}
+            if check_invariants else {}
+        )
         self.compare_views = compare_views and len(self.names) > 1
         self.need_views = check_invariants or self.compare_views or keep_history
         self.views: dict[str, SchedulerView] = (
@@ -222,14 +227,14 @@ class Runner:
                 who = f"{type(self.scheds[name]).__qualname__}.{method}()"
             else:
                 who = "?"
-            frame = _last_frame(exc)
+            frames = _last_frames(exc)
+            label = "last frame" if len(frames) == 1 else "last frames, innermost first"
             return self._fail("error", name, f"{who} raised {type(exc).__name__}: {exc}"
-                              + (f" (last frame: {frame})" if frame else ""), exception=exc)
+                              + (f" ({label}: {'; '.join(frames)})" if frames else ""), exception=exc)
 
     def _check_event(self, event: Event) -> None:
         """Raise EventError when ``event`` may not come now."""
-        probe = InFlight(self.flight.async_scheduling)
-        probe.scheduled, probe.steps = self.flight.scheduled, list(self.flight.steps)
+        probe = self._probe()
         if isinstance(event, Step):
             why = probe.step()[1]
         elif isinstance(event, Schedule):
@@ -294,10 +299,12 @@ class Runner:
                 pending.dropped.update(running)
             self.stats.resets += 1
         elif isinstance(event, Step):
-            updates, _ = InFlight.step(self._probe())
+            # sync: schedule, run, update; async: one engine step with a batch
+            # queue of two (schedule and run a plan, then update the oldest
+            # once two are in flight)
             if (f := self._scheduled(None)):
                 return f
-            if updates:
+            if not self.config.async_scheduling or len(self.pending) == 2:
                 return self._updated(None)
             return None
         elif isinstance(event, Schedule):
@@ -474,7 +481,10 @@ class Runner:
                 return self.drain()
             if self.stats.steps >= max_steps:
                 return self._fail("stall", self.names[0], f"not finished after {max_steps} steps")
-            event = events[i] if i < len(events) else Step()
+            if i >= len(events) and self.pending and not self.config.async_scheduling:
+                event: Event = Update()  # the events ended between a Schedule and its Update
+            else:
+                event = events[i] if i < len(events) else Step()
             if (f := self.apply(event)):
                 return f
             i += 1

@@ -92,6 +92,11 @@ def import_class(spec: str, flag: str = "--against") -> type:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise AdapterError(f"{flag} {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    except Exception as exc:  # the user's module itself fails to import
+        raise AdapterError(
+            f"{flag} {spec!r}: importing module {module_name!r} raised {type(exc).__name__}: "
+            + (str(exc).splitlines() or [""])[0]
+        ) from None
     obj = module
     for part in class_name.split("."):
         if not hasattr(obj, part):

@@ -1,5 +1,6 @@
-"""``schedspec replay``: replay traces against a scheduler, in lockstep with
-the spec, every invariant on every step.
+"""``schedspec replay``: replay traces against a scheduler, repeating the
+check each trace records (lockstep with the spec and every invariant, for a
+trace that records none); ``--mode`` and ``--invariants`` choose another.
 
 One trace prints its step table when it fails (or with ``--table``) and a
 result line. Several traces, or a directory (searched recursively for
@@ -19,8 +20,18 @@ from typing import Sequence
 from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.driver import Failure, StepRecord
-from schedspec.check.gate import run_workload
-from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, lockstep_factories, print_table, rich_console
+from schedspec.check.capabilities import Capabilities, CapabilityError
+from schedspec.check.gate import run_workload, selection_of_trace
+from schedspec.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    UsageError,
+    add_mode_arguments,
+    check_factories,
+    print_table,
+    rich_console,
+)
+from schedspec.invariants import Mode, Selection
 from schedspec.spec.interface import ScheduleKind, SchedulerFactory
 
 
@@ -28,6 +39,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("trace", nargs="+", help="trace files (.jsonl), or directories holding them")
     r.add_argument("--against", default="spec", help="spec | impl | vllm | MODULE:CLASS (default spec)")
     r.add_argument("--table", action="store_true", help="print the step table even when everything held")
+    add_mode_arguments(r, " (default: the check the trace records)")
 
 
 def trace_paths(items: Sequence[str]) -> list[Path]:
@@ -76,24 +88,56 @@ def _show_table(records: list[StepRecord], failure: Failure | None, title: str |
         print(failure.describe())
 
 
-def _held(name: str) -> str:
-    return "all invariants held" + ("" if name == "spec" else ", plans and views equal to the spec")
+def _held(name: str, selection: Selection) -> str:
+    n = len(selection.invariants)
+    what = f"{n} invariant{'s' if n != 1 else ''} held ({selection.effective_selector})"
+    if selection.compares and name != "spec":
+        what += ", plans and views equal to the spec"
+    elif selection.compares:
+        what += " (the spec against itself: no comparison)"
+    else:
+        what += "; invariants mode: no comparison with the spec"
+    if selection.skipped:
+        what += "; skipped, unsupported: " + ", ".join(i for i, _ in selection.skipped)
+    return what
+
+
+def _selection(path: Path, trace: tracefile.Trace, args: argparse.Namespace, caps: Capabilities) -> Selection:
+    """The check to repeat on ``trace``; exit 2 (CapabilityError) naming the
+    trace when it uses what the scheduler does not support."""
+    problems = caps.workload_problems(trace.workload)
+    if problems:
+        raise CapabilityError(f"replay {path}: --against {args.against} does not support what the trace uses: "
+                              + ", ".join(problems[:5]) + (" ..." if len(problems) > 5 else ""))
+    mode: Mode | None = args.mode
+    return selection_of_trace(trace, mode, args.invariants, caps)
 
 
 def run(args: argparse.Namespace) -> int:
     paths = trace_paths(args.trace)
     traces = [(path, tracefile.read(path)) for path in paths]  # every one valid before any runs
-    name, factories = lockstep_factories(args.against)
-    if len(args.trace) == 1 and len(traces) == 1 and not Path(args.trace[0]).is_dir():
-        return _replay_one(traces[0][1], factories, name, args)
-    failed = 0
+    target = None
+    plans: list[tuple[Path, tracefile.Trace, Selection, dict[str, SchedulerFactory]]] = []
     for path, trace in traces:
+        if target is None:
+            target, _ = check_factories(args.against, "lockstep")
+        selection = _selection(path, trace, args, target.capabilities)
+        _, factories = check_factories(args.against, selection.mode)
+        plans.append((path, trace, selection, factories))
+    assert target is not None
+    name = target.name
+    if len(args.trace) == 1 and len(traces) == 1 and not Path(args.trace[0]).is_dir():
+        _, trace, selection, factories = plans[0]
+        return _replay_one(trace, factories, name, args, selection)
+    failed = 0
+    for path, trace, selection, factories in plans:
         runner, failure = run_workload(trace.workload, factories, trace.vocab, trace.oracle_seed,
-                                       keep_history=args.table)
+                                       keep_history=args.table, invariants=selection.invariants)
         if args.table:
             _show_table(runner.history or [], failure, title=str(path))
         if failure is None:
-            print(f"OK      {path}: {len(trace.events)} events ({runner.stats.steps} steps)")
+            print(f"OK      {path}: {len(trace.events)} events ({runner.stats.steps} steps; {selection.mode}, "
+                  f"{len(selection.invariants)} invariants)")
         else:
             failed += 1
             first = failure.message.splitlines()[0] if failure.message else ""
@@ -102,18 +146,22 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"FAILED: {failed} of {len(traces)} traces against {args.against}")
         return EXIT_FAIL
-    print(f"OK: replayed {len(traces)} traces against {args.against}: {_held(name)}")
+    modes = sorted({sel.mode for _, _, sel, _ in plans})
+    print(f"OK: replayed {len(traces)} traces against {args.against} ({', '.join(modes)}): every check held, "
+          + ("plans and views equal to the spec" if modes == ["lockstep"] and name != "spec"
+             else "each trace's invariants" + ("" if modes == ["lockstep"] else "; no comparison in invariants mode")))
     return EXIT_OK
 
 
 def _replay_one(trace: tracefile.Trace, factories: dict[str, SchedulerFactory], name: str,
-                args: argparse.Namespace) -> int:
-    runner, failure = run_workload(trace.workload, factories, trace.vocab, trace.oracle_seed, keep_history=True)
+                args: argparse.Namespace, selection: Selection) -> int:
+    runner, failure = run_workload(trace.workload, factories, trace.vocab, trace.oracle_seed, keep_history=True,
+                                   invariants=selection.invariants)
     if args.table or failure is not None:
         _show_table(runner.history or [], failure)
     if failure is None:
         print(f"OK: replayed {len(trace.events)} events ({runner.stats.steps} steps) against {args.against}: "
-              + _held(name))
+              + _held(name, selection))
         return EXIT_OK
     print(f"FAILED: {failure.kind} at event {failure.event_index} (step {failure.step})")
     return EXIT_FAIL

@@ -28,6 +28,33 @@ unless said otherwise):
   them by content, ``(salt or "", tokens from the start through the block)``.
   The adapter records, for every request it ever handed to vLLM, which content
   each of the request's block hashes stands for, and reports content keys.
+
+The two modes beyond the synchronous default:
+
+* ``config.async_scheduling``: vLLM's ``AsyncScheduler``
+  (vllm/v1/core/sched/async_scheduler.py), driven as the engine core's
+  ``step_with_batch_queue`` drives it (vllm/v1/engine/core.py): schedule() for
+  step N+1 may come while step N awaits its update; updates come in plan
+  order. An entry's ``num_output_placeholders`` is the request's count before
+  this step's own (``_update_after_schedule`` adds 1 + the step's drafts to
+  every entry that samples), its drafts are vLLM's -1 placeholders, and the
+  drafts in a result never reach vLLM (the worker keeps them).
+* ``config.num_speculative_tokens`` = k > 0: a ``speculative_config`` of k
+  n-gram drafts, built on the CPU without weights as vLLM's own
+  tests/v1/core/utils.py (``create_scheduler``) builds one: method ``ngram``
+  for the synchronous scheduler, ``ngram_gpu`` with async scheduling (the
+  n-gram method vLLM's V1 model runner accepts with async scheduling, with the
+  same scheduler-side numbers: no lookahead slots, no extra drafting slots).
+  An entry's ``spec_token_ids`` are ``scheduled_spec_decode_tokens``; a result's
+  ``sampled`` (accepted drafts, then the bonus token) is the
+  ``ModelRunnerOutput``'s ``sampled_token_ids``; in sync mode its
+  ``draft_token_ids`` go to ``update_draft_token_ids`` after
+  ``update_from_output``, for the plan's entries in plan order, as the engine
+  core's ``post_step`` hands over the worker's proposals.
+
+A fidelity collector (schedspec/adapters/fidelity.py) may ask for a trace
+function around every call the adapter makes into vLLM's scheduler
+(``trace_vllm_calls``), so that only vLLM's own work is traced.
 """
 
 from __future__ import annotations
@@ -37,6 +64,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -145,6 +173,9 @@ class _Vllm:
     VRequestStatus: Any
     ModelRunnerOutput: Any
     Scheduler: Any
+    AsyncScheduler: Any
+    SpeculativeConfig: Any
+    DraftTokenIds: Any
     StructuredOutputManager: Any
     get_block_hash: Any
     register_all_kvcache_specs: Any
@@ -200,6 +231,8 @@ def load_vllm() -> _Vllm:
             get_request_block_hasher,
             init_none_hash,
         )
+        from vllm.config import SpeculativeConfig
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.kv_cache_interface import (
@@ -207,7 +240,7 @@ def load_vllm() -> _Vllm:
             KVCacheConfig,
             KVCacheGroupSpec,
         )
-        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
         from vllm.v1.request import Request
         from vllm.v1.request import RequestStatus as VRequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
@@ -236,6 +269,9 @@ def load_vllm() -> _Vllm:
             VRequestStatus=VRequestStatus,
             ModelRunnerOutput=ModelRunnerOutput,
             Scheduler=Scheduler,
+            AsyncScheduler=AsyncScheduler,
+            SpeculativeConfig=SpeculativeConfig,
+            DraftTokenIds=DraftTokenIds,
             StructuredOutputManager=StructuredOutputManager,
             get_block_hash=get_block_hash,
             register_all_kvcache_specs=register_all_kvcache_specs,
@@ -277,7 +313,7 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
         scheduler_reserve_full_isl=config.scheduler_reserve_full_isl,
         watermark=0.0,
         prefill_schedule_interval=1,
-        async_scheduling=False,
+        async_scheduling=config.async_scheduling,
         stream_interval=1,
     )
     cache_config = v.CacheConfig(
@@ -293,7 +329,7 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=v.DeviceConfig(device="cpu"),
-        speculative_config=None,
+        speculative_config=_speculative_config(v, config),
         kv_transfer_config=None,
         ec_transfer_config=None,
         lora_config=None,
@@ -322,6 +358,26 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
     return vllm_config, kv_cache_config
 
 
+#: The n-gram method per mode: vLLM's V1 model runner refuses ``ngram`` with
+#: async scheduling and takes ``ngram_gpu`` (vllm/config/vllm.py,
+#: VllmConfig.__post_init__); the scheduler reads the same numbers from both.
+_NGRAM_METHOD = {False: "ngram", True: "ngram_gpu"}
+
+
+def _speculative_config(v: _Vllm, config: SchedulerConfig) -> Any:
+    """vLLM's speculative_config for ``config``: None with speculative decoding
+    off, else k n-gram drafts (no draft model, no weights)."""
+    k = config.num_speculative_tokens
+    if not k:
+        return None
+    return v.SpeculativeConfig(
+        method=_NGRAM_METHOD[config.async_scheduling],
+        num_speculative_tokens=k,
+        prompt_lookup_max=k,
+        prompt_lookup_min=1,
+    )
+
+
 def _check_effective(vc: Any, config: SchedulerConfig) -> None:
     sc, cc, mc = vc.scheduler_config, vc.cache_config, vc.model_config
     effective = {
@@ -341,16 +397,30 @@ def _check_effective(vc: Any, config: SchedulerConfig) -> None:
                 f"vLLM changed {name} from {getattr(config, name)!r} to {value!r} while "
                 "building its config"
             )
+    k = config.num_speculative_tokens
+    spec = vc.speculative_config
     neutral = {
-        "async_scheduling": (sc.async_scheduling, False),
+        "async_scheduling": (bool(sc.async_scheduling), config.async_scheduling),
         "watermark": (sc.watermark, 0.0),
         "max_num_active_seqs": (sc.max_num_active_seqs, None),
-        "max_num_scheduled_tokens": (sc.max_num_scheduled_tokens, None),
+        # with a speculative_config vLLM fills it in (VllmConfig._set_max_num_scheduled_tokens)
+        "max_num_scheduled_tokens": (
+            sc.max_num_scheduled_tokens,
+            config.max_num_batched_tokens if k else None,
+        ),
         "prefill_schedule_interval": (sc.prefill_schedule_interval, 1),
         "long_prefill_token_threshold_adaptive": (sc.long_prefill_token_threshold_adaptive, False),
         "use_v2_model_runner": (vc.use_v2_model_runner, False),
-        "num_speculative_tokens": (vc.num_speculative_tokens, 0),
-        "num_lookahead_tokens": (vc.num_lookahead_tokens, 0),
+        "num_speculative_tokens": (vc.num_speculative_tokens, k),
+        "num_lookahead_tokens": (vc.num_lookahead_tokens, config.num_lookahead_tokens),
+        "max_num_new_slots_for_drafting": (
+            spec.max_num_new_slots_for_drafting if spec is not None else 0,
+            0,
+        ),
+        "num_speculative_tokens_per_batch_size": (
+            spec.num_speculative_tokens_per_batch_size if spec is not None else None,
+            None,
+        ),
         "num_prefill_lookahead_tokens": (vc.num_prefill_lookahead_tokens, 0),
         "num_hash_lookahead_tokens": (vc.num_hash_lookahead_tokens, 0),
         "pipeline_parallel_size": (vc.parallel_config.pipeline_parallel_size, 1),
@@ -394,6 +464,44 @@ class RawStep:
     decode: bool
 
 
+# --------------------------------------------------------------------------
+# Tracing the calls into vLLM
+# --------------------------------------------------------------------------
+
+_TraceFn = Callable[..., Any]
+_CALL_TRACER: _TraceFn | None = None
+
+
+def trace_vllm_calls(tracer: _TraceFn | None) -> _TraceFn | None:
+    """Run every call the adapter makes into vLLM's scheduler (construction,
+    add, abort, reset, schedule, update, drafts) with ``tracer`` installed as
+    the thread's ``sys.settrace`` function, or stop with None; returns the
+    tracer installed before. Nothing else the process runs is traced."""
+    global _CALL_TRACER
+    previous, _CALL_TRACER = _CALL_TRACER, tracer
+    return previous
+
+
+def _into_vllm(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    tracer = _CALL_TRACER
+    if tracer is None:
+        return fn(*args, **kwargs)
+    outer = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.settrace(outer)
+
+
+def is_async_scheduler_class(cls: type) -> bool:
+    """Whether ``cls`` is vLLM's AsyncScheduler or a subclass of it: such a
+    class is driven with a step in flight (``async_scheduling``), any other
+    vLLM Scheduler class synchronously."""
+    v = load_vllm()
+    return isinstance(cls, type) and issubclass(cls, v.AsyncScheduler)
+
+
 @dataclass
 class _Live:
     spec: RequestSpec
@@ -405,7 +513,11 @@ class VllmScheduler:
     """Implements spec.interface.Scheduler on top of vLLM's real Scheduler.
 
     ``scheduler_cls`` may name a subclass of vLLM's Scheduler (what vLLM takes
-    as ``scheduler_cls``); it is built exactly as vLLM's engine builds one.
+    as ``scheduler_cls``); it is built exactly as vLLM's engine builds one. A
+    subclass of AsyncScheduler needs ``config.async_scheduling`` and any
+    other class needs it off (``is_async_scheduler_class`` tells which). By
+    default the class is vLLM's AsyncScheduler with async scheduling on, its
+    Scheduler otherwise.
     """
 
     def __init__(self, config: SchedulerConfig, scheduler_cls: type | None = None) -> None:
@@ -415,9 +527,21 @@ class VllmScheduler:
             raise TypeError(f"scheduler_cls must be a class, got {scheduler_cls!r}")
         self._v = v
         self._config = config
+        if scheduler_cls is None:
+            cls = v.AsyncScheduler if config.async_scheduling else v.Scheduler
+        else:
+            cls = scheduler_cls
+            if issubclass(cls, v.AsyncScheduler) != config.async_scheduling:
+                kind = "a subclass of vLLM's AsyncScheduler" if config.async_scheduling else (
+                    "a vLLM Scheduler class that is not an AsyncScheduler")
+                raise VllmAdapterError(
+                    f"{cls.__qualname__}: async_scheduling={config.async_scheduling} needs {kind} "
+                    "(vLLM drives an AsyncScheduler with a step in flight, any other scheduler "
+                    "synchronously)"
+                )
         self._vllm_config, kv_cache_config = build_vllm_config(v, config)
-        cls = scheduler_cls if scheduler_cls is not None else v.Scheduler
-        self.sched: Any = cls(
+        self.sched: Any = _into_vllm(
+            cls,
             vllm_config=self._vllm_config,
             kv_cache_config=kv_cache_config,
             structured_output_manager=v.StructuredOutputManager(self._vllm_config),
@@ -442,7 +566,10 @@ class VllmScheduler:
         self._keys: dict[bytes, BlockKey] = {}  # vLLM block hash -> content key
         self._prune_at = 4096  # forget keys nobody can ask for once there are this many
         self._step = 0
-        self._outstanding: tuple[StepPlan, Any] | None = None
+        # plans awaiting update, oldest first, each with vLLM's SchedulerOutput
+        self._in_flight: list[tuple[StepPlan, Any]] = []
+        self._async = config.async_scheduling
+        self._drafts = config.num_speculative_tokens > 0 and not config.async_scheduling
 
     @property
     def config(self) -> SchedulerConfig:
@@ -458,7 +585,7 @@ class VllmScheduler:
         req = self.vllm_request(request)
         live = _Live(request, req)
         self._record_keys(live)
-        self.sched.add_request(req)
+        _into_vllm(self.sched.add_request, req)
         self._live[rid] = live
 
     def vllm_request(self, request: RequestSpec) -> Any:
@@ -531,18 +658,22 @@ class VllmScheduler:
 
     def abort(self, request_id: str) -> None:
         check_abort(request_id, self._live)
-        self.sched.finish_requests(request_id, self._v.VRequestStatus.FINISHED_ABORTED)
+        _into_vllm(self.sched.finish_requests, request_id, self._v.VRequestStatus.FINISHED_ABORTED)
         self._collect_finished([request_id])
 
+    def _plans(self) -> list[StepPlan]:
+        return [plan for plan, _ in self._in_flight]
+
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        check_reset(self._outstanding[0] if self._outstanding else None)
-        return bool(self.sched.reset_prefix_cache(reset_running_requests=reset_running_requests))
+        check_reset(self._plans(), self._config)
+        done = _into_vllm(self.sched.reset_prefix_cache, reset_running_requests=reset_running_requests)
+        return bool(done)
 
     # ------------------------------------------------------------------ schedule
 
     def schedule(self) -> StepPlan:
-        check_schedule(self._outstanding[0] if self._outstanding else None)
-        out = self.sched.schedule()
+        check_schedule(self._plans(), self._config)
+        out = _into_vllm(self.sched.schedule)
         self._step += 1
         self._finished = {}
         new = {nr.req_id: nr for nr in out.scheduled_new_reqs}
@@ -551,9 +682,17 @@ class VllmScheduler:
         resumed = cached.resumed_req_ids
         for rid in out.preempted_req_ids:  # a resumed request gets its whole table again
             self._tables.pop(rid, None)
+        spec_tokens = out.scheduled_spec_decode_tokens
         entries = []
         for rid, n in out.num_scheduled_tokens.items():
             req = self._live[rid].req
+            drafts = tuple(spec_tokens.get(rid, ()))
+            placeholders = req.num_output_placeholders
+            if self._async and not req.is_prefill_chunk:
+                # AsyncScheduler._update_after_schedule counted this step's own
+                # sampled token and drafts already; the plan states the count
+                # the step was scheduled with.
+                placeholders -= 1 + len(drafts)
             if rid in new:
                 kind = ScheduleKind.NEW
                 computed = new[rid].num_computed_tokens
@@ -577,7 +716,8 @@ class VllmScheduler:
             self._tables[rid] = table
             entries.append(
                 ScheduledRequest.of(rid, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
-                                    all_token_ids=req.all_token_ids, block_ids=tuple(table))
+                                    all_token_ids=req.all_token_ids, block_ids=tuple(table),
+                                    spec_token_ids=drafts, num_output_placeholders=placeholders)
             )
         plan = StepPlan(
             step=self._step,
@@ -585,17 +725,16 @@ class VllmScheduler:
             preempted_ids=tuple(sorted(out.preempted_req_ids)),
             finished_ids=tuple(sorted(out.finished_req_ids)),
         )
-        self._outstanding = (plan, out)
+        self._in_flight.append((plan, out))
         return plan
 
     # ------------------------------------------------------------------ update
 
     def _check_result(self, plan: StepPlan, result: StepResult) -> Any:
-        """The spec's protocol checks, so a bad update never reaches vLLM."""
-        outstanding = self._outstanding
-        check_result(plan, outstanding[0] if outstanding else None, result, self._live)
-        assert outstanding is not None
-        return outstanding[1]
+        """The spec's protocol checks, so a bad update never reaches vLLM;
+        vLLM's SchedulerOutput for ``plan`` (the oldest in flight)."""
+        check_result(plan, self._plans(), result, self._live, self._config)
+        return self._in_flight[0][1]
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         out = self._check_result(plan, result)
@@ -605,8 +744,14 @@ class VllmScheduler:
             req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=[list(result.sampled.get(rid, ())) for rid in ids],
         )
-        self._outstanding = None
-        self.sched.update_from_output(out, runner_output)
+        self._in_flight.pop(0)
+        _into_vllm(self.sched.update_from_output, out, runner_output)
+        if self._drafts and ids:
+            # What EngineCore.post_step hands over after a step that ran: the
+            # worker's proposals for every request of the batch.
+            drafts = result.draft_token_ids
+            _into_vllm(self.sched.update_draft_token_ids, self._v.DraftTokenIds(
+                req_ids=list(ids), draft_token_ids=[list(drafts.get(rid, ())) for rid in ids]))
         for rid in ids:
             live = self._live.get(rid)
             if live is not None:
@@ -690,6 +835,8 @@ class VllmScheduler:
             num_computed_tokens=req.num_computed_tokens,
             block_ids=blocks,
             num_preemptions=req.num_preemptions,
+            num_output_placeholders=req.num_output_placeholders,
+            spec_token_ids=tuple(req.spec_token_ids),
         )
 
     def _kv_view(self) -> KVView:

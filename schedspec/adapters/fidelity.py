@@ -1,0 +1,373 @@
+"""The fidelity report: which lines of vLLM's scheduler a run reached.
+
+The spec claims to capture vLLM 0.33's v1 scheduler; a lockstep run shows that
+the two agree on everything the run did, and this report shows how much of
+vLLM that was. ``LineCollector`` records, while it is active, every line
+executed in vLLM's scheduling files (``FILES``); ``fidelity_report`` turns
+that into reached / executable lines per file and per function, and
+``report_table`` / ``report_json`` print and serialise it.
+
+    with LineCollector() as lines:
+        ...                                  # drive vLLM (schedspec check --against vllm)
+    report = fidelity_report(lines.hits, steps=20000)
+    print(report_table(report))
+
+The collector is a ``sys.settrace`` hook that asks for line events only in
+frames whose code lives in those files. By default it is installed only
+around the calls the vLLM adapter makes into vLLM's scheduler
+(``vllm_adapter.trace_vllm_calls``), so the spec, the invariants and the
+driver of a lockstep run pay nothing; ``scope="process"`` installs it for the
+whole process and every thread started meanwhile (``threading.settrace``),
+for vLLM driven some other way. (coverage.py's C tracer fails while vLLM
+imports here; this one starts after the import and needs nothing but the
+interpreter.)
+
+Executable lines come from the compiled code objects (``co_lines``), the lines
+the interpreter can report: a function's lines are those of its own code
+object and of the comprehensions, generator expressions and lambdas inside
+it, less the ``def`` line (reached at import, not when the function runs).
+Module and class bodies are left out: they run at import, before any
+collector starts. A nested ``def`` is a function of its own, named by its
+qualified name.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any, Callable, Iterator
+
+#: vLLM's scheduling files, relative to the vllm package folder.
+FILES: tuple[str, ...] = (
+    "v1/core/sched/scheduler.py",
+    "v1/core/sched/async_scheduler.py",
+    "v1/core/kv_cache_manager.py",
+    "v1/core/block_pool.py",
+    "v1/core/single_type_kv_cache_manager.py",
+)
+
+#: The functions whose share the report states first (file, qualified name).
+HEADLINE: tuple[tuple[str, str], ...] = (
+    ("v1/core/sched/scheduler.py", "Scheduler.schedule"),
+    ("v1/core/sched/scheduler.py", "Scheduler.update_from_output"),
+)
+
+_TraceFn = Callable[[FrameType, str, Any], Any]
+
+
+def vllm_root() -> Path:
+    """The folder of the installed vllm package (imports vLLM the way the
+    adapter does, with its environment pinned)."""
+    from schedspec.adapters.vllm_adapter import load_vllm
+
+    load_vllm()
+    import vllm
+
+    assert vllm.__file__ is not None
+    return Path(vllm.__file__).resolve().parent
+
+
+def target_paths(root: Path | None = None) -> dict[str, str]:
+    """Absolute path (as code objects name it) -> the path relative to the
+    vllm folder, for each of ``FILES``."""
+    base = root if root is not None else vllm_root()
+    return {str(base / rel): rel for rel in FILES}
+
+
+#: Where a collector is installed: around the vLLM adapter's calls into vLLM,
+#: or for the whole process.
+SCOPES = ("vllm-calls", "process")
+
+
+class LineCollector:
+    """Records the lines executed in ``files`` (absolute paths; default:
+    vLLM's ``FILES``) while active. ``hits`` maps each file's path relative
+    to the vllm folder to the set of line numbers reached. ``scope`` is one
+    of ``SCOPES``. Whatever tracer was installed before (a debugger, say) is
+    put back on stop."""
+
+    def __init__(self, files: dict[str, str] | None = None, scope: str = "vllm-calls") -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"LineCollector scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+        self._files = files if files is not None else target_paths()
+        self.scope = scope
+        self.hits: dict[str, set[int]] = {rel: set() for rel in self._files.values()}
+        local = {path: _line_tracer(self.hits[rel].add) for path, rel in self._files.items()}
+        get = local.get
+
+        def global_trace(frame: FrameType, event: str, arg: Any) -> _TraceFn | None:
+            return get(frame.f_code.co_filename)
+
+        self.trace_function: _TraceFn = global_trace
+        self._saved: tuple[Any, Any] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._saved is not None
+
+    def start(self) -> None:
+        if self._saved is not None:
+            raise RuntimeError("LineCollector is already collecting")
+        if self.scope == "process":
+            self._saved = (sys.gettrace(), threading.gettrace())
+            threading.settrace(self.trace_function)
+            sys.settrace(self.trace_function)
+        else:
+            from schedspec.adapters.vllm_adapter import trace_vllm_calls
+
+            self._saved = (trace_vllm_calls(self.trace_function), None)
+
+    def stop(self) -> None:
+        if self._saved is None:
+            return
+        previous, previous_threads = self._saved
+        self._saved = None
+        if self.scope == "process":
+            sys.settrace(previous)
+            threading.settrace(previous_threads)
+        else:
+            from schedspec.adapters.vllm_adapter import trace_vllm_calls
+
+            trace_vllm_calls(previous)
+
+    def __enter__(self) -> LineCollector:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _line_tracer(add: Callable[[int], None]) -> _TraceFn:
+    def local(frame: FrameType, event: str, arg: Any) -> _TraceFn:
+        if event == "line":
+            add(frame.f_lineno)
+        return local
+
+    return local
+
+
+# --------------------------------------------------------------------------
+# Executable lines
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FunctionLines:
+    """One function of a file: its qualified name, ``def`` line, and the
+    lines the interpreter can report while it runs."""
+
+    qualname: str
+    first_line: int
+    lines: frozenset[int]
+
+
+def _code_lines(code: CodeType) -> set[int]:
+    return {line for _, _, line in code.co_lines() if line is not None}
+
+
+def _is_function(code: CodeType) -> bool:
+    return bool(code.co_flags & inspect.CO_OPTIMIZED) and not code.co_name.startswith("<")
+
+
+def _children(code: CodeType) -> Iterator[CodeType]:
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            yield const
+
+
+def _inline_lines(code: CodeType) -> set[int]:
+    """The lines of a comprehension, generator expression or lambda, with
+    those nested inside it (they belong to the enclosing function)."""
+    lines = _code_lines(code)
+    for child in _children(code):
+        if not _is_function(child):
+            lines |= _inline_lines(child)
+    return lines
+
+
+def executable_functions(source: str, filename: str) -> list[FunctionLines]:
+    """Every function of ``source`` (methods and nested functions too), in
+    the order of their ``def`` lines."""
+    found: list[FunctionLines] = []
+
+    def visit(code: CodeType) -> None:
+        for child in _children(code):
+            if _is_function(child):
+                lines = _code_lines(child)
+                for inner in _children(child):
+                    if not _is_function(inner):
+                        lines |= _inline_lines(inner)
+                if len(lines) > 1:
+                    lines.discard(child.co_firstlineno)
+                found.append(FunctionLines(child.co_qualname, child.co_firstlineno, frozenset(lines)))
+            visit(child)
+
+    visit(compile(source, filename, "exec", dont_inherit=True))
+    found.sort(key=lambda f: (f.first_line, f.qualname))
+    return found
+
+
+# --------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FunctionReport:
+    qualname: str
+    first_line: int
+    lines: int
+    reached: int
+    missed: tuple[int, ...]
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.reached / self.lines if self.lines else 100.0
+
+
+@dataclass(frozen=True)
+class FileReport:
+    path: str  # relative to the vllm folder
+    functions: tuple[FunctionReport, ...]
+
+    @property
+    def lines(self) -> int:
+        return sum(f.lines for f in self.functions)
+
+    @property
+    def reached(self) -> int:
+        return sum(f.reached for f in self.functions)
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.reached / self.lines if self.lines else 100.0
+
+    def function(self, qualname: str) -> FunctionReport | None:
+        for f in self.functions:
+            if f.qualname == qualname:
+                return f
+        return None
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    vllm_version: str
+    files: tuple[FileReport, ...]
+    steps: int | None = None
+    modes: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def file(self, path: str) -> FileReport | None:
+        for f in self.files:
+            if f.path == path:
+                return f
+        return None
+
+    def headline(self) -> list[tuple[str, FunctionReport]]:
+        out = []
+        for path, qualname in HEADLINE:
+            f = self.file(path)
+            fn = f.function(qualname) if f is not None else None
+            if fn is not None:
+                out.append((qualname, fn))
+        return out
+
+
+def file_report(rel: str, source: str, hits: set[int], filename: str = "<vllm>") -> FileReport:
+    functions = []
+    for fn in executable_functions(source, filename):
+        reached = fn.lines & hits
+        functions.append(FunctionReport(fn.qualname, fn.first_line, len(fn.lines), len(reached),
+                                        tuple(sorted(fn.lines - reached))))
+    return FileReport(rel, tuple(functions))
+
+
+def fidelity_report(hits: dict[str, set[int]], steps: int | None = None, modes: tuple[str, ...] = (),
+                    root: Path | None = None, extra: dict[str, Any] | None = None) -> FidelityReport:
+    """The report for ``hits`` (a LineCollector's), reading the sources of
+    ``FILES`` under ``root`` (default: the installed vllm)."""
+    base = root if root is not None else vllm_root()
+    files = []
+    for rel in FILES:
+        path = base / rel
+        files.append(file_report(rel, path.read_text(), hits.get(rel, set()), str(path)))
+    try:
+        import vllm
+
+        version = str(getattr(vllm, "__version__", "?"))
+    except ImportError:  # pragma: no cover - a root given without vllm installed
+        version = "?"
+    return FidelityReport(version, tuple(files), steps, modes, dict(extra or {}))
+
+
+def report_json(report: FidelityReport) -> dict[str, Any]:
+    """The report as JSON data: per file and per function, executable lines,
+    reached lines, percentage and the line numbers missed."""
+    return {
+        "vllm_version": report.vllm_version,
+        "steps": report.steps,
+        "modes": list(report.modes),
+        **report.extra,
+        "headline": {name: round(fn.percent, 1) for name, fn in report.headline()},
+        "files": {
+            f.path: {
+                "lines": f.lines,
+                "reached": f.reached,
+                "percent": round(f.percent, 1),
+                "functions": {
+                    fn.qualname: {
+                        "first_line": fn.first_line,
+                        "lines": fn.lines,
+                        "reached": fn.reached,
+                        "percent": round(fn.percent, 1),
+                        "missed": list(fn.missed),
+                    }
+                    for fn in f.functions
+                },
+            }
+            for f in report.files
+        },
+    }
+
+
+def _ranges(lines: tuple[int, ...], limit: int = 6) -> str:
+    parts: list[str] = []
+    start = prev = None
+    for n in lines:
+        if start is None:
+            start = prev = n
+        elif prev is not None and n == prev + 1:
+            prev = n
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = n
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    more = len(parts) - limit
+    return ", ".join(parts[:limit]) + (f", ... (+{more})" if more > 0 else "")
+
+
+def report_table(report: FidelityReport, all_functions: bool = True) -> str:
+    """The report as text: the headline functions, one line per file, then
+    (``all_functions``) a row per function with the lines it missed."""
+    out = [f"vLLM {report.vllm_version} lines reached"
+           + (f" over {report.steps:,} steps" if report.steps is not None else "")
+           + (f" ({', '.join(report.modes)})" if report.modes else "") + ":"]
+    for name, fn in report.headline():
+        out.append(f"  {name}(): {fn.reached}/{fn.lines} lines, {fn.percent:.0f}%")
+    for f in report.files:
+        out.append(f"  {f.path}: {f.reached}/{f.lines} lines, {f.percent:.0f}%")
+    if all_functions:
+        width = max((len(fn.qualname) for f in report.files for fn in f.functions), default=10)
+        for f in report.files:
+            out.append("")
+            out.append(f"{f.path}  {f.reached}/{f.lines} ({f.percent:.0f}%)")
+            for fn in f.functions:
+                missed = f"  missed {_ranges(fn.missed)}" if fn.missed else ""
+                out.append(f"  {fn.qualname:<{width}} {fn.reached:>4}/{fn.lines:<4} {fn.percent:5.1f}%{missed}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,232 @@
+"""The fidelity report (schedspec/adapters/fidelity.py): executable lines per
+function, the line collector in both scopes, the report's numbers, table and
+JSON, and ``schedspec check --against vllm --coverage`` on a short run.
+
+The tests that drive vLLM need vLLM 0.33.0 (skipped without it unless
+SCHEDSPEC_REQUIRE_VLLM=1) and stay short: vLLM is slow here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schedspec.adapters.fidelity import (
+    FILES,
+    LineCollector,
+    executable_functions,
+    fidelity_report,
+    file_report,
+    report_json,
+    report_table,
+)
+
+REQUIRE = os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1"
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+SOURCE = textwrap.dedent(
+    '''\
+    import functools
+
+
+    def deco(f):
+        return f
+
+
+    @deco
+    def outer(x,
+              y=1):
+        """doc"""
+        a = [i for i in range(x)]
+        b = (x +
+             y)
+
+        def inner():
+            return 1
+
+        if a:
+            return inner()
+        return b
+
+
+    class C:
+        top = 1
+
+        def method(self):
+            return [k for k in (1, 2) if k]
+
+        def unused(self):
+            z = 1
+            return z
+    '''
+)
+
+
+def lines_of(source: str) -> dict[str, tuple[int, frozenset[int]]]:
+    return {f.qualname: (f.first_line, f.lines) for f in executable_functions(source, "t.py")}
+
+
+# ----------------------------------------------------------------------------- executable lines
+
+
+def test_functions_and_their_lines() -> None:
+    found = lines_of(SOURCE)
+    assert list(found) == ["deco", "outer", "outer.<locals>.inner", "C.method", "C.unused"]
+    # the def line (and decorator) is reached at import, not when the function runs;
+    # the docstring is no instruction; a comprehension belongs to its function;
+    # a continuation line with its own instructions counts; a nested def's body does not.
+    assert found["deco"] == (4, frozenset({5}))
+    first, outer = found["outer"]
+    assert first == 8
+    assert outer == frozenset({12, 13, 14, 16, 19, 20, 21})
+    assert found["outer.<locals>.inner"][1] == frozenset({17})
+    assert found["C.method"][1] == frozenset({28})
+    assert found["C.unused"][1] == frozenset({31, 32})
+
+
+def test_one_line_function_keeps_its_only_line() -> None:
+    found = lines_of("def f(): return 1\n")
+    assert found["f"] == (1, frozenset({1}))
+
+
+# ----------------------------------------------------------------------------- the collector
+
+
+def _load(tmp_path: Path) -> tuple[Any, str]:
+    path = tmp_path / "fid_sample.py"
+    path.write_text(SOURCE)
+    spec = importlib.util.spec_from_file_location("fid_sample", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, str(path)
+
+
+def test_process_scope_records_lines_run_and_restores_the_tracer(tmp_path: Path) -> None:
+    module, path = _load(tmp_path)
+    before = sys.gettrace()
+    collector = LineCollector({path: "sample.py"}, scope="process")
+    with collector:
+        assert collector.active
+        module.outer(2)
+        module.C().method()
+    assert not collector.active
+    assert sys.gettrace() is before
+    hits = collector.hits["sample.py"]
+    assert {12, 13, 14, 16, 19, 20, 17, 28} <= hits
+    assert not hits & {21, 31, 32}  # the branch not taken, the method never called
+    module.C().unused()  # after stop: nothing more recorded
+    assert not collector.hits["sample.py"] & {31, 32}
+    report = file_report("sample.py", SOURCE, hits)
+    outer = report.function("outer")
+    unused = report.function("C.unused")
+    assert outer is not None and unused is not None
+    assert (outer.lines, outer.reached, outer.missed) == (7, 6, (21,))
+    assert (unused.reached, unused.percent) == (0, 0.0)
+    assert report.lines == sum(f.lines for f in report.functions)
+
+
+def test_collector_refuses_to_start_twice_and_a_bad_scope(tmp_path: Path) -> None:
+    collector = LineCollector({str(tmp_path / "x.py"): "x.py"}, scope="process")
+    collector.start()
+    try:
+        with pytest.raises(RuntimeError, match="already collecting"):
+            collector.start()
+    finally:
+        collector.stop()
+    with pytest.raises(ValueError, match="scope"):
+        LineCollector({}, scope="everywhere")
+
+
+def test_table_and_json_of_a_report(tmp_path: Path) -> None:
+    root = tmp_path / "vllm"
+    for rel in FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(
+            "class Scheduler:\n"
+            "    def schedule(self):\n"
+            "        a = 1\n"
+            "        if a:\n"
+            "            return a\n"
+            "        return 0\n"
+            "\n"
+            "    def update_from_output(self):\n"
+            "        return 2\n"
+        )
+    hits = {FILES[0]: {3, 4, 5}}
+    report = fidelity_report(hits, steps=10, root=root)
+    data = report_json(report)
+    assert data["steps"] == 10
+    assert data["headline"] == {"Scheduler.schedule": 75.0, "Scheduler.update_from_output": 0.0}
+    sched = data["files"][FILES[0]]
+    assert (sched["lines"], sched["reached"]) == (5, 3)
+    assert sched["functions"]["Scheduler.schedule"]["missed"] == [6]
+    assert data["files"][FILES[1]]["reached"] == 0
+    json.dumps(data)  # serialisable as it stands
+    table = report_table(report)
+    assert "Scheduler.schedule(): 3/4 lines, 75%" in table
+    assert "missed 6" in table
+    assert "over 10 steps" in table
+
+
+# ----------------------------------------------------------------------------- against vLLM
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
+def test_vllm_calls_scope_sees_the_scheduler_of_each_mode(async_scheduling: bool) -> None:
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.spec.interface import RequestSpec, SchedulerConfig, StepResult
+
+    config = SchedulerConfig(block_size=4, num_blocks=17, max_model_len=64,
+                             async_scheduling=async_scheduling)
+    with LineCollector() as collector:
+        sched = VllmScheduler(config)
+        sched.add(RequestSpec("a", (1, 2, 3, 4, 5), max_tokens=3))
+        in_flight = []
+        for _ in range(4):
+            in_flight.append(sched.schedule())
+            if async_scheduling and len(in_flight) < 2:
+                continue
+            plan = in_flight.pop(0)
+            sched.update(plan, StepResult({e.request_id: (9,) for e in plan.scheduled if e.samples}))
+    sched.view()  # outside the collector
+    report = fidelity_report(collector.hits, steps=4)
+    schedule = report.headline()[0][1]
+    assert schedule.reached > 50
+    async_file = report.file("v1/core/sched/async_scheduler.py")
+    assert async_file is not None
+    assert (async_file.reached > 0) == async_scheduling
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
+def test_cli_coverage_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from schedspec.cli.main import main
+
+    out = tmp_path / "fid.json"
+    code = main(["check", "--against", "vllm", "--steps", "30", "--quiet", "--out", str(tmp_path),
+                 "--coverage", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads(out.read_text())
+    assert data["steps"] == 30
+    assert set(data["files"]) == set(FILES)
+    assert data["headline"]["Scheduler.schedule"] > 0
+    assert "Scheduler.schedule():" in printed and "fidelity report written to" in printed
+
+
+def test_cli_coverage_without_vllm_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from schedspec.cli.main import main
+
+    code = main(["check", "--against", "spec", "--steps", "5", "--quiet", "--coverage", str(tmp_path / "f.json")])
+    assert code == 2
+    assert "--coverage" in capsys.readouterr().err
+    assert not (tmp_path / "f.json").exists()

@@ -47,9 +47,12 @@ class _Probe(Exception):
     """The probed scheduler raised: not a conformance matter."""
 
 
+def _name_of(t: type) -> str:
+    return t.__name__ if t.__module__ in ("builtins", "collections.abc") else f"{t.__module__}.{t.__qualname__}"
+
+
 def _type_name(value: object) -> str:
-    t = type(value)
-    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return _name_of(type(value))
 
 
 def method_problems(cls: type) -> list[str]:
@@ -94,7 +97,7 @@ def check_conformance(name: str, factory: SchedulerFactory, config: SchedulerCon
         if not isinstance(value, want):
             raise ConformanceError(
                 f"--against {name}: {cls.__qualname__}.{method}() returned {what}a {_type_name(value)}, "
-                f"expected {want.__module__}.{want.__qualname__}"
+                f"expected {_name_of(want)}"
             )
 
     def expect_view(v: object, when: str) -> None:

@@ -4,15 +4,26 @@ A workload is a SchedulerConfig plus a sequence of events. Events are plain
 frozen values so a workload can be written to a trace and replayed against any
 scheduler. A Step event means: ``plan = schedule()``, run the model,
 ``update(plan, result)``.
+
+With async scheduling (``config.async_scheduling``) a Step is one step of
+vLLM's engine core with a batch queue of two (vllm/v1/engine/core.py,
+EngineCore.step_with_batch_queue): schedule a new plan and run the model on
+it, then, when two plans are in flight, update the oldest. So after the first
+Step one plan is always in flight, and every event between two Steps comes
+between schedule(N) and update(N). The finer events Schedule and Update spell
+an interleaving out (an abort between schedule(N+1) and update(N), say):
+a Step is exactly Schedule() followed, in sync mode or when two plans are then
+in flight, by Update().
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence, TypeVar, Union
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, Union
 
-from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
+from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig, StepResult
 
 _T = TypeVar("_T")
 
@@ -37,7 +48,99 @@ class ResetPrefixCache:
     reset_running_requests: bool = False
 
 
-Event = Union[AddRequest, Abort, Step, ResetPrefixCache]
+@dataclass(frozen=True)
+class Schedule:
+    """``plan = schedule()`` and run the model on it; the plan is then in
+    flight until an Update. ``result``, when given, is the model's output for
+    the requests it names (a recorded output: the fake model takes these
+    tokens and drafts instead of its own)."""
+
+    result: StepResult | None = None
+
+
+@dataclass(frozen=True)
+class Update:
+    """``update(plan, result)`` of the oldest plan in flight. ``step``, when
+    given, names that plan (the n-th plan of the run is step n): an Update
+    naming another step is a malformed workload."""
+
+    step: int | None = None
+
+
+Event = Union[AddRequest, Abort, Step, ResetPrefixCache, Schedule, Update]
+
+
+class EventError(SchedSpecError, ValueError):
+    """A workload event that breaks the in-flight protocol (an Update with
+    nothing in flight or for another step, a Schedule while the scheduler
+    may not take one). ``index`` is the event's position in the workload."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(f"event {index}: {message}")
+        self.index = index
+
+
+class InFlight:
+    """The plans in flight, counted the way a driver schedules them: the n-th
+    schedule() of a run is step n. The trace loader and the driver both walk a
+    workload's events through one of these, so a workload that breaks the
+    in-flight protocol is refused before any scheduler sees it."""
+
+    def __init__(self, async_scheduling: bool) -> None:
+        self.async_scheduling = async_scheduling
+        self.scheduled = 0
+        self.steps: list[int] = []  # the steps in flight, oldest first
+
+    @property
+    def limit(self) -> int:
+        """How many plans may be in flight once schedule() returns."""
+        return 2 if self.async_scheduling else 1
+
+    def schedule(self) -> str | None:
+        """Count a schedule(); the reason it may not happen, or None."""
+        if len(self.steps) >= self.limit:
+            if self.async_scheduling:
+                return (f"schedule with steps {self.steps[0]} and {self.steps[1]} in flight: "
+                        f"step {self.steps[0]} must be updated first")
+            return (f"schedule with step {self.steps[0]} in flight: without async scheduling "
+                    "every plan is updated before the next schedule")
+        self.scheduled += 1
+        self.steps.append(self.scheduled)
+        return None
+
+    def update(self, step: int | None) -> str | None:
+        """Count an update() of ``step`` (None: the oldest in flight); the
+        reason it may not happen, or None."""
+        if step is not None and step > self.scheduled:
+            return f"update for step {step}, which was never planned (the last plan is step {self.scheduled})"
+        if not self.steps:
+            if step is None:
+                return "update with no plan in flight"
+            return f"update for step {step}, which was already updated"
+        if step is not None and step != self.steps[0]:
+            if step in self.steps:
+                return f"update for step {step} out of order: step {self.steps[0]} is in flight before it"
+            return f"update for step {step}, which was already updated"
+        self.steps.pop(0)
+        return None
+
+    def step(self) -> tuple[bool, str | None]:
+        """Count a Step event: (whether it updates, the reason it may not happen)."""
+        if (why := self.schedule()) is not None:
+            return False, why
+        if not self.async_scheduling or len(self.steps) == 2:
+            self.steps.pop(0)
+            return True, None
+        return False, None
+
+    def reset(self) -> str | None:
+        """Whether reset_prefix_cache may come now: never between a schedule
+        and its update without async scheduling; with it, while at most one
+        plan is in flight (vLLM's engine core serves a reset between two
+        engine steps)."""
+        if len(self.steps) > (1 if self.async_scheduling else 0):
+            return f"reset_prefix_cache with step(s) {self.steps} in flight"
+        return None
 
 
 @dataclass(frozen=True)
@@ -55,7 +158,8 @@ class Workload:
 
     @property
     def num_steps(self) -> int:
-        return sum(1 for e in self.events if isinstance(e, Step))
+        """The plans the events schedule (Step and Schedule events)."""
+        return sum(1 for e in self.events if isinstance(e, (Step, Schedule)))
 
     @property
     def requests(self) -> tuple[RequestSpec, ...]:
@@ -67,7 +171,7 @@ class Workload:
         out: dict[str, int] = {}
         steps = 0
         for e in self.events:
-            if isinstance(e, Step):
+            if isinstance(e, (Step, Schedule)):
                 steps += 1
             elif isinstance(e, AddRequest):
                 out[e.request.request_id] = steps
@@ -78,7 +182,7 @@ class Workload:
         out: list[tuple[int, str]] = []
         steps = 0
         for e in self.events:
-            if isinstance(e, Step):
+            if isinstance(e, (Step, Schedule)):
                 steps += 1
             elif isinstance(e, Abort):
                 out.append((steps, e.request_id))
@@ -87,13 +191,18 @@ class Workload:
 
 def describe_event(event: Event) -> str:
     """One event as a line of a script: ``add(RequestSpec(...))``, ``step()``,
-    ``abort('r3')``, ``reset_prefix_cache(reset_running_requests=True)``."""
+    ``abort('r3')``, ``reset_prefix_cache(reset_running_requests=True)``,
+    ``schedule()``, ``update(step=3)``."""
     if isinstance(event, AddRequest):
         return f"add({event.request!r})"
     if isinstance(event, Abort):
         return f"abort({event.request_id!r})"
     if isinstance(event, Step):
         return "step()"
+    if isinstance(event, Schedule):
+        return "schedule()" if event.result is None else f"schedule(result={event.result!r})"
+    if isinstance(event, Update):
+        return "update()" if event.step is None else f"update(step={event.step})"
     return f"reset_prefix_cache(reset_running_requests={event.reset_running_requests})"
 
 
@@ -130,6 +239,30 @@ def timed_events(
 #: prefixes, so prefix hits are common.
 ALPHABET = 16
 
+#: The four ways a scheduler runs: synchronous or async scheduling, each
+#: without or with speculative decoding.
+MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
+
+
+def mode_of(config: SchedulerConfig) -> str:
+    """The mode a config runs in (one of MODES)."""
+    spec = config.num_speculative_tokens > 0
+    if config.async_scheduling:
+        return "async-spec" if spec else "async"
+    return "spec" if spec else "sync"
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """``"sync,async-spec"`` -> ("sync", "async-spec"), in MODES order; a
+    ValueError names an unknown mode."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError(f"no mode given (choose from {', '.join(MODES)})")
+    for name in names:
+        if name not in MODES:
+            raise ValueError(f"unknown mode {name!r} (choose from {', '.join(MODES)})")
+    return tuple(m for m in MODES if m in names)
+
 
 @dataclass(frozen=True)
 class ConfigSpace:
@@ -149,6 +282,10 @@ class ConfigSpace:
     p_chunked: float
     p_prefix_caching: float
     p_reserve_full_isl: float
+    #: the modes drawn from (MODES); with one mode nothing is drawn for it
+    modes: tuple[str, ...] = ("sync",)
+    #: num_speculative_tokens of the modes with speculative decoding
+    spec_tokens: tuple[int, ...] = (1, 2, 3, 4)
 
     def build(
         self,
@@ -163,6 +300,8 @@ class ConfigSpace:
         prefix_caching: bool,
         policy: Policy,
         reserve_full_isl: bool,
+        async_scheduling: bool = False,
+        num_speculative_tokens: int = 0,
     ) -> SchedulerConfig:
         """The config of one set of choices; ``budget`` is a chunked budget or
         the extra over max_model_len, as ``chunked`` says."""
@@ -177,6 +316,8 @@ class ConfigSpace:
             enable_prefix_caching=prefix_caching,
             policy=policy,
             scheduler_reserve_full_isl=reserve_full_isl,
+            async_scheduling=async_scheduling,
+            num_speculative_tokens=num_speculative_tokens,
         )
 
 
@@ -193,6 +334,7 @@ CHECK_SPACE = ConfigSpace(
     p_chunked=0.8,
     p_prefix_caching=0.85,
     p_reserve_full_isl=0.9,
+    modes=MODES,
 )
 
 #: The Hypothesis state machine (schedspec.testing): smaller still.
@@ -221,6 +363,7 @@ LOCKSTEP_SPACE = ConfigSpace(
     p_chunked=0.5,
     p_prefix_caching=0.75,
     p_reserve_full_isl=0.75,
+    modes=("sync",),
 )
 
 
@@ -234,7 +377,9 @@ class Pick(Protocol):
 def draw_config(space: ConfigSpace, pick: Pick, coin: Callable[[float], bool]) -> SchedulerConfig:
     """A configuration of ``space``, every choice made by ``pick`` and every
     yes/no by ``coin(p)`` (true with probability ``p``), always in this order:
-    the seeded workloads and the Hypothesis strategies share this one draw."""
+    the seeded workloads and the Hypothesis strategies share this one draw.
+    The mode comes last (``draw_mode``), so a space of one mode draws what it
+    always drew."""
     block_size = pick(space.block_sizes)
     max_model_len = pick(space.max_model_lens)
     extra = pick(space.extra_blocks)
@@ -242,7 +387,7 @@ def draw_config(space: ConfigSpace, pick: Pick, coin: Callable[[float], bool]) -
     max_num_seqs = pick(space.max_num_seqs)
     budget = pick(space.chunked_budgets if chunked else space.unchunked_extra_budgets)
     threshold = pick(space.thresholds)
-    return space.build(
+    config = space.build(
         block_size=block_size,
         max_model_len=max_model_len,
         extra_blocks=extra,
@@ -254,6 +399,36 @@ def draw_config(space: ConfigSpace, pick: Pick, coin: Callable[[float], bool]) -
         policy=pick([Policy.FCFS, Policy.PRIORITY]),
         reserve_full_isl=coin(space.p_reserve_full_isl),
     )
+    if len(space.modes) == 1 and space.modes[0] == "sync":
+        return config
+    return with_mode(config, **draw_mode(space.modes, space.spec_tokens, pick))
+
+
+def with_mode(config: SchedulerConfig, *, async_scheduling: bool, num_speculative_tokens: int) -> SchedulerConfig:
+    """``config`` in another mode. A long-prefill threshold at or below k
+    (which vLLM's scheduler cannot run: a padded decode of 1 + k tokens would
+    be cut) lowers k below the threshold, or, at threshold 1, turns the
+    threshold off."""
+    k = num_speculative_tokens
+    threshold = config.long_prefill_token_threshold
+    if k > 0 and 0 < threshold <= k:
+        if threshold > 1:
+            k = threshold - 1
+        else:
+            threshold = 0
+    return dataclasses.replace(
+        config, async_scheduling=async_scheduling, num_speculative_tokens=k,
+        long_prefill_token_threshold=threshold,
+    )
+
+
+def draw_mode(modes: Sequence[str], spec_tokens: Sequence[int], pick: Pick) -> dict[str, Any]:
+    """The mode fields of a config (``async_scheduling``,
+    ``num_speculative_tokens``) for a mode picked from ``modes``, and k from
+    ``spec_tokens`` for a mode with speculative decoding. One mode: no draw."""
+    mode = modes[0] if len(modes) == 1 else pick(tuple(modes))
+    k = pick(tuple(spec_tokens)) if mode in ("spec", "async-spec") else 0
+    return {"async_scheduling": mode.startswith("async"), "num_speculative_tokens": k}
 
 
 def random_config(rng: random.Random, space: ConfigSpace = CHECK_SPACE) -> SchedulerConfig:
@@ -307,11 +482,26 @@ class RequestFactory:
         )
 
 
-def random_workload(seed: int, num_steps: int, vocab: int = 64) -> Workload:
+def random_workload(
+    seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",)
+) -> Workload:
     """A seeded workload of ``num_steps`` steps with arrivals in bursts,
-    aborts and occasional prefix-cache resets."""
+    aborts and occasional prefix-cache resets, in one of ``modes`` (MODES;
+    ``schedspec check`` passes all four).
+
+    The mode is drawn apart from the rest (its own generator, seeded from
+    ``seed``), so a sync workload is the one this seed always gave. With async
+    scheduling some Steps are spelled out as Schedule, events, Update, so
+    aborts and arrivals also land between schedule(N+1) and update(N)."""
     rng = random.Random(seed)
-    config = random_config(rng)
+    config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
+    modes = tuple(modes)
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"unknown mode {m!r} (choose from {', '.join(MODES)})")
+    mode_rng = random.Random(f"schedspec-mode-{seed}")
+    mode_fields = draw_mode(modes, CHECK_SPACE.spec_tokens, lambda options: mode_rng.choice(options))
+    config = with_mode(config, **mode_fields)
     factory = RequestFactory(rng, config, vocab)
     events: list[Event] = []
     live: list[str] = []
@@ -330,7 +520,17 @@ def random_workload(seed: int, num_steps: int, vocab: int = 64) -> Workload:
         elif r < 0.31:
             events.append(ResetPrefixCache(rng.random() < 0.3))
         else:
-            events.append(Step())
+            if config.async_scheduling and mode_rng.random() < 0.15:
+                # schedule(N+1), then an abort or an arrival, then update(N)
+                events.append(Schedule())
+                if mode_rng.random() < 0.6:
+                    events.append(Abort(mode_rng.choice(live)))
+                else:
+                    req = factory.make()
+                    events.append(AddRequest(req))
+                events.append(Update())
+            else:
+                events.append(Step())
             steps += 1
             # Requests finish on their own; forget some so aborts stay likely
             # to name live requests (an abort of a finished one is dropped by

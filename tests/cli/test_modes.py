@@ -150,3 +150,13 @@ def test_a_crash_is_reported_with_the_scheduler_and_its_frames(tmp_path: Path) -
     assert rc == 1
     assert "in tests.support.buggy_schedulers:RaisingSchedule" in out
     assert "RaisingSchedule.schedule() raised RuntimeError" in out and "buggy_schedulers.py:" in out
+
+
+def test_the_invariants_command_shows_tags_and_filters() -> None:
+    rc, out = run(["invariants", "--invariants", "policy:vllm-victim"])
+    assert rc == 0 and out.startswith(f"2 of {len(CATALOGUE)} invariants")
+    assert "fcfs-victim-suffix  [policy:fcfs, policy:vllm-victim;" in out and "token-budget" not in out
+    rc, out = run(["invariants", "--tags"])
+    assert rc == 0 and out.splitlines()[0].startswith(f"safety  ({SAFETY}): ")
+    rc, out = run(["invariants", "--invariants", "nope"])
+    assert rc == 2 and "'nope'" in out

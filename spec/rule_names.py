@@ -16,11 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+#: The four ways a scheduler runs (schedspec.check.workload.MODES).
+ALL_MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
     description: str
     vllm: str  # file and function of vLLM 0.33 whose behaviour the branch captures
+    #: the modes in which a run can take the branch (a rule out of reach in
+    #: sync mode says why in its description)
+    modes: tuple[str, ...] = ALL_MODES
 
     @property
     def group(self) -> str:
@@ -30,6 +37,8 @@ class Rule:
 
 
 _SCHED = "sched/scheduler.py, Scheduler.schedule"
+_SPEC_MODES: tuple[str, ...] = ("spec", "async-spec")
+_ASYNC_MODES: tuple[str, ...] = ("async", "async-spec")
 
 _RULES = (
     # -- one step
@@ -38,8 +47,8 @@ _RULES = (
     # -- the RUNNING loop
     Rule("running.scheduled", "a running request gets its next chunk", _SCHED + ", RUNNING loop"),
     Rule("running.prefill_chunk", "a running request's chunk stops short of its known tokens (threshold, budget or max_model_len cut it)", _SCHED + ", RUNNING loop"),
-    Rule("running.skip_no_tokens", "a running request with nothing to compute this step is skipped (continue, not break)", _SCHED + ", RUNNING loop (num_new_tokens == 0: continue)"),
-    Rule("running.stop_budget", "the token budget runs out with running requests not yet visited", _SCHED + ", RUNNING loop (while token_budget > 0)"),
+    Rule("running.skip_no_tokens", "a running request with nothing to compute this step is skipped (continue, not break); out of reach without async scheduling, where a running request always has its next token to compute", _SCHED + ", RUNNING loop (num_new_tokens == 0: continue)", ("async", "async-spec")),
+    Rule("running.stop_budget", "the token budget runs out with running requests not yet visited; out of reach without drafts, where only the tail of the running queue can be short of budget (each earlier request asks no more than it got the step before)", _SCHED + ", RUNNING loop (while token_budget > 0)", ("spec", "async-spec")),
     Rule("running.self_preempted_break", "FCFS: the request preempted itself; the RUNNING loop stops", _SCHED + ", RUNNING loop (preempted_req == request: break)"),
     Rule("running.self_preempted_continue", "PRIORITY: the request preempted itself; later running requests are still tried", _SCHED + ", RUNNING loop (continue after self-preemption)"),
     # -- preemption
@@ -79,6 +88,25 @@ _RULES = (
     Rule("stop.stop_token", "the request stops on one of its stop token ids", "sched/utils.py, check_stop"),
     Rule("stop.max_tokens", "the request reaches max_tokens outputs", "sched/utils.py, check_stop"),
     Rule("stop.max_model_len", "the request reaches max_model_len tokens", "sched/utils.py, check_stop"),
+    # -- speculative decoding (num_speculative_tokens > 0)
+    Rule("spec.drafts_scheduled", "a running request's step verifies drafts (they reach past its known and in-flight tokens)", _SCHED + ", RUNNING loop (scheduled_spec_decode_tokens)", _SPEC_MODES),
+    Rule("spec.drafts_cut", "the budget, threshold or max_model_len cut a step short of some of the request's drafts", _SCHED + ", RUNNING loop (spec_token_ids[:num_scheduled_spec_tokens])", _SPEC_MODES),
+    Rule("spec.drafts_unscheduled", "a request holding drafts is scheduled short of all of them; they are dropped", _SCHED + ", RUNNING loop (request.spec_token_ids = [])", _SPEC_MODES),
+    Rule("admit.padded_decode", "a newly admitted request with one token to compute is padded to 1 + k tokens with k placeholder drafts", _SCHED + ", WAITING loop (pad_spec_decode)", _SPEC_MODES),
+    Rule("admit.blocked_padding", "a due padding of 1 + k tokens does not fit the budget: the WAITING loop stops", _SCHED + ", WAITING loop (padded_num_tokens > request_token_budget: break)", _SPEC_MODES),
+    Rule("spec.all_accepted", "every draft of a step is accepted", "sched/scheduler.py, Scheduler.update_from_output (num_rejected == 0)", _SPEC_MODES),
+    Rule("spec.some_rejected", "drafts are rejected and num_computed_tokens (and the placeholders) roll back", "sched/scheduler.py, Scheduler.update_from_output (num_computed_tokens -= num_rejected)", _SPEC_MODES),
+    Rule("spec.stop_inside_run", "the request stops inside an accepted run; the tokens after the stop are dropped", "sched/scheduler.py, Scheduler._update_request_with_output (del new_token_ids[num_new:])", _SPEC_MODES),
+    Rule("spec.drafts_set", "drafts proposed after a step become the request's drafts for its next step", "sched/scheduler.py, Scheduler.update_draft_token_ids", ("spec",)),
+    Rule("spec.drafts_for_finished", "drafts for a request that finished in this update are ignored", "sched/scheduler.py, Scheduler.update_draft_token_ids (request is None or finished: continue)", ("spec",)),
+    # -- async scheduling (one step in flight)
+    Rule("async.placeholders_added", "a step that samples counts its output tokens (1 + drafts) as placeholders and gives the request k placeholder drafts", "sched/async_scheduler.py, AsyncScheduler._update_after_schedule", _ASYNC_MODES),
+    Rule("running.skip_max_tokens_in_flight", "the steps in flight surely bring the request to max_tokens: it is skipped", _SCHED + ", RUNNING loop (num_computed_tokens + 2 - num_output_placeholders >= ...: continue)", _ASYNC_MODES),
+    Rule("waiting.skip_stale_output", "a preempted request whose in-flight output is still to be delivered is passed over", _SCHED + ", WAITING loop (num_stale_output_tokens and not drop_stale_output: skip_request)", _ASYNC_MODES),
+    Rule("async.stale_output", "a step's output arrives for a request preempted after the step was scheduled (stale)", "sched/scheduler.py, Scheduler.update_from_output (num_stale_output_tokens)", _ASYNC_MODES),
+    Rule("async.stale_dropped", "stale output of a request preempted by reset_prefix_cache is dropped", "sched/scheduler.py, Scheduler.update_from_output (output_is_stale and drop_stale_output: continue)", _ASYNC_MODES),
+    Rule("async.stale_output_stopped", "stale output stops a preempted request, which leaves the waiting queue", "sched/scheduler.py, Scheduler.update_from_output (stopped_preempted_reqs)", _ASYNC_MODES),
+    Rule("update.request_gone", "a step's output arrives for a request aborted or finished while it ran: dropped", "sched/scheduler.py, Scheduler.update_from_output (request is None: continue)"),
     # -- abort
     Rule("abort.waiting", "a waiting request (never run) is aborted", "sched/scheduler.py, Scheduler.finish_requests"),
     Rule("abort.preempted", "a preempted request is aborted", "sched/scheduler.py, Scheduler.finish_requests"),
@@ -91,6 +119,11 @@ assert len(RULES) == len(_RULES), "duplicate rule name"
 
 #: every rule name, in catalogue order
 RULE_NAMES: tuple[str, ...] = tuple(RULES)
+
+
+def reachable_in(modes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The rules a run drawing from ``modes`` can reach, in catalogue order."""
+    return tuple(r.name for r in _RULES if set(r.modes) & set(modes))
 
 
 def describe(name: str) -> str:

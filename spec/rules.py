@@ -40,23 +40,32 @@ def running_chunk(
     threshold: int,
     token_budget: int,
     max_model_len: int,
+    num_spec_tokens: int = 0,
+    num_output_placeholders: int = 0,
 ) -> int:
     """Tokens a running request gets this step (scheduler.py, schedule(), the
     RUNNING loop): everything it has not computed, cut to the long-prefill
     threshold (0 = off), the remaining token budget, and so that the input
     position stays below max_model_len (one slot is kept for the sampled
-    token). 0 means the request is skipped, not that scheduling stops.
+    token: ``num_sampled_tokens_per_step``). 0 means the request is skipped,
+    not that scheduling stops.
 
-    pre: 0 <= num_computed <= num_tokens
+    "Everything" is vLLM's ``num_tokens_with_spec + num_output_placeholders -
+    num_computed_tokens``: the known tokens, the request's ``num_spec_tokens``
+    drafts, and (async scheduling) its in-flight output placeholders, which
+    ``num_computed`` already counts.
+
+    pre: 0 <= num_spec_tokens and 0 <= num_output_placeholders
+    pre: 0 <= num_computed <= num_tokens + num_output_placeholders
     pre: threshold >= 0
     pre: token_budget >= 0
     pre: max_model_len > 0
-    post: 0 <= __return__ <= num_tokens - num_computed
+    post: 0 <= __return__ <= num_tokens + num_spec_tokens + num_output_placeholders - num_computed
     post: __return__ <= token_budget
     post: threshold == 0 or __return__ <= threshold
     post: __return__ == 0 or num_computed + __return__ <= max_model_len - 1
     """
-    n = num_tokens - num_computed
+    n = num_tokens + num_spec_tokens + num_output_placeholders - num_computed
     if 0 < threshold < n:
         n = threshold
     n = min(n, token_budget)
@@ -90,6 +99,85 @@ def admission_chunk(
     if not chunked_prefill and n > token_budget:
         return 0
     return min(n, token_budget)
+
+
+def num_scheduled_drafts(
+    num_new_tokens: int, num_computed: int, num_tokens: int, num_output_placeholders: int, num_drafts: int
+) -> int:
+    """How many of a running request's drafts this step verifies
+    (scheduler.py, schedule(), the RUNNING loop, "Speculative decode
+    related"): the scheduled tokens that reach past the known tokens and the
+    in-flight placeholders, at most the drafts it holds. Fewer than all when
+    the budget, the threshold or max_model_len cut the chunk.
+
+    pre: num_new_tokens >= 0 and num_drafts >= 0 and num_output_placeholders >= 0
+    pre: 0 <= num_computed <= num_tokens + num_output_placeholders
+    pre: num_computed + num_new_tokens <= num_tokens + num_output_placeholders + num_drafts
+    post: 0 <= __return__ <= num_drafts
+    post: __return__ <= num_new_tokens
+    """
+    n = num_new_tokens + num_computed - num_tokens - num_output_placeholders
+    return min(max(n, 0), num_drafts)
+
+
+def surely_reaches_max_tokens(
+    num_computed: int, num_output_placeholders: int, num_prompt_tokens: int, max_tokens: int
+) -> bool:
+    """Async scheduling: the steps in flight are sure to bring the request to
+    max_tokens even if every draft in them is rejected, so the RUNNING loop
+    skips it rather than schedule a step that could only be dropped
+    (scheduler.py, schedule(), the RUNNING loop: ``num_computed_tokens + 2 -
+    num_output_placeholders >= num_prompt_tokens + max_tokens``; the in-flight
+    placeholders, less all but one of them, count the one token each sampling
+    step surely yields).
+
+    pre: num_computed >= 0 and num_output_placeholders >= 0
+    pre: num_prompt_tokens >= 1 and max_tokens >= 1
+    post: not __return__ or num_output_placeholders > 0
+    """
+    return (
+        num_output_placeholders > 0
+        and num_computed + 2 - num_output_placeholders >= num_prompt_tokens + max_tokens
+    )
+
+
+def decode_padding(
+    num_new_tokens: int,
+    num_computed: int,
+    num_spec_tokens: int,
+    prefill_scheduled: bool,
+    running_scheduled: bool,
+    max_model_len: int,
+    token_budget: int,
+) -> int | None:
+    """Speculative decoding: a newly admitted request with one token left to
+    compute is padded to a uniform decode of ``1 + num_spec_tokens`` tokens
+    (k placeholder drafts, -1), so the step keeps one shape (scheduler.py,
+    schedule(), the WAITING loop, "Pad new decode requests"). Only when no
+    running request of this step continues a prefill, some running request
+    was scheduled or the request has a prefix hit, and the padded step leaves
+    room for the sampled token within max_model_len. Returns the tokens to
+    schedule, or None when padding is due but the budget cannot hold it (vLLM
+    then stops the WAITING loop rather than schedule it unpadded).
+
+    pre: num_new_tokens >= 1 and num_computed >= 0 and num_spec_tokens >= 0
+    pre: max_model_len > 0 and token_budget > 0
+    post: __return__ is None or __return__ in (num_new_tokens, 1 + num_spec_tokens)
+    post: __return__ is None or __return__ == num_new_tokens or num_computed + __return__ + 1 <= max_model_len
+    post: __return__ is not None or 1 + num_spec_tokens > token_budget
+    """
+    if (
+        num_spec_tokens > 0
+        and num_new_tokens == 1
+        and not prefill_scheduled
+        and (running_scheduled or num_computed > 0)
+    ):
+        padded = 1 + num_spec_tokens
+        if num_computed + padded + 1 <= max_model_len:
+            if padded > token_budget:
+                return None
+            return padded
+    return num_new_tokens
 
 
 def effective_threshold(threshold: int, num_running: int, num_waiting: int) -> int:

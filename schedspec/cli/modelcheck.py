@@ -13,13 +13,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedspec.adapters.registry import import_class
-from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, positive_int
-from schedspec.invariants import CATALOGUE
+from schedspec.adapters.registry import AdapterError, Target, import_class, resolve
+from schedspec.check.capabilities import CapabilityError
+from schedspec.check.gate import resolve_selection
+from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, positive_int
+from schedspec.invariants import Selection
+from schedspec.invariants.selection import SelectionError
 from schedspec.modelcheck import (
     BOUNDS,
     BoundResult,
     ModelCheckError,
+    Space,
     SpaceResult,
     bound,
     check_bound,
@@ -30,16 +34,21 @@ from schedspec.modelcheck import (
     table_header,
     write_json,
 )
+from schedspec.modelcheck.target import Against
 from schedspec.spec.scheduler import SpecScheduler
 
-HELP = "explore every state within a bound (TLC-style): invariants, deadlock, liveness, impl differential"
+HELP = ("explore every state within a bound (TLC-style): invariants, deadlock, liveness, and a scheduler under "
+        "test (impl by default, --against vllm|MODULE:CLASS) taking every transition")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", default="small", choices=sorted(BOUNDS),
                    help="which spaces to explore (docs/modelcheck.md; default small)")
     p.add_argument("--json", default=None, help="write a JSON summary here")
-    p.add_argument("--no-impl", action="store_true", help="skip the ImplScheduler differential")
+    p.add_argument("--no-impl", action="store_true", help="skip the ImplScheduler differential (no --against)")
+    p.add_argument("--against", default=None, metavar="impl|vllm|MODULE:CLASS",
+                   help="the scheduler under test: takes every explored transition from the same state "
+                        "(default: impl, in lockstep)")
     p.add_argument("--out", default="schedspec-out/modelcheck", help="where a counterexample trace goes")
     p.add_argument("--workers", default=None, help="processes expanding states (default: the CPUs available)")
     p.add_argument("--space", action="append", default=None, help="explore only this space (repeatable)")
@@ -47,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", default=None, metavar="MODULE:CLASS",
                    help="explore this SpecScheduler subclass instead of the spec (e.g. a patched spec)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_mode_arguments(p, " (invariants mode needs --against)")
 
 
 def scheduler_class(text: str | None) -> type[SpecScheduler]:
@@ -61,6 +71,52 @@ def scheduler_class(text: str | None) -> type[SpecScheduler]:
     return cls
 
 
+def against_of(args: argparse.Namespace) -> tuple[Against | None, Selection]:
+    """The scheduler under test and the invariants checked, from --against,
+    --mode and --invariants (UsageError naming the flag otherwise)."""
+    mode = mode_of(args)
+    target: Target | None = None
+    if args.against is not None:
+        if args.no_impl:
+            raise UsageError("--no-impl and --against exclude each other (--against names the scheduler under test)")
+        try:
+            target = resolve(args.against)
+        except AdapterError as exc:
+            raise UsageError(str(exc)) from None
+        if target.name == "spec":
+            raise UsageError("--against spec: the spec is what is explored; name another scheduler "
+                             "(impl, vllm or MODULE:CLASS)")
+    elif mode == "invariants":
+        raise UsageError("--mode invariants needs --against (the scheduler held to the invariants)")
+    try:
+        selection = resolve_selection(mode, args.invariants, target.capabilities if target else
+                                      resolve("spec").capabilities)
+    except (SelectionError, CapabilityError) as exc:
+        raise UsageError(f"--invariants: {exc}") from None
+    if target is None:
+        return None, selection
+    return Against(args.against, target.factory, mode, selection.invariants), selection
+
+
+def supported_spaces(spaces: tuple[Space, ...], target_name: str | None) -> tuple[list[str], list[str]]:
+    """The names of the spaces the scheduler under test supports (its
+    declared capabilities) and, apart, one line per space left out and why."""
+    if target_name is None:
+        return [s.name for s in spaces], []
+    caps = resolve(target_name).capabilities
+    kept: list[str] = []
+    skipped: list[str] = []
+    for s in spaces:
+        problems = caps.config_problems(s.config)
+        for shape in s.resolved_shapes():
+            problems += caps.request_problems(shape.request(shape.name, 0))
+        if problems:
+            skipped.append(f"{s.name} ({', '.join(problems)})")
+        else:
+            kept.append(s.name)
+    return kept, skipped
+
+
 def run(args: argparse.Namespace) -> int:
     scheduler_cls = scheduler_class(args.scheduler)
     workers = default_workers() if args.workers is None else positive_int("--workers", args.workers)
@@ -69,29 +125,44 @@ def run(args: argparse.Namespace) -> int:
         spaces = select_spaces(bound(args.bound), args.space)
     except ModelCheckError as exc:
         raise UsageError(f"--space: {exc}") from None
-    use_impl = not args.no_impl
+    against, selection = against_of(args)
+    names, skipped = supported_spaces(spaces, args.against)
+    if not names:
+        raise UsageError(f"--against {args.against}: supports none of the spaces chosen: {'; '.join(skipped)}")
+    use_impl = not args.no_impl and against is None
     note = ""
     if use_impl and not impl_available():
         use_impl = False
         note = " (impl.ImplScheduler is not importable: differential skipped)"
-    print(f"modelcheck: bound {args.bound}, {len(args.space or spaces)} space(s); {len(CATALOGUE)} invariants on "
+    if against is not None:
+        under_test = (f"{against.name} taking every transition: " + selection.describe())
+    else:
+        under_test = ("ImplScheduler replaying every transition" if use_impl else "no impl differential") + note
+    n = len(selection.invariants)
+    print(f"modelcheck: bound {args.bound}, {len(names)} space(s); {n} invariants on "
           f"every transition, the fake model's KV reads and contents, deadlock and liveness; "
-          + ("ImplScheduler replaying every transition" if use_impl else "no impl differential") + note
-          + f"; {workers} worker(s)")
+          + under_test + f"; {workers} worker(s)")
+    if skipped:
+        print("spaces outside the declared capabilities, left out: " + "; ".join(skipped))
     print(table_header())
 
     def row(r: SpaceResult) -> None:
         print(format_row(r), flush=True)
 
-    result = check_bound(args.bound, use_impl=use_impl, scheduler_cls=scheduler_cls, max_states=max_states,
-                         log=None if args.quiet else sys.stderr, spaces=args.space, workers=workers,
-                         on_space=row)
+    try:
+        result = check_bound(args.bound, use_impl=use_impl, scheduler_cls=scheduler_cls, max_states=max_states,
+                             log=None if args.quiet else sys.stderr, spaces=names, workers=workers,
+                             on_space=row, invariants=selection.invariants, against=against)
+    except ImportError as exc:  # vLLM missing, or the wrong version of it
+        raise UsageError(f"--against {args.against}: {exc}") from None
     print(format_row(result.total()))
-    extra: dict[str, Any] = {"impl": use_impl, "workers": workers, "invariants": len(CATALOGUE)}
+    extra: dict[str, Any] = {"impl": use_impl, "workers": workers, "invariants": n,
+                             "against": args.against, "mode": selection.mode,
+                             "invariant_ids": list(selection.ids)}
     if result.failure is not None:
         extra.update(_report_failure(args, result))
     else:
-        _report_success(result, use_impl)
+        _report_success(result, use_impl, args.against)
     if args.json:
         write_json(Path(args.json), result, extra)
     return EXIT_OK if result.failure is None else EXIT_FAIL
@@ -103,15 +174,19 @@ def _report_failure(args: argparse.Namespace, result: BoundResult) -> dict[str, 
     assert failure is not None
     space_name = result.spaces[-1].space.name
     trace_path = failure.write_trace(Path(args.out) / f"{args.bound}-{space_name}.jsonl")
-    against = args.scheduler or ("impl" if failure.kind == "divergence" else "spec")
+    against = args.against or args.scheduler or ("impl" if failure.kind == "divergence" else "spec")
     replay = f"schedspec replay {trace_path} --against {against}"
+    if mode_of(args) == "invariants":
+        replay += " --mode invariants"
+    if args.invariants is not None:
+        replay += f" --invariants {args.invariants}"
     print(f"FAILED in space {space_name}: {failure.describe()}")
     print(f"counterexample: {len(failure.labels)} events (the shortest), written to {trace_path}")
     print(f"replay it: {replay}")
     return {"trace": str(trace_path), "replay": replay}
 
 
-def _report_success(result: BoundResult, use_impl: bool) -> None:
+def _report_success(result: BoundResult, use_impl: bool, against: str | None) -> None:
     worst = result.worst_liveness()
     if worst is not None:
         print(f"liveness: with no new arrivals every request finishes within {worst.liveness_bound} steps "
@@ -119,4 +194,5 @@ def _report_success(result: BoundResult, use_impl: bool) -> None:
     total = result.total()
     what = "completely explored" if total.complete else "explored up to --max-states (partial)"
     print(f"OK: {result.states:,} states and {result.transitions:,} transitions {what}: every invariant held, "
-          "no deadlock" + (", plans and views of ImplScheduler equal to the spec's" if use_impl else ""))
+          "no deadlock" + (", plans and views of ImplScheduler equal to the spec's" if use_impl else "")
+          + (f"; {against} took all {result.transitions:,} transitions" if against else ""))

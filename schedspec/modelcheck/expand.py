@@ -4,11 +4,12 @@ every check on, and return the successors with their fingerprints.
 Checked on every transition: the invariants of the catalogue (statelessly,
 see checks.py), the fake model's reads (the context read through the block
 tables is the request's tokens) and the KV contents (every computed slot and
-every keyed block holds what the state says), and, when an impl is given, the
-impl replaying the same transition from the same state with an equal plan and
-equal views. Everything the checker reads of a state it reads through the
-scheduler's public ``view()``; it copies a state with the scheduler's own
-``clone()``.
+every keyed block holds what the state says), and, when a scheduler under
+test is given (target.py), that scheduler taking the same transition from the
+same state: with an equal plan and equal views (lockstep), or with the chosen
+invariants holding on its own transitions (invariants mode). Everything the
+checker reads of a state it reads through the scheduler's public ``view()``;
+it copies a state with the scheduler's own ``clone()``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from schedspec.check.driver import describe_difference
 from schedspec.check.oracle import FakeModel
@@ -29,6 +30,7 @@ from schedspec.modelcheck.events import RESET, RESET_RUNNING, STEP, Alphabet
 from schedspec.modelcheck.result import Finding
 from schedspec.modelcheck.space import Space
 from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory
+from schedspec.modelcheck.target import PICKLE_PROTOCOL, Against, CopyMethod, copy_method, deep_copy, shared_objects
 from schedspec.spec.interface import (
     Policy,
     RequestSpec,
@@ -40,12 +42,15 @@ from schedspec.spec.interface import (
 )
 from schedspec.spec.scheduler import SpecScheduler
 
-PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+T = TypeVar("T")
+
+__all__ = ["PICKLE_PROTOCOL", "Entry", "Expander", "Expansion", "MemoModel", "Successor"]
 
 
 class MemoModel(FakeModel):
-    """FakeModel with its sampler memoized (the sample is a pure function of
-    the context and the seed)."""
+    """The fake model with its sampler memoized: the sampled token is a pure
+    function of the context read, and the checker asks for the same contexts
+    over and over."""
 
     def __init__(self, block_size: int, vocab: int, seed: int) -> None:
         super().__init__(block_size, vocab, seed)
@@ -61,21 +66,26 @@ class MemoModel(FakeModel):
 @dataclass(slots=True)
 class Entry:
     """A state waiting to be expanded. ``state`` is the SpecScheduler and
-    ``impl`` the ImplScheduler in the same state (None without the
-    differential), both pickled when states travel between processes, and
-    both None in a worker's result for a state that worker already sent
-    (the main process has it); ``adds`` how many requests the path to it added
-    (the next one is ``r{adds + 1}``); ``view`` the state's view when it was
-    already taken (in-process only: it does not travel)."""
+    ``impl`` the scheduler under test in the same state (None without one, or
+    when it is rebuilt by replay), both pickled when states travel between
+    processes, and both None in a worker's result for a state that worker
+    already sent (the main process has it); ``adds`` how many requests the
+    path to it added (the next one is ``r{adds + 1}``); ``view`` the state's
+    view when it was already taken (in-process only: it does not travel);
+    ``codes`` the path to it (kept only for a scheduler under test that is
+    copied by replay); ``memory`` the KV slots of the scheduler under test
+    (invariants mode only: it runs its own plans)."""
 
     idx: int
     state: Any
     impl: Any
     adds: int
     view: SchedulerView | None = None
+    codes: tuple[int, ...] = ()
+    memory: dict[int, int] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:  # compact between processes
-        return (Entry, (self.idx, self.state, self.impl, self.adds))
+        return (Entry, (self.idx, self.state, self.impl, self.adds, None, self.codes, self.memory))
 
 
 @dataclass(slots=True)
@@ -97,6 +107,18 @@ class Successor(NamedTuple):
     view: SchedulerView
     fingerprint: Fingerprint
     adds: int
+    memory: dict[int, int] | None = None  # the KV slots of the scheduler under test (invariants mode)
+
+
+def _call(who: str, method: str, fn: Callable[..., T], *args: Any) -> T:
+    """Call one method of a scheduler; a crash becomes a Finding naming the
+    scheduler and the method."""
+    try:
+        return fn(*args)
+    except Finding:
+        raise
+    except Exception as exc:
+        raise Finding("error", f"{who}.{method}() raised {type(exc).__name__}: {exc}") from None
 
 
 class Expander:
@@ -105,9 +127,13 @@ class Expander:
 
     ``scheduler_cls`` is the scheduler explored: SpecScheduler or a subclass
     (the tests use broken ones) whose ``clone()`` copies all of its state.
-    ``impl_cls`` (built as ``impl_cls(config)``) is the scheduler replayed on
-    every transition and compared with it (None: no differential). ``pickled``:
-    successors are returned pickled, to travel to another process."""
+    ``against`` is the scheduler under test (None: none); ``impl_cls`` (built
+    as ``impl_cls(config)``) is shorthand for a lockstep ``Against`` named
+    "impl". ``invariants`` are checked on the spec's transitions (unless
+    ``against`` is in invariants mode: then its own invariants are checked on
+    its own transitions). ``copy`` says how the scheduler under test is
+    copied (decided on a fresh one when None). ``pickled``: successors are
+    returned pickled, to travel to another process."""
 
     def __init__(
         self,
@@ -116,23 +142,37 @@ class Expander:
         impl_cls: Callable[[SchedulerConfig], Scheduler] | None = None,
         invariants: Sequence[Invariant] = CATALOGUE,
         pickled: bool = False,
+        against: Against | None = None,
+        copy: CopyMethod | None = None,
     ) -> None:
         self.space = space
         self.config = space.config
         self.cls = scheduler_cls
-        self.impl_cls = impl_cls
+        if against is None and impl_cls is not None:
+            against = Against("impl", impl_cls, "lockstep", tuple(invariants))
+        self.against = against
+        self.impl_cls = against.factory if against is not None else None
+        self.lockstep = against is not None and against.lockstep
+        #: invariants mode: the checks on the scheduler under test's own transitions
+        self.tchecker = StatelessChecker(against.invariants) if against is not None and not self.lockstep else None
         self.shapes = space.resolved_shapes()
         self.alphabet = Alphabet(self.shapes, space.max_requests)
-        self.checker = StatelessChecker(invariants)
+        spec_invariants = () if self.tchecker is not None else tuple(invariants)
+        self.checker = StatelessChecker(spec_invariants)
         self.canon = Canon(len(self.shapes), space.config.policy == Policy.PRIORITY)
         self.model = MemoModel(space.config.block_size, space.vocab, space.oracle_seed)
+        self.tmodel = MemoModel(space.config.block_size, space.vocab, space.oracle_seed)
         self.pickled = pickled
+        self.copy: CopyMethod | None = copy if against is not None else None
+        self._shared: dict[int, object] = {}
         #: the counters of the expansion under way
         self.coverage = Coverage()
-        #: no invariants and no differential: no checks on the views (to measure the search alone)
-        self.blind = not invariants and impl_cls is None
+        #: no invariants and no lockstep: no checks on the spec's views (to measure the search alone)
+        self.blind = not spec_invariants and not self.lockstep
         #: fingerprints of the successors this (worker) process already sent
         self.shipped: set[Fingerprint] = set()
+        #: the name failures of the scheduler under test go by
+        self.tname = against.name if against is not None else "impl"
 
     def request(self, shape_index: int, k: int) -> RequestSpec:
         """The k-th request of a path (1-based), of the given shape."""
@@ -141,11 +181,19 @@ class Expander:
     def root(self) -> Entry:
         s = self.cls(self.config)
         impl: Any = None
-        if self.impl_cls is not None:
-            impl = self.impl_cls(self.config)
+        memory: dict[int, int] | None = None
+        if self.against is not None:
+            impl = _call(self.tname, "__init__", self.against.factory, self.config)
+            if self.copy is None:
+                self.copy = copy_method(impl)
+            if self.copy == "deepcopy":
+                self._shared = shared_objects(impl)
+            if not self.lockstep:
+                memory = {}
         if self.pickled:
-            return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), pickle.dumps(impl, PICKLE_PROTOCOL), 0)
-        return Entry(0, s, impl, 0, s.view())
+            blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
+            return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), blob, 0, None, (), memory)
+        return Entry(0, s, impl, 0, s.view(), (), memory)
 
     def fingerprint(self, entry: Entry) -> Fingerprint:
         """The fingerprint of a state held by an entry (the root's, in practice)."""
@@ -167,15 +215,21 @@ class Expander:
         if found:
             raise Finding("violation", f"{len(found)} invariant violation(s) after {kind}", found)
 
+    def _tcheck(self, kind: TransitionKind, before: SchedulerView, after: SchedulerView, **kw: Any) -> None:
+        """The chosen invariants on a transition of the scheduler under test (invariants mode)."""
+        assert self.tchecker is not None
+        found = self.tchecker.check(Transition(kind=kind, before=before, after=after, **kw), True)
+        if found:
+            raise Finding("violation", f"{len(found)} invariant violation(s) of {self.tname} after {kind}", found)
+
     def _check_state(self, v: SchedulerView) -> None:
         found = self.checker.check_state(v) if not self.blind else []
         if found:
             raise Finding("violation", f"{len(found)} invariant violation(s) in a reachable state", found)
 
-    @staticmethod
-    def _compare(what: str, ours: object, theirs: object) -> None:
+    def _compare(self, what: str, ours: object, theirs: object) -> None:
         if ours != theirs:
-            raise Finding("divergence", describe_difference(what, "spec", ours, "impl", theirs))
+            raise Finding("divergence", describe_difference(what, "spec", ours, self.tname, theirs))
 
     # -------------------------------------------------------------- one state
 
@@ -190,55 +244,75 @@ class Expander:
             out.failure = (-1, f)
             return out
         except Exception as exc:  # the scheduler crashed: a finding
-            out.failure = (-1, Finding("error", f"{type(exc).__name__}: {exc}"))
+            out.failure = (-1, Finding("error", f"spec.view() raised {type(exc).__name__}: {exc}"))
             return out
         memory = expected_memory(before)
-        own, blob = self._impl_source(entry)
+        source = self._target_source(entry)
         codes = self.enabled(before)
         last = codes[-1]
         for code in codes:
-            impl = self._impl_copy(own, blob, code == last)
             try:
-                succ = self.apply(s, code, before, memory, entry.adds, impl)
+                impl, tmem = source(code == last)
+                succ = self.apply(s, code, before, memory, entry.adds, impl, tmem)
             except Finding as f:
                 out.failure = (code, f)
                 return out
             except Exception as exc:  # the scheduler crashed: a finding
                 out.failure = (code, Finding("error", f"{type(exc).__name__}: {exc}"))
                 return out
-            out.successors.append((code, succ.fingerprint, self._entry(succ, impl), bool(succ.view.requests)))
+            path = entry.codes + (code,) if self.copy == "replay" else ()
+            out.successors.append((code, succ.fingerprint, self._entry(succ, impl, path),
+                                   bool(succ.view.requests)))
         return out
 
-    def _impl_source(self, entry: Entry) -> tuple[Any, bytes]:
-        """Where each transition's copy of the impl comes from: (the entry's
-        own impl, to clone, or a pickle of it). A scheduler knows how to copy
-        itself fastest: its clone() if it has one, else a pickle round trip."""
-        if self.impl_cls is None:
-            return None, b""
-        if self.pickled:
-            blob: bytes = entry.impl
-            return None, blob
+    def _target_source(self, entry: Entry) -> Callable[[bool], tuple[Any, dict[int, int] | None]]:
+        """Where each transition's copy of the scheduler under test (and of
+        its KV memory, in invariants mode) comes from; called with True for
+        the state's last transition, which may consume the entry's own copy.
+        A scheduler knows how to copy itself fastest (target.copy_method)."""
+        if self.against is None:
+            return lambda last: (None, None)
+        mem = entry.memory
+        m = self.copy
         own = entry.impl
-        return own, b"" if callable(getattr(own, "clone", None)) else pickle.dumps(own, PICKLE_PROTOCOL)
 
-    def _impl_copy(self, own: Any, blob: bytes, last: bool) -> Any:
-        if self.impl_cls is None:
-            return None
-        if own is not None and last:
-            return own  # in-process, the last transition consumes the entry's own copy
-        if blob:
-            return pickle.loads(blob)
-        return own.clone()
+        def with_memory(t: Any) -> tuple[Any, dict[int, int] | None]:
+            return t, (None if mem is None else dict(mem))
 
-    def _entry(self, succ: Successor, impl: Any) -> Entry:
+        if m == "replay":
+            return lambda last: with_memory(own) if last and own is not None else self._replay(entry.codes)
+        if self.pickled:  # clone or pickle: the entry holds a pickle
+            blob: bytes = own
+            return lambda last: with_memory(pickle.loads(blob))
+        if m == "clone":
+            return lambda last: with_memory(own if last else _call(self.tname, "clone", own.clone))
+        if m == "pickle":
+            data = pickle.dumps(own, PICKLE_PROTOCOL)
+            return lambda last: with_memory(own if last else pickle.loads(data))
+        shared = self._shared
+        return lambda last: with_memory(own if last else deep_copy(own, shared))
+
+    def _replay(self, codes: Sequence[int]) -> tuple[Any, dict[int, int] | None]:
+        """A fresh scheduler under test brought to the state at the end of
+        ``codes`` by replaying them (its own plans through a fresh fake
+        model: in lockstep these equal the spec's, whose results the
+        exploration fed it; in invariants mode they are what it ran)."""
+        assert self.against is not None
+        t = _call(self.tname, "__init__", self.against.factory, self.config)
+        model = FakeModel(self.config.block_size, self.space.vocab, self.space.oracle_seed)
+        for event in self.workload(codes).events:
+            _perform(t, model, event)
+        return t, (None if self.lockstep else dict(model.slots))
+
+    def _entry(self, succ: Successor, impl: Any, codes: tuple[int, ...]) -> Entry:
         """The successor as an entry of the next level (pickled once per worker)."""
         if not self.pickled:
-            return Entry(-1, succ.state, impl, succ.adds, succ.view)
+            return Entry(-1, succ.state, impl, succ.adds, succ.view, codes, succ.memory)
         if succ.fingerprint in self.shipped:
             return Entry(-1, None, None, succ.adds)
         self.shipped.add(succ.fingerprint)
-        impl_blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.impl_cls is not None else None
-        return Entry(-1, pickle.dumps(succ.state, PICKLE_PROTOCOL), impl_blob, succ.adds)
+        blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
+        return Entry(-1, pickle.dumps(succ.state, PICKLE_PROTOCOL), blob, succ.adds, None, codes, succ.memory)
 
     # -------------------------------------------------------------- one transition
 
@@ -250,40 +324,71 @@ class Expander:
         memory: dict[int, int],
         adds: int,
         impl: Any = None,
+        tmem: dict[int, int] | None = None,
     ) -> Successor:
         """Apply one event to a copy of ``s`` (whose view is ``before`` and
-        whose KV holds ``memory``) with every transition check on; returns the
-        successor, its view, its fingerprint and its count of adds. Raises
-        Finding on a failed check. (The successor's own state invariants are
-        checked when it is expanded, once per distinct state.)"""
+        whose KV holds ``memory``) with every transition check on, and to
+        ``impl``, the scheduler under test in the same state (KV memory
+        ``tmem`` in invariants mode); returns the successor, its view, its
+        fingerprint, its count of adds and the memory of the scheduler under
+        test. Raises Finding on a failed check. (The successor's own state
+        invariants are checked when it is expanded, once per distinct state.)"""
         s2 = s.clone()
         if code == STEP:
             after = self._apply_step(s2, before, memory, impl)
+            if impl is not None and tmem is not None:
+                tmem = self._target_step(impl, tmem)
         else:
             after, adds = self._apply_admin(s2, code, before, adds, impl)
-        return Successor(s2, after, self.canon.fingerprint(after), adds)
+        return Successor(s2, after, self.canon.fingerprint(after), adds, tmem)
 
     def _apply_step(self, s2: SpecScheduler, before: SchedulerView, memory: dict[int, int],
                     impl: Any) -> SchedulerView:
         """schedule(), the fake model, update(); the state in the middle of
         the step is not explored on its own, so its state invariants are
         checked here."""
-        plan = s2.schedule()
+        plan = _call("spec", "schedule", s2.schedule)
         mid = before if self.blind else s2.view()
         self._check("schedule", before, mid, True, plan=plan)
-        if impl is not None:
-            self._compare("schedule()", plan, impl.schedule())
-            self._compare("view()", mid, impl.view())
+        lockstep = impl is not None and self.lockstep
+        if lockstep:
+            self._compare("schedule()", plan, _call(self.tname, "schedule", impl.schedule))
+            self._compare("view()", mid, _call(self.tname, "view", impl.view))
         result = self._run_model(plan, before, memory)
-        s2.update(plan, result)
+        _call("spec", "update", s2.update, plan, result)
         after = s2.view()
         self.coverage.count_step(plan, before, after)
         self._check("update", mid, after, False, plan=plan, result=result)
-        self._check_contents(after)
-        if impl is not None:
-            impl.update(plan, result)
-            self._compare("view()", after, impl.view())
+        self._check_contents(after, self.model.slots)
+        if lockstep:
+            _call(self.tname, "update", impl.update, plan, result)
+            self._compare("view()", after, _call(self.tname, "view", impl.view))
         return after
+
+    def _target_step(self, t: Any, tmem: dict[int, int]) -> dict[int, int]:
+        """Invariants mode: the scheduler under test schedules its own plan,
+        the fake model runs it on its KV memory ``tmem`` (reads checked), it
+        takes the result; the chosen invariants on both halves, the KV
+        contents after. Returns its memory after the step."""
+        who = self.tname
+        tb = _call(who, "view", t.view)
+        plan = _call(who, "schedule", t.schedule)
+        tm = _call(who, "view", t.view)
+        self._tcheck("schedule", tb, tm, plan=plan)
+        model = self.tmodel
+        model.slots = tmem
+        truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
+        result, mismatches = model.run(plan, truth)
+        if mismatches:
+            m = mismatches[0]
+            raise Finding("violation", f"the model read a context of {who} that is not the request's tokens", (
+                Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
+                          f"the request's token there is {m.expected}", m.request_id),))
+        _call(who, "update", t.update, plan, result)
+        ta = _call(who, "view", t.view)
+        self._tcheck("update", tm, ta, plan=plan, result=result)
+        self._check_contents(ta, model.slots, who)
+        return model.slots
 
     def _run_model(self, plan: StepPlan, before: SchedulerView, memory: dict[int, int]) -> StepResult:
         """The fake model on a KV holding ``memory``, reading every context
@@ -299,14 +404,14 @@ class Expander:
                           f"the request's token there is {m.expected}", m.request_id),))
         return result
 
-    def _check_contents(self, after: SchedulerView) -> None:
+    def _check_contents(self, after: SchedulerView, slots: dict[int, int], who: str = "") -> None:
         """Every slot the state vouches for holds what it says."""
-        slots = self.model.slots
         for slot, tok in expected_memory(after).items():
             got = slots.get(slot)
             if got != tok:
                 b, off = divmod(slot, self.config.block_size)
-                raise Finding("violation", "the KV contents are not what the state says", (
+                whose = f" of {who}" if who else ""
+                raise Finding("violation", f"the KV contents{whose} are not what the state says", (
                     Violation("kv-contents", f"block {b} offset {off} holds {got}, the state says {tok}"),))
 
     def _apply_admin(self, s2: SpecScheduler, code: int, before: SchedulerView, adds: int,
@@ -316,31 +421,40 @@ class Expander:
         a = self.alphabet
         kind: TransitionKind
         kw: dict[str, Any] = {}
+        who = self.tname
+        tb = _call(who, "view", impl.view) if impl is not None and not self.lockstep else None
         if code == RESET or code == RESET_RUNNING:
             kind = "reset"
             running_too = code == RESET_RUNNING
-            ok = s2.reset_prefix_cache(running_too)
+            ok = _call("spec", "reset_prefix_cache", s2.reset_prefix_cache, running_too)
             self.coverage.count_reset(before, running_too, ok)
             if impl is not None:
-                self._compare("reset_prefix_cache()", ok, impl.reset_prefix_cache(running_too))
+                theirs = _call(who, "reset_prefix_cache", impl.reset_prefix_cache, running_too)
+                if self.lockstep:
+                    self._compare("reset_prefix_cache()", ok, theirs)
         elif a.is_add(code):
             kind = "add"
             adds += 1
             req = kw["request"] = self.request(a.shape_index(code), adds)
-            s2.add(req)
+            _call("spec", "add", s2.add, req)
             if impl is not None:
-                impl.add(req)
+                _call(who, "add", impl.add, req)
         else:
             kind = "abort"
             rid = kw["request_id"] = list(before.requests)[a.abort_index(code)]
             self.coverage.count_abort(before, rid)
-            s2.abort(rid)
+            _call("spec", "abort", s2.abort, rid)
             if impl is not None:
-                impl.abort(rid)
+                _call(who, "abort", impl.abort, rid)
         after = s2.view()
         self._check(kind, before, after, False, **kw)
         if impl is not None:
-            self._compare("view()", after, impl.view())
+            theirs_after = _call(who, "view", impl.view)
+            if self.lockstep:
+                self._compare("view()", after, theirs_after)
+            else:
+                assert tb is not None
+                self._tcheck(kind, tb, theirs_after, **kw)
         return after, adds
 
     # -------------------------------------------------------------- paths
@@ -373,7 +487,7 @@ class Expander:
         return Workload(self.config, tuple(events), seed=None)
 
 
-def _perform(sched: SpecScheduler, model: FakeModel, event: Event) -> None:
+def _perform(sched: Scheduler, model: FakeModel, event: Event) -> None:
     if isinstance(event, Step):
         plan = sched.schedule()
         result, _ = model.run(plan)

@@ -21,6 +21,7 @@ from schedspec.modelcheck.liveness import Deadlock, analyse
 from schedspec.modelcheck.result import Counterexample, Finding, SpaceResult
 from schedspec.modelcheck.space import Space
 from schedspec.modelcheck.state import Fingerprint
+from schedspec.modelcheck.target import Against, CopyMethod, copy_method, travels
 from schedspec.spec.interface import Scheduler, SchedulerConfig
 from schedspec.spec.scheduler import SpecScheduler
 
@@ -67,10 +68,10 @@ class StateGraph:
 _WORKER: Expander | None = None
 
 
-def _worker_init(space: Space, cls: type[SpecScheduler], impl_cls: Callable[[SchedulerConfig], Scheduler] | None,
-                 invariants: Sequence[Invariant]) -> None:
+def _worker_init(space: Space, cls: type[SpecScheduler], against: Against | None, invariants: Sequence[Invariant],
+                 copy: CopyMethod | None) -> None:
     global _WORKER
-    _WORKER = Expander(space, cls, impl_cls, invariants, pickled=True)
+    _WORKER = Expander(space, cls, None, invariants, pickled=True, against=against, copy=copy)
 
 
 def _worker_expand(entry: Entry) -> Expansion:
@@ -91,7 +92,12 @@ class Explorer:
     """Explores one Space breadth-first, level by level, from the empty
     scheduler; ``workers`` > 1 expands each level in that many processes
     (fork), merging their results in order, so state numbering, counts and
-    counterexamples do not depend on it."""
+    counterexamples do not depend on it.
+
+    ``against`` is the scheduler under test (target.py), ``impl_cls`` the
+    shorthand for a lockstep one named "impl". A scheduler under test that can
+    only be copied by deepcopy does not travel between processes: its space
+    is then explored in this process alone (``workers`` becomes 1)."""
 
     def __init__(
         self,
@@ -103,15 +109,26 @@ class Explorer:
         max_states: int | None = None,
         workers: int = 1,
         progress: Callable[[SpaceResult, int], None] | None = None,
+        against: Against | None = None,
     ) -> None:
+        if against is None and impl_cls is not None:
+            against = Against("impl", impl_cls, "lockstep", tuple(invariants))
         self.space = space
         self.cls = scheduler_cls
-        self.impl_cls = impl_cls
+        self.against = against
+        self.impl_cls = against.factory if against is not None else None
         self.invariants = tuple(invariants)
         self.max_states = max_states
         self.workers = max(1, workers)
         self.progress = progress
-        self.expander = Expander(space, scheduler_cls, impl_cls, invariants, pickled=self.workers > 1)
+        #: how the scheduler under test is copied (target.copy_method), decided on a fresh one
+        self.copy: CopyMethod | None = None
+        if against is not None:
+            self.copy = copy_method(against.factory(space.config))
+            if not travels(self.copy):
+                self.workers = 1
+        self.expander = Expander(space, scheduler_cls, None, invariants, pickled=self.workers > 1, against=against,
+                                 copy=self.copy)
         self.alphabet = self.expander.alphabet
         self.graph = StateGraph(())
         self.transitions = 0
@@ -136,6 +153,8 @@ class Explorer:
         res.cpu_s = cpu_time() - cpu0
         res.states, res.transitions = len(self.graph), self.transitions
         res.impl_transitions = self.transitions if self.impl_cls is not None else 0
+        if self.against is not None:
+            res.against, res.mode, res.copy = self.against.name, self.against.mode, self.copy or ""
         res.coverage = self.coverage.as_dict()
         if self.best is not None:
             _, idx, code, f = self.best
@@ -152,7 +171,7 @@ class Explorer:
         import multiprocessing
 
         return multiprocessing.get_context("fork").Pool(
-            self.workers, _worker_init, (self.space, self.cls, self.impl_cls, self.invariants))
+            self.workers, _worker_init, (self.space, self.cls, self.against, self.invariants, self.copy))
 
     def _explore(self, root: Entry, pool: Any, res: SpaceResult, start: float) -> None:
         level = [root]

@@ -61,7 +61,7 @@ class SpaceResult:
     transitions: int = 0
     depth: int = 0
     elapsed: float = 0.0
-    impl_transitions: int = 0  # transitions the impl replayed and matched
+    impl_transitions: int = 0  # transitions the scheduler under test took (and matched, in lockstep)
     liveness_bound: int | None = None  # steps to drain, worst case over the graph
     liveness_labels: tuple[str, ...] = ()  # path to the worst state, then its steps
     liveness_workload: Workload | None = None
@@ -69,6 +69,9 @@ class SpaceResult:
     complete: bool = False  # the whole space was explored (no failure, no state cap)
     coverage: dict[str, int] = field(default_factory=dict)
     cpu_s: float = 0.0  # CPU time of this process and its workers
+    against: str | None = None  # the scheduler under test, as --against names it
+    mode: str = ""  # lockstep | invariants (with a scheduler under test)
+    copy: str = ""  # how the scheduler under test was copied (target.copy_method)
 
     @property
     def states_per_s(self) -> float:
@@ -83,6 +86,9 @@ class SpaceResult:
             "elapsed_s": round(self.elapsed, 3),
             "states_per_s": round(self.states_per_s, 1),
             "impl_transitions": self.impl_transitions,
+            "against": self.against,
+            "mode": self.mode or None,
+            "copy": self.copy or None,
             "complete": self.complete,
             "liveness_bound": self.liveness_bound,
             "liveness_path": list(self.liveness_labels),

@@ -11,6 +11,7 @@ from schedspec.invariants import CATALOGUE, Invariant
 from schedspec.modelcheck.explore import Explorer
 from schedspec.modelcheck.result import BoundResult, SpaceResult
 from schedspec.modelcheck.space import bound, select_spaces
+from schedspec.modelcheck.target import Against
 from schedspec.spec.interface import Scheduler, SchedulerConfig
 from schedspec.spec.scheduler import SpecScheduler
 
@@ -52,9 +53,11 @@ def check_bound(
     workers: int = 1,
     invariants: Sequence[Invariant] = CATALOGUE,
     on_space: Callable[[SpaceResult], None] | None = None,
+    against: Against | None = None,
 ) -> BoundResult:
     """Explore the spaces of a bound (all, or those named in ``spaces``) in
-    turn; stop at the first failure. ``log`` gets a progress line every few
+    turn; stop at the first failure. ``against`` is the scheduler under test
+    (it replaces the impl differential of ``use_impl``). ``log`` gets a progress line every few
     seconds; ``on_space`` each space's result as soon as it is done.
     ModelCheckError for an unknown bound or space."""
     b = bound(name)
@@ -62,8 +65,9 @@ def check_bound(
     out = BoundResult(name)
     for space in chosen:
         progress = progress_printer(log, space.name) if log is not None else None
-        r = Explorer(space, scheduler_cls=scheduler_cls, impl_cls=impl_class() if use_impl else None,
-                     invariants=invariants, max_states=max_states, workers=workers, progress=progress).run()
+        impl = impl_class() if use_impl and against is None else None
+        r = Explorer(space, scheduler_cls=scheduler_cls, impl_cls=impl, invariants=invariants, max_states=max_states,
+                     workers=workers, progress=progress, against=against).run()
         out.spaces.append(r)
         if on_space is not None:
             on_space(r)

@@ -236,14 +236,15 @@ def test_differential_uses_clone_when_the_impl_has_one(monkeypatch: pytest.Monke
         raise AssertionError("pickled an impl that has clone()")
 
     r = Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecScheduler).run()
-    assert r.complete and r.impl_transitions == r.transitions
+    assert r.complete and r.impl_transitions == r.transitions and r.copy == "clone"
     # Without clone() the impl travels by pickle, and the answer is the same.
     pickled = Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithoutClone).run()
     assert (pickled.states, pickled.transitions, pickled.complete) == (r.states, r.transitions, True)
+    assert pickled.copy == "pickle"
     monkeypatch.setattr(pickle, "loads", no_pickle)
     assert Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecScheduler, max_states=200).run().failure is None
-    with pytest.raises(AssertionError, match="pickled an impl"):
-        Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithoutClone, max_states=200).run()
+    # A scheduler that neither clones nor pickles is deep-copied.
+    assert Explorer(_space("fcfs-cache-salt-tight"), impl_cls=SpecWithoutClone, max_states=200).copy == "deepcopy"
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Mapping
 
-from schedspec.spec.rule_names import RULE_NAMES, RULES
+from schedspec.spec.rule_names import ALL_MODES, RULE_NAMES, RULES, reachable_in
 
 RuleCounts = Counter[str]
 
@@ -81,16 +81,17 @@ def unreached(counts: Mapping[str, int], names: Iterable[str] = RULE_NAMES, at_l
     return [n for n in names if counts.get(n, 0) < at_least]
 
 
-def parse_required(text: str) -> tuple[str, ...]:
-    """A ``--require-rules`` value: ``all``, or names and group prefixes
-    separated by commas (``kv`` or ``kv.*`` means every kv rule). Raises
-    ValueError naming an unknown name."""
+def parse_required(text: str, modes: tuple[str, ...] | list[str] = ALL_MODES) -> tuple[str, ...]:
+    """A ``--require-rules`` value: ``all`` (every rule the run's ``modes``
+    can reach: spec/rule_names.py, reachable_in), or names and group
+    prefixes separated by commas (``kv`` or ``kv.*`` means every kv rule).
+    Raises ValueError naming an unknown name."""
     out: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         if part == "all":
-            out.extend(RULE_NAMES)
+            out.extend(reachable_in(modes))
             continue
         prefix = part[:-2] if part.endswith(".*") else part
         if part in RULES:

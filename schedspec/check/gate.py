@@ -18,7 +18,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 from schedspec.check import report
@@ -28,8 +28,11 @@ from schedspec.check.conformance import check_conformance
 from schedspec.check.driver import Failure, Runner
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
+from schedspec.check.coverage_guided import choose_focus, guided_workload
 from schedspec.check.workload import Workload, random_workload
 from schedspec.spec import coverage
+from schedspec.spec.rule_names import reachable_in
+from schedspec.spec.scheduler import SpecScheduler
 from schedspec.invariants import DEFAULT_SELECTOR, Invariant, Mode, Selection, SelectionError, select
 from schedspec.invariants.selection import named_ids
 from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory
@@ -64,6 +67,11 @@ class CheckSettings:
     capabilities: Capabilities = FULL  # what the scheduler under test supports
     #: rule names (spec/rule_names.py) the run must reach: one never reached fails it
     require_rules: tuple[str, ...] = ()
+    #: "guided": swarm workloads aimed at the rules the run has reached least
+    #: (schedspec.check.coverage_guided); "random": workload.random_workload
+    generator: str = "guided"
+    #: the modes the workloads run in (workload.MODES)
+    modes: tuple[str, ...] = ("sync",)
 
     @property
     def steps_goal(self) -> int | None:
@@ -284,13 +292,13 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
         index += 1
         seeds.append(seed)
         n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
-        workload = caps.restrict_workload(random_workload(seed, n, vocab=settings.vocab))
+        workload = caps.restrict_workload(make_workload(settings, seed, n, stats.rules))
         runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
                                        plans_only=settings.plans_only, invariants=invariants)
         if failure is not None and settings.plans_only:  # the same workload, everything checked
             failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
                                    invariants=invariants)[1] or failure
-        runner.stats.absorb_rules(runner.scheds[runner.names[0]])  # the reference counts the rules
+        count_rules(runner, workload, seed, settings.vocab)
         stats.merge(runner.stats)
         steps += runner.stats.steps
         workloads += 1
@@ -364,3 +372,31 @@ def junit_xml(settings: CheckSettings, o: CheckOutcome) -> str:
 def missing_rules_message(names: tuple[str, ...] | list[str]) -> str:
     """The one line a run that missed required rules fails with."""
     return f"{len(names)} required rule(s) never reached: {', '.join(names)}"
+
+
+#: the generators a check can draw its workloads from
+GENERATORS = ("guided", "random")
+
+
+def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Mapping[str, int]) -> Workload:
+    """The workload of ``seed``: guided (aimed at the rules ``counts``, the
+    run's so far, has reached least; the focus is named in the workload's
+    features) or random, as ``settings.generator`` says."""
+    if settings.generator == "random":
+        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes)
+    if settings.generator != "guided":
+        raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
+    focus = choose_focus(counts, seed, names=reachable_in(settings.modes))
+    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=settings.modes)
+
+
+def count_rules(runner: Runner, workload: Workload, seed: int, vocab: int) -> None:
+    """Add the spec's rule counts for ``workload`` to ``runner.stats``: the
+    reference's (the first scheduler), or, when it keeps none (invariants
+    mode against another scheduler), a run of the spec alone on the same events."""
+    if runner.stats.absorb_rules(runner.scheds[runner.names[0]]):
+        return
+    spec = Runner(workload.config, {"spec": SpecScheduler}, vocab=vocab, oracle_seed=seed,
+                  check_invariants=False, compare_views=False)
+    spec.run(workload.events)
+    runner.stats.absorb_rules(spec.primary)

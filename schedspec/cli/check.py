@@ -48,6 +48,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="fail (exit 1) when one of these spec rules (spec/rule_names.py; a group such as "
                         "'kv' names all its rules) was never reached")
     c.add_argument("--rules", action="store_true", help="print the rule-coverage table (every rule, its count)")
+    c.add_argument("--generator", default="guided", choices=("guided", "random"),
+                   help="guided (default): swarm workloads aimed at the rules reached least so far; "
+                        "random: the plain seeded workloads")
     c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
                    help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
                         "printed and written as JSON to PATH (default OUT/fidelity.json)")
@@ -81,6 +84,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         plans_only=args.plans_only,
         out_dir=Path(args.out),
         require_rules=_required_rules(args.require_rules),
+        generator=args.generator,
     )
 
 
@@ -88,7 +92,7 @@ def _required_rules(text: str | None) -> tuple[str, ...]:
     if text is None:
         return ()
     try:
-        return parse_required(text)
+        return parse_required(text, CheckSettings.modes)
     except ValueError as exc:
         raise UsageError(f"--require-rules: {exc}") from None
 

@@ -1,0 +1,325 @@
+"""Workloads that reach every rule of the spec: swarm testing, aimed by the
+rule counts of the run so far.
+
+``guided_workload(seed, steps, focus=...)`` builds one seeded workload:
+
+- swarm testing: each workload turns on a random subset of FEATURES (aborts,
+  resets, priorities, a tight pool, no chunking, shared prefixes, duplicate
+  prompts, stop tokens...), so no feature crowds out the branches another one
+  hides: a tight pool with priorities and better-priority late arrivals makes
+  the rare preemption paths common, a run without chunking makes the
+  head-of-line block by budget reachable;
+- focus: the rules (spec/rule_names.py) the workload should aim at; their
+  hints (RULE_HINTS) turn the features they need on and the ones that would
+  hide them off;
+- state-aware events: the generator runs the spec as it writes the events,
+  so an abort can name a request that is waiting, running or preempted right
+  then, and a reset can come when the pool is idle. The workload is still a
+  plain list of events, replayable against any scheduler.
+
+``choose_focus(counts, seed)`` picks the focus from a run's counts: rules never
+reached first, then the rarest (fewer than ``goal``), the choice seeded. The
+gate (gate.py) calls it before each workload, so the run's workloads depend
+only on its first seed, its shard and its step goal: the same run gives the
+same counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from schedspec.check.driver import Runner
+from schedspec.check.workload import (
+    ALPHABET,
+    CHECK_SPACE,
+    Abort,
+    AddRequest,
+    Event,
+    ResetPrefixCache,
+    Step,
+    Workload,
+    draw_mode,
+)
+from schedspec.spec.interface import Policy, RequestSpec, RequestStatus, SchedulerConfig
+from schedspec.spec.rule_names import RULE_NAMES
+from schedspec.spec.scheduler import SpecScheduler
+
+#: The swarm's switches. Each workload turns each one on with probability 1/2
+#: (then the focus's hints add and remove some).
+FEATURES: tuple[str, ...] = (
+    "priority",          # PRIORITY policy (else FCFS)
+    "rising_priority",   # later arrivals get better (lower) priority values
+    "no_chunking",       # chunked prefill off
+    "no_caching",        # prefix caching off
+    "reserve_full_isl",  # scheduler_reserve_full_isl
+    "tight_pool",        # at most one block beyond one max_model_len request
+    "small_budget",      # a token budget of a few tokens
+    "threshold",         # a long-prefill threshold
+    "few_seqs",          # max_num_seqs 1 or 2
+    "long_prompts",      # prompts of half max_model_len and more
+    "shared_prefixes",   # prompts that start with one of a few block-aligned prefixes
+    "duplicates",        # a prompt repeated exactly, often in the same burst
+    "block_aligned",     # prompt lengths that are multiples of the block size
+    "stops",             # several stop token ids per request
+    "eos",               # an eos token id per request
+    "short_outputs",     # max_tokens 1 or 2
+    "long_outputs",      # max_tokens far past max_model_len
+    "aborts",            # aborts of waiting, running and preempted requests
+    "resets",            # prefix-cache resets, some on an idle pool
+    "reset_running",     # resets that preempt the running requests
+    "bursts",            # arrivals in bursts of up to eight
+    "salts",             # cache salts
+    "big_blocks",        # blocks of 4 or 8 tokens (a decode then rarely needs a new block)
+)
+
+#: rule -> (features that make it likely, features that would hide it)
+RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
+    name: (frozenset(wants.split()), frozenset(avoids.split()))
+    for name, wants, avoids in (
+        ("schedule.threshold_active", "threshold bursts", ""),
+        ("schedule.waiting_skipped", "tight_pool bursts", ""),
+        ("running.scheduled", "", ""),
+        ("running.prefill_chunk", "small_budget long_prompts", "no_chunking"),
+        ("running.skip_no_tokens", "long_outputs long_prompts", ""),
+        ("running.stop_budget", "small_budget long_prompts threshold bursts", "no_chunking"),
+        ("running.self_preempted_break", "tight_pool long_prompts", "priority"),
+        ("running.self_preempted_continue", "tight_pool priority long_prompts", ""),
+        ("preempt.fcfs_tail", "tight_pool long_prompts", "priority"),
+        ("preempt.priority_victim", "tight_pool priority long_prompts", ""),
+        ("preempt.self", "tight_pool long_prompts", ""),
+        ("preempt.victim_ahead", "tight_pool priority rising_priority long_outputs big_blocks bursts", "few_seqs"),
+        ("preempt.budget_give_back", "tight_pool priority rising_priority long_outputs big_blocks bursts",
+         "few_seqs"),
+        ("preempt.reset_running", "resets reset_running", ""),
+        ("waiting.stop_max_num_seqs", "few_seqs bursts", ""),
+        ("waiting.stop_budget", "small_budget bursts", ""),
+        ("admit.new", "", ""),
+        ("admit.resumed", "tight_pool long_prompts", ""),
+        ("admit.prefill_chunk", "small_budget long_prompts", "no_chunking"),
+        ("admit.blocked_chunking_off", "no_chunking long_prompts bursts", "few_seqs"),
+        ("admit.blocked_full_sequence", "reserve_full_isl tight_pool long_prompts", ""),
+        ("admit.blocked_blocks", "tight_pool bursts long_prompts", "reserve_full_isl"),
+        ("kv.miss", "", "no_caching"),
+        ("kv.hit_partial", "shared_prefixes", "no_caching"),
+        ("kv.hit_full", "duplicates", "no_caching"),
+        ("kv.hit_capped", "duplicates block_aligned", "no_caching"),
+        ("kv.touch_free", "shared_prefixes", "no_caching"),
+        ("kv.touch_shared", "shared_prefixes bursts", "no_caching"),
+        ("kv.evict_cached", "shared_prefixes tight_pool", "no_caching"),
+        ("kv.evict_keeps_duplicate", "duplicates bursts tight_pool", "no_caching"),
+        ("kv.cache_duplicate_key", "duplicates bursts", "no_caching"),
+        ("kv.free_front", "", ""),
+        ("kv.free_back", "shared_prefixes", "no_caching"),
+        ("kv.free_shared", "shared_prefixes bursts", "no_caching"),
+        ("kv.reset_ok", "resets", ""),
+        ("kv.reset_refused", "resets", "reset_running"),
+        ("update.no_token", "small_budget long_prompts", "no_chunking"),
+        ("stop.eos", "eos", "short_outputs"),
+        ("stop.stop_token", "stops", "short_outputs"),
+        ("stop.max_tokens", "short_outputs", ""),
+        ("stop.max_model_len", "long_outputs long_prompts", ""),
+        ("abort.waiting", "aborts bursts", ""),
+        ("abort.preempted", "aborts tight_pool long_prompts", ""),
+        ("abort.running", "aborts", ""),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one guided workload turns on: its features and its focus."""
+
+    features: frozenset[str]
+    focus: tuple[str, ...] = ()
+
+    def labels(self) -> tuple[str, ...]:
+        """The workload's ``features`` field: the switches, then ``focus:RULE``."""
+        return tuple(sorted(self.features)) + tuple(f"focus:{r}" for r in self.focus)
+
+
+def choose_focus(counts: Mapping[str, int], seed: int, *, k: int = 3, goal: int = 20,
+                 names: Sequence[str] = RULE_NAMES) -> tuple[str, ...]:
+    """Up to ``k`` rules to aim the next workload at, among those reached
+    fewer than ``goal`` times, drawn under ``seed`` with weight
+    1 / (1 + count) (a rule never reached is the likeliest); () when every
+    rule of ``names`` has reached ``goal``. ``names``: the rules the run's
+    modes can reach (spec/rule_names.py, reachable_in)."""
+    pool = [n for n in names if counts.get(n, 0) < goal]
+    rng = random.Random(f"schedspec-focus-{seed}")
+    chosen: list[str] = []
+    weights = [1.0 / (1 + counts.get(n, 0)) for n in pool]
+    while pool and len(chosen) < k:
+        i = rng.choices(range(len(pool)), weights=weights)[0]
+        chosen.append(pool.pop(i))
+        weights.pop(i)
+    return tuple(chosen)
+
+
+def draw_plan(rng: random.Random, focus: Sequence[str] = ()) -> Plan:
+    """The swarm's draw (each feature on with probability 1/2), then the
+    focus's hints: wanted features on, features that hide a focus rule off."""
+    on = {f for f in FEATURES if rng.random() < 0.5}
+    for rule in focus:
+        wants, _ = RULE_HINTS.get(rule, (frozenset(), frozenset()))
+        on |= wants
+    for rule in focus:
+        _, avoids = RULE_HINTS.get(rule, (frozenset(), frozenset()))
+        on -= avoids
+    return Plan(frozenset(on), tuple(focus))
+
+
+def plan_config(rng: random.Random, plan: Plan) -> SchedulerConfig:
+    """A valid configuration of the check's space, bent by the plan's features."""
+    f = plan.features
+    space = CHECK_SPACE
+    block_size = rng.choice((4, 8)) if "big_blocks" in f else rng.choice(space.block_sizes)
+    max_model_len = rng.choice(space.max_model_lens)
+    extra = rng.choice((0, 1)) if "tight_pool" in f else rng.choice(space.extra_blocks)
+    chunked = "no_chunking" not in f
+    max_num_seqs = rng.choice((1, 2)) if "few_seqs" in f else rng.choice((2, 3, 4, 8))
+    if chunked:
+        budget = rng.choice((0, 2, 4, 6, 8)) if "small_budget" in f else rng.choice(space.chunked_budgets)
+    else:
+        budget = rng.choice(space.unchunked_extra_budgets)
+    threshold = rng.choice((2, 3, 4, 8)) if "threshold" in f else 0
+    return space.build(
+        block_size=block_size,
+        max_model_len=max_model_len,
+        extra_blocks=extra,
+        chunked=chunked,
+        max_num_seqs=max_num_seqs,
+        budget=budget,
+        threshold=threshold,
+        prefix_caching="no_caching" not in f,
+        policy=Policy.PRIORITY if "priority" in f else Policy.FCFS,
+        reserve_full_isl="reserve_full_isl" in f,
+    )
+
+
+class _Requests:
+    """Makes the requests of one guided workload, as its features say."""
+
+    def __init__(self, rng: random.Random, config: SchedulerConfig, plan: Plan, vocab: int) -> None:
+        self.rng, self.config, self.f, self.vocab = rng, config, plan.features, vocab
+        self.counter = 0
+        bs = config.block_size
+        longest = config.max_model_len - 1
+        self.prefixes = [
+            tuple(rng.randrange(ALPHABET) for _ in range(min(bs * rng.randint(1, 3), longest)))
+            for _ in range(3)
+        ]
+        self.sent: list[RequestSpec] = []
+
+    def make(self) -> RequestSpec:
+        rng, cfg, f = self.rng, self.config, self.f
+        self.counter += 1
+        rid = f"r{self.counter}"
+        bs, longest = cfg.block_size, cfg.max_model_len - 1
+        if "duplicates" in f and self.sent and rng.random() < 0.35:
+            prompt = rng.choice(self.sent[-6:]).prompt_token_ids
+            salt = None
+        else:
+            if "long_prompts" in f and rng.random() < 0.6:
+                n = rng.randint(max(1, longest // 2), longest)
+            else:
+                n = rng.choice([1, 2, 3, bs, bs + 1, rng.randint(1, longest)])
+            if "block_aligned" in f and rng.random() < 0.6:
+                n = max(bs, n - n % bs)
+            prefix: tuple[int, ...] = ()
+            if "shared_prefixes" in f and rng.random() < 0.7:
+                prefix = rng.choice(self.prefixes)
+            elif rng.random() < 0.3:
+                prefix = rng.choice(self.prefixes)
+            prompt = (prefix + tuple(rng.randrange(ALPHABET) for _ in range(max(n - len(prefix), 1))))[:longest]
+            salt = rng.choice([None, None, "s1", "s2"]) if "salts" in f else None
+        stop: tuple[int, ...] = ()
+        if "stops" in f:
+            stop = tuple(rng.sample(range(self.vocab), min(6, self.vocab - 1)))
+        elif rng.random() < 0.2:
+            stop = (rng.randrange(self.vocab),)
+        eos = rng.randrange(self.vocab) if "eos" in f or rng.random() < 0.2 else None
+        if "short_outputs" in f:
+            max_tokens = rng.choice([1, 2])
+        elif "long_outputs" in f:
+            max_tokens = rng.choice([64, 128])
+        else:
+            max_tokens = rng.choice([1, 2, 4, 8, 16, 64])
+        if "rising_priority" in f:
+            priority = 1000 - self.counter + rng.choice([0, 0, 0, 2])
+        else:
+            priority = rng.choice([0, 0, 1, 2])
+        req = RequestSpec(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            max_tokens=max_tokens,
+            priority=priority,
+            arrival=self.counter,
+            stop_token_ids=stop,
+            eos_token_id=eos,
+            ignore_eos="eos" not in f and rng.random() < 0.2,
+            cache_salt=salt,
+        )
+        self.sent.append(req)
+        return req
+
+
+def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),
+                    modes: Sequence[str] = ("sync",), oracle_seed: int | None = None) -> Workload:
+    """A seeded workload of ``num_steps`` steps with a swarm of features,
+    aimed at ``focus`` (rule names). The spec runs beside the generator (the
+    fake model seeded with ``oracle_seed``, default ``seed``, as the gate
+    runs it) so aborts and resets land in the states that reach rare
+    branches."""
+    rng = random.Random(f"schedspec-guided-{seed}")
+    plan = draw_plan(rng, focus)
+    config = plan_config(rng, plan)
+    if tuple(modes) != ("sync",):
+        mode_rng = random.Random(f"schedspec-mode-{seed}")
+        fields = draw_mode(tuple(modes), CHECK_SPACE.spec_tokens, lambda options: mode_rng.choice(options))
+        config = dataclasses.replace(config, **fields)
+    f = plan.features
+    make = _Requests(rng, config, plan, vocab)
+    sim = Runner(config, {"spec": SpecScheduler}, vocab=vocab,
+                 oracle_seed=seed if oracle_seed is None else oracle_seed,
+                 check_invariants=False, compare_views=False)
+    spec = sim.primary
+    assert isinstance(spec, SpecScheduler)
+    events: list[Event] = []
+    p_add = 0.3 if "bursts" in f else 0.22
+    p_abort = 0.08 if "aborts" in f else 0.01
+    p_reset = 0.04 if "resets" in f else 0.005
+    draining = 0  # steps left without arrivals (so a reset may find the pool idle)
+    steps = 0
+
+    def emit(event: Event) -> None:
+        events.append(event)
+        sim.apply(event)
+
+    while steps < num_steps:
+        r = rng.random()
+        if draining == 0 and (r < p_add or not spec.requests):
+            for _ in range(rng.choice([1, 2, 4, 8] if "bursts" in f else [1, 1, 2, 3])):
+                emit(AddRequest(make.make()))
+        elif r < p_add + p_abort and spec.requests:
+            by_state: dict[RequestStatus, list[str]] = {}
+            for rid, req in spec.requests.items():
+                by_state.setdefault(req.status, []).append(rid)
+            state = rng.choice(sorted(by_state, key=lambda s: s.value))
+            emit(Abort(rng.choice(by_state[state])))
+        elif r < p_add + p_abort + p_reset:
+            if "resets" in f and draining == 0 and rng.random() < 0.3:
+                draining = rng.randint(4, 24)
+            else:
+                emit(ResetPrefixCache("reset_running" in f and rng.random() < 0.5))
+        else:
+            emit(Step())
+            steps += 1
+            if draining:
+                draining -= 1
+                if draining == 0 or not spec.running:
+                    draining = 0
+                    emit(ResetPrefixCache(False))
+    return Workload(config=config, events=tuple(events), seed=seed, name="guided", features=plan.labels())

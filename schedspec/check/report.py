@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from schedspec.spec.interface import RequestStatus, ScheduleKind, SchedSpecError
+from schedspec.spec.interface import RequestStatus, ScheduledRequest, ScheduleKind, SchedSpecError
 from schedspec.check.driver import Failure, StepRecord
 
 if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
@@ -33,6 +33,8 @@ COLORS: dict[str, str] = {
     "usage": "#e09e00",
     "failure": "#d93025",
 }
+#: the two lanes of the in-flight band (even and odd steps)
+FLIGHT_COLORS: tuple[str, str] = ("#9fc5f8", "#b6d7a8")
 
 #: The legend's words for each state.
 STATE_LABELS: dict[str, str] = {
@@ -72,21 +74,38 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
+def _entry_text(rec: StepRecord, s: ScheduledRequest) -> str:
+    """``r1:run 9+3``, then ``chunk`` for a partial prefill, ``~2`` for two
+    in-flight placeholders, ``d3:1`` for three drafts of which one was
+    accepted (``d3`` when the output is unknown)."""
+    kind = {ScheduleKind.NEW: "new", ScheduleKind.RESUMED: "res", ScheduleKind.RUNNING: "run"}[s.kind]
+    tag = "" if s.samples else " chunk"
+    if s.num_output_placeholders:
+        tag += f" ~{s.num_output_placeholders}"
+    if s.spec_token_ids:
+        sampled = rec.result.sampled.get(s.request_id) if rec.result is not None else None
+        tag += f" d{len(s.spec_token_ids)}" + (f":{len(sampled) - 1}" if sampled else "")
+    return f"{s.request_id}:{kind} {s.num_computed_tokens}+{s.num_scheduled_tokens}{tag}"
+
+
 def step_table(records: list[StepRecord], failure: Failure | None = None) -> str:
+    """One line per plan. With async scheduling a plan's line also says which
+    plans were in flight once it was scheduled and which one its engine step
+    updated; ``~p`` marks p in-flight placeholders and ``dk:a`` k drafts with a
+    accepted."""
     lines = [
         f"{'step':>4}  {'free':>4}  scheduled (request:kind computed+n)          preempted  finished",
         "-" * 88,
     ]
     for rec in records:
-        parts = []
-        for s in rec.plan.scheduled:
-            kind = {ScheduleKind.NEW: "new", ScheduleKind.RESUMED: "res", ScheduleKind.RUNNING: "run"}[s.kind]
-            tag = "" if s.samples else " chunk"
-            parts.append(f"{s.request_id}:{kind} {s.num_computed_tokens}+{s.num_scheduled_tokens}{tag}")
-        sched = ", ".join(parts) or "-"
+        sched = ", ".join(_entry_text(rec, s) for s in rec.plan.scheduled) or "-"
+        flight = ""
+        if len(rec.in_flight) > 1 or (rec.updated is not None and rec.updated != rec.step):
+            flight = f"  [in flight {','.join(map(str, rec.in_flight))}"
+            flight += f"; updated {rec.updated}]" if rec.updated is not None else "]"
         lines.append(
             f"{rec.step:>4}  {rec.view_after.kv.num_free_blocks:>4}  {sched:<42} "
-            f"{','.join(rec.plan.preempted_ids) or '-':<10} {','.join(rec.plan.finished_ids) or '-'}"
+            f"{','.join(rec.plan.preempted_ids) or '-':<10} {','.join(rec.plan.finished_ids) or '-'}{flight}"
         )
     if failure is not None:
         lines.append("-" * 88)
@@ -112,7 +131,8 @@ def cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]], 
         for rid in order:
             if rid in planned:
                 entry = planned[rid]
-                col.append("prefill" if entry.num_scheduled_tokens > 1 or entry.is_prefill_chunk else "decode")
+                decode = not entry.is_prefill_chunk and entry.num_scheduled_tokens <= 1 + len(entry.spec_token_ids)
+                col.append("decode" if decode else "prefill")
             elif rid in rec.plan.preempted_ids:
                 col.append("preempted")
             elif rid in rec.view_after.requests:
@@ -130,6 +150,29 @@ def cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]], 
         usable = max(kv.num_blocks - 1, 1)
         usage.append(1.0 - kv.num_free_blocks / usable)
     return order, grid, usage
+
+
+def in_flight_spans(records: list[StepRecord]) -> list[tuple[int, int, int]]:
+    """(step, first column, last column) of every plan: from the record where
+    it was scheduled to the record whose engine step updated it (the last
+    column when it is still in flight). In sync mode each span is one column;
+    with async scheduling consecutive spans overlap."""
+    spans: list[tuple[int, int, int]] = []
+    for i, rec in enumerate(records):
+        end = next((j for j in range(i, len(records)) if records[j].updated == rec.step), len(records) - 1)
+        spans.append((rec.step, i, end))
+    return spans
+
+
+def draft_counts(records: list[StepRecord]) -> dict[tuple[int, str], tuple[int, int]]:
+    """(column, request id) -> (drafts verified, drafts accepted) of every
+    entry with drafts whose output is known."""
+    out: dict[tuple[int, str], tuple[int, int]] = {}
+    for i, rec in enumerate(records):
+        for s in rec.plan.scheduled:
+            if s.spec_token_ids and rec.result is not None and s.request_id in rec.result.sampled:
+                out[(i, s.request_id)] = (len(s.spec_token_ids), len(rec.result.sampled[s.request_id]) - 1)
+    return out
 
 
 def _title(failure: Failure | None, failed_step: int | None) -> str:
@@ -150,9 +193,12 @@ def timeline_figure(
     """The counterexample timeline as a matplotlib Figure (not yet saved).
 
     Top: a row per request (in order of appearance), a column per step, the
-    cell's colour what the request did in that step. Bottom, on the same step
-    axis: the KV pool's usage after each step. The failing step (``failed_step``,
-    else ``failure.step``) is a red band across both.
+    cell's colour what the request did in that step; a cell whose step
+    verified drafts says ``accepted/drafts``. With async scheduling a middle
+    band shows each plan as a bar from its schedule to its update, so plans in
+    flight together overlap. Bottom, on the same step axis: the KV pool's usage
+    after each step. The failing step (``failed_step``, else ``failure.step``)
+    is a red band across all of them.
     """
     require_matplotlib()
     from matplotlib.colors import BoundaryNorm, ListedColormap
@@ -166,9 +212,17 @@ def timeline_figure(
     n_steps, n_rows = max(len(records), 1), max(len(order), 1)
     width = min(max(7.5, 3.2 + 0.3 * n_steps), 20.0)
     height = min(max(2.0, 0.26 * n_rows + 1.0), 10.0) + 1.9
+    spans = in_flight_spans(records)
+    overlapping = any(last > first for _, first, last in spans)
+    if overlapping:
+        height += 0.9
     fig = new_figure(width, height)
-    grid_h = height - 1.9
-    ax, kv_ax = fig.subplots(2, 1, sharex=True, height_ratios=[grid_h, 1.3])
+    grid_h = height - 1.9 - (0.9 if overlapping else 0.0)
+    flight_ax = None
+    if overlapping:
+        ax, flight_ax, kv_ax = fig.subplots(3, 1, sharex=True, height_ratios=[grid_h, 0.8, 1.3])
+    else:
+        ax, kv_ax = fig.subplots(2, 1, sharex=True, height_ratios=[grid_h, 1.3])
 
     index = {s: i for i, s in enumerate(STATES)}
     values = [[index[grid[x][y]] for x in range(len(grid))] for y in range(len(order))] or [[0]]
@@ -183,6 +237,19 @@ def timeline_figure(
     ax.set_yticks(range(len(order)), order, fontsize=8 if n_rows <= 20 else 6)
     ax.set_ylabel("request")
     ax.tick_params(labelbottom=False)
+    rows = {rid: y for y, rid in enumerate(order)}
+    for (col, rid), (drafts, accepted) in draft_counts(records).items():
+        ax.text(col, rows[rid], f"{accepted}/{drafts}", ha="center", va="center", fontsize=6, color="#ffffff")
+    if flight_ax is not None:
+        for step, first, last in spans:
+            lane = step % 2
+            flight_ax.barh(lane, last - first + 0.8, left=first - 0.4, height=0.7,
+                           color=FLIGHT_COLORS[lane], edgecolor="#666666", linewidth=0.5)
+            flight_ax.text(first - 0.3, lane, str(step), va="center", ha="left", fontsize=6)
+        flight_ax.set_ylim(1.6, -0.6)
+        flight_ax.set_yticks([])
+        flight_ax.set_ylabel("plans in\nflight", fontsize=8)
+        flight_ax.tick_params(labelbottom=False)
 
     steps = [rec.step for rec in records]
 
@@ -208,9 +275,11 @@ def timeline_figure(
     ]
     handles.append(Patch(facecolor=COLORS["absent"], edgecolor="#999999", label="not added yet"))
     handles.append(Line2D([], [], color=COLORS["usage"], marker="o", markersize=3, label="KV-pool usage"))
+    if flight_ax is not None:
+        handles.append(Patch(facecolor=FLIGHT_COLORS[0], edgecolor="#666666", label="plan: schedule to update"))
     if failed_step is not None and failed_step in steps:
         col = steps.index(failed_step)
-        for a in (ax, kv_ax):
+        for a in (ax, kv_ax) if flight_ax is None else (ax, flight_ax, kv_ax):
             a.axvspan(col - 0.5, col + 0.5, facecolor="none", edgecolor=COLORS["failure"], linewidth=2.0, zorder=5)
         ax.annotate(
             f"fails at step {failed_step}", xy=(col, -0.5), xytext=(0, 4), textcoords="offset points",
@@ -240,5 +309,6 @@ def timeline_png(
 
 def legend() -> str:
     return ("timeline.png: a row per request (in order of appearance), a column per step; "
-            "grey waiting, blue prefill chunk, green decode, red preempted, black finished; "
+            "grey waiting, blue prefill chunk, green decode (a/k: a of k drafts accepted), red preempted, "
+            "black finished; with async scheduling a band of bars from each plan's schedule to its update; "
             "the orange line below is KV-pool usage; a red frame marks the failing step.")

@@ -3,6 +3,12 @@
 Delta debugging over the event list (drop chunks, then single events), then
 simplifications of the remaining requests (shorter prompts, fewer max_tokens,
 no stop tokens). An abort is dropped together with the request it names.
+Every candidate keeps the in-flight protocol: an Update with nothing in
+flight, a Schedule or Step while the scheduler may not take one, and a
+reset_prefix_cache between a schedule and its update where the mode forbids
+it are dropped; Updates lose their step numbers (they update the oldest plan,
+which is what the numbers said), and a recorded output keeps only the
+requests still added.
 A candidate counts as failing when it reproduces a failure of the same kind
 (violation / divergence / error), and for violations the same invariant.
 """
@@ -14,7 +20,18 @@ import time
 from typing import Callable
 
 from schedspec.check.driver import Failure
-from schedspec.check.workload import Abort, AddRequest, Event, Step, Workload
+from schedspec.spec.interface import StepResult
+from schedspec.check.workload import (
+    Abort,
+    AddRequest,
+    Event,
+    InFlight,
+    ResetPrefixCache,
+    Schedule,
+    Step,
+    Update,
+    Workload,
+)
 
 Check = Callable[[Workload], Failure | None]
 
@@ -27,9 +44,35 @@ def signature(f: Failure) -> tuple[str, frozenset[str]]:
     return (f.kind, frozenset(v.invariant_id for v in f.violations))
 
 
-def _consistent(events: list[Event]) -> list[Event]:
+def _consistent(events: list[Event], async_scheduling: bool = False) -> list[Event]:
     added = {e.request.request_id for e in events if isinstance(e, AddRequest)}
-    return [e for e in events if not (isinstance(e, Abort) and e.request_id not in added)]
+    flight = InFlight(async_scheduling)
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, Abort) and e.request_id not in added:
+            continue
+        if isinstance(e, Step):
+            probe = InFlight(async_scheduling)
+            probe.scheduled, probe.steps = flight.scheduled, list(flight.steps)
+            if probe.step()[1] is not None:
+                continue
+            flight.step()
+        elif isinstance(e, Schedule):
+            if flight.schedule() is not None:
+                continue
+            if e.result is not None:
+                e = Schedule(StepResult(
+                    sampled={r: t for r, t in e.result.sampled.items() if r in added},
+                    draft_token_ids={r: t for r, t in e.result.draft_token_ids.items() if r in added},
+                ))
+        elif isinstance(e, Update):
+            if flight.update(None) is not None:
+                continue
+            e = Update()
+        elif isinstance(e, ResetPrefixCache) and flight.reset() is not None:
+            continue
+        out.append(e)
+    return out
 
 
 def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float = 60.0) -> tuple[Workload, Failure]:
@@ -40,7 +83,7 @@ def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float =
 
     def attempt(events: list[Event]) -> bool:
         nonlocal best_events, best_failure
-        events = _consistent(events)
+        events = _consistent(events, workload.config.async_scheduling)
         if not events:
             return False
         cand = dataclasses.replace(workload, events=tuple(events))
@@ -104,4 +147,4 @@ def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float =
 
 
 def count_steps(events: tuple[Event, ...] | list[Event]) -> int:
-    return sum(1 for e in events if isinstance(e, Step))
+    return sum(1 for e in events if isinstance(e, (Step, Schedule)))

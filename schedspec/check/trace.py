@@ -1,14 +1,27 @@
 """Trace files: a workload as JSON Lines, versioned, replayable against any scheduler.
 
-Format version 1 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-format.md):
+Format version 2 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-format.md):
 
-    line 1   {"schedspec_trace": 1, "config": {...SchedulerConfig...},
+    line 1   {"schedspec_trace": 2, "config": {...SchedulerConfig...},
               "vocab": 64, "oracle_seed": 0, "seed": 7}
     then one event per line:
              {"op": "add", "request": {...RequestSpec...}}
              {"op": "abort", "request_id": "r3"}
              {"op": "step"}
              {"op": "reset_prefix_cache", "reset_running_requests": false}
+             {"op": "schedule"}                      (version 2)
+             {"op": "schedule", "result": {"sampled": {"r1": [5, 9]},
+                                           "draft_token_ids": {"r1": [4, 4]}}}
+             {"op": "update", "step": 3}             (version 2; "step" optional)
+
+Version 2 adds the config's ``async_scheduling`` and ``num_speculative_tokens``
+and the schedule / update events; version 1 traces read as they always did,
+and ``dumps`` writes version 1 for a trace that uses nothing of version 2.
+The in-flight protocol is checked at load: an update with nothing in flight,
+for a step never planned, already updated or out of order, a schedule while
+the scheduler may not take one, recorded tokens or drafts for a request never
+added or already aborted, more tokens than 1 + num_speculative_tokens
+(accepted beyond the drafts), drafts with speculative decoding off.
 
 Blank lines and lines starting with ``#`` are ignored. Each line is validated
 against the shipped JSON Schema with ``jsonschema`` (imported on first use);
@@ -27,9 +40,24 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from schedspec.spec.interface import ConfigError, RequestError, RequestSpec, SchedulerConfig, SchedSpecError
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, Workload
+from schedspec.spec.interface import StepResult
+from schedspec.check.workload import (
+    Abort,
+    AddRequest,
+    Event,
+    InFlight,
+    ResetPrefixCache,
+    Schedule,
+    Step,
+    Update,
+    Workload,
+)
 
-TRACE_VERSION = 1
+#: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.
+TRACE_VERSION = 2
+READ_VERSIONS = (1, 2)
+#: Config fields a version 1 trace cannot carry.
+V2_CONFIG_FIELDS = ("async_scheduling", "num_speculative_tokens")
 #: The JSON Schema every line is validated against (shipped with the package).
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
@@ -69,12 +97,36 @@ def event_to_json(event: Event) -> dict[str, Any]:
         return {"op": "step"}
     if isinstance(event, ResetPrefixCache):
         return {"op": "reset_prefix_cache", "reset_running_requests": event.reset_running_requests}
+    if isinstance(event, Schedule):
+        out: dict[str, Any] = {"op": "schedule"}
+        if event.result is not None:
+            out["result"] = result_to_json(event.result)
+        return out
+    if isinstance(event, Update):
+        return {"op": "update"} if event.step is None else {"op": "update", "step": event.step}
     raise TypeError(f"not an event: {event!r}")
+
+
+def result_to_json(result: StepResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"sampled": {rid: list(toks) for rid, toks in result.sampled.items()}}
+    if result.draft_token_ids:
+        out["draft_token_ids"] = {rid: list(toks) for rid, toks in result.draft_token_ids.items()}
+    return out
+
+
+def version_of(trace: Trace) -> int:
+    """The lowest format version that holds ``trace``."""
+    config = trace.config.to_dict()
+    if any(name in config for name in V2_CONFIG_FIELDS):
+        return 2
+    if any(isinstance(e, (Schedule, Update)) for e in trace.events):
+        return 2
+    return 1
 
 
 def dumps(trace: Trace) -> str:
     header = {
-        "schedspec_trace": TRACE_VERSION,
+        "schedspec_trace": version_of(trace),
         "config": trace.config.to_dict(),
         "vocab": trace.vocab,
         "oracle_seed": trace.oracle_seed,
@@ -181,9 +233,15 @@ def _parse_header(
     if "schedspec_trace" not in obj:
         raise TraceError(path, line, "schedspec_trace", "missing: this is not a schedspec trace")
     version = obj["schedspec_trace"]
-    if not _is_int(version) or version != TRACE_VERSION:
-        raise TraceError(path, line, "schedspec_trace", f"unsupported version {version!r} (this reads {TRACE_VERSION})")
+    if not _is_int(version) or version not in READ_VERSIONS:
+        raise TraceError(path, line, "schedspec_trace",
+                         f"unsupported version {version!r} (this reads {', '.join(map(str, READ_VERSIONS))})")
     _schema_check((path, line), _validators().header, obj, "header", "unknown header field")
+    if version == 1:
+        for name in V2_CONFIG_FIELDS:
+            if isinstance(obj["config"], dict) and name in obj["config"]:
+                raise TraceError(path, line, f"config.{name}",
+                                 "needs trace format version 2 (\"schedspec_trace\": 2)")
     try:  # the cross-field rules the schema cannot express
         config = SchedulerConfig.from_dict(obj["config"])
     except ConfigError as exc:
@@ -194,9 +252,48 @@ def _parse_header(
     return config, obj.get("vocab", 64), obj.get("oracle_seed", 0), obj.get("seed"), check
 
 
-def _parse_event(
-    where: tuple[str, int], obj: object, config: SchedulerConfig, seen: set[str]
-) -> Event:
+class _Loading:
+    """What the events before a line established: the ids added, the ids
+    aborted (with their line), and the plans in flight."""
+
+    def __init__(self, version: int, config: SchedulerConfig) -> None:
+        self.version = version
+        self.config = config
+        self.seen: set[str] = set()
+        self.aborted: dict[str, int] = {}
+        self.flight = InFlight(config.async_scheduling)
+
+
+def _parse_result(where: tuple[str, int], obj: dict[str, Any], state: _Loading) -> StepResult:
+    """A recorded model output that passed the schema: tokens and drafts only
+    for requests added and not aborted before this line, at most 1 +
+    num_speculative_tokens tokens (the accepted drafts, then the bonus token)
+    and at most num_speculative_tokens drafts each."""
+    path, line = where
+    k = state.config.num_speculative_tokens
+    for part in ("sampled", "draft_token_ids"):
+        for rid, toks in obj.get(part, {}).items():
+            field = f"result.{part}.{rid}"
+            if rid not in state.seen:
+                raise TraceError(path, line, field, f"{rid!r} was never added before this line")
+            if rid in state.aborted:
+                raise TraceError(path, line, field,
+                                 f"{rid!r} is finished: aborted on line {state.aborted[rid]}")
+            if part == "sampled" and len(toks) > 1 + k:
+                raise TraceError(path, line, field,
+                                 f"{len(toks)} tokens accepted beyond the drafts: a step samples at most "
+                                 f"1 + num_speculative_tokens = {1 + k}")
+            if part == "draft_token_ids" and len(toks) > k:
+                raise TraceError(path, line, field,
+                                 f"{len(toks)} drafts, more than num_speculative_tokens = {k}")
+    return StepResult(
+        sampled={rid: tuple(toks) for rid, toks in obj.get("sampled", {}).items()},
+        draft_token_ids={rid: tuple(toks) for rid, toks in obj.get("draft_token_ids", {}).items()},
+    )
+
+
+def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
+    config, seen = state.config, state.seen
     path, line = where
     if not isinstance(obj, dict):
         raise TraceError(path, line, "event", f"must be a JSON object, got {type(obj).__name__}")
@@ -215,16 +312,33 @@ def _parse_event(
         rid = obj["request_id"]
         if rid not in seen:
             raise TraceError(path, line, "request_id", f"{rid!r} was never added before this line")
+        state.aborted.setdefault(rid, line)
         return Abort(rid)
+    if op in ("schedule", "update") and state.version < 2:
+        raise TraceError(path, line, "op", f"{op!r} needs trace format version 2 (\"schedspec_trace\": 2)")
     if op == "step":
+        if (why := state.flight.step()[1]) is not None:
+            raise TraceError(path, line, "op", why)
         return Step()
+    if op == "schedule":
+        result = _parse_result(where, obj["result"], state) if "result" in obj else None
+        if (why := state.flight.schedule()) is not None:
+            raise TraceError(path, line, "op", why)
+        return Schedule(result)
+    if op == "update":
+        step = obj.get("step")
+        if (why := state.flight.update(step)) is not None:
+            raise TraceError(path, line, "step" if step is not None else "op", why)
+        return Update(step)
+    if (why := state.flight.reset()) is not None:
+        raise TraceError(path, line, "op", why)
     return ResetPrefixCache(obj.get("reset_running_requests", False))
 
 
 def loads(text: str, path: str = "<trace>") -> Trace:
     header: tuple[SchedulerConfig, int, int, int | None, dict[str, str] | None] | None = None
     events: list[Event] = []
-    seen: set[str] = set()
+    state: _Loading | None = None
     for lineno, raw in enumerate(text.splitlines(), start=1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
@@ -235,8 +349,10 @@ def loads(text: str, path: str = "<trace>") -> Trace:
             raise TraceError(path, lineno, "json", f"not valid JSON ({exc})") from None
         if header is None:
             header = _parse_header(path, lineno, obj)
+            state = _Loading(obj["schedspec_trace"], header[0])
             continue
-        events.append(_parse_event((path, lineno), obj, header[0], seen))
+        assert state is not None
+        events.append(_parse_event((path, lineno), obj, state))
     if header is None:
         raise TraceError(path, 1, "header", "empty trace: the first line must be the header")
     config, vocab, oracle_seed, seed, check = header

@@ -23,6 +23,20 @@ Workloads:
   tokens each (peak traced bytes over building the requests, adding them,
   prefill, and a few decode steps).
 
+Modes (``modes=``): each decode and mixed workload runs in every mode asked
+for, sync or async scheduling, each with or without speculative decoding
+(``sync``, ``async``, ``sync+spec3``, ``async+spec3``; a row's workload names
+its mode unless it is plain sync). In async mode the driver keeps one step in
+flight, as vLLM's engine core does with its batch queue: schedule() for step
+N+1, then update() for step N; a timed step is that schedule() plus that
+update(). With speculative decoding the fake model verifies the scheduled
+drafts greedily and accepts a deterministic, position-dependent number of them
+(0 to all, uniform), then the bonus token; in sync mode it proposes k drafts
+for the next step in ``StepResult.draft_token_ids`` (vLLM:
+update_draft_token_ids, timed with the step), in async mode the scheduler
+plans -1 placeholder drafts. Every token is a function of its position only,
+so every scheduler sees the same tokens and makes the same decisions.
+
 A library: it takes scheduler factories (``schedspec bench`` resolves names
 through schedspec.adapters.registry) and returns rows; ``format_table`` and
 ``table_cells`` lay them out.
@@ -36,7 +50,9 @@ import random
 import statistics
 import time
 import tracemalloc
-from dataclasses import dataclass
+import re
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from schedspec.spec.interface import (
@@ -48,13 +64,70 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
-from schedspec.adapters.vllm_adapter import VllmScheduler
+from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
 
 BLOCK_SIZE = 16
 #: Token ids are drawn from this list so prompts share int objects (8 bytes a
 #: token in a tuple), as token ids coming off a tokenizer would not: the
 #: memory row then measures the schedulers, not a million boxed ints.
 _TOKENS = list(range(32000))
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the schedulers run a workload: async scheduling (one step in
+    flight) and the number of speculative tokens per step (0 = off)."""
+
+    async_scheduling: bool = False
+    num_speculative_tokens: int = 0
+
+    @property
+    def label(self) -> str:
+        base = "async" if self.async_scheduling else "sync"
+        k = self.num_speculative_tokens
+        return f"{base}+spec{k}" if k else base
+
+    @property
+    def suffix(self) -> str:
+        """What a row's workload name gains: nothing in plain sync mode."""
+        return "" if self == SYNC else f" {self.label}"
+
+    def apply(self, config: SchedulerConfig) -> SchedulerConfig:
+        if self == SYNC:
+            return config
+        return replace(
+            config,
+            async_scheduling=self.async_scheduling,
+            num_speculative_tokens=self.num_speculative_tokens,
+        )
+
+
+SYNC = Mode()
+#: The modes ``schedspec bench`` runs by default.
+DEFAULT_MODES: tuple[Mode, ...] = (SYNC, Mode(True, 0), Mode(False, 3), Mode(True, 3))
+
+_MODE_RE = re.compile(r"^(sync|async)(?:\+spec(\d*))?$")
+
+
+def parse_modes(text: str) -> tuple[Mode, ...]:
+    """``sync,async,sync+spec3,async+spec3`` (``+spec`` alone means 3 drafts)
+    to modes; ValueError naming the part that is not one."""
+    out: list[Mode] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        m = _MODE_RE.match(part)
+        if m is None:
+            raise ValueError(f"{part!r} is not a mode (sync, async, sync+specK, async+specK)")
+        k = 0 if m.group(2) is None else int(m.group(2) or 3)
+        if not 1 <= k <= 8 and m.group(2) is not None:
+            raise ValueError(f"{part!r}: the number of speculative tokens must be 1 to 8")
+        mode = Mode(m.group(1) == "async", k)
+        if mode not in out:
+            out.append(mode)
+    if not out:
+        raise ValueError("no mode given")
+    return tuple(out)
 
 
 @dataclass
@@ -70,6 +143,7 @@ class Row:
     baseline: str | None = None
     peak_mb: float | None = None
     note: str = ""
+    mode: str = "sync"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +158,7 @@ class Row:
             "baseline": self.baseline,
             "peak_mb": None if self.peak_mb is None else round(self.peak_mb, 1),
             "note": self.note,
+            "mode": self.mode,
         }
 
 
@@ -92,18 +167,24 @@ class Row:
 # --------------------------------------------------------------------------
 
 
-def decode_config(n: int, prompt_max: int = 64, gen: int = 4096, budget: int = 8192) -> SchedulerConfig:
+def decode_config(
+    n: int, prompt_max: int = 64, gen: int = 4096, budget: int = 8192, mode: Mode = SYNC
+) -> SchedulerConfig:
+    """Room for every request at full length, and a budget that schedules
+    every running request each step (1 + k tokens each)."""
     max_model_len = prompt_max + gen + 16
     blocks_per_req = -(-max_model_len // BLOCK_SIZE)
-    return SchedulerConfig(
-        block_size=BLOCK_SIZE,
-        num_blocks=n * blocks_per_req + 1,
-        max_num_batched_tokens=max(n, budget),
-        max_num_seqs=n,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=True,
-        enable_prefix_caching=True,
-        policy=Policy.FCFS,
+    return mode.apply(
+        SchedulerConfig(
+            block_size=BLOCK_SIZE,
+            num_blocks=n * blocks_per_req + 1,
+            max_num_batched_tokens=max(n * (1 + mode.num_speculative_tokens), budget),
+            max_num_seqs=n,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=True,
+            enable_prefix_caching=True,
+            policy=Policy.FCFS,
+        )
     )
 
 
@@ -141,34 +222,90 @@ def _token_for(num_tokens: int) -> int:
     return _TOKENS[(num_tokens * 7919) % 31000 + 1000]
 
 
-def _result_for(plan: StepPlan) -> StepResult:
-    return StepResult({s.request_id: (_token_for(s.num_tokens),) for s in plan.scheduled if s.samples})
+def accepted_drafts(position: int, drafts: int) -> int:
+    """How many of ``drafts`` scheduled drafts the fake model accepts when the
+    first token it samples is at ``position``: 0 .. drafts, spread uniformly
+    and fixed by the position, so every scheduler sees the same acceptance."""
+    if drafts <= 0:
+        return 0
+    return ((position * 2654435761) >> 13) % (drafts + 1)
+
+
+def sampled_tokens(first: int, drafts: int) -> tuple[int, ...]:
+    """The tokens a step samples when its first sampled position is
+    ``first`` and it verifies ``drafts`` drafts: the accepted drafts (equal to
+    the model's own tokens, as greedy verification accepts), then the bonus."""
+    if drafts <= 0:
+        return (_token_for(first),)
+    return tuple(_token_for(first + j) for j in range(accepted_drafts(first, drafts) + 1))
+
+
+def proposed_drafts(next_position: int, k: int) -> tuple[int, ...]:
+    """The k drafts proposed for the positions from ``next_position`` on."""
+    return tuple(_token_for(next_position + j) for j in range(k))
+
+
+def fake_result(plan: StepPlan, k: int = 0, propose: bool = False) -> StepResult:
+    """The fake model's output for ``plan``: per sampling entry, the tokens
+    from the position after its known, in-flight and draft-free positions on
+    (``sampled_tokens``); with ``propose`` (sync speculative decoding) also k
+    drafts for the request's next step."""
+    if k == 0:
+        return StepResult({s.request_id: (_token_for(s.num_tokens),) for s in plan.scheduled if s.samples})
+    sampled: dict[str, tuple[int, ...]] = {}
+    drafts: dict[str, tuple[int, ...]] = {}
+    for s in plan.scheduled:
+        if not s.samples:
+            continue
+        ks = len(s.spec_token_ids)
+        first = s.num_computed_tokens + s.num_scheduled_tokens - ks
+        toks = sampled[s.request_id] = sampled_tokens(first, ks)
+        if propose:
+            drafts[s.request_id] = proposed_drafts(first + len(toks), k)
+    return StepResult(sampled, drafts)
 
 
 class _Driver:
-    """Steps a schedspec Scheduler: times schedule() and update() only."""
+    """Steps a schedspec Scheduler: times schedule() and update() only. In
+    async mode one plan stays in flight: a step is schedule() of the next plan
+    and then update() of the oldest."""
 
     note = ""
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: Scheduler, mode: Mode = SYNC) -> None:
         self.sched = sched
+        self.k = mode.num_speculative_tokens
+        self.propose = self.k > 0 and not mode.async_scheduling
+        self.depth = 2 if mode.async_scheduling else 1
+        self.in_flight: deque[StepPlan] = deque()
 
     def add(self, req: RequestSpec) -> None:
         self.sched.add(req)
 
     def step(self) -> tuple[float, float, int, bool]:
         """(wall seconds inside the scheduler, CPU seconds of this process
-        inside the scheduler, entries scheduled, all of them one token)."""
+        inside the scheduler, entries the new plan scheduled, whether every
+        one of them is a decode: it samples, with at most 1 + k tokens)."""
         wall, cpu = time.perf_counter, time.process_time
+        sched = self.sched
         t0, c0 = wall(), cpu()
-        plan = self.sched.schedule()
+        plan = sched.schedule()
         t1, c1 = wall(), cpu()
-        result = _result_for(plan)
-        t2, c2 = wall(), cpu()
-        self.sched.update(plan, result)
-        t3, c3 = wall(), cpu()
-        decode = all(s.num_scheduled_tokens == 1 for s in plan.scheduled)
-        return (t1 - t0) + (t3 - t2), (c1 - c0) + (c3 - c2), len(plan.scheduled), decode
+        in_flight = self.in_flight
+        in_flight.append(plan)
+        w = t1 - t0
+        c = c1 - c0
+        if len(in_flight) >= self.depth:
+            old = in_flight.popleft()
+            result = fake_result(old, self.k, self.propose)
+            t2, c2 = wall(), cpu()
+            sched.update(old, result)
+            t3, c3 = wall(), cpu()
+            w += t3 - t2
+            c += c3 - c2
+        most = 1 + self.k
+        decode = all(s.samples and s.num_scheduled_tokens <= most for s in plan.scheduled)
+        return w, c, len(plan.scheduled), decode
 
 
 class _VllmRawDriver(_Driver):
@@ -190,10 +327,86 @@ class _VllmRawDriver(_Driver):
         return raw.wall_s, raw.cpu_s, raw.scheduled, raw.decode
 
 
-def _driver(sched: Scheduler) -> _Driver:
+class _VllmModeDriver(_Driver):
+    """vLLM's scheduler behind the adapter (``VllmScheduler.sched``: its
+    AsyncScheduler with async scheduling, a speculative config with drafts),
+    driven as its engine core drives it, with the fake model of this module:
+    timed on ``schedule()``, ``update_from_output()`` and, in sync speculative
+    decoding, ``update_draft_token_ids()``; in async mode one step stays in
+    flight (schedule step N+1, then update step N)."""
+
+    note = "vLLM schedule()+update_from_output()"
+
+    def __init__(self, sched: VllmScheduler, mode: Mode) -> None:
+        super().__init__(sched, mode)
+        self.vllm = sched
+        self.v = load_vllm()
+        if self.propose:
+            self.note += "+update_draft_token_ids()"
+        self.pending: deque[tuple[Any, list[tuple[str, int, int, bool]]]] = deque()
+
+    def add(self, req: RequestSpec) -> None:
+        self.vllm.raw_add(req)
+
+    def step(self) -> tuple[float, float, int, bool]:
+        wall, cpu = time.perf_counter, time.process_time
+        inner = self.vllm.sched
+        t0, c0 = wall(), cpu()
+        out = inner.schedule()
+        t1, c1 = wall(), cpu()
+        w = t1 - t0
+        c = c1 - c0
+        reqs = inner.requests
+        spec = out.scheduled_spec_decode_tokens
+        # What the model runner knows of each request once schedule() is done:
+        # the first position it samples and whether it samples at all.
+        seen: list[tuple[str, int, int, bool]] = []
+        most = 1 + self.k
+        decode = True
+        for rid, n in out.num_scheduled_tokens.items():
+            r = reqs[rid]
+            ks = len(spec.get(rid, ()))
+            samples = not _is_prefill(r)
+            seen.append((rid, r.num_computed_tokens - ks, ks, samples))
+            decode = decode and samples and n <= most
+        self.pending.append((out, seen))
+        if len(self.pending) >= self.depth:
+            old, old_seen = self.pending.popleft()
+            ids = [rid for rid, _, _, _ in old_seen]
+            sampled = [list(sampled_tokens(first, ks)) if samples else []
+                       for _, first, ks, samples in old_seen]
+            runner_output = self.v.ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={rid: i for i, rid in enumerate(ids)},
+                sampled_token_ids=sampled,
+            )
+            drafts = None
+            if self.propose:
+                d_ids = [rid for (rid, _, _, samples) in old_seen if samples]
+                d_toks = [list(proposed_drafts(first + len(toks), self.k))
+                          for (_, first, _, samples), toks in zip(old_seen, sampled) if samples]
+                drafts = self.v.DraftTokenIds(d_ids, d_toks)
+            t2, c2 = wall(), cpu()
+            inner.update_from_output(old, runner_output)
+            if drafts is not None:
+                inner.update_draft_token_ids(drafts)
+            t3, c3 = wall(), cpu()
+            w += t3 - t2
+            c += c3 - c2
+        return w, c, len(out.num_scheduled_tokens), decode
+
+
+def _is_prefill(r: Any) -> bool:
+    """vLLM's own verdict, set by schedule() (Scheduler._update_after_schedule)."""
+    return bool(r.is_prefill_chunk)
+
+
+def _driver(sched: Scheduler, mode: Mode = SYNC) -> _Driver:
     if isinstance(sched, VllmScheduler):
-        return _VllmRawDriver(sched)
-    return _Driver(sched)
+        if mode == SYNC:
+            return _VllmRawDriver(sched)
+        return _VllmModeDriver(sched, mode)
+    return _Driver(sched, mode)
 
 
 def _timed_steps(
@@ -236,15 +449,15 @@ def _warm_to_decode(drv: _Driver, reqs: Sequence[RequestSpec], limit: int = 10_0
 
 
 def bench_decode(
-    factory: SchedulerFactory, n: int, steps: int, max_seconds: float
+    factory: SchedulerFactory, n: int, steps: int, max_seconds: float, mode: Mode = SYNC
 ) -> tuple[list[tuple[float, float]], str]:
-    drv = _driver(factory(decode_config(n)))
+    drv = _driver(factory(decode_config(n, mode=mode)), mode)
     _warm_to_decode(drv, decode_requests(n))
     return _timed_steps(drv, steps, max_seconds), drv.note
 
 
-def mixed_config() -> SchedulerConfig:
-    return SchedulerConfig(
+def mixed_config(mode: Mode = SYNC) -> SchedulerConfig:
+    return mode.apply(SchedulerConfig(
         block_size=BLOCK_SIZE,
         num_blocks=6000,  # ~96k tokens: ~150 running, tight enough to preempt
         max_num_batched_tokens=2048,
@@ -254,7 +467,7 @@ def mixed_config() -> SchedulerConfig:
         long_prefill_token_threshold=512,
         enable_prefix_caching=True,
         policy=Policy.FCFS,
-    )
+    ))
 
 
 def mixed_arrivals(steps: int, seed: int = 1) -> list[list[RequestSpec]]:
@@ -291,9 +504,9 @@ def mixed_arrivals(steps: int, seed: int = 1) -> list[list[RequestSpec]]:
 
 
 def bench_mixed(
-    factory: SchedulerFactory, steps: int, max_seconds: float
+    factory: SchedulerFactory, steps: int, max_seconds: float, mode: Mode = SYNC
 ) -> tuple[list[tuple[float, float]], str]:
-    drv = _driver(factory(mixed_config()))
+    drv = _driver(factory(mixed_config(mode)), mode)
     arrivals = mixed_arrivals(steps)
 
     def before(k: int) -> None:
@@ -364,29 +577,48 @@ def run_bench(
     memory_waiting: int = 10_000,
     baseline: str | None = None,
     progress: Callable[[str], None] | None = None,
+    modes: Sequence[Mode] = (SYNC,),
 ) -> list[Row]:
-    """Time every scheduler on every workload; return (and optionally write
-    as JSON) one row per (workload, scheduler). ``baseline`` defaults to
-    "vllm" when present, else "spec", else the first scheduler."""
+    """Time every scheduler on every workload in every mode; return (and
+    optionally write as JSON) one row per (workload, mode, scheduler).
+    ``baseline`` defaults to "vllm" when present, else "spec", else the first
+    scheduler. A scheduler that cannot run a mode (it refuses the config or
+    breaks on the way) gets a row with no times and the reason as its note."""
     names = list(schedulers)
     if baseline is None:
         baseline = "vllm" if "vllm" in names else ("spec" if "spec" in names else names[0])
     say = progress or (lambda _msg: None)
     rows: list[Row] = []
-    for n in running:
-        for name in names:
-            say(f"decode-{n} {name}")
-            times, note = bench_decode(schedulers[name], n, steps, max_seconds)
-            rows.append(_row(f"decode-{n}", name, times, note))
-    if mixed_steps > 0:
-        for name in names:
-            say(f"mixed {name}")
-            times, note = bench_mixed(schedulers[name], mixed_steps, max_seconds * 10)
-            rows.append(_row("mixed", name, times, note))
+
+    def cell(workload: str, mode: Mode, name: str, run: Callable[[], tuple[list[tuple[float, float]], str]]) -> None:
+        label = workload + mode.suffix
+        say(f"{label} {name}")
+        try:
+            times, note = run()
+        except Exception as exc:  # noqa: BLE001 - reported in the table, the others still run
+            if mode == SYNC:
+                raise
+            nan = float("nan")
+            reason = f"n/a: {type(exc).__name__}: {exc}".splitlines()[0][:160]
+            rows.append(Row(label, name, 0, nan, nan, nan, nan, note=reason, mode=mode.label))
+            return
+        row = _row(label, name, times, note)
+        row.mode = mode.label
+        rows.append(row)
+
+    for mode in modes:
+        for n in running:
+            for name in names:
+                cell(f"decode-{n}", mode, name,
+                     lambda: bench_decode(schedulers[name], n, steps, max_seconds, mode))
+        if mixed_steps > 0:
+            for name in names:
+                cell("mixed", mode, name,
+                     lambda: bench_mixed(schedulers[name], mixed_steps, max_seconds * 10, mode))
     by_key = {(r.workload, r.scheduler): r for r in rows}
     for r in rows:
         base = by_key.get((r.workload, baseline))
-        if base is not None and r.cpu_median_ms > 0:
+        if base is not None and base.steps and r.steps and r.cpu_median_ms > 0:
             r.speedup = base.cpu_median_ms / r.cpu_median_ms
             r.baseline = baseline
     if memory:
@@ -415,7 +647,7 @@ def _machine() -> dict[str, Any]:
 
 #: The table's columns: heading, width, alignment (``<`` left, ``>`` right).
 TABLE_COLUMNS: tuple[tuple[str, int, str], ...] = (
-    ("workload", 20, "<"),
+    ("workload", 23, "<"),
     ("scheduler", 9, "<"),
     ("steps", 5, ">"),
     ("median ms", 10, ">"),
@@ -437,8 +669,15 @@ def table_cells(rows: Sequence[Row]) -> list[list[str]]:
         times = ([f"{r.median_ms:.3f}", f"{r.cpu_median_ms:.3f}", f"{r.mean_ms:.3f}", f"{r.p90_ms:.3f}"]
                  if timed else ["", "", "", ""])
         peak = f"{r.peak_mb:.1f}" if r.peak_mb is not None else ""
+        if not r.steps and r.note:  # not run: the reason is in not_run_notes()
+            times = ["n/a", "", "", ""]
         out.append([r.workload, r.scheduler, str(r.steps), *times, sp, peak])
     return out
+
+
+def not_run_notes(rows: Sequence[Row]) -> list[str]:
+    """One line per cell that could not run: workload, scheduler, reason."""
+    return [f"{r.workload} {r.scheduler}: {r.note}" for r in rows if not r.steps and r.note]
 
 
 def format_table(rows: Sequence[Row]) -> str:

@@ -9,7 +9,14 @@ import sys
 from typing import Sequence
 
 from schedspec.adapters.registry import resolve
-from schedspec.bench.scheduler import TABLE_COLUMNS, format_table, run_bench, table_cells
+from schedspec.bench.scheduler import (
+    TABLE_COLUMNS,
+    format_table,
+    not_run_notes,
+    parse_modes,
+    run_bench,
+    table_cells,
+)
 from schedspec.cli.common import EXIT_OK, StatusLine, UsageError, print_table
 from schedspec.spec.interface import SchedulerFactory
 
@@ -19,6 +26,12 @@ PROG = "schedspec bench"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--against", default="impl,spec,vllm", help="comma-separated: impl, spec, vllm, MODULE:CLASS")
     p.add_argument("--running", default="256,1024,4096", help="decode batch sizes (comma-separated)")
+    p.add_argument(
+        "--modes",
+        default="sync,async,sync+spec3,async+spec3",
+        help="comma-separated: sync, async, sync+specK, async+specK (K speculative tokens, 1-8); "
+        "every workload runs in each",
+    )
     p.add_argument("--steps", type=int, default=200, help="timed decode steps per cell (default 200)")
     p.add_argument("--mixed-steps", type=int, default=400, help="steps of the mixed trace (0: skip)")
     p.add_argument("--max-seconds", type=float, default=20.0, help="time cap per decode cell (at least 5 steps)")
@@ -55,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError
     except ValueError:
         raise UsageError(f"--running: expected positive integers, got {args.running!r}", PROG) from None
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        raise UsageError(f"--modes: {exc}", PROG) from None
     names = [x.strip() for x in args.against.split(",") if x.strip()]
     try:
         factories, notes = resolve_factories(names)
@@ -73,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             mixed_steps=20,
             max_seconds=2.0,
             memory=False,
+            modes=modes,
         )
     else:
         status = StatusLine()
@@ -87,8 +105,11 @@ def run(args: argparse.Namespace) -> int:
                 memory=not args.no_memory,
                 memory_waiting=args.memory_waiting,
                 progress=status,
+                modes=modes,
             )
         finally:
             status.close()
     print_table([(name, align) for name, _, align in TABLE_COLUMNS], table_cells(rows), format_table(rows))
+    for note in not_run_notes(rows):
+        print(f"not run: {note}")
     return EXIT_OK

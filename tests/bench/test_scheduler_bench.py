@@ -10,8 +10,23 @@ from pathlib import Path
 import pytest
 
 from schedspec.impl import ImplScheduler
-from schedspec.bench.scheduler import TABLE_COLUMNS, Row, format_table, run_bench, table_cells
+from schedspec.bench.scheduler import (
+    DEFAULT_MODES,
+    SYNC,
+    TABLE_COLUMNS,
+    Mode,
+    Row,
+    fake_result,
+    accepted_drafts,
+    format_table,
+    not_run_notes,
+    parse_modes,
+    run_bench,
+    sampled_tokens,
+    table_cells,
+)
 from schedspec.cli.main import main as schedspec_main
+from schedspec.spec.interface import ScheduledRequest, ScheduleKind, SchedulerConfig, StepPlan
 from schedspec.spec.scheduler import SpecScheduler
 
 
@@ -47,7 +62,7 @@ def main(argv: list[str]) -> int:
 
 
 def test_bench_cli_quick(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--against", "impl,spec", "--running", "16", "--quick"]) == 0
+    assert main(["--against", "impl,spec", "--running", "16", "--quick", "--modes", "sync"]) == 0
     out = capsys.readouterr().out.splitlines()
     # not a terminal: the plain fixed-width table, a row per (workload, scheduler)
     assert out[0].split()[:3] == ["workload", "scheduler", "steps"] and set(out[1]) == {"-"}
@@ -60,6 +75,9 @@ def test_bench_cli_quick(capsys: pytest.CaptureFixture[str]) -> None:
     (["--against", "impl", "--running", "0"], "--running"),
     (["--against", "nosuch"], "schedspec bench: error: --against"),
     (["--against", " , "], "no scheduler available"),
+    (["--against", "impl", "--modes", "sync,turbo"], "--modes: 'turbo' is not a mode"),
+    (["--against", "impl", "--modes", "async+spec9"], "1 to 8"),
+    (["--against", "impl", "--modes", ","], "no mode given"),
 ])
 def test_bench_cli_bad_flag(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -79,7 +97,7 @@ def test_plain_table_is_the_cells_in_fixed_width_columns() -> None:
     assert len(lines) == 2 + len(rows)
     assert len(lines[0]) == sum(w for _, w, _ in TABLE_COLUMNS) + len(TABLE_COLUMNS) - 1
     assert all(len(line) == len(lines[0]) for line in lines)
-    assert lines[2].startswith("decode-8             impl          5      0.500     0.250")
+    assert lines[2].startswith("decode-8                impl          5      0.500     0.250")
 
 
 @pytest.mark.vllm
@@ -97,3 +115,78 @@ def test_vllm_rows_time_vllms_own_calls() -> None:
     assert all(r.baseline == "vllm" for r in rows if not r.workload.startswith("memory"))
     assert vllm["memory 8+8w"].peak_mb is not None and vllm["memory 8+8w"].peak_mb > 0
     assert all(r.note == "" for r in rows if r.scheduler == "impl")
+
+
+def test_modes_parse_and_label() -> None:
+    assert parse_modes("sync,async,sync+spec3,async+spec3") == DEFAULT_MODES
+    assert parse_modes("async+spec, async+spec3 ,sync") == (Mode(True, 3), SYNC)
+    assert [m.label for m in DEFAULT_MODES] == ["sync", "async", "sync+spec3", "async+spec3"]
+    assert SYNC.suffix == "" and Mode(True, 2).suffix == " async+spec2"
+    cfg = Mode(True, 2).apply(SchedulerConfig())
+    assert cfg.async_scheduling and cfg.num_speculative_tokens == 2
+    assert SYNC.apply(cfg) is cfg
+
+
+def test_fake_model_accepts_a_position_dependent_prefix_of_the_drafts() -> None:
+    counts = {accepted_drafts(p, 3) for p in range(200)}
+    assert counts == {0, 1, 2, 3}  # every acceptance pattern occurs
+    assert accepted_drafts(17, 0) == 0 and len(sampled_tokens(17, 0)) == 1
+    for p in range(50):
+        toks = sampled_tokens(p, 3)
+        assert len(toks) == 1 + accepted_drafts(p, 3)
+        assert toks == sampled_tokens(p, 3) and toks[:1] == sampled_tokens(p, 0)
+
+
+def test_fake_model_result_reads_the_first_sampled_position_past_the_drafts() -> None:
+    k = 2
+    entries = (
+        ScheduledRequest("a", ScheduleKind.RUNNING, 10, 3, 11, (1,), (5, 6, 7), spec_token_ids=(6, 7)),
+        ScheduledRequest("b", ScheduleKind.NEW, 0, 4, 9, (2,), (1, 2, 3, 4)),  # a prefill chunk
+    )
+    result = fake_result(StepPlan(1, entries, (), ()), k, propose=True)
+    assert set(result.sampled) == {"a"} and result.sampled["a"] == sampled_tokens(11, 2)
+    nxt = 11 + len(result.sampled["a"])
+    assert result.draft_token_ids == {"a": tuple(sampled_tokens(q, 0)[0] for q in range(nxt, nxt + k))}
+    assert fake_result(StepPlan(1, entries, (), ()), k, propose=False).draft_token_ids == {}
+
+
+def test_run_bench_modes_give_a_row_per_mode_and_name_what_could_not_run() -> None:
+    class SyncOnly(ImplScheduler):
+        def __init__(self, config: SchedulerConfig) -> None:
+            if config.async_scheduling:
+                raise ValueError("no async here")
+            super().__init__(config)
+
+    rows = run_bench({"spec": SpecScheduler, "sync-only": SyncOnly}, running=(8,), steps=3,
+                     mixed_steps=10, max_seconds=1.0, memory=False,
+                     modes=(SYNC, Mode(True, 0)))
+    assert [(r.workload, r.scheduler, r.mode) for r in rows] == [
+        ("decode-8", "spec", "sync"), ("decode-8", "sync-only", "sync"),
+        ("mixed", "spec", "sync"), ("mixed", "sync-only", "sync"),
+        ("decode-8 async", "spec", "async"), ("decode-8 async", "sync-only", "async"),
+        ("mixed async", "spec", "async"), ("mixed async", "sync-only", "async"),
+    ]
+    missing = [r for r in rows if r.steps == 0]
+    assert [(r.workload, r.scheduler) for r in missing] == [("decode-8 async", "sync-only"),
+                                                          ("mixed async", "sync-only")]
+    assert all(r.speedup is None and "no async here" in r.note for r in missing)
+    assert table_cells(missing)[0][3] == "n/a"
+    assert not_run_notes(rows) == [f"{r.workload} sync-only: {r.note}" for r in missing]
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_vllm_runs_every_mode_with_its_own_async_scheduler_and_drafts() -> None:
+    """In async and speculative modes the bench drives vLLM's scheduler as its
+    engine core does (a step in flight; drafts after the step) and times the
+    same calls; the decode rows reach decode in every mode."""
+    from schedspec.adapters.registry import resolve
+
+    rows = run_bench({"vllm": resolve("vllm").factory}, running=(8,), steps=3, mixed_steps=30,
+                     max_seconds=1.0, memory=False, modes=DEFAULT_MODES)
+    assert [r.mode for r in rows] == ["sync", "sync", "async", "async", "sync+spec3", "sync+spec3",
+                                      "async+spec3", "async+spec3"]
+    assert all(r.steps >= 3 and r.cpu_median_ms > 0 for r in rows), not_run_notes(rows)
+    notes = {r.mode: r.note for r in rows}
+    assert notes["sync+spec3"] == "vLLM schedule()+update_from_output()+update_draft_token_ids()"
+    assert notes["async+spec3"] == notes["async"] == "vLLM schedule()+update_from_output()"

@@ -39,12 +39,14 @@ from schedspec.check.workload import (
     AddRequest,
     Event,
     ResetPrefixCache,
+    Schedule,
     Step,
+    Update,
     Workload,
-    draw_mode,
 )
 from schedspec.spec.interface import Policy, RequestSpec, RequestStatus, SchedulerConfig
-from schedspec.spec.rule_names import RULE_NAMES
+from schedspec.spec.errors import ConfigError
+from schedspec.spec.rule_names import RULE_NAMES, RULES
 from schedspec.spec.scheduler import SpecScheduler
 
 #: The swarm's switches. Each workload turns each one on with probability 1/2
@@ -73,6 +75,7 @@ FEATURES: tuple[str, ...] = (
     "bursts",            # arrivals in bursts of up to eight
     "salts",             # cache salts
     "big_blocks",        # blocks of 4 or 8 tokens (a decode then rarely needs a new block)
+    "split_steps",       # steps spelled out as schedule, an abort or arrival, update
 )
 
 #: rule -> (features that make it likely, features that would hide it)
@@ -117,6 +120,7 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
         ("kv.reset_ok", "resets", ""),
         ("kv.reset_refused", "resets", "reset_running"),
         ("update.no_token", "small_budget long_prompts", "no_chunking"),
+        ("update.request_gone", "split_steps aborts", ""),
         ("stop.eos", "eos", "short_outputs"),
         ("stop.stop_token", "stops", "short_outputs"),
         ("stop.max_tokens", "short_outputs", ""),
@@ -266,6 +270,37 @@ class _Requests:
         return req
 
 
+def pick_mode(modes: Sequence[str], focus: Sequence[str], rng: random.Random) -> tuple[str, int]:
+    """(mode, k): a mode of ``modes`` in which every focus rule can be
+    reached where there is one (a focus rule of async scheduling draws an
+    async mode), and k drafts for a mode with speculative decoding."""
+    allowed = list(modes)
+    for rule in focus:
+        narrowed = [m for m in allowed if m in RULES[rule].modes] if rule in RULES else allowed
+        allowed = narrowed or allowed
+    mode = allowed[0] if len(allowed) == 1 else rng.choice(allowed)
+    k = rng.choice(CHECK_SPACE.spec_tokens) if mode in ("spec", "async-spec") else 0
+    return mode, k
+
+
+def with_mode(config: SchedulerConfig, mode_k: tuple[str, int]) -> SchedulerConfig:
+    """``config`` in the mode (and with the k) of ``pick_mode``; a
+    long-prefill threshold that would cut a padded decode of 1 + k tokens is
+    raised past it."""
+    mode, k = mode_k
+    if mode == "sync":
+        return config
+    threshold = config.long_prefill_token_threshold
+    if k and 0 < threshold <= k:
+        threshold = min(k + 1, config.max_model_len)
+    try:
+        return dataclasses.replace(config, async_scheduling=mode.startswith("async"), num_speculative_tokens=k,
+                                   long_prefill_token_threshold=threshold)
+    except ConfigError:
+        return dataclasses.replace(config, async_scheduling=mode.startswith("async"), num_speculative_tokens=k,
+                                   long_prefill_token_threshold=0)
+
+
 def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),
                     modes: Sequence[str] = ("sync",), oracle_seed: int | None = None) -> Workload:
     """A seeded workload of ``num_steps`` steps with a swarm of features,
@@ -275,11 +310,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     branches."""
     rng = random.Random(f"schedspec-guided-{seed}")
     plan = draw_plan(rng, focus)
-    config = plan_config(rng, plan)
-    if tuple(modes) != ("sync",):
-        mode_rng = random.Random(f"schedspec-mode-{seed}")
-        fields = draw_mode(tuple(modes), CHECK_SPACE.spec_tokens, lambda options: mode_rng.choice(options))
-        config = dataclasses.replace(config, **fields)
+    config = with_mode(plan_config(rng, plan), pick_mode(modes, focus, random.Random(f"schedspec-mode-{seed}")))
     f = plan.features
     make = _Requests(rng, config, plan, vocab)
     sim = Runner(config, {"spec": SpecScheduler}, vocab=vocab,
@@ -315,7 +346,15 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
             else:
                 emit(ResetPrefixCache("reset_running" in f and rng.random() < 0.5))
         else:
-            emit(Step())
+            if "split_steps" in f and spec.requests and rng.random() < 0.25:
+                emit(Schedule())  # schedule(N), an abort or an arrival, then update(N)
+                if rng.random() < 0.6:
+                    emit(Abort(rng.choice(sorted(spec.requests))))
+                else:
+                    emit(AddRequest(make.make()))
+                emit(Update())
+            else:
+                emit(Step())
             steps += 1
             if draining:
                 draining -= 1

@@ -386,8 +386,19 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
         return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes)
     if settings.generator != "guided":
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
-    focus = choose_focus(counts, seed, names=reachable_in(settings.modes))
-    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=settings.modes)
+    modes = supported_modes(settings)
+    focus = choose_focus(counts, seed, names=reachable_in(modes))
+    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes)
+
+
+def supported_modes(settings: CheckSettings) -> tuple[str, ...]:
+    """``settings.modes`` less those the scheduler under test does not
+    support (its declared capabilities); sync when none is left."""
+    caps = getattr(settings, "capabilities", None)
+    modes = tuple(m for m in settings.modes
+                  if not (m.startswith("async") and not getattr(caps, "async_scheduling", True))
+                  and not (m.endswith("spec") and not getattr(caps, "speculative_decoding", True)))
+    return modes or ("sync",)
 
 
 def count_rules(runner: Runner, workload: Workload, seed: int, vocab: int) -> None:

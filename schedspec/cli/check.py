@@ -14,6 +14,7 @@ from typing import Any
 from schedspec.check.gate import CheckSettings, check_summary, junit_xml, missing_rules_message, run_check
 from schedspec.check.shrink import count_steps
 from schedspec.invariants import Selection
+from schedspec.check.workload import parse_modes
 from schedspec.spec.coverage import format_table, parse_required, rules_line
 from schedspec.cli.common import (
     EXIT_FAIL,
@@ -51,6 +52,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--generator", default="guided", choices=("guided", "random"),
                    help="guided (default): swarm workloads aimed at the rules reached least so far; "
                         "random: the plain seeded workloads")
+    c.add_argument("--modes", default="sync", metavar="sync,async,spec,async-spec|all",
+                   help="the modes the workloads run in, each drawn per workload (default sync)")
     c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
                    help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
                         "printed and written as JSON to PATH (default OUT/fidelity.json)")
@@ -70,6 +73,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
                          "--mode invariants")
     if args.plans_only and args.invariants is not None:
         raise UsageError("--plans-only checks no invariants: drop --invariants or --plans-only")
+    modes = _modes(args.modes)
     return CheckSettings(
         mode=mode,
         invariants=args.invariants,
@@ -83,16 +87,24 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         shrink_time=args.shrink_time,
         plans_only=args.plans_only,
         out_dir=Path(args.out),
-        require_rules=_required_rules(args.require_rules),
+        require_rules=_required_rules(args.require_rules, modes),
         generator=args.generator,
+        modes=modes,
     )
 
 
-def _required_rules(text: str | None) -> tuple[str, ...]:
+def _modes(text: str) -> tuple[str, ...]:
+    try:
+        return parse_modes("sync,async,spec,async-spec" if text.strip() == "all" else text)
+    except ValueError as exc:
+        raise UsageError(f"--modes: {exc}") from None
+
+
+def _required_rules(text: str | None, modes: tuple[str, ...]) -> tuple[str, ...]:
     if text is None:
         return ()
     try:
-        return parse_required(text, CheckSettings.modes)
+        return parse_required(text, modes)
     except ValueError as exc:
         raise UsageError(f"--require-rules: {exc}") from None
 

@@ -143,7 +143,12 @@ def test_unreached_and_required_names() -> None:
     assert coverage.reached(counts) == ["admit.new", "kv.miss"]
     assert "admit.resumed" in coverage.unreached(counts) and "admit.new" not in coverage.unreached(counts)
     assert coverage.unreached(counts, ["admit.new"], at_least=4) == ["admit.new"]
-    assert coverage.parse_required("all") == RULE_NAMES
+    from schedspec.spec.rule_names import ALL_MODES, reachable_in
+
+    assert coverage.parse_required("all") == reachable_in(ALL_MODES)
+    assert "admit.new" in coverage.parse_required("all", ("sync",))
+    assert "async.stale_output" not in coverage.parse_required("all", ("sync",))
+    assert "async.stale_output" in coverage.parse_required("all", ("sync", "async"))
     assert coverage.parse_required("admit.new, stop") == ("admit.new",) + tuple(
         n for n in RULE_NAMES if n.startswith("stop."))
     assert coverage.parse_required("kv.*") == tuple(n for n in RULE_NAMES if n.startswith("kv."))
@@ -215,3 +220,77 @@ def test_the_state_machine_tallies_rule_coverage() -> None:
     assert tally.all_runs >= 15
     assert tally.rules["admit.new"] > 0 and tally.rules["running.scheduled"] > 0
     assert tally.unreached_rules() == coverage.unreached(tally.rules)
+
+
+# ---------------------------------------------------------------- guided generation
+
+
+def test_guided_workloads_are_a_function_of_seed_and_focus() -> None:
+    from schedspec.check.coverage_guided import guided_workload
+
+    a = guided_workload(5, 60, focus=("abort.preempted",))
+    assert a == guided_workload(5, 60, focus=("abort.preempted",))
+    assert a.num_steps == 60 and "focus:abort.preempted" in a.features
+    assert {"aborts", "tight_pool", "long_prompts"} <= set(a.features)
+    b = guided_workload(5, 60, focus=("kv.hit_full",))
+    assert "no_caching" not in b.features and b.config.enable_prefix_caching
+
+
+def test_focus_prefers_the_rules_reached_least() -> None:
+    from schedspec.check.coverage_guided import choose_focus
+
+    counts = Counter({n: 25 for n in RULE_NAMES})
+    assert choose_focus(counts, 0) == ()
+    counts["abort.preempted"] = 0
+    counts["stop.eos"] = 3
+    picks = [choose_focus(counts, seed, k=1) for seed in range(200)]
+    assert picks == [choose_focus(counts, seed, k=1) for seed in range(200)]  # seeded
+    assert {p[0] for p in picks} == {"abort.preempted", "stop.eos"}
+    assert sum(p == ("abort.preempted",) for p in picks) > sum(p == ("stop.eos",) for p in picks)
+    assert set(choose_focus(counts, 0, k=3)) == {"abort.preempted", "stop.eos"}
+
+
+def test_a_focus_rule_of_async_scheduling_draws_an_async_mode() -> None:
+    import random
+
+    from schedspec.check.coverage_guided import pick_mode
+
+    modes = ("sync", "async", "spec", "async-spec")
+    for seed in range(20):
+        mode, k = pick_mode(modes, ("async.stale_output",), random.Random(seed))
+        assert mode.startswith("async") and (k > 0) == (mode == "async-spec")
+        assert pick_mode(("sync",), ("async.stale_output",), random.Random(seed)) == ("sync", 0)
+
+
+def test_the_default_check_reaches_every_rule_of_its_mode() -> None:
+    from schedspec.check.gate import CheckSettings, run_check
+    from schedspec.spec.rule_names import reachable_in
+
+    settings = CheckSettings(plans_only=True, require_rules=reachable_in(("sync",)))
+    o = run_check({"spec": SpecScheduler}, settings)
+    assert o.steps == 2000 and o.failure is None
+    assert o.missing_rules == (), coverage.rules_line(o.stats.rules)
+    again = run_check({"spec": SpecScheduler}, settings)
+    assert again.stats.rules == o.stats.rules  # reproducible by seed
+
+
+def test_guided_workloads_in_every_mode_reach_every_rule_they_can() -> None:
+    from schedspec.check.coverage_guided import choose_focus, guided_workload
+    from schedspec.check.driver import Runner
+    from schedspec.spec.rule_names import reachable_in
+
+    modes = ("sync", "async", "spec", "async-spec")
+    names = reachable_in(modes)
+    total: Counter[str] = Counter()
+    steps = 0
+    for seed in range(10):
+        w = guided_workload(seed, 200, focus=choose_focus(total, seed, names=names), modes=modes)
+        r = Runner(w.config, {"spec": SpecScheduler}, oracle_seed=seed, check_invariants=False,
+                   compare_views=False)
+        assert r.run(w.events) is None
+        counts = coverage.counts_of(r.primary)
+        assert counts is not None
+        coverage.merge(total, counts)
+        steps += r.stats.steps
+    assert steps == 2000
+    assert coverage.unreached(total, names) == []

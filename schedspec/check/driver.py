@@ -187,6 +187,8 @@ class Runner:
         if monitor is None:
             return None
         in_flight = tuple(p.plans[name] for p in self.pending)
+        if t_kind == "schedule" and isinstance(kw.get("plan"), StepPlan):
+            in_flight += (kw["plan"],)  # type: ignore[operator]
         t = Transition(kind=t_kind, before=before, after=after, in_flight=in_flight, **kw)  # type: ignore[arg-type]
         found = monitor.observe(t)
         if found:

@@ -148,8 +148,14 @@ def admission_fits(view: SchedulerView, r: RequestView, budget: int, threshold: 
 
 def running_chunk(r: RequestView, budget: int, threshold: int, max_model_len: int) -> int:
     """Tokens a running request is given when the RUNNING loop reaches it with
-    ``budget`` tokens left (scheduler.py, schedule())."""
-    n = r.num_tokens - r.num_computed_tokens
+    ``budget`` tokens left (scheduler.py, schedule()): its known tokens, drafts
+    and in-flight placeholders past the computed ones (``num_tokens_with_spec
+    + num_output_placeholders - num_computed_tokens``); 0 when async
+    scheduling's steps in flight surely bring it to max_tokens."""
+    p = r.num_output_placeholders
+    if p > 0 and r.num_computed_tokens + 2 - p >= len(r.prompt_token_ids) + r.max_tokens:
+        return 0
+    n = r.num_tokens + len(r.spec_token_ids) + p - r.num_computed_tokens
     if 0 < threshold < n:
         n = threshold
     n = min(n, budget, max_model_len - r.num_computed_tokens - 1)

@@ -93,8 +93,12 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
         for cid in sorted(adm - set(changes)):
             yield cid, "admitted but its status did not become RUNNING"
     elif t.kind == "update":
+        # async scheduling: the stale output of a step in flight at a
+        # preemption may stop the preempted request (update_from_output,
+        # stopped_preempted_reqs)
+        stoppable = (_S.RUNNING, _S.PREEMPTED) if t.after.config.async_scheduling else (_S.RUNNING,)
         for cid, (old, new) in changes.items():
-            if old != _S.RUNNING or new not in (_S.FINISHED_STOPPED, _S.FINISHED_LENGTH_CAPPED):
+            if old not in stoppable or new not in (_S.FINISHED_STOPPED, _S.FINISHED_LENGTH_CAPPED):
                 yield cid, f"update() changed {cid}: {name(old)} -> {name(new)}"
     elif t.kind == "reset":
         bad = {cid: ch for cid, ch in changes.items() if ch != (_S.RUNNING, _S.PREEMPTED)}
@@ -163,7 +167,15 @@ def blocks_only_grow(t: Transition, h: History) -> Iterator[Finding]:
             if b.status == a.status == _S.RUNNING and not is_prefix(b.block_ids, a.block_ids):
                 yield rid, f"block table {list(b.block_ids)} became {list(a.block_ids)}"
             continue
-        if a.block_ids != b.block_ids or a.num_computed_tokens != b.num_computed_tokens:
+        # speculative decoding: update() rolls rejected drafts, and the tokens
+        # trimmed after a stop, out of num_computed_tokens (update_from_output,
+        # _update_request_with_output); it never adds any
+        rolled_back = (
+            t.kind == "update"
+            and t.after.config.num_speculative_tokens > 0
+            and a.num_computed_tokens <= b.num_computed_tokens
+        )
+        if a.block_ids != b.block_ids or (a.num_computed_tokens != b.num_computed_tokens and not rolled_back):
             yield rid, (
                 f"{t.kind} changed computed tokens/blocks from {b.num_computed_tokens}/"
                 f"{list(b.block_ids)} to {a.num_computed_tokens}/{list(a.block_ids)}"
@@ -219,15 +231,23 @@ def update_appends_sampled_token(t: Transition, h: History) -> Iterator[Finding]
     assert t.plan is not None
     sampled = t.result.sampled if t.result is not None else {}
     planned = {s.request_id: s for s in t.plan.scheduled}
+    mml = t.before.config.max_model_len
     for rid, b in t.before.requests.items():
         a = lookup(t.after, rid)
         if a is None:
             continue
         s = planned.get(rid)
         toks = sampled.get(rid, ())
-        if s is not None and s.samples and b.status == _S.RUNNING and toks:
-            want = b.output_token_ids + tuple(toks[:1])
-            what = f"the sampled token {toks[0]} appended"
+        is_async = t.before.config.async_scheduling
+        stale = b.status == _S.PREEMPTED and is_async
+        if s is not None and s.samples and (b.status == _S.RUNNING or stale) and toks:
+            # the accepted drafts then the bonus token, up to the first that
+            # stops the request (utils.py, check_stop after each)
+            kept = _kept_tokens(b, toks, mml)
+            want = b.output_token_ids + kept
+            what = f"the sampled tokens {list(kept)} appended"
+            if is_async and b.num_preemptions > 0 and a.output_token_ids == b.output_token_ids:
+                continue  # stale output of a reset_prefix_cache preemption: dropped
         else:
             want = b.output_token_ids
             what = "unchanged (" + ("not scheduled" if s is None else "partial prefill chunk") + ")"
@@ -235,6 +255,16 @@ def update_appends_sampled_token(t: Transition, h: History) -> Iterator[Finding]
                 what = "unchanged (no sampled token)"
         if a.output_token_ids != want:
             yield rid, f"output {list(b.output_token_ids)} became {list(a.output_token_ids)}, want {what}"
+
+
+def _kept_tokens(b: RequestView, toks: tuple[int, ...], max_model_len: int) -> tuple[int, ...]:
+    """The tokens of a result that update() appends to ``b``: all of them, or
+    up to and including the first after which check_stop stops it."""
+    for i, tok in enumerate(toks, 1):
+        outputs = len(b.output_token_ids) + i
+        if _stop_token(b, tok) or outputs >= b.max_tokens or b.num_tokens + i >= max_model_len:
+            return tuple(toks[:i])
+    return tuple(toks)
 
 
 def _stop_token(r: RequestView, token: int) -> bool:

@@ -164,10 +164,16 @@ def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
 )
 def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
+    # Speculative decoding: rejected drafts roll num_computed_tokens back but
+    # keep their blocks, by up to k per step still counted (two with async
+    # scheduling: scheduler.py, update_from_output, num_rejected).
+    k = v.config.num_speculative_tokens
+    slack = k * (2 if v.config.async_scheduling else 1)
     for rid, r in v.requests.items():
         if r.status == RequestStatus.RUNNING:
             want = cdiv(r.num_computed_tokens, bs)
-            if len(r.block_ids) != want:
+            most = cdiv(min(r.num_computed_tokens + slack, v.config.max_model_len), bs)
+            if not want <= len(r.block_ids) <= max(most, want):
                 yield rid, (
                     f"running with {r.num_computed_tokens} computed tokens holds "
                     f"{len(r.block_ids)} blocks, vLLM holds cdiv({r.num_computed_tokens}, {bs}) = {want}"
@@ -294,7 +300,11 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
         r = v.requests.get(rid)
         if r is None:
             continue
-        for i in range(min(r.num_computed_tokens // bs, len(r.block_ids))):
+        # only known tokens are cached: not in-flight placeholders or drafts
+        # (kv_cache_manager.py, allocate_slots caps at request.num_tokens;
+        # update_from_output caches num_computed_tokens - num_in_flight_tokens)
+        known = min(r.num_computed_tokens - r.num_output_placeholders, r.num_tokens)
+        for i in range(min(known // bs, len(r.block_ids))):
             if r.block_ids[i] not in v.kv.block_keys:
                 yield rid, (
                     f"block {r.block_ids[i]} (index {i}) is full ({r.num_computed_tokens} computed "

@@ -199,6 +199,17 @@ def _check_config_relations(config: ConfigFields) -> None:
             f"({config.long_prefill_token_threshold}) must be 0 or above "
             f"num_speculative_tokens ({k}): a padded decode of 1 + {k} tokens must not be cut",
         )
+    # scheduler.py, schedule(), the WAITING loop: a padded decode of 1 + k
+    # tokens that does not fit the budget stops the loop ("Prefer to not
+    # schedule than schedule un-padded"). With a whole budget below 1 + k a
+    # request whose prompt is cached up to its last token would block the
+    # head of the waiting queue for ever, so such a budget is refused.
+    if k > 0 and config.max_num_batched_tokens < 1 + k:
+        raise ConfigError(
+            "max_num_batched_tokens",
+            f"({config.max_num_batched_tokens}) must hold one decode with its drafts: "
+            f"1 + num_speculative_tokens = {1 + k}",
+        )
     # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine
     # refuses to start unless one request of max_model_len tokens fits.
     usable_tokens = (config.num_blocks - 1) * config.block_size

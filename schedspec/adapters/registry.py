@@ -120,6 +120,7 @@ def factory_of(cls: type, label: str) -> SchedulerFactory:
             sched: Scheduler = VllmScheduler(config, scheduler_cls=cls)
             return sched
 
+        wrapped.__wrapped__ = cls  # type: ignore[attr-defined]  # what a failure names
         return wrapped
     missing = [m for m in _PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
     if missing:
@@ -135,6 +136,7 @@ def factory_of(cls: type, label: str) -> SchedulerFactory:
         sched: Scheduler = cls(config)
         return sched
 
+    build.__wrapped__ = cls  # type: ignore[attr-defined]  # what a failure names
     return build
 
 

@@ -90,6 +90,8 @@ class Failure:
 
     def describe(self) -> str:
         head = f"{self.kind} at event {self.event_index} (step {self.step}) in {self.scheduler}"
+        if self.event_index < 0:
+            head = f"{self.kind} before the first event (building the scheduler) in {self.scheduler}"
         if self.in_flight:
             head += f", step(s) {', '.join(map(str, self.in_flight))} in flight"
         lines = [head, "  " + self.message]
@@ -128,7 +130,16 @@ class Runner:
     ) -> None:
         self.config = config
         self.names = list(factories)
-        self.scheds: dict[str, Scheduler] = {n: f(config) for n, f in factories.items()}
+        #: a scheduler that raised while being built or on its first view():
+        #: every apply() and run() returns it, naming the scheduler and the call
+        self.build_failure: Failure | None = None
+        self.scheds: dict[str, Scheduler] = {}
+        for n, f in factories.items():
+            try:
+                self.scheds[n] = f(config)
+            except Exception as exc:
+                self.build_failure = _build_failure(n, f"{_callable_name(f)}(config)", exc)
+                break
         self.models: dict[str, Model] = (
             {n: models[n] for n in self.names} if models is not None
             else {
@@ -144,9 +155,13 @@ class Runner:
         )
         self.compare_views = compare_views and len(self.names) > 1
         self.need_views = check_invariants or self.compare_views or keep_history
-        self.views: dict[str, SchedulerView] = (
-            {n: s.view() for n, s in self.scheds.items()} if self.need_views else {}
-        )
+        self.views: dict[str, SchedulerView] = {}
+        for n, s in self.scheds.items() if self.need_views and self.build_failure is None else ():
+            try:
+                self.views[n] = s.view()
+            except Exception as exc:
+                self.build_failure = _build_failure(n, f"{type(s).__qualname__}.view()", exc)
+                break
         self.truth: dict[str, list[int]] = {}  # request id -> prompt + delivered sampled tokens
         self.aborted: set[str] = set()
         self.stats = Stats()
@@ -190,6 +205,7 @@ class Runner:
         if t_kind == "schedule" and isinstance(kw.get("plan"), StepPlan):
             in_flight += (kw["plan"],)  # type: ignore[operator]
         t = Transition(kind=t_kind, before=before, after=after, in_flight=in_flight, **kw)  # type: ignore[arg-type]
+        self._where = (name, "invariants")
         found = monitor.observe(t)
         if found:
             return self._fail("violation", name, f"{len(found)} invariant violation(s) after {t_kind}", tuple(found))
@@ -216,6 +232,8 @@ class Runner:
         Update with nothing in flight, a Schedule while the scheduler may not
         take one) raises EventError and changes nothing: that is a malformed
         workload, not a finding about a scheduler."""
+        if self.build_failure is not None:
+            return self.build_failure
         self._check_event(event)
         self.event_index += 1
         self._where = ("?", "?")
@@ -225,10 +243,13 @@ class Runner:
             name, method = self._where
             if method == "execute":
                 who = f"the model of {name} ({type(self.models[name]).__qualname__}.execute)"
+            elif method == "invariants":
+                who = (f"the invariant checks on the view of {name} "
+                       f"(what {type(self.scheds[name]).__qualname__}.view() returned)")
             elif name in self.scheds:
                 who = f"{type(self.scheds[name]).__qualname__}.{method}()"
             else:
-                who = "?"
+                name, who = "driver", "the checking driver, with no scheduler call in progress,"
             frames = _last_frames(exc)
             label = "last frame" if len(frames) == 1 else "last frames, innermost first"
             return self._fail("error", name, f"{who} raised {type(exc).__name__}: {exc}"
@@ -442,6 +463,8 @@ class Runner:
                                            self.in_flight + (self.flight.scheduled,)))
 
     def run(self, events: tuple[Event, ...] | list[Event]) -> Failure | None:
+        if self.build_failure is not None:
+            return self.build_failure
         for event in events:
             failure = self.apply(event)
             if failure is not None:
@@ -509,6 +532,21 @@ def _relative(path: str) -> str:
     except ValueError:  # another drive
         return path
     return path if rel.startswith("..") else rel
+
+
+def _callable_name(f: object) -> str:
+    """A factory's name for a message: the class or function it is."""
+    target = getattr(f, "__wrapped__", f)
+    return str(getattr(target, "__qualname__", None) or getattr(type(target), "__qualname__", repr(target)))
+
+
+def _build_failure(name: str, call: str, exc: BaseException) -> Failure:
+    """The Failure of a scheduler that raised while being built (``call``
+    is what raised, e.g. ``Mine(config)``)."""
+    frames = _last_frames(exc)
+    label = "last frame" if len(frames) == 1 else "last frames, innermost first"
+    return Failure("error", -1, 0, name, f"{call} raised {type(exc).__name__}: {exc}"
+                   + (f" ({label}: {'; '.join(frames)})" if frames else ""), exception=exc)
 
 
 def _last_frames(exc: BaseException, n: int = 3) -> list[str]:

@@ -145,7 +145,12 @@ def _user_class(spec: str) -> Target:
     label = f"--against {spec!r}"
     factory = factory_of(cls, label)
     try:
-        caps = capabilities_of(cls)
+        if is_vllm_scheduler_class(cls) and getattr(cls, "CAPABILITIES", None) is None:
+            from schedspec.adapters.vllm_adapter import capabilities_of_class
+
+            caps = capabilities_of_class(cls)
+        else:
+            caps = capabilities_of(cls)
     except SchedSpecError as exc:
         raise AdapterError(f"{label}: {exc}") from None
     return Target(spec, factory, caps)
@@ -157,7 +162,9 @@ def resolve(name: str) -> Target:
     if name == "impl":
         return Target("impl", _impl)
     if name == "vllm":
-        return Target("vllm", _vllm)
+        from schedspec.adapters.vllm_adapter import VLLM_CAPABILITIES
+
+        return Target("vllm", _vllm, VLLM_CAPABILITIES)
     if ":" in name:
         return _user_class(name)
     raise AdapterError(f"--against {name!r}: expected spec, impl, vllm or MODULE:CLASS")

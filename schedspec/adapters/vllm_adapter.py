@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from schedspec.check.capabilities import Capabilities
 from schedspec.spec.interface import (
     BlockKey,
     KVView,
@@ -502,6 +503,19 @@ def is_async_scheduler_class(cls: type) -> bool:
     return isinstance(cls, type) and issubclass(cls, v.AsyncScheduler)
 
 
+#: What ``vllm`` (vLLM's own Scheduler and AsyncScheduler, picked by the
+#: config) supports: everything the spec does, in all four modes.
+VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True)
+
+
+def capabilities_of_class(cls: type) -> Capabilities:
+    """What a user's vLLM scheduler class supports through the adapter:
+    speculative decoding always; async scheduling for an AsyncScheduler
+    subclass (which is driven only with a step in flight: a synchronous
+    config is refused when it is built)."""
+    return Capabilities(async_scheduling=is_async_scheduler_class(cls), speculative_decoding=True)
+
+
 @dataclass
 class _Live:
     spec: RequestSpec
@@ -519,6 +533,8 @@ class VllmScheduler:
     default the class is vLLM's AsyncScheduler with async scheduling on, its
     Scheduler otherwise.
     """
+
+    CAPABILITIES = VLLM_CAPABILITIES
 
     def __init__(self, config: SchedulerConfig, scheduler_cls: type | None = None) -> None:
         config = check_config(config)

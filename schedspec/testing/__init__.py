@@ -6,6 +6,7 @@ Hypothesis strategies; ``schedspec.testing.stateful`` the state machine.
 Importing it registers no Hypothesis profile.
 """
 
-from schedspec.testing.contract import SchedulerContract
+from schedspec.check.capabilities import Capabilities
+from schedspec.testing.contract import ContractError, SchedulerContract, hypothesis_settings_in_force
 
-__all__ = ["SchedulerContract"]
+__all__ = ["Capabilities", "ContractError", "SchedulerContract", "hypothesis_settings_in_force"]

@@ -29,6 +29,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from schedspec.spec.interface import SchedulerConfig
 from schedspec.check import trace as tracefile
+from schedspec.check.capabilities import FULL, Capabilities
+from schedspec.invariants import Invariant
 from schedspec.check.driver import Failure, Runner
 from schedspec.check.stats import Stats
 from schedspec.spec.interface import SchedulerFactory
@@ -94,6 +96,13 @@ class SchedulerMachineBase(RuleBasedStateMachine):
     compare_views: ClassVar[bool] = True
     trace_sink: ClassVar[Path | None] = None
     tally: ClassVar[RunTally | None] = None
+    #: what the schedulers support: configs and events are drawn within it
+    capabilities: ClassVar[Capabilities] = FULL
+    #: the invariants to check (None: the whole catalogue); not ``invariants``,
+    #: which is RuleBasedStateMachine's own
+    checked_invariants: ClassVar[tuple[Invariant, ...] | None] = None
+    #: the check, as a trace header records it (None: lockstep, every invariant)
+    check_record: ClassVar[dict[str, str] | None] = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,6 +119,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         data=st.data(),
     )
     def setup(self, config: SchedulerConfig, shared: list[tuple[int, ...]], data: st.DataObject) -> None:
+        config = self.capabilities.restrict_config(config)
         self.config = config
         self.prefixes = list(shared)
         note(f"config = {config!r}")
@@ -119,6 +129,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
             vocab=VOCAB,
             check_invariants=self.run_invariants,
             compare_views=self.compare_views,
+            invariants=self.checked_invariants,
         )
         # Every run starts with work to do: a first burst of arrivals.
         for _ in range(data.draw(st.integers(2, 6), label="initial requests")):
@@ -137,7 +148,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         if self.trace_sink is not None:
             tracefile.write(
                 self.trace_sink,
-                tracefile.Trace(Workload(self.config, tuple(self.events)), vocab=VOCAB),
+                tracefile.Trace(Workload(self.config, tuple(self.events)), vocab=VOCAB, check=self.check_record),
             )
         raise AssertionError(failure.describe())
 
@@ -146,7 +157,9 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         assert self.config is not None
         self.counter += 1
         rid = f"r{self.counter}"
-        req = data.draw(requests(rid, self.counter, self.config.max_model_len, self.prefixes))
+        req = self.capabilities.restrict_request(
+            data.draw(requests(rid, self.counter, self.config.max_model_len, self.prefixes))
+        )
         self._do(AddRequest(req))
         self.live.append(rid)
 
@@ -159,12 +172,12 @@ class SchedulerMachineBase(RuleBasedStateMachine):
     def step(self, n: int, reset: bool | None) -> None:
         """Steps, now and then preceded by a prefix-cache reset (kept rare: a
         reset empties the cache, and hits are what most runs must reach)."""
-        if reset is not None:
+        if reset is not None and self.capabilities.reset_prefix_cache:
             self._do(ResetPrefixCache(reset))
         for _ in range(n):
             self._do(Step())
 
-    @precondition(lambda self: bool(self.live))
+    @precondition(lambda self: bool(self.live) and self.capabilities.abort)
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(self.live))
@@ -192,12 +205,21 @@ def make_machine(
     trace_sink: Path | None = None,
     tally: RunTally | None = None,
     name: str = "SchedulerMachine",
+    capabilities: Capabilities = FULL,
+    invariants: tuple[Invariant, ...] | None = None,
+    check_record: dict[str, str] | None = None,
 ) -> type[SchedulerMachineBase]:
+    """A state machine class over ``factories``: configs and events drawn
+    within ``capabilities``, ``invariants`` checked (None: all) and, with
+    ``compare_views`` and more than one factory, plans and views compared."""
     attrs: dict[str, Any] = {
         "factories": dict(factories),
         "run_invariants": check_invariants,
         "compare_views": compare_views,
         "trace_sink": trace_sink,
         "tally": tally,
+        "capabilities": capabilities,
+        "checked_invariants": invariants,
+        "check_record": check_record,
     }
     return type(name, (SchedulerMachineBase,), attrs)

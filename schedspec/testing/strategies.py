@@ -3,7 +3,9 @@
 ``configs(space)`` draws from a ``schedspec.check.workload.ConfigSpace``, the
 one place that says what small configurations look like (the seeded random
 workloads of ``schedspec check`` draw from one too). ``requests`` draws one
-arrival rich in shared prefixes, salts, stop and eos tokens.
+arrival rich in shared prefixes, salts, stop and eos tokens. Both take a
+``capabilities`` (schedspec.check.capabilities.Capabilities) and draw only
+within it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Sequence, TypeVar
 
 from hypothesis import strategies as st
 
+from schedspec.check.capabilities import FULL, Capabilities
 from schedspec.check.workload import MACHINE_SPACE, ConfigSpace, draw_config
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
 
@@ -33,13 +36,16 @@ def flags(p: float) -> st.SearchStrategy[bool]:
 
 
 @st.composite
-def configs(draw: st.DrawFn, space: ConfigSpace = MACHINE_SPACE) -> SchedulerConfig:
-    """A configuration of ``space``: small and tight, every mechanism likely."""
+def configs(
+    draw: st.DrawFn, space: ConfigSpace = MACHINE_SPACE, capabilities: Capabilities = FULL
+) -> SchedulerConfig:
+    """A configuration of ``space``: small and tight, every mechanism likely;
+    within ``capabilities``."""
 
     def pick(options: Sequence[_T]) -> _T:
         return draw(st.sampled_from(options))
 
-    return draw_config(space, pick, lambda p: draw(flags(p)))
+    return capabilities.restrict_config(draw_config(space, pick, lambda p: draw(flags(p))))
 
 
 
@@ -60,13 +66,14 @@ def requests(
     *,
     alphabet: int = ALPHABET,
     vocab: int = VOCAB,
+    capabilities: Capabilities = FULL,
 ) -> RequestSpec:
     """One arrival: often a shared prefix plus a tail, sometimes long."""
     use_prefix = draw(st.sampled_from([True, True, True, False]), label="shared prefix")
     prefix = draw(st.sampled_from(list(shared))) if use_prefix and shared else ()
     tail = draw(st.lists(st.integers(0, alphabet - 1), min_size=0, max_size=14))
     prompt = (prefix + tuple(tail))[: max_model_len - 1] or (0,)
-    return RequestSpec(
+    return capabilities.restrict_request(RequestSpec(
         request_id=request_id,
         prompt_token_ids=prompt,
         max_tokens=draw(st.sampled_from([1, 3, 5, 8, 30, 30])),
@@ -76,4 +83,4 @@ def requests(
         eos_token_id=draw(st.none() | st.integers(0, vocab - 1)),
         ignore_eos=draw(st.booleans()),
         cache_salt=draw(st.sampled_from([None, None, None, "a"])),
-    )
+    ))

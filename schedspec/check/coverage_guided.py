@@ -284,21 +284,22 @@ def pick_mode(modes: Sequence[str], focus: Sequence[str], rng: random.Random) ->
 
 
 def with_mode(config: SchedulerConfig, mode_k: tuple[str, int]) -> SchedulerConfig:
-    """``config`` in the mode (and with the k) of ``pick_mode``; a
+    """``config`` in the mode (and with the k) of ``pick_mode``: a
     long-prefill threshold that would cut a padded decode of 1 + k tokens is
-    raised past it."""
+    raised past it, and the token budget raised to hold one such decode."""
     mode, k = mode_k
     if mode == "sync":
         return config
     threshold = config.long_prefill_token_threshold
     if k and 0 < threshold <= k:
         threshold = min(k + 1, config.max_model_len)
+    fields = dict(async_scheduling=mode.startswith("async"), num_speculative_tokens=k,
+                  long_prefill_token_threshold=threshold,
+                  max_num_batched_tokens=max(config.max_num_batched_tokens, 1 + k))
     try:
-        return dataclasses.replace(config, async_scheduling=mode.startswith("async"), num_speculative_tokens=k,
-                                   long_prefill_token_threshold=threshold)
-    except ConfigError:
-        return dataclasses.replace(config, async_scheduling=mode.startswith("async"), num_speculative_tokens=k,
-                                   long_prefill_token_threshold=0)
+        return dataclasses.replace(config, **fields)  # type: ignore[arg-type]
+    except ConfigError:  # the mode does not fit this config: keep it in sync mode
+        return config
 
 
 def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),

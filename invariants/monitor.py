@@ -7,7 +7,7 @@ import textwrap
 from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
-from schedspec.invariants import lifecycle, state, step  # noqa: F401
+from schedspec.invariants import inflight, lifecycle, state, step  # noqa: F401
 from schedspec.invariants.core import REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -57,6 +57,13 @@ _ORDER = (
     "finished-reported-once",
     "free-queue-lru",
     "reset-prefix-cache",
+    # steps in flight and drafts (async scheduling, speculative decoding)
+    "placeholders-match-in-flight",
+    "within-max-model-len-with-lookahead",
+    "preempted-carries-no-drafts",
+    "drafts-bounded",
+    "spec-tokens-in-budget",
+    "in-flight-output-delivered-once",
 )
 
 

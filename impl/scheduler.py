@@ -48,6 +48,7 @@ from schedspec.spec.protocol import (
     check_add,
     check_config,
     check_reset,
+    check_result,
     check_sampled,
     check_schedule,
     check_update,
@@ -136,6 +137,13 @@ class _Req:
         "arrival",
         "wseq",
         "run_seq",
+        # async scheduling and speculative decoding (the general path)
+        "ph",
+        "drafts",
+        "inflight",
+        "stale",
+        "drop_stale",
+        "pchunk",
     )
 
     def __init__(
@@ -181,6 +189,17 @@ class _Req:
         self.end_at = self.plen + min(spec.max_tokens, max_model_len - self.plen)
         self.wseq = -1
         self.run_seq = -1
+        # vLLM's num_output_placeholders (output tokens in flight, counted in
+        # num_computed), spec_token_ids (drafts for the next step; -1 = a
+        # placeholder), num_in_flight_tokens (tokens scheduled in plans not
+        # yet updated), num_stale_output_tokens and drop_stale_output (the
+        # in-flight share of a preempted request), is_prefill_chunk.
+        self.ph = 0
+        self.drafts: tuple[int, ...] = ()
+        self.inflight = 0
+        self.stale = 0
+        self.drop_stale = False
+        self.pchunk = False
 
     def copy(self) -> "_Req":
         """An independent copy (the lists copied, immutable values shared)."""
@@ -208,6 +227,12 @@ class _Req:
         n.end_at = self.end_at
         n.wseq = self.wseq
         n.run_seq = self.run_seq
+        n.ph = self.ph
+        n.drafts = self.drafts
+        n.inflight = self.inflight
+        n.stale = self.stale
+        n.drop_stale = self.drop_stale
+        n.pchunk = self.pchunk
         return n
 
     @property
@@ -237,7 +262,19 @@ class _Req:
             num_computed_tokens=self.num_computed,
             block_ids=tuple(self.blocks),
             num_preemptions=self.npreempt,
+            num_output_placeholders=self.ph,
+            spec_token_ids=self.drafts,
         )
+
+    def seq(self, a: int, b: int, drafts: tuple[int, ...]) -> tuple[int, ...]:
+        """Positions a .. b - 1 of a step's sequence: the known tokens, then
+        -1 for each output placeholder, then the step's drafts."""
+        nt = self.num_tokens
+        if b <= nt:
+            return self.toks(a, b)
+        head = self.toks(a, nt) if a < nt else ()
+        tail = (-1,) * self.ph + drafts
+        return head + tail[max(a - nt, 0) : b - nt]
 
 
 Waiting = Union[FcfsWaiting[_Req], PriorityWaiting[_Req]]
@@ -266,8 +303,15 @@ class ImplScheduler:
         self._finished: dict[str, _Req] = {}
         self._preempted: set[str] = set()
         self._step = 0
-        self._outstanding: StepPlan | None = None
-        self._out_reqs: list[_Req] = []
+        # The plans awaiting update(), oldest first, and the requests of
+        # each plan's entries (parallel lists): at most one plan at rest, two
+        # for a moment with async scheduling.
+        self._inflight: list[StepPlan] = []
+        self._inflight_reqs: list[list[_Req]] = []
+        # async scheduling or speculative decoding: the general paths
+        self._general = config.async_scheduling or config.num_speculative_tokens > 0
+        self._k = config.num_speculative_tokens
+        self._async = config.async_scheduling
         # One frozenset per distinct stop set, shared by the requests that
         # have it (a cache of immutable values: clones share it too).
         self._stop_sets: dict[frozenset[int], frozenset[int]] = {}
@@ -303,11 +347,12 @@ class ImplScheduler:
         self._finished[req.rid] = req
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        check_reset(self._outstanding)
+        check_reset(self._inflight, self._config)
         if reset_running_requests:
             running = self._running
             while running:
-                self._preempt(running.pop())
+                # the output of a step in flight is dropped for these
+                self._preempt(running.pop(), drop_stale=True)
         if self._fq.size != self._config.num_blocks - 1:
             return False
         self._px.clear()
@@ -454,8 +499,15 @@ class ImplScheduler:
         req.edge = min(req.cap + 1, req.next_full)
         return True
 
-    def _preempt(self, req: _Req) -> None:
+    def _preempt(self, req: _Req, drop_stale: bool = False) -> None:
+        """Free every block, forget the computed tokens and the drafts; the
+        tokens in flight become stale output (kept or, with ``drop_stale``,
+        dropped on their update), the placeholders go."""
         req.status = _PREEMPTED
+        req.drafts = ()
+        req.drop_stale = drop_stale or (req.drop_stale and req.stale > 0)
+        req.stale = req.inflight
+        req.ph = 0
         self._free(req.blocks)
         req.blocks = []
         req.btuple = ()
@@ -472,7 +524,9 @@ class ImplScheduler:
     # ------------------------------------------------------------------ schedule
 
     def schedule(self) -> StepPlan:
-        check_schedule(self._outstanding)
+        check_schedule(self._inflight, self._config)
+        if self._general:
+            return self._schedule_general()
         cfg = self._config
         self._step += 1
         budget = cfg.max_num_batched_tokens
@@ -586,8 +640,8 @@ class ImplScheduler:
         )
         self._preempted = set()
         self._finished = {}
-        self._outstanding = plan
-        self._out_reqs = out
+        self._inflight.append(plan)
+        self._inflight_reqs.append(out)
         return plan
 
     def _schedule_running_slow(
@@ -659,10 +713,13 @@ class ImplScheduler:
     # ------------------------------------------------------------------ update
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
-        check_update(plan, self._outstanding, result)
+        if self._general:
+            self._update_general(plan, result)
+            return
+        check_update(plan, self._inflight, result)
         sampled = result.sampled
         get = sampled.get
-        out = self._out_reqs
+        out = self._inflight_reqs[0]
         others = 0  # entries that are not a live sampling step
         extra = 0  # tokens present for those entries
         stopped: list[_Req] = []
@@ -697,27 +754,29 @@ class ImplScheduler:
                         extra += 1
                         if toks.__class__ is not tuple or len(toks) != 0:
                             raise _Bad
-            if len(out) - others + extra != len(sampled):
-                bad = len(out)  # tokens for a request the plan did not schedule
+            if len(out) - others + extra != len(sampled) or result.draft_token_ids:
+                # tokens for a request the plan did not schedule, or drafts
+                # (which must then be empty tuples): the plain way decides
+                bad = len(out)
         except (_Bad, ValueError):
             assert req is not None
             bad = out.index(req)
         if bad >= 0:
             self._rollback(plan, bad)
-            check_sampled(plan, result, self._requests)  # raises the spec's error
+            check_sampled(plan, result, self._requests, self._config)  # raises the spec's error
             # Valid after all (e.g. an int subclass as a token): the plain way.
             stopped = self._append_slow(plan, result)
         if stopped:
             for r in stopped:
                 self._finish(r, _STOPPED if r.tail[0] in r.stop else _LENGTH)
             self._running = [r for r in self._running if r.status is _RUNNING]
-        self._outstanding = None
-        self._out_reqs = []
+        del self._inflight[0]
+        del self._inflight_reqs[0]
 
     def _rollback(self, plan: StepPlan, bad: int) -> None:
         """Undo the tokens the fast pass appended to the entries before
         position ``bad``."""
-        for s, req in zip(plan.scheduled[:bad], self._out_reqs):
+        for s, req in zip(plan.scheduled[:bad], self._inflight_reqs[0]):
             if req.status is _RUNNING and s.samples:
                 req.output.pop()
                 req.num_tokens -= 1
@@ -737,6 +796,281 @@ class ImplScheduler:
             if req.num_tokens >= req.end_at or t in req.stop:
                 stopped.append(req)
         return stopped
+
+    # ------------------------------------------------------------------ general path
+
+    def _grow_to(self, req: _Req, end: int) -> bool:
+        """Slots for a running request to reach ``end`` computed tokens (drafts
+        and placeholders included), and keys for the blocks its known tokens
+        fill. False (and nothing changed) when the pool is short."""
+        bs = self._bs
+        blocks = req.blocks
+        need = -(-end // bs) - len(blocks)
+        if need > 0:
+            if need > self._fq.size:
+                return False
+            blocks.extend(self._allocate(need))
+            req.cap = len(blocks) * bs
+            req.btuple = None
+        upto = min(end, req.num_tokens)
+        if upto >= req.next_full:
+            self._register(req, upto)
+        req.edge = min(req.cap + 1, req.next_full)
+        return True
+
+    def _schedule_general(self) -> StepPlan:
+        """schedule() with async scheduling or speculative decoding: the same
+        two phases as the synchronous path, with the drafts in the chunk and
+        the budget (``num_tokens_with_spec``), the output placeholders of the
+        step in flight, the max_tokens skip, padded new decodes, the
+        stale-output skip in the WAITING loop, and the placeholders counted
+        after the plan (AsyncScheduler._update_after_schedule)."""
+        cfg = self._config
+        self._step += 1
+        budget = cfg.max_num_batched_tokens
+        running = self._running
+        waiting = self._waiting
+        thr = cfg.long_prefill_token_threshold
+        if len(running) + len(waiting) <= 1:
+            thr = 0
+        mml = self._mml
+        priority = self._priority
+        k = self._k
+        # (request, kind, computed before, scheduled, drafts), scheduling order
+        sched: list[tuple[_Req, ScheduleKind, int, int, tuple[int, ...]]] = []
+        prefill_scheduled = False
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            c = req.num_computed
+            ph = req.ph
+            if ph > 0 and c + 2 - ph >= req.plen + req.spec.max_tokens:
+                i += 1  # the steps in flight surely finish it
+                continue
+            nt = req.num_tokens
+            n = nt + len(req.drafts) + ph - c
+            if 0 < thr < n:
+                n = thr
+            if n > budget:
+                n = budget
+            if n > mml - c - 1:
+                n = mml - c - 1
+            if n <= 0:
+                i += 1
+                continue
+            e = c + n
+            if not self._grow_to(req, e):
+                allocated = False
+                while True:
+                    if priority:
+                        victim = self._victims.top()
+                        v = bisect_left(running, victim.run_seq, key=_run_seq)
+                        del running[v]
+                    else:
+                        v = len(running) - 1
+                        victim = running.pop()
+                    if v < i:
+                        i -= 1
+                        for j in range(len(sched)):
+                            if sched[j][0] is victim:  # give its budget back
+                                budget += sched.pop(j)[3]
+                                break
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                    if self._grow_to(req, e):
+                        allocated = True
+                        break
+                if not allocated:
+                    if priority:
+                        continue  # it preempted itself; later requests may still fit
+                    break
+            prefill_scheduled = prefill_scheduled or req.pchunk
+            drafts = req.drafts
+            if drafts:
+                m = n + c - nt - ph
+                if m <= 0:
+                    m = 0
+                drafts = drafts[:m]
+                req.drafts = ()
+            sched.append((req, _K_RUNNING, c, n, drafts))
+            budget -= n
+            i += 1
+
+        if not preempted:
+            max_seqs = cfg.max_num_seqs
+            chunked = cfg.enable_chunked_prefill
+            bs = self._bs
+            running_scheduled = len(sched) > 0
+            skipped: list[_Req] = []
+            while budget > 0 and len(waiting):
+                if len(running) >= max_seqs:
+                    break
+                req = waiting.peek()
+                if req.stale and not req.drop_stale:
+                    # output of a step in flight when it was preempted is still
+                    # to come: it keeps its place, the loop goes on behind it
+                    skipped.append(waiting.pop_head())
+                    continue
+                hit = self._find_hit(req)
+                hit_tokens = len(hit) * bs
+                nt = req.num_tokens
+                n = nt - hit_tokens
+                drafts = _NO_DRAFTS
+                if (
+                    k > 0
+                    and n == 1
+                    and not prefill_scheduled
+                    and (running_scheduled or hit_tokens > 0)
+                    and hit_tokens + 1 + k + 1 <= mml
+                ):
+                    # a new decode padded to 1 + k tokens (k placeholder drafts)
+                    if 1 + k > budget:
+                        break
+                    n = 1 + k
+                    drafts = (-1,) * k
+                else:
+                    if 0 < thr < n:
+                        n = thr
+                    if n > budget:
+                        if not chunked:
+                            break
+                        n = budget
+                if not self._admit_alloc(req, hit, n):
+                    break
+                waiting.pop_head()
+                kind = _K_NEW if req.status is _WAITING else _K_RESUMED
+                req.status = _RUNNING
+                self._run_seq += 1
+                req.run_seq = self._run_seq
+                running.append(req)
+                if priority:
+                    self._victims.push(req)
+                sched.append((req, kind, hit_tokens, n, drafts))
+                budget -= n
+            for req in reversed(skipped):
+                waiting.push_front(req)
+        if priority:
+            self._victims.compact(running)
+
+        # The plan, then each request's computed tokens advance; with async
+        # scheduling a step that samples counts its output as placeholders
+        # and leaves k placeholder drafts for the next step.
+        asyn = self._async
+        placeholder_drafts = (-1,) * k
+        ents: list[ScheduledRequest] = []
+        out: list[_Req] = []
+        for req, kind, c, n, drafts in sched:
+            e = c + n
+            ph = req.ph
+            o = _entry(req.rid, kind, c, n, req.num_tokens, req.block_tuple(), req.seq(c, e, drafts))
+            if drafts or ph:
+                d = o.__dict__
+                d["spec_token_ids"] = drafts
+                d["num_output_placeholders"] = ph
+            ents.append(o)
+            out.append(req)
+            req.num_computed = e
+            req.inflight += n
+            req.pchunk = pchunk = e < req.num_tokens + ph
+            if asyn and not pchunk:
+                req.ph = ph + 1 + len(drafts)
+                req.drafts = placeholder_drafts
+        plan = StepPlan(
+            step=self._step,
+            scheduled=tuple(ents),
+            preempted_ids=tuple(sorted(self._preempted)),
+            finished_ids=tuple(sorted(self._finished)),
+        )
+        self._preempted = set()
+        self._finished = {}
+        self._inflight.append(plan)
+        self._inflight_reqs.append(out)
+        return plan
+
+    def _update_general(self, plan: StepPlan, result: StepResult) -> None:
+        """update() with async scheduling or speculative decoding, for each
+        entry in plan order: drain its in-flight (and stale) tokens, roll back
+        the rejected drafts, append the tokens one by one with a stop check
+        after each (a stop inside an accepted run drops the rest), consume the
+        placeholders, key the blocks the verified tokens filled; a stale
+        output that stops a preempted request finishes it. Then, without async
+        scheduling, the drafts proposed after the step."""
+        cfg = self._config
+        check_result(plan, self._inflight, result, self._requests, cfg)
+        requests = self._requests
+        sampled = result.sampled
+        caching = self._caching
+        spec_on = self._k > 0
+        any_stopped = False
+        for s in plan.scheduled:
+            rid = s.request_id
+            req = requests.get(rid)
+            if req is None:
+                continue  # finished (aborted, or stopped) while the step ran
+            toks = sampled.get(rid, ())
+            req.inflight -= s.num_scheduled_tokens
+            stale = req.stale > 0
+            if stale:
+                req.stale -= s.num_scheduled_tokens
+                if req.drop_stale:
+                    continue
+            nd = len(s.spec_token_ids)
+            if nd and toks and not stale:
+                rejected = nd + 1 - len(toks)
+                if req.num_computed > 0:
+                    req.num_computed -= rejected
+                if req.ph > 0:
+                    req.ph -= rejected
+            if not toks:
+                continue
+            had_ph = req.ph > 0
+            was_running = req.status is _RUNNING
+            stop = req.stop
+            end_at = req.end_at
+            output = req.output
+            nt = req.num_tokens
+            finished: RequestStatus | None = None
+            kept = 0
+            for t in toks:
+                output.append(t)
+                nt += 1
+                kept += 1
+                if t in stop:
+                    finished = _STOPPED
+                    break
+                if nt >= end_at:
+                    finished = _LENGTH
+                    break
+            req.num_tokens = nt
+            req.tail = (output[-1],)
+            if finished is not None and not stale:
+                req.num_computed -= len(toks) - kept
+            if not stale and req.ph > 0:
+                req.ph -= len(toks)
+            if caching and not stale and was_running and (had_ph or spec_on):
+                upto = req.num_computed - req.inflight
+                if upto >= req.next_full:
+                    self._register(req, upto)
+                    req.edge = min(req.cap + 1, req.next_full)
+            if finished is not None:
+                if was_running:
+                    any_stopped = True
+                else:
+                    self._waiting.remove(req)
+                self._finish(req, finished)
+        if any_stopped:
+            self._running = [r for r in self._running if r.status is _RUNNING]
+        del self._inflight[0]
+        del self._inflight_reqs[0]
+        if not self._async:
+            for rid, drafts in result.draft_token_ids.items():
+                req = requests.get(rid)
+                if req is None:
+                    continue
+                req.drafts = () if req.pchunk else tuple(drafts)
 
     # ------------------------------------------------------------------ view
 
@@ -771,14 +1105,15 @@ class ImplScheduler:
         d = new.__dict__
         d.update(self.__dict__)
         remap: dict[int, _Req] = {}
-        for reqs in (self._requests.values(), self._finished.values(), self._out_reqs):
+        for reqs in (self._requests.values(), self._finished.values(), *self._inflight_reqs):
             for r in reqs:
                 if id(r) not in remap:
                     remap[id(r)] = r.copy()
         d["_requests"] = {rid: remap[id(r)] for rid, r in self._requests.items()}
         d["_finished"] = {rid: remap[id(r)] for rid, r in self._finished.items()}
         d["_running"] = [remap[id(r)] for r in self._running]
-        d["_out_reqs"] = [remap[id(r)] for r in self._out_reqs]
+        d["_inflight"] = self._inflight[:]
+        d["_inflight_reqs"] = [[remap[id(r)] for r in out] for out in self._inflight_reqs]
         d["_waiting"] = self._waiting.copy(remap)
         d["_victims"] = self._victims.copy(remap)
         d["_ref"] = self._ref[:]

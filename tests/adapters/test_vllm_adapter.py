@@ -8,8 +8,10 @@ state machine.
 
 These tests need vLLM 0.33.0 (scripts/install_vllm.sh). Without it they are
 skipped, unless SCHEDSPEC_REQUIRE_VLLM=1, when they fail instead. Knobs:
-SCHEDSPEC_VLLM_WORKLOADS (random lockstep workloads, default 40) and
-SCHEDSPEC_VLLM_STEPS (steps per workload, default 120).
+SCHEDSPEC_VLLM_WORKLOADS (random lockstep workloads, default 40),
+SCHEDSPEC_VLLM_STEPS (steps per workload, default 120), and
+SCHEDSPEC_VLLM_MODE_WORKLOADS / SCHEDSPEC_VLLM_MODE_STEPS (the lockstep
+workloads of each of the four modes, default 3 of 60 steps).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ REQUIRE = os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1"
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 WORKLOADS = int(os.environ.get("SCHEDSPEC_VLLM_WORKLOADS", "40"))
 STEPS = int(os.environ.get("SCHEDSPEC_VLLM_STEPS", "120"))
+MODE_WORKLOADS = int(os.environ.get("SCHEDSPEC_VLLM_MODE_WORKLOADS", "3"))
+MODE_STEPS = int(os.environ.get("SCHEDSPEC_VLLM_MODE_STEPS", "60"))
 
 needs_vllm = [
     pytest.mark.vllm,
@@ -552,3 +556,140 @@ def test_raw_step_schedules_as_the_protocol_does() -> None:
         assert steps < 100
     assert preemptions > 0  # the pool is small enough that decisions matter
     assert not raw.sched.requests  # every request finished, in the same step count
+
+
+# ----------------------------------------------------------------------------- async scheduling, spec decoding
+
+
+def _update_oldest(s: Scheduler, in_flight: list[StepPlan], sampled: Callable[[Any], tuple[int, ...]] = lambda e: (7,),
+                   drafts: dict[str, tuple[int, ...]] | None = None) -> StepPlan:
+    plan = in_flight.pop(0)
+    s.update(plan, StepResult({e.request_id: sampled(e) for e in plan.scheduled if e.samples}, drafts or {}))
+    return plan
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+class TestModes:
+    pytestmark = needs_vllm
+
+    def test_each_mode_builds_its_vllm_scheduler(self, vllm_loaded: Any) -> None:
+        from schedspec.adapters.vllm_adapter import VllmScheduler
+
+        for asyn in (False, True):
+            for k in (0, 3):
+                s = VllmScheduler(SchedulerConfig(async_scheduling=asyn, num_speculative_tokens=k))
+                assert isinstance(s.sched, vllm_loaded.AsyncScheduler) == asyn
+                vc = s._vllm_config
+                assert (vc.scheduler_config.async_scheduling, vc.num_speculative_tokens) == (asyn, k)
+                assert vc.num_lookahead_tokens == 0
+                if k:
+                    assert vc.speculative_config.method == ("ngram_gpu" if asyn else "ngram")
+
+    def test_async_plans_carry_placeholders(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=32, max_num_seqs=4,
+                              max_model_len=32, async_scheduling=True)
+        s = vllm_factory(cfg)
+        s.add(req("a", range(5), max_tokens=3))
+        first = s.schedule()
+        second = s.schedule()  # step 2 planned while step 1 is in flight
+        (x,) = second.scheduled
+        # the token step 1 samples is in flight: a -1 at position 5, counted as computed
+        assert (x.num_computed_tokens, x.num_scheduled_tokens, x.num_output_placeholders, x.token_ids) == (5, 1, 1, (-1,))
+        assert x.samples and x.num_tokens == 5
+        assert s.view().requests["a"].num_output_placeholders == 2
+        before = s.view()
+        with pytest.raises(ProtocolError):
+            s.schedule()  # never two plans in flight
+        with pytest.raises(ProtocolError):
+            s.update(second, StepResult({"a": (7,)}))  # out of order
+        assert s.view() == before
+        s.update(first, StepResult({"a": (7,)}))
+        view = s.view().requests["a"]
+        assert (view.output_token_ids, view.num_output_placeholders, view.num_computed_tokens) == ((7,), 1, 6)
+        third = s.schedule()
+        (y,) = third.scheduled
+        assert (y.num_computed_tokens, y.num_output_placeholders, y.token_ids) == (6, 1, (-1,))
+        s.update(second, StepResult({"a": (8,)}))
+        s.update(third, StepResult({"a": (9,)}))  # max_tokens=3: finished
+        assert s.view().finished["a"].output_token_ids == (7, 8, 9)
+
+    def test_sync_drafts_are_verified_in_the_next_step(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=32, max_num_seqs=4,
+                              max_model_len=32, num_speculative_tokens=2)
+        s = vllm_factory(cfg)
+        s.add(req("a", range(5), max_tokens=10))
+        plan = s.schedule()
+        s.update(plan, StepResult({"a": (7,)}, {"a": (30, 31)}))
+        assert s.view().requests["a"].spec_token_ids == (30, 31)
+        plan = s.schedule()
+        (x,) = plan.scheduled
+        assert (x.num_computed_tokens, x.num_scheduled_tokens, x.spec_token_ids, x.token_ids) == (5, 3, (30, 31), (7, 30, 31))
+        assert s.view().requests["a"].spec_token_ids == ()  # handed to the step
+        s.update(plan, StepResult({"a": (30, 9)}))  # one draft accepted, then the bonus token
+        view = s.view().requests["a"]
+        # the rejected draft rolls num_computed_tokens back: 5 + 3 - 1
+        assert (view.output_token_ids, view.num_computed_tokens) == ((7, 30, 9), 7)
+        before = s.view()
+        plan = s.schedule()
+        for bad in (StepResult({"a": (1, 2)}),  # no drafts this step: exactly one token
+                    StepResult({"a": (1,)}, {"a": (1, 2, 3)}),  # more drafts than k
+                    StepResult({"a": (1,)}, {"zz": (1,)})):  # drafts for a request not scheduled
+            with pytest.raises(ProtocolError):
+                s.update(plan, bad)
+        s.update(plan, StepResult({"a": (1,)}))
+        assert before.requests["a"].output_token_ids + (1,) == s.view().requests["a"].output_token_ids
+
+    def test_async_spec_decoding_schedules_placeholder_drafts(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=12, max_num_batched_tokens=32, max_num_seqs=4,
+                              max_model_len=32, async_scheduling=True, num_speculative_tokens=2)
+        s = vllm_factory(cfg)
+        s.add(req("a", range(5), max_tokens=10))
+        in_flight = [s.schedule(), s.schedule()]
+        (x,) = in_flight[1].scheduled
+        assert (x.spec_token_ids, x.num_output_placeholders, x.token_ids) == ((-1, -1), 1, (-1, -1, -1))
+        _update_oldest(s, in_flight, drafts={"a": (3, 4)})  # drafts never reach vLLM in async mode
+        in_flight.append(s.schedule())
+        _update_oldest(s, in_flight, sampled=lambda e: (5,))  # both drafts rejected
+        view = s.view().requests["a"]
+        assert view.output_token_ids == (7, 5)
+        assert view.num_output_placeholders == 3 and view.spec_token_ids == (-1, -1)
+
+    def test_user_async_scheduler_class(self, vllm_loaded: Any) -> None:
+        from schedspec.adapters.registry import factory_of
+        from schedspec.adapters.vllm_adapter import VllmAdapterError, VllmScheduler, capabilities_of_class
+
+        class MyAsync(vllm_loaded.AsyncScheduler):  # type: ignore[misc, name-defined]
+            pass
+
+        class MySync(vllm_loaded.Scheduler):  # type: ignore[misc, name-defined]
+            pass
+
+        assert capabilities_of_class(MyAsync).async_scheduling
+        assert not capabilities_of_class(MySync).async_scheduling
+        assert capabilities_of_class(MySync).speculative_decoding
+        with pytest.raises(VllmAdapterError, match="not an AsyncScheduler"):
+            VllmScheduler(SchedulerConfig(), scheduler_cls=MyAsync)
+        with pytest.raises(VllmAdapterError, match="needs a subclass of vLLM's AsyncScheduler"):
+            VllmScheduler(SchedulerConfig(async_scheduling=True), scheduler_cls=MySync)
+        w = random_workload(3, 40, modes=("async-spec",))
+        runner = Runner(w.config, {"spec": spec_factory, "user": factory_of(MyAsync, "test")},
+                        check_invariants=False)
+        assert runner.run(w.events) is None
+        assert isinstance(runner.scheds["user"].sched, MyAsync)  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+@pytest.mark.parametrize("mode", ["sync", "async", "spec", "async-spec"])
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_lockstep_in_each_mode(mode: str) -> None:
+    """A few short seeded workloads of each mode: plans and views equal to the
+    spec's after every operation (the long runs are in docs/divergences.md)."""
+    total = 0
+    for seed in range(MODE_WORKLOADS):
+        w = random_workload(seed, MODE_STEPS, modes=(mode,))
+        runner = Runner(w.config, {"spec": spec_factory, "vllm": vllm_factory}, check_invariants=False)
+        failure = runner.run(w.events)
+        assert failure is None, f"seed {seed}, config {w.config}\n{failure.describe()}"
+        total += runner.stats.steps
+    assert total == MODE_WORKLOADS * MODE_STEPS

@@ -93,9 +93,9 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
         ("preempt.fcfs_tail", "tight_pool long_prompts", "priority"),
         ("preempt.priority_victim", "tight_pool priority long_prompts", ""),
         ("preempt.self", "tight_pool long_prompts", ""),
-        ("preempt.victim_ahead", "tight_pool priority rising_priority long_outputs big_blocks bursts", "few_seqs"),
-        ("preempt.budget_give_back", "tight_pool priority rising_priority long_outputs big_blocks bursts",
-         "few_seqs"),
+        ("preempt.victim_ahead", "tight_pool priority rising_priority long_outputs big_blocks long_prompts", "few_seqs bursts short_outputs stops eos"),
+        ("preempt.budget_give_back", "tight_pool priority rising_priority long_outputs big_blocks long_prompts",
+         "few_seqs bursts short_outputs stops eos"),
         ("preempt.reset_running", "resets reset_running", ""),
         ("waiting.stop_max_num_seqs", "few_seqs bursts", ""),
         ("waiting.stop_budget", "small_budget bursts", ""),
@@ -324,6 +324,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     p_abort = 0.08 if "aborts" in f else 0.01
     p_reset = 0.04 if "resets" in f else 0.005
     draining = 0  # steps left without arrivals (so a reset may find the pool idle)
+    # at most this many unfinished requests: a deeper queue reaches no more
+    # rules, and every check of a view costs in proportion to it
+    cap = 64 if "rising_priority" in f else 32 if "bursts" in f else 16
     steps = 0
 
     def emit(event: Event) -> None:
@@ -332,7 +335,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
 
     while steps < num_steps:
         r = rng.random()
-        if draining == 0 and (r < p_add or not spec.requests):
+        if draining == 0 and (r < p_add or not spec.requests) and len(spec.requests) < cap:
             for _ in range(rng.choice([1, 2, 4, 8] if "bursts" in f else [1, 1, 2, 3])):
                 emit(AddRequest(make.make()))
         elif r < p_add + p_abort and spec.requests:

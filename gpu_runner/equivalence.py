@@ -12,6 +12,13 @@ bitwise equal as well (fast mode: within a reported tolerance).
 
 Guards count, per variant, that it really chunked a prefill, hit the prefix
 cache, or preempted, so a variant cannot pass by never exercising its feature.
+
+The in-flight variants (``inflight_variants``) run the same workloads with
+async scheduling (one plan in flight, its outputs as -1 placeholders the
+executor fills) and with speculative decoding (drafts by prompt lookup,
+verified greedily): they too must give every baseline token, and in exact
+mode bitwise-equal logits; their guards count plans made with outputs in
+flight and drafts accepted.
 A negative control runs a variant with a deliberately wrong block table and
 with wrong positions (``executor.Fault``) and must see a divergence.
 
@@ -272,6 +279,41 @@ def default_variants(max_model_len: int, block_size: int = 16, max_num_seqs: int
     )
 
 
+#: What an in-flight variant must exercise: plans made while an output of the
+#: request was in flight, drafts accepted.
+INFLIGHT_FEATURES = ("in_flight", "drafts_accepted")
+
+
+def inflight_variants(
+    max_model_len: int, block_size: int = 16, max_num_seqs: int = 8, num_speculative_tokens: int = 3
+) -> tuple[Variant, ...]:
+    """Async scheduling, speculative decoding (k drafts by prompt lookup), both,
+    and both with chunking, prefix caching and a tiny pool."""
+    base = baseline_config(max_model_len, block_size, max_num_seqs)
+    k = num_speculative_tokens
+    tiny = 1 + -(-max_model_len // block_size)
+    return (
+        Variant("async", replace(base, async_scheduling=True), frozenset({"in_flight"})),
+        Variant("spec-decode", replace(base, num_speculative_tokens=k), frozenset({"drafts_accepted"})),
+        Variant("async-spec", replace(base, async_scheduling=True, num_speculative_tokens=k),
+                frozenset({"in_flight", "drafts_accepted"})),
+        Variant(
+            "async-spec-all",
+            replace(
+                base,
+                async_scheduling=True,
+                num_speculative_tokens=k,
+                enable_chunked_prefill=True,
+                enable_prefix_caching=True,
+                num_blocks=tiny,
+                max_num_batched_tokens=max(max_num_seqs, 2 * block_size),
+                long_prefill_token_threshold=min(block_size, max_model_len),
+            ),
+            frozenset({"in_flight", "drafts_accepted", "chunked", "preempted"}),
+        ),
+    )
+
+
 # --------------------------------------------------------------------------
 # Driving one scheduler over one workload
 # --------------------------------------------------------------------------
@@ -286,6 +328,8 @@ class RunRecord:
     logits: dict[tuple[str, int], torch.Tensor]
     counters: Stats
     fault_fired: list[str] = field(default_factory=list)
+    #: the in-flight features it exercised (INFLIGHT_FEATURES)
+    inflight: dict[str, int] = field(default_factory=dict)
 
 
 class StallError(RuntimeError):
@@ -326,6 +370,8 @@ def drive(
         logits={(rid, pos - prompt_len[rid]): row for (rid, pos), row in executor.logits.items()},
         counters=stats,
         fault_fired=list(executor.fault.fired) if executor.fault else [],
+        inflight={"in_flight": executor.in_flight_entries, "drafts_accepted": executor.drafts_accepted,
+                  "drafts_verified": executor.drafts_verified},
     )
 
 
@@ -369,6 +415,8 @@ class Comparison:
     logits_bitwise: int = 0
     max_abs_diff: float = 0.0
     counters: Stats = field(default_factory=Stats)
+    #: the variant's in-flight counts (RunRecord.inflight)
+    inflight: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -380,7 +428,7 @@ def compare_runs(base: RunRecord, other: RunRecord, *, mode: str = "exact", atol
     and status; where either was aborted, the tokens both produced. Logits of
     each sampled token up to the first token difference: bitwise equal
     (exact mode) or within ``atol`` (fast mode)."""
-    cmp = Comparison(base.workload, other.variant, mode, counters=other.counters)
+    cmp = Comparison(base.workload, other.variant, mode, counters=other.counters, inflight=dict(other.inflight))
     for rid in sorted(base.outputs):
         if rid not in other.outputs:
             cmp.divergences.append(Divergence(rid, "missing", 0, "never finished"))
@@ -720,9 +768,10 @@ def run_matrix(
         if base_tot.feature(feat):
             report.guard_failures.append(f"the baseline itself {feat} ({base_tot.feature(feat)}): it is not a clean baseline")
     for v in variants:
-        tot, _ = report.totals(v.name)
+        tot, rows = report.totals(v.name)
         for feat in sorted(v.expects):
-            if not tot.feature(feat):
+            count = sum(r.inflight.get(feat, 0) for r in rows) if feat in INFLIGHT_FEATURES else tot.feature(feat)
+            if not count:
                 report.guard_failures.append(f"variant {v.name} never {feat.replace('_', ' ')} in {len(workloads)} workloads")
     if negative and workloads and variants:
         w = next((w for w in workloads if _fault_target(w) is not None), workloads[0])
@@ -765,7 +814,7 @@ def run_equivalence(
         factory or spec_factory,
         paged,
         wls,
-        default_variants(mml, block_size),
+        default_variants(mml, block_size) + inflight_variants(mml, block_size),
         baseline=baseline_config(mml, block_size),
         atol=atol,
         negative=negative,

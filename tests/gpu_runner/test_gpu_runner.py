@@ -596,3 +596,67 @@ def test_executor_is_a_model_the_check_driver_steps(rand_gqa: LlamaWeights) -> N
     assert runner.run_to_completion(w.events) is None
     assert set(runner.finished) == {r.request_id for r in w.requests}
     assert runner.stats.steps >= ex.steps > 0 and ex.logits
+
+
+# --------------------------------------------------------------------------
+# Async scheduling and speculative decoding
+# --------------------------------------------------------------------------
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_recurring_suffix() -> None:
+    from schedspec.gpu_runner.executor import prompt_lookup
+
+    assert prompt_lookup([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 2) == (7, 5)  # the latest 3-gram match
+    assert prompt_lookup([4, 8, 6, 8], 3) == (6, 8)  # only a 1-gram recurs
+    assert prompt_lookup([1, 2, 3], 3) == ()
+    assert prompt_lookup([5], 2) == ()
+
+
+@pytest.mark.parametrize("scheduler", ["spec", "impl"])
+def test_inflight_variants_give_every_baseline_token_bitwise(rand_gqa: LlamaWeights, scheduler: str) -> None:
+    from schedspec.gpu_runner.equivalence import INFLIGHT_FEATURES, inflight_variants
+    from schedspec.impl.scheduler import ImplScheduler
+
+    factory = spec_factory if scheduler == "spec" else ImplScheduler
+    model = PagedLlama(rand_gqa, mode="exact", window=64)
+    workloads = make_workloads(1, seed=5, vocab_size=rand_gqa.config.vocab_size, max_model_len=64)
+    variants = inflight_variants(64)
+    report = run_matrix(factory, model, workloads, variants, baseline=baseline_config(64), negative=False)
+    assert report.ok, report.table()
+    assert [v.name for v in variants] == ["async", "spec-decode", "async-spec", "async-spec-all"]
+    for c in report.comparisons:
+        assert c.tokens_compared > 0 and c.logits_compared == c.logits_bitwise > 0
+        for feat in INFLIGHT_FEATURES:
+            if feat in next(v.expects for v in variants if v.name == c.variant):
+                assert c.inflight[feat] > 0, (c.variant, feat)
+
+
+def test_a_wrong_draft_never_changes_the_tokens_and_a_wrong_block_still_does(rand_gqa: LlamaWeights) -> None:
+    """The executor verifies whatever drafts it is handed: drafts that are all
+    wrong cost steps, not tokens. A wrong KV address under async speculative
+    decoding is still caught."""
+    from dataclasses import replace
+
+    from schedspec.gpu_runner.equivalence import inflight_variants
+
+    model = PagedLlama(rand_gqa, mode="exact", window=64)
+    w = make_workloads(1, seed=5, vocab_size=rand_gqa.config.vocab_size, max_model_len=64)[0]
+    base = run_one(spec_factory, model, baseline_config(64), w, variant="baseline")
+    variant = inflight_variants(64)[2]
+    ex = Executor(model, variant.config)
+    real_propose = ex.run
+
+    def wrong_drafts(plan, known=None):  # type: ignore[no-untyped-def]
+        out = real_propose(plan, known)
+        bad = {rid: tuple((t + 1) % rand_gqa.config.vocab_size for t in d) for rid, d in out.result.draft_token_ids.items()}
+        ex.proposals = dict(bad)
+        return replace(out, result=replace(out.result, draft_token_ids=bad))
+
+    ex.run = wrong_drafts  # type: ignore[method-assign]
+    from schedspec.gpu_runner.equivalence import drive
+
+    rec = drive(spec_factory, ex, w, variant="wrong-drafts")
+    assert compare_runs(base, rec).ok and ex.drafts_verified > 0
+    target = next(r.request_id for r in w.requests if r.max_tokens >= 4)
+    faulty = run_one(spec_factory, model, variant.config, w, variant="fault", fault=Fault("block_table", request_id=target))
+    assert faulty.fault_fired and not compare_runs(base, faulty).ok

@@ -371,3 +371,58 @@ def report_table(report: FidelityReport, all_functions: bool = True) -> str:
                 missed = f"  missed {_ranges(fn.missed)}" if fn.missed else ""
                 out.append(f"  {fn.qualname:<{width}} {fn.reached:>4}/{fn.lines:<4} {fn.percent:5.1f}%{missed}")
     return "\n".join(out) + "\n"
+
+
+def compare_markdown(columns: list[tuple[str, dict[str, Any]]], reached_only: tuple[str, ...] = ()) -> str:
+    """A Markdown table per file comparing reports given as JSON data
+    (``report_json``, e.g. read back from ``--coverage`` files): one column
+    of reached/lines per report, a row per function. In the files named in
+    ``reached_only`` a function no report reached is left out and counted."""
+    if not columns:
+        return ""
+    labels = [label for label, _ in columns]
+    out: list[str] = []
+    first = columns[0][1]
+    out.append("| function | " + " | ".join(labels) + " |")
+    out.append("| --- |" + " --- |" * len(labels))
+    for name in first.get("headline", {}):
+        cells = []
+        for _, data in columns:
+            path, fn = _find_function(data, name)
+            cells.append(_cell(fn))
+        out.append(f"| **{name}()** | " + " | ".join(cells) + " |")
+    for path in first["files"]:
+        cells = [_cell(data["files"].get(path)) for _, data in columns]
+        out.append(f"| **{path}** (all functions) | " + " | ".join(cells) + " |")
+    for path, info in first["files"].items():
+        out.append("")
+        out.append(f"### {path}")
+        out.append("")
+        out.append("| function | lines | " + " | ".join(labels) + " |")
+        out.append("| --- | ---: |" + " ---: |" * len(labels))
+        hidden = 0
+        for name, fn in info["functions"].items():
+            row = [data["files"].get(path, {}).get("functions", {}).get(name) for _, data in columns]
+            if path in reached_only and not any(r and r["reached"] for r in row):
+                hidden += 1
+                continue
+            cells = [f"{r['reached']} ({r['percent']:.0f}%)" if r else "-" for r in row]
+            out.append(f"| `{name}` | {fn['lines']} | " + " | ".join(cells) + " |")
+        if hidden:
+            out.append("")
+            out.append(f"{hidden} more functions of this file were reached by none of these runs.")
+    return "\n".join(out) + "\n"
+
+
+def _find_function(data: dict[str, Any], qualname: str) -> tuple[str | None, dict[str, Any] | None]:
+    for path, info in data["files"].items():
+        fn = info["functions"].get(qualname)
+        if fn is not None:
+            return path, fn
+    return None, None
+
+
+def _cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "-"
+    return f"{entry['reached']}/{entry['lines']} ({entry['percent']:.0f}%)"

@@ -230,3 +230,28 @@ def test_cli_coverage_without_vllm_is_a_usage_error(tmp_path: Path, capsys: pyte
     assert code == 2
     assert "--coverage" in capsys.readouterr().err
     assert not (tmp_path / "f.json").exists()
+
+
+def test_compare_markdown_puts_runs_side_by_side(tmp_path: Path) -> None:
+    from schedspec.adapters.fidelity import compare_markdown
+
+    root = tmp_path / "vllm"
+    for rel in FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(
+            "class Scheduler:\n"
+            "    def schedule(self):\n"
+            "        a = 1\n"
+            "        return a\n"
+            "\n"
+            "    def update_from_output(self):\n"
+            "        return 2\n"
+        )
+    before = report_json(fidelity_report({FILES[0]: {3}}, root=root))
+    after = report_json(fidelity_report({FILES[0]: {3, 4, 7}, FILES[2]: {4}}, root=root))
+    text = compare_markdown([("before", before), ("after", after)], reached_only=(FILES[1], FILES[2]))
+    assert "| **Scheduler.schedule()** | 1/2 (50%) | 2/2 (100%) |" in text
+    assert "| `Scheduler.update_from_output` | 1 | 0 (0%) | 1 (100%) |" in text
+    # in a reached-only file a function nobody reached is counted, not listed
+    assert "1 more functions of this file were reached by none of these runs." in text
+    assert text.count("### ") == len(FILES)

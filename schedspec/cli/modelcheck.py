@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from schedspec.adapters.registry import AdapterError, Target, import_class, resolve
 from schedspec.check.capabilities import CapabilityError
-from schedspec.check.gate import resolve_selection
+from schedspec.check.gate import missing_rules_message, resolve_selection
 from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, positive_int
 from schedspec.invariants import Selection
 from schedspec.invariants.selection import SelectionError
@@ -35,6 +36,8 @@ from schedspec.modelcheck import (
     write_json,
 )
 from schedspec.modelcheck.target import Against
+from schedspec.spec import coverage as rule_coverage
+from schedspec.spec.rule_names import RULE_NAMES, reachable_in
 from schedspec.spec.scheduler import SpecScheduler
 
 HELP = ("explore every state within a bound (TLC-style): invariants, deadlock, liveness, and a scheduler under "
@@ -56,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", default=None, metavar="MODULE:CLASS",
                    help="explore this SpecScheduler subclass instead of the spec (e.g. a patched spec)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--rules", action="store_true", help="print the rule-coverage table (every rule, its count)")
+    p.add_argument("--require-rules", default=None, metavar="all|NAME,...",
+                   help="fail (exit 1) when one of these rules of the spec (spec/rule_names.py; 'all': every rule "
+                        "the explored modes can reach, kv or kv.* a group) was never taken")
     add_mode_arguments(p, " (invariants mode needs --against)")
 
 
@@ -117,7 +124,38 @@ def supported_spaces(spaces: tuple[Space, ...], target_name: str | None) -> tupl
     return kept, skipped
 
 
+#: the modes of scheduling the explored spaces run in (spec/rule_names.py ALL_MODES)
+EXPLORED_MODES: tuple[str, ...] = ("sync",)
+
+
+def rules_line(counts: Counter[str]) -> str:
+    """One line: how many of the rules the explored modes can reach were
+    taken, those never taken (or the rarest), and how many rules lie outside
+    the explored modes."""
+    reachable = reachable_in(EXPLORED_MODES)
+    missing = rule_coverage.unreached(counts, reachable)
+    got = len(reachable) - len(missing)
+    if missing:
+        tail = "never reached: " + ", ".join(missing)
+    else:
+        rarest = sorted(((n, counts.get(n, 0)) for n in reachable), key=lambda kv: kv[1])[:3]
+        tail = "rarest: " + ", ".join(f"{n} {c:,}" for n, c in rarest)
+    outside = len(RULE_NAMES) - len(reachable)
+    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {'/'.join(EXPLORED_MODES)} mode "
+            f"reached; {tail} ({outside} more need async scheduling or speculative decoding)")
+
+
+def required_rules(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    try:
+        return rule_coverage.parse_required(text, EXPLORED_MODES)
+    except ValueError as exc:
+        raise UsageError(f"--require-rules: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    required = required_rules(args.require_rules)
     scheduler_cls = scheduler_class(args.scheduler)
     workers = default_workers() if args.workers is None else positive_int("--workers", args.workers)
     max_states = None if args.max_states is None else positive_int("--max-states", args.max_states)
@@ -163,9 +201,16 @@ def run(args: argparse.Namespace) -> int:
         extra.update(_report_failure(args, result))
     else:
         _report_success(result, use_impl, args.against)
+    rules = result.rules
+    print(rule_coverage.format_table(rules) if args.rules else rules_line(rules))
+    missing = rule_coverage.unreached(rules, required)
+    if missing:
+        print(f"FAILED: {missing_rules_message(missing)}")
+    extra["rules_required"] = list(required)
+    extra["rules_missing"] = missing
     if args.json:
         write_json(Path(args.json), result, extra)
-    return EXIT_OK if result.failure is None else EXIT_FAIL
+    return EXIT_OK if result.failure is None and not missing else EXIT_FAIL
 
 
 def _report_failure(args: argparse.Namespace, result: BoundResult) -> dict[str, str]:

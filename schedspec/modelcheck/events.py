@@ -2,7 +2,9 @@
 
 Codes 0-2 are fixed (``EventCode``); then one ``add`` per request shape of the
 space, then one ``abort`` per position in the list of unfinished requests
-(``abort #k`` aborts the k-th in arrival order).
+(``abort #k`` aborts the k-th in arrival order), then, in a space that allows
+it, one ``step, abort #k mid-step`` per position: ``schedule()``, the abort of
+the k-th unfinished request while the plan is in flight, the model, ``update()``.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ class Alphabet:
     """Event codes: 0 step, 1 reset, 2 reset+running, 3.. add shape i, then
     abort of the k-th unfinished request."""
 
-    def __init__(self, shapes: Sequence[Shape], max_requests: int) -> None:
+    def __init__(self, shapes: Sequence[Shape], max_requests: int, abort_in_step: bool = False) -> None:
         self.shapes = tuple(shapes)
         self.max_requests = max_requests
         self.first_abort = EventCode.FIRST_ADD + len(self.shapes)
-        self.size = self.first_abort + max_requests
+        self.first_step_abort = self.first_abort + max_requests
+        self.abort_in_step = abort_in_step
+        self.size = self.first_step_abort + (max_requests if abort_in_step else 0)
 
     def add(self, i: int) -> int:
         return EventCode.FIRST_ADD + i
@@ -47,8 +51,16 @@ class Alphabet:
         return code - EventCode.FIRST_ADD
 
     def abort_index(self, code: int) -> int:
-        """The position (among the unfinished requests) an ``abort`` code aborts."""
-        return code - self.first_abort
+        """The position (among the unfinished requests) an ``abort`` or a
+        ``step, abort`` code aborts."""
+        return code - (self.first_step_abort if code >= self.first_step_abort else self.first_abort)
+
+    def step_abort(self, k: int) -> int:
+        return self.first_step_abort + k
+
+    def is_step_abort(self, code: int) -> bool:
+        """A step with an abort while its plan is in flight."""
+        return code >= self.first_step_abort
 
     def enabled(self, known: int, unfinished: int) -> list[int]:
         """The codes enabled in a state where the scheduler knows ``known``
@@ -58,6 +70,8 @@ class Alphabet:
         if known < self.max_requests:
             codes += [self.add(i) for i in range(len(self.shapes))]
         codes += [self.abort(k) for k in range(unfinished)]
+        if self.abort_in_step:
+            codes += [self.step_abort(k) for k in range(unfinished)]
         return codes
 
     def label(self, code: int) -> str:
@@ -69,4 +83,6 @@ class Alphabet:
             return "reset+running"
         if code < self.first_abort:
             return f"add {self.shapes[self.shape_index(code)].name}"
+        if code >= self.first_step_abort:
+            return f"step, abort #{self.abort_index(code)} mid-step"
         return f"abort #{self.abort_index(code)}"

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from schedspec.check.driver import describe_difference
 from schedspec.check.oracle import FakeModel
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, Workload
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Schedule, Step, Update, Workload
 from schedspec.invariants import CATALOGUE, Invariant, Transition, Violation
 from schedspec.invariants.core import TransitionKind
 from schedspec.modelcheck.checks import StatelessChecker
@@ -30,6 +30,7 @@ from schedspec.modelcheck.events import RESET, RESET_RUNNING, STEP, Alphabet
 from schedspec.modelcheck.result import Finding
 from schedspec.modelcheck.space import Space
 from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory
+from schedspec.spec import coverage as rule_coverage
 from schedspec.modelcheck.target import PICKLE_PROTOCOL, Against, CopyMethod, copy_method, deep_copy, shared_objects
 from schedspec.spec.interface import (
     Policy,
@@ -97,9 +98,11 @@ class Expansion:
     failure: tuple[int, Finding] | None = None
     #: what these transitions exercised
     coverage: Coverage = field(default_factory=Coverage)
+    #: the spec's rules these transitions took (spec/rule_names.py), and how often
+    rules: dict[str, int] = field(default_factory=dict)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Expansion, (self.idx, self.successors, self.failure, self.coverage))
+        return (Expansion, (self.idx, self.successors, self.failure, self.coverage, self.rules))
 
 
 class Successor(NamedTuple):
@@ -156,7 +159,7 @@ class Expander:
         #: invariants mode: the checks on the scheduler under test's own transitions
         self.tchecker = StatelessChecker(against.invariants) if against is not None and not self.lockstep else None
         self.shapes = space.resolved_shapes()
-        self.alphabet = Alphabet(self.shapes, space.max_requests)
+        self.alphabet = Alphabet(self.shapes, space.max_requests, space.abort_in_step)
         spec_invariants = () if self.tchecker is not None else tuple(invariants)
         self.checker = StatelessChecker(spec_invariants)
         self.canon = Canon(len(self.shapes), space.config.policy == Policy.PRIORITY)
@@ -250,19 +253,26 @@ class Expander:
         source = self._target_source(entry)
         codes = self.enabled(before)
         last = codes[-1]
+        # The spec counts the rules it takes into one counter its clones
+        # share: a fresh one for this state's transitions counts each once.
+        rules = rule_coverage.new_counts()
+        rule_coverage.attach(s, rules)
         for code in codes:
             try:
                 impl, tmem = source(code == last)
                 succ = self.apply(s, code, before, memory, entry.adds, impl, tmem)
             except Finding as f:
                 out.failure = (code, f)
+                out.rules = dict(rules)
                 return out
             except Exception as exc:  # the scheduler crashed: a finding
                 out.failure = (code, Finding("error", f"{type(exc).__name__}: {exc}"))
+                out.rules = dict(rules)
                 return out
             path = entry.codes + (code,) if self.copy == "replay" else ()
             out.successors.append((code, succ.fingerprint, self._entry(succ, impl, path),
                                    bool(succ.view.requests)))
+        out.rules = dict(rules)
         return out
 
     def _target_source(self, entry: Entry) -> Callable[[bool], tuple[Any, dict[int, int] | None]]:
@@ -300,8 +310,9 @@ class Expander:
         assert self.against is not None
         t = _call(self.tname, "__init__", self.against.factory, self.config)
         model = FakeModel(self.config.block_size, self.space.vocab, self.space.oracle_seed)
+        in_flight: list[tuple[StepPlan, StepResult]] = []
         for event in self.workload(codes).events:
-            _perform(t, model, event)
+            _perform(t, model, event, in_flight)
         return t, (None if self.lockstep else dict(model.slots))
 
     def _entry(self, succ: Successor, impl: Any, codes: tuple[int, ...]) -> Entry:
@@ -334,19 +345,22 @@ class Expander:
         test. Raises Finding on a failed check. (The successor's own state
         invariants are checked when it is expanded, once per distinct state.)"""
         s2 = s.clone()
-        if code == STEP:
-            after = self._apply_step(s2, before, memory, impl)
+        a = self.alphabet
+        if code == STEP or a.is_step_abort(code):
+            rid = list(before.requests)[a.abort_index(code)] if code != STEP else None
+            after = self._apply_step(s2, before, memory, impl, rid)
             if impl is not None and tmem is not None:
-                tmem = self._target_step(impl, tmem)
+                tmem = self._target_step(impl, tmem, rid)
         else:
             after, adds = self._apply_admin(s2, code, before, adds, impl)
         return Successor(s2, after, self.canon.fingerprint(after), adds, tmem)
 
     def _apply_step(self, s2: SpecScheduler, before: SchedulerView, memory: dict[int, int],
-                    impl: Any) -> SchedulerView:
-        """schedule(), the fake model, update(); the state in the middle of
-        the step is not explored on its own, so its state invariants are
-        checked here."""
+                    impl: Any, abort: str | None = None) -> SchedulerView:
+        """schedule(), the fake model, update(), with the request ``abort``
+        aborted while the plan is in flight when given; the states in the
+        middle of the step are not explored on their own, so their state
+        invariants are checked here."""
         plan = _call("spec", "schedule", s2.schedule)
         mid = before if self.blind else s2.view()
         self._check("schedule", before, mid, True, plan=plan)
@@ -354,6 +368,15 @@ class Expander:
         if lockstep:
             self._compare("schedule()", plan, _call(self.tname, "schedule", impl.schedule))
             self._compare("view()", mid, _call(self.tname, "view", impl.view))
+        if abort is not None:
+            self.coverage.count_abort(before, abort)
+            _call("spec", "abort", s2.abort, abort)
+            mid2 = before if self.blind else s2.view()
+            self._check("abort", mid, mid2, True, request_id=abort)
+            if lockstep:
+                _call(self.tname, "abort", impl.abort, abort)
+                self._compare("view()", mid2, _call(self.tname, "view", impl.view))
+            mid = mid2
         result = self._run_model(plan, before, memory)
         _call("spec", "update", s2.update, plan, result)
         after = s2.view()
@@ -365,16 +388,22 @@ class Expander:
             self._compare("view()", after, _call(self.tname, "view", impl.view))
         return after
 
-    def _target_step(self, t: Any, tmem: dict[int, int]) -> dict[int, int]:
-        """Invariants mode: the scheduler under test schedules its own plan,
-        the fake model runs it on its KV memory ``tmem`` (reads checked), it
-        takes the result; the chosen invariants on both halves, the KV
-        contents after. Returns its memory after the step."""
+    def _target_step(self, t: Any, tmem: dict[int, int], abort: str | None = None) -> dict[int, int]:
+        """Invariants mode: the scheduler under test schedules its own plan
+        (``abort`` is aborted while it is in flight, when given), the fake
+        model runs it on its KV memory ``tmem`` (reads checked), it takes
+        the result; the chosen invariants on every part, the KV contents
+        after. Returns its memory after the step."""
         who = self.tname
         tb = _call(who, "view", t.view)
         plan = _call(who, "schedule", t.schedule)
         tm = _call(who, "view", t.view)
         self._tcheck("schedule", tb, tm, plan=plan)
+        if abort is not None:
+            _call(who, "abort", t.abort, abort)
+            tm2 = _call(who, "view", t.view)
+            self._tcheck("abort", tm, tm2, request_id=abort)
+            tm = tm2
         model = self.tmodel
         model.slots = tmem
         truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
@@ -469,29 +498,44 @@ class Expander:
         events: list[Event] = []
         a = self.alphabet
         adds = 0
+        in_flight: list[tuple[StepPlan, StepResult]] = []
         for i, code in enumerate(codes):
             run = run_last or i < len(codes) - 1
-            event: Event
+            these: list[Event]
             if code == STEP:
-                event = Step()
+                these = [Step()]
             elif code == RESET or code == RESET_RUNNING:
-                event = ResetPrefixCache(code == RESET_RUNNING)
+                these = [ResetPrefixCache(code == RESET_RUNNING)]
             elif a.is_add(code):
                 adds += 1
-                event = AddRequest(self.request(a.shape_index(code), adds))
+                these = [AddRequest(self.request(a.shape_index(code), adds))]
+            elif a.is_step_abort(code):
+                these = [Schedule(), Abort(list(sched.view().requests)[a.abort_index(code)]), Update()]
             else:
-                event = Abort(list(sched.view().requests)[a.abort_index(code)])
-            events.append(event)
+                these = [Abort(list(sched.view().requests)[a.abort_index(code)])]
+            events += these
             if run:
-                _perform(sched, model, event)
+                for event in these:
+                    _perform(sched, model, event, in_flight)
         return Workload(self.config, tuple(events), seed=None)
 
 
-def _perform(sched: Scheduler, model: FakeModel, event: Event) -> None:
+def _perform(sched: Scheduler, model: FakeModel, event: Event,
+             in_flight: list[tuple[StepPlan, StepResult]] | None = None) -> None:
+    """One event of a path; ``in_flight`` holds a plan between its Schedule
+    and its Update."""
     if isinstance(event, Step):
         plan = sched.schedule()
         result, _ = model.run(plan)
         sched.update(plan, result)
+    elif isinstance(event, Schedule):
+        assert in_flight is not None
+        plan = sched.schedule()
+        result, _ = model.run(plan)
+        in_flight.append((plan, result))
+    elif isinstance(event, Update):
+        assert in_flight is not None
+        sched.update(*in_flight.pop(0))
     elif isinstance(event, ResetPrefixCache):
         sched.reset_prefix_cache(event.reset_running_requests)
     elif isinstance(event, AddRequest):

@@ -10,6 +10,7 @@ shortest path to it. A complete search ends with the liveness analysis.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -133,6 +134,8 @@ class Explorer:
         self.graph = StateGraph(())
         self.transitions = 0
         self.coverage = Coverage()
+        #: how often the explored transitions took each named rule of the spec
+        self.rules: Counter[str] = Counter()
         #: the shortest failure so far: (path length, state, event code or -1, what was found)
         self.best: tuple[int, int, int, Finding] | None = None
         self.capped = False
@@ -156,6 +159,7 @@ class Explorer:
         if self.against is not None:
             res.against, res.mode, res.copy = self.against.name, self.against.mode, self.copy or ""
         res.coverage = self.coverage.as_dict()
+        res.rules = Counter(self.rules)
         if self.best is not None:
             _, idx, code, f = self.best
             codes = self.graph.path(idx) + ([code] if code >= 0 else [])
@@ -180,6 +184,8 @@ class Explorer:
             nxt: list[Entry] = []
             for r in self._expansions(level, pool):
                 self.coverage.merge(r.coverage)
+                for name, n in r.rules.items():
+                    self.rules[name] += n
                 if r.failure is not None:
                     self._note_failure(r.idx, *r.failure)
                 elif self.best is None:  # else finish the level only to look for a shorter failure

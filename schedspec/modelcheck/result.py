@@ -5,6 +5,7 @@ print as."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from schedspec.check import trace as tracefile
 from schedspec.check.workload import Workload
 from schedspec.invariants import Violation
 from schedspec.modelcheck.space import Space
+from schedspec.spec import coverage as rule_coverage
 from schedspec.spec.interface import SchedulerConfig
 
 
@@ -72,6 +74,7 @@ class SpaceResult:
     against: str | None = None  # the scheduler under test, as --against names it
     mode: str = ""  # lockstep | invariants (with a scheduler under test)
     copy: str = ""  # how the scheduler under test was copied (target.copy_method)
+    rules: Counter[str] = field(default_factory=Counter)  # the spec's named rules taken, and how often
 
     @property
     def states_per_s(self) -> float:
@@ -93,6 +96,7 @@ class SpaceResult:
             "liveness_bound": self.liveness_bound,
             "liveness_path": list(self.liveness_labels),
             "coverage": self.coverage,
+            "rules": rule_coverage.as_dict(self.rules),
             "cpu_s": round(self.cpu_s, 3),
             "failure": None if self.failure is None else {
                 "kind": self.failure.kind,
@@ -128,6 +132,14 @@ class BoundResult:
     def elapsed(self) -> float:
         return sum(r.elapsed for r in self.spaces)
 
+    @property
+    def rules(self) -> Counter[str]:
+        """The spec's named rules the explored transitions took, over every space."""
+        total: Counter[str] = Counter()
+        for r in self.spaces:
+            total.update(r.rules)
+        return total
+
     def worst_liveness(self) -> SpaceResult | None:
         """The space with the greatest liveness bound (None: no space has one)."""
         bounds = [r for r in self.spaces if r.liveness_bound is not None]
@@ -144,6 +156,7 @@ class BoundResult:
         total.complete = all(r.complete for r in self.spaces)
         total.cpu_s = sum(r.cpu_s for r in self.spaces)
         total.failure = self.failure
+        total.rules = self.rules
         return total
 
     def as_dict(self) -> dict[str, Any]:
@@ -160,6 +173,8 @@ class BoundResult:
             "cpu_s": round(cpu, 3),
             "states_per_cpu_s": round(self.states / cpu, 1) if cpu > 0 else None,
             "liveness_bound": max(bounds) if bounds else None,
+            "rules": rule_coverage.as_dict(self.rules),
+            "rules_unreached": rule_coverage.unreached(self.rules),
             "spaces": [r.as_dict() for r in self.spaces],
         }
 

@@ -4,6 +4,7 @@ the bounds (small, medium, large) that group them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,9 @@ class ModelCheckError(SchedSpecError, ValueError):
 @dataclass(frozen=True)
 class Shape:
     """A request without an id: what a client sends. ``stop_after`` k > 0 makes
-    the k-th token the fake model generates for this prompt a stop token
-    (resolved per space, since it depends on the model's seed and vocab)."""
+    the k-th token the fake model generates for this prompt a stop token, and
+    ``eos_after`` k > 0 makes it the eos token (both resolved per space, since
+    they depend on the model's seed and vocab)."""
 
     name: str
     prompt: tuple[int, ...]
@@ -31,6 +33,7 @@ class Shape:
     ignore_eos: bool = False
     cache_salt: str | None = None
     stop_after: int = 0
+    eos_after: int = 0
 
     def request(self, request_id: str, arrival: int) -> RequestSpec:
         return RequestSpec(
@@ -70,6 +73,8 @@ class Space:
     max_requests: int
     vocab: int = 4
     oracle_seed: int = 0
+    #: also explore aborts while a step's plan is in flight ("step, abort #k mid-step")
+    abort_in_step: bool = False
 
     def resolved_shapes(self) -> tuple[Shape, ...]:
         """The shapes with ``stop_after`` turned into a concrete stop token."""
@@ -77,8 +82,10 @@ class Space:
         for s in self.shapes:
             if s.stop_after > 0:
                 toks = generated_tokens(s.prompt, s.stop_after, self.vocab, self.oracle_seed, self.config.block_size)
-                s = Shape(s.name, s.prompt, s.max_tokens, s.priority, s.stop_token_ids + (toks[-1],),
-                          s.eos_token_id, s.ignore_eos, s.cache_salt, 0)
+                s = dataclasses.replace(s, stop_token_ids=s.stop_token_ids + (toks[-1],), stop_after=0)
+            if s.eos_after > 0:
+                toks = generated_tokens(s.prompt, s.eos_after, self.vocab, self.oracle_seed, self.config.block_size)
+                s = dataclasses.replace(s, eos_token_id=toks[-1], eos_after=0)
             out.append(s)
         return tuple(out)
 
@@ -90,6 +97,7 @@ class Space:
             "max_requests": self.max_requests,
             "vocab": self.vocab,
             "oracle_seed": self.oracle_seed,
+            "abort_in_step": self.abort_in_step,
         }
 
 
@@ -127,14 +135,18 @@ _Dlow = Shape("D", (3,), 3, priority=1, stop_after=2)
 _E = Shape("E", (2, 1), 2, eos_token_id=0)
 _L = Shape("L", (1, 2, 3, 0, 1), 2, priority=2)
 _P = Shape("P", (1, 2), 3)
+_Q = Shape("Q", (3,), 3, priority=1)
+_Eos = Shape("E", (2, 1), 2, eos_after=1)
 
 #: The common config: blocks of 2 tokens, 4 usable blocks (one request of
 #: max_model_len 8 fits), 4 tokens per step, 2 running requests.
 _BASE: dict[str, Any] = dict(block_size=2, num_blocks=5, max_num_batched_tokens=4, max_num_seqs=2, max_model_len=8)
 
 
-def _space(name: str, shapes: tuple[Shape, ...], max_requests: int, **overrides: Any) -> Space:
-    return Space(name, SchedulerConfig(**{**_BASE, **overrides}), shapes, max_requests)
+def _space(name: str, shapes: tuple[Shape, ...], max_requests: int, abort_in_step: bool = False,
+           **overrides: Any) -> Space:
+    return Space(name, SchedulerConfig(**{**_BASE, **overrides}), shapes, max_requests,
+                 abort_in_step=abort_in_step)
 
 
 def _small() -> Bound:
@@ -147,6 +159,17 @@ def _small() -> Bound:
         _space("priority-nocache-threshold", (_A, _Dlow), 2, policy=Policy.PRIORITY,
                enable_prefix_caching=False, long_prefill_token_threshold=2),
         _space("fcfs-cache-salt-tight", (_A2, _C), 2, **tight),
+        # The rules the four above leave out (docs/modelcheck.md, "Rule
+        # coverage"): a PRIORITY victim ahead of the request that needs a
+        # block, already scheduled this step (Q runs ahead of P, P grows into
+        # a full pool), and blocks that do not fit without the full-ISL
+        # reserve; a head-of-line block with chunked prefill off, eos, and an
+        # abort while a step is in flight; a full running queue.
+        _space("priority-cache-tight-victim", (_Q, _P), 2, policy=Policy.PRIORITY, scheduler_reserve_full_isl=False,
+               **tight),
+        _space("fcfs-nochunk-eos-abortstep", (_B, _Eos), 2, abort_in_step=True, enable_chunked_prefill=False,
+               num_blocks=4, max_model_len=5, max_num_batched_tokens=5),
+        _space("fcfs-seqs1-eos-abortstep", (_A2, _Eos), 2, abort_in_step=True, max_num_seqs=1, **tight),
     ))
 
 

@@ -1,0 +1,92 @@
+"""Rule coverage of the model checker: the small bound takes every rule of
+the spec that sync scheduling can reach (spec/rule_names.py), each space
+reaches the rules docs/modelcheck.md says it does, and ``--require-rules``
+fails a run that misses one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from schedspec.check import trace as tracefile
+from schedspec.cli.main import main
+from schedspec.modelcheck import Expander, Explorer, bound, check_bound
+from schedspec.modelcheck.events import STEP
+from schedspec.spec import coverage as rule_coverage
+from schedspec.spec.rule_names import reachable_in
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _space_rules() -> dict[str, set[str]]:
+    res = check_bound("small", use_impl=False, invariants=(), workers=1)
+    assert res.failure is None
+    return {r.space.name: set(rule_coverage.reached(r.rules)) for r in res.spaces}
+
+
+@pytest.fixture(scope="module")
+def space_rules() -> dict[str, set[str]]:
+    return _space_rules()
+
+
+def test_the_small_bound_reaches_every_rule_of_sync_scheduling(space_rules: dict[str, set[str]]) -> None:
+    reached = set().union(*space_rules.values())
+    missing = [n for n in reachable_in(["sync"]) if n not in reached]
+    assert not missing, f"rules the small bound never reaches: {missing} (add or change a space: docs/modelcheck.md)"
+
+
+def test_each_space_reaches_the_rules_the_docs_give_it(space_rules: dict[str, set[str]]) -> None:
+    # docs/modelcheck.md, "Rule coverage": the rules only this space reaches in the small bound.
+    doc = (ROOT / "docs" / "modelcheck.md").read_text()
+    section = doc.split("## Rule coverage", 1)[1].split("\n## ", 1)[0]
+    claimed: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] in space_rules:
+            claimed[cells[0]] = {c.strip().strip("`") for c in cells[1].split(",") if c.strip() and c.strip() != "-"}
+    assert set(claimed) == set(space_rules), "docs/modelcheck.md names every small space once"
+    for name, rules in claimed.items():
+        others = set().union(*(v for k, v in space_rules.items() if k != name))
+        assert rules == space_rules[name] - others, name
+    # The matrix: one row per rule, an x under each space (numbered in bound order) that reaches it.
+    names = list(space_rules)
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == len(names) + 1 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = {names[i] for i, c in enumerate(cells[1:]) if c == "x"}
+    assert list(rows) == list(reachable_in(["sync"]))
+    for rule, spaces in rows.items():
+        assert spaces == {n for n in names if rule in space_rules[n]}, rule
+
+
+def test_require_rules_fails_a_run_that_misses_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "mc.json"
+    argv = ["modelcheck", "--space", "fcfs-cache-salt-tight", "--no-impl", "--quiet", "--workers", "1",
+            "--json", str(out)]
+    assert main([*argv, "--require-rules", "stop.eos,kv.hit_full"]) == 1
+    text = capsys.readouterr().out
+    assert "FAILED: 1 required rule(s) never reached: stop.eos" in text
+    data = json.loads(out.read_text())
+    assert data["rules_missing"] == ["stop.eos"] and data["rules"]["kv.hit_full"] > 0
+    assert main([*argv, "--require-rules", "kv.hit_full", "--rules"]) == 0
+    assert "rule coverage:" in capsys.readouterr().out
+    assert main([*argv, "--require-rules", "no.such.rule"]) == 2
+    assert "--require-rules" in capsys.readouterr().err
+
+
+def test_an_abort_mid_step_is_explored_and_replays(tmp_path: Path) -> None:
+    space = next(s for s in bound("small").spaces if s.name == "fcfs-nochunk-eos-abortstep")
+    ex = Expander(space)
+    a = ex.alphabet
+    codes = [a.add(0), a.step_abort(0), STEP.value]
+    assert a.label(codes[1]) == "step, abort #0 mid-step"
+    wl = ex.workload(codes)
+    assert [type(e).__name__ for e in wl.events] == ["AddRequest", "Schedule", "Abort", "Update", "Step"]
+    path = tmp_path / "t.jsonl"
+    tracefile.write(path, tracefile.Trace(wl, vocab=space.vocab, oracle_seed=space.oracle_seed))
+    assert main(["replay", str(path), "--against", "impl"]) == 0
+    r = Explorer(space, max_states=300).run()
+    assert r.failure is None and r.rules["update.request_gone"] > 0

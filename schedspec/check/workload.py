@@ -363,7 +363,7 @@ LOCKSTEP_SPACE = ConfigSpace(
     p_chunked=0.5,
     p_prefix_caching=0.75,
     p_reserve_full_isl=0.75,
-    modes=("sync",),
+    modes=MODES,
 )
 
 
@@ -405,11 +405,12 @@ def draw_config(space: ConfigSpace, pick: Pick, coin: Callable[[float], bool]) -
 
 
 def with_mode(config: SchedulerConfig, *, async_scheduling: bool, num_speculative_tokens: int) -> SchedulerConfig:
-    """``config`` in another mode. A long-prefill threshold at or below k
+    """``config`` in another mode. k stays below the token budget (one decode
+    with its drafts must fit it), and a long-prefill threshold at or below k
     (which vLLM's scheduler cannot run: a padded decode of 1 + k tokens would
     be cut) lowers k below the threshold, or, at threshold 1, turns the
     threshold off."""
-    k = num_speculative_tokens
+    k = min(num_speculative_tokens, config.max_num_batched_tokens - 1)
     threshold = config.long_prefill_token_threshold
     if k > 0 and 0 < threshold <= k:
         if threshold > 1:

@@ -19,6 +19,7 @@ from schedspec.check.shrink import _consistent
 from schedspec.check.trace import TraceError
 from schedspec.check.workload import (
     CHECK_SPACE,
+    LOCKSTEP_SPACE,
     MODES,
     Abort,
     AddRequest,
@@ -344,7 +345,7 @@ def test_the_check_space_mixes_every_mode() -> None:
     assert any(isinstance(e, Schedule) for e in async_events) and any(isinstance(e, Update) for e in async_events)
 
 
-def test_draw_config_keeps_the_threshold_above_k() -> None:
+def test_draw_config_keeps_k_below_the_threshold_and_the_budget() -> None:
     import random
     from typing import Sequence, TypeVar
 
@@ -355,9 +356,10 @@ def test_draw_config_keeps_the_threshold_above_k() -> None:
         def pick(options: Sequence[T]) -> T:
             return rng.choice(options)
 
-        config = draw_config(CHECK_SPACE, pick, lambda p: rng.random() < p)
+        config = draw_config(CHECK_SPACE if seed % 2 else LOCKSTEP_SPACE, pick, lambda p: rng.random() < p)
         k, t = config.num_speculative_tokens, config.long_prefill_token_threshold
         assert k == 0 or t == 0 or t > k
+        assert k < config.max_num_batched_tokens
 
 
 def test_parse_modes() -> None:

@@ -247,11 +247,11 @@ class SpecScheduler:
         in any state; its blocks are freed at once."""
         req = check_abort(request_id, self.requests)
         if req.status == RequestStatus.RUNNING:
-            self.rules["abort.running"] += 1
+            self.rules["abort.running"] += 1  # pragma: no mutate
             self.running.remove(request_id)
         else:
-            self.rules["abort.waiting"] += req.status == RequestStatus.WAITING
-            self.rules["abort.preempted"] += req.status == RequestStatus.PREEMPTED
+            self.rules["abort.waiting"] += req.status == RequestStatus.WAITING  # pragma: no mutate
+            self.rules["abort.preempted"] += req.status == RequestStatus.PREEMPTED  # pragma: no mutate
             self.waiting.remove(request_id)
         self._finish(req, RequestStatus.FINISHED_ABORTED)
 
@@ -274,7 +274,7 @@ class SpecScheduler:
         check_reset(self.in_flight, self._config)
         if reset_running_requests:
             while self.running:
-                self.rules["preempt.reset_running"] += 1
+                self.rules["preempt.reset_running"] += 1  # pragma: no mutate
                 self._preempt_request(self.requests[self.running.pop()], drop_stale_output=True)
         return self.kv.reset_prefix_cache()
 
@@ -347,10 +347,10 @@ class SpecScheduler:
                 break
             hit.append(block)
         full = max_hit_blocks(num_tokens=req.num_tokens, block_size=bs)
-        self.rules["kv.miss"] += full > 0 and not hit
-        self.rules["kv.hit_partial"] += 0 < len(hit) < full
-        self.rules["kv.hit_full"] += 0 < len(hit) == full
-        self.rules["kv.hit_capped"] += 0 < len(hit) == full and req.num_tokens % bs == 0
+        self.rules["kv.miss"] += full > 0 and not hit  # pragma: no mutate
+        self.rules["kv.hit_partial"] += 0 < len(hit) < full  # pragma: no mutate
+        self.rules["kv.hit_full"] += 0 < len(hit) == full  # pragma: no mutate
+        self.rules["kv.hit_capped"] += 0 < len(hit) == full and req.num_tokens % bs == 0  # pragma: no mutate
         return hit
 
     def _allocate_admission(self, req: _Request, hit: list[int], n: int) -> bool:
@@ -371,12 +371,12 @@ class SpecScheduler:
             return need <= self.kv.num_free
 
         if cfg.scheduler_reserve_full_isl and not fits(min(req.num_tokens, cfg.max_model_len)):
-            self.rules["admit.blocked_full_sequence"] += 1
+            self.rules["admit.blocked_full_sequence"] += 1  # pragma: no mutate
             return False
         num_hit_tokens = len(hit) * bs
         target = min(num_hit_tokens + n + cfg.num_lookahead_tokens, cfg.max_model_len)
         if not fits(target):
-            self.rules["admit.blocked_blocks"] += 1
+            self.rules["admit.blocked_blocks"] += 1  # pragma: no mutate
             return False
         self.kv.touch(hit)
         req.blocks = list(hit)
@@ -400,9 +400,9 @@ class SpecScheduler:
             num_waiting=len(self.waiting),
         )
         st = _StepState(token_budget=cfg.max_num_batched_tokens, threshold=threshold)
-        self.rules["schedule.threshold_active"] += threshold > 0
+        self.rules["schedule.threshold_active"] += threshold > 0  # pragma: no mutate
         self._schedule_running(st)
-        self.rules["schedule.waiting_skipped"] += len(st.preempted) > 0 and len(self.waiting) > 0
+        self.rules["schedule.waiting_skipped"] += len(st.preempted) > 0 and len(self.waiting) > 0  # pragma: no mutate
         if not st.preempted:
             self._schedule_waiting(st)
         assert len(self.running) <= cfg.max_num_seqs
@@ -421,7 +421,7 @@ class SpecScheduler:
                 num_prompt_tokens=len(req.spec.prompt_token_ids),
                 max_tokens=req.spec.max_tokens,
             ):
-                self.rules["running.skip_max_tokens_in_flight"] += 1
+                self.rules["running.skip_max_tokens_in_flight"] += 1  # pragma: no mutate
                 i += 1  # async: the steps in flight finish it ("continue" in vLLM)
                 continue
             n = running_chunk(
@@ -434,18 +434,18 @@ class SpecScheduler:
                 num_output_placeholders=req.num_output_placeholders,
             )
             if n == 0:
-                self.rules["running.skip_no_tokens"] += 1
+                self.rules["running.skip_no_tokens"] += 1  # pragma: no mutate
                 i += 1  # skipped, not a stop ("continue" in vLLM)
                 continue
             allocated, i = self._allocate_or_preempt(st, req, n, i)
             if not allocated:
                 if cfg.policy == Policy.PRIORITY and req.status == RequestStatus.PREEMPTED:
-                    self.rules["running.self_preempted_continue"] += 1
+                    self.rules["running.self_preempted_continue"] += 1  # pragma: no mutate
                     continue  # it preempted itself; later requests may still fit
-                self.rules["running.self_preempted_break"] += 1
+                self.rules["running.self_preempted_break"] += 1  # pragma: no mutate
                 return  # vLLM: break out of the RUNNING loop
-            self.rules["running.scheduled"] += 1
-            self.rules["running.prefill_chunk"] += (
+            self.rules["running.scheduled"] += 1  # pragma: no mutate
+            self.rules["running.prefill_chunk"] += (  # pragma: no mutate
                 req.num_computed_tokens + n < req.num_tokens + req.num_output_placeholders
             )
             st.prefill_scheduled |= req.is_prefill_chunk
@@ -453,7 +453,7 @@ class SpecScheduler:
             st.scheduled[req.request_id] = (ScheduleKind.RUNNING, req.num_computed_tokens, n, drafts)
             st.token_budget -= n
             i += 1
-        self.rules["running.stop_budget"] += i < len(self.running)
+        self.rules["running.stop_budget"] += i < len(self.running)  # pragma: no mutate
 
     def _take_drafts(self, req: _Request, n: int) -> tuple[int, ...]:
         """The drafts a running request verifies in a step of ``n`` tokens: as
@@ -472,9 +472,9 @@ class SpecScheduler:
             num_output_placeholders=req.num_output_placeholders,
             num_drafts=len(req.spec_token_ids),
         )
-        self.rules["spec.drafts_scheduled"] += m > 0
-        self.rules["spec.drafts_cut"] += 0 < m < len(req.spec_token_ids)
-        self.rules["spec.drafts_unscheduled"] += m == 0
+        self.rules["spec.drafts_scheduled"] += m > 0  # pragma: no mutate
+        self.rules["spec.drafts_cut"] += 0 < m < len(req.spec_token_ids)  # pragma: no mutate
+        self.rules["spec.drafts_unscheduled"] += m == 0  # pragma: no mutate
         drafts = tuple(req.spec_token_ids[:m])
         req.spec_token_ids = []
         return drafts
@@ -488,19 +488,19 @@ class SpecScheduler:
         while not self._allocate_running(req, n):
             keys = [self._priority_key(r)[:2] for r in self.running]
             v = choose_victim(policy=self._config.policy, running_keys=keys)
-            self.rules["preempt.fcfs_tail"] += self._config.policy == Policy.FCFS
-            self.rules["preempt.priority_victim"] += self._config.policy == Policy.PRIORITY
+            self.rules["preempt.fcfs_tail"] += self._config.policy == Policy.FCFS  # pragma: no mutate
+            self.rules["preempt.priority_victim"] += self._config.policy == Policy.PRIORITY  # pragma: no mutate
             victim = self.requests[self.running.pop(v)]
             if v < i:
-                self.rules["preempt.victim_ahead"] += 1
+                self.rules["preempt.victim_ahead"] += 1  # pragma: no mutate
                 i -= 1
             if victim.request_id in st.scheduled:
-                self.rules["preempt.budget_give_back"] += 1
+                self.rules["preempt.budget_give_back"] += 1  # pragma: no mutate
                 st.token_budget += st.scheduled.pop(victim.request_id)[2]
             self._preempt_request(victim)
             st.preempted.append(victim.request_id)
             if victim is req:
-                self.rules["preempt.self"] += 1
+                self.rules["preempt.self"] += 1  # pragma: no mutate
                 return False, i
         return True, i
 
@@ -512,7 +512,7 @@ class SpecScheduler:
         skipped = 0  # requests passed over this step, at the head of the queue
         while st.token_budget > 0 and len(self.waiting) > skipped:
             if len(self.running) >= self._config.max_num_seqs:
-                self.rules["waiting.stop_max_num_seqs"] += 1
+                self.rules["waiting.stop_max_num_seqs"] += 1  # pragma: no mutate
                 return  # vLLM: break
             req = self.requests[self._waiting_order()[skipped]]
             if req.num_stale_output_tokens and not req.drop_stale_output:
@@ -521,12 +521,12 @@ class SpecScheduler:
                 # resample a position that output fills. vLLM's skip_request
                 # pops it and prepends it again after the loop, so it keeps
                 # its place at the head.
-                self.rules["waiting.skip_stale_output"] += 1
+                self.rules["waiting.skip_stale_output"] += 1  # pragma: no mutate
                 skipped += 1
                 continue
             if not self._admit(st, req):
                 return  # vLLM: break
-        self.rules["waiting.stop_budget"] += len(self.waiting) > skipped
+        self.rules["waiting.stop_budget"] += len(self.waiting) > skipped  # pragma: no mutate
 
     def _admit(self, st: _StepState, req: _Request) -> bool:
         """One admission of the WAITING loop: the prefix hit, the chunk past it,
@@ -546,12 +546,12 @@ class SpecScheduler:
             token_budget=st.token_budget,
         )
         if padded is None:
-            self.rules["admit.blocked_padding"] += 1
+            self.rules["admit.blocked_padding"] += 1  # pragma: no mutate
             return False  # vLLM: "Prefer to not schedule than schedule un-padded" (break)
         drafts: tuple[int, ...] = ()
         if padded > req.num_tokens - num_hit_tokens:
             # a padded decode: 1 + k tokens, the k drafts placeholders (-1)
-            self.rules["admit.padded_decode"] += 1
+            self.rules["admit.padded_decode"] += 1  # pragma: no mutate
             n = padded
             drafts = (-1,) * cfg.num_speculative_tokens
         else:
@@ -563,7 +563,7 @@ class SpecScheduler:
                 chunked_prefill=cfg.enable_chunked_prefill,
             )
         if n == 0:
-            self.rules["admit.blocked_chunking_off"] += 1
+            self.rules["admit.blocked_chunking_off"] += 1  # pragma: no mutate
             return False  # chunked prefill off and the prompt does not fit the budget
         if not self._allocate_admission(req, hit, n):
             return False  # head-of-line: nothing behind it is tried
@@ -571,9 +571,9 @@ class SpecScheduler:
         self.waiting.remove(rid)
         self.running.append(rid)
         kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
-        self.rules["admit.new"] += kind == ScheduleKind.NEW
-        self.rules["admit.resumed"] += kind == ScheduleKind.RESUMED
-        self.rules["admit.prefill_chunk"] += num_hit_tokens + n < req.num_tokens
+        self.rules["admit.new"] += kind == ScheduleKind.NEW  # pragma: no mutate
+        self.rules["admit.resumed"] += kind == ScheduleKind.RESUMED  # pragma: no mutate
+        self.rules["admit.prefill_chunk"] += num_hit_tokens + n < req.num_tokens  # pragma: no mutate
         req.set_status(RequestStatus.RUNNING)
         req.num_computed_tokens = num_hit_tokens
         st.scheduled[rid] = (kind, num_hit_tokens, n, drafts)
@@ -607,7 +607,7 @@ class SpecScheduler:
             req.num_in_flight_tokens += n
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
             if cfg.async_scheduling and not req.is_prefill_chunk:
-                self.rules["async.placeholders_added"] += 1
+                self.rules["async.placeholders_added"] += 1  # pragma: no mutate
                 req.num_output_placeholders += 1 + len(drafts)
                 req.spec_token_ids = [-1] * cfg.num_speculative_tokens
         plan = StepPlan(
@@ -638,14 +638,14 @@ class SpecScheduler:
         for s in plan.scheduled:
             req = self.requests.get(s.request_id)
             toks = result.sampled.get(s.request_id, ())
-            self.rules["update.no_token"] += not toks
+            self.rules["update.no_token"] += not toks  # pragma: no mutate
             if req is None:
                 # aborted, or finished by an earlier step, while this one ran
-                self.rules["update.request_gone"] += 1
+                self.rules["update.request_gone"] += 1  # pragma: no mutate
                 continue
             stale = self._drain_in_flight(req, s.num_scheduled_tokens)
             if stale and req.drop_stale_output:
-                self.rules["async.stale_dropped"] += 1
+                self.rules["async.stale_dropped"] += 1  # pragma: no mutate
                 continue  # drop-mode stale output is discarded entirely
             if s.spec_token_ids and toks:
                 self._roll_back_rejected(req, len(s.spec_token_ids) - (len(toks) - 1), stale)
@@ -664,7 +664,7 @@ class SpecScheduler:
                 else:
                     # stale output stopped a preempted request: it leaves the
                     # waiting queue (update_from_output, stopped_preempted_reqs)
-                    self.rules["async.stale_output_stopped"] += 1
+                    self.rules["async.stale_output_stopped"] += 1  # pragma: no mutate
                     self.waiting.remove(req.request_id)
                 self._finish(req, status)
         self.running = [r for r in self.running if r not in stopped]
@@ -679,7 +679,7 @@ class SpecScheduler:
         whether it is."""
         req.num_in_flight_tokens -= n
         if req.num_stale_output_tokens > 0:
-            self.rules["async.stale_output"] += 1
+            self.rules["async.stale_output"] += 1  # pragma: no mutate
             req.num_stale_output_tokens -= n
             assert req.num_stale_output_tokens >= 0
             return True
@@ -690,8 +690,8 @@ class SpecScheduler:
         scheduling, as placeholders): take them back (update_from_output,
         ``num_computed_tokens -= num_rejected``). A stale rejection count
         predates the preemption's reset and does not apply."""
-        self.rules["spec.all_accepted"] += num_rejected == 0
-        self.rules["spec.some_rejected"] += num_rejected > 0
+        self.rules["spec.all_accepted"] += num_rejected == 0  # pragma: no mutate
+        self.rules["spec.some_rejected"] += num_rejected > 0  # pragma: no mutate
         if stale:
             return
         if req.num_computed_tokens > 0:
@@ -711,7 +711,7 @@ class SpecScheduler:
         for num_new, token in enumerate(toks, 1):
             status = self._append_and_check_stop(req, token)
             if status is not None:
-                self.rules["spec.stop_inside_run"] += num_new < len(toks)
+                self.rules["spec.stop_inside_run"] += num_new < len(toks)  # pragma: no mutate
                 if not stale:
                     req.num_computed_tokens -= len(toks) - num_new
                 break
@@ -737,10 +737,10 @@ class SpecScheduler:
         if reason is None:
             return None
         eos = token == req.spec.eos_token_id and not req.spec.ignore_eos
-        self.rules["stop.eos"] += eos
-        self.rules["stop.stop_token"] += reason == "stop" and not eos
-        self.rules["stop.max_model_len"] += reason == "length" and req.num_tokens >= self._config.max_model_len
-        self.rules["stop.max_tokens"] += reason == "length" and req.num_tokens < self._config.max_model_len
+        self.rules["stop.eos"] += eos  # pragma: no mutate
+        self.rules["stop.stop_token"] += reason == "stop" and not eos  # pragma: no mutate
+        self.rules["stop.max_model_len"] += reason == "length" and req.num_tokens >= self._config.max_model_len  # pragma: no mutate
+        self.rules["stop.max_tokens"] += reason == "length" and req.num_tokens < self._config.max_model_len  # pragma: no mutate
         return RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_LENGTH_CAPPED
 
     def _update_draft_token_ids(self, result: StepResult) -> None:
@@ -752,12 +752,12 @@ class SpecScheduler:
         for rid, drafts in result.draft_token_ids.items():
             req = self.requests.get(rid)
             if req is None:
-                self.rules["spec.drafts_for_finished"] += 1
+                self.rules["spec.drafts_for_finished"] += 1  # pragma: no mutate
                 continue
             if req.is_prefill_chunk:
                 req.spec_token_ids = []
                 continue
-            self.rules["spec.drafts_set"] += len(drafts) > 0
+            self.rules["spec.drafts_set"] += len(drafts) > 0  # pragma: no mutate
             req.spec_token_ids = list(drafts)
 
     # ------------------------------------------------------------------ view

@@ -213,6 +213,16 @@ def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert rc == 1 and "required rule(s) never reached" in capsys.readouterr().out
     assert main(["check", "--steps", "10", "--quiet", "--require-rules", "admit.nope"]) == 2
     assert "--require-rules: unknown rule 'admit.nope'" in capsys.readouterr().err
+    assert main(["check", "--steps", "10", "--quiet", "--modes", "sync,warp"]) == 2
+    assert "--modes: unknown mode 'warp'" in capsys.readouterr().err
+    out2 = tmp_path / "r.json"
+    assert main(["check", "--steps", "200", "--quiet", "--generator", "random", "--json", str(out2)]) == 0
+    from schedspec.check.driver import Runner
+    from schedspec.check.workload import random_workload
+
+    alone = Runner(random_workload(0, 200).config, {"spec": SpecScheduler}, oracle_seed=0)
+    assert alone.run(random_workload(0, 200).events) is None
+    assert json.loads(out2.read_text())["rule_coverage"]["counts"] == coverage.as_dict(alone.primary.rules)  # type: ignore[attr-defined]
 
 
 def test_the_state_machine_tallies_rule_coverage() -> None:

@@ -26,8 +26,9 @@ from typing import Callable, Sequence
 
 from schedspec.check import trace as tracefile
 from schedspec.check.driver import Runner, StepRecord
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, Workload
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Schedule, Step, Update, Workload
 from schedspec.spec import Policy, RequestStatus, ScheduleKind, SchedulerConfig, SpecScheduler, StepPlan
+from schedspec.spec.interface import ScheduledRequest
 
 from tests.helpers import cfg, entries, req
 
@@ -343,6 +344,94 @@ def _(r: list[StepRecord]) -> None:
     assert r[1].plan.scheduled[0].num_computed_tokens == 0
 
 
+# ---------------------------------------------------------------- async scheduling, speculative decoding
+
+ASYNC_SCHEDULER = "vllm/v1/core/sched/async_scheduler.py AsyncScheduler._update_after_schedule"
+ENGINE = "vllm/v1/engine/core.py EngineCore.step_with_batch_queue"
+UPDATE = "vllm/v1/core/sched/scheduler.py Scheduler.update_from_output"
+
+
+def _entry_of(rec: StepRecord, rid: str) -> ScheduledRequest:
+    entry = rec.plan.get(rid)
+    assert entry is not None, (rec.step, rid)
+    return entry
+
+
+@scenario("async-plans-the-next-step-with-the-output-in-flight-as-a-placeholder",
+          "With async scheduling the engine schedules step N+1 before it updates step N: a decoding "
+          "request's next entry computes a -1 placeholder for the token still in flight, counted in "
+          "num_computed_tokens.",
+          f"{ENGINE}; {ASYNC_SCHEDULER}", cfg(async_scheduling=True), [add("a", 5, max_tokens=4), S, S, S])
+def _(r: list[StepRecord]) -> None:
+    assert [rec.in_flight for rec in r] == [(1,), (1, 2), (2, 3)]
+    second = _entry_of(r[1], "a")
+    assert second.num_output_placeholders == 1 and second.token_ids == (-1,) and second.num_computed_tokens == 5
+    assert r[2].view_after.requests["a"].output_token_ids == r[0].result.sampled["a"] + r[1].result.sampled["a"]  # type: ignore[union-attr]
+
+
+@scenario("async-abort-between-schedule-and-update-drops-the-in-flight-output",
+          "An abort that arrives between the schedule of step N+1 and the update of step N (the engine "
+          "processes aborts right before update_from_output) finishes the request; the outputs of its "
+          "steps still in flight are dropped.",
+          f"{ENGINE}; {UPDATE}", cfg(async_scheduling=True),
+          [add("a", 5, max_tokens=8), add("b", 3, max_tokens=8), S, Schedule(), Abort("a"), Update(step=1), S, S])
+def _(r: list[StepRecord]) -> None:
+    assert r[1].in_flight == (1, 2) and r[1].plan.get("a") is not None
+    assert r[1].view_after.finished["a"].status == RequestStatus.FINISHED_ABORTED
+    assert r[1].view_after.finished["a"].output_token_ids == ()
+    assert r[2].plan.finished_ids == ("a",) and r[2].plan.get("a") is None
+
+
+@scenario("spec-decode-accepted-drafts-then-the-bonus-token",
+          "With speculative decoding a decode verifies the drafts proposed after the previous step; "
+          "every accepted draft and the bonus token join the output, and num_computed_tokens covers "
+          "them all.",
+          f"{SCHEDULER}; {UPDATE}", cfg(num_speculative_tokens=2), [add("a", 5, max_tokens=8), S, S, S],
+          oracle_seed=0)
+def _(r: list[StepRecord]) -> None:
+    second = _entry_of(r[1], "a")
+    assert len(second.spec_token_ids) == 2 and -1 not in second.spec_token_ids
+    assert r[1].result is not None and r[1].result.sampled["a"] == second.spec_token_ids + r[1].result.sampled["a"][2:]
+    assert len(r[1].result.sampled["a"]) == 3
+    assert _entry_of(r[2], "a").num_computed_tokens == 5 + 3
+
+
+@scenario("spec-decode-rejected-drafts-roll-back-computed-tokens",
+          "Drafts the model rejects do not count as computed: after a step whose drafts were all "
+          "rejected, the request computes again from the position after its bonus token.",
+          UPDATE, cfg(num_speculative_tokens=2), [add("a", 5, max_tokens=6), S, S, S], oracle_seed=1)
+def _(r: list[StepRecord]) -> None:
+    second = _entry_of(r[1], "a")
+    assert len(second.spec_token_ids) == 2 and second.num_scheduled_tokens == 3
+    assert r[1].result is not None and len(r[1].result.sampled["a"]) == 1
+    assert _entry_of(r[2], "a").num_computed_tokens == 6
+
+
+@scenario("async-spec-decode-schedules-placeholder-drafts",
+          "With async scheduling and speculative decoding the scheduler never sees the drafts: it "
+          "schedules -1 placeholders for them and for the tokens in flight, and the rejected ones roll "
+          "back num_computed_tokens and the placeholders at the update.",
+          f"{ASYNC_SCHEDULER}; {UPDATE}", cfg(async_scheduling=True, num_speculative_tokens=2),
+          [add("a", 5, max_tokens=10), S, S, S, S], oracle_seed=2)
+def _(r: list[StepRecord]) -> None:
+    second = _entry_of(r[1], "a")
+    assert second.spec_token_ids == (-1, -1) and second.num_output_placeholders == 1
+    assert set(_entry_of(r[2], "a").token_ids) == {-1} and _entry_of(r[2], "a").num_output_placeholders == 3
+
+
+@scenario("reset-prefix-cache-with-a-step-in-flight-drops-its-output",
+          "reset_prefix_cache(reset_running_requests=True) with a step in flight preempts the running "
+          "requests and drops their in-flight output (it would arrive after their recomputation): the "
+          "request resumes from the tokens it had, and computes the dropped position again.",
+          "vllm/v1/core/sched/scheduler.py Scheduler.reset_prefix_cache, Scheduler._preempt_request",
+          cfg(async_scheduling=True), [add("a", 5, max_tokens=6), S, S, ResetPrefixCache(True), S, S])
+def _(r: list[StepRecord]) -> None:
+    assert r[2].plan.preempted_ids == ("a",)
+    resumed = _entry_of(r[2], "a")
+    assert resumed.kind == ScheduleKind.RESUMED and resumed.num_output_placeholders == 0
+    assert resumed.num_tokens == 6  # the prompt and step 1's token; step 2's was dropped
+
+
 # ---------------------------------------------------------------- writing
 
 
@@ -354,8 +443,16 @@ def run_on_spec(s: Scenario) -> list[StepRecord]:
     return runner.history
 
 
+def _flight(e: ScheduledRequest) -> str:
+    """`` ~p`` for p placeholders in flight, `` drafts [..]`` for the drafts verified."""
+    text = f" ~{e.num_output_placeholders}" if e.num_output_placeholders else ""
+    if e.spec_token_ids:
+        text += f" drafts [{' '.join(map(str, e.spec_token_ids))}]"
+    return text
+
+
 def describe_plan(plan: StepPlan) -> str:
-    parts = [f"{e.request_id} {e.kind.value} {e.num_computed_tokens}+{e.num_scheduled_tokens} "
+    parts = [f"{e.request_id} {e.kind.value} {e.num_computed_tokens}+{e.num_scheduled_tokens}{_flight(e)} "
              f"blocks [{' '.join(map(str, e.block_ids))}]" for e in plan.scheduled]
     text = ", ".join(parts) or "nothing scheduled"
     if plan.preempted_ids:

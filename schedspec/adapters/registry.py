@@ -156,11 +156,15 @@ def _user_class(spec: str) -> Target:
     return Target(spec, factory, caps)
 
 
+#: The spec and impl run every mode: async scheduling and speculative decoding too.
+EVERY_MODE = Capabilities(async_scheduling=True, speculative_decoding=True)
+
+
 def resolve(name: str) -> Target:
     if name == "spec":
-        return Target("spec", _spec)
+        return Target("spec", _spec, EVERY_MODE)
     if name == "impl":
-        return Target("impl", _impl)
+        return Target("impl", _impl, EVERY_MODE)
     if name == "vllm":
         from schedspec.adapters.vllm_adapter import VLLM_CAPABILITIES
 

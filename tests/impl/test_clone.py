@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,76 @@ def test_clone_matches_pickle_round_trip(policy: Policy) -> None:
         a.update(pa, ma.run(pa)[0])
         b.update(pb, mb.run(pb)[0])
         assert a.view() == b.view()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "spec", "async-spec"])
+@pytest.mark.parametrize("seed", range(4))
+def test_clone_in_every_mode_with_plans_in_flight(mode: str, seed: int) -> None:
+    """Clones taken with a plan in flight (async: between schedule() of step
+    N+1 and update() of step N) copy every field of the in-flight state
+    (placeholders, drafts, in-flight and stale counts, the plans awaiting
+    update and their requests): each clone's view equals the original's, the
+    original running on leaves it unchanged, and each clone then replays the
+    rest and ends where the spec does."""
+    import random
+
+    from tests.impl.test_modes import MODE_FLAGS, drive, with_mode
+
+    rng = random.Random(seed)
+    asyn, spec_on = MODE_FLAGS[mode]
+    cfg = with_mode(SchedulerConfig(block_size=2, num_blocks=14, max_num_batched_tokens=10, max_num_seqs=4,
+                                    max_model_len=24, policy=rng.choice([Policy.FCFS, Policy.PRIORITY])),
+                    asyn, 2 if spec_on else 0)
+    ops: list[tuple[str, object]] = []
+    for i in range(60):
+        if rng.random() < 0.35:
+            ops.append(("add", RequestSpec(f"r{i}", tuple(rng.randrange(3) for _ in range(rng.randint(1, 9))),
+                                           rng.randint(1, 9), priority=rng.randrange(3), arrival=i,
+                                           stop_token_ids=(rng.randrange(12),))))
+        if rng.random() < 0.05:
+            ops.append(("abort", None))
+        if rng.random() < 0.04:
+            ops.append(("reset", None))
+        ops.append(("step", None))
+
+    def apply(scheds: list[Any], flights: list[list[Any]], op: tuple[str, object]) -> None:
+        kind, arg = op
+        if kind == "add":
+            for s in scheds:
+                s.add(arg)
+        elif kind == "abort":
+            live = sorted(scheds[0].view().requests)
+            if live:
+                for s in scheds:
+                    s.abort(live[0])
+        elif kind == "reset":
+            for s in scheds:
+                s.reset_prefix_cache(True)
+        else:
+            drive(scheds, cfg, flights)
+
+    orig = ImplScheduler(cfg)
+    ref = SpecScheduler(cfg)
+    flight: list[Any] = []
+    ref_flight: list[Any] = []
+    forks: list[tuple[int, ImplScheduler, list[Any], SchedulerView]] = []
+    for i, op in enumerate(ops):
+        if i % 5 == 4:
+            f = orig.clone()
+            assert f.view() == orig.view()
+            forks.append((i, f, list(flight), f.view()))
+        apply([ref, orig], [ref_flight, flight], op)
+        assert orig.view() == ref.view()
+    assert any(fl for _, _, fl, _ in forks) or not asyn  # some clone had a plan in flight
+    for _, f, _, snap in forks:
+        assert f.view() == snap
+    for start, f, fl, _ in forks:
+        spec = SpecScheduler(cfg)
+        # the spec's twin of the fork: replay the prefix on a fresh spec
+        spec_flight: list[Any] = []
+        for op in ops[:start]:
+            apply([spec], [spec_flight], op)
+        assert spec.view() == f.view() and spec_flight == fl
+        for op in ops[start:]:
+            apply([spec, f], [spec_flight, fl], op)
+        assert f.view() == ref.view()

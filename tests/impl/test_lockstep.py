@@ -13,6 +13,7 @@ registered in tests/conftest.py); IMPL_LOCKSTEP_EXAMPLES=N bounds a run.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable
 
@@ -107,7 +108,8 @@ class Lockstep(RuleBasedStateMachine):
     # -------------------------------------------------------------- setup
 
     @initialize(
-        cfg=configs(LOCKSTEP_SPACE),
+        # synchronous, no drafts: tests/impl/test_modes.py runs the other modes
+        cfg=configs(dataclasses.replace(LOCKSTEP_SPACE, modes=("sync",))),
         prefixes=st.lists(
             st.lists(st.integers(0, ALPHABET - 1), min_size=2, max_size=16), min_size=1, max_size=3
         ),

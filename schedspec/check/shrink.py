@@ -20,18 +20,8 @@ import time
 from typing import Callable
 
 from schedspec.check.driver import Failure
-from schedspec.spec.interface import StepResult
-from schedspec.check.workload import (
-    Abort,
-    AddRequest,
-    Event,
-    InFlight,
-    ResetPrefixCache,
-    Schedule,
-    Step,
-    Update,
-    Workload,
-)
+from schedspec.spec.interface import SchedSpecError, SchedulerConfig, StepResult
+from schedspec.check.workload import Abort, AddRequest, Event, Schedule, Step, Workload, keep_protocol
 
 Check = Callable[[Workload], Failure | None]
 
@@ -46,31 +36,15 @@ def signature(f: Failure) -> tuple[str, frozenset[str]]:
 
 def _consistent(events: list[Event], async_scheduling: bool = False) -> list[Event]:
     added = {e.request.request_id for e in events if isinstance(e, AddRequest)}
-    flight = InFlight(async_scheduling)
     out: list[Event] = []
-    for e in events:
+    for e in keep_protocol(events, async_scheduling):
         if isinstance(e, Abort) and e.request_id not in added:
             continue
-        if isinstance(e, Step):
-            probe = InFlight(async_scheduling)
-            probe.scheduled, probe.steps = flight.scheduled, list(flight.steps)
-            if probe.step()[1] is not None:
-                continue
-            flight.step()
-        elif isinstance(e, Schedule):
-            if flight.schedule() is not None:
-                continue
-            if e.result is not None:
-                e = Schedule(StepResult(
-                    sampled={r: t for r, t in e.result.sampled.items() if r in added},
-                    draft_token_ids={r: t for r, t in e.result.draft_token_ids.items() if r in added},
-                ))
-        elif isinstance(e, Update):
-            if flight.update(None) is not None:
-                continue
-            e = Update()
-        elif isinstance(e, ResetPrefixCache) and flight.reset() is not None:
-            continue
+        if isinstance(e, Schedule) and e.result is not None:
+            e = Schedule(StepResult(
+                sampled={r: t for r, t in e.result.sampled.items() if r in added},
+                draft_token_ids={r: t for r, t in e.result.draft_token_ids.items() if r in added},
+            ))
         out.append(e)
     return out
 
@@ -80,23 +54,55 @@ def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float =
     target = signature(failure)
     best_events = list(workload.events[: failure.event_index + 1])
     best_failure = failure
+    best_config = workload.config
 
-    def attempt(events: list[Event]) -> bool:
-        nonlocal best_events, best_failure
-        events = _consistent(events, workload.config.async_scheduling)
+    def attempt(events: list[Event], config: SchedulerConfig | None = None) -> bool:
+        nonlocal best_events, best_failure, best_config
+        cfg = best_config if config is None else config
+        events = _consistent(events, cfg.async_scheduling)
         if not events:
             return False
-        cand = dataclasses.replace(workload, events=tuple(events))
+        cand = dataclasses.replace(workload, config=cfg, events=tuple(events))
         f = check(cand)
         if f is not None and signature(f) == target:
             best_events = list(events[: f.event_index + 1])
             best_failure = f
+            best_config = cfg
             return True
         return False
 
-    # ddmin over events
+    _ddmin(lambda: best_events, attempt, deadline)
+    _simplify_requests(lambda: best_events, attempt, deadline)
+    # a config that needs fewer steps for the same events, then shrink again
+    while time.monotonic() < deadline and any(attempt(best_events, c) for c in _config_options(best_config)):
+        _ddmin(lambda: best_events, attempt, deadline)
+        _simplify_requests(lambda: best_events, attempt, deadline)
+    return dataclasses.replace(workload, config=best_config, events=tuple(best_events)), best_failure
+
+
+def _config_options(config: SchedulerConfig) -> list[SchedulerConfig]:
+    """Configs that run the same events in fewer steps: no long-prefill
+    threshold; with chunked prefill, a token budget twice as large (up to
+    max_model_len). Each is tried in turn; an invalid one is left out."""
+    changes: list[dict[str, int]] = []
+    if config.long_prefill_token_threshold > 0:
+        changes.append({"long_prefill_token_threshold": 0})
+    if config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
+        changes.append({"max_num_batched_tokens": min(2 * config.max_num_batched_tokens, config.max_model_len)})
+    out = []
+    for change in changes:
+        try:
+            out.append(dataclasses.replace(config, **change))  # type: ignore[arg-type]
+        except SchedSpecError:
+            continue
+    return out
+
+
+def _ddmin(best: Callable[[], list[Event]], attempt: Callable[[list[Event]], bool], deadline: float) -> None:
+    """Delta debugging over the events: drop chunks, then single events."""
     n = 2
-    while len(best_events) >= 2 and time.monotonic() < deadline:
+    while len(best()) >= 2 and time.monotonic() < deadline:
+        best_events = best()
         chunk = max(1, len(best_events) // n)
         progressed = False
         for start in range(0, len(best_events), chunk):
@@ -112,10 +118,14 @@ def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float =
                 break
             n = min(n * 2, len(best_events))
 
-    # simplify requests
+
+def _simplify_requests(best: Callable[[], list[Event]], attempt: Callable[[list[Event]], bool],
+                       deadline: float) -> None:
+    """Shorter prompts, fewer max_tokens, no stop tokens, eos, salt or priority."""
     changed = True
     while changed and time.monotonic() < deadline:
         changed = False
+        best_events = best()
         for i, e in enumerate(best_events):
             if not isinstance(e, AddRequest):
                 continue
@@ -143,7 +153,6 @@ def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float =
                     break
             if changed:
                 break
-    return dataclasses.replace(workload, events=tuple(best_events)), best_failure
 
 
 def count_steps(events: tuple[Event, ...] | list[Event]) -> int:

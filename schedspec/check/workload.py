@@ -189,6 +189,35 @@ class Workload:
         return tuple(out)
 
 
+def keep_protocol(events: Sequence[Event], async_scheduling: bool) -> list[Event]:
+    """``events`` within the in-flight protocol of a mode: a Step, Schedule or
+    reset_prefix_cache the mode does not allow at that point, and an Update
+    with nothing in flight, are dropped; Updates lose their step numbers (they
+    update the oldest plan either way). The identity on events that keep it,
+    step numbers aside. The shrinker's candidates and a workload whose mode a
+    scheduler cannot run go through it."""
+    flight = InFlight(async_scheduling)
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, Step):
+            probe = InFlight(async_scheduling)
+            probe.scheduled, probe.steps = flight.scheduled, list(flight.steps)
+            if probe.step()[1] is not None:
+                continue
+            flight.step()
+        elif isinstance(e, Schedule):
+            if flight.schedule() is not None:
+                continue
+        elif isinstance(e, Update):
+            if flight.update(None) is not None:
+                continue
+            e = Update()
+        elif isinstance(e, ResetPrefixCache) and flight.reset() is not None:
+            continue
+        out.append(e)
+    return out
+
+
 def describe_event(event: Event) -> str:
     """One event as a line of a script: ``add(RequestSpec(...))``, ``step()``,
     ``abort('r3')``, ``reset_prefix_cache(reset_running_requests=True)``,

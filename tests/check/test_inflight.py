@@ -500,3 +500,13 @@ def test_spec_and_impl_run_in_lockstep_in_every_mode(mode: str) -> None:
         failure = runner.run_to_completion(w.events)
         assert failure is None, failure.describe()
         assert runner.compare_final_views() is None
+
+
+def test_a_scheduler_without_async_scheduling_gets_an_async_workload_within_the_sync_protocol() -> None:
+    from schedspec.check.capabilities import FULL
+
+    w = Workload(ASYNC, (AddRequest(_req("a")), Schedule(), Schedule(), Abort("a"), Update(step=1), Update(step=2), Step()))
+    sync = FULL.restrict_workload(w)
+    assert not sync.config.async_scheduling
+    assert sync.events == (AddRequest(_req("a")), Schedule(), Abort("a"), Update(), Step())
+    assert Runner(sync.config, {"spec": SpecScheduler}).run_to_completion(sync.events) is None

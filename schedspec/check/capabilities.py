@@ -24,7 +24,7 @@ from typing import Any, Iterable
 from schedspec.invariants.core import Invariant
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Workload
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Workload, keep_protocol
 
 #: The names an invariant may list in ``requires`` (one per capability).
 CAPABILITY_NAMES: frozenset[str] = frozenset(
@@ -197,9 +197,12 @@ class Capabilities:
         """The workload within this declaration (the identity on one that fits)."""
         if not self.workload_problems(workload):
             return workload
-        return dataclasses.replace(
-            workload, config=self.restrict_config(workload.config), events=self.restrict_events(workload.events)
-        )
+        config = self.restrict_config(workload.config)
+        events = self.restrict_events(workload.events)
+        if config.async_scheduling != workload.config.async_scheduling:
+            # schedule/update events of an async workload, within the sync protocol
+            events = tuple(keep_protocol(events, config.async_scheduling))
+        return dataclasses.replace(workload, config=config, events=events)
 
     # ------------------------------------------------------------- invariants
 

@@ -192,7 +192,8 @@ def _inline_lines(code: CodeType) -> set[int]:
 
 def executable_functions(source: str, filename: str) -> list[FunctionLines]:
     """Every function of ``source`` (methods and nested functions too), in
-    the order of their ``def`` lines."""
+    the order of their ``def`` lines; a qualified name that comes again (a
+    property's setter) is suffixed with ``@`` and its def line."""
     found: list[FunctionLines] = []
 
     def visit(code: CodeType) -> None:
@@ -209,6 +210,13 @@ def executable_functions(source: str, filename: str) -> list[FunctionLines]:
 
     visit(compile(source, filename, "exec", dont_inherit=True))
     found.sort(key=lambda f: (f.first_line, f.qualname))
+    # a name defined twice (a property's getter and setter, a function
+    # redefined under a condition): the later ones carry their def line
+    seen: set[str] = set()
+    for i, f in enumerate(found):
+        if f.qualname in seen:
+            found[i] = FunctionLines(f"{f.qualname}@{f.first_line}", f.first_line, f.lines)
+        seen.add(f.qualname)
     return found
 
 

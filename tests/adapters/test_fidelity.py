@@ -90,6 +90,21 @@ def test_functions_and_their_lines() -> None:
     assert found["C.unused"][1] == frozenset({31, 32})
 
 
+def test_a_name_defined_twice_is_told_apart_by_its_line() -> None:
+    source = (
+        "class K:\n"
+        "    @property\n"
+        "    def size(self):\n"
+        "        return 1\n"
+        "\n"
+        "    @size.setter\n"
+        "    def size(self, value):\n"
+        "        self.x = value\n"
+    )
+    found = lines_of(source)
+    assert found == {"K.size": (2, frozenset({4})), "K.size@6": (6, frozenset({8}))}
+
+
 def test_one_line_function_keeps_its_only_line() -> None:
     found = lines_of("def f(): return 1\n")
     assert found["f"] == (1, frozenset({1}))

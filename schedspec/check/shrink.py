@@ -72,11 +72,13 @@ def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float =
         return False
 
     _ddmin(lambda: best_events, attempt, deadline)
-    _simplify_requests(lambda: best_events, attempt, deadline)
-    # a config that needs fewer steps for the same events, then shrink again
-    while time.monotonic() < deadline and any(attempt(best_events, c) for c in _config_options(best_config)):
+    # a config that needs fewer steps (with the same events, or every other
+    # step dropped), then drop events again; the requests are simplified last
+    while time.monotonic() < deadline and any(
+        attempt(events, c) for c in _config_options(best_config) for events in (best_events, _halve_steps(best_events))
+    ):
         _ddmin(lambda: best_events, attempt, deadline)
-        _simplify_requests(lambda: best_events, attempt, deadline)
+    _simplify_requests(lambda: best_events, attempt, deadline)
     return dataclasses.replace(workload, config=best_config, events=tuple(best_events)), best_failure
 
 
@@ -95,6 +97,19 @@ def _config_options(config: SchedulerConfig) -> list[SchedulerConfig]:
             out.append(dataclasses.replace(config, **change))  # type: ignore[arg-type]
         except SchedSpecError:
             continue
+    return out
+
+
+def _halve_steps(events: list[Event]) -> list[Event]:
+    """The events with every second Step left out."""
+    out: list[Event] = []
+    steps = 0
+    for e in events:
+        if isinstance(e, Step):
+            steps += 1
+            if steps % 2 == 0:
+                continue
+        out.append(e)
     return out
 
 

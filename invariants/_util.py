@@ -122,6 +122,13 @@ def admission_fits(view: SchedulerView, r: RequestView, budget: int, threshold: 
     hit = prefix_hit(view, r)
     hit_tokens = len(hit) * bs
     n = r.num_tokens - hit_tokens
+    k = cfg.num_speculative_tokens
+    if k > 0 and n == 1 and hit_tokens + 1 + k + 1 <= cfg.max_model_len:
+        # the admission may be padded to 1 + k tokens (scheduler.py, the WAITING
+        # loop, pad_spec_decode), and then must fit as such or stop the loop
+        if 1 + k > budget:
+            return None
+        n = 1 + k
     if 0 < threshold < n:
         n = threshold
     if not cfg.enable_chunked_prefill and n > budget:

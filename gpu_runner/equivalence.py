@@ -542,6 +542,14 @@ class MatrixReport:
                 f"{max((r.max_abs_diff for r in rows), default=0.0):>8.2g} {tot.chunks:>6} "
                 f"{tot.hit_tokens:>7} {tot.preemptions:>7} {tot.steps:>6} {tot.seconds:>6.1f}"
             )
+        for v in self.variants:
+            _, rows = self.totals(v.name)
+            counts = {k: sum(r.inflight.get(k, 0) for r in rows) for k in ("in_flight", "drafts_accepted", "drafts_verified")}
+            if any(counts.values()):
+                lines.append(
+                    f"{v.name:<18} {counts['in_flight']} entries planned with an output in flight, "
+                    f"{counts['drafts_accepted']} of {counts['drafts_verified']} drafts accepted"
+                )
         for bad in self.divergent:
             lines.append(f"DIVERGED {bad.workload}/{bad.variant}: " + "; ".join(str(d) for d in bad.divergences[:3]))
         for g in self.guard_failures:
@@ -577,6 +585,7 @@ class MatrixReport:
                     "cache_hit_tokens": c.counters.hit_tokens,
                     "preemptions": c.counters.preemptions,
                     "steps": c.counters.steps,
+                    **c.inflight,
                     "divergences": [str(d) for d in c.divergences],
                 }
                 for c in self.comparisons

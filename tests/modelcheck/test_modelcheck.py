@@ -493,13 +493,13 @@ def test_crosshair_explores_heap_based_victim_choice(tmp_path: Path) -> None:
 
 def test_cost_benchmark_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     """schedspec/bench/modelcheck_costs.py runs (one small space, one round)
-    and reports the four modes on the same state space."""
+    and reports the five modes on the same state space."""
     from schedspec.bench import modelcheck_costs
 
     assert modelcheck_costs.main(["--rounds", "1", "--space", "fcfs-cache-salt-tight"]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith(("search only", "+ "))]
-    assert len(rows) == 4
+    rows = [line for line in out.splitlines() if line.startswith(("search only", "+ ", "  the same"))]
+    assert len(rows) == 5
     assert len({tuple(r.split()[-6:-4]) for r in rows}) == 1, rows  # same states and transitions
 
 

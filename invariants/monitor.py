@@ -44,6 +44,7 @@ _ORDER = (
     "progress",
     "progress-admits-head",
     "work-conserving-admission",
+    "running-served-while-budget",
     "no-starvation",
     # a request's life across operations
     "legal-status-transition",
@@ -64,6 +65,7 @@ _ORDER = (
     "drafts-bounded",
     "spec-tokens-in-budget",
     "in-flight-output-delivered-once",
+    "verified-frontier",
 )
 
 

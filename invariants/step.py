@@ -613,6 +613,35 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
 
 
 @transition_invariant(
+    "running-served-while-budget",
+    "Without async scheduling or drafts, a request running before a step and still running after it "
+    "is left out of the step only when the step spends the whole token budget.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): the RUNNING loop visits self.running in order while "
+    "token_budget > 0 and gives each request num_new_tokens >= 1 (it is 0 only with output "
+    "placeholders or drafts) unless the request is preempted; a preemption ahead of the current "
+    "request steps the loop index back so nobody is skipped.",
+    _SCHED,
+    tags=("policy:vllm-step",),
+)
+def running_served_while_budget(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    cfg = t.before.config
+    if cfg.async_scheduling or cfg.num_speculative_tokens:
+        return
+    left = cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
+    if left <= 0:
+        return
+    scheduled = set(t.plan.scheduled_ids)
+    for rid in t.before.running:
+        a = t.after.requests.get(rid)
+        if rid not in scheduled and a is not None and a.status == RequestStatus.RUNNING:
+            yield rid, (
+                f"running but not scheduled in step {t.plan.step}, though {left} of the "
+                f"{cfg.max_num_batched_tokens} budget tokens were left"
+            )
+
+
+@transition_invariant(
     "no-starvation",
     "The head of the running queue is served in every step: FCFS, it is scheduled with "
     "min(remaining tokens, max_num_batched_tokens, threshold) tokens; PRIORITY, it is scheduled "

@@ -608,6 +608,13 @@ def b_priority_victim_not_worst() -> Transition:
     return _prio(PREEMPT, a_prio=2, b_prio=1)
 
 
+@bad("running-served-while-budget")
+def b_running_left_out() -> Transition:
+    # A runs but is left out while B is admitted, with 14 of 16 budget tokens left
+    after = view([A0, B1], step=2)
+    return Transition("schedule", S_BEFORE, after, plan=plan(2, entry("B", NEW, 4, 2, 6, (1, 3), (9, 9))))
+
+
 @bad("progress")
 def b_nothing_scheduled() -> Transition:
     return Transition("schedule", S_BEFORE, dataclasses.replace(S_BEFORE, step=2), plan=plan(2))

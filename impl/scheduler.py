@@ -48,7 +48,6 @@ from schedspec.spec.protocol import (
     check_add,
     check_config,
     check_reset,
-    check_result,
     check_sampled,
     check_schedule,
     check_update,
@@ -144,6 +143,8 @@ class _Req:
         "stale",
         "drop_stale",
         "pchunk",
+        "max_end",
+        "prev_pchunk",
     )
 
     def __init__(
@@ -200,6 +201,10 @@ class _Req:
         self.stale = 0
         self.drop_stale = False
         self.pchunk = False
+        # prompt + max_tokens (not capped by max_model_len): the max_tokens
+        # skip of a request whose steps in flight surely finish it
+        self.max_end = self.plen + spec.max_tokens
+        self.prev_pchunk = False  # is_prefill_chunk before this step's plan
 
     def copy(self) -> "_Req":
         """An independent copy (the lists copied, immutable values shared)."""
@@ -233,6 +238,8 @@ class _Req:
         n.stale = self.stale
         n.drop_stale = self.drop_stale
         n.pchunk = self.pchunk
+        n.max_end = self.max_end
+        n.prev_pchunk = self.prev_pchunk
         return n
 
     @property
@@ -312,6 +319,8 @@ class ImplScheduler:
         self._general = config.async_scheduling or config.num_speculative_tokens > 0
         self._k = config.num_speculative_tokens
         self._async = config.async_scheduling
+        # n -> (-1,) * n: the token ids of a step wholly past the known tokens
+        self._unknown: dict[int, tuple[int, ...]] = {}
         # One frozenset per distinct stop set, shared by the requests that
         # have it (a cache of immutable values: clones share it too).
         self._stop_sets: dict[frozenset[int], frozenset[int]] = {}
@@ -822,9 +831,15 @@ class ImplScheduler:
         """schedule() with async scheduling or speculative decoding: the same
         two phases as the synchronous path, with the drafts in the chunk and
         the budget (``num_tokens_with_spec``), the output placeholders of the
-        step in flight, the max_tokens skip, padded new decodes, the
-        stale-output skip in the WAITING loop, and the placeholders counted
-        after the plan (AsyncScheduler._update_after_schedule)."""
+        step in flight, the max_tokens skip, padded new decodes and the
+        stale-output skip in the WAITING loop. Each entry is made as its
+        request is scheduled, and the request advances at once (computed and
+        in-flight tokens, is_prefill_chunk; with async scheduling a step that
+        samples counts its output as placeholders and leaves k placeholder
+        drafts: AsyncScheduler._update_after_schedule); a victim preempted
+        later in the step gives its entry back and has that advance undone,
+        so it leaves the step as the spec's, which advances only after the
+        loops."""
         cfg = self._config
         self._step += 1
         budget = cfg.max_num_batched_tokens
@@ -836,8 +851,13 @@ class ImplScheduler:
         mml = self._mml
         priority = self._priority
         k = self._k
-        # (request, kind, computed before, scheduled, drafts), scheduling order
-        sched: list[tuple[_Req, ScheduleKind, int, int, tuple[int, ...]]] = []
+        asyn = self._async
+        placeholder_drafts = (-1,) * k
+        unknown = self._unknown
+        new = _new
+        sr = _SR
+        ents: list[ScheduledRequest] = []
+        out: list[_Req] = []
         prefill_scheduled = False
         preempted = False
         i = 0
@@ -845,11 +865,12 @@ class ImplScheduler:
             req = running[i]
             c = req.num_computed
             ph = req.ph
-            if ph > 0 and c + 2 - ph >= req.plen + req.spec.max_tokens:
+            if ph > 0 and c + 2 - ph >= req.max_end:
                 i += 1  # the steps in flight surely finish it
                 continue
             nt = req.num_tokens
-            n = nt + len(req.drafts) + ph - c
+            drafts = req.drafts
+            n = nt + len(drafts) + ph - c
             if 0 < thr < n:
                 n = thr
             if n > budget:
@@ -860,7 +881,8 @@ class ImplScheduler:
                 i += 1
                 continue
             e = c + n
-            if not self._grow_to(req, e):
+            # _grow_to only when the step needs a block or fills one to key
+            if (e > req.cap or (e if e < nt else nt) >= req.next_full) and not self._grow_to(req, e):
                 allocated = False
                 while True:
                     if priority:
@@ -872,10 +894,14 @@ class ImplScheduler:
                         victim = running.pop()
                     if v < i:
                         i -= 1
-                        for j in range(len(sched)):
-                            if sched[j][0] is victim:  # give its budget back
-                                budget += sched.pop(j)[3]
-                                break
+                        # scheduled already this step (unless it was skipped)?
+                        j = bisect_left(out, victim.run_seq, key=_run_seq)
+                        if j < len(out) and out[j] is victim:  # give it back
+                            del out[j]
+                            given = ents.pop(j).num_scheduled_tokens
+                            budget += given
+                            victim.inflight -= given
+                            victim.pchunk = victim.prev_pchunk
                     self._preempt(victim)
                     preempted = True
                     if victim is req:
@@ -887,15 +913,46 @@ class ImplScheduler:
                     if priority:
                         continue  # it preempted itself; later requests may still fit
                     break
-            prefill_scheduled = prefill_scheduled or req.pchunk
-            drafts = req.drafts
+            pchunk = req.pchunk
+            if pchunk:
+                prefill_scheduled = True
             if drafts:
                 m = n + c - nt - ph
-                if m <= 0:
-                    m = 0
-                drafts = drafts[:m]
-                req.drafts = ()
-            sched.append((req, _K_RUNNING, c, n, drafts))
+                drafts = drafts[:m] if m > 0 else _NO_DRAFTS
+            # the entry, then the request advances
+            if e <= nt:
+                tt = req.tail if n == 1 and e == nt else req.toks(c, e)
+            elif not ph and c == nt - 1 and e == nt + len(drafts):
+                tt = req.tail + drafts  # the last known token, then the drafts
+            elif asyn and c >= nt:
+                # every position past the known tokens is in flight or a
+                # placeholder draft: n times -1
+                tt = unknown.get(n) or unknown.setdefault(n, (-1,) * n)
+            else:
+                tt = req.seq(c, e, drafts)
+            bt = req.btuple
+            o = new(sr)
+            d = o.__dict__
+            d["request_id"] = req.rid
+            d["kind"] = _K_RUNNING
+            d["num_computed_tokens"] = c
+            d["num_scheduled_tokens"] = n
+            d["num_tokens"] = nt
+            d["block_ids"] = bt if bt is not None else req.block_tuple()
+            d["token_ids"] = tt
+            d["spec_token_ids"] = drafts
+            d["num_output_placeholders"] = ph
+            ents.append(o)
+            out.append(req)
+            req.num_computed = e
+            req.inflight += n
+            req.prev_pchunk = pchunk
+            req.pchunk = pchunk = e < nt + ph
+            if asyn and not pchunk:
+                req.ph = ph + 1 + len(drafts)
+                req.drafts = placeholder_drafts
+            else:
+                req.drafts = _NO_DRAFTS
             budget -= n
             i += 1
 
@@ -903,7 +960,7 @@ class ImplScheduler:
             max_seqs = cfg.max_num_seqs
             chunked = cfg.enable_chunked_prefill
             bs = self._bs
-            running_scheduled = len(sched) > 0
+            running_scheduled = len(ents) > 0
             skipped: list[_Req] = []
             while budget > 0 and len(waiting):
                 if len(running) >= max_seqs:
@@ -930,7 +987,7 @@ class ImplScheduler:
                     if 1 + k > budget:
                         break
                     n = 1 + k
-                    drafts = (-1,) * k
+                    drafts = placeholder_drafts
                 else:
                     if 0 < thr < n:
                         n = thr
@@ -948,36 +1005,26 @@ class ImplScheduler:
                 running.append(req)
                 if priority:
                     self._victims.push(req)
-                sched.append((req, kind, hit_tokens, n, drafts))
+                e = hit_tokens + n
+                ph = req.ph
+                o = _entry(req.rid, kind, hit_tokens, n, nt, req.block_tuple(), req.seq(hit_tokens, e, drafts))
+                if drafts or ph:
+                    d = o.__dict__
+                    d["spec_token_ids"] = drafts
+                    d["num_output_placeholders"] = ph
+                ents.append(o)
+                out.append(req)
+                req.num_computed = e
+                req.inflight += n
+                req.pchunk = pchunk = e < nt + ph
+                if asyn and not pchunk:
+                    req.ph = ph + 1 + len(drafts)
+                    req.drafts = placeholder_drafts
                 budget -= n
             for req in reversed(skipped):
                 waiting.push_front(req)
         if priority:
             self._victims.compact(running)
-
-        # The plan, then each request's computed tokens advance; with async
-        # scheduling a step that samples counts its output as placeholders
-        # and leaves k placeholder drafts for the next step.
-        asyn = self._async
-        placeholder_drafts = (-1,) * k
-        ents: list[ScheduledRequest] = []
-        out: list[_Req] = []
-        for req, kind, c, n, drafts in sched:
-            e = c + n
-            ph = req.ph
-            o = _entry(req.rid, kind, c, n, req.num_tokens, req.block_tuple(), req.seq(c, e, drafts))
-            if drafts or ph:
-                d = o.__dict__
-                d["spec_token_ids"] = drafts
-                d["num_output_placeholders"] = ph
-            ents.append(o)
-            out.append(req)
-            req.num_computed = e
-            req.inflight += n
-            req.pchunk = pchunk = e < req.num_tokens + ph
-            if asyn and not pchunk:
-                req.ph = ph + 1 + len(drafts)
-                req.drafts = placeholder_drafts
         plan = StepPlan(
             step=self._step,
             scheduled=tuple(ents),
@@ -990,6 +1037,95 @@ class ImplScheduler:
         self._inflight_reqs.append(out)
         return plan
 
+    def _result_ok(self, plan: StepPlan, result: StepResult) -> bool:
+        """Whether ``result`` surely passes the protocol's checks of the
+        sampled tokens and the drafts (spec/protocol.py, check_sampled and
+        check_drafts), in one pass over the plan. False means "not sure": the
+        protocol's own check then raises its error, or finds it valid after
+        all."""
+        sampled = result.sampled
+        if sampled.__class__ is not dict:
+            return False
+        requests = self._requests
+        present = 0
+        for s in plan.scheduled:
+            rid = s.request_id
+            toks = sampled.get(rid)
+            live = rid in requests
+            samples = s.num_computed_tokens + s.num_scheduled_tokens >= s.num_tokens + s.num_output_placeholders
+            if toks is None:
+                if live and samples:
+                    return False
+                continue
+            present += 1
+            if toks.__class__ is not tuple:
+                return False
+            for t in toks:
+                if t.__class__ is not int or t < 0:
+                    return False
+            if live:
+                got = len(toks)
+                if not samples:
+                    if got:
+                        return False
+                elif got < 1 or got > 1 + len(s.spec_token_ids):
+                    return False
+        if present != len(sampled):
+            return False
+        drafts = result.draft_token_ids
+        if drafts:
+            if drafts.__class__ is not dict:
+                return False
+            k = self._k
+            # drafts come in plan order as a rule: walk the plan beside them
+            scheduled = iter(plan.scheduled)
+            for rid, toks in drafts.items():
+                for entry in scheduled:
+                    if entry.request_id == rid:
+                        break
+                else:
+                    return False  # unplanned, or out of plan order: not sure
+                if toks.__class__ is not tuple or len(toks) > k:
+                    return False
+                for t in toks:
+                    if t.__class__ is not int or t < 0:
+                        return False
+                if toks and (entry.num_computed_tokens + entry.num_scheduled_tokens
+                             < entry.num_tokens + entry.num_output_placeholders):
+                    return False  # drafts after a partial prefill chunk
+        return True
+
+    def _apply_stale(self, req: _Req, n: int, toks: tuple[int, ...]) -> bool:
+        """The output of a step scheduled before ``req`` was last preempted:
+        drained from its stale share; dropped after a reset, else appended
+        with the stop checks, leaving the computed tokens, the placeholders
+        and the keys alone (they were reset by the preemption). Returns
+        whether it stopped a running request."""
+        req.stale -= n
+        if req.drop_stale or not toks:
+            return False
+        was_running = req.status is _RUNNING
+        output = req.output
+        nt = req.num_tokens
+        finished: RequestStatus | None = None
+        for t in toks:
+            output.append(t)
+            nt += 1
+            if t in req.stop:
+                finished = _STOPPED
+                break
+            if nt >= req.end_at:
+                finished = _LENGTH
+                break
+        req.num_tokens = nt
+        req.tail = (output[-1],)
+        if finished is None:
+            return False
+        if not was_running:
+            self._waiting.remove(req)  # a stale output stopped a preempted request
+        self._finish(req, finished)
+        return was_running
+
     def _update_general(self, plan: StepPlan, result: StepResult) -> None:
         """update() with async scheduling or speculative decoding, for each
         entry in plan order: drain its in-flight (and stale) tokens, roll back
@@ -999,58 +1135,72 @@ class ImplScheduler:
         output that stops a preempted request finishes it. Then, without async
         scheduling, the drafts proposed after the step."""
         cfg = self._config
-        check_result(plan, self._inflight, result, self._requests, cfg)
+        check_update(plan, self._inflight, result)
+        if not self._result_ok(plan, result):
+            check_sampled(plan, result, self._requests, cfg)  # raises the spec's error
         requests = self._requests
-        sampled = result.sampled
+        get_req = requests.get
+        get_toks = result.sampled.get
         caching = self._caching
         spec_on = self._k > 0
         any_stopped = False
         for s in plan.scheduled:
             rid = s.request_id
-            req = requests.get(rid)
+            req = get_req(rid)
             if req is None:
                 continue  # finished (aborted, or stopped) while the step ran
-            toks = sampled.get(rid, ())
+            toks = get_toks(rid, _NO_DRAFTS)
+            if req.stale > 0:
+                req.inflight -= s.num_scheduled_tokens
+                any_stopped = self._apply_stale(req, s.num_scheduled_tokens, toks) or any_stopped
+                continue
             req.inflight -= s.num_scheduled_tokens
-            stale = req.stale > 0
-            if stale:
-                req.stale -= s.num_scheduled_tokens
-                if req.drop_stale:
-                    continue
+            if not toks:
+                continue
+            ntok = len(toks)
             nd = len(s.spec_token_ids)
-            if nd and toks and not stale:
-                rejected = nd + 1 - len(toks)
+            if nd and nd + 1 != ntok:  # rejected drafts: computed (and placeholders) roll back
+                rejected = nd + 1 - ntok
                 if req.num_computed > 0:
                     req.num_computed -= rejected
                 if req.ph > 0:
                     req.ph -= rejected
-            if not toks:
-                continue
-            had_ph = req.ph > 0
+            ph = req.ph
             was_running = req.status is _RUNNING
             stop = req.stop
-            end_at = req.end_at
             output = req.output
             nt = req.num_tokens
             finished: RequestStatus | None = None
-            kept = 0
-            for t in toks:
+            if ntok == 1:
+                t = toks[0]
                 output.append(t)
                 nt += 1
-                kept += 1
+                req.tail = toks
                 if t in stop:
                     finished = _STOPPED
-                    break
-                if nt >= end_at:
+                elif nt >= req.end_at:
                     finished = _LENGTH
-                    break
+            else:
+                end_at = req.end_at
+                kept = 0
+                for t in toks:
+                    output.append(t)
+                    nt += 1
+                    kept += 1
+                    if t in stop:
+                        finished = _STOPPED
+                        break
+                    if nt >= end_at:
+                        finished = _LENGTH
+                        break
+                req.tail = (output[-1],)
+                if finished is not None:
+                    # a stop inside an accepted run: the rest is dropped
+                    req.num_computed -= ntok - kept
             req.num_tokens = nt
-            req.tail = (output[-1],)
-            if finished is not None and not stale:
-                req.num_computed -= len(toks) - kept
-            if not stale and req.ph > 0:
-                req.ph -= len(toks)
-            if caching and not stale and was_running and (had_ph or spec_on):
+            if ph > 0:
+                req.ph = ph - ntok
+            if caching and was_running and (ph > 0 or spec_on):
                 upto = req.num_computed - req.inflight
                 if upto >= req.next_full:
                     self._register(req, upto)

@@ -256,3 +256,35 @@ def in_flight_output_delivered_once(t: Transition, h: History) -> Iterator[Findi
                 )
         elif got != kept:
             yield rid, f"appended {list(got)} from result {list(sampled.get(rid, ()))}, want {list(kept)}"
+
+
+@transition_invariant(
+    "verified-frontier",
+    "After an update, a running request whose step sampled has computed every known token but the "
+    "last (the bonus token): num_computed_tokens - num_output_placeholders = num_tokens - 1, so "
+    "rejected drafts and the tokens trimmed after a stop are no longer counted as computed.",
+    "vllm/v1/core/sched/scheduler.py, update_from_output: num_computed_tokens -= num_rejected "
+    "(and num_output_placeholders -= num_rejected); _update_request_with_output: "
+    "num_computed_tokens -= len(new_token_ids) - num_new at a stop, num_output_placeholders -= "
+    "the returned tokens. PR #53962 fixed a negative token count the step after a padded draft.",
+    ("update",),
+    tags=("safety",),
+)
+def verified_frontier(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    for e in t.plan.scheduled:
+        if not e.samples:
+            continue
+        a = t.after.requests.get(e.request_id)
+        b = t.before.requests.get(e.request_id)
+        if a is None or b is None or a.status != _S.RUNNING or b.status != _S.RUNNING:
+            continue  # finished, aborted, or preempted since: nothing verified to compare
+        if any((x := p.get(a.request_id)) is not None and x.kind != ScheduleKind.RUNNING for p in t.in_flight):
+            continue  # re-admitted since the step was scheduled: its output was stale
+        frontier = a.num_computed_tokens - a.num_output_placeholders
+        if frontier != a.num_tokens - 1:
+            yield a.request_id, (
+                f"after step {t.plan.step} it has {a.num_computed_tokens} computed tokens and "
+                f"{a.num_output_placeholders} placeholders for {a.num_tokens} known: the verified "
+                f"frontier is {frontier}, want {a.num_tokens - 1}"
+            )

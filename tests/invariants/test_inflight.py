@@ -6,8 +6,11 @@ modes (sync, async, each with and without drafts)."""
 
 from __future__ import annotations
 
+import __future__
 import dataclasses
+import inspect
 import random
+import textwrap
 from typing import Any, Callable
 
 import pytest
@@ -23,6 +26,7 @@ INFLIGHT_IDS = (
     "drafts-bounded",
     "spec-tokens-in-budget",
     "in-flight-output-delivered-once",
+    "verified-frontier",
 )
 
 
@@ -287,6 +291,129 @@ def test_inflight_invariants_fire_in_the_monitor_under_their_ids() -> None:
     bad = dataclasses.replace(u, after=with_request(u.after, "a", num_output_placeholders=-2))
     ids = {v.invariant_id for v in Monitor([BY_ID[i] for i in INFLIGHT_IDS]).observe(bad)}
     assert "placeholders-match-in-flight" in ids
+
+
+def test_verified_frontier_holds_and_fires_when_rejected_drafts_stay_computed() -> None:
+    r = Recorder(config(async_scheduling=False))
+    r.add("a", 5)
+    p = r.schedule()
+    r.update(p, {"a": (9,)}, {"a": (3, 4)})
+    p = r.schedule()
+    r.update(p, {"a": (3, 8)})  # one draft accepted, one rejected
+    u = r.last("update")
+    a = u.after.requests["a"]
+    assert (a.num_computed_tokens, a.num_tokens) == (7, 8)
+    assert fires("verified-frontier", u) == []
+    kept = dataclasses.replace(u, after=with_request(u.after, "a", num_computed_tokens=8))
+    assert "frontier is 8, want 7" in fires("verified-frontier", kept)[0]
+
+
+def test_verified_frontier_counts_the_placeholders_of_the_next_step() -> None:
+    u = async_two_in_flight().last("update")
+    a = u.after.requests["a"]
+    assert a.num_computed_tokens - a.num_output_placeholders == a.num_tokens - 1
+    assert fires("verified-frontier", u) == []
+    off = dataclasses.replace(u, after=with_request(u.after, "a", num_output_placeholders=2))
+    assert fires("verified-frontier", off)
+
+
+# ---------------------------------------------------------------- real bug classes
+
+
+def mutant(*edits: tuple[Callable[..., Any], str, str]) -> type[SpecScheduler]:
+    """A SpecScheduler whose methods are recompiled from the spec's own
+    source with one textual change each (the text must occur exactly once)."""
+    methods: dict[str, Any] = {}
+    for func, old, new in edits:
+        src = inspect.getsource(func)
+        assert src.count(old) == 1, (func.__qualname__, old)
+        src = textwrap.dedent(src.replace(old, new))
+        namespace: dict[str, Any] = {}
+        code = compile(src, f"<mutant of {func.__qualname__}>", "exec",
+                       flags=__future__.annotations.compiler_flag, dont_inherit=True)
+        exec(code, func.__globals__, namespace)  # noqa: S102 - the spec's own source, one edit
+        methods[func.__name__] = namespace[func.__name__]
+    return type("Mutant", (SpecScheduler,), methods)
+
+
+def violations(cls: type[SpecScheduler], drive: Callable[[Recorder], None], cfg: SchedulerConfig) -> set[str]:
+    r = Recorder(cfg)
+    r.s = cls(cfg)
+    drive(r)
+    mon = Monitor()
+    return {v.invariant_id for t in r.log for v in mon.observe(t)}
+
+
+def reset_with_drafts(r: Recorder) -> None:
+    r.add("a", 5)
+    p = r.schedule()
+    r.update(p, {"a": (9,)}, {"a": (3, 4)})
+    r.reset(True)
+    r.schedule()
+
+
+def preempt_in_flight(r: Recorder) -> None:
+    r.add("a", 7, max_tokens=8)
+    r.add("b", 7, max_tokens=8)
+    p1 = r.schedule()
+    p2 = r.schedule()
+    r.update(p1, {"a": (9,), "b": (11,)})
+    r.update(p2, {"a": (12,)})
+
+
+def readmit_after_reset_in_flight(r: Recorder) -> None:
+    r.add("a", 5)
+    p1 = r.schedule()
+    r.update(p1, {"a": (9,)})
+    p2 = r.schedule()
+    r.reset(True)
+    p3 = r.schedule()
+    r.update(p2, {"a": (11, 12)})
+    r.update(p3, {"a": (13,)})
+
+
+def rejected_drafts(r: Recorder) -> None:
+    r.add("a", 5)
+    p = r.schedule()
+    r.update(p, {"a": (9,)}, {"a": (3, 4)})
+    p = r.schedule()
+    r.update(p, {"a": (7,)})
+
+
+def padded_near_max_model_len(r: Recorder) -> None:
+    r.add("a", 9, max_tokens=1)
+    r.update(r.schedule(), {"a": (9,)})
+    r.add("b", 9, max_tokens=1)  # its first 8 tokens hit: one token to compute
+    r.schedule()
+
+
+S = SpecScheduler
+BUGS = [
+    # PR #31955: spec tokens kept across preemption
+    ("keep-drafts-on-preemption", (S._preempt_request, "        req.spec_token_ids = []\n", ""),
+     reset_with_drafts, config(async_scheduling=False), "preempted-carries-no-drafts"),
+    # PRs #38624, #47900: placeholders not reset by a preemption with a step in flight
+    ("keep-placeholders-on-preemption", (S._preempt_request, "        req.num_output_placeholders = 0\n", ""),
+     preempt_in_flight, config(num_blocks=5, max_model_len=16, max_num_batched_tokens=16),
+     "placeholders-match-in-flight"),
+    # PR #28787 class: stale output delivered to a request that recomputes its positions
+    ("deliver-dropped-stale-output", (S.update, "if stale and req.drop_stale_output:", "if False:"),
+     readmit_after_reset_in_flight, config(), "in-flight-output-delivered-once"),
+    # rejected drafts left counted as computed
+    ("no-rollback-of-rejected-drafts", (S._roll_back_rejected, "        if stale:\n", "        if True:\n"),
+     rejected_drafts, config(async_scheduling=False), "verified-frontier"),
+    # PRs #53812, #53962: padding past max_model_len
+    ("pad-past-max-model-len", (S._admit, "max_model_len=cfg.max_model_len,", "max_model_len=cfg.max_model_len + 8,"),
+     padded_near_max_model_len, config(async_scheduling=False, max_model_len=11),
+     "within-max-model-len-with-lookahead"),
+]
+
+
+@pytest.mark.parametrize("name,edit,drive,cfg,caught_by", BUGS, ids=[b[0] for b in BUGS])
+def test_a_real_bug_class_is_caught(name: str, edit: tuple[Callable[..., Any], str, str],
+                                    drive: Callable[[Recorder], None], cfg: SchedulerConfig, caught_by: str) -> None:
+    assert caught_by not in violations(SpecScheduler, drive, cfg)
+    assert caught_by in violations(mutant(edit), drive, cfg)
 
 
 # ---------------------------------------------------------------- no false positives

@@ -79,7 +79,7 @@ class PrioritySkipAfterPreempt(Mutant):
     BUG = ("PRIORITY: preempting a victim that sits before the current request in the running "
            "queue does not step the loop index back, so the next running request is skipped for a step")
     ISSUE = "https://github.com/vllm-project/vllm/issues/49097"
-    CAUGHT_BY = frozenset({"divergence"})
+    CAUGHT_BY = frozenset({"divergence", "running-served-while-budget"})
     _schedule_running_slow = patched(_slow, ("""\
                     if v < i:
                         i -= 1

@@ -143,7 +143,7 @@ def test_an_event_that_breaks_the_in_flight_protocol_raises_and_changes_nothing(
 
 @pytest.mark.parametrize("mode", MODES)
 def test_run_to_completion_drains_the_plan_in_flight(mode: str) -> None:
-    runner = Runner(CONFIGS[mode], {"spec": Recorder}, check_invariants=False)
+    runner = Runner(CONFIGS[mode], {"spec": Recorder})
     events: list[Event] = [AddRequest(_req("a", 5)), AddRequest(_req("b", 2)), Step(), AddRequest(_req("c", 7))]
     assert runner.run_to_completion(events) is None
     assert runner.pending == [] and runner.in_flight == ()
@@ -475,8 +475,7 @@ def test_a_reset_with_a_plan_in_flight_drops_its_output_and_the_tokens_stay_righ
     requests and drops what they had in flight; the driver's record of their
     tokens follows, so the requests resume and finish with the tokens the model
     gives them."""
-    runner = Runner(CONFIGS[mode], {"a": SpecScheduler, "b": SpecScheduler}, check_invariants=False,
-                    acceptance=acceptance)
+    runner = Runner(CONFIGS[mode], {"a": SpecScheduler, "b": SpecScheduler}, acceptance=acceptance)
     events: list[Event] = [AddRequest(_req("a", 5, 8)), AddRequest(_req("b", 3, 8)), Step(), Step(), Step(),
                            ResetPrefixCache(True), Step(), Step(), ResetPrefixCache(True)]
     assert runner.run_to_completion(events) is None
@@ -489,14 +488,12 @@ def test_a_reset_with_a_plan_in_flight_drops_its_output_and_the_tokens_stay_righ
 @pytest.mark.parametrize("mode", MODES)
 def test_spec_and_impl_run_in_lockstep_in_every_mode(mode: str) -> None:
     """Plans, model outputs and views equal after every operation, with a step
-    in flight and drafts verified (the invariants of the in-flight modes are
-    checked by their own tests)."""
+    in flight and drafts verified, and every invariant held by both."""
     from schedspec.impl.scheduler import ImplScheduler
 
     for seed in range(6):
         w = random_workload(seed, 60, modes=(mode,))
-        runner = Runner(w.config, {"spec": SpecScheduler, "impl": ImplScheduler}, oracle_seed=seed,
-                        check_invariants=mode == "sync")
+        runner = Runner(w.config, {"spec": SpecScheduler, "impl": ImplScheduler}, oracle_seed=seed)
         failure = runner.run_to_completion(w.events)
         assert failure is None, failure.describe()
         assert runner.compare_final_views() is None

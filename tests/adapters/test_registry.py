@@ -59,3 +59,49 @@ def test_a_class_that_is_no_scheduler_is_refused_with_what_it_misses() -> None:
     text = str(info.value)
     assert text.startswith("label: ") and "Half is neither a vLLM Scheduler subclass nor a schedspec Scheduler" in text
     assert "missing abort, schedule, update" in text
+
+
+def test_a_vllm_scheduler_is_one_that_subclasses_vllms_scheduler_interface() -> None:
+    from schedspec.adapters.registry import is_vllm_scheduler_class
+
+    class NameAlike:
+        def update_from_output(self) -> None: ...
+
+    assert not is_vllm_scheduler_class(NameAlike)  # a method name proves nothing, and vLLM is not imported
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class MyFork(Scheduler):  # type: ignore[misc]
+        pass
+
+    assert is_vllm_scheduler_class(Scheduler) and is_vllm_scheduler_class(MyFork)
+    from vllm.config import VllmConfig
+
+    assert not is_vllm_scheduler_class(VllmConfig)  # from vLLM, but no scheduler
+
+
+def test_deciding_a_plain_class_imports_no_vllm() -> None:
+    code = (
+        "import sys\n"
+        "from schedspec.adapters.registry import is_vllm_scheduler_class\n"
+        "class C:\n    def update_from_output(self): ...\n"
+        "assert not is_vllm_scheduler_class(C)\n"
+        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_class_whose_method_cannot_take_the_drivers_arguments_is_refused() -> None:
+    from schedspec.adapters.registry import factory_of
+    from tests.support.modes_support import UpdateTakesOne
+
+    with pytest.raises(AdapterError, match=r"UpdateTakesOne.update\(self, plan"):
+        factory_of(UpdateTakesOne, "label")
+
+
+def test_capabilities_travel_with_the_target() -> None:
+    from schedspec.check.capabilities import FULL
+
+    target = resolve("tests.support.modes_support:FcfsOnly")
+    assert "policy_priority" not in target.capabilities.names()
+    assert resolve("spec").capabilities.missing() == () and FULL.missing() == ("async_scheduling", "speculative_decoding")

@@ -67,6 +67,8 @@ class CheckSettings:
     capabilities: Capabilities = FULL  # what the scheduler under test supports
     #: rule names (spec/rule_names.py) the run must reach: one never reached fails it
     require_rules: tuple[str, ...] = ()
+    #: also require every rule the supported modes can reach (``--require-rules all``)
+    require_all: bool = False
     #: "guided": swarm workloads aimed at the rules the run has reached least
     #: (schedspec.check.coverage_guided); "random": workload.random_workload
     generator: str = "guided"
@@ -319,7 +321,7 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             return CheckOutcome(steps, workloads, time.monotonic() - start, stats, small_failure, seed,
                                 out_dir, trace_path, seeds, small, selection=selection)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds, selection=selection,
-                           missing_rules=tuple(coverage.unreached(stats.rules, settings.require_rules)))
+                           missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))))
     show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=time.monotonic() - start))
     return outcome
 
@@ -338,7 +340,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
         "check": None if o.selection is None else selection_summary(o.selection),
-        "rule_coverage": o.stats.rule_coverage(settings.require_rules),
+        "rule_coverage": o.stats.rule_coverage(required_rules(settings)),
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
             "workload_seed": o.seed,
@@ -389,6 +391,13 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     modes = supported_modes(settings)
     focus = choose_focus(counts, seed, names=reachable_in(modes))
     return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes)
+
+
+def required_rules(settings: CheckSettings) -> tuple[str, ...]:
+    """The rules the run must reach: those named, and with ``require_all``
+    every rule the modes the scheduler under test supports can reach."""
+    names = settings.require_rules + (reachable_in(supported_modes(settings)) if settings.require_all else ())
+    return tuple(dict.fromkeys(names))
 
 
 def supported_modes(settings: CheckSettings) -> tuple[str, ...]:

@@ -87,7 +87,8 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         shrink_time=args.shrink_time,
         plans_only=args.plans_only,
         out_dir=Path(args.out),
-        require_rules=_required_rules(args.require_rules, modes),
+        require_rules=_required_rules(args.require_rules),
+        require_all=args.require_rules is not None and "all" in [p.strip() for p in args.require_rules.split(",")],
         generator=args.generator,
         modes=modes,
     )
@@ -100,11 +101,16 @@ def _modes(text: str) -> tuple[str, ...]:
         raise UsageError(f"--modes: {exc}") from None
 
 
-def _required_rules(text: str | None, modes: tuple[str, ...]) -> tuple[str, ...]:
+def _required_rules(text: str | None) -> tuple[str, ...]:
+    """The rules named (``all`` is CheckSettings.require_all: every rule the
+    modes the scheduler under test supports can reach)."""
     if text is None:
         return ()
+    parts = [p for p in text.split(",") if p.strip() and p.strip() != "all"]
+    if not parts and "all" in [p.strip() for p in text.split(",")]:
+        return ()
     try:
-        return parse_required(text, modes)
+        return parse_required(",".join(parts))
     except ValueError as exc:
         raise UsageError(f"--require-rules: {exc}") from None
 

@@ -216,7 +216,8 @@ def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["check", "--steps", "10", "--quiet", "--modes", "sync,warp"]) == 2
     assert "--modes: unknown mode 'warp'" in capsys.readouterr().err
     out2 = tmp_path / "r.json"
-    assert main(["check", "--steps", "200", "--quiet", "--generator", "random", "--json", str(out2)]) == 0
+    assert main(["check", "--steps", "200", "--quiet", "--generator", "random", "--modes", "sync",
+                 "--json", str(out2)]) == 0
     from schedspec.check.driver import Runner
     from schedspec.check.workload import random_workload
 
@@ -312,3 +313,16 @@ def test_guided_workloads_in_every_mode_reach_every_rule_they_can() -> None:
         steps += r.stats.steps
     assert steps == 2000
     assert coverage.unreached(total, names) == []
+
+
+def test_require_all_means_every_rule_the_supported_modes_can_reach() -> None:
+    from schedspec.check.gate import CheckSettings, required_rules, run_check
+    from schedspec.spec.rule_names import ALL_MODES, reachable_in
+
+    sync_only = CheckSettings(total_steps=1, plans_only=True, require_all=True)
+    assert required_rules(sync_only) == reachable_in(("sync",))
+    o = run_check({"spec": SpecScheduler}, sync_only)
+    assert o.missing_rules and set(o.missing_rules) <= set(reachable_in(("sync",)))
+    named = CheckSettings(require_rules=("async.stale_output",), require_all=True, modes=ALL_MODES)
+    assert required_rules(named)[0] == "async.stale_output"
+    assert set(required_rules(named)) <= set(reachable_in(ALL_MODES))

@@ -179,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
     n = len(selection.invariants)
     print(f"modelcheck: bound {args.bound}, {len(names)} space(s); {n} invariants on "
           f"every transition, the fake model's KV reads and contents, deadlock and liveness; "
-          + under_test + f"; {workers} worker(s)")
+          + under_test + f"; {workers} worker(s)"
+          + (" (one, for a scheduler that is copied by deepcopy, as vLLM's is)" if against is not None else ""))
     if skipped:
         print("spaces outside the declared capabilities, left out: " + "; ".join(skipped))
     print(table_header())

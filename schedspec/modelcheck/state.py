@@ -24,7 +24,9 @@ class Canon:
     so the arrival orders requests as their ids do and also names the shape.
 
     A request's row is its shape, status, output, computed tokens, block
-    table and whether it was ever preempted. The spec's count of keyed
+    table, whether it was ever preempted, and its in-flight output
+    placeholders and draft tokens (always 0 and empty in the spaces explored
+    today, which run sync scheduling without drafts). The spec's count of keyed
     blocks of a table is not in the view and need not be: between steps it
     is ``num_computed_tokens // block_size`` with prefix caching on and 0
     with it off (docs/modelcheck.md, "Fingerprints")."""
@@ -49,7 +51,7 @@ class Canon:
         for rid in ids:
             r = reqs.get(rid) or fin[rid]
             rows.append((r.arrival % ns, r.status._value_, r.output_token_ids, r.num_computed_tokens,
-                         r.block_ids, r.num_preemptions > 0))
+                         r.block_ids, r.num_preemptions > 0, r.num_output_placeholders, r.spec_token_ids))
         if self.priority:
             # The PRIORITY waiting list is unordered (the head is the least
             # key); only the service order is observable.

@@ -33,13 +33,15 @@ qualified name.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FrameType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 #: vLLM's scheduling files, relative to the vllm package folder.
 FILES: tuple[str, ...] = (
@@ -221,6 +223,134 @@ def executable_functions(source: str, filename: str) -> list[FunctionLines]:
 
 
 # --------------------------------------------------------------------------
+# What an unreached line is about
+# --------------------------------------------------------------------------
+
+#: vLLM features the spec does not model, each with the words that give its
+#: code away (a regular expression), in the order they are tried. A line
+#: unreached by a run is put under the first feature named by the line
+#: itself, or else by the statement it belongs to and the comment just above
+#: that (or above the first statement of its block), or else by the
+#: conditions of the blocks around it, innermost first (a line in an ``else``
+#: branch skips its ``if``'s condition); "unclassified" when none is. A
+#: feature whose label ends in " (near)" is matched only against the line,
+#: its statement and the condition of the block right around it (the label
+#: is shown without that suffix).
+FEATURES: tuple[tuple[str, str], ...] = (
+    ("KV / EC connectors, remote and deferred KV",
+     r"connector|kv_transfer|KVTransfer|remote|ext_tokens|external|load_kv|failed_kv|invalid_block|kv_xfer"
+     r"|_ec_|ec_transfer"
+     r"|deferred_load|defer_load|sync_kv_loads|kv_fetch|KV_FETCH|routed_experts|block_state"
+     r"|defer_block_free|step_seq|deferred_frees|cow_retained|block_frees|blocks_can_be_freed"
+     r"|partial_tail|block_aligned_local|hit_diverged|max_cache_hit_length|shared_prefix_boundary"),
+    ("multimodal encoder", r"encoder|mm_|embeds|mrope"),
+    ("LoRA", r"lora"),
+    ("Mamba / hybrid models", r"mamba"),
+    ("prefill throttling (DP balancing, prefill interval)",
+     r"defer_prefills|throttle|prefill_capacity|prefill_interval|last_prefill_step|adaptive_long_prefill"),
+    ("draft-model methods (drafting slots)", r"draft_slots"),
+    ("V2 model runner, pipeline parallelism, more than one step in flight",
+     r"next_decode_eligible|pp_size|decode_stagger|use_v2|is_xpu|can_skip_drafts|_drafts_unused"
+     r"|num_stale_output_tokens and not"),
+    ("waiting requests blocked (remote KV, grammar compilation, streaming input)",
+     r"_handle_blocked_waiting_request|ready_to_schedule|step_skipped_"),
+    ("dynamic speculative decoding", r"dynamic_sd"),
+    ("structured output", r"structured|grammar"),
+    ("pooling models", r"pool(er|ing)_|pooler|pooling"),
+    ("streaming sessions (resumable requests)", r"resumable|streaming|session|continuing_reqs"),
+    ("prefix replay, lookahead hashes", r"replay|num_hash_lookahead|block_hashes\.clear|update_block_hashes|prefill_lookahead"),
+    ("logprobs, sampling masks, NaN counts", r"logprobs|sampling_mask|nans"),
+    ("stats, metrics and events (the adapter runs with log_stats off)",
+     r"log_stats|record_event|_stats\b|stats\.|perf_metrics|spec_decode_metrics|observability|kv_event"
+     r"|take_events|KVEventBatch|EngineCoreOutputs\(|scheduler_stats"),
+    ("finished sets per front-end client (data parallelism)",
+     r"finished_req_ids_dict|finished_set|finished_req_ids\.clear"),
+    ("errors (engine-side failures)", r"FINISHED_ERROR|error_req|request_errors|logger\.error|RuntimeError"),
+    ("pause (near)", r"PAUSED|pause_state"),
+)
+
+UNCLASSIFIED = "unclassified"
+
+
+def _headers(node: ast.AST, source: str) -> str:
+    """The text that says what a statement's branch is about: a compound
+    statement's condition or iterable, any other statement whole."""
+    if isinstance(node, (ast.If, ast.While)):
+        return ast.get_source_segment(source, node.test) or ""
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return ast.get_source_segment(source, node.iter) or ""
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return " ".join(ast.get_source_segment(source, i.context_expr) or "" for i in node.items)
+    if isinstance(node, (ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+        return ""
+    return ast.get_source_segment(source, node) or ""
+
+
+def classify_lines(source: str, lines: Iterable[int],
+                   features: tuple[tuple[str, str], ...] = FEATURES) -> dict[str, list[int]]:
+    """Group ``lines`` of ``source`` by the feature (``FEATURES``) their code
+    is about: a quick answer to "what does the spec not cover yet?" read off
+    the words in the code, so a heuristic; each group lists its lines."""
+    tree = ast.parse(source)
+    text = source.splitlines()
+    parent: dict[ast.AST, ast.AST] = {}
+    stmts: list[ast.stmt] = []
+    for walked in ast.walk(tree):
+        for child in ast.iter_child_nodes(walked):
+            parent[child] = walked
+        if isinstance(walked, ast.stmt):
+            stmts.append(walked)
+    near_suffix = " (near)"
+    compiled = [(label.removesuffix(near_suffix), re.compile(pattern), label.endswith(near_suffix))
+                for label, pattern in features]
+    out: dict[str, list[int]] = {}
+    for line in sorted(set(lines)):
+        own = text[line - 1] if 0 < line <= len(text) else ""
+        context: list[str] = []
+        holders = [n for n in stmts if n.lineno <= line <= (n.end_lineno or n.lineno)]
+        innermost = min(holders, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if holders else None
+        node: ast.AST | None = innermost
+        if innermost is not None:
+            context.append(_headers(innermost, source))
+            context.append(_comment_above(text, innermost.lineno))
+            block = _block_of(parent.get(innermost), innermost)
+            if block:
+                context.append(_comment_above(text, block[0].lineno))
+        near = len(context) + 1
+        while node is not None:
+            up = parent.get(node)
+            if up is not None and not (isinstance(up, ast.If) and node in up.orelse):
+                context.append(_headers(up, source))
+            node = up
+        candidates = [own] + context
+        label = next((name for i, t in enumerate(candidates) for name, rx, near_only in compiled
+                      if (i <= near or not near_only) and rx.search(t)), UNCLASSIFIED)
+        out.setdefault(label, []).append(line)
+    return out
+
+
+def _block_of(up: ast.AST | None, node: ast.AST) -> list[ast.stmt]:
+    """The statement list of ``up`` (body, orelse, ...) that holds ``node``."""
+    if up is None:
+        return []
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(up, name, None)
+        if isinstance(block, list) and node in block:
+            return block
+    return []
+
+
+def _comment_above(text: list[str], lineno: int) -> str:
+    """The comment lines right above line ``lineno`` (1-based)."""
+    found: list[str] = []
+    i = lineno - 2
+    while i >= 0 and text[i].strip().startswith("#"):
+        found.append(text[i])
+        i -= 1
+    return "\n".join(reversed(found))
+
+
+# --------------------------------------------------------------------------
 # The report
 # --------------------------------------------------------------------------
 
@@ -232,6 +362,8 @@ class FunctionReport:
     lines: int
     reached: int
     missed: tuple[int, ...]
+    #: the missed lines grouped by the vLLM feature they belong to (FEATURES)
+    missed_by_feature: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def percent(self) -> float:
@@ -288,10 +420,19 @@ class FidelityReport:
 
 def file_report(rel: str, source: str, hits: set[int], filename: str = "<vllm>") -> FileReport:
     functions = []
-    for fn in executable_functions(source, filename):
+    all_missed: set[int] = set()
+    found = executable_functions(source, filename)
+    for fn in found:
+        all_missed |= fn.lines - hits
+    feature_of = {line: label for label, group in classify_lines(source, all_missed).items() for line in group}
+    for fn in found:
         reached = fn.lines & hits
-        functions.append(FunctionReport(fn.qualname, fn.first_line, len(fn.lines), len(reached),
-                                        tuple(sorted(fn.lines - reached))))
+        missed = tuple(sorted(fn.lines - reached))
+        by_feature: dict[str, list[int]] = {}
+        for line in missed:
+            by_feature.setdefault(feature_of.get(line, UNCLASSIFIED), []).append(line)
+        functions.append(FunctionReport(fn.qualname, fn.first_line, len(fn.lines), len(reached), missed,
+                                        {k: tuple(v) for k, v in by_feature.items()}))
     return FileReport(rel, tuple(functions))
 
 
@@ -334,6 +475,7 @@ def report_json(report: FidelityReport) -> dict[str, Any]:
                         "reached": fn.reached,
                         "percent": round(fn.percent, 1),
                         "missed": list(fn.missed),
+                        "missed_by_feature": {k: list(v) for k, v in fn.missed_by_feature.items()},
                     }
                     for fn in f.functions
                 },
@@ -368,6 +510,8 @@ def report_table(report: FidelityReport, all_functions: bool = True) -> str:
            + (f" ({', '.join(report.modes)})" if report.modes else "") + ":"]
     for name, fn in report.headline():
         out.append(f"  {name}(): {fn.reached}/{fn.lines} lines, {fn.percent:.0f}%")
+        for label, group in sorted(fn.missed_by_feature.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            out.append(f"      {len(group):4d} unreached: {label}")
     for f in report.files:
         out.append(f"  {f.path}: {f.reached}/{f.lines} lines, {f.percent:.0f}%")
     if all_functions:

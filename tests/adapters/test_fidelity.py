@@ -270,3 +270,43 @@ def test_compare_markdown_puts_runs_side_by_side(tmp_path: Path) -> None:
     # in a reached-only file a function nobody reached is counted, not listed
     assert "1 more functions of this file were reached by none of these runs." in text
     assert text.count("### ") == len(FILES)
+
+
+def test_unreached_lines_are_grouped_by_the_feature_they_serve() -> None:
+    from schedspec.adapters.fidelity import UNCLASSIFIED, classify_lines
+
+    source = textwrap.dedent(
+        '''\
+        def schedule(self, request):
+            if self._pause_state == PAUSED_ALL:
+                budget = 0
+            if self.connector is not None:
+                hits = 1
+                more = 2
+            else:
+                # KVTransfer: a request whose blocks arrived
+                blocks = 3
+                n = 4
+            if self.lora_config:
+                for r in self.running:
+                    x = r
+            while budget:
+                if budget > 1:
+                    y = 5
+                if request.mm_features:
+                    z = 6
+        '''
+    )
+    groups = classify_lines(source, [3, 5, 6, 9, 10, 13, 16, 18])
+    assert groups == {
+        "pause": [3],  # its own block's condition
+        "KV / EC connectors, remote and deferred KV": [5, 6, 9, 10],  # the else branch by its comment
+        "LoRA": [13],  # two blocks out
+        UNCLASSIFIED: [16],  # nothing says; the loop's condition names no feature
+        "multimodal encoder": [18],
+    }
+    report = file_report("f.py", source, {2, 4, 11, 14, 15, 17})
+    fn = report.function("schedule")
+    assert fn is not None
+    assert fn.missed_by_feature["LoRA"] == (12, 13)
+    assert sum(len(v) for v in fn.missed_by_feature.values()) == len(fn.missed)

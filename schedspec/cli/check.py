@@ -52,8 +52,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--generator", default="guided", choices=("guided", "random"),
                    help="guided (default): swarm workloads aimed at the rules reached least so far; "
                         "random: the plain seeded workloads")
-    c.add_argument("--modes", default="sync", metavar="sync,async,spec,async-spec|all",
-                   help="the modes the workloads run in, each drawn per workload (default sync)")
+    c.add_argument("--modes", default="all", metavar="sync,async,spec,async-spec|all",
+                   help="the modes the workloads run in, each drawn per workload (default all: those "
+                        "of the four the scheduler under test supports)")
     c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
                    help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
                         "printed and written as JSON to PATH (default OUT/fidelity.json)")

@@ -106,3 +106,46 @@ def test_counterexample_without_matplotlib_keeps_the_text_files(
     err = capsys.readouterr().err
     skipped = [line for line in err.splitlines() if "timeline.png skipped" in line]
     assert len(skipped) == 1 and "matplotlib is not installed" in skipped[0]
+
+
+def _mode_records(mode: str, seed: int = 2, steps: int = 14) -> list[StepRecord]:
+    workload = random_workload(seed, steps, modes=(mode,))
+    runner = Runner(workload.config, {"spec": SpecScheduler}, oracle_seed=seed, keep_history=True)
+    assert runner.run(workload.events) is None
+    assert runner.history
+    return runner.history
+
+
+def test_the_step_table_shows_placeholders_drafts_and_the_plans_in_flight() -> None:
+    text = report.step_table(_mode_records("async-spec"))
+    assert "[in flight 1,2; updated 1]" in text
+    assert " ~1 d" in text  # a placeholder in flight and drafts verified
+    assert any(f"d{k}:{a}" in text for k in range(1, 5) for a in range(k + 1))
+    sync = report.step_table(_mode_records("sync"))
+    assert "in flight" not in sync and "~" not in sync
+
+
+def test_in_flight_spans_overlap_only_with_async_scheduling() -> None:
+    sync = report.in_flight_spans(_mode_records("spec"))
+    assert all(first == last for _, first, last in sync)
+    spans = report.in_flight_spans(_mode_records("async"))
+    assert all(last == first + 1 for _, first, last in spans[:-1])
+    assert spans[-1][1] == spans[-1][2]  # the last plan is still in flight
+
+
+def test_draft_counts_are_the_accepted_of_the_verified() -> None:
+    records = _mode_records("spec")
+    counts = report.draft_counts(records)
+    assert counts and all(0 <= accepted <= drafts for drafts, accepted in counts.values())
+    assert report.draft_counts(_mode_records("sync")) == {}
+
+
+def test_the_async_timeline_has_a_band_of_plans_in_flight() -> None:
+    pytest.importorskip("matplotlib")
+    records = _mode_records("async-spec")
+    fig = report.timeline_figure(records)
+    grid, band, kv = fig.axes[:3]
+    assert band.get_ylabel() == "plans in\nflight"
+    assert len(band.patches) == len(records)
+    assert {t.get_text() for t in grid.texts} >= {f"{a}/{d}" for d, a in report.draft_counts(records).values()}
+    assert len(report.timeline_figure(_mode_records("sync")).axes) == 2

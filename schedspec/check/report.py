@@ -1,5 +1,12 @@
 """Counterexample reports: a readable step table and a timeline picture.
 
+With async scheduling or speculative decoding the step table marks each
+entry's in-flight placeholders (``~p``) and its drafts with how many were
+accepted (``dk:a``), and says which plans were in flight; the picture adds a
+band of bars, one per plan from its schedule to its update (they overlap
+when a plan is in flight while the next is made), and writes ``a/k`` in the
+cells of steps that verified drafts.
+
 The picture is drawn with matplotlib (the ``plots`` extra), imported only when
 a picture is drawn, on the Agg backend (no display): a row per request, a
 column per step, each cell coloured by what the request was doing in that

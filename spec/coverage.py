@@ -115,11 +115,21 @@ def rarest(counts: Mapping[str, int], k: int = 5) -> list[tuple[str, int]]:
     return sorted(as_dict(counts).items(), key=lambda kv: kv[1])[:k]
 
 
-def format_table(counts: Mapping[str, int], *, width: int = 30) -> str:
-    """A text table: each rule, its count, and a mark on the unreached ones,
-    grouped as in the catalogue; a summary line first."""
-    got = reached(counts)
-    lines = [f"rule coverage: {len(got)} of {len(RULE_NAMES)} rules reached"]
+def _summary(counts: Mapping[str, int], modes: tuple[str, ...] | list[str]) -> str:
+    names = reachable_in(modes)
+    got = sum(1 for n in names if counts.get(n, 0) > 0)
+    rest = len(RULE_NAMES) - len(names)
+    return (f"rule coverage: {got} of the {len(names)} rules reachable in {', '.join(modes)} reached"
+            + (f" ({rest} out of reach there)" if rest else ""))
+
+
+def format_table(counts: Mapping[str, int], *, modes: tuple[str, ...] | list[str] = ALL_MODES,
+                 width: int = 30) -> str:
+    """A text table: each rule, its count, and a mark on the unreached ones
+    (``NOT REACHED``, or ``out of reach`` for a rule no mode of ``modes``
+    can take), grouped as in the catalogue; a summary line first."""
+    names = set(reachable_in(modes))
+    lines = [_summary(counts, modes)]
     group = ""
     for name in RULE_NAMES:
         g = RULES[name].group
@@ -127,17 +137,19 @@ def format_table(counts: Mapping[str, int], *, width: int = 30) -> str:
             group = g
             lines.append(f"  {g}")
         n = int(counts.get(name, 0))
-        lines.append(f"    {name:<{width}} {n:>9,}" + ("   NOT REACHED" if n == 0 else ""))
+        mark = "" if n else "   NOT REACHED" if name in names else "   out of reach"
+        lines.append(f"    {name:<{width}} {n:>9,}{mark}")
     return "\n".join(lines)
 
 
-def rules_line(counts: Mapping[str, int], k: int = 3) -> str:
-    """One line: how many rules were reached, the unreached ones (or the
-    rarest, when every rule was reached)."""
-    got = len(reached(counts))
-    missing = unreached(counts)
+def rules_line(counts: Mapping[str, int], k: int = 3, modes: tuple[str, ...] | list[str] = ALL_MODES) -> str:
+    """One line: how many of the rules ``modes`` can reach were reached, and
+    the unreached ones (or the rarest, when every one was reached)."""
+    names = reachable_in(modes)
+    missing = unreached(counts, names)
     if missing:
         tail = "never reached: " + ", ".join(missing)
     else:
-        tail = "rarest: " + ", ".join(f"{n} {c:,}" for n, c in rarest(counts, k))
-    return f"rule coverage: {got} of {len(RULE_NAMES)} rules reached; {tail}"
+        least = sorted(names, key=lambda n: counts.get(n, 0))[:k]
+        tail = "rarest: " + ", ".join(f"{n} {counts.get(n, 0):,}" for n in least)
+    return f"{_summary(counts, modes)}; {tail}"

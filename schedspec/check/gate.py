@@ -340,7 +340,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
         "check": None if o.selection is None else selection_summary(o.selection),
-        "rule_coverage": o.stats.rule_coverage(required_rules(settings)),
+        "rule_coverage": o.stats.rule_coverage(required_rules(settings), supported_modes(settings)),
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
             "workload_seed": o.seed,

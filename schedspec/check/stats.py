@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from schedspec.spec import coverage
-from schedspec.spec.rule_names import RULE_NAMES
+from schedspec.spec.rule_names import ALL_MODES, RULE_NAMES, reachable_in
 from schedspec.spec.interface import ScheduleKind, StepPlan
 
 #: The mechanisms a run can be asked to have exercised (see ``Stats.feature``).
@@ -77,14 +77,21 @@ class Stats:
         coverage.merge(self.rules, counts)
         return True
 
-    def rule_coverage(self, required: tuple[str, ...] = ()) -> dict[str, object]:
-        """The rule-coverage report (JSON): how many catalogued rules were
-        reached, each rule's count, the unreached ones, and which of
+    def rule_coverage(self, required: tuple[str, ...] = (),
+                      modes: tuple[str, ...] = ALL_MODES) -> dict[str, object]:
+        """The rule-coverage report (JSON): the modes, how many of the rules
+        they can reach were reached (``reachable``; ``total`` counts every
+        catalogued rule), each rule's count, the reachable ones never
+        reached, the rules out of reach in these modes, and which of
         ``required`` were never reached."""
+        names = reachable_in(modes)
         return {
+            "modes": list(modes),
             "reached": len(coverage.reached(self.rules)),
+            "reachable": len(names),
             "total": len(RULE_NAMES),
-            "unreached": coverage.unreached(self.rules),
+            "unreached": coverage.unreached(self.rules, names),
+            "out_of_reach": [n for n in RULE_NAMES if n not in names],
             "required_unreached": coverage.unreached(self.rules, required),
             "counts": coverage.as_dict(self.rules),
         }

@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedspec.check.gate import CheckSettings, check_summary, junit_xml, missing_rules_message, run_check
+from schedspec.check.gate import (
+    CheckSettings,
+    check_summary,
+    junit_xml,
+    missing_rules_message,
+    run_check,
+    supported_modes,
+)
 from schedspec.check.shrink import count_steps
 from schedspec.invariants import Selection
 from schedspec.check.workload import parse_modes
@@ -143,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
               + f" ({outcome.steps_per_s:,.0f} steps/s; {stats.preemptions} preemptions, {stats.hit_admissions}"
               f" prefix hits, {stats.chunks} prefill chunks)")
     if outcome.stats.rules:
-        print(format_table(outcome.stats.rules) if args.rules else rules_line(outcome.stats.rules))
+        modes = supported_modes(settings)
+        print(format_table(outcome.stats.rules, modes=modes) if args.rules
+              else rules_line(outcome.stats.rules, modes=modes))
     if outcome.missing_rules:
         print(f"FAILED: {missing_rules_message(outcome.missing_rules)}")
     if coverage is not None:

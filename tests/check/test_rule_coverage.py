@@ -164,9 +164,19 @@ def test_unreached_and_required_names() -> None:
         coverage.parse_required("admit.nope")
     with pytest.raises(ValueError, match="no rule named"):
         coverage.parse_required(" , ")
-    table = coverage.format_table(counts)
-    assert table.splitlines()[0] == f"rule coverage: 2 of {len(RULE_NAMES)} rules reached"
-    assert "NOT REACHED" in table and coverage.as_dict(counts)["admit.new"] == 3
+    table = coverage.format_table(counts, modes=("sync",))
+    sync = reachable_in(("sync",))
+    assert table.splitlines()[0] == (f"rule coverage: 2 of the {len(sync)} rules reachable in sync reached "
+                                     f"({len(RULE_NAMES) - len(sync)} out of reach there)")
+    rows = {line.split()[0]: line.split(None, 2)[2] for line in table.splitlines()[1:] if len(line.split()) > 2}
+    assert rows["admit.resumed"] == "NOT REACHED" and rows["async.stale_output"] == "out of reach"
+    assert "admit.new" not in rows
+    assert coverage.as_dict(counts)["admit.new"] == 3
+    line = coverage.rules_line(counts, modes=("sync",))
+    assert "never reached: schedule.threshold_active" in line and "async." not in line
+    every = Counter({n: 5 for n in sync})
+    every["kv.miss"] = 1
+    assert coverage.rules_line(every, k=1, modes=("sync",)).endswith("; rarest: kv.miss 1")
     assert coverage.rarest(counts, 1)[0][1] == 0
 
 

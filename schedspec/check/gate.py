@@ -308,7 +308,7 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
         if failure is not None:
             show(CheckProgress(steps, total_steps, workloads, stats, final=True,
                                elapsed=time.monotonic() - start))
-            say(f"FAILED on workload seed {seed}: {failure.describe()}")
+            say(f"FAILED on workload seed {seed}{workload_label(workload)}: {failure.describe()}")
             say("shrinking...")
 
             def check(w: Workload, seed: int = seed) -> Failure | None:
@@ -344,6 +344,8 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
             "workload_seed": o.seed,
+            # what the failing workload was built to contain (the guided generator's switches and focus)
+            "workload_features": list(o.counterexample.features) if o.counterexample is not None else [],
             "message": o.failure.message,
             "violations": [{"id": v.invariant_id, "message": v.message} for v in o.failure.violations],
             "trace": str(o.trace_path),
@@ -391,6 +393,15 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     modes = supported_modes(settings)
     focus = choose_focus(counts, seed, names=reachable_in(modes))
     return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes)
+
+
+def workload_label(workload: Workload) -> str:
+    """`` (guided: FEATURE, ..., focus:RULE)`` for a generated workload that
+    names its features, "" otherwise: with the seed, what rebuilds it
+    (coverage_guided.guided_workload(seed, steps, focus=...))."""
+    if not workload.features:
+        return ""
+    return f" ({workload.name or 'workload'}: {', '.join(workload.features)})"
 
 
 def required_rules(settings: CheckSettings) -> tuple[str, ...]:

@@ -336,3 +336,14 @@ def test_require_all_means_every_rule_the_supported_modes_can_reach() -> None:
     named = CheckSettings(require_rules=("async.stale_output",), require_all=True, modes=ALL_MODES)
     assert required_rules(named)[0] == "async.stale_output"
     assert set(required_rules(named)) <= set(reachable_in(ALL_MODES))
+
+
+def test_a_failing_guided_workload_is_named_by_its_features_and_focus() -> None:
+    from schedspec.check.coverage_guided import guided_workload
+    from schedspec.check.gate import workload_label
+    from schedspec.check.workload import Workload
+
+    w = guided_workload(3, 20, focus=("stop.eos",))
+    label = workload_label(w)
+    assert label.startswith(" (guided: ") and label.endswith("focus:stop.eos)") and "eos" in label
+    assert workload_label(Workload(w.config, w.events)) == ""

@@ -21,6 +21,10 @@ what keeps it small:
 - The KV pool: free queue as a linked list over arrays (impl/free_queue.py),
   interned chained prefix keys (impl/prefix_index.py), counters, no scans.
 - Waiting queues and PRIORITY victims: impl/queues.py.
+- Async scheduling and speculative decoding take the general path
+  (``_schedule_general``, ``_update_general``): the spec's rules for
+  placeholders, drafts, stale output and padded decodes, with the same
+  structures; the synchronous path without drafts is the one above.
 """
 
 from __future__ import annotations

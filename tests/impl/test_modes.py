@@ -388,3 +388,44 @@ def test_reset_and_abort_with_a_plan_in_flight(mode: str) -> None:
         if i % 5 == 2:
             assert spec.reset_prefix_cache(True) == impl.reset_prefix_cache(True)
         assert spec.view() == impl.view()
+
+
+@pytest.mark.skipif(not os.environ.get("IMPL_DEEP_STEPS"), reason="the deep run: set IMPL_DEEP_STEPS=N")
+def test_deep_run_with_async_scheduling_and_drafts() -> None:
+    """The deep run (opt-in): seeded check-engine workloads of 200 steps in
+    the async, spec and async-spec modes (async-spec twice as often) until
+    IMPL_DEEP_STEPS steps; plans compared at every step, views at the end of
+    each workload and after every operation in every IMPL_DEEP_VIEWS_EVERY-th
+    workload (default 10). Seeds from IMPL_DEEP_SEED (default 100000). A
+    violation the spec itself shows (the fake model's context checks) ends
+    that workload and is reported, not counted as a divergence."""
+    import time
+
+    target = int(os.environ["IMPL_DEEP_STEPS"])
+    views_every = int(os.environ.get("IMPL_DEEP_VIEWS_EVERY", "10"))
+    seed = int(os.environ.get("IMPL_DEEP_SEED", "100000"))
+    modes = ("async-spec", "async", "spec", "async-spec")
+    steps = workloads = 0
+    spec_findings: list[str] = []
+    started = time.time()
+    while steps < target:
+        mode = modes[seed % len(modes)]
+        try:
+            w = random_workload(seed, 200, modes=(mode,))
+        except ConfigError:
+            seed += 1
+            continue
+        runner = Runner(w.config, {"spec": SpecScheduler, "impl": ImplScheduler}, oracle_seed=seed,
+                        check_invariants=False, compare_views=workloads % views_every == 0)
+        failure = runner.run(w.events) or runner.drain() or runner.compare_final_views()
+        if failure is not None:
+            assert failure.kind == "violation" and failure.scheduler == "spec", (
+                f"{mode} seed {seed}: " + failure.describe())
+            spec_findings.append(f"{mode} seed {seed}: {failure.describe()}")
+        steps += sum(1 for e in w.events if type(e).__name__ in ("Step", "Schedule"))
+        workloads += 1
+        seed += 1
+    print(f"\ndeep run: {steps} steps in {workloads} workloads, {time.time() - started:.0f} s; "
+          f"{len(spec_findings)} spec finding(s)")
+    for f in spec_findings:
+        print(f)

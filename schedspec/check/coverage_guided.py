@@ -76,6 +76,7 @@ FEATURES: tuple[str, ...] = (
     "salts",             # cache salts
     "big_blocks",        # blocks of 4 or 8 tokens (a decode then rarely needs a new block)
     "split_steps",       # steps spelled out as schedule, an abort or arrival, update
+    "tiny_blocks",       # blocks of 1 or 2 tokens (a full prefix hit then leaves one token to compute)
 )
 
 #: rule -> (features that make it likely, features that would hide it)
@@ -128,6 +129,16 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
         ("abort.waiting", "aborts bursts", ""),
         ("abort.preempted", "aborts tight_pool long_prompts", ""),
         ("abort.running", "aborts", ""),
+        ("spec.drafts_cut", "small_budget threshold", "no_chunking"),
+        ("spec.drafts_unscheduled", "small_budget bursts", "no_chunking"),
+        ("admit.padded_decode", "duplicates tiny_blocks", "no_caching big_blocks"),
+        ("admit.blocked_padding", "duplicates tiny_blocks small_budget bursts", "no_caching big_blocks no_chunking"),
+        ("spec.stop_inside_run", "stops eos", "short_outputs"),
+        ("spec.drafts_for_finished", "short_outputs", ""),
+        ("running.skip_max_tokens_in_flight", "short_outputs", ""),
+        ("async.stale_output", "tight_pool long_prompts", "priority"),
+        ("async.stale_dropped", "resets reset_running", ""),
+        ("async.stale_output_stopped", "tight_pool long_prompts short_outputs bursts", "priority"),
     )
 }
 
@@ -179,7 +190,12 @@ def plan_config(rng: random.Random, plan: Plan) -> SchedulerConfig:
     """A valid configuration of the check's space, bent by the plan's features."""
     f = plan.features
     space = CHECK_SPACE
-    block_size = rng.choice((4, 8)) if "big_blocks" in f else rng.choice(space.block_sizes)
+    if "tiny_blocks" in f:
+        block_size = rng.choice((1, 2))
+    elif "big_blocks" in f:
+        block_size = rng.choice((4, 8))
+    else:
+        block_size = rng.choice(space.block_sizes)
     max_model_len = rng.choice(space.max_model_lens)
     extra = rng.choice((0, 1)) if "tight_pool" in f else rng.choice(space.extra_blocks)
     chunked = "no_chunking" not in f

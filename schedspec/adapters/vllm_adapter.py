@@ -513,7 +513,8 @@ def capabilities_of_class(cls: type) -> Capabilities:
     speculative decoding always; async scheduling for an AsyncScheduler
     subclass (which is driven only with a step in flight: a synchronous
     config is refused when it is built)."""
-    return Capabilities(async_scheduling=is_async_scheduler_class(cls), speculative_decoding=True)
+    is_async = is_async_scheduler_class(cls)
+    return Capabilities(async_scheduling=is_async, speculative_decoding=True, sync_scheduling=not is_async)
 
 
 @dataclass

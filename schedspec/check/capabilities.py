@@ -66,8 +66,13 @@ class Capabilities:
     min_block_size: int = 1
     async_scheduling: bool = False
     speculative_decoding: bool = False
+    #: False: only async scheduling (a vLLM AsyncScheduler subclass, which
+    #: vLLM's engine core always drives with a step in flight)
+    sync_scheduling: bool = True
 
     def __post_init__(self) -> None:
+        if not (self.sync_scheduling or self.async_scheduling):
+            raise CapabilityError("Capabilities: a scheduler must support sync or async scheduling")
         if not isinstance(self.policies, frozenset) or not self.policies:
             raise CapabilityError(f"Capabilities.policies must be a non-empty frozenset of Policy, got {self.policies!r}")
         for p in self.policies:
@@ -115,6 +120,8 @@ class Capabilities:
             out.append(f"block_size={config.block_size} (< {self.min_block_size})")
         if getattr(config, "async_scheduling", False) and not self.async_scheduling:
             out.append("async_scheduling=True")
+        if not getattr(config, "async_scheduling", False) and not self.sync_scheduling:
+            out.append("async_scheduling=False")
         if getattr(config, "num_speculative_tokens", 0) and not self.speculative_decoding:
             out.append(f"num_speculative_tokens={getattr(config, 'num_speculative_tokens', 0)}")
         return out
@@ -166,6 +173,8 @@ class Capabilities:
             changes["num_blocks"] = usable + 1
         if getattr(config, "async_scheduling", False) and not self.async_scheduling:
             changes["async_scheduling"] = False
+        if not getattr(config, "async_scheduling", False) and not self.sync_scheduling:
+            changes["async_scheduling"] = True
         if getattr(config, "num_speculative_tokens", 0) and not self.speculative_decoding:
             changes["num_speculative_tokens"] = 0
         return dataclasses.replace(config, **changes)

@@ -507,3 +507,35 @@ def test_a_scheduler_without_async_scheduling_gets_an_async_workload_within_the_
     assert not sync.config.async_scheduling
     assert sync.events == (AddRequest(_req("a")), Schedule(), Abort("a"), Update(), Step())
     assert Runner(sync.config, {"spec": SpecScheduler}).run_to_completion(sync.events) is None
+
+
+class AsyncOnly(SpecScheduler):
+    """A scheduler that runs only with async scheduling (as a vLLM
+    AsyncScheduler subclass does), declared so."""
+
+    from schedspec.check.capabilities import Capabilities as _Caps
+
+    CAPABILITIES = _Caps(async_scheduling=True, speculative_decoding=True, sync_scheduling=False)
+    built: list[SchedulerConfig] = []
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        assert config.async_scheduling, "AsyncOnly built without async scheduling"
+        AsyncOnly.built.append(config)
+        super().__init__(config)
+
+
+def test_an_async_only_scheduler_is_checked_with_a_step_in_flight_in_every_workload(tmp_path: Path) -> None:
+    from schedspec.check.capabilities import Capabilities, CapabilityError
+    from schedspec.cli.main import main
+
+    with pytest.raises(CapabilityError, match="sync or async"):
+        Capabilities(sync_scheduling=False)
+    caps = AsyncOnly.CAPABILITIES
+    w = Workload(SYNC, (AddRequest(_req("a")), Step(), Step()))
+    assert caps.restrict_workload(w).config == ASYNC
+    AsyncOnly.built.clear()
+    rc = main(["check", "--against", "tests.check.test_inflight:AsyncOnly", "--steps", "300", "--quiet",
+               "--generator", "random", "--out", str(tmp_path)])
+    assert rc == 0
+    assert AsyncOnly.built and all(c.async_scheduling for c in AsyncOnly.built)
+    assert {c.num_speculative_tokens > 0 for c in AsyncOnly.built} == {True, False}

@@ -131,14 +131,15 @@ def selection_of_trace(trace: tracefile.Trace, mode: Mode | None = None, selecto
     return resolve_selection(mode, selector, capabilities)
 
 
-def selection_summary(selection: Selection) -> dict[str, Any]:
+def selection_summary(selection: Selection, plans_only: bool = False) -> dict[str, Any]:
     """The check as data: mode, selector, whether a comparison ran, what was
-    checked and what was skipped (and why)."""
+    checked and what was skipped (and why). ``plans_only``: plans compared,
+    views once per workload, no invariant checked."""
     return {
         "mode": selection.mode,
-        "invariants": selection.effective_selector,
+        "invariants": "none (--plans-only)" if plans_only else selection.effective_selector,
         "compared_with_reference": selection.compares,
-        "checked": list(selection.ids),
+        "checked": [] if plans_only else list(selection.ids),
         "skipped": [{"id": i, "why": why} for i, why in selection.skipped],
     }
 
@@ -339,7 +340,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "elapsed_s": round(o.elapsed, 3),
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
-        "check": None if o.selection is None else selection_summary(o.selection),
+        "check": None if o.selection is None else selection_summary(o.selection, plans_only=settings.plans_only),
         "rule_coverage": o.stats.rule_coverage(required_rules(settings), supported_modes(settings)),
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
@@ -356,7 +357,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
 
 def junit_xml(settings: CheckSettings, o: CheckOutcome) -> str:
     """The check run as a JUnit test suite of one case (what ``--junit`` writes)."""
-    name = f"schedspec check --against {settings.against} (shard {settings.shard_text})"
+    name = f"schedspec check --against {settings.against} --mode {settings.mode} (shard {settings.shard_text})"
     case = f'<testcase classname="schedspec.check" name={quoteattr(name)} time="{o.elapsed:.3f}">'
     if o.failure is not None:
         body = escape(o.failure.describe() + f"\nreplay: {replay_command(str(o.trace_path), settings.against)}")

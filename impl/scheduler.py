@@ -1048,55 +1048,47 @@ class ImplScheduler:
         protocol's own check then raises its error, or finds it valid after
         all."""
         sampled = result.sampled
-        if sampled.__class__ is not dict:
+        drafts = result.draft_token_ids
+        if sampled.__class__ is not dict or (drafts and drafts.__class__ is not dict):
             return False
+        get_drafts = drafts.get if drafts else None
+        k = self._k
         requests = self._requests
         present = 0
+        with_drafts = 0
         for s in plan.scheduled:
             rid = s.request_id
             toks = sampled.get(rid)
-            live = rid in requests
             samples = s.num_computed_tokens + s.num_scheduled_tokens >= s.num_tokens + s.num_output_placeholders
             if toks is None:
-                if live and samples:
+                if samples and rid in requests:
                     return False
-                continue
-            present += 1
-            if toks.__class__ is not tuple:
-                return False
-            for t in toks:
-                if t.__class__ is not int or t < 0:
-                    return False
-            if live:
-                got = len(toks)
-                if not samples:
-                    if got:
-                        return False
-                elif got < 1 or got > 1 + len(s.spec_token_ids):
-                    return False
-        if present != len(sampled):
-            return False
-        drafts = result.draft_token_ids
-        if drafts:
-            if drafts.__class__ is not dict:
-                return False
-            k = self._k
-            # drafts come in plan order as a rule: walk the plan beside them
-            scheduled = iter(plan.scheduled)
-            for rid, toks in drafts.items():
-                for entry in scheduled:
-                    if entry.request_id == rid:
-                        break
-                else:
-                    return False  # unplanned, or out of plan order: not sure
-                if toks.__class__ is not tuple or len(toks) > k:
+            else:
+                present += 1
+                if toks.__class__ is not tuple:
                     return False
                 for t in toks:
                     if t.__class__ is not int or t < 0:
                         return False
-                if toks and (entry.num_computed_tokens + entry.num_scheduled_tokens
-                             < entry.num_tokens + entry.num_output_placeholders):
-                    return False  # drafts after a partial prefill chunk
+                got = len(toks)
+                if (got > 1 + len(s.spec_token_ids) or not got) if samples else got:
+                    if rid in requests:  # a request finished meanwhile may get anything well-formed
+                        return False
+            if get_drafts is not None:
+                d = get_drafts(rid)
+                if d is not None:
+                    with_drafts += 1
+                    if d.__class__ is not tuple or len(d) > k:
+                        return False
+                    for t in d:
+                        if t.__class__ is not int or t < 0:
+                            return False
+                    if d and not samples:
+                        return False  # drafts after a partial prefill chunk
+        if present != len(sampled):
+            return False  # tokens for a request the plan did not schedule
+        if get_drafts is not None and with_drafts != len(drafts):
+            return False  # drafts for a request the plan did not schedule
         return True
 
     def _apply_stale(self, req: _Req, n: int, toks: tuple[int, ...]) -> bool:
@@ -1224,7 +1216,7 @@ class ImplScheduler:
                 req = requests.get(rid)
                 if req is None:
                     continue
-                req.drafts = () if req.pchunk else tuple(drafts)
+                req.drafts = _NO_DRAFTS if req.pchunk else drafts
 
     # ------------------------------------------------------------------ view
 

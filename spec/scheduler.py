@@ -415,7 +415,7 @@ class SpecScheduler:
         i = 0
         while i < len(self.running) and st.token_budget > 0:
             req = self.requests[self.running[i]]
-            if surely_reaches_max_tokens(
+            if req.num_output_placeholders and surely_reaches_max_tokens(
                 num_computed=req.num_computed_tokens,
                 num_output_placeholders=req.num_output_placeholders,
                 num_prompt_tokens=len(req.spec.prompt_token_ids),
@@ -536,15 +536,17 @@ class SpecScheduler:
         assert req.num_computed_tokens == 0 and not req.blocks
         hit = self._get_computed_blocks(req)
         num_hit_tokens = len(hit) * cfg.block_size
-        padded = decode_padding(
-            num_new_tokens=req.num_tokens - num_hit_tokens,
-            num_computed=num_hit_tokens,
-            num_spec_tokens=cfg.num_speculative_tokens,
-            prefill_scheduled=st.prefill_scheduled,
-            running_scheduled=any(e[0] == ScheduleKind.RUNNING for e in st.scheduled.values()),
-            max_model_len=cfg.max_model_len,
-            token_budget=st.token_budget,
-        )
+        padded: int | None = req.num_tokens - num_hit_tokens
+        if cfg.num_speculative_tokens and padded == 1:
+            padded = decode_padding(
+                num_new_tokens=1,
+                num_computed=num_hit_tokens,
+                num_spec_tokens=cfg.num_speculative_tokens,
+                prefill_scheduled=st.prefill_scheduled,
+                running_scheduled=any(e[0] == ScheduleKind.RUNNING for e in st.scheduled.values()),
+                max_model_len=cfg.max_model_len,
+                token_budget=st.token_budget,
+            )
         if padded is None:
             self.rules["admit.blocked_padding"] += 1  # pragma: no mutate
             return False  # vLLM: "Prefer to not schedule than schedule un-padded" (break)

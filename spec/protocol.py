@@ -10,7 +10,7 @@ The in-flight rules (async scheduling, vllm/v1/core/sched/async_scheduler.py
 driven by vllm/v1/engine/core.py, EngineCore.step_with_batch_queue):
 
 - Without ``config.async_scheduling`` a step is schedule() then its update();
-  nothing else may come between them.
+  only add() and abort() may come between them.
 - With it, schedule() may be called while exactly one plan awaits update
   (never two); updates come in plan order, each exactly once. add() and
   abort() may come at any time; reset_prefix_cache() while at most one plan

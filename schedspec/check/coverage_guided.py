@@ -138,7 +138,7 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
         ("running.skip_max_tokens_in_flight", "short_outputs", ""),
         ("async.stale_output", "tight_pool long_prompts", "priority"),
         ("async.stale_dropped", "resets reset_running", ""),
-        ("async.stale_output_stopped", "tight_pool long_prompts short_outputs bursts", "priority"),
+        ("async.stale_output_stopped", "tight_pool bursts", ""),
     )
 }
 
@@ -155,7 +155,7 @@ class Plan:
         return tuple(sorted(self.features)) + tuple(f"focus:{r}" for r in self.focus)
 
 
-def choose_focus(counts: Mapping[str, int], seed: int, *, k: int = 3, goal: int = 20,
+def choose_focus(counts: Mapping[str, int], seed: int, *, k: int = 3, goal: int = 50,
                  names: Sequence[str] = RULE_NAMES) -> tuple[str, ...]:
     """Up to ``k`` rules to aim the next workload at, among those reached
     fewer than ``goal`` times, drawn under ``seed`` with weight

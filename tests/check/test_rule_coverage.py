@@ -268,7 +268,7 @@ def test_guided_workloads_are_a_function_of_seed_and_focus() -> None:
 def test_focus_prefers_the_rules_reached_least() -> None:
     from schedspec.check.coverage_guided import choose_focus
 
-    counts = Counter({n: 25 for n in RULE_NAMES})
+    counts = Counter({n: 60 for n in RULE_NAMES})
     assert choose_focus(counts, 0) == ()
     counts["abort.preempted"] = 0
     counts["stop.eos"] = 3

@@ -415,3 +415,45 @@ def test_clone_copies_the_new_mutable_state() -> None:
     assert s.in_flight == () and c.in_flight == (p2,)
     a1, a2 = s.requests["a"], c.requests["a"]
     assert a1.spec_token_ids is not a2.spec_token_ids
+
+
+@pytest.mark.parametrize("async_scheduling,k", [(False, 0), (False, 3), (True, 0), (True, 3)])
+def test_random_bad_calls_change_nothing_in_any_mode(async_scheduling: bool, k: int) -> None:
+    import functools
+    import random
+
+    rng = random.Random(7)
+    s = SpecScheduler(config(async_scheduling=async_scheduling, k=k, num_blocks=9, max_num_batched_tokens=16))
+    queue: list[StepPlan] = []
+    rejected = 0
+    for i in range(300):
+        if rng.random() < 0.2:
+            s.add(req(f"r{i}", rng.randint(1, 12), rng.randint(1, 12)))
+            continue
+        queue.append(s.schedule())
+        if async_scheduling and len(queue) < 2:
+            continue
+        p = queue.pop(0)
+        good = {e.request_id: tuple(range(40, 41 + rng.randint(0, len(e.spec_token_ids))))
+                for e in p.scheduled if e.samples}
+        drafts = {e.request_id: (9,) * k for e in p.scheduled if e.samples}
+        bad: list[Callable[[], object]] = [s.schedule] if (queue or not async_scheduling) else []
+        if queue:
+            bad.append(lambda: s.update(queue[0], StepResult()))  # out of order
+        bad.append(lambda: s.update(p, StepResult(good, {"nobody": ()})))
+        for e in p.scheduled:
+            if not e.samples:
+                continue
+            rid = e.request_id
+            too_many = {**good, rid: tuple(range(2 + len(e.spec_token_ids)))}
+            too_many_drafts = {**drafts, rid: (1,) * (k + 1)}
+            if rid in s.requests:  # tokens for a request finished meanwhile are anything well-formed
+                bad.append(functools.partial(s.update, p, StepResult(too_many)))
+            bad.append(functools.partial(s.update, p, StepResult(good, too_many_drafts)))
+        for call in bad:
+            unchanged(s, call)
+            rejected += 1
+        s.update(p, StepResult(good, drafts))
+        err = unchanged(s, lambda: s.update(p, StepResult(good)))  # the same plan twice
+        assert err.step == p.step
+    assert rejected > 300

@@ -324,8 +324,8 @@ class Expander:
                 out.failure = (code, f)
                 out.rules = dict(rules)
                 return out
-            except Exception as exc:  # the scheduler crashed: a finding
-                out.failure = (code, Finding("error", f"{type(exc).__name__}: {exc}"))
+            except Exception as exc:  # the explored scheduler crashed (the one under test raises Findings)
+                out.failure = (code, Finding("error", f"the explored scheduler raised {type(exc).__name__}: {exc}"))
                 out.rules = dict(rules)
                 return out
             path = entry.codes + (code,) if self.copy == "replay" else ()
@@ -405,7 +405,7 @@ class Expander:
         invariants are checked when it is expanded, once per distinct state.)"""
         s2 = s.clone()
         a = self.alphabet
-        if code == STEP or a.is_step_abort(code):
+        if code == STEP or (a.abort_in_step and a.is_step_abort(code)):
             rid = list(before.requests)[a.abort_index(code)] if code != STEP else None
             after = self._apply_step(s2, before, memory, impl, rid)
             if impl is not None and tmem is not None:
@@ -420,7 +420,7 @@ class Expander:
         aborted while the plan is in flight when given; the states in the
         middle of the step are not explored on their own, so their state
         invariants are checked here."""
-        plan = _call("spec", "schedule", s2.schedule)
+        plan = s2.schedule()
         mid = before if self.blind else s2.view()
         mid_fp = self._mid_fingerprint(mid)
         self._check("schedule", before, mid, self._first_mid(mid_fp), plan=plan)
@@ -430,7 +430,7 @@ class Expander:
             self._compare("view()", mid, _call(self.tname, "view", impl.view))
         if abort is not None:
             self.coverage.count_abort(before, abort)
-            _call("spec", "abort", s2.abort, abort)
+            s2.abort(abort)
             mid2 = before if self.blind else s2.view()
             mid_fp = self._mid_fingerprint(mid2)
             self._check("abort", mid, mid2, self._first_mid(mid_fp), request_id=abort)
@@ -439,7 +439,7 @@ class Expander:
                 self._compare("view()", mid2, _call(self.tname, "view", impl.view))
             mid = mid2
         result = self._run_model(plan, before, memory)
-        _call("spec", "update", s2.update, plan, result)
+        s2.update(plan, result)
         after = s2.view()
         self.coverage.count_step(plan, before, after)
         if mid_fp is None or self._first_update(mid_fp, mid, plan):
@@ -517,7 +517,7 @@ class Expander:
         if code == RESET or code == RESET_RUNNING:
             kind = "reset"
             running_too = code == RESET_RUNNING
-            ok = _call("spec", "reset_prefix_cache", s2.reset_prefix_cache, running_too)
+            ok = s2.reset_prefix_cache(running_too)
             self.coverage.count_reset(before, running_too, ok)
             if impl is not None:
                 theirs = _call(who, "reset_prefix_cache", impl.reset_prefix_cache, running_too)
@@ -527,14 +527,14 @@ class Expander:
             kind = "add"
             adds += 1
             req = kw["request"] = self.request(a.shape_index(code), adds)
-            _call("spec", "add", s2.add, req)
+            s2.add(req)
             if impl is not None:
                 _call(who, "add", impl.add, req)
         else:
             kind = "abort"
             rid = kw["request_id"] = list(before.requests)[a.abort_index(code)]
             self.coverage.count_abort(before, rid)
-            _call("spec", "abort", s2.abort, rid)
+            s2.abort(rid)
             if impl is not None:
                 _call(who, "abort", impl.abort, rid)
         after = s2.view()

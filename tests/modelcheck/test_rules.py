@@ -90,3 +90,11 @@ def test_an_abort_mid_step_is_explored_and_replays(tmp_path: Path) -> None:
     assert main(["replay", str(path), "--against", "impl"]) == 0
     r = Explorer(space, max_states=300).run()
     assert r.failure is None and r.rules["update.request_gone"] > 0
+
+
+def test_rule_counts_do_not_depend_on_the_workers() -> None:
+    space = next(s for s in bound("small").spaces if s.name == "fcfs-nochunk-eos-abortstep")
+    one = Explorer(space, invariants=(), workers=1).run()
+    two = Explorer(space, invariants=(), workers=2).run()
+    assert (one.states, one.transitions) == (two.states, two.transitions)
+    assert one.rules == two.rules and one.rules["update.request_gone"] > 0

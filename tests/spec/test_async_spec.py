@@ -457,3 +457,16 @@ def test_random_bad_calls_change_nothing_in_any_mode(async_scheduling: bool, k: 
         err = unchanged(s, lambda: s.update(p, StepResult(good)))  # the same plan twice
         assert err.step == p.step
     assert rejected > 300
+
+
+def test_a_padded_decode_that_does_not_fit_the_budget_stops_the_waiting_loop() -> None:
+    s = SpecScheduler(config(k=3, max_num_batched_tokens=6, max_num_seqs=4))
+    s.add(req("a", 5))
+    p = s.schedule()
+    s.update(p, StepResult({"a": (20,)}, {"a": (30, 31, 32)}))
+    s.add(req("b", 1))  # one token to compute: padded to 4, but 2 are left after a's 4
+    s.add(req("c", 2))  # would fit unpadded, yet the loop has stopped
+    p = s.schedule()
+    assert p.scheduled_ids == ("a",) and entry(p, "a").num_scheduled_tokens == 4
+    assert s.rules["admit.blocked_padding"] == 1
+    assert s.view().waiting == ("b", "c")

@@ -102,7 +102,9 @@ def against_of(args: argparse.Namespace) -> tuple[Against | None, Selection]:
         raise UsageError(f"--invariants: {exc}") from None
     if target is None:
         return None, selection
-    return Against(args.against, target.factory, mode, selection.invariants), selection
+    caps = target.capabilities
+    return Against(args.against, target.factory, mode, selection.invariants, aborts=caps.abort,
+                   resets=caps.reset_prefix_cache), selection
 
 
 def supported_spaces(spaces: tuple[Space, ...], target_name: str | None) -> tuple[list[str], list[str]]:

@@ -29,8 +29,13 @@ class Alphabet:
     """Event codes: 0 step, 1 reset, 2 reset+running, 3.. add shape i, then
     abort of the k-th unfinished request."""
 
-    def __init__(self, shapes: Sequence[Shape], max_requests: int, abort_in_step: bool = False) -> None:
+    def __init__(self, shapes: Sequence[Shape], max_requests: int, abort_in_step: bool = False,
+                 aborts: bool = True, resets: bool = True) -> None:
         self.shapes = tuple(shapes)
+        #: False: no abort events at all (a scheduler under test that takes none)
+        self.aborts = aborts
+        #: False: no reset events (a scheduler under test that takes none)
+        self.resets = resets
         self.max_requests = max_requests
         self.first_abort = EventCode.FIRST_ADD + len(self.shapes)
         self.first_step_abort = self.first_abort + max_requests
@@ -66,12 +71,13 @@ class Alphabet:
         """The codes enabled in a state where the scheduler knows ``known``
         requests (unfinished, or finished and not yet reported), ``unfinished``
         of them unfinished: adds only below the space's request bound."""
-        codes = [STEP.value, RESET.value, RESET_RUNNING.value]
+        codes = [STEP.value, RESET.value, RESET_RUNNING.value] if self.resets else [STEP.value]
         if known < self.max_requests:
             codes += [self.add(i) for i in range(len(self.shapes))]
-        codes += [self.abort(k) for k in range(unfinished)]
-        if self.abort_in_step:
-            codes += [self.step_abort(k) for k in range(unfinished)]
+        if self.aborts:
+            codes += [self.abort(k) for k in range(unfinished)]
+            if self.abort_in_step:
+                codes += [self.step_abort(k) for k in range(unfinished)]
         return codes
 
     def label(self, code: int) -> str:

@@ -181,7 +181,8 @@ class Expander:
         #: invariants mode: the checks on the scheduler under test's own transitions
         self.tchecker = StatelessChecker(against.invariants) if against is not None and not self.lockstep else None
         self.shapes = space.resolved_shapes()
-        self.alphabet = Alphabet(self.shapes, space.max_requests, space.abort_in_step)
+        self.alphabet = Alphabet(self.shapes, space.max_requests, space.abort_in_step,
+                                 aborts=against is None or against.aborts, resets=against is None or against.resets)
         spec_invariants = () if self.tchecker is not None else tuple(invariants)
         self.checker = StatelessChecker(spec_invariants)
         self.canon = Canon(len(self.shapes), space.config.policy == Policy.PRIORITY)

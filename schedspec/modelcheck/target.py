@@ -57,13 +57,18 @@ PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 @dataclass(frozen=True)
 class Against:
     """The scheduler under test: its name (as ``--against`` spells it), how
-    to build one for a config, the mode, and the invariants checked (on the
-    spec's transitions in lockstep mode, on its own in invariants mode)."""
+    to build one for a config, the mode, the invariants checked (on the
+    spec's transitions in lockstep mode, on its own in invariants mode), and
+    which admin events it takes."""
 
     name: str
     factory: Callable[[SchedulerConfig], Scheduler]
     mode: Mode = "lockstep"
     invariants: tuple[Invariant, ...] = CATALOGUE
+    #: whether it takes aborts and resets (its declared capabilities): the
+    #: spec is then explored without the events it does not take
+    aborts: bool = True
+    resets: bool = True
 
     @property
     def lockstep(self) -> bool:

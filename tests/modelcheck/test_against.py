@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from schedspec.adapters.registry import resolve
+from schedspec.check.capabilities import Capabilities
 from schedspec.cli.main import main
 from schedspec.invariants import select
 from schedspec.modelcheck import Explorer, bound
@@ -146,3 +147,25 @@ def test_small_bound_against_vllm_is_clean(tmp_path: Path, capsys: pytest.Captur
     for s in data["spaces"]:
         assert s["complete"] and s["impl_transitions"] == s["transitions"] > s["states"] > 1000
         assert s["copy"] == "deepcopy"
+
+
+class NoAdminEvents(SpecScheduler):
+    """Takes neither aborts nor resets, and says so."""
+
+    CAPABILITIES = Capabilities(abort=False, reset_prefix_cache=False)
+
+    def abort(self, request_id: str) -> None:
+        raise NotImplementedError("no aborts")
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        raise NotImplementedError("no resets")
+
+
+def test_events_outside_the_declared_capabilities_are_not_explored(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["modelcheck", "--against", "test_against:NoAdminEvents", "--mode", "invariants",
+               "--space", "fcfs-cache-salt-tight", "--quiet", "--workers", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    r = Explorer(_space("fcfs-cache-salt-tight"), against=Against("n", NoAdminEvents, aborts=False, resets=False)).run()
+    full = Explorer(_space("fcfs-cache-salt-tight"), invariants=()).run()
+    assert r.complete and r.failure is None and r.transitions < full.transitions and r.states < full.states

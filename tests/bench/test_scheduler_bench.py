@@ -190,3 +190,11 @@ def test_vllm_runs_every_mode_with_its_own_async_scheduler_and_drafts() -> None:
     notes = {r.mode: r.note for r in rows}
     assert notes["sync+spec3"] == "vLLM schedule()+update_from_output()+update_draft_token_ids()"
     assert notes["async+spec3"] == notes["async"] == "vLLM schedule()+update_from_output()"
+
+
+def test_quick_bench_runs_each_size_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """--quick caps the sizes at 32: the default 256,1024 give one decode-32
+    row per scheduler, not two."""
+    assert main(["--against", "impl", "--quick", "--modes", "sync"]) == 0
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == [["decode-32", "impl"], ["mixed", "impl"]]

@@ -226,8 +226,12 @@ def executable_functions(source: str, filename: str) -> list[FunctionLines]:
 # What an unreached line is about
 # --------------------------------------------------------------------------
 
-#: vLLM features the spec does not model, each with the words that give its
-#: code away (a regular expression), in the order they are tried. A line
+#: vLLM features, each with the words that give its code away (a regular
+#: expression), in the order they are tried: first those the spec does not
+#: model, last speculative decoding and async scheduling, which it does (an
+#: unreached line there is a behaviour a check could still reach); those two,
+#: marked " (last)", are tried only when no other feature matches anywhere,
+#: so a draft-handling line inside a Mamba-only block counts for Mamba. A line
 #: unreached by a run is put under the first feature named by the line
 #: itself, or else by the statement it belongs to and the comment just above
 #: that (or above the first statement of its block), or else by the
@@ -254,7 +258,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
      r"|num_stale_output_tokens and not"),
     ("waiting requests blocked (remote KV, grammar compilation, streaming input)",
      r"_handle_blocked_waiting_request|ready_to_schedule|step_skipped_"),
-    ("dynamic speculative decoding", r"dynamic_sd"),
+    ("dynamic speculative decoding", r"dynamic_sd_lookup\[|dynamic_sd_lookup is not None"),
     ("structured output", r"structured|grammar"),
     ("pooling models", r"pool(er|ing)_|pooler|pooling"),
     ("streaming sessions (resumable requests)", r"resumable|streaming|session|continuing_reqs"),
@@ -267,6 +271,9 @@ FEATURES: tuple[tuple[str, str], ...] = (
      r"finished_req_ids_dict|finished_set|finished_req_ids\.clear"),
     ("errors (engine-side failures)", r"FINISHED_ERROR|error_req|request_errors|logger\.error|RuntimeError"),
     ("pause (near)", r"PAUSED|pause_state"),
+    ("speculative decoding (last)",
+     r"spec_token|num_spec_tokens|spec_decode|draft|num_rejected|num_accepted|pad_spec_decode|padded_num_tokens"),
+    ("async scheduling (output placeholders, stale output) (last)", r"placeholder|stale_output|num_stale|in_flight"),
 )
 
 UNCLASSIFIED = "unclassified"
@@ -300,9 +307,11 @@ def classify_lines(source: str, lines: Iterable[int],
             parent[child] = walked
         if isinstance(walked, ast.stmt):
             stmts.append(walked)
-    near_suffix = " (near)"
+    near_suffix, last_suffix = " (near)", " (last)"
     compiled = [(label.removesuffix(near_suffix), re.compile(pattern), label.endswith(near_suffix))
-                for label, pattern in features]
+                for label, pattern in features if not label.endswith(last_suffix)]
+    fallback = [(label.removesuffix(last_suffix), re.compile(pattern))
+                for label, pattern in features if label.endswith(last_suffix)]
     out: dict[str, list[int]] = {}
     for line in sorted(set(lines)):
         own = text[line - 1] if 0 < line <= len(text) else ""
@@ -324,7 +333,9 @@ def classify_lines(source: str, lines: Iterable[int],
             node = up
         candidates = [own] + context
         label = next((name for i, t in enumerate(candidates) for name, rx, near_only in compiled
-                      if (i <= near or not near_only) and rx.search(t)), UNCLASSIFIED)
+                      if (i <= near or not near_only) and rx.search(t)), None)
+        if label is None:
+            label = next((name for t in candidates for name, rx in fallback if rx.search(t)), UNCLASSIFIED)
         out.setdefault(label, []).append(line)
     return out
 

@@ -279,18 +279,25 @@ FEATURES: tuple[tuple[str, str], ...] = (
 UNCLASSIFIED = "unclassified"
 
 
-def _headers(node: ast.AST, source: str) -> str:
-    """The text that says what a statement's branch is about: a compound
-    statement's condition or iterable, any other statement whole."""
+def _headers(node: ast.AST, text: list[str]) -> str:
+    """The text that says what a statement's branch is about: the lines of a
+    compound statement's condition or iterable, of any other statement all
+    its lines. (Whole lines: ast.get_source_segment would split the source
+    anew on every call.)"""
+    def lines_of(n: ast.AST) -> str:
+        first = getattr(n, "lineno", 0)
+        last = getattr(n, "end_lineno", None) or first
+        return "\n".join(text[first - 1:last]) if first else ""
+
     if isinstance(node, (ast.If, ast.While)):
-        return ast.get_source_segment(source, node.test) or ""
+        return lines_of(node.test)
     if isinstance(node, (ast.For, ast.AsyncFor)):
-        return ast.get_source_segment(source, node.iter) or ""
+        return lines_of(node.iter)
     if isinstance(node, (ast.With, ast.AsyncWith)):
-        return " ".join(ast.get_source_segment(source, i.context_expr) or "" for i in node.items)
+        return "\n".join(lines_of(i.context_expr) for i in node.items)
     if isinstance(node, (ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
         return ""
-    return ast.get_source_segment(source, node) or ""
+    return lines_of(node)
 
 
 def classify_lines(source: str, lines: Iterable[int],
@@ -307,6 +314,19 @@ def classify_lines(source: str, lines: Iterable[int],
             parent[child] = walked
         if isinstance(walked, ast.stmt):
             stmts.append(walked)
+    # the innermost statement of every line: wider statements first, narrower overwrite
+    inner: dict[int, ast.stmt] = {}
+    for stmt in sorted(stmts, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, reverse=True):
+        for number in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1):
+            inner[number] = stmt
+    headers: dict[int, str] = {}
+
+    def header(n: ast.AST) -> str:
+        text_of = headers.get(id(n))
+        if text_of is None:
+            text_of = headers[id(n)] = _headers(n, text)
+        return text_of
+
     near_suffix, last_suffix = " (near)", " (last)"
     compiled = [(label.removesuffix(near_suffix), re.compile(pattern), label.endswith(near_suffix))
                 for label, pattern in features if not label.endswith(last_suffix)]
@@ -316,11 +336,10 @@ def classify_lines(source: str, lines: Iterable[int],
     for line in sorted(set(lines)):
         own = text[line - 1] if 0 < line <= len(text) else ""
         context: list[str] = []
-        holders = [n for n in stmts if n.lineno <= line <= (n.end_lineno or n.lineno)]
-        innermost = min(holders, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if holders else None
+        innermost = inner.get(line)
         node: ast.AST | None = innermost
         if innermost is not None:
-            context.append(_headers(innermost, source))
+            context.append(header(innermost))
             context.append(_comment_above(text, innermost.lineno))
             block = _block_of(parent.get(innermost), innermost)
             if block:
@@ -329,7 +348,7 @@ def classify_lines(source: str, lines: Iterable[int],
         while node is not None:
             up = parent.get(node)
             if up is not None and not (isinstance(up, ast.If) and node in up.orelse):
-                context.append(_headers(up, source))
+                context.append(header(up))
             node = up
         candidates = [own] + context
         label = next((name for i, t in enumerate(candidates) for name, rx, near_only in compiled

@@ -325,6 +325,9 @@ class ImplScheduler:
         self._async = config.async_scheduling
         # n -> (-1,) * n: the token ids of a step wholly past the known tokens
         self._unknown: dict[int, tuple[int, ...]] = {}
+        # the k placeholder drafts of a request with async scheduling: one
+        # tuple, so the steady-decode test is an identity check
+        self._placeholder_drafts: tuple[int, ...] = (-1,) * self._k
         # One frozenset per distinct stop set, shared by the requests that
         # have it (a cache of immutable values: clones share it too).
         self._stop_sets: dict[frozenset[int], frozenset[int]] = {}
@@ -856,7 +859,7 @@ class ImplScheduler:
         priority = self._priority
         k = self._k
         asyn = self._async
-        placeholder_drafts = (-1,) * k
+        placeholder_drafts = self._placeholder_drafts
         unknown = self._unknown
         new = _new
         sr = _SR
@@ -865,10 +868,89 @@ class ImplScheduler:
         prefill_scheduled = False
         preempted = False
         i = 0
+        # Steady async decode (one step in flight, its output and k drafts
+        # counted as 1 + k placeholders, k placeholder drafts for this step):
+        # the chunk is 1 + k tokens past the known ones, all -1; a request
+        # takes the general rules below only where they could decide
+        # otherwise (the max_tokens skip, the threshold, the budget,
+        # max_model_len, a block to allocate or to key, a prefill chunk).
+        width = 1 + k
+        steady = asyn and not 0 < thr < width
+        sync_spec = not asyn and k > 0
+        all_unknown = unknown.get(width) or unknown.setdefault(width, (-1,) * width)
         while i < len(running) and budget > 0:
             req = running[i]
             c = req.num_computed
             ph = req.ph
+            if (
+                steady
+                and ph == width
+                and req.drafts is placeholder_drafts
+                and c == req.num_tokens + k
+                and width <= budget
+                and c + width < mml
+                and c + 2 - width < req.max_end
+                and c + width <= req.cap
+                and c - k < req.next_full
+                and not req.pchunk
+            ):
+                bt = req.btuple
+                o = new(sr)
+                d = o.__dict__
+                d["request_id"] = req.rid
+                d["kind"] = _K_RUNNING
+                d["num_computed_tokens"] = c
+                d["num_scheduled_tokens"] = width
+                d["num_tokens"] = c - k
+                d["block_ids"] = bt if bt is not None else req.block_tuple()
+                d["token_ids"] = all_unknown
+                d["spec_token_ids"] = placeholder_drafts
+                d["num_output_placeholders"] = width
+                ents.append(o)
+                out.append(req)
+                req.num_computed = c + width
+                req.inflight += width
+                req.prev_pchunk = False
+                req.ph = width + width
+                budget -= width
+                i += 1
+                continue
+            if sync_spec and not ph and not req.pchunk:
+                # Steady decode with drafts, sync: the last known token and
+                # the drafts proposed after the previous step.
+                nt = req.num_tokens
+                drafts = req.drafts
+                n = 1 + len(drafts)
+                e = c + n
+                if (
+                    c == nt - 1
+                    and n <= budget
+                    and e < mml
+                    and (thr <= 0 or n <= thr)
+                    and e <= req.cap
+                    and nt < req.next_full
+                ):
+                    bt = req.btuple
+                    o = new(sr)
+                    d = o.__dict__
+                    d["request_id"] = req.rid
+                    d["kind"] = _K_RUNNING
+                    d["num_computed_tokens"] = c
+                    d["num_scheduled_tokens"] = n
+                    d["num_tokens"] = nt
+                    d["block_ids"] = bt if bt is not None else req.block_tuple()
+                    d["token_ids"] = req.tail + drafts if drafts else req.tail
+                    d["spec_token_ids"] = drafts
+                    d["num_output_placeholders"] = 0
+                    ents.append(o)
+                    out.append(req)
+                    req.num_computed = e
+                    req.inflight += n
+                    req.prev_pchunk = False
+                    req.drafts = _NO_DRAFTS
+                    budget -= n
+                    i += 1
+                    continue
             if ph > 0 and c + 2 - ph >= req.max_end:
                 i += 1  # the steps in flight surely finish it
                 continue
@@ -1176,6 +1258,11 @@ class ImplScheduler:
                     finished = _STOPPED
                 elif nt >= req.end_at:
                     finished = _LENGTH
+            elif nt + ntok < req.end_at and stop.isdisjoint(toks):
+                # no token of the run stops it: appended at once
+                output.extend(toks)
+                nt += ntok
+                req.tail = toks[-1:]
             else:
                 end_at = req.end_at
                 kept = 0

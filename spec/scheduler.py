@@ -484,7 +484,10 @@ class SpecScheduler:
         it fails, preempt the lowest-priority running request and retry. A
         victim already scheduled this step gives its budget back (PRIORITY
         only). Returns whether ``req`` got its blocks (False once it preempted
-        itself) and its index after the victims left the queue."""
+        itself) and its index after the victims left the queue. Such a victim's
+        blocks keep the keys its allocate_slots gave them this step although
+        no step computes their KV, so its resume can hit them: vLLM 0.33 does
+        the same (docs/divergences.md, "vLLM behaviours found")."""
         while not self._allocate_running(req, n):
             keys = [self._priority_key(r)[:2] for r in self.running]
             v = choose_victim(policy=self._config.policy, running_keys=keys)

@@ -24,7 +24,10 @@ what keeps it small:
 - Async scheduling and speculative decoding take the general path
   (``_schedule_general``, ``_update_general``): the spec's rules for
   placeholders, drafts, stale output and padded decodes, with the same
-  structures; the synchronous path without drafts is the one above.
+  structures; the synchronous path without drafts is the one above. Its
+  RUNNING loop takes a steady decode (one step in flight with its
+  placeholders, or sync drafts after the last known token, no block to
+  allocate or key) in a few lines before the general rules.
 """
 
 from __future__ import annotations

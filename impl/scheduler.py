@@ -1152,13 +1152,20 @@ class ImplScheduler:
                 present += 1
                 if toks.__class__ is not tuple:
                     return False
-                for t in toks:
+                got = len(toks)
+                if got == 1:  # (the common case, without the loop)
+                    t = toks[0]
                     if t.__class__ is not int or t < 0:
                         return False
-                got = len(toks)
-                if (got > 1 + len(s.spec_token_ids) or not got) if samples else got:
-                    if rid in requests:  # a request finished meanwhile may get anything well-formed
+                    if not samples and rid in requests:
                         return False
+                else:
+                    for t in toks:
+                        if t.__class__ is not int or t < 0:
+                            return False
+                    if (got > 1 + len(s.spec_token_ids) or not got) if samples else got:
+                        if rid in requests:  # a request finished meanwhile may get anything well-formed
+                            return False
             if get_drafts is not None:
                 d = get_drafts(rid)
                 if d is not None:

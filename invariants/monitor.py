@@ -37,6 +37,7 @@ _ORDER = (
     "cache-hit-identical-prefix",
     "preemption-resets",
     "no-admission-with-preemption",
+    "full-sequence-reserved",
     "fcfs-admission-order",
     "priority-admission-order",
     "fcfs-victim-suffix",

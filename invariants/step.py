@@ -447,6 +447,34 @@ def no_admission_with_preemption(t: Transition, h: History) -> Iterator[Finding]
 
 
 @transition_invariant(
+    "full-sequence-reserved",
+    "With scheduler_reserve_full_isl, the last request admitted in a step had room for its whole "
+    "sequence (capped at max_model_len) when it was admitted: its blocks after the step plus the "
+    "free blocks left cover cdiv(min(num_tokens, max_model_len), block_size).",
+    "vllm/v1/core/kv_cache_manager.py, KVCacheManager.allocate_slots: with "
+    "full_sequence_must_fit (scheduler_reserve_full_isl) an admission fails unless the blocks of the "
+    "whole sequence fit the free pool; nothing after the last admission takes a block in the step.",
+    _SCHED,
+    tags=("policy:vllm-allocation",),
+)
+def full_sequence_reserved(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    cfg = t.after.config
+    adm = admitted(t.plan)
+    if not cfg.scheduler_reserve_full_isl or not adm:
+        return
+    last = adm[-1]
+    held = len(last.block_ids)
+    need = cdiv(min(last.num_tokens, cfg.max_model_len), cfg.block_size)
+    free = t.after.kv.num_free_blocks
+    if held + free < need:
+        yield last.request_id, (
+            f"admitted with {held} blocks and {free} left free, but its {min(last.num_tokens, cfg.max_model_len)}"
+            f" tokens need {need} blocks: the whole sequence did not fit"
+        )
+
+
+@transition_invariant(
     "fcfs-admission-order",
     "FCFS: the requests admitted in a step are the first ones of the waiting queue, in queue order.",
     "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop peeks the head of the "

@@ -83,7 +83,9 @@ class PrioritySkipAfterPreempt(Mutant):
     _schedule_running_slow = patched(_slow, ("""\
                     if v < i:
                         i -= 1
-""", ""))
+""", """\
+                    if v < i:
+"""))
 
 
 class PreemptedStaysScheduled(Mutant):
@@ -92,10 +94,10 @@ class PreemptedStaysScheduled(Mutant):
     ISSUE = "https://github.com/vllm-project/vllm/issues/23347"
     CAUGHT_BY = frozenset({"scheduled-are-running"})
     _schedule_running_slow = patched(_slow, ("""\
-                    if victim in out:  # already scheduled this step: give its budget back
-                        j = out.index(victim)
-                        del out[j]
-                        budget += ents.pop(j).num_scheduled_tokens
+                        j = bisect_left(out, victim.run_seq, key=_run_seq)
+                        if j < len(out) and out[j] is victim:  # give its budget back
+                            del out[j]
+                            budget += ents.pop(j).num_scheduled_tokens
 """, ""))
 
 
@@ -150,7 +152,7 @@ class ResumeThrash(Mutant):
     BUG = ("admission ignores scheduler_reserve_full_isl and allocates only this chunk, so a long "
            "prefill is admitted, then preempted again and again")
     ISSUE = "https://github.com/vllm-project/vllm/issues/25538"
-    CAUGHT_BY = frozenset({"divergence"})
+    CAUGHT_BY = frozenset({"full-sequence-reserved", "divergence"})
     _admit_alloc = patched(_admit_alloc, ("if self._config.scheduler_reserve_full_isl:", "if False:"))
 
 

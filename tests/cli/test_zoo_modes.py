@@ -22,7 +22,8 @@ def run(argv: list[str]) -> int:
 
 
 def budget(out: Path) -> list[str]:
-    return ["--steps", str(bugzoo.STEPS), "--workload-steps", str(bugzoo.WORKLOAD_STEPS), "--quiet",
+    # the zoo's mutants patch impl's synchronous path: sync workloads, as tests/bugzoo runs them
+    return ["--modes", "sync", "--generator", "random", "--steps", str(bugzoo.STEPS), "--workload-steps", str(bugzoo.WORKLOAD_STEPS), "--quiet",
             "--out", str(out), "--shrink-time", "2", "--json", str(out / "s.json")]
 
 

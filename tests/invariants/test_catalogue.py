@@ -565,6 +565,23 @@ def b_admit_while_preempting() -> Transition:
     return dataclasses.replace(PREEMPT, plan=dataclasses.replace(P_PLAN, scheduled=P_PLAN.scheduled + (c,)))
 
 
+@bad("full-sequence-reserved")
+def b_admitted_without_room_for_whole_sequence() -> Transition:
+    # B knows 32 tokens (8 blocks) but holds 2 with 5 left free: it was admitted on its chunk alone.
+    assert fires("full-sequence-reserved", SCHEDULE) == []
+    b = entry("B", NEW, 4, 2, 32, (1, 3), (9, 9))
+    return dataclasses.replace(SCHEDULE, plan=plan(2, S_PLAN.scheduled[0], b))
+
+
+@bad("full-sequence-reserved", "no check without scheduler_reserve_full_isl")
+def b_full_sequence_only_with_reservation() -> Transition:
+    t = b_admitted_without_room_for_whole_sequence()
+    off = dataclasses.replace(CFG, scheduler_reserve_full_isl=False)
+    quiet = dataclasses.replace(t, after=dataclasses.replace(t.after, config=off))
+    assert fires("full-sequence-reserved", quiet) == []
+    return t
+
+
 def _two_waiting(cfg: SchedulerConfig, c_prio: int = 0, b_prio: int = 0) -> Transition:
     """S, with C (7 tokens) queued ahead of B and only B admitted."""
     c0 = req("C", (7, 7, 7), priority=c_prio)

@@ -12,11 +12,14 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from schedspec.adapters.registry import AdapterError, Target, import_class, resolve
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.gate import missing_rules_message, resolve_selection
+from schedspec.check.workload import MODES
+from schedspec.check.workload import mode_of as config_mode
 from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, positive_int
 from schedspec.invariants import Selection
 from schedspec.invariants.selection import SelectionError
@@ -126,15 +129,21 @@ def supported_spaces(spaces: tuple[Space, ...], target_name: str | None) -> tupl
     return kept, skipped
 
 
-#: the modes of scheduling the explored spaces run in (spec/rule_names.py ALL_MODES)
+#: the modes of scheduling the small, medium and large bounds run in (spec/rule_names.py ALL_MODES)
 EXPLORED_MODES: tuple[str, ...] = ("sync",)
 
 
-def rules_line(counts: Counter[str]) -> str:
+def explored_modes(spaces: Sequence[Space]) -> tuple[str, ...]:
+    """The modes (sync, async, spec, async-spec) the spaces run in, in MODES order."""
+    found = {config_mode(s.config) for s in spaces}
+    return tuple(m for m in MODES if m in found)
+
+
+def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES) -> str:
     """One line: how many of the rules the explored modes can reach were
     taken, those never taken (or the rarest), and how many rules lie outside
     the explored modes."""
-    reachable = reachable_in(EXPLORED_MODES)
+    reachable = reachable_in(modes)
     missing = rule_coverage.unreached(counts, reachable)
     got = len(reachable) - len(missing)
     if missing:
@@ -143,21 +152,20 @@ def rules_line(counts: Counter[str]) -> str:
         rarest = sorted(((n, counts.get(n, 0)) for n in reachable), key=lambda kv: kv[1])[:3]
         tail = "rarest: " + ", ".join(f"{n} {c:,}" for n, c in rarest)
     outside = len(RULE_NAMES) - len(reachable)
-    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {'/'.join(EXPLORED_MODES)} mode "
-            f"reached; {tail} ({outside} more need async scheduling or speculative decoding)")
+    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {'/'.join(modes)} mode "
+            f"reached; {tail} ({outside} more need other modes or are out of reach)")
 
 
-def required_rules(text: str | None) -> tuple[str, ...]:
+def required_rules(text: str | None, modes: tuple[str, ...] = EXPLORED_MODES) -> tuple[str, ...]:
     if text is None:
         return ()
     try:
-        return rule_coverage.parse_required(text, EXPLORED_MODES)
+        return rule_coverage.parse_required(text, modes)
     except ValueError as exc:
         raise UsageError(f"--require-rules: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
-    required = required_rules(args.require_rules)
     scheduler_cls = scheduler_class(args.scheduler)
     workers = default_workers() if args.workers is None else positive_int("--workers", args.workers)
     max_states = None if args.max_states is None else positive_int("--max-states", args.max_states)
@@ -165,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
         spaces = select_spaces(bound(args.bound), args.space)
     except ModelCheckError as exc:
         raise UsageError(f"--space: {exc}") from None
+    modes = explored_modes(spaces)
+    required = required_rules(args.require_rules, modes)
     against, selection = against_of(args)
     names, skipped = supported_spaces(spaces, args.against)
     if not names:
@@ -205,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _report_success(result, use_impl, args.against)
     rules = result.rules
-    print(rule_coverage.format_table(rules) if args.rules else rules_line(rules))
+    print(rule_coverage.format_table(rules) if args.rules else rules_line(rules, modes))
     missing = rule_coverage.unreached(rules, required)
     if missing:
         print(f"FAILED: {missing_rules_message(missing)}")

@@ -30,7 +30,7 @@ class Alphabet:
     abort of the k-th unfinished request."""
 
     def __init__(self, shapes: Sequence[Shape], max_requests: int, abort_in_step: bool = False,
-                 aborts: bool = True, resets: bool = True) -> None:
+                 aborts: bool = True, resets: bool = True, async_scheduling: bool = False) -> None:
         self.shapes = tuple(shapes)
         #: False: no abort events at all (a scheduler under test that takes none)
         self.aborts = aborts
@@ -41,6 +41,13 @@ class Alphabet:
         self.first_step_abort = self.first_abort + max_requests
         self.abort_in_step = abort_in_step
         self.size = self.first_step_abort + (max_requests if abort_in_step else 0)
+        #: async scheduling: ``step`` is the engine's turn (schedule() while
+        #: fewer than two plans are in flight, else update() of the oldest),
+        #: and ``update`` (this code) delivers the oldest of one plan in flight
+        self.async_scheduling = async_scheduling
+        self.update = self.size
+        if async_scheduling:
+            self.size += 1
 
     def add(self, i: int) -> int:
         return EventCode.FIRST_ADD + i
@@ -65,13 +72,19 @@ class Alphabet:
 
     def is_step_abort(self, code: int) -> bool:
         """A step with an abort while its plan is in flight."""
-        return code >= self.first_step_abort
+        return self.first_step_abort <= code < self.first_step_abort + (self.max_requests if self.abort_in_step else 0)
 
-    def enabled(self, known: int, unfinished: int) -> list[int]:
+    def enabled(self, known: int, unfinished: int, in_flight: int = 0) -> list[int]:
         """The codes enabled in a state where the scheduler knows ``known``
         requests (unfinished, or finished and not yet reported), ``unfinished``
-        of them unfinished: adds only below the space's request bound."""
-        codes = [STEP.value, RESET.value, RESET_RUNNING.value] if self.resets else [STEP.value]
+        of them unfinished, and ``in_flight`` plans await update (async
+        scheduling): adds only below the space's request bound, resets with
+        at most one plan in flight, ``update`` with exactly one."""
+        codes = [STEP.value]
+        if self.resets and in_flight <= 1:
+            codes += [RESET.value, RESET_RUNNING.value]
+        if self.async_scheduling and in_flight == 1:
+            codes.append(self.update)
         if known < self.max_requests:
             codes += [self.add(i) for i in range(len(self.shapes))]
         if self.aborts:
@@ -87,8 +100,10 @@ class Alphabet:
             return "reset"
         if code == RESET_RUNNING:
             return "reset+running"
+        if self.async_scheduling and code == self.update:
+            return "update"
         if code < self.first_abort:
             return f"add {self.shapes[self.shape_index(code)].name}"
-        if code >= self.first_step_abort:
+        if self.is_step_abort(code):
             return f"step, abort #{self.abort_index(code)} mid-step"
         return f"abort #{self.abort_index(code)}"

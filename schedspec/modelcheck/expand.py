@@ -14,6 +14,7 @@ it copies a state with the scheduler's own ``clone()``.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from schedspec.modelcheck.target import PICKLE_PROTOCOL, Against, CopyMethod, co
 from schedspec.spec.interface import (
     Policy,
     RequestSpec,
+    RequestStatus,
     Scheduler,
     SchedulerConfig,
     SchedulerView,
@@ -53,8 +55,10 @@ class MemoModel(FakeModel):
     function of the context read, and the checker asks for the same contexts
     over and over."""
 
-    def __init__(self, block_size: int, vocab: int, seed: int) -> None:
-        super().__init__(block_size, vocab, seed)
+    def __init__(self, block_size: int, vocab: int, seed: int, num_speculative_tokens: int = 0,
+                 acceptance: str | None = None) -> None:
+        super().__init__(block_size, vocab, seed, num_speculative_tokens=num_speculative_tokens,
+                         acceptance=acceptance)
         self._memo: dict[tuple[int | None, ...], int] = {}
 
     def sample_token(self, context: tuple[int | None, ...]) -> int:
@@ -62,6 +66,71 @@ class MemoModel(FakeModel):
         if tok is None:
             tok = self._memo[context] = super().sample_token(context)
         return tok
+
+
+@dataclass(frozen=True, slots=True)
+class Flight:
+    """What a state holds besides the scheduler with async scheduling: the
+    plans awaiting update() with the results the fake model gave them (it
+    runs a plan when it is scheduled, as the worker does), and the model's
+    memory: its KV slots and, per request, its in-flight outputs, proposals
+    and rejected counts (what fills a -1). The fingerprint covers all but
+    the slots; the slots a correct scheduler reads are those its state
+    vouches for or an in-flight plan wrote (docs/modelcheck.md, "Async
+    scheduling")."""
+
+    pairs: tuple[tuple[StepPlan, StepResult], ...] = ()
+    outputs: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+    proposals: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    rejected: tuple[tuple[str, int], ...] = ()
+    slots: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def plans(self) -> tuple[StepPlan, ...]:
+        return tuple(p for p, _ in self.pairs)
+
+    def load(self, model: FakeModel) -> None:
+        """Put the model in this state."""
+        model.slots = dict(self.slots)
+        model.outputs = {rid: dict(o) for rid, o in self.outputs}
+        model.proposals = dict(self.proposals)
+        model.rejected = dict(self.rejected)
+
+    @staticmethod
+    def of(model: FakeModel, pairs: tuple[tuple[StepPlan, StepResult], ...]) -> Flight:
+        return Flight(pairs, tuple(sorted((rid, tuple(sorted(o.items()))) for rid, o in model.outputs.items())),
+                      tuple(sorted(model.proposals.items())), tuple(sorted(model.rejected.items())),
+                      tuple(sorted(model.slots.items())))
+
+    def key(self, v: SchedulerView) -> Fingerprint:
+        """The in-flight part of a fingerprint, request ids renamed by
+        arrival rank (the ids ``r{k}`` sort by arrival), together with the
+        ranks of the requests the view knows (tying it to the view's part)."""
+        ids = set(v.requests) | set(v.finished)
+        for p, r in self.pairs:
+            ids.update(e.request_id for e in p.scheduled)
+            ids.update(p.preempted_ids)
+            ids.update(p.finished_ids)
+        ids.update(rid for rid, _ in self.outputs)
+        ids.update(rid for rid, _ in self.proposals)
+        ids.update(rid for rid, _ in self.rejected)
+        rank = {rid: i for i, rid in enumerate(sorted(ids, key=lambda r: (len(r), r)))}
+        known = sorted(set(v.requests) | set(v.finished), key=lambda r: (len(r), r))
+        plans = tuple((
+            tuple((rank[e.request_id], e.kind, e.num_computed_tokens, e.num_scheduled_tokens, e.num_tokens,
+                   e.block_ids, e.token_ids, e.spec_token_ids, e.num_output_placeholders) for e in p.scheduled),
+            tuple(rank[x] for x in p.preempted_ids),
+            tuple(rank[x] for x in p.finished_ids),
+            tuple(sorted((rank[x], t) for x, t in r.sampled.items())),
+            tuple(sorted((rank[x], t) for x, t in r.draft_token_ids.items())),
+        ) for p, r in self.pairs)
+        return (
+            tuple(rank[x] for x in known),
+            plans,
+            tuple(sorted((rank[x], o) for x, o in self.outputs)),
+            tuple(sorted((rank[x], o) for x, o in self.proposals)),
+            tuple(sorted((rank[x], o) for x, o in self.rejected)),
+        )
 
 
 @dataclass(slots=True)
@@ -84,9 +153,11 @@ class Entry:
     view: SchedulerView | None = None
     codes: tuple[int, ...] = ()
     memory: dict[int, int] | None = None
+    #: async scheduling: the plans in flight and the fake model (see Flight)
+    flight: Flight | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:  # compact between processes
-        return (Entry, (self.idx, self.state, self.impl, self.adds, None, self.codes, self.memory))
+        return (Entry, (self.idx, self.state, self.impl, self.adds, None, self.codes, self.memory, self.flight))
 
 
 @dataclass(slots=True)
@@ -111,6 +182,7 @@ class Successor(NamedTuple):
     fingerprint: Fingerprint
     adds: int
     memory: dict[int, int] | None = None  # the KV slots of the scheduler under test (invariants mode)
+    flight: Flight | None = None  # async scheduling: the plans in flight and the model
 
 
 def plan_key(plan: StepPlan, mid: SchedulerView) -> Fingerprint:
@@ -181,13 +253,17 @@ class Expander:
         #: invariants mode: the checks on the scheduler under test's own transitions
         self.tchecker = StatelessChecker(against.invariants) if against is not None and not self.lockstep else None
         self.shapes = space.resolved_shapes()
-        self.alphabet = Alphabet(self.shapes, space.max_requests, space.abort_in_step,
-                                 aborts=against is None or against.aborts, resets=against is None or against.resets)
+        #: async scheduling: states hold plans in flight (Flight)
+        self.is_async = space.config.async_scheduling
+        self.alphabet = Alphabet(self.shapes, space.max_requests, space.abort_in_step and not self.is_async,
+                                 aborts=against is None or against.aborts, resets=against is None or against.resets,
+                                 async_scheduling=self.is_async)
         spec_invariants = () if self.tchecker is not None else tuple(invariants)
         self.checker = StatelessChecker(spec_invariants)
         self.canon = Canon(len(self.shapes), space.config.policy == Policy.PRIORITY)
-        self.model = MemoModel(space.config.block_size, space.vocab, space.oracle_seed)
-        self.tmodel = MemoModel(space.config.block_size, space.vocab, space.oracle_seed)
+        k = space.config.num_speculative_tokens
+        self.model = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance)
+        self.tmodel = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance)
         self.pickled = pickled
         self.copy: CopyMethod | None = copy if against is not None else None
         self._shared: dict[int, object] = {}
@@ -220,20 +296,27 @@ class Expander:
                 self._shared = shared_objects(impl)
             if not self.lockstep:
                 memory = {}
+        flight = Flight() if self.is_async else None
         if self.pickled:
             blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
-            return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), blob, 0, None, (), memory)
-        return Entry(0, s, impl, 0, s.view(), (), memory)
+            return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), blob, 0, None, (), memory, flight)
+        return Entry(0, s, impl, 0, s.view(), (), memory, flight)
 
     def fingerprint(self, entry: Entry) -> Fingerprint:
         """The fingerprint of a state held by an entry (the root's, in practice)."""
         if entry.view is not None:
-            return self.canon.fingerprint(entry.view)
+            return self.full_fingerprint(entry.view, entry.flight)
         s: SpecScheduler = pickle.loads(entry.state) if self.pickled else entry.state
-        return self.canon.fingerprint(s.view())
+        return self.full_fingerprint(s.view(), entry.flight)
 
-    def enabled(self, v: SchedulerView) -> list[int]:
-        return self.alphabet.enabled(len(v.requests) + len(v.finished), len(v.requests))
+    def full_fingerprint(self, v: SchedulerView, flight: Flight | None) -> Fingerprint:
+        """The state's fingerprint: the view's, and with async scheduling the plans in flight and the model's."""
+        fp = self.canon.fingerprint(v)
+        return fp if flight is None else fp + (flight.key(v),)
+
+    def enabled(self, v: SchedulerView, flight: Flight | None = None) -> list[int]:
+        return self.alphabet.enabled(len(v.requests) + len(v.finished), len(v.requests),
+                                     len(flight.pairs) if flight is not None else 0)
 
     # -------------------------------------------------------------- checks
 
@@ -309,9 +392,9 @@ class Expander:
         except Exception as exc:  # the scheduler crashed: a finding
             out.failure = (-1, Finding("error", f"spec.view() raised {type(exc).__name__}: {exc}"))
             return out
-        memory = expected_memory(before)
+        memory = expected_memory(before) if entry.flight is None else {}
         source = self._target_source(entry)
-        codes = self.enabled(before)
+        codes = self.enabled(before, entry.flight)
         last = codes[-1]
         # The spec counts the rules it takes into one counter its clones
         # share: a fresh one for this state's transitions counts each once.
@@ -320,7 +403,8 @@ class Expander:
         for code in codes:
             try:
                 impl, tmem = source(code == last)
-                succ = self.apply(s, code, before, memory, entry.adds, impl, tmem)
+                succ = (self.apply(s, code, before, memory, entry.adds, impl, tmem) if entry.flight is None
+                        else self.apply_async(s, code, before, entry.flight, entry.adds, impl))
             except Finding as f:
                 out.failure = (code, f)
                 out.rules = dict(rules)
@@ -369,7 +453,7 @@ class Expander:
         exploration fed it; in invariants mode they are what it ran)."""
         assert self.against is not None
         t = _call(self.tname, "__init__", self.against.factory, self.config)
-        model = FakeModel(self.config.block_size, self.space.vocab, self.space.oracle_seed)
+        model = self.space.model()
         in_flight: list[tuple[StepPlan, StepResult]] = []
         for event in self.workload(codes).events:
             _perform(t, model, event, in_flight)
@@ -378,12 +462,13 @@ class Expander:
     def _entry(self, succ: Successor, impl: Any, codes: tuple[int, ...]) -> Entry:
         """The successor as an entry of the next level (pickled once per worker)."""
         if not self.pickled:
-            return Entry(-1, succ.state, impl, succ.adds, succ.view, codes, succ.memory)
+            return Entry(-1, succ.state, impl, succ.adds, succ.view, codes, succ.memory, succ.flight)
         if succ.fingerprint in self.shipped:
             return Entry(-1, None, None, succ.adds)
         self.shipped.add(succ.fingerprint)
         blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
-        return Entry(-1, pickle.dumps(succ.state, PICKLE_PROTOCOL), blob, succ.adds, None, codes, succ.memory)
+        return Entry(-1, pickle.dumps(succ.state, PICKLE_PROTOCOL), blob, succ.adds, None, codes, succ.memory,
+                     succ.flight)
 
     # -------------------------------------------------------------- one transition
 
@@ -415,6 +500,97 @@ class Expander:
             after, adds = self._apply_admin(s2, code, before, adds, impl)
         return Successor(s2, after, self.canon.fingerprint(after), adds, tmem)
 
+    def apply_async(self, s: SpecScheduler, code: int, before: SchedulerView, flight: Flight, adds: int,
+                    impl: Any = None) -> Successor:
+        """One event of an async space: ``step`` schedules a plan (and the
+        fake model runs it) while fewer than two are in flight, else it
+        delivers the oldest; ``update`` delivers the oldest of one; add,
+        abort and reset come between them. Every transition is checked with
+        the plans in flight after it; lockstep compares the scheduler under
+        test's plans and views. (Invariants mode is not offered here.)"""
+        if impl is not None and not self.lockstep:
+            raise Finding("error", "invariants mode does not explore async spaces (use lockstep)")
+        s2 = s.clone()
+        a = self.alphabet
+        who = self.tname
+        pairs = flight.pairs
+        if code == STEP and len(pairs) < 2:
+            plan = s2.schedule()
+            after = s2.view()
+            plans = flight.plans + (plan,)
+            self._check("schedule", before, after, True, plan=plan, in_flight=plans)
+            if impl is not None:
+                self._compare("schedule()", plan, _call(who, "schedule", impl.schedule))
+            model = self.model
+            flight.load(model)
+            truth = self._async_truth(before, pairs)
+            result, mismatches = model.run(plan, truth)
+            if mismatches:
+                m = mismatches[0]
+                raise Finding("violation", "the model read a context that is not the request's tokens", (
+                    Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
+                              f"the request's token there is {m.expected}", m.request_id),))
+            new = Flight.of(model, pairs + ((plan, result),))
+        elif code == STEP or code == a.update:
+            (plan, result), rest = pairs[0], pairs[1:]
+            s2.update(plan, result)
+            after = s2.view()
+            self.coverage.count_step(plan, before, after)
+            self._check("update", before, after, True, plan=plan, result=result,
+                        in_flight=tuple(p for p, _ in rest))
+            self._check_contents(after, dict(flight.slots))
+            if impl is not None:
+                _call(who, "update", impl.update, plan, result)
+            new = dataclasses.replace(flight, pairs=rest)
+        else:
+            kw: dict[str, Any] = {}
+            kind: TransitionKind
+            if code == RESET or code == RESET_RUNNING:
+                kind = "reset"
+                running_too = code == RESET_RUNNING
+                ok = s2.reset_prefix_cache(running_too)
+                self.coverage.count_reset(before, running_too, ok)
+                if impl is not None:
+                    self._compare("reset_prefix_cache()", ok,
+                                  _call(who, "reset_prefix_cache", impl.reset_prefix_cache, running_too))
+            elif a.is_add(code):
+                kind = "add"
+                adds += 1
+                req = kw["request"] = self.request(a.shape_index(code), adds)
+                s2.add(req)
+                if impl is not None:
+                    _call(who, "add", impl.add, req)
+            else:
+                kind = "abort"
+                rid = kw["request_id"] = list(before.requests)[a.abort_index(code)]
+                self.coverage.count_abort(before, rid)
+                s2.abort(rid)
+                if impl is not None:
+                    _call(who, "abort", impl.abort, rid)
+            after = s2.view()
+            self._check(kind, before, after, True, in_flight=flight.plans, **kw)
+            new = flight
+        if impl is not None:
+            self._compare("view()", after, _call(who, "view", impl.view))
+        return Successor(s2, after, self.full_fingerprint(after, new), adds, None, new)
+
+    @staticmethod
+    def _async_truth(v: SchedulerView, pairs: tuple[tuple[StepPlan, StepResult], ...]) -> dict[str, tuple[int, ...]]:
+        """Each running request's tokens as the engine knows them: the
+        delivered ones, then the outputs of the plans in flight (what the
+        model's context must read back). Requests waiting or preempted with
+        output in flight are left to the KV contents check."""
+        truth: dict[str, tuple[int, ...]] = {}
+        for rid, r in v.requests.items():
+            toks = r.prompt_token_ids + r.output_token_ids
+            if any(p.get(rid) is not None for p, _ in pairs):
+                if r.status is not RequestStatus.RUNNING:
+                    continue
+                for _, res in pairs:
+                    toks += tuple(res.sampled.get(rid, ()))
+            truth[rid] = toks
+        return truth
+
     def _apply_step(self, s2: SpecScheduler, before: SchedulerView, memory: dict[int, int],
                     impl: Any, abort: str | None = None) -> SchedulerView:
         """schedule(), the fake model, update(), with the request ``abort``
@@ -424,7 +600,7 @@ class Expander:
         plan = s2.schedule()
         mid = before if self.blind else s2.view()
         mid_fp = self._mid_fingerprint(mid)
-        self._check("schedule", before, mid, self._first_mid(mid_fp), plan=plan)
+        self._check("schedule", before, mid, self._first_mid(mid_fp), plan=plan, in_flight=(plan,))
         lockstep = impl is not None and self.lockstep
         if lockstep:
             self._compare("schedule()", plan, _call(self.tname, "schedule", impl.schedule))
@@ -434,7 +610,7 @@ class Expander:
             s2.abort(abort)
             mid2 = before if self.blind else s2.view()
             mid_fp = self._mid_fingerprint(mid2)
-            self._check("abort", mid, mid2, self._first_mid(mid_fp), request_id=abort)
+            self._check("abort", mid, mid2, self._first_mid(mid_fp), request_id=abort, in_flight=(plan,))
             if lockstep:
                 _call(self.tname, "abort", impl.abort, abort)
                 self._compare("view()", mid2, _call(self.tname, "view", impl.view))
@@ -461,14 +637,15 @@ class Expander:
         tb = _call(who, "view", t.view)
         plan = _call(who, "schedule", t.schedule)
         tm = _call(who, "view", t.view)
-        self._tcheck("schedule", tb, tm, plan=plan)
+        self._tcheck("schedule", tb, tm, plan=plan, in_flight=(plan,))
         if abort is not None:
             _call(who, "abort", t.abort, abort)
             tm2 = _call(who, "view", t.view)
-            self._tcheck("abort", tm, tm2, request_id=abort)
+            self._tcheck("abort", tm, tm2, request_id=abort, in_flight=(plan,))
             tm = tm2
         model = self.tmodel
         model.slots = tmem
+        model.outputs, model.proposals, model.rejected = {}, {}, {}
         truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
         result, mismatches = model.run(plan, truth)
         if mismatches:
@@ -487,6 +664,10 @@ class Expander:
         back through the plan's block tables and comparing it with the tokens."""
         model = self.model
         model.slots = dict(memory)
+        # Synchronous steps: nothing is in flight between them, so the
+        # model's per-request outputs and proposals (what fills a -1) start
+        # empty; the drafts the scheduler verifies are in its state.
+        model.outputs, model.proposals, model.rejected = {}, {}, {}
         truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()}
         result, mismatches = model.run(plan, truth)
         if mismatches:
@@ -557,7 +738,7 @@ class Expander:
         unfinished request at that point). With ``run_last`` False the last
         event is named but not performed (it may be the one that crashes)."""
         sched: SpecScheduler = self.cls(self.config)
-        model = FakeModel(self.config.block_size, self.space.vocab, self.space.oracle_seed)
+        model = self.space.model()
         events: list[Event] = []
         a = self.alphabet
         adds = 0
@@ -565,7 +746,11 @@ class Expander:
         for i, code in enumerate(codes):
             run = run_last or i < len(codes) - 1
             these: list[Event]
-            if code == STEP:
+            if a.async_scheduling and code == STEP:
+                these = [Schedule()] if len(in_flight) < 2 else [Update()]
+            elif a.async_scheduling and code == a.update:
+                these = [Update()]
+            elif code == STEP:
                 these = [Step()]
             elif code == RESET or code == RESET_RUNNING:
                 these = [ResetPrefixCache(code == RESET_RUNNING)]

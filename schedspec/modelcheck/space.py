@@ -75,6 +75,10 @@ class Space:
     oracle_seed: int = 0
     #: also explore aborts while a step's plan is in flight ("step, abort #k mid-step")
     abort_in_step: bool = False
+    #: how the fake model's drafts fare with speculative decoding on: "all"
+    #: or "none" (check/oracle.py; "prefix" hashes the request id, which the
+    #: fingerprint renames, so the checker does not offer it)
+    acceptance: str = "all"
 
     def resolved_shapes(self) -> tuple[Shape, ...]:
         """The shapes with ``stop_after`` turned into a concrete stop token."""
@@ -89,6 +93,11 @@ class Space:
             out.append(s)
         return tuple(out)
 
+    def model(self) -> FakeModel:
+        """A fresh fake model for this space (drafts as the config and ``acceptance`` say)."""
+        return FakeModel(self.config.block_size, self.vocab, self.oracle_seed,
+                         num_speculative_tokens=self.config.num_speculative_tokens, acceptance=self.acceptance)
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -98,6 +107,7 @@ class Space:
             "vocab": self.vocab,
             "oracle_seed": self.oracle_seed,
             "abort_in_step": self.abort_in_step,
+            "acceptance": self.acceptance,
         }
 
 
@@ -137,6 +147,8 @@ _L = Shape("L", (1, 2, 3, 0, 1), 2, priority=2)
 _P = Shape("P", (1, 2), 3)
 _Q = Shape("Q", (3,), 3, priority=1)
 _Eos = Shape("E", (2, 1), 2, eos_after=1)
+_Ps = Shape("P", (1, 2), 2)
+_Ds = Shape("D", (3,), 2, stop_after=1)
 
 #: The common config: blocks of 2 tokens, 4 usable blocks (one request of
 #: max_model_len 8 fits), 4 tokens per step, 2 running requests.
@@ -144,9 +156,9 @@ _BASE: dict[str, Any] = dict(block_size=2, num_blocks=5, max_num_batched_tokens=
 
 
 def _space(name: str, shapes: tuple[Shape, ...], max_requests: int, abort_in_step: bool = False,
-           **overrides: Any) -> Space:
+           acceptance: str = "all", **overrides: Any) -> Space:
     return Space(name, SchedulerConfig(**{**_BASE, **overrides}), shapes, max_requests,
-                 abort_in_step=abort_in_step)
+                 abort_in_step=abort_in_step, acceptance=acceptance)
 
 
 def _small() -> Bound:
@@ -199,7 +211,41 @@ def _large() -> Bound:
     ))
 
 
-BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "large": _large}
+def _modes() -> Bound:
+    # Speculative decoding (k drafts per step, every one right or the first
+    # one wrong) in the tight pool, where drafts are cut by the budget and
+    # by max_model_len and preemption drops them.
+    tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
+    return Bound("modes", (
+        _space("spec1-all-fcfs-tight", (_A, _B), 2, num_speculative_tokens=1, **tight),
+        _space("spec1-none-fcfs-tight", (_A, _B), 2, acceptance="none", num_speculative_tokens=1, **tight),
+        _space("spec2-all-fcfs-stop", (_A2, _D), 2, abort_in_step=True, num_speculative_tokens=2, **tight),
+        _space("spec2-none-priority", (_Q, _P), 2, acceptance="none", num_speculative_tokens=2,
+               policy=Policy.PRIORITY, **tight),
+        # Async scheduling (one plan in flight while the next is scheduled),
+        # without and with drafts: short requests, or the state space of
+        # the interleavings grows past a minute.
+        _space("async-fcfs-tight-1req", (_A2, _E), 1, async_scheduling=True, **tight),
+        _space("async-spec1-all-fcfs-1req", (_Ps, _E), 1, async_scheduling=True, num_speculative_tokens=1, **tight),
+        _space("async-spec2-none-fcfs-1req", (_Ps, _Ds), 1, acceptance="none", async_scheduling=True,
+               num_speculative_tokens=2, **tight),
+    ))
+
+
+def _modes_large() -> Bound:
+    # The async spaces with two requests at a time (about two minutes each).
+    tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
+    return Bound("modes-large", (
+        *_modes().spaces,
+        _space("async-fcfs-tight", (_A2, _E), 2, async_scheduling=True, **tight),
+        _space("async-spec1-all-fcfs", (_Ps, _E), 2, async_scheduling=True, num_speculative_tokens=1, **tight),
+        _space("async-spec2-none-fcfs", (_Ps, _Ds), 2, acceptance="none", async_scheduling=True,
+               num_speculative_tokens=2, **tight),
+    ))
+
+
+BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "large": _large, "modes": _modes,
+                                          "modes-large": _modes_large}
 
 
 def bound(name: str) -> Bound:

@@ -25,8 +25,8 @@ class Canon:
 
     A request's row is its shape, status, output, computed tokens, block
     table, whether it was ever preempted, and its in-flight output
-    placeholders and draft tokens (always 0 and empty in the spaces explored
-    today, which run sync scheduling without drafts). The spec's count of keyed
+    placeholders and draft tokens (with async scheduling the plans in flight
+    and the fake model's memory are appended by expand.Flight.key). The spec's count of keyed
     blocks of a table is not in the view and need not be: between steps it
     is ``num_computed_tokens // block_size`` with prefix caching on and 0
     with it off (docs/modelcheck.md, "Fingerprints")."""

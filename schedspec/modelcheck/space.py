@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from schedspec.check.oracle import FakeModel
+from schedspec.check.oracle import ACCEPTANCE_MODES, FakeModel
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
 
@@ -157,8 +157,11 @@ _BASE: dict[str, Any] = dict(block_size=2, num_blocks=5, max_num_batched_tokens=
 
 def _space(name: str, shapes: tuple[Shape, ...], max_requests: int, abort_in_step: bool = False,
            acceptance: str = "all", **overrides: Any) -> Space:
+    # The oracle seed also names the acceptance mode in a trace (the fake
+    # model takes ACCEPTANCE_MODES[seed % 3] when it is not told), so a
+    # counterexample replays with the space's drafts.
     return Space(name, SchedulerConfig(**{**_BASE, **overrides}), shapes, max_requests,
-                 abort_in_step=abort_in_step, acceptance=acceptance)
+                 oracle_seed=ACCEPTANCE_MODES.index(acceptance), abort_in_step=abort_in_step, acceptance=acceptance)
 
 
 def _small() -> Bound:

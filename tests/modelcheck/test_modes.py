@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from schedspec.check.oracle import ACCEPTANCE_MODES, FakeModel
 from schedspec.modelcheck import BoundResult, Expander, bound, check_bound
 from schedspec.modelcheck.events import STEP
 from schedspec.modelcheck.run import impl_class
@@ -67,3 +68,12 @@ def test_a_plan_in_flight_is_part_of_the_state() -> None:
     assert s4.flight is not None and len(s4.flight.pairs) == 1
     wl = ex.workload([add, STEP, STEP, STEP])
     assert [type(e).__name__ for e in wl.events] == ["AddRequest", "Schedule", "Schedule", "Update"]
+
+
+def test_a_counterexample_trace_names_the_drafts_of_its_space() -> None:
+    # A trace carries the oracle seed, from which a fake model not told its
+    # acceptance mode takes it: the spaces' seeds name their modes.
+    for space in bound("modes-large").spaces:
+        model = FakeModel(space.config.block_size, space.vocab, space.oracle_seed)
+        assert model.acceptance == space.acceptance, space.name
+        assert ACCEPTANCE_MODES.index(space.acceptance) == space.oracle_seed

@@ -543,30 +543,7 @@ class Expander:
                 _call(who, "update", impl.update, plan, result)
             new = dataclasses.replace(flight, pairs=rest)
         else:
-            kw: dict[str, Any] = {}
-            kind: TransitionKind
-            if code == RESET or code == RESET_RUNNING:
-                kind = "reset"
-                running_too = code == RESET_RUNNING
-                ok = s2.reset_prefix_cache(running_too)
-                self.coverage.count_reset(before, running_too, ok)
-                if impl is not None:
-                    self._compare("reset_prefix_cache()", ok,
-                                  _call(who, "reset_prefix_cache", impl.reset_prefix_cache, running_too))
-            elif a.is_add(code):
-                kind = "add"
-                adds += 1
-                req = kw["request"] = self.request(a.shape_index(code), adds)
-                s2.add(req)
-                if impl is not None:
-                    _call(who, "add", impl.add, req)
-            else:
-                kind = "abort"
-                rid = kw["request_id"] = list(before.requests)[a.abort_index(code)]
-                self.coverage.count_abort(before, rid)
-                s2.abort(rid)
-                if impl is not None:
-                    _call(who, "abort", impl.abort, rid)
+            kind, kw, adds = self._admin_event(s2, code, before, adds, impl)
             after = s2.view()
             self._check(kind, before, after, True, in_flight=flight.plans, **kw)
             new = flight
@@ -687,15 +664,15 @@ class Expander:
                 raise Finding("violation", f"the KV contents{whose} are not what the state says", (
                     Violation("kv-contents", f"block {b} offset {off} holds {got}, the state says {tok}"),))
 
-    def _apply_admin(self, s2: SpecScheduler, code: int, before: SchedulerView, adds: int,
-                     impl: Any) -> tuple[SchedulerView, int]:
-        """A reset, an add or an abort between steps; returns the view after
-        it and the count of adds."""
+    def _admin_event(self, s2: SpecScheduler, code: int, before: SchedulerView, adds: int,
+                     impl: Any) -> tuple[TransitionKind, dict[str, Any], int]:
+        """Perform a reset, an add or an abort on the spec and on the
+        scheduler under test (comparing reset answers in lockstep); returns
+        the transition's kind, its keyword fields and the count of adds."""
         a = self.alphabet
-        kind: TransitionKind
-        kw: dict[str, Any] = {}
         who = self.tname
-        tb = _call(who, "view", impl.view) if impl is not None and not self.lockstep else None
+        kw: dict[str, Any] = {}
+        kind: TransitionKind
         if code == RESET or code == RESET_RUNNING:
             kind = "reset"
             running_too = code == RESET_RUNNING
@@ -719,6 +696,15 @@ class Expander:
             s2.abort(rid)
             if impl is not None:
                 _call(who, "abort", impl.abort, rid)
+        return kind, kw, adds
+
+    def _apply_admin(self, s2: SpecScheduler, code: int, before: SchedulerView, adds: int,
+                     impl: Any) -> tuple[SchedulerView, int]:
+        """A reset, an add or an abort between steps; returns the view after
+        it and the count of adds."""
+        who = self.tname
+        tb = _call(who, "view", impl.view) if impl is not None and not self.lockstep else None
+        kind, kw, adds = self._admin_event(s2, code, before, adds, impl)
         after = s2.view()
         self._check(kind, before, after, False, **kw)
         if impl is not None:

@@ -39,6 +39,12 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH_CAPPED = "finished_length_capped"
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_IGNORED = "finished_ignored"
+    #: The request needs a structured-output grammar that is still compiling
+    #: (vllm/v1/request.py, Request.__init__ with structured_output_request).
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = "waiting_for_structured_output_grammar"
+    #: Its grammar failed to compile (vllm/v1/core/sched/scheduler.py,
+    #: update_from_output, ``grammar_compile_error_reqs``).
+    FINISHED_ERROR = "finished_error"
 
     @property
     def is_finished(self) -> bool:
@@ -51,6 +57,7 @@ FINISHED_STATUSES = frozenset(
         RequestStatus.FINISHED_LENGTH_CAPPED,
         RequestStatus.FINISHED_ABORTED,
         RequestStatus.FINISHED_IGNORED,
+        RequestStatus.FINISHED_ERROR,
     }
 )
 
@@ -69,6 +76,12 @@ _S = RequestStatus
 #:               stale output of a step that was in flight when the request
 #:               was preempted is still delivered and may stop it:
 #:               scheduler.py, update_from_output, ``stopped_preempted_reqs``)
+#:  WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+#:            -> WAITING (the waiting loop finds the grammar compiled:
+#:               scheduler.py, _handle_blocked_waiting_request), RUNNING (the
+#:               same, then admitted in that step), FINISHED_ABORTED,
+#:               FINISHED_ERROR (the grammar failed to compile; the waiting
+#:               loop records it and update_from_output finishes the request)
 #:  finished  -> nothing
 LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
     _S.WAITING: frozenset({_S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_IGNORED}),
@@ -87,6 +100,10 @@ LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
     _S.FINISHED_LENGTH_CAPPED: frozenset(),
     _S.FINISHED_ABORTED: frozenset(),
     _S.FINISHED_IGNORED: frozenset(),
+    _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: frozenset(
+        {_S.WAITING, _S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_ERROR}
+    ),
+    _S.FINISHED_ERROR: frozenset(),
 }
 
 
@@ -99,6 +116,16 @@ class Policy(enum.Enum):
 
     FCFS = "fcfs"
     PRIORITY = "priority"
+
+
+class PauseState(enum.IntEnum):
+    """vllm/v1/core/sched/interface.py, PauseState: UNPAUSED schedules as
+    usual; PAUSED_NEW schedules only requests that are running or hold KV
+    blocks (nothing new is admitted); PAUSED_ALL schedules nothing."""
+
+    UNPAUSED = 0
+    PAUSED_NEW = 1
+    PAUSED_ALL = 2
 
 
 class ScheduleKind(enum.Enum):
@@ -132,6 +159,20 @@ class SchedulerConfig:
     decoding off; vLLM's speculative_config.num_speculative_tokens with the
     ngram method, whose drafts the driver supplies). Both default to off,
     which is the synchronous, one-token-per-step scheduler.
+
+    The admission gates, each off at its default:
+
+    - ``max_loras``: the most distinct LoRA adapters in one step (0 = LoRA
+      off, vLLM's lora_config is None; n >= 1 is lora_config.max_loras).
+    - ``watermark``: the fraction of the pool kept free when a waiting
+      request is admitted (vLLM's scheduler_config.watermark; the manager
+      keeps ``int(watermark * num_blocks)`` blocks: watermark_blocks).
+    - ``prefill_schedule_interval``: vLLM's local prefill cadence (data
+      parallel size 1): a prefill is admitted only once this many executed
+      steps have passed since the last prefill-carrying step (1 = always).
+    - ``max_num_encoder_input_tokens`` and ``encoder_cache_size``: the
+      multimodal encoder's compute budget per step and its cache size, both
+      in embeddings (vLLM's MultiModalBudget); both 0 = no encoder.
     """
 
     block_size: int = 16
@@ -146,9 +187,25 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = True
     async_scheduling: bool = False
     num_speculative_tokens: int = 0
+    max_loras: int = 0
+    watermark: float = 0.0
+    prefill_schedule_interval: int = 1
+    max_num_encoder_input_tokens: int = 0
+    encoder_cache_size: int = 0
 
     def __post_init__(self) -> None:
         validate_config(self, Policy)
+
+    @property
+    def watermark_blocks(self) -> int:
+        """The blocks admission keeps free (vllm/v1/core/kv_cache_manager.py,
+        KVCacheManager.__init__: ``int(watermark * num_gpu_blocks)``, where
+        num_gpu_blocks counts the null block too)."""
+        return int(self.watermark * self.num_blocks)
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.encoder_cache_size > 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -163,8 +220,8 @@ class SchedulerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name; the fields added after the first trace format
-        (``async_scheduling``, ``num_speculative_tokens``) only when they differ
-        from their defaults, so a default config serializes as it always did."""
+        (``async_scheduling``, ``num_speculative_tokens`` and the admission
+        gates) only when they differ from their defaults, so a default config serializes as it always did."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["policy"] = self.policy.value
         for name, default in _LATER_FIELDS.items():
@@ -195,13 +252,44 @@ class SchedulerConfig:
 #: Fields added to SchedulerConfig after the first trace format, with their
 #: defaults: ``from_dict`` fills them in when absent, ``to_dict`` omits them at
 #: their default.
-_LATER_FIELDS: Mapping[str, object] = {"async_scheduling": False, "num_speculative_tokens": 0}
+_LATER_FIELDS: Mapping[str, object] = {
+    "async_scheduling": False,
+    "num_speculative_tokens": 0,
+    "max_loras": 0,
+    "watermark": 0.0,
+    "prefill_schedule_interval": 1,
+    "max_num_encoder_input_tokens": 0,
+    "encoder_cache_size": 0,
+}
 
 
-#: Content key of a cached full block: (cache salt or "", every token id from
-#: the start of the request through the end of that block). The spec keys its
-#: prefix cache by content, never by a digest, so no collision can fake a hit.
+#: Content key of a cached full block: (the request's block identity up to
+#: that block, every token id from the start of the request through the end
+#: of that block). The identity is the cache salt or "" for a request without
+#: a LoRA adapter or encoder inputs (RequestSpec.block_identity). The spec keys
+#: its prefix cache by content, never by a digest, so no collision can fake a
+#: hit.
 BlockKey = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class MMInput:
+    """One multimodal encoder input of a request (vLLM's MultiModalFeatureSpec):
+    it covers prompt positions ``offset .. offset + length - 1`` and its
+    encoder produces ``length`` embeddings. ``identifier`` is vLLM's mm_hash:
+    inputs with equal identifiers share an encoder-cache entry and must have
+    equal lengths."""
+
+    offset: int
+    length: int
+    identifier: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"offset": self.offset, "length": self.length, "identifier": self.identifier}
 
 
 @dataclass(frozen=True)
@@ -221,16 +309,83 @@ class RequestSpec:
     eos_token_id: int | None = None
     ignore_eos: bool = False
     cache_salt: str | None = None
+    lora_id: int = 0
+    structured_output: bool = False
+    grammar_rejects: tuple[int, ...] = ()
+    mm_inputs: tuple[MMInput, ...] = ()
 
     def __post_init__(self) -> None:
-        validate_request(self)
+        validate_request(self, MMInput)
 
     @property
     def salt(self) -> str:
         """The salt as it enters block keys: vLLM ignores an empty salt."""
         return self.cache_salt or ""
 
+    def block_identity(self, end: int) -> str:
+        """The identity part of the key of the block ending at token ``end``:
+        what vLLM's block hash chains in besides the tokens
+        (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys): the
+        cache salt, the LoRA adapter (_gen_lora_extra_hash_keys), and each
+        encoder input overlapping a block up to this one with its position
+        (_gen_mm_extra_hash_keys). As inputs of equal identifier have equal
+        lengths, the inputs starting before ``end`` with their offsets say
+        exactly that. Just the salt for a request with neither, so the keys of
+        such requests are what they always were."""
+        mm = tuple((m.offset, m.identifier) for m in self.mm_inputs if m.offset < end)
+        if not self.lora_id and not mm:
+            return self.salt
+        return "\x00" + repr((self.salt, self.lora_id, mm))
+
     def to_dict(self) -> dict[str, Any]:
+        """Every field by name; the admission-gate fields only when they
+        differ from their defaults, so a default request serializes as it
+        always did."""
+        out = self._base_dict()
+        if self.lora_id:
+            out["lora_id"] = self.lora_id
+        if self.structured_output:
+            out["structured_output"] = True
+        if self.grammar_rejects:
+            out["grammar_rejects"] = list(self.grammar_rejects)
+        if self.mm_inputs:
+            out["mm_inputs"] = [m.to_dict() for m in self.mm_inputs]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RequestSpec:
+        """The inverse of ``to_dict`` (lists become tuples); a bad field raises
+        RequestError naming it."""
+        rid = str(data.get("request_id", "<request>")) if isinstance(data, Mapping) else "<request>"
+        if not isinstance(data, Mapping):
+            raise RequestError(rid, "<request>", f"must be an object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise RequestError(rid, unknown[0], "unknown field")
+        kwargs = dict(data)
+        for name in ("prompt_token_ids", "stop_token_ids", "grammar_rejects"):
+            if isinstance(kwargs.get(name), list):
+                kwargs[name] = tuple(kwargs[name])
+        raw = kwargs.get("mm_inputs")
+        if isinstance(raw, (list, tuple)):
+            items = []
+            for i, item in enumerate(raw):
+                if isinstance(item, MMInput):
+                    items.append(item)
+                    continue
+                if not isinstance(item, Mapping) or set(item) != {"offset", "length", "identifier"}:
+                    raise RequestError(
+                        rid, f"mm_inputs[{i}]", "must be an object with offset, length and identifier"
+                    )
+                items.append(MMInput(item["offset"], item["length"], item["identifier"]))
+            kwargs["mm_inputs"] = tuple(items)
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise RequestError(rid, "<request>", str(exc)) from None
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "request_id": self.request_id,
             "prompt_token_ids": list(self.prompt_token_ids),
@@ -266,6 +421,11 @@ class ScheduledRequest:
     scheduler does not know is -1 (async scheduling's placeholder drafts, and
     the padding of a newly admitted decode).
 
+    ``encoder_inputs`` are the indices into the request's ``mm_inputs`` whose
+    encoder runs in this step (vLLM's ``scheduled_encoder_inputs[req_id]``);
+    ``num_invalid_spec_tokens`` counts the request's drafts its grammar
+    refused before this step (vLLM's ``num_invalid_spec_tokens[req_id]``).
+
     ``token_ids`` are the tokens to compute, at positions
     ``num_computed_tokens .. num_computed_tokens + num_scheduled_tokens - 1`` of
     the sequence: the known tokens, then -1 for each in-flight placeholder,
@@ -282,6 +442,8 @@ class ScheduledRequest:
     token_ids: tuple[int, ...]
     spec_token_ids: tuple[int, ...] = ()
     num_output_placeholders: int = 0
+    encoder_inputs: tuple[int, ...] = ()
+    num_invalid_spec_tokens: int = 0
 
     @classmethod
     def of(
@@ -295,6 +457,8 @@ class ScheduledRequest:
         block_ids: tuple[int, ...],
         spec_token_ids: tuple[int, ...] = (),
         num_output_placeholders: int = 0,
+        encoder_inputs: tuple[int, ...] = (),
+        num_invalid_spec_tokens: int = 0,
     ) -> ScheduledRequest:
         """The entry of a request that knows ``all_token_ids`` (prompt then
         output), with ``num_output_placeholders`` output tokens in flight and
@@ -318,6 +482,8 @@ class ScheduledRequest:
             token_ids=tuple(seq[num_computed_tokens:end]),
             spec_token_ids=tuple(spec_token_ids),
             num_output_placeholders=num_output_placeholders,
+            encoder_inputs=tuple(encoder_inputs),
+            num_invalid_spec_tokens=num_invalid_spec_tokens,
         )
 
     @property
@@ -349,13 +515,16 @@ class StepPlan:
     ``preempted_ids`` lists the requests preempted since the previous plan (in
     this step, or by reset_prefix_cache(reset_running_requests=True) before
     it); ``finished_ids`` the requests that finished since the previous plan.
-    Both are sorted: vLLM keeps them in sets.
+    Both are sorted: vLLM keeps them in sets. ``freed_encoder_inputs`` lists
+    the encoder-cache entries (mm identifiers) freed since the previous plan,
+    in the order they were freed (vLLM's ``free_encoder_mm_hashes``).
     """
 
     step: int
     scheduled: tuple[ScheduledRequest, ...]
     preempted_ids: tuple[str, ...]
     finished_ids: tuple[str, ...]
+    freed_encoder_inputs: tuple[str, ...] = ()
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -417,6 +586,10 @@ class RequestView:
     ignore_eos: bool = False
     num_output_placeholders: int = 0
     spec_token_ids: tuple[int, ...] = ()
+    lora_id: int = 0
+    structured_output: bool = False
+    grammar_rejects: tuple[int, ...] = ()
+    mm_inputs: tuple[MMInput, ...] = ()
 
     @classmethod
     def of(
@@ -454,6 +627,10 @@ class RequestView:
             ignore_eos=spec.ignore_eos,
             num_output_placeholders=num_output_placeholders,
             spec_token_ids=spec_token_ids,
+            lora_id=spec.lora_id,
+            structured_output=spec.structured_output,
+            grammar_rejects=spec.grammar_rejects,
+            mm_inputs=spec.mm_inputs,
         )
 
     @property
@@ -467,6 +644,13 @@ class RequestView:
     @property
     def salt(self) -> str:
         return self.cache_salt or ""
+
+    def block_identity(self, end: int) -> str:
+        """As RequestSpec.block_identity."""
+        mm = tuple((m.offset, m.identifier) for m in self.mm_inputs if m.offset < end)
+        if not self.lora_id and not mm:
+            return self.salt
+        return "\x00" + repr((self.salt, self.lora_id, mm))
 
 
 @dataclass(frozen=True)
@@ -496,6 +680,14 @@ class SchedulerView:
     ``requests`` holds every unfinished request; ``finished`` holds requests
     that finished since the last schedule() (their ids go into the next plan's
     ``finished_ids``), with their final status and output.
+
+    The admission gates' state: ``pause_state`` (vLLM's Scheduler.pause_state);
+    ``encoder_cache`` maps each cached encoder output (mm identifier) to its
+    embeddings and ``encoder_cache_free`` is the cache space left (vLLM's
+    EncoderCacheManager.cached / num_free_slots; empty and 0 without an
+    encoder); ``num_executed_steps`` and ``last_prefill_step`` are the prefill
+    cadence's counters (vLLM's Scheduler fields of those names), tracked only
+    when ``config.prefill_schedule_interval > 1`` (0 and -1 otherwise).
     """
 
     config: SchedulerConfig
@@ -506,6 +698,11 @@ class SchedulerView:
     kv: KVView
     finished: Mapping[str, RequestView]
     preempted_since_plan: tuple[str, ...] = ()
+    pause_state: PauseState = PauseState.UNPAUSED
+    encoder_cache: Mapping[str, int] = field(default_factory=dict)
+    encoder_cache_free: int = 0
+    num_executed_steps: int = 0
+    last_prefill_step: int = -1
 
 
 # --------------------------------------------------------------------------
@@ -523,7 +720,19 @@ class Scheduler(Protocol):
     be called while exactly one plan awaits its update (never two), and the
     updates come in plan order, each exactly once; add, abort and
     reset_prefix_cache may come while a plan is in flight. spec/protocol.py
-    states the rules and raises ProtocolError for a call that breaks them."""
+    states the rules and raises ProtocolError for a call that breaks them.
+
+    Two optional methods, which a scheduler that supports the gate defines
+    (the checking engine detects them; see ``supports_pause`` and
+    ``supports_grammar``):
+
+    - ``set_pause_state(state: PauseState) -> None`` (vLLM's
+      Scheduler.set_pause_state);
+    - ``grammar_ready(request_id: str, ok: bool = True) -> None``: the
+      structured-output grammar of a request waiting for one finished
+      compiling (``ok=False``: it failed to compile). An unknown or finished
+      id, or a request that does not wait for a grammar, raises ProtocolError
+      naming it and changes nothing."""
 
     @property
     def config(self) -> SchedulerConfig: ...
@@ -539,6 +748,16 @@ class Scheduler(Protocol):
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
 
     def view(self) -> SchedulerView: ...
+
+
+def supports_pause(scheduler: object) -> bool:
+    """Whether ``scheduler`` defines the optional ``set_pause_state``."""
+    return callable(getattr(scheduler, "set_pause_state", None))
+
+
+def supports_grammar(scheduler: object) -> bool:
+    """Whether ``scheduler`` defines the optional ``grammar_ready``."""
+    return callable(getattr(scheduler, "grammar_ready", None))
 
 
 #: How every part of schedspec names "a way to build a scheduler": a class or

@@ -33,9 +33,11 @@ from __future__ import annotations
 from typing import Container, Mapping, Sequence, TypeVar, Union
 
 from schedspec.spec.interface import (
+    PauseState,
     ProtocolError,
     RequestError,
     RequestSpec,
+    RequestStatus,
     SchedulerConfig,
     StepPlan,
     StepResult,
@@ -67,7 +69,87 @@ def check_add(request: object, config: SchedulerConfig, *known: Container[str]) 
             f"prompt length {len(request.prompt_token_ids)} leaves no room for an output "
             f"token within max_model_len {config.max_model_len}",
         )
+    check_gates(request, config)
     return request
+
+
+def check_gates(request: RequestSpec, config: SchedulerConfig) -> None:
+    """add(), the admission gates: a request may use a gate only when the
+    config turns it on.
+
+    - ``lora_id`` > 0 needs ``max_loras`` >= 1 (vLLM refuses a LoRA request
+      when LoRA is not enabled: vllm/v1/engine/input_processor.py,
+      _validate_lora).
+    - ``mm_inputs`` need an encoder budget, and each input must fit both the
+      encoder's compute budget and its cache: a larger one could never be
+      scheduled, and vLLM's waiting loop would hold the request for ever
+      (scheduler.py, _try_schedule_encoder_inputs, can_allocate).
+    """
+    rid = request.request_id
+    if request.lora_id and not config.max_loras:
+        raise ProtocolError(
+            f"request {rid!r}: lora_id {request.lora_id} but LoRA is off (config.max_loras is 0)",
+            field="lora_id",
+        )
+    if request.mm_inputs and not config.has_encoder:
+        raise ProtocolError(
+            f"request {rid!r}: mm_inputs but the config has no encoder "
+            "(encoder_cache_size and max_num_encoder_input_tokens are 0)",
+            field="mm_inputs",
+        )
+    limit = min(config.max_num_encoder_input_tokens, config.encoder_cache_size)
+    for i, mm in enumerate(request.mm_inputs):
+        if mm.length > limit:
+            raise ProtocolError(
+                f"request {rid!r}: mm_inputs[{i}] has {mm.length} embeddings, more than the "
+                f"encoder budget ({config.max_num_encoder_input_tokens}) or cache "
+                f"({config.encoder_cache_size}) can ever hold",
+                field=f"mm_inputs[{i}]",
+            )
+
+
+def check_mm_lengths(request: RequestSpec, known: Mapping[str, int]) -> None:
+    """add(): an encoder input's identifier names one encoder output, so its
+    length must agree with every input of that identifier the scheduler has
+    seen (``known``: identifier -> length). vLLM fails such a request at
+    schedule time (scheduler.py, _reject_on_encoder_cache_embed_mismatch);
+    the spec refuses it at the boundary."""
+    for i, mm in enumerate(request.mm_inputs):
+        seen = known.get(mm.identifier)
+        if seen is not None and seen != mm.length:
+            raise ProtocolError(
+                f"request {request.request_id!r}: mm_inputs[{i}] {mm.identifier!r} has length "
+                f"{mm.length}, but that identifier was seen with length {seen}",
+                field=f"mm_inputs[{i}].length",
+            )
+
+
+def check_pause_state(state: object) -> PauseState:
+    """set_pause_state(): ``state`` must be a PauseState."""
+    if not isinstance(state, PauseState):
+        raise ProtocolError(
+            f"pause state must be a PauseState, got {state!r}", field="pause_state"
+        )
+    return state
+
+
+def check_grammar_ready(request_id: object, ok: object, status: RequestStatus | None) -> None:
+    """grammar_ready(): ``request_id`` must name an unfinished request that
+    waits for its grammar (``status`` is that request's status, None when the
+    id names no unfinished request) and ``ok`` must be a boolean."""
+    if not isinstance(ok, bool):
+        raise ProtocolError(f"grammar_ready ok must be a boolean, got {ok!r}", field="ok")
+    if status is None:
+        raise ProtocolError(
+            f"grammar_ready for {request_id!r}: no unfinished request with this id",
+            field="request_id",
+        )
+    if status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+        raise ProtocolError(
+            f"grammar_ready for {request_id!r}, which does not wait for a grammar "
+            f"(status {status.value})",
+            field="request_id",
+        )
 
 
 def check_abort(request_id: str, unfinished: Mapping[str, T]) -> T:
@@ -292,6 +374,10 @@ __all__ = [
     "check_add",
     "check_config",
     "check_drafts",
+    "check_gates",
+    "check_grammar_ready",
+    "check_mm_lengths",
+    "check_pause_state",
     "check_reset",
     "check_result",
     "check_sampled",

@@ -54,6 +54,21 @@ class ConfigFields(Protocol):
     @property
     def num_speculative_tokens(self) -> int: ...
 
+    @property
+    def max_loras(self) -> int: ...
+
+    @property
+    def watermark(self) -> float: ...
+
+    @property
+    def prefill_schedule_interval(self) -> int: ...
+
+    @property
+    def max_num_encoder_input_tokens(self) -> int: ...
+
+    @property
+    def encoder_cache_size(self) -> int: ...
+
 
 class RequestFields(Protocol):
     """The fields of a RequestSpec as the checks read them."""
@@ -85,6 +100,18 @@ class RequestFields(Protocol):
     @property
     def cache_salt(self) -> str | None: ...
 
+    @property
+    def lora_id(self) -> int: ...
+
+    @property
+    def structured_output(self) -> bool: ...
+
+    @property
+    def grammar_rejects(self) -> tuple[int, ...]: ...
+
+    @property
+    def mm_inputs(self) -> tuple[object, ...]: ...
+
 
 def is_int(value: object) -> bool:
     """An int that is not a bool."""
@@ -99,6 +126,10 @@ LIMITS = {
     "max_num_batched_tokens": 1 << 24,
     "max_num_seqs": 1 << 20,
     "max_model_len": 1 << 24,
+    "max_loras": 1 << 10,
+    "prefill_schedule_interval": 1 << 20,
+    "max_num_encoder_input_tokens": 1 << 24,
+    "encoder_cache_size": 1 << 24,
 }
 
 #: The most draft tokens per step the spec models (0 = speculative decoding off).
@@ -112,6 +143,10 @@ _INT_FIELDS = (
     "max_model_len",
     "long_prefill_token_threshold",
     "num_speculative_tokens",
+    "max_loras",
+    "prefill_schedule_interval",
+    "max_num_encoder_input_tokens",
+    "encoder_cache_size",
 )
 _BOOL_FIELDS = (
     "enable_chunked_prefill",
@@ -119,7 +154,19 @@ _BOOL_FIELDS = (
     "scheduler_reserve_full_isl",
     "async_scheduling",
 )
-_POSITIVE_FIELDS = ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
+_POSITIVE_FIELDS = (
+    "block_size",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "prefill_schedule_interval",
+)
+_NON_NEGATIVE_FIELDS = (
+    "long_prefill_token_threshold",
+    "max_loras",
+    "max_num_encoder_input_tokens",
+    "encoder_cache_size",
+)
 
 
 def validate_config(config: ConfigFields, policy_type: type) -> None:
@@ -141,6 +188,9 @@ def _check_config_types(config: ConfigFields, policy_type: type) -> None:
             raise ConfigError(name, f"must be a boolean, got {getattr(config, name)!r}")
     if not isinstance(config.policy, policy_type):
         raise ConfigError("policy", f"must be a Policy, got {config.policy!r}")
+    w = config.watermark
+    if isinstance(w, bool) or not isinstance(w, (int, float)):
+        raise ConfigError("watermark", f"must be a number, got {w!r}")
 
 
 def _check_config_ranges(config: ConfigFields) -> None:
@@ -155,11 +205,13 @@ def _check_config_ranges(config: ConfigFields) -> None:
             "num_blocks",
             f"must be at least 2 (block 0 is the reserved null block), got {config.num_blocks}",
         )
-    if config.long_prefill_token_threshold < 0:
-        raise ConfigError(
-            "long_prefill_token_threshold",
-            f"must be >= 0, got {config.long_prefill_token_threshold}",
-        )
+    for name in _NON_NEGATIVE_FIELDS:
+        if getattr(config, name) < 0:
+            raise ConfigError(name, f"must be >= 0, got {getattr(config, name)}")
+    # vllm/config/scheduler.py, SchedulerConfig.watermark: a fraction of the
+    # pool in [0, 1).
+    if not 0.0 <= config.watermark < 1.0:
+        raise ConfigError("watermark", f"must be in [0, 1), got {config.watermark!r}")
     k = config.num_speculative_tokens
     if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
         raise ConfigError(
@@ -210,6 +262,7 @@ def _check_config_relations(config: ConfigFields) -> None:
             f"({config.max_num_batched_tokens}) must hold one decode with its drafts: "
             f"1 + num_speculative_tokens = {1 + k}",
         )
+    _check_gate_relations(config)
     # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine
     # refuses to start unless one request of max_model_len tokens fits.
     usable_tokens = (config.num_blocks - 1) * config.block_size
@@ -222,15 +275,36 @@ def _check_config_relations(config: ConfigFields) -> None:
         )
 
 
+def _check_gate_relations(config: ConfigFields) -> None:
+    # The encoder's budget and cache come together (vllm/multimodal/budget.py,
+    # MultiModalBudget: a model without a multimodal encoder has neither).
+    if (config.max_num_encoder_input_tokens > 0) != (config.encoder_cache_size > 0):
+        raise ConfigError(
+            "encoder_cache_size",
+            f"({config.encoder_cache_size}) and max_num_encoder_input_tokens "
+            f"({config.max_num_encoder_input_tokens}) must be both 0 (no encoder) or both positive",
+        )
+    # vllm/v1/core/kv_cache_manager.py, KVCacheManager.__init__ and
+    # allocate_slots: with watermark_blocks at or above the usable pool no
+    # waiting request could ever be admitted.
+    watermark_blocks = int(config.watermark * config.num_blocks)
+    if watermark_blocks >= config.num_blocks - 1:
+        raise ConfigError(
+            "watermark",
+            f"({config.watermark}) keeps {watermark_blocks} blocks free, at least the "
+            f"{config.num_blocks - 1} usable blocks: nothing could be admitted",
+        )
+
+
 def _check_token_ids(rid: str, name: str, tokens: tuple[int, ...]) -> None:
     for i, tok in enumerate(tokens):
         if not is_int(tok) or tok < 0:
             raise RequestError(rid, f"{name}[{i}]", f"must be a non-negative integer, got {tok!r}")
 
 
-def validate_request(request: RequestFields) -> None:
+def validate_request(request: RequestFields, mm_type: type | None = None) -> None:
     """Raise RequestError for the first invalid field of ``request``, in field
-    order."""
+    order. ``mm_type`` is the type every ``mm_inputs`` item must have."""
     rid = request.request_id
     if not isinstance(rid, str) or not rid:
         raise RequestError(str(rid), "request_id", "must be a non-empty string")
@@ -254,3 +328,66 @@ def validate_request(request: RequestFields) -> None:
         raise RequestError(rid, "ignore_eos", f"must be a boolean, got {request.ignore_eos!r}")
     if request.cache_salt is not None and not isinstance(request.cache_salt, str):
         raise RequestError(rid, "cache_salt", f"must be a string or None, got {request.cache_salt!r}")
+    if request.cache_salt and request.cache_salt.startswith("\x00"):
+        # Block identities of adapter or encoder requests start with NUL
+        # (RequestSpec.block_identity); a salt must never look like one.
+        raise RequestError(rid, "cache_salt", "must not start with a NUL character")
+    _check_gate_fields(request, mm_type)
+
+
+def _check_gate_fields(request: RequestFields, mm_type: type | None) -> None:
+    rid = request.request_id
+    if not is_int(request.lora_id) or request.lora_id < 0:
+        raise RequestError(rid, "lora_id", f"must be an integer >= 0 (0 = no adapter), got {request.lora_id!r}")
+    if not isinstance(request.structured_output, bool):
+        raise RequestError(rid, "structured_output", f"must be a boolean, got {request.structured_output!r}")
+    if not isinstance(request.grammar_rejects, tuple):
+        raise RequestError(rid, "grammar_rejects", "must be a tuple of token ids")
+    _check_token_ids(rid, "grammar_rejects", request.grammar_rejects)
+    if request.grammar_rejects and not request.structured_output:
+        raise RequestError(rid, "grammar_rejects", "a grammar needs structured_output=True")
+    if not isinstance(request.mm_inputs, tuple):
+        raise RequestError(rid, "mm_inputs", "must be a tuple of MMInput")
+    _check_mm_inputs(request, mm_type)
+
+
+def _check_mm_inputs(request: RequestFields, mm_type: type | None) -> None:
+    """Encoder inputs: sorted by offset, non-overlapping, inside the prompt,
+    length >= 1, a non-empty identifier, equal identifiers of equal length
+    (vLLM's mm_hash names the encoder output, so its size is fixed)."""
+    rid = request.request_id
+    prev_end = 0
+    lengths: dict[str, int] = {}
+    for i, mm in enumerate(request.mm_inputs):
+        name = f"mm_inputs[{i}]"
+        if mm_type is not None and not isinstance(mm, mm_type):
+            raise RequestError(rid, name, f"must be an MMInput, got {type(mm).__name__}")
+        offset = getattr(mm, "offset", None)
+        length = getattr(mm, "length", None)
+        ident = getattr(mm, "identifier", None)
+        if not is_int(offset) or not is_int(length):
+            raise RequestError(rid, name, f"offset and length must be integers, got {offset!r}, {length!r}")
+        assert isinstance(offset, int) and isinstance(length, int)
+        if not isinstance(ident, str) or not ident:
+            raise RequestError(rid, f"{name}.identifier", f"must be a non-empty string, got {ident!r}")
+        if length < 1:
+            raise RequestError(rid, f"{name}.length", f"must be >= 1, got {length}")
+        if offset < prev_end:
+            raise RequestError(
+                rid, f"{name}.offset",
+                f"({offset}) must be at or past the end of the previous input ({prev_end}): "
+                "inputs are sorted by offset and do not overlap",
+            )
+        if offset + length > len(request.prompt_token_ids):
+            raise RequestError(
+                rid, name,
+                f"covers positions {offset}..{offset + length - 1}, past the prompt "
+                f"({len(request.prompt_token_ids)} tokens)",
+            )
+        if lengths.setdefault(ident, length) != length:
+            raise RequestError(
+                rid, f"{name}.length",
+                f"identifier {ident!r} has length {lengths[ident]} in an earlier input: "
+                "equal identifiers name the same encoder output",
+            )
+        prev_end = offset + length

@@ -322,6 +322,11 @@ class ImplScheduler:
         # for a moment with async scheduling.
         self._inflight: list[StepPlan] = []
         self._inflight_reqs: list[list[_Req]] = []
+        # General path: per plan in flight, one int per entry (parallel to
+        # its requests): num_scheduled_tokens * (k + 2) + the most tokens the
+        # entry may sample (1 + its drafts; 0 for a partial prefill chunk),
+        # so that update() reads neither the plan entries nor their dicts.
+        self._inflight_codes: list[list[int]] = []
         # async scheduling or speculative decoding: the general paths
         self._general = config.async_scheduling or config.num_speculative_tokens > 0
         self._k = config.num_speculative_tokens
@@ -881,6 +886,9 @@ class ImplScheduler:
         steady = asyn and not 0 < thr < width
         sync_spec = not asyn and k > 0
         all_unknown = unknown.get(width) or unknown.setdefault(width, (-1,) * width)
+        codes: list[int] = []
+        base = k + 2
+        steady_code = width * base + width
         while i < len(running) and budget > 0:
             req = running[i]
             c = req.num_computed
@@ -893,9 +901,11 @@ class ImplScheduler:
                 and width <= budget
                 and c + width < mml
                 and c + 2 - width < req.max_end
-                and c + width <= req.cap
-                and c - k < req.next_full
                 and not req.pchunk
+                and (
+                    (c + width <= req.cap and c - k < req.next_full)
+                    or self._grow_to(req, c + width)
+                )
             ):
                 bt = req.btuple
                 o = new(sr)
@@ -911,6 +921,7 @@ class ImplScheduler:
                 d["num_output_placeholders"] = width
                 ents.append(o)
                 out.append(req)
+                codes.append(steady_code)
                 req.num_computed = c + width
                 req.inflight += width
                 req.prev_pchunk = False
@@ -930,8 +941,7 @@ class ImplScheduler:
                     and n <= budget
                     and e < mml
                     and (thr <= 0 or n <= thr)
-                    and e <= req.cap
-                    and nt < req.next_full
+                    and ((e <= req.cap and nt < req.next_full) or self._grow_to(req, e))
                 ):
                     bt = req.btuple
                     o = new(sr)
@@ -947,6 +957,7 @@ class ImplScheduler:
                     d["num_output_placeholders"] = 0
                     ents.append(o)
                     out.append(req)
+                    codes.append(n * base + n)
                     req.num_computed = e
                     req.inflight += n
                     req.prev_pchunk = False
@@ -987,6 +998,7 @@ class ImplScheduler:
                         j = bisect_left(out, victim.run_seq, key=_run_seq)
                         if j < len(out) and out[j] is victim:  # give it back
                             del out[j]
+                            del codes[j]
                             given = ents.pop(j).num_scheduled_tokens
                             budget += given
                             victim.inflight -= given
@@ -1037,6 +1049,7 @@ class ImplScheduler:
             req.inflight += n
             req.prev_pchunk = pchunk
             req.pchunk = pchunk = e < nt + ph
+            codes.append(n * base + (0 if pchunk else 1 + len(drafts)))
             if asyn and not pchunk:
                 req.ph = ph + 1 + len(drafts)
                 req.drafts = placeholder_drafts
@@ -1106,6 +1119,7 @@ class ImplScheduler:
                 req.num_computed = e
                 req.inflight += n
                 req.pchunk = pchunk = e < nt + ph
+                codes.append(n * base + (0 if pchunk else 1 + len(drafts)))
                 if asyn and not pchunk:
                     req.ph = ph + 1 + len(drafts)
                     req.drafts = placeholder_drafts
@@ -1124,29 +1138,32 @@ class ImplScheduler:
         self._finished = {}
         self._inflight.append(plan)
         self._inflight_reqs.append(out)
+        self._inflight_codes.append(codes)
         return plan
 
-    def _result_ok(self, plan: StepPlan, result: StepResult) -> bool:
+    def _result_ok(self, result: StepResult, out: list[_Req], codes: list[int]) -> bool:
         """Whether ``result`` surely passes the protocol's checks of the
         sampled tokens and the drafts (spec/protocol.py, check_sampled and
-        check_drafts), in one pass over the plan. False means "not sure": the
-        protocol's own check then raises its error, or finds it valid after
-        all."""
+        check_drafts), in one pass over the plan's requests and codes (the
+        oldest plan in flight). False means "not sure": the protocol's own
+        check then raises its error, or finds it valid after all."""
         sampled = result.sampled
         drafts = result.draft_token_ids
         if sampled.__class__ is not dict or (drafts and drafts.__class__ is not dict):
             return False
+        get_toks = sampled.get
         get_drafts = drafts.get if drafts else None
         k = self._k
+        base = k + 2
         requests = self._requests
         present = 0
         with_drafts = 0
-        for s in plan.scheduled:
-            rid = s.request_id
-            toks = sampled.get(rid)
-            samples = s.num_computed_tokens + s.num_scheduled_tokens >= s.num_tokens + s.num_output_placeholders
+        for r, code in zip(out, codes):
+            rid = r.rid
+            toks = get_toks(rid)
+            most = code % base  # 1 + drafts; 0: a partial prefill chunk
             if toks is None:
-                if samples and rid in requests:
+                if most and rid in requests:
                     return False
             else:
                 present += 1
@@ -1157,13 +1174,13 @@ class ImplScheduler:
                     t = toks[0]
                     if t.__class__ is not int or t < 0:
                         return False
-                    if not samples and rid in requests:
+                    if not most and rid in requests:
                         return False
                 else:
                     for t in toks:
                         if t.__class__ is not int or t < 0:
                             return False
-                    if (got > 1 + len(s.spec_token_ids) or not got) if samples else got:
+                    if (got > most or not got) if most else got:
                         if rid in requests:  # a request finished meanwhile may get anything well-formed
                             return False
             if get_drafts is not None:
@@ -1175,7 +1192,7 @@ class ImplScheduler:
                     for t in d:
                         if t.__class__ is not int or t < 0:
                             return False
-                    if d and not samples:
+                    if d and not most:
                         return False  # drafts after a partial prefill chunk
         if present != len(sampled):
             return False  # tokens for a request the plan did not schedule
@@ -1224,96 +1241,115 @@ class ImplScheduler:
         scheduling, the drafts proposed after the step."""
         cfg = self._config
         check_update(plan, self._inflight, result)
-        if not self._result_ok(plan, result):
+        out = self._inflight_reqs[0]
+        codes = self._inflight_codes[0]
+        if not self._result_ok(result, out, codes):
             check_sampled(plan, result, self._requests, cfg)  # raises the spec's error
+        base = self._k + 2
         requests = self._requests
         get_req = requests.get
         get_toks = result.sampled.get
         caching = self._caching
         spec_on = self._k > 0
+        # Drafts proposed after the step (sync speculative decoding): each
+        # request that is still unfinished once its entry is applied takes
+        # its own (none after a partial prefill chunk). Applying them entry by
+        # entry equals applying them after the loop: an entry changes only its
+        # own request, and every drafted request has an entry (checked above).
+        drafted = result.draft_token_ids if not self._async else None
+        get_drafts = drafted.get if drafted else None
         any_stopped = False
-        for s in plan.scheduled:
-            rid = s.request_id
-            req = get_req(rid)
-            if req is None:
-                continue  # finished (aborted, or stopped) while the step ran
-            toks = get_toks(rid, _NO_DRAFTS)
-            if req.stale > 0:
-                req.inflight -= s.num_scheduled_tokens
-                any_stopped = self._apply_stale(req, s.num_scheduled_tokens, toks) or any_stopped
-                continue
-            req.inflight -= s.num_scheduled_tokens
-            if not toks:
-                continue
-            ntok = len(toks)
-            nd = len(s.spec_token_ids)
-            if nd and nd + 1 != ntok:  # rejected drafts: computed (and placeholders) roll back
-                rejected = nd + 1 - ntok
-                if req.num_computed > 0:
-                    req.num_computed -= rejected
-                if req.ph > 0:
-                    req.ph -= rejected
-            ph = req.ph
-            was_running = req.status is _RUNNING
-            stop = req.stop
-            output = req.output
-            nt = req.num_tokens
-            finished: RequestStatus | None = None
-            if ntok == 1:
-                t = toks[0]
-                output.append(t)
-                nt += 1
-                req.tail = toks
-                if t in stop:
-                    finished = _STOPPED
-                elif nt >= req.end_at:
-                    finished = _LENGTH
-            elif nt + ntok < req.end_at and stop.isdisjoint(toks):
-                # no token of the run stops it: appended at once
-                output.extend(toks)
-                nt += ntok
-                req.tail = toks[-1:]
+        # The plan's entries and their requests (parallel lists). A request
+        # still running is the one its id names; any other is looked up by id,
+        # as the spec does (it may have finished, or a new request may have
+        # taken its id).
+        for r, code in zip(out, codes):
+            if r.status is _RUNNING:
+                req = r
             else:
-                end_at = req.end_at
-                kept = 0
-                for t in toks:
+                found = get_req(r.rid)
+                if found is None:
+                    continue  # finished (aborted, or stopped) while the step ran
+                req = found
+            rid = req.rid
+            toks = get_toks(rid, _NO_DRAFTS)
+            sn = code // base
+            req.inflight -= sn
+            if req.stale > 0:
+                any_stopped = self._apply_stale(req, sn, toks) or any_stopped
+            elif toks:
+                ntok = len(toks)
+                nd = code - sn * base  # 1 + the entry's drafts (it samples)
+                nd = nd - 1 if nd else 0
+                if nd and nd + 1 != ntok:  # rejected drafts: computed (and placeholders) roll back
+                    rejected = nd + 1 - ntok
+                    if req.num_computed > 0:
+                        req.num_computed -= rejected
+                    if req.ph > 0:
+                        req.ph -= rejected
+                ph = req.ph
+                was_running = req.status is _RUNNING
+                stop = req.stop
+                output = req.output
+                nt = req.num_tokens
+                finished: RequestStatus | None = None
+                if ntok == 1:
+                    t = toks[0]
                     output.append(t)
                     nt += 1
-                    kept += 1
+                    req.tail = toks
                     if t in stop:
                         finished = _STOPPED
-                        break
-                    if nt >= end_at:
+                    elif nt >= req.end_at:
                         finished = _LENGTH
-                        break
-                req.tail = (output[-1],)
-                if finished is not None:
-                    # a stop inside an accepted run: the rest is dropped
-                    req.num_computed -= ntok - kept
-            req.num_tokens = nt
-            if ph > 0:
-                req.ph = ph - ntok
-            if caching and was_running and (ph > 0 or spec_on):
-                upto = req.num_computed - req.inflight
-                if upto >= req.next_full:
-                    self._register(req, upto)
-                    req.edge = min(req.cap + 1, req.next_full)
-            if finished is not None:
-                if was_running:
-                    any_stopped = True
+                elif nt + ntok < req.end_at and stop.isdisjoint(toks):
+                    # no token of the run stops it: appended at once
+                    output.extend(toks)
+                    nt += ntok
+                    req.tail = toks[-1:]
                 else:
-                    self._waiting.remove(req)
-                self._finish(req, finished)
+                    end_at = req.end_at
+                    kept = 0
+                    for t in toks:
+                        output.append(t)
+                        nt += 1
+                        kept += 1
+                        if t in stop:
+                            finished = _STOPPED
+                            break
+                        if nt >= end_at:
+                            finished = _LENGTH
+                            break
+                    req.tail = (output[-1],)
+                    if finished is not None:
+                        # a stop inside an accepted run: the rest is dropped
+                        req.num_computed -= ntok - kept
+                req.num_tokens = nt
+                if ph > 0:
+                    req.ph = ph - ntok
+                if caching and was_running and (ph > 0 or spec_on):
+                    upto = req.num_computed - req.inflight
+                    if upto >= req.next_full:
+                        self._register(req, upto)
+                        req.edge = min(req.cap + 1, req.next_full)
+                if finished is not None:
+                    if was_running:
+                        any_stopped = True
+                    else:
+                        self._waiting.remove(req)
+                    self._finish(req, finished)
+                    continue
+            if get_drafts is not None:
+                st = req.status
+                if st is _RUNNING or st is _PREEMPTED or st is _WAITING:
+                    d = get_drafts(rid)
+                    if d is not None:
+                        req.drafts = _NO_DRAFTS if req.pchunk else d
         if any_stopped:
             self._running = [r for r in self._running if r.status is _RUNNING]
         del self._inflight[0]
         del self._inflight_reqs[0]
-        if not self._async:
-            for rid, drafts in result.draft_token_ids.items():
-                req = requests.get(rid)
-                if req is None:
-                    continue
-                req.drafts = _NO_DRAFTS if req.pchunk else drafts
+        del self._inflight_codes[0]
 
     # ------------------------------------------------------------------ view
 
@@ -1357,6 +1393,7 @@ class ImplScheduler:
         d["_running"] = [remap[id(r)] for r in self._running]
         d["_inflight"] = self._inflight[:]
         d["_inflight_reqs"] = [[remap[id(r)] for r in out] for out in self._inflight_reqs]
+        d["_inflight_codes"] = self._inflight_codes[:]  # (lists never changed once made)
         d["_waiting"] = self._waiting.copy(remap)
         d["_victims"] = self._victims.copy(remap)
         d["_ref"] = self._ref[:]

@@ -38,6 +38,7 @@ from schedspec.spec.interface import (
     RequestError,
     RequestSpec,
     RequestStatus,
+    ScheduledRequest,
     SchedulerConfig,
     StepPlan,
     StepResult,
@@ -328,8 +329,17 @@ def check_drafts(plan: StepPlan, result: StepResult, config: SchedulerConfig | N
             field="draft_token_ids",
         )
     k = config.num_speculative_tokens if config is not None else 0
+    # each request's first entry, by id: one pass over the plan, not one per draft
+    entries: dict[str, ScheduledRequest] | None = None
     for rid, toks in drafts.items():
-        entry = plan.get(rid) if isinstance(rid, str) else None
+        if rid.__class__ is str:
+            if entries is None:
+                entries = {}
+                for s in plan.scheduled:
+                    entries.setdefault(s.request_id, s)
+            entry = entries.get(rid)
+        else:
+            entry = plan.get(rid) if isinstance(rid, str) else None
         if entry is None:
             raise ProtocolError(
                 f"draft_token_ids for {rid!r}, which the plan did not schedule",

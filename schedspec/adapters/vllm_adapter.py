@@ -68,6 +68,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -76,6 +77,8 @@ from schedspec.check.capabilities import Capabilities
 from schedspec.spec.interface import (
     BlockKey,
     KVView,
+    MMInput,
+    PauseState,
     Policy,
     RequestSpec,
     RequestStatus,
@@ -93,6 +96,9 @@ from schedspec.spec.protocol import (
     check_abort,
     check_add,
     check_config,
+    check_grammar_ready,
+    check_mm_lengths,
+    check_pause_state,
     check_reset,
     check_result,
     check_schedule,
@@ -178,6 +184,14 @@ class _Vllm:
     SpeculativeConfig: Any
     DraftTokenIds: Any
     StructuredOutputManager: Any
+    LoRAConfig: Any
+    LoRARequest: Any
+    StructuredOutputsParams: Any
+    MultiModalFeatureSpec: Any
+    PlaceholderRange: Any
+    EncoderCacheManager: Any
+    VPauseState: Any
+    torch: Any
     get_block_hash: Any
     register_all_kvcache_specs: Any
     block_hasher: Any  # block_size -> hasher
@@ -245,6 +259,12 @@ def load_vllm() -> _Vllm:
         from vllm.v1.request import Request
         from vllm.v1.request import RequestStatus as VRequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
+        from vllm.config import LoRAConfig
+        from vllm.lora.request import LoRARequest
+        from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+        from vllm.sampling_params import StructuredOutputsParams
+        from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+        from vllm.v1.core.sched.interface import PauseState as VPauseState
 
         init_none_hash(sha256)
         model_dir = tempfile.mkdtemp(prefix="schedspec-tiny-llama-")
@@ -274,6 +294,14 @@ def load_vllm() -> _Vllm:
             SpeculativeConfig=SpeculativeConfig,
             DraftTokenIds=DraftTokenIds,
             StructuredOutputManager=StructuredOutputManager,
+            LoRAConfig=LoRAConfig,
+            LoRARequest=LoRARequest,
+            StructuredOutputsParams=StructuredOutputsParams,
+            MultiModalFeatureSpec=MultiModalFeatureSpec,
+            PlaceholderRange=PlaceholderRange,
+            EncoderCacheManager=EncoderCacheManager,
+            VPauseState=VPauseState,
+            torch=torch,
             get_block_hash=get_block_hash,
             register_all_kvcache_specs=register_all_kvcache_specs,
             block_hasher=block_hasher,
@@ -312,8 +340,8 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
         disable_chunked_mm_input=False,
         scheduler_cls=None,
         scheduler_reserve_full_isl=config.scheduler_reserve_full_isl,
-        watermark=0.0,
-        prefill_schedule_interval=1,
+        watermark=config.watermark,
+        prefill_schedule_interval=config.prefill_schedule_interval,
         async_scheduling=config.async_scheduling,
         stream_interval=1,
     )
@@ -333,7 +361,7 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
         speculative_config=_speculative_config(v, config),
         kv_transfer_config=None,
         ec_transfer_config=None,
-        lora_config=None,
+        lora_config=_lora_config(v, config),
         kv_events_config=None,
     )
     # The engine sets this after profiling the GPU; the scheduler asserts on it.
@@ -379,6 +407,16 @@ def _speculative_config(v: _Vllm, config: SchedulerConfig) -> Any:
     )
 
 
+def _lora_config(v: _Vllm, config: SchedulerConfig) -> Any:
+    """vLLM's lora_config for ``config``: None with LoRA off (max_loras 0),
+    else one allowing ``max_loras`` adapters per batch. The scheduler reads
+    only max_loras from it (scheduler.py, schedule: ``scheduled_loras``); the
+    rank is the smallest vLLM accepts, as no adapter is ever loaded."""
+    if not config.max_loras:
+        return None
+    return v.LoRAConfig(max_loras=config.max_loras, max_lora_rank=8)
+
+
 def _check_effective(vc: Any, config: SchedulerConfig) -> None:
     sc, cc, mc = vc.scheduler_config, vc.cache_config, vc.model_config
     effective = {
@@ -402,14 +440,15 @@ def _check_effective(vc: Any, config: SchedulerConfig) -> None:
     spec = vc.speculative_config
     neutral = {
         "async_scheduling": (bool(sc.async_scheduling), config.async_scheduling),
-        "watermark": (sc.watermark, 0.0),
+        "watermark": (sc.watermark, config.watermark),
         "max_num_active_seqs": (sc.max_num_active_seqs, None),
         # with a speculative_config vLLM fills it in (VllmConfig._set_max_num_scheduled_tokens)
         "max_num_scheduled_tokens": (
             sc.max_num_scheduled_tokens,
             config.max_num_batched_tokens if k else None,
         ),
-        "prefill_schedule_interval": (sc.prefill_schedule_interval, 1),
+        "prefill_schedule_interval": (sc.prefill_schedule_interval, config.prefill_schedule_interval),
+        "max_loras": (vc.lora_config.max_loras if vc.lora_config is not None else 0, config.max_loras),
         "long_prefill_token_threshold_adaptive": (sc.long_prefill_token_threshold_adaptive, False),
         "use_v2_model_runner": (vc.use_v2_model_runner, False),
         "num_speculative_tokens": (vc.num_speculative_tokens, k),
@@ -450,7 +489,64 @@ _STATUS_NAMES = {
     "FINISHED_LENGTH_CAPPED": RequestStatus.FINISHED_LENGTH_CAPPED,
     "FINISHED_ABORTED": RequestStatus.FINISHED_ABORTED,
     "FINISHED_IGNORED": RequestStatus.FINISHED_IGNORED,
+    "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+    "FINISHED_ERROR": RequestStatus.FINISHED_ERROR,
 }
+
+
+class _Grammar:
+    """The modelled grammar of a structured-output request, in the place of a
+    compiled xgrammar/guidance matcher (vllm/v1/structured_output/
+    backend_types.py, StructuredOutputGrammar): stateless, it refuses the
+    token ids in ``rejects`` and accepts every other one. What the scheduler
+    and the structured-output manager call on a grammar: ``validate_tokens``
+    (the longest prefix of drafts with no refused token), ``accept_tokens``,
+    ``rollback``, ``fill_bitmask``, ``is_terminated`` and ``reset``."""
+
+    def __init__(self, rejects: tuple[int, ...]) -> None:
+        self.rejects = frozenset(rejects)
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        return not any(t in self.rejects for t in tokens)
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        for i, t in enumerate(tokens):
+            if t in self.rejects:
+                return tokens[:i]
+        return list(tokens)
+
+    def rollback(self, num_tokens: int) -> None:
+        pass  # stateless: nothing advanced
+
+    def fill_bitmask(self, bitmask: Any, batch_index: int) -> None:
+        row = bitmask[batch_index]
+        row.fill_(-1)
+        if self.rejects:
+            bits = row.numpy().view("uint32")
+            for t in self.rejects:
+                bits[t >> 5] &= ~(1 << (t & 31)) & 0xFFFFFFFF
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def reset(self) -> None:
+        pass
+
+
+class _GrammarBackend:
+    """The one method of a structured-output backend the scheduler's path
+    reaches without a tokenizer (StructuredOutputManager.grammar_bitmask,
+    ``allocate_token_bitmask``): one row of vocab bits per mask."""
+
+    def __init__(self, torch: Any, vocab_size: int) -> None:
+        self._torch = torch
+        self._words = (vocab_size + 31) // 32
+
+    def allocate_token_bitmask(self, max_num_seqs: int) -> Any:
+        return self._torch.full((max_num_seqs, self._words), -1, dtype=self._torch.int32)
+
+    def destroy(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -571,6 +667,13 @@ class VllmScheduler:
                     f"{cls.__name__} has no attribute {attr!r}: the adapter reads vLLM "
                     "Scheduler internals and needs a subclass of vllm's Scheduler"
                 )
+        if config.has_encoder:
+            self._set_encoder_budget(config)
+        # The structured-output manager's backend (a tokenizer-bound compiler
+        # in vLLM): only the bitmask allocation is reached, grammars are ours.
+        som = self.sched.structured_output_manager
+        som.backend = _GrammarBackend(v.torch, self._vllm_config.model_config.get_vocab_size())
+        som.backend_name = "schedspec"
         managers = self.sched.kv_cache_manager.coordinator.single_type_managers
         if len(managers) != 1:
             raise VllmAdapterError(f"vLLM built {len(managers)} KV cache groups; the spec models one")
@@ -587,6 +690,22 @@ class VllmScheduler:
         self._in_flight: list[tuple[StepPlan, Any]] = []
         self._async = config.async_scheduling
         self._drafts = config.num_speculative_tokens > 0 and not config.async_scheduling
+        self._mm_lengths: dict[str, int] = {}  # every mm identifier seen -> its length
+        self._grammars: dict[str, Any] = {}  # request id -> the Future of its grammar
+
+    def _set_encoder_budget(self, config: SchedulerConfig) -> None:
+        """The encoder budget and cache of a multimodal model. vLLM derives both
+        from the model's processor (vllm/multimodal/encoder_budget.py,
+        MultiModalBudget) when the model supports multimodal inputs; with no
+        model the scheduler gets them set as vLLM's own scheduler tests set
+        them: its ``max_num_encoder_input_tokens`` and an EncoderCacheManager
+        of ``encoder_cache_size`` embeddings (scheduler.py, __init__, builds
+        exactly these from the budget)."""
+        sched = self.sched
+        if sched.max_num_encoder_input_tokens or sched.encoder_cache_manager.cache_size:
+            raise VllmAdapterError("vLLM built an encoder budget of its own for a text-only model")
+        sched.max_num_encoder_input_tokens = config.max_num_encoder_input_tokens
+        sched.encoder_cache_manager = self._v.EncoderCacheManager(cache_size=config.encoder_cache_size)
 
     @property
     def config(self) -> SchedulerConfig:
@@ -598,12 +717,48 @@ class VllmScheduler:
         # The spec's boundary: vLLM's own input processor rejects these before
         # the scheduler ever sees them.
         request = check_add(request, self._config, self._live, self._finished)
+        check_mm_lengths(request, self._mm_lengths)
         rid = request.request_id
         req = self.vllm_request(request)
         live = _Live(request, req)
         self._record_keys(live)
+        if request.structured_output:
+            # What StructuredOutputManager.grammar_init does: the grammar
+            # compiles in the background; the scheduler polls the Future.
+            future: Future[Any] = Future()
+            req.structured_output_request.grammar = future
+            self._grammars[rid] = future
         _into_vllm(self.sched.add_request, req)
         self._live[rid] = live
+        for mm in request.mm_inputs:
+            self._mm_lengths.setdefault(mm.identifier, mm.length)
+
+    def set_pause_state(self, state: PauseState) -> None:
+        """vLLM's Scheduler.set_pause_state, as the engine core's
+        pause_scheduler/resume call it."""
+        state = check_pause_state(state)
+        _into_vllm(self.sched.set_pause_state, self._v.VPauseState(int(state)))
+
+    def grammar_ready(self, request_id: str, ok: bool = True) -> None:
+        """The request's grammar finished compiling (``ok=False``: it failed):
+        its Future gets the modelled grammar or the compile error, which the
+        waiting loop finds when it next reaches the request
+        (scheduler.py, _handle_blocked_waiting_request)."""
+        live = self._live.get(request_id) if isinstance(request_id, str) else None
+        status = self._status(live.req) if live is not None else None
+        future = self._grammars.get(request_id) if isinstance(request_id, str) else None
+        if status is RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and (
+            future is None or future.done()
+        ):
+            # compiled already, the waiting loop has not looked yet: it does
+            # not wait for a grammar any more
+            status = RequestStatus.WAITING
+        check_grammar_ready(request_id, ok, status)
+        assert live is not None and future is not None
+        if ok:
+            future.set_result(_Grammar(live.spec.grammar_rejects))
+        else:
+            future.set_exception(ValueError(f"grammar of {request_id!r} failed to compile"))
 
     def vllm_request(self, request: RequestSpec) -> Any:
         """The vLLM Request for ``request``, as the engine would hand it to the
@@ -614,6 +769,11 @@ class VllmScheduler:
             max_tokens=request.max_tokens,
             stop_token_ids=list(request.stop_token_ids),
             ignore_eos=request.ignore_eos,
+            # any constraint makes a structured-output request; the grammar
+            # itself is the modelled one (grammar_ready)
+            structured_outputs=(
+                v.StructuredOutputsParams(regex=".*") if request.structured_output else None
+            ),
         )
         # What the engine's input processor does with the tokenizer's eos id:
         # with ignore_eos the id is not set, so check_stop never matches it.
@@ -627,6 +787,29 @@ class VllmScheduler:
             priority=request.priority,
             cache_salt=request.cache_salt,
             block_hasher=self._block_hasher,
+            lora_request=self._lora_request(request.lora_id),
+            mm_features=[self._mm_feature(mm) for mm in request.mm_inputs] or None,
+        )
+
+    def _lora_request(self, lora_id: int) -> Any:
+        """Adapter ``lora_id`` as the engine names it: lora_int_id is the id,
+        and the name and path (what vLLM's block hashes chain in:
+        kv_cache_utils.py, _gen_lora_extra_hash_keys) derive from it, so equal
+        ids share blocks and different ones never do."""
+        if not lora_id:
+            return None
+        return self._v.LoRARequest(
+            lora_name=f"schedspec-lora-{lora_id}", lora_int_id=lora_id,
+            lora_path=f"/schedspec/lora/{lora_id}",
+        )
+
+    def _mm_feature(self, mm: MMInput) -> Any:
+        """An encoder input as vLLM's input processor hands it over (positions,
+        size and identifier; no data: the model runner is not ours)."""
+        v = self._v
+        return v.MultiModalFeatureSpec(
+            data=None, modality="image", identifier=mm.identifier,
+            mm_position=v.PlaceholderRange(offset=mm.offset, length=mm.length),
         )
 
     # ------------------------------------------------------------------ raw timing
@@ -700,6 +883,8 @@ class VllmScheduler:
         for rid in out.preempted_req_ids:  # a resumed request gets its whole table again
             self._tables.pop(rid, None)
         spec_tokens = out.scheduled_spec_decode_tokens
+        encoder_inputs = out.scheduled_encoder_inputs
+        invalid = out.num_invalid_spec_tokens or {}
         entries = []
         for rid, n in out.num_scheduled_tokens.items():
             req = self._live[rid].req
@@ -734,15 +919,24 @@ class VllmScheduler:
             entries.append(
                 ScheduledRequest.of(rid, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
                                     all_token_ids=req.all_token_ids, block_ids=tuple(table),
-                                    spec_token_ids=drafts, num_output_placeholders=placeholders)
+                                    spec_token_ids=drafts, num_output_placeholders=placeholders,
+                                    encoder_inputs=tuple(encoder_inputs.get(rid, ())),
+                                    num_invalid_spec_tokens=invalid.get(rid, 0))
             )
         plan = StepPlan(
             step=self._step,
             scheduled=tuple(entries),
             preempted_ids=tuple(sorted(out.preempted_req_ids)),
             finished_ids=tuple(sorted(out.finished_req_ids)),
+            freed_encoder_inputs=tuple(out.free_encoder_mm_hashes),
         )
         self._in_flight.append((plan, out))
+        if self._grammars and not (self._async and out.pending_structured_output_tokens):
+            # What the engine core does before sampling (core.py, step and
+            # step_with_batch_queue): the grammar bitmask of the batch. A plan
+            # whose structured-output requests still have tokens in flight
+            # gets it after the previous step's update.
+            _into_vllm(self.sched.get_grammar_bitmask, out)
         return plan
 
     # ------------------------------------------------------------------ update
@@ -763,6 +957,10 @@ class VllmScheduler:
         )
         self._in_flight.pop(0)
         _into_vllm(self.sched.update_from_output, out, runner_output)
+        if self._async and self._in_flight:
+            deferred = self._in_flight[0][1]
+            if deferred.pending_structured_output_tokens:
+                self._deferred_bitmask(deferred, plan, result)
         if self._drafts and ids:
             # What EngineCore.post_step hands over after a step that ran: the
             # worker's proposals for every request of the batch.
@@ -774,8 +972,28 @@ class VllmScheduler:
             if live is not None:
                 self._record_keys(live)
         self._collect_finished(ids)
+        if self._grammars:
+            # a grammar that failed to compile finishes its request here
+            # (update_from_output, grammar_compile_error_reqs)
+            self._collect_finished([rid for rid in self._grammars if rid in self._live])
+            self._grammars = {rid: f for rid, f in self._grammars.items() if rid in self._live}
         if len(self._keys) > self._prune_at:
             self._prune_keys()
+
+    def _deferred_bitmask(self, deferred: Any, plan: StepPlan, result: StepResult) -> None:
+        """The engine core's deferred sampling of an async plan whose
+        structured-output requests had tokens in flight (core.py,
+        step_with_batch_queue): once the previous step's output is in, the
+        worker's drafts for the plan are checked against the grammar
+        (update_draft_token_ids_in_output: refused drafts become -1 and count
+        in num_invalid_spec_tokens) and the bitmask is computed."""
+        if self._config.num_speculative_tokens:
+            ids = [s.request_id for s in plan.scheduled]
+            drafts = result.draft_token_ids
+            _into_vllm(self.sched.update_draft_token_ids_in_output, self._v.DraftTokenIds(
+                req_ids=list(ids), draft_token_ids=[list(drafts.get(rid, ())) for rid in ids]),
+                deferred)
+        _into_vllm(self.sched.get_grammar_bitmask, deferred)
 
     def _collect_finished(self, candidates: list[str]) -> None:
         """Move requests vLLM has finished (and forgotten) into ``finished``."""
@@ -798,7 +1016,8 @@ class VllmScheduler:
         bs = self._config.block_size
         tokens = live.req.all_token_ids
         for i in range(live.num_hashed, len(hashes)):
-            key: BlockKey = (live.spec.salt, tuple(tokens[: (i + 1) * bs]))
+            end = (i + 1) * bs
+            key: BlockKey = (live.spec.block_identity(end), tuple(tokens[:end]))
             known = self._keys.setdefault(hashes[i], key)
             if known != key:
                 raise VllmAdapterError(f"vLLM block hash collision: {known} and {key}")
@@ -856,6 +1075,14 @@ class VllmScheduler:
             spec_token_ids=tuple(req.spec_token_ids),
         )
 
+    def _encoder_view(self) -> tuple[dict[str, int], int]:
+        """The encoder cache: every cached output (referenced or freeable, not
+        yet evicted) with its embeddings, and the free space."""
+        if not self._config.has_encoder:
+            return {}, 0
+        ecm = self.sched.encoder_cache_manager
+        return dict(ecm.num_embeds_by_hash), ecm.num_free_slots
+
     def _kv_view(self) -> KVView:
         pool = self.sched.kv_cache_manager.block_pool
         if pool.cached_block_hashes_by_block:
@@ -890,6 +1117,8 @@ class VllmScheduler:
         waiting = tuple(r.request_id for r in sched.kv_holding_waiting) + tuple(
             r.request_id for r in sched.waiting
         )
+        encoder_cache, encoder_free = self._encoder_view()
+        cadence = self._config.prefill_schedule_interval > 1
         return SchedulerView(
             config=self._config,
             step=self._step,
@@ -899,4 +1128,11 @@ class VllmScheduler:
             kv=self._kv_view(),
             finished=dict(self._finished),
             preempted_since_plan=tuple(sorted(sched.reset_preempted_req_ids)),
+            pause_state=PauseState(int(sched.pause_state)),
+            encoder_cache=encoder_cache,
+            encoder_cache_free=encoder_free,
+            # vLLM counts executed steps always and stamps the last prefill
+            # step only with a cadence; without one neither has any effect
+            num_executed_steps=sched.num_executed_steps if cadence else 0,
+            last_prefill_step=sched.last_prefill_step if cadence else -1,
         )

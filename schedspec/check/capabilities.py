@@ -3,8 +3,10 @@
 A scheduler that is not a vLLM clone may have no priority queue, no chunked
 prefill, no prefix cache, no abort. It declares what it does support as a
 ``CAPABILITIES`` class attribute (a :class:`Capabilities`); a class without
-one is taken to support everything the spec does (the default config: sync,
-no speculative decoding).
+one is taken to support everything the spec does in the default config (sync,
+no speculative decoding, no admission gate: LoRA, structured outputs, pause
+states, the watermark, the prefill cadence and the encoder budget are each
+opted into, as async scheduling is).
 
 Everything that makes input for a check stays within the declaration: the
 seeded workloads, the Hypothesis strategies and the model checker's spaces
@@ -24,7 +26,19 @@ from typing import Any, Iterable
 from schedspec.invariants.core import Invariant
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Workload, keep_protocol
+from schedspec.check.workload import (
+    GATE_CAPABILITIES,
+    GATES,
+    Abort,
+    AddRequest,
+    Event,
+    GrammarReady,
+    Pause,
+    ResetPrefixCache,
+    Resume,
+    Workload,
+    keep_protocol,
+)
 
 #: The names an invariant may list in ``requires`` (one per capability).
 CAPABILITY_NAMES: frozenset[str] = frozenset(
@@ -40,8 +54,18 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
         "reset_prefix_cache",
         "async_scheduling",
         "speculative_decoding",
+        # the admission gates (schedspec.check.workload.GATES)
+        "lora",
+        "structured_output",
+        "pause",
+        "watermark",
+        "prefill_cadence",
+        "encoder",
     }
 )
+
+#: The capability names of the admission gates, in workload.GATES order.
+GATE_CAPABILITY_NAMES: tuple[str, ...] = tuple(GATE_CAPABILITIES[g] for g in GATES)
 
 
 class CapabilityError(SchedSpecError, ValueError):
@@ -53,7 +77,8 @@ class CapabilityError(SchedSpecError, ValueError):
 @dataclass(frozen=True)
 class Capabilities:
     """What a scheduler supports. The defaults are the spec's (everything but
-    async scheduling and speculative decoding, which a scheduler opts into)."""
+    async scheduling, speculative decoding and the admission gates, which a
+    scheduler opts into)."""
 
     policies: frozenset[Policy] = frozenset({Policy.FCFS, Policy.PRIORITY})
     chunked_prefill: bool = True
@@ -69,6 +94,21 @@ class Capabilities:
     #: False: only async scheduling (a vLLM AsyncScheduler subclass, which
     #: vLLM's engine core always drives with a step in flight)
     sync_scheduling: bool = True
+    # The admission gates, each opted into as async scheduling is:
+    #: LoRA adapters: config.max_loras and request.lora_id
+    lora: bool = False
+    #: structured outputs: request.structured_output / grammar_rejects and
+    #: grammar_ready() (the optional Scheduler method)
+    structured_output: bool = False
+    #: pause states: set_pause_state() (the optional Scheduler method)
+    pause: bool = False
+    #: config.watermark
+    watermark: bool = False
+    #: config.prefill_schedule_interval
+    prefill_cadence: bool = False
+    #: the multimodal encoder budget and cache: config.max_num_encoder_input_tokens /
+    #: encoder_cache_size and request.mm_inputs
+    encoder: bool = False
 
     def __post_init__(self) -> None:
         if not (self.sync_scheduling or self.async_scheduling):
@@ -84,7 +124,14 @@ class Capabilities:
     @property
     def is_full(self) -> bool:
         """True when the declaration restricts nothing the default config space draws."""
-        return self == FULL or dataclasses.replace(self, async_scheduling=False, speculative_decoding=False) == FULL
+        plain = dataclasses.replace(self, async_scheduling=False, speculative_decoding=False, lora=False,
+                                    structured_output=False, pause=False, watermark=False,
+                                    prefill_cadence=False, encoder=False)
+        return self == FULL or plain == FULL
+
+    def gates(self) -> tuple[str, ...]:
+        """The admission gates (workload.GATES) this declaration supports."""
+        return tuple(g for g in GATES if getattr(self, GATE_CAPABILITIES[g]))
 
     def names(self) -> frozenset[str]:
         """The capability names (CAPABILITY_NAMES) this declaration supports."""
@@ -124,6 +171,15 @@ class Capabilities:
             out.append("async_scheduling=False")
         if getattr(config, "num_speculative_tokens", 0) and not self.speculative_decoding:
             out.append(f"num_speculative_tokens={getattr(config, 'num_speculative_tokens', 0)}")
+        if config.max_loras and not self.lora:
+            out.append(f"max_loras={config.max_loras}")
+        if config.watermark and not self.watermark:
+            out.append(f"watermark={config.watermark}")
+        if config.prefill_schedule_interval != 1 and not self.prefill_cadence:
+            out.append(f"prefill_schedule_interval={config.prefill_schedule_interval}")
+        if not self.encoder and (config.max_num_encoder_input_tokens
+                                 or config.encoder_cache_size):
+            out.append("an encoder budget (max_num_encoder_input_tokens / encoder_cache_size)")
         return out
 
     def request_problems(self, request: RequestSpec) -> list[str]:
@@ -132,6 +188,12 @@ class Capabilities:
             out.append(f"{request.request_id}: cache_salt")
         if (request.stop_token_ids or request.eos_token_id is not None) and not self.stop_tokens:
             out.append(f"{request.request_id}: stop tokens / eos")
+        if request.lora_id and not self.lora:
+            out.append(f"{request.request_id}: lora_id")
+        if request.structured_output and not self.structured_output:
+            out.append(f"{request.request_id}: structured_output")
+        if request.mm_inputs and not self.encoder:
+            out.append(f"{request.request_id}: mm_inputs")
         return out
 
     def workload_problems(self, workload: Workload) -> list[str]:
@@ -145,6 +207,10 @@ class Capabilities:
                 out.append(f"abort({e.request_id!r})")
             elif isinstance(e, ResetPrefixCache) and not self.reset_prefix_cache:
                 out.append("reset_prefix_cache")
+            elif isinstance(e, (Pause, Resume)) and not self.pause:
+                out.append("pause / resume (set_pause_state)")
+            elif isinstance(e, GrammarReady) and not self.structured_output:
+                out.append("grammar_ready")
         return list(dict.fromkeys(out))
 
     def restrict_config(self, config: SchedulerConfig) -> SchedulerConfig:
@@ -177,6 +243,16 @@ class Capabilities:
             changes["async_scheduling"] = True
         if getattr(config, "num_speculative_tokens", 0) and not self.speculative_decoding:
             changes["num_speculative_tokens"] = 0
+        if config.max_loras and not self.lora:
+            changes["max_loras"] = 0
+        if config.watermark and not self.watermark:
+            changes["watermark"] = 0.0
+        if config.prefill_schedule_interval != 1 and not self.prefill_cadence:
+            changes["prefill_schedule_interval"] = 1
+        if not self.encoder and (config.max_num_encoder_input_tokens
+                                 or config.encoder_cache_size):
+            changes["max_num_encoder_input_tokens"] = 0
+            changes["encoder_cache_size"] = 0
         return dataclasses.replace(config, **changes)
 
     def restrict_request(self, request: RequestSpec) -> RequestSpec:
@@ -186,6 +262,13 @@ class Capabilities:
         if (request.stop_token_ids or request.eos_token_id is not None) and not self.stop_tokens:
             changes["stop_token_ids"] = ()
             changes["eos_token_id"] = None
+        if request.lora_id and not self.lora:
+            changes["lora_id"] = 0
+        if request.structured_output and not self.structured_output:
+            changes["structured_output"] = False
+            changes["grammar_rejects"] = ()
+        if request.mm_inputs and not self.encoder:
+            changes["mm_inputs"] = ()
         return dataclasses.replace(request, **changes) if changes else request
 
     def restrict_events(self, events: Iterable[Event]) -> tuple[Event, ...]:
@@ -197,6 +280,10 @@ class Capabilities:
             elif isinstance(e, Abort) and not self.abort:
                 continue
             elif isinstance(e, ResetPrefixCache) and not self.reset_prefix_cache:
+                continue
+            elif isinstance(e, (Pause, Resume)) and not self.pause:
+                continue
+            elif isinstance(e, GrammarReady) and not self.structured_output:
                 continue
             else:
                 out.append(e)
@@ -251,8 +338,13 @@ class Capabilities:
         return cls(**kw)
 
 
-#: Everything the spec supports in its default (sync, no speculative decoding) form.
+#: Everything the spec supports in its default (sync, no speculative decoding,
+#: no admission gate) form.
 FULL = Capabilities()
+
+#: Every admission gate on (what a scheduler with all of them declares, with
+#: dataclasses.replace or ``Capabilities(**ALL_GATES)``).
+ALL_GATES: dict[str, bool] = {name: True for name in GATE_CAPABILITY_NAMES}
 
 
 def capabilities_of(obj: object) -> Capabilities:

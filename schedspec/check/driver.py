@@ -33,7 +33,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from schedspec.invariants import Invariant, Monitor, Transition, Violation
+from schedspec.invariants.core import ALL_KINDS
 from schedspec.spec.interface import (
+    PauseState,
+    ProtocolError,
     RequestError,
     RequestView,
     Scheduler,
@@ -50,8 +53,11 @@ from schedspec.check.workload import (
     AddRequest,
     Event,
     EventError,
+    GrammarReady,
     InFlight,
+    Pause,
     ResetPrefixCache,
+    Resume,
     Schedule,
     Step,
     Update,
@@ -175,6 +181,11 @@ class Runner:
         #: the in-flight protocol as the events drive it, and the plans in flight
         self.flight = InFlight(config.async_scheduling)
         self.pending: list[_Pending] = []
+        #: a Pause with clear_cache waits for the engine to go idle, then
+        #: resets the prefix cache (vllm/v1/engine/core.py, _finish_pause)
+        self.clear_pending = False
+        #: how many pause-completing cache clears ran
+        self.clears = 0
 
     @property
     def primary(self) -> Scheduler:
@@ -199,7 +210,7 @@ class Runner:
             return self._wrong_type(name, "view", after, SchedulerView)
         self.views[name] = after
         monitor = self.monitors.get(name)
-        if monitor is None:
+        if monitor is None or t_kind not in ALL_KINDS:
             return None
         in_flight = tuple(p.plans[name] for p in self.pending)
         if t_kind == "schedule" and isinstance(kw.get("plan"), StepPlan):
@@ -238,7 +249,10 @@ class Runner:
         self.event_index += 1
         self._where = ("?", "?")
         try:
-            return self._apply(event)
+            failure = self._apply(event)
+            if failure is None and self.clear_pending and self._engine_idle():
+                failure = self._finish_pause()
+            return failure
         except Exception as exc:  # a scheduler crashed: that is a finding, not our crash
             name, method = self._where
             if method == "execute":
@@ -281,6 +295,10 @@ class Runner:
                 if before is not None and (f := self._observe(name, "add", before, request=req)):
                     return f
             self.truth[req.request_id] = list(req.prompt_token_ids)
+            if getattr(req, "grammar_rejects", ()):
+                for model in self.models.values():
+                    if isinstance(model, FakeModel):
+                        model.set_grammar(req.request_id, req.grammar_rejects)
         elif isinstance(event, Abort):
             rid = event.request_id
             outcomes: dict[str, object] = {}
@@ -301,26 +319,19 @@ class Runner:
                 self.stats.aborts += 1
                 self.aborted.add(rid)
         elif isinstance(event, ResetPrefixCache):
-            running: tuple[str, ...] = ()
-            if self.pending and event.reset_running_requests:
-                self._where = (self.names[0], "view")
-                running = (self.views.get(self.names[0]) or self.primary.view()).running
-            results: dict[str, object] = {}
-            for name in self.names:
-                before = self.views.get(name)
-                self._where = (name, "reset_prefix_cache")
-                results[name] = self.scheds[name].reset_prefix_cache(event.reset_running_requests)
-                if not isinstance(results[name], bool):
-                    return self._wrong_type(name, "reset_prefix_cache", results[name], bool)
-                if before is not None and (f := self._observe(name, "reset", before)):
-                    return f
-            if (f := self._compare("reset_prefix_cache()", results)):
+            if (f := self._reset(event.reset_running_requests)):
                 return f
-            # The requests it preempts lose the output still in flight
-            # (scheduler.py, reset_prefix_cache: drop_stale_output=True).
-            for pending in self.pending:
-                pending.dropped.update(running)
-            self.stats.resets += 1
+        elif isinstance(event, Pause):
+            state = PauseState.PAUSED_ALL if event.mode == "all" else PauseState.PAUSED_NEW
+            if (f := self._set_pause_state(state)):
+                return f
+            self.clear_pending = self.clear_pending or event.clear_cache
+        elif isinstance(event, Resume):
+            if (f := self._set_pause_state(PauseState.UNPAUSED)):
+                return f
+        elif isinstance(event, GrammarReady):
+            if (f := self._grammar_ready(event)):
+                return f
         elif isinstance(event, Step):
             # sync: schedule, run, update; async: one engine step with a batch
             # queue of two (schedule and run a plan, then update the oldest
@@ -336,6 +347,97 @@ class Runner:
             return self._updated(event.step)
         else:
             raise TypeError(f"unknown event {event!r}")
+        return self._compare_views()
+
+    def _reset(self, reset_running_requests: bool) -> Failure | None:
+        """reset_prefix_cache on every scheduler, the results compared."""
+        running: tuple[str, ...] = ()
+        if self.pending and reset_running_requests:
+            self._where = (self.names[0], "view")
+            running = (self.views.get(self.names[0]) or self.primary.view()).running
+        results: dict[str, object] = {}
+        for name in self.names:
+            before = self.views.get(name)
+            self._where = (name, "reset_prefix_cache")
+            results[name] = self.scheds[name].reset_prefix_cache(reset_running_requests)
+            if not isinstance(results[name], bool):
+                return self._wrong_type(name, "reset_prefix_cache", results[name], bool)
+            if before is not None and (f := self._observe(name, "reset", before)):
+                return f
+        if (f := self._compare("reset_prefix_cache()", results)):
+            return f
+        # The requests it preempts lose the output still in flight
+        # (scheduler.py, reset_prefix_cache: drop_stale_output=True).
+        for pending in self.pending:
+            pending.dropped.update(running)
+        self.stats.resets += 1
+        return None
+
+    def _optional(self, name: str, method: str) -> object:
+        """A scheduler's optional gate method; a TypeError naming it when the
+        scheduler lacks it (its capabilities should have kept the event out)."""
+        fn = getattr(self.scheds[name], method, None)
+        if not callable(fn):
+            raise TypeError(f"{type(self.scheds[name]).__qualname__} has no {method}() (the optional "
+                            f"method of that admission gate), yet the workload uses it")
+        return fn
+
+    def _set_pause_state(self, state: PauseState) -> Failure | None:
+        for name in self.names:
+            before = self.views.get(name)
+            self._where = (name, "set_pause_state")
+            self._optional(name, "set_pause_state")(state)  # type: ignore[operator]
+            if before is not None and (f := self._observe(name, "pause", before)):
+                return f
+        return None
+
+    def _grammar_ready(self, event: GrammarReady) -> Failure | None:
+        """grammar_ready on every scheduler: a refusal (the request is not
+        waiting for a grammar: aborted, say) is an outcome compared like an
+        abort's, not a failure."""
+        rid = event.request_id
+        outcomes: dict[str, object] = {}
+        for name in self.names:
+            before = self.views.get(name)
+            self._where = (name, "grammar_ready")
+            try:
+                self._optional(name, "grammar_ready")(rid, event.ok)  # type: ignore[operator]
+                outcomes[name] = "ready" if event.ok else "failed"
+            except (ProtocolError, RequestError):
+                outcomes[name] = "refused"
+                continue
+            if before is not None and (f := self._observe(name, "grammar", before, request_id=rid)):
+                return f
+        return self._compare(f"grammar_ready({rid!r})", outcomes)
+
+    def _engine_idle(self) -> bool:
+        """Whether vLLM's engine core would find no work (EngineCore.has_work:
+        no plan in flight, nothing finished left to report, no unfinished
+        request as Scheduler.get_num_unfinished_requests counts them under
+        the pause state), judged on the first scheduler's view."""
+        if self.pending:
+            return False
+        self._where = (self.names[0], "view")
+        view = self.views.get(self.names[0]) if self.need_views else None
+        view = view or self.primary.view()
+        if view.finished:
+            return False
+        if view.pause_state == PauseState.PAUSED_ALL:
+            return True
+        if view.pause_state == PauseState.PAUSED_NEW:
+            # running requests, and waiting ones that hold KV blocks, drain
+            return not view.running and not any(
+                rid in view.requests and view.requests[rid].num_computed_tokens > 0 for rid in view.waiting)
+        return not view.requests
+
+    def _finish_pause(self) -> Failure | None:
+        """The pause completed on an idle engine: its cache clear
+        (EngineCore._finish_pause -> _reset_caches: reset_prefix_cache with
+        reset_running_requests=True)."""
+        self.clear_pending = False
+        self.clears += 1
+        if (f := self._reset(True)):
+            return f
         return self._compare_views()
 
     def _probe(self) -> InFlight:
@@ -491,7 +593,9 @@ class Runner:
         view. A run that reaches ``max_steps`` steps, or schedules nothing
         more than ``max_idle_steps`` times in a row with no arrival ahead, is
         a Failure of kind "stall"."""
-        last_add = max((i for i, e in enumerate(events) if isinstance(e, AddRequest)), default=-1)
+        # an arrival, a grammar compiled or a resume ahead: waiting is not a stall
+        last_add = max((i for i, e in enumerate(events)
+                        if isinstance(e, (AddRequest, GrammarReady, Resume))), default=-1)
         idle = 0
         i = 0
         while True:

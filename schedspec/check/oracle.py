@@ -134,6 +134,18 @@ class FakeModel:
         self.proposals: dict[str, tuple[int, ...]] = {}
         #: request id -> drafts its last sampling step rejected (the worker's correction)
         self.rejected: dict[str, int] = {}
+        #: request id -> the token ids its structured-output grammar refuses
+        self.grammars: dict[str, frozenset[int]] = {}
+
+    def set_grammar(self, request_id: str, rejects: Sequence[int]) -> None:
+        """Request ``request_id`` samples under a grammar that refuses
+        ``rejects`` (RequestSpec.grammar_rejects): the model never samples one
+        of them for it, as a structured-output bitmask keeps the sampler off
+        refused tokens (its drafts, made wrong on purpose, still may hold one)."""
+        if rejects:
+            self.grammars[request_id] = frozenset(rejects)
+        else:
+            self.grammars.pop(request_id, None)
 
     def _slot(self, block_ids: tuple[int, ...], pos: int) -> int | None:
         idx = pos // self.block_size
@@ -145,6 +157,18 @@ class FakeModel:
         h = hashlib.blake2b(digest_size=8, key=self.seed.to_bytes(8, "little"))
         h.update(repr(context).encode())
         return int.from_bytes(h.digest(), "little") % self.vocab
+
+    def sample_for(self, request_id: str, context: tuple[int | None, ...]) -> int:
+        """The token request ``request_id`` samples after ``context``:
+        ``sample_token``'s, or under a grammar the first token from there on
+        (cyclically) that the grammar allows."""
+        tok = self.sample_token(context)
+        refused = self.grammars.get(request_id)
+        if refused:
+            for j in range(self.vocab):
+                if (tok + j) % self.vocab not in refused:
+                    return (tok + j) % self.vocab
+        return tok
 
     def _read(self, block_ids: tuple[int, ...], end: int) -> tuple[int | None, ...]:
         """Positions 0 .. end-1 as read back through ``block_ids``."""
@@ -287,7 +311,7 @@ class FakeModel:
             return toks
         out: list[int] = []
         for i in range(len(draft) + 1):
-            tok = self.sample_token(self._read(s.block_ids, last + 1 + i))
+            tok = self.sample_for(rid, self._read(s.block_ids, last + 1 + i))
             out.append(tok)
             if i == len(draft) or draft[i] != tok:
                 break
@@ -302,7 +326,7 @@ class FakeModel:
         ctx = self._read(s.block_ids, last + 1) + (bonus,)
         perfect: list[int] = []
         for _ in range(k):
-            tok = self.sample_token(ctx)
+            tok = self.sample_for(s.request_id, ctx)
             perfect.append(tok)
             ctx = ctx + (tok,)
         if self.acceptance == "all":

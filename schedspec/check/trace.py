@@ -1,9 +1,9 @@
 """Trace files: a workload as JSON Lines, versioned, replayable against any scheduler.
 
-Format version 2 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-format.md):
+Format version 3 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-format.md):
 
-    line 1   {"schedspec_trace": 2, "config": {...SchedulerConfig...},
-              "vocab": 64, "oracle_seed": 0, "seed": 7}
+    line 1   {"schedspec_trace": 3, "config": {...SchedulerConfig...},
+              "vocab": 64, "oracle_seed": 0, "seed": 7, "gates": ["lora", "pause"]}
     then one event per line:
              {"op": "add", "request": {...RequestSpec...}}
              {"op": "abort", "request_id": "r3"}
@@ -13,6 +13,9 @@ Format version 2 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-for
              {"op": "schedule", "result": {"sampled": {"r1": [5, 9]},
                                            "draft_token_ids": {"r1": [4, 4]}}}
              {"op": "update", "step": 3}             (version 2; "step" optional)
+             {"op": "pause", "mode": "new", "clear_cache": true}   (version 3)
+             {"op": "resume"}                                      (version 3)
+             {"op": "grammar_ready", "request_id": "r2", "ok": true} (version 3)
 
 Version 2 adds the config's ``async_scheduling`` and ``num_speculative_tokens``
 and the schedule / update events; version 1 traces read as they always did,
@@ -22,6 +25,16 @@ for a step never planned, already updated or out of order, a schedule while
 the scheduler may not take one, recorded tokens or drafts for a request never
 added or already aborted, more tokens than 1 + num_speculative_tokens
 (accepted beyond the drafts), drafts with speculative decoding off.
+
+Version 3 adds the admission gates: the config's ``max_loras``,
+``watermark``, ``prefill_schedule_interval``, ``max_num_encoder_input_tokens``
+and ``encoder_cache_size``; the requests' ``lora_id``, ``structured_output``,
+``grammar_rejects`` and ``mm_inputs``; the pause / resume / grammar_ready
+events; and the header's ``gates``, the gates the workload uses (checked
+against what it uses at load). At load a request with an adapter when
+max_loras is 0, or with encoder inputs and no encoder budget, and a
+grammar_ready for a request never added, aborted, without structured output
+or already ready, are refused.
 
 Blank lines and lines starting with ``#`` are ignored. Each line is validated
 against the shipped JSON Schema with ``jsonschema`` (imported on first use);
@@ -39,25 +52,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from schedspec.spec.interface import ConfigError, RequestError, RequestSpec, SchedulerConfig, SchedSpecError
+from schedspec.spec.interface import ConfigError, MMInput, RequestError, RequestSpec, SchedulerConfig, SchedSpecError
 from schedspec.spec.interface import StepResult
 from schedspec.check.workload import (
     Abort,
     AddRequest,
     Event,
+    GrammarReady,
     InFlight,
+    Pause,
     ResetPrefixCache,
+    Resume,
     Schedule,
     Step,
     Update,
     Workload,
+    gates_of,
 )
 
 #: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.
-TRACE_VERSION = 2
-READ_VERSIONS = (1, 2)
+TRACE_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 #: Config fields a version 1 trace cannot carry.
 V2_CONFIG_FIELDS = ("async_scheduling", "num_speculative_tokens")
+#: Config fields, request fields and events of the admission gates (version 3).
+V3_CONFIG_FIELDS = ("max_loras", "watermark", "prefill_schedule_interval", "max_num_encoder_input_tokens",
+                    "encoder_cache_size")
+V3_REQUEST_FIELDS = ("lora_id", "structured_output", "grammar_rejects", "mm_inputs")
+V3_OPS = ("pause", "resume", "grammar_ready")
 #: The JSON Schema every line is validated against (shipped with the package).
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
@@ -78,6 +100,11 @@ class Trace:
     #: the check that made it: {"mode": "lockstep"|"invariants", "invariants": SELECTOR}
     #: (absent: lockstep, every invariant); replay repeats it
     check: Mapping[str, str] | None = None
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        """The admission gates the workload uses (the header's ``gates``)."""
+        return gates_of(self.workload.config, self.workload.events)
 
     @property
     def config(self) -> SchedulerConfig:
@@ -104,6 +131,12 @@ def event_to_json(event: Event) -> dict[str, Any]:
         return out
     if isinstance(event, Update):
         return {"op": "update"} if event.step is None else {"op": "update", "step": event.step}
+    if isinstance(event, Pause):
+        return {"op": "pause", "mode": event.mode, "clear_cache": event.clear_cache}
+    if isinstance(event, Resume):
+        return {"op": "resume"}
+    if isinstance(event, GrammarReady):
+        return {"op": "grammar_ready", "request_id": event.request_id, "ok": event.ok}
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -117,6 +150,8 @@ def result_to_json(result: StepResult) -> dict[str, Any]:
 def version_of(trace: Trace) -> int:
     """The lowest format version that holds ``trace``."""
     config = trace.config.to_dict()
+    if trace.gates:
+        return 3
     if any(name in config for name in V2_CONFIG_FIELDS):
         return 2
     if any(isinstance(e, (Schedule, Update)) for e in trace.events):
@@ -134,6 +169,8 @@ def dumps(trace: Trace) -> str:
     }
     if trace.check is not None:
         header["check"] = dict(trace.check)
+    if trace.gates:
+        header["gates"] = list(trace.gates)
     lines = [json.dumps(header, sort_keys=True)]
     lines += [json.dumps(event_to_json(e), sort_keys=True) for e in trace.events]
     return "\n".join(lines) + "\n"
@@ -213,6 +250,10 @@ def _parse_request(where: tuple[str, int], obj: dict[str, Any], config: Schedule
     kwargs = dict(obj)
     kwargs["prompt_token_ids"] = tuple(obj["prompt_token_ids"])
     kwargs["stop_token_ids"] = tuple(obj.get("stop_token_ids", []))
+    if "grammar_rejects" in obj:
+        kwargs["grammar_rejects"] = tuple(obj["grammar_rejects"])
+    if "mm_inputs" in obj:
+        kwargs["mm_inputs"] = tuple(MMInput(m["offset"], m["length"], m["identifier"]) for m in obj["mm_inputs"])
     try:
         req = RequestSpec(**kwargs)
     except RequestError as exc:
@@ -222,6 +263,12 @@ def _parse_request(where: tuple[str, int], obj: dict[str, Any], config: Schedule
             path, line, "request.prompt_token_ids",
             f"prompt length {len(req.prompt_token_ids)} must be below max_model_len {config.max_model_len}",
         )
+    if req.lora_id and not config.max_loras:
+        raise TraceError(path, line, "request.lora_id",
+                         f"adapter {req.lora_id} with LoRA off (the config's max_loras is 0)")
+    if req.mm_inputs and not config.has_encoder:
+        raise TraceError(path, line, "request.mm_inputs",
+                         "encoder inputs with no encoder (the config's encoder_cache_size is 0)")
     return req
 
 
@@ -242,6 +289,12 @@ def _parse_header(
             if isinstance(obj["config"], dict) and name in obj["config"]:
                 raise TraceError(path, line, f"config.{name}",
                                  "needs trace format version 2 (\"schedspec_trace\": 2)")
+    if version < 3:
+        for name in V3_CONFIG_FIELDS:
+            if name in obj["config"]:
+                raise TraceError(path, line, f"config.{name}", _NEEDS_V3)
+        if "gates" in obj:
+            raise TraceError(path, line, "gates", _NEEDS_V3)
     try:  # the cross-field rules the schema cannot express
         config = SchedulerConfig.from_dict(obj["config"])
     except ConfigError as exc:
@@ -252,9 +305,13 @@ def _parse_header(
     return config, obj.get("vocab", 64), obj.get("oracle_seed", 0), obj.get("seed"), check
 
 
+_NEEDS_V3 = "needs trace format version 3 (\"schedspec_trace\": 3)"
+
+
 class _Loading:
     """What the events before a line established: the ids added, the ids
-    aborted (with their line), and the plans in flight."""
+    aborted (with their line), the plans in flight, the requests waiting for
+    a grammar and those whose grammar was reported (with their line)."""
 
     def __init__(self, version: int, config: SchedulerConfig) -> None:
         self.version = version
@@ -262,6 +319,8 @@ class _Loading:
         self.seen: set[str] = set()
         self.aborted: dict[str, int] = {}
         self.flight = InFlight(config.async_scheduling)
+        self.structured: set[str] = set()
+        self.grammar_reported: dict[str, int] = {}
 
 
 def _parse_result(where: tuple[str, int], obj: dict[str, Any], state: _Loading) -> StepResult:
@@ -301,13 +360,27 @@ def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
     branches = _validators().events
     if not isinstance(op, str) or op not in branches:
         raise TraceError(path, line, "op", f"unknown event {op!r} (expected one of {sorted(branches)})")
+    if state.version < 3 and op in V3_OPS:
+        raise TraceError(path, line, "op", f"{op!r} " + _NEEDS_V3)
+    if state.version < 3 and op == "add" and isinstance(obj.get("request"), dict):
+        for name in V3_REQUEST_FIELDS:
+            if name in obj["request"]:
+                raise TraceError(path, line, f"request.{name}", _NEEDS_V3)
     _schema_check(where, branches[op], obj, "event", f"unknown field for {op!r}")
     if op == "add":
         req = _parse_request(where, obj["request"], config)
         if req.request_id in seen:
             raise TraceError(path, line, "request.request_id", f"duplicate request id {req.request_id!r}")
         seen.add(req.request_id)
+        if req.structured_output:
+            state.structured.add(req.request_id)
         return AddRequest(req)
+    if op == "pause":
+        return Pause(obj["mode"], obj.get("clear_cache", False))
+    if op == "resume":
+        return Resume()
+    if op == "grammar_ready":
+        return _parse_grammar_ready(where, obj, state)
     if op == "abort":
         rid = obj["request_id"]
         if rid not in seen:
@@ -335,10 +408,43 @@ def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
     return ResetPrefixCache(obj.get("reset_running_requests", False))
 
 
+def _parse_grammar_ready(where: tuple[str, int], obj: dict[str, Any], state: _Loading) -> GrammarReady:
+    """A grammar_ready names a request added before it, not aborted, with
+    structured output, whose grammar was not reported before."""
+    path, line = where
+    rid = obj["request_id"]
+    if rid not in state.seen:
+        raise TraceError(path, line, "request_id", f"{rid!r} was never added before this line")
+    if rid in state.aborted:
+        raise TraceError(path, line, "request_id", f"{rid!r} is finished: aborted on line {state.aborted[rid]}")
+    if rid not in state.structured:
+        raise TraceError(path, line, "request_id",
+                         f"{rid!r} has no structured output: it never waits for a grammar")
+    if rid in state.grammar_reported:
+        raise TraceError(path, line, "request_id",
+                         f"the grammar of {rid!r} was already reported on line {state.grammar_reported[rid]}")
+    state.grammar_reported[rid] = line
+    return GrammarReady(rid, obj.get("ok", True))
+
+
+def _check_gates(path: str, line: int, declared: object, workload: Workload) -> None:
+    """The header's gates (when given) must name every gate the workload uses."""
+    if declared is None:
+        return
+    assert isinstance(declared, list)
+    missing = [g for g in gates_of(workload.config, workload.events) if g not in declared]
+    if missing:
+        raise TraceError(path, line, "gates",
+                         f"the trace uses the gate(s) {', '.join(missing)}, which the header does not list "
+                         f"(it lists {', '.join(declared) or 'none'})")
+
+
 def loads(text: str, path: str = "<trace>") -> Trace:
     header: tuple[SchedulerConfig, int, int, int | None, dict[str, str] | None] | None = None
     events: list[Event] = []
     state: _Loading | None = None
+    declared_gates: object = None
+    header_line = 1
     for lineno, raw in enumerate(text.splitlines(), start=1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
@@ -350,13 +456,16 @@ def loads(text: str, path: str = "<trace>") -> Trace:
         if header is None:
             header = _parse_header(path, lineno, obj)
             state = _Loading(obj["schedspec_trace"], header[0])
+            declared_gates, header_line = obj.get("gates"), lineno
             continue
         assert state is not None
         events.append(_parse_event((path, lineno), obj, state))
     if header is None:
         raise TraceError(path, 1, "header", "empty trace: the first line must be the header")
     config, vocab, oracle_seed, seed, check = header
-    return Trace(Workload(config, tuple(events), seed), vocab=vocab, oracle_seed=oracle_seed, check=check)
+    workload = Workload(config, tuple(events), seed)
+    _check_gates(path, header_line, declared_gates, workload)
+    return Trace(workload, vocab=vocab, oracle_seed=oracle_seed, check=check)
 
 
 def read(path: str | Path) -> Trace:

@@ -48,6 +48,40 @@ class ResetPrefixCache:
     reset_running_requests: bool = False
 
 
+#: The pause modes of a Pause event: "new" is vLLM's PAUSED_NEW (the engine
+#: core's "abort" and "wait" pause modes: nothing new is admitted, running
+#: requests drain), "all" is PAUSED_ALL (its "keep" mode: nothing is scheduled).
+PAUSE_MODES: tuple[str, ...] = ("new", "all")
+
+
+@dataclass(frozen=True)
+class Pause:
+    """The engine core pauses the scheduler (vllm/v1/engine/core.py,
+    EngineCore.pause_scheduler): ``set_pause_state(PAUSED_NEW)`` for mode
+    "new", ``set_pause_state(PAUSED_ALL)`` for mode "all". With
+    ``clear_cache`` the prefix cache is reset, running requests included,
+    once the pause completes: when the engine has no work left
+    (EngineCore._finish_pause, called at once or from the idle callback)."""
+
+    mode: str = "new"
+    clear_cache: bool = False
+
+
+@dataclass(frozen=True)
+class Resume:
+    """``set_pause_state(UNPAUSED)`` (EngineCore.resume_scheduler)."""
+
+
+@dataclass(frozen=True)
+class GrammarReady:
+    """The structured-output manager finished compiling the grammar of a
+    request waiting in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR; ``ok=False``:
+    the compile failed."""
+
+    request_id: str
+    ok: bool = True
+
+
 @dataclass(frozen=True)
 class Schedule:
     """``plan = schedule()`` and run the model on it; the plan is then in
@@ -67,7 +101,11 @@ class Update:
     step: int | None = None
 
 
-Event = Union[AddRequest, Abort, Step, ResetPrefixCache, Schedule, Update]
+Event = Union[AddRequest, Abort, Step, ResetPrefixCache, Schedule, Update, Pause, Resume, GrammarReady]
+
+#: The event types of the admission gates (a scheduler without the gate's
+#: optional method cannot take them).
+GATE_EVENTS: tuple[type, ...] = (Pause, Resume, GrammarReady)
 
 
 class EventError(SchedSpecError, ValueError):
@@ -232,6 +270,12 @@ def describe_event(event: Event) -> str:
         return "schedule()" if event.result is None else f"schedule(result={event.result!r})"
     if isinstance(event, Update):
         return "update()" if event.step is None else f"update(step={event.step})"
+    if isinstance(event, Pause):
+        return f"pause(mode={event.mode!r}, clear_cache={event.clear_cache})"
+    if isinstance(event, Resume):
+        return "resume()"
+    if isinstance(event, GrammarReady):
+        return f"grammar_ready({event.request_id!r}" + (")" if event.ok else ", ok=False)")
     return f"reset_prefix_cache(reset_running_requests={event.reset_running_requests})"
 
 
@@ -291,6 +335,68 @@ def parse_modes(text: str) -> tuple[str, ...]:
         if name not in MODES:
             raise ValueError(f"unknown mode {name!r} (choose from {', '.join(MODES)})")
     return tuple(m for m in MODES if m in names)
+
+
+#: The admission gates of vLLM 0.33's waiting loop a workload can turn on:
+#: LoRA adapters (max_loras), structured outputs (grammar readiness, grammar-
+#: rejected drafts), pause states, the KV watermark, the prefill cadence
+#: (prefill_schedule_interval) and the multimodal encoder budget and cache.
+GATES: tuple[str, ...] = ("lora", "grammar", "pause", "watermark", "cadence", "encoder")
+
+#: gate -> the capability name (schedspec.check.capabilities) a scheduler
+#: declares to take it
+GATE_CAPABILITIES: Mapping[str, str] = {
+    "lora": "lora",
+    "grammar": "structured_output",
+    "pause": "pause",
+    "watermark": "watermark",
+    "cadence": "prefill_cadence",
+    "encoder": "encoder",
+}
+
+
+def parse_gates(text: str) -> tuple[str, ...]:
+    """``"lora,pause"`` -> ("lora", "pause"), in GATES order; ``"all"`` ->
+    GATES, ``"none"`` -> (); a ValueError names an unknown gate."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError(f"no gate given (choose from {', '.join(GATES)}, all or none)")
+    if names == ["all"]:
+        return GATES
+    if names == ["none"]:
+        return ()
+    for name in names:
+        if name not in GATES:
+            extra = " (all and none stand alone)" if name in ("all", "none") else ""
+            raise ValueError(f"unknown gate {name!r}{extra} (choose from {', '.join(GATES)}, all or none)")
+    return tuple(g for g in GATES if g in names)
+
+
+def gates_of(config: SchedulerConfig, events: Sequence["Event"] = ()) -> tuple[str, ...]:
+    """The gates a config and its events use, in GATES order."""
+    on: set[str] = set()
+    if config.max_loras:
+        on.add("lora")
+    if config.watermark:
+        on.add("watermark")
+    if config.prefill_schedule_interval != 1:
+        on.add("cadence")
+    if config.max_num_encoder_input_tokens or config.encoder_cache_size:
+        on.add("encoder")
+    for e in events:
+        if isinstance(e, (Pause, Resume)):
+            on.add("pause")
+        elif isinstance(e, GrammarReady):
+            on.add("grammar")
+        elif isinstance(e, AddRequest):
+            r = e.request
+            if r.lora_id:
+                on.add("lora")
+            if r.structured_output:
+                on.add("grammar")
+            if r.mm_inputs:
+                on.add("encoder")
+    return tuple(g for g in GATES if g in on)
 
 
 @dataclass(frozen=True)
@@ -513,7 +619,8 @@ class RequestFactory:
 
 
 def random_workload(
-    seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",)
+    seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",),
+    gates: Sequence[str] = (),
 ) -> Workload:
     """A seeded workload of ``num_steps`` steps with arrivals in bursts,
     aborts and occasional prefix-cache resets, in one of ``modes`` (MODES;
@@ -522,7 +629,13 @@ def random_workload(
     The mode is drawn apart from the rest (its own generator, seeded from
     ``seed``), so a sync workload is the one this seed always gave. With async
     scheduling some Steps are spelled out as Schedule, events, Update, so
-    aborts and arrivals also land between schedule(N+1) and update(N)."""
+    aborts and arrivals also land between schedule(N+1) and update(N).
+
+    ``gates`` (GATES) are the admission gates the workload may use: it turns
+    a random subset of them on (``draw_gate_subset``), with their config
+    fields, request fields and events drawn from a generator of their own
+    (``GateRequests``); with no gate the workload is the one this seed always
+    gave. The gates it turned on are its features (``gate:NAME``)."""
     rng = random.Random(seed)
     config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
     modes = tuple(modes)
@@ -532,7 +645,22 @@ def random_workload(
     mode_rng = random.Random(f"schedspec-mode-{seed}")
     mode_fields = draw_mode(modes, CHECK_SPACE.spec_tokens, lambda options: mode_rng.choice(options))
     config = with_mode(config, **mode_fields)
+    for g in gates:
+        if g not in GATES:
+            raise ValueError(f"unknown gate {g!r} (choose from {', '.join(GATES)})")
+    gated: GateRequests | None = None
+    chosen: tuple[str, ...] = ()
+    if gates:
+        grng = gate_rng(seed)
+        chosen = draw_gate_subset(gates, grng)
+        config = with_gates(config, chosen, grng)
+        gated = GateRequests(config, grng, vocab, pause="pause" in chosen, grammar="grammar" in chosen)
     factory = RequestFactory(rng, config, vocab)
+
+    def make() -> RequestSpec:
+        req = factory.make()
+        return req if gated is None else gated.decorate(req)
+
     events: list[Event] = []
     live: list[str] = []
     steps = 0
@@ -540,23 +668,30 @@ def random_workload(
         r = rng.random()
         if r < 0.25 or not live:
             for _ in range(rng.choice([1, 1, 2, 4])):
-                req = factory.make()
+                req = make()
                 events.append(AddRequest(req))
                 live.append(req.request_id)
         elif r < 0.29:
             victim = rng.choice(live)
             events.append(Abort(victim))
             live.remove(victim)
+            if gated is not None:
+                gated.forget(victim)
         elif r < 0.31:
             events.append(ResetPrefixCache(rng.random() < 0.3))
         else:
+            if gated is not None:
+                events.extend(gated.before_step())
             if config.async_scheduling and mode_rng.random() < 0.15:
                 # schedule(N+1), then an abort or an arrival, then update(N)
                 events.append(Schedule())
                 if mode_rng.random() < 0.6:
-                    events.append(Abort(mode_rng.choice(live)))
+                    victim = mode_rng.choice(live)
+                    events.append(Abort(victim))
+                    if gated is not None:
+                        gated.forget(victim)
                 else:
-                    req = factory.make()
+                    req = make()
                     events.append(AddRequest(req))
                 events.append(Update())
             else:
@@ -567,4 +702,160 @@ def random_workload(
             # the driver).
             if len(live) > 16:
                 live = live[-16:]
-    return Workload(config=config, events=tuple(events), seed=seed)
+    if gated is not None:
+        events.extend(gated.finish())
+    return Workload(config=config, events=tuple(events), seed=seed,
+                    features=tuple(f"gate:{g}" for g in chosen))
+
+
+# ---------------------------------------------------------------------------
+# The admission gates in generated workloads. Every draw here comes from a
+# generator of its own (seeded from the workload's seed), so a workload with
+# no gate is exactly the one its seed always gave.
+# ---------------------------------------------------------------------------
+
+
+def gate_rng(seed: int | str) -> random.Random:
+    """The generator of a workload's gate draws."""
+    return random.Random(f"schedspec-gates-{seed}")
+
+
+def draw_gate_subset(gates: Sequence[str], rng: random.Random) -> tuple[str, ...]:
+    """The gates one workload turns on: each of ``gates`` with probability
+    0.6 (a workload may draw none), in GATES order."""
+    return tuple(g for g in GATES if g in gates and rng.random() < 0.6)
+
+
+def with_gates(config: SchedulerConfig, gates: Sequence[str], rng: random.Random) -> SchedulerConfig:
+    """``config`` with the config fields of ``gates`` drawn so each gate
+    binds: max_loras 1 or 2 (the requests use 2 to 4 adapters), a watermark
+    of 5% to 30% (the pool grown by the blocks it keeps, so a request of
+    max_model_len still fits above it), a prefill cadence of 2 to 4 steps, an
+    encoder budget of 2 to 16 embeddings a step with a cache 1 to 4 times as
+    large (the requests' inputs never exceed either, so every input fits an
+    empty cache and budget, as vLLM's MultiModalBudget makes them). A draw
+    the config cannot take leaves that gate off."""
+    per_gate: list[dict[str, Any]] = []
+    if "lora" in gates:
+        per_gate.append({"max_loras": rng.choice((1, 1, 2))})
+    if "watermark" in gates:
+        w = rng.choice((0.05, 0.1, 0.2, 0.3))
+        blocks = config.num_blocks
+        while blocks - int(w * blocks) < config.num_blocks:
+            blocks += 1
+        per_gate.append({"watermark": w, "num_blocks": blocks})
+    if "cadence" in gates:
+        per_gate.append({"prefill_schedule_interval": rng.choice((2, 3, 4))})
+    if "encoder" in gates:
+        budget = rng.choice((2, 4, 6, 8, 16))
+        per_gate.append({"max_num_encoder_input_tokens": budget, "encoder_cache_size": budget * rng.choice((1, 2, 4))})
+    out = config
+    for changes in per_gate:
+        try:
+            out = dataclasses.replace(out, **changes)
+        except SchedSpecError:
+            continue
+    return out
+
+
+class GateRequests:
+    """Adds the gate fields to generated requests, and the gate events to a
+    workload: adapters among 2 to 4 LoRA ids; structured outputs whose
+    grammar refuses a few tokens, ready after 0 to 5 steps (one compile in
+    ten fails); encoder inputs of 1 to 3 images per request from a small pool
+    of identifiers (each of a fixed length), so the encoder cache is shared;
+    pauses of both kinds, some clearing the cache, each resumed 1 to 8 steps
+    later."""
+
+    def __init__(self, config: SchedulerConfig, rng: random.Random, vocab: int,
+                 pause: bool = False, grammar: bool = True) -> None:
+        self.config = config
+        self.rng = rng
+        self.vocab = vocab
+        self.adapters = rng.randint(2, 4)
+        self.pause = pause
+        self.grammar = grammar
+        budget = min(config.max_num_encoder_input_tokens, config.encoder_cache_size)
+        self.images: dict[str, int] = {
+            f"mm{i}": rng.randint(1, max(1, min(budget, config.max_model_len // 2))) for i in range(4)
+        } if budget > 0 else {}
+        #: request id -> steps until its GrammarReady
+        self.grammar_due: dict[str, int] = {}
+        #: steps until the Resume of the pause in force (None: not paused)
+        self.resume_in: int | None = None
+
+    def decorate(self, request: RequestSpec) -> RequestSpec:
+        """``request`` with gate fields drawn for it."""
+        rng = self.rng
+        changes: dict[str, Any] = {}
+        if self.config.max_loras and rng.random() < 0.75:
+            changes["lora_id"] = rng.randint(1, self.adapters)
+        if self.grammar and rng.random() < 0.35:
+            changes["structured_output"] = True
+            if rng.random() < 0.8:
+                k = rng.choice((1, 2, max(1, self.vocab // 4)))
+                changes["grammar_rejects"] = tuple(sorted(rng.sample(range(self.vocab), min(k, self.vocab - 1))))
+            self.grammar_due[request.request_id] = rng.choice((0, 0, 1, 2, 3, 5))
+        if self.images and rng.random() < 0.5:
+            mm = self._mm_inputs(len(request.prompt_token_ids))
+            if mm:
+                changes["mm_inputs"] = mm
+        if not changes:
+            return request
+        try:
+            return dataclasses.replace(request, **changes)
+        except SchedSpecError:
+            self.grammar_due.pop(request.request_id, None)
+            return request
+
+    def _mm_inputs(self, prompt_len: int) -> tuple[Any, ...]:
+        from schedspec.spec.interface import MMInput
+
+        rng = self.rng
+        out = []
+        pos = rng.randint(0, max(0, prompt_len // 3))
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            ident = rng.choice(sorted(self.images))
+            length = self.images[ident]
+            if pos + length > prompt_len:
+                break
+            out.append(MMInput(pos, length, ident))
+            pos += length + rng.choice((0, 1, 2, self.config.block_size))
+        return tuple(out)
+
+    def forget(self, request_id: str) -> None:
+        """The request was aborted: no GrammarReady for it."""
+        self.grammar_due.pop(request_id, None)
+
+    def before_step(self) -> list[Event]:
+        """The gate events due before the next step: grammars compiled,
+        a pause resumed or begun."""
+        rng = self.rng
+        out: list[Event] = []
+        for rid in list(self.grammar_due):
+            if self.grammar_due[rid] <= 0:
+                del self.grammar_due[rid]
+                out.append(GrammarReady(rid, ok=rng.random() >= 0.1))
+            else:
+                self.grammar_due[rid] -= 1
+        if self.pause:
+            if self.resume_in is not None:
+                self.resume_in -= 1
+                if self.resume_in <= 0:
+                    self.resume_in = None
+                    out.append(Resume())
+            elif rng.random() < 0.04:
+                out.append(Pause(rng.choice(PAUSE_MODES), clear_cache=rng.random() < 0.3))
+                self.resume_in = rng.randint(1, 8)
+        return out
+
+    def finish(self) -> list[Event]:
+        """What ends the workload: the grammars still compiling become
+        ready and a pause in force is resumed, so a run to completion can
+        finish every request."""
+        out: list[Event] = [GrammarReady(rid) for rid in self.grammar_due]
+        self.grammar_due.clear()
+        if self.resume_in is not None:
+            self.resume_in = None
+            out.append(Resume())
+        return out

@@ -328,14 +328,23 @@ def test_a_recorded_output_replaces_the_models_tokens_and_drafts() -> None:
 
 
 def test_sync_random_workloads_are_the_ones_each_seed_always_gave() -> None:
-    """A digest of random_workload(seed, 50) for seeds 0-29, taken before the
-    modes existed."""
+    """A digest of the traces of random_workload(seed, 50) for seeds 0-29,
+    taken before the admission gates existed (and equal to the one taken
+    before the modes existed); with no gate every seed still draws it."""
     h = hashlib.sha256()
     for seed in range(30):
         w = random_workload(seed, 50)
-        assert w == random_workload(seed, 50, modes=("sync",))
-        h.update(repr((w.config, w.events)).encode())
-    assert h.hexdigest() == "362bd4e54f63683afca1a4e0fd0270443717079a4b113394384a36be792f0e67"
+        assert w == random_workload(seed, 50, modes=("sync",)) == random_workload(seed, 50, gates=())
+        h.update(tracefile.dumps(tracefile.Trace(w)).encode())
+    assert h.hexdigest() == "7be771e54f33170dc02a6c24e6763f09364e0850265553298379e890c09b43fd"
+
+
+def test_random_workloads_of_every_mode_are_the_ones_each_seed_gave_before_the_gates() -> None:
+    h = hashlib.sha256()
+    for seed in range(40):
+        w = random_workload(seed, 40, modes=MODES)
+        h.update(tracefile.dumps(tracefile.Trace(w)).encode())
+    assert h.hexdigest() == "ef96075bb2052119858693f194713c2d9de703552916070095f1e6293ee317e6"
 
 
 def test_the_check_space_mixes_every_mode() -> None:

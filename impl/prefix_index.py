@@ -89,6 +89,31 @@ class PrefixIndex:
         self.block_node[block] = node
         return node
 
+    def register_chain(
+        self, blocks: list[int], start: int, parent: Parent, chunks: list[tuple[int, ...]]
+    ) -> None:
+        """``register`` for ``blocks[start + i]`` under ``chunks[i]``, each
+        block's parent being the node of the one before (the first's:
+        ``parent``): one call for the blocks a step fills."""
+        intern = self.intern
+        block_node = self.block_node
+        j = start
+        for tokens in chunks:
+            block = blocks[j]
+            j += 1
+            ikey = (parent, tokens)
+            node = intern.get(ikey)
+            if node is None:
+                node = KeyNode(ikey, block)
+                intern[ikey] = node
+                if parent.__class__ is KeyNode:
+                    parent.refs += 1  # type: ignore[union-attr]
+            else:
+                node.holders.append(block)
+                node.refs += 1
+            block_node[block] = node
+            parent = node
+
     def evict(self, block: int) -> None:
         """Drop the key of ``block`` (which has one)."""
         node = self.block_node[block]

@@ -105,6 +105,8 @@ def _entry(
     d["token_ids"] = token_ids
     d["spec_token_ids"] = _NO_DRAFTS
     d["num_output_placeholders"] = 0
+    d["encoder_inputs"] = _NO_DRAFTS
+    d["num_invalid_spec_tokens"] = 0
     return o
 
 
@@ -116,10 +118,12 @@ class _Req:
     """One unfinished (or just finished) request."""
 
     # Slot order is memory order: the fields a decode step reads (schedule's
-    # fast path, then update) come first, so they share one or two cache
+    # fast path, then update) come first, so they share two or three cache
     # lines; at thousands of running requests the step is bound by memory
-    # traffic, not by instructions.
+    # traffic, not by instructions. The general path's per-step fields come
+    # right after the synchronous path's.
     __slots__ = (
+        # synchronous decode (schedule's fast path, then update)
         "num_computed",
         "num_tokens",
         "edge",
@@ -130,28 +134,30 @@ class _Req:
         "output",
         "end_at",
         "stop",
+        # async scheduling and speculative decoding: the steady-decode cases
+        # and update's per-entry work
+        "ph",
+        "drafts",
+        "inflight",
+        "pchunk",
+        "prev_pchunk",
+        "cap",
+        "next_full",
+        "stale",
+        "max_end",
+        # the rest
         "spec",
         "prompt",
         "plen",
         "blocks",
-        "cap",
         "ncached",
-        "next_full",
         "npreempt",
         "salt",
         "priority",
         "arrival",
         "wseq",
         "run_seq",
-        # async scheduling and speculative decoding (the general path)
-        "ph",
-        "drafts",
-        "inflight",
-        "stale",
         "drop_stale",
-        "pchunk",
-        "max_end",
-        "prev_pchunk",
     )
 
     def __init__(
@@ -433,10 +439,22 @@ class ImplScheduler:
             node = px.block_node[blocks[i - 1]]
             assert node is not None
             parent = node
-        register = px.register
-        toks = req.toks
-        for j in range(i, num_full):
-            parent = register(blocks[j], parent, toks(j * bs, (j + 1) * bs))
+        # each full block's own tokens: prompt slices, then output slices
+        plen = req.plen
+        a = i * bs
+        end = num_full * bs
+        if num_full == i + 1:  # one block (a decode step)
+            chunks = [req.toks(a, end)]
+        elif end <= plen:
+            prompt = req.prompt
+            chunks = [prompt[x : x + bs] for x in range(a, end, bs)]
+        elif a >= plen:
+            output = req.output
+            chunks = [tuple(output[x : x + bs]) for x in range(a - plen, end - plen, bs)]
+        else:
+            toks = req.toks
+            chunks = [toks(x, x + bs) for x in range(a, end, bs)]
+        px.register_chain(blocks, i, parent, chunks)
         req.ncached = num_full
         req.next_full = (num_full + 1) * bs
 
@@ -609,6 +627,8 @@ class ImplScheduler:
             d["token_ids"] = tt
             d["spec_token_ids"] = no_drafts
             d["num_output_placeholders"] = 0
+            d["encoder_inputs"] = no_drafts
+            d["num_invalid_spec_tokens"] = 0
             ents_append(o)
             out_append(req)
             req.num_computed = e
@@ -871,6 +891,7 @@ class ImplScheduler:
         unknown = self._unknown
         new = _new
         sr = _SR
+        no_drafts = _NO_DRAFTS
         ents: list[ScheduledRequest] = []
         out: list[_Req] = []
         prefill_scheduled = False
@@ -919,6 +940,8 @@ class ImplScheduler:
                 d["token_ids"] = all_unknown
                 d["spec_token_ids"] = placeholder_drafts
                 d["num_output_placeholders"] = width
+                d["encoder_inputs"] = no_drafts
+                d["num_invalid_spec_tokens"] = 0
                 ents.append(o)
                 out.append(req)
                 codes.append(steady_code)
@@ -955,6 +978,8 @@ class ImplScheduler:
                     d["token_ids"] = req.tail + drafts if drafts else req.tail
                     d["spec_token_ids"] = drafts
                     d["num_output_placeholders"] = 0
+                    d["encoder_inputs"] = no_drafts
+                    d["num_invalid_spec_tokens"] = 0
                     ents.append(o)
                     out.append(req)
                     codes.append(n * base + n)
@@ -1043,6 +1068,8 @@ class ImplScheduler:
             d["token_ids"] = tt
             d["spec_token_ids"] = drafts
             d["num_output_placeholders"] = ph
+            d["encoder_inputs"] = no_drafts
+            d["num_invalid_spec_tokens"] = 0
             ents.append(o)
             out.append(req)
             req.num_computed = e

@@ -50,12 +50,39 @@ FILES: tuple[str, ...] = (
     "v1/core/kv_cache_manager.py",
     "v1/core/block_pool.py",
     "v1/core/single_type_kv_cache_manager.py",
+    "v1/core/encoder_cache_manager.py",
+    "v1/structured_output/__init__.py",
 )
 
 #: The functions whose share the report states first (file, qualified name).
 HEADLINE: tuple[tuple[str, str], ...] = (
     ("v1/core/sched/scheduler.py", "Scheduler.schedule"),
     ("v1/core/sched/scheduler.py", "Scheduler.update_from_output"),
+)
+
+#: The functions of the admission gates (structured outputs, LoRA, pause
+#: states, watermark, prefill cadence, encoder budget and cache), whose
+#: shares the report states after the headline (file, qualified name).
+GATE_FUNCTIONS: tuple[tuple[str, str], ...] = (
+    ("v1/core/sched/scheduler.py", "Scheduler._handle_blocked_waiting_request"),
+    ("v1/core/sched/scheduler.py", "Scheduler._try_schedule_encoder_inputs"),
+    ("v1/core/sched/scheduler.py", "Scheduler._allocate_encoder_inputs"),
+    ("v1/core/sched/scheduler.py", "Scheduler._free_encoder_inputs"),
+    ("v1/core/sched/scheduler.py", "Scheduler._free_encoder_input"),
+    ("v1/core/sched/scheduler.py", "Scheduler.get_grammar_bitmask"),
+    ("v1/core/sched/scheduler.py", "Scheduler.update_draft_token_ids"),
+    ("v1/core/sched/scheduler.py", "Scheduler.update_draft_token_ids_in_output"),
+    ("v1/core/sched/scheduler.py", "Scheduler.set_pause_state"),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager.allocate_slots"),
+    ("v1/core/encoder_cache_manager.py", "EncoderCacheManager.check_and_update_cache"),
+    ("v1/core/encoder_cache_manager.py", "EncoderCacheManager.can_allocate"),
+    ("v1/core/encoder_cache_manager.py", "EncoderCacheManager.allocate"),
+    ("v1/core/encoder_cache_manager.py", "EncoderCacheManager.free_encoder_input"),
+    ("v1/core/encoder_cache_manager.py", "EncoderCacheManager.free"),
+    ("v1/core/encoder_cache_manager.py", "EncoderCacheManager.get_freed_mm_hashes"),
+    ("v1/structured_output/__init__.py", "StructuredOutputManager.validate_tokens"),
+    ("v1/structured_output/__init__.py", "StructuredOutputManager.accept_tokens"),
+    ("v1/structured_output/__init__.py", "StructuredOutputManager.grammar_bitmask"),
 )
 
 _TraceFn = Callable[[FrameType, str, Any], Any]
@@ -439,8 +466,15 @@ class FidelityReport:
         return None
 
     def headline(self) -> list[tuple[str, FunctionReport]]:
+        return self._functions(HEADLINE)
+
+    def gate_functions(self) -> list[tuple[str, FunctionReport]]:
+        """The admission gates' functions (GATE_FUNCTIONS) with their reports."""
+        return self._functions(GATE_FUNCTIONS)
+
+    def _functions(self, names: tuple[tuple[str, str], ...]) -> list[tuple[str, FunctionReport]]:
         out = []
-        for path, qualname in HEADLINE:
+        for path, qualname in names:
             f = self.file(path)
             fn = f.function(qualname) if f is not None else None
             if fn is not None:
@@ -493,6 +527,7 @@ def report_json(report: FidelityReport) -> dict[str, Any]:
         "modes": list(report.modes),
         **report.extra,
         "headline": {name: round(fn.percent, 1) for name, fn in report.headline()},
+        "gate_functions": {name: round(fn.percent, 1) for name, fn in report.gate_functions()},
         "files": {
             f.path: {
                 "lines": f.lines,
@@ -542,6 +577,12 @@ def report_table(report: FidelityReport, all_functions: bool = True) -> str:
         out.append(f"  {name}(): {fn.reached}/{fn.lines} lines, {fn.percent:.0f}%")
         for label, group in sorted(fn.missed_by_feature.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             out.append(f"      {len(group):4d} unreached: {label}")
+    gates = report.gate_functions()
+    if gates:
+        out.append("  admission gates:")
+        width = max(len(name) for name, _ in gates)
+        for name, fn in gates:
+            out.append(f"    {name:<{width}} {fn.reached:>4}/{fn.lines:<4} {fn.percent:5.1f}%")
     for f in report.files:
         out.append(f"  {f.path}: {f.reached}/{f.lines} lines, {f.percent:.0f}%")
     if all_functions:

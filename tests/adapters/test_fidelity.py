@@ -310,3 +310,65 @@ def test_unreached_lines_are_grouped_by_the_feature_they_serve() -> None:
     assert fn is not None
     assert fn.missed_by_feature["LoRA"] == (12, 13)
     assert sum(len(v) for v in fn.missed_by_feature.values()) == len(fn.missed)
+
+
+def test_gate_functions_are_reported_after_the_headline(tmp_path: Path) -> None:
+    from schedspec.adapters.fidelity import GATE_FUNCTIONS
+
+    root = tmp_path / "vllm"
+    bodies: dict[str, list[str]] = {}
+    for rel, qualname in GATE_FUNCTIONS:
+        bodies.setdefault(rel, []).append(qualname)
+    for rel in FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        classes: dict[str, list[str]] = {}
+        for qualname in bodies.get(rel, []):
+            cls, name = qualname.split(".")
+            classes.setdefault(cls, []).append(name)
+        text = ""
+        for cls, names in classes.items():
+            text += f"class {cls}:\n" + "".join(f"    def {n}(self):\n        a = 1\n        return a\n" for n in names)
+        (root / rel).write_text(text or "x = 1\n")
+    # the first gate function fully reached, the others not at all
+    hits = {GATE_FUNCTIONS[0][0]: {3, 4}}
+    report = fidelity_report(hits, root=root)
+    data = report_json(report)
+    gates = data["gate_functions"]
+    assert list(gates) == [q for _, q in GATE_FUNCTIONS]
+    assert gates[GATE_FUNCTIONS[0][1]] == 100.0
+    assert all(gates[q] == 0.0 for _, q in GATE_FUNCTIONS[1:])
+    table = report_table(report, all_functions=False)
+    assert "admission gates:" in table
+    assert f"{GATE_FUNCTIONS[0][1]}" in table and "2/2" in table
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
+def test_gates_reach_their_vllm_functions() -> None:
+    """A request with an encoder input and a grammar, under LoRA, a watermark,
+    a cadence and a pause: vLLM's functions of each gate run."""
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.spec.interface import MMInput, PauseState, RequestSpec, SchedulerConfig, StepResult
+
+    config = SchedulerConfig(block_size=4, num_blocks=17, max_model_len=64, max_loras=1, watermark=0.1,
+                             prefill_schedule_interval=2, max_num_encoder_input_tokens=8,
+                             encoder_cache_size=8, num_speculative_tokens=2)
+    with LineCollector() as collector:
+        sched = VllmScheduler(config)
+        sched.add(RequestSpec("a", tuple(range(12)), max_tokens=4, lora_id=1, structured_output=True,
+                              grammar_rejects=(5,), mm_inputs=(MMInput(2, 4, "img"),)))
+        sched.grammar_ready("a")
+        sched.set_pause_state(PauseState.PAUSED_NEW)
+        sched.set_pause_state(PauseState.UNPAUSED)
+        for _ in range(3):
+            plan = sched.schedule()
+            sched.update(plan, StepResult({e.request_id: (9,) for e in plan.scheduled if e.samples},
+                                          {e.request_id: (3, 5) for e in plan.scheduled}))
+    report = fidelity_report(collector.hits, steps=3)
+    reached = {name: fn.reached for name, fn in report.gate_functions()}
+    for name in ("Scheduler._handle_blocked_waiting_request", "Scheduler._try_schedule_encoder_inputs",
+                 "Scheduler._allocate_encoder_inputs", "Scheduler._free_encoder_inputs",
+                 "Scheduler.get_grammar_bitmask", "Scheduler.update_draft_token_ids",
+                 "Scheduler.set_pause_state", "EncoderCacheManager.can_allocate",
+                 "StructuredOutputManager.validate_tokens", "StructuredOutputManager.grammar_bitmask"):
+        assert reached[name] > 0, name

@@ -317,13 +317,23 @@ class FakeModel:
                 break
         return tuple(out)
 
+    def drafts_right(self, request_id: str, position: int, context: tuple[int | None, ...]) -> int:
+        """"prefix" acceptance: how many (0 .. k) of the k drafts proposed
+        after ``context`` (the request's tokens through ``position``, read
+        back, then the bonus token) are right; a hash of the request id and
+        the position. A subclass may key it on something else (the model
+        checker keys it on ``context``, which its states hold)."""
+        h = hashlib.blake2b(digest_size=8, key=self.seed.to_bytes(8, "little"))
+        h.update(f"{request_id}:{position}".encode())
+        return int.from_bytes(h.digest(), "little") % (self.num_speculative_tokens + 1)
+
     def _propose(self, s: ScheduledRequest, last: int, bonus: int) -> tuple[int, ...]:
         """Drafts for the request's next step, after its context through
         position ``last`` and then ``bonus``."""
         k = self.num_speculative_tokens
         if k == 0:
             return ()
-        ctx = self._read(s.block_ids, last + 1) + (bonus,)
+        ctx = after = self._read(s.block_ids, last + 1) + (bonus,)
         perfect: list[int] = []
         for _ in range(k):
             tok = self.sample_for(s.request_id, ctx)
@@ -334,9 +344,7 @@ class FakeModel:
         elif self.acceptance == "none":
             right = 0
         else:
-            h = hashlib.blake2b(digest_size=8, key=self.seed.to_bytes(8, "little"))
-            h.update(f"{s.request_id}:{last}".encode())
-            right = int.from_bytes(h.digest(), "little") % (k + 1)
+            right = self.drafts_right(s.request_id, last, after)
         if right < k:
             perfect[right] = (perfect[right] + 1) % self.vocab
         return tuple(perfect)

@@ -159,10 +159,14 @@ def _user_class(spec: str) -> Target:
 #: The spec and impl run every mode: async scheduling and speculative decoding too.
 EVERY_MODE = Capabilities(async_scheduling=True, speculative_decoding=True)
 
+#: The spec also takes every admission gate (LoRA, structured outputs, pause
+#: states, the watermark, the prefill cadence, the encoder budget).
+SPEC_CAPABILITIES = EVERY_MODE.with_gates()
+
 
 def resolve(name: str) -> Target:
     if name == "spec":
-        return Target("spec", _spec, EVERY_MODE)
+        return Target("spec", _spec, SPEC_CAPABILITIES)
     if name == "impl":
         return Target("impl", _impl, EVERY_MODE)
     if name == "vllm":

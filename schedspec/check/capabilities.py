@@ -133,6 +133,16 @@ class Capabilities:
         """The admission gates (workload.GATES) this declaration supports."""
         return tuple(g for g in GATES if getattr(self, GATE_CAPABILITIES[g]))
 
+    def with_gates(self, gates: Iterable[str] = GATES) -> "Capabilities":
+        """This declaration with the admission gates ``gates`` (workload.GATES
+        names; default all of them) supported too."""
+        changes: dict[str, Any] = {}
+        for g in gates:
+            if g not in GATE_CAPABILITIES:
+                raise CapabilityError(f"unknown gate {g!r} (choose from {', '.join(GATES)})")
+            changes[GATE_CAPABILITIES[g]] = True
+        return dataclasses.replace(self, **changes)
+
     def names(self) -> frozenset[str]:
         """The capability names (CAPABILITY_NAMES) this declaration supports."""
         out = {name for name in CAPABILITY_NAMES if getattr(self, name, False) is True}
@@ -342,9 +352,6 @@ class Capabilities:
 #: no admission gate) form.
 FULL = Capabilities()
 
-#: Every admission gate on (what a scheduler with all of them declares, with
-#: dataclasses.replace or ``Capabilities(**ALL_GATES)``).
-ALL_GATES: dict[str, bool] = {name: True for name in GATE_CAPABILITY_NAMES}
 
 
 def capabilities_of(obj: object) -> Capabilities:

@@ -35,14 +35,20 @@ from schedspec.check.driver import Runner
 from schedspec.check.workload import (
     ALPHABET,
     CHECK_SPACE,
+    GATE_CAPABILITIES,
+    GATES,
     Abort,
     AddRequest,
     Event,
+    GateRequests,
     ResetPrefixCache,
     Schedule,
     Step,
     Update,
     Workload,
+    draw_gate_subset,
+    gate_rng,
+    with_gates,
 )
 from schedspec.spec.interface import Policy, RequestSpec, RequestStatus, SchedulerConfig
 from schedspec.spec.errors import ConfigError
@@ -318,18 +324,50 @@ def with_mode(config: SchedulerConfig, mode_k: tuple[str, int]) -> SchedulerConf
         return config
 
 
+def pick_gates(gates: Sequence[str], focus: Sequence[str], rng: random.Random) -> tuple[str, ...]:
+    """The admission gates a guided workload turns on: a random subset of
+    ``gates`` (workload.draw_gate_subset), plus every gate a focus rule needs
+    (spec/rule_names.py, Rule.gates) that ``gates`` holds."""
+    chosen = set(draw_gate_subset(gates, rng))
+    by_capability = {cap: g for g, cap in GATE_CAPABILITIES.items()}
+    for rule in focus:
+        for cap in RULES[rule].gates if rule in RULES else ():
+            g = by_capability.get(cap)
+            if g is not None and g in gates:
+                chosen.add(g)
+    return tuple(g for g in GATES if g in chosen)
+
+
 def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),
-                    modes: Sequence[str] = ("sync",), oracle_seed: int | None = None) -> Workload:
+                    modes: Sequence[str] = ("sync",), oracle_seed: int | None = None,
+                    gates: Sequence[str] = ()) -> Workload:
     """A seeded workload of ``num_steps`` steps with a swarm of features,
     aimed at ``focus`` (rule names). The spec runs beside the generator (the
     fake model seeded with ``oracle_seed``, default ``seed``, as the gate
     runs it) so aborts and resets land in the states that reach rare
-    branches."""
+    branches. ``gates`` (workload.GATES): the admission gates it may turn
+    on, drawn on a generator of their own (``pick_gates``; a focus rule of a
+    gate turns that gate on), so a workload with none is the one its seed
+    always gave; they are among its features as ``gate:NAME``."""
     rng = random.Random(f"schedspec-guided-{seed}")
     plan = draw_plan(rng, focus)
     config = with_mode(plan_config(rng, plan), pick_mode(modes, focus, random.Random(f"schedspec-mode-{seed}")))
+    gated: GateRequests | None = None
+    chosen: tuple[str, ...] = ()
+    if gates:
+        grng = gate_rng(f"guided-{seed}")
+        chosen = pick_gates(gates, focus, grng)
+        config = with_gates(config, chosen, grng)
+        gated = GateRequests(config, grng, vocab, pause="pause" in chosen, grammar="grammar" in chosen)
     f = plan.features
-    make = _Requests(rng, config, plan, vocab)
+    requests = _Requests(rng, config, plan, vocab)
+
+    class _Make:
+        def make(self) -> RequestSpec:
+            req = requests.make()
+            return req if gated is None else gated.decorate(req)
+
+    make = _Make()
     sim = Runner(config, {"spec": SpecScheduler}, vocab=vocab,
                  oracle_seed=seed if oracle_seed is None else oracle_seed,
                  check_invariants=False, compare_views=False)
@@ -359,17 +397,26 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
             for rid, req in spec.requests.items():
                 by_state.setdefault(req.status, []).append(rid)
             state = rng.choice(sorted(by_state, key=lambda s: s.value))
-            emit(Abort(rng.choice(by_state[state])))
+            victim = rng.choice(by_state[state])
+            emit(Abort(victim))
+            if gated is not None:
+                gated.forget(victim)
         elif r < p_add + p_abort + p_reset:
             if "resets" in f and draining == 0 and rng.random() < 0.3:
                 draining = rng.randint(4, 24)
             else:
                 emit(ResetPrefixCache("reset_running" in f and rng.random() < 0.5))
         else:
+            if gated is not None:
+                for event in gated.before_step():
+                    emit(event)
             if "split_steps" in f and spec.requests and rng.random() < 0.25:
                 emit(Schedule())  # schedule(N), an abort or an arrival, then update(N)
                 if rng.random() < 0.6:
-                    emit(Abort(rng.choice(sorted(spec.requests))))
+                    victim = rng.choice(sorted(spec.requests))
+                    emit(Abort(victim))
+                    if gated is not None:
+                        gated.forget(victim)
                 else:
                     emit(AddRequest(make.make()))
                 emit(Update())
@@ -381,4 +428,8 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
                 if draining == 0 or not spec.running:
                     draining = 0
                     emit(ResetPrefixCache(False))
-    return Workload(config=config, events=tuple(events), seed=seed, name="guided", features=plan.labels())
+    if gated is not None:
+        for event in gated.finish():
+            emit(event)
+    return Workload(config=config, events=tuple(events), seed=seed, name="guided",
+                    features=plan.labels() + tuple(f"gate:{g}" for g in chosen))

@@ -184,8 +184,10 @@ class Runner:
         #: a Pause with clear_cache waits for the engine to go idle, then
         #: resets the prefix cache (vllm/v1/engine/core.py, _finish_pause)
         self.clear_pending = False
-        #: how many pause-completing cache clears ran
-        self.clears = 0
+        #: request id -> its LoRA adapter (requests with one)
+        self.adapters: dict[str, int] = {}
+        #: the pause state the events set (what the stats count paused steps by)
+        self.pause_state = PauseState.UNPAUSED
 
     @property
     def primary(self) -> Scheduler:
@@ -295,7 +297,9 @@ class Runner:
                 if before is not None and (f := self._observe(name, "add", before, request=req)):
                     return f
             self.truth[req.request_id] = list(req.prompt_token_ids)
-            if getattr(req, "grammar_rejects", ()):
+            if req.lora_id:
+                self.adapters[req.request_id] = req.lora_id
+            if req.grammar_rejects:
                 for model in self.models.values():
                     if isinstance(model, FakeModel):
                         model.set_grammar(req.request_id, req.grammar_rejects)
@@ -325,6 +329,7 @@ class Runner:
             state = PauseState.PAUSED_ALL if event.mode == "all" else PauseState.PAUSED_NEW
             if (f := self._set_pause_state(state)):
                 return f
+            self.stats.pauses += 1
             self.clear_pending = self.clear_pending or event.clear_cache
         elif isinstance(event, Resume):
             if (f := self._set_pause_state(PauseState.UNPAUSED)):
@@ -389,6 +394,7 @@ class Runner:
             self._optional(name, "set_pause_state")(state)  # type: ignore[operator]
             if before is not None and (f := self._observe(name, "pause", before)):
                 return f
+        self.pause_state = state
         return None
 
     def _grammar_ready(self, event: GrammarReady) -> Failure | None:
@@ -408,7 +414,13 @@ class Runner:
                 continue
             if before is not None and (f := self._observe(name, "grammar", before, request_id=rid)):
                 return f
-        return self._compare(f"grammar_ready({rid!r})", outcomes)
+        if (f := self._compare(f"grammar_ready({rid!r})", outcomes)):
+            return f
+        if outcomes[self.names[0]] == "ready":
+            self.stats.grammars_ready += 1
+        elif outcomes[self.names[0]] == "failed":
+            self.stats.grammars_failed += 1
+        return None
 
     def _engine_idle(self) -> bool:
         """Whether vLLM's engine core would find no work (EngineCore.has_work:
@@ -435,7 +447,7 @@ class Runner:
         (EngineCore._finish_pause -> _reset_caches: reset_prefix_cache with
         reset_running_requests=True)."""
         self.clear_pending = False
-        self.clears += 1
+        self.stats.cache_clears += 1
         if (f := self._reset(True)):
             return f
         return self._compare_views()
@@ -497,6 +509,10 @@ class Runner:
         plan = plans[self.names[0]]
         self.last_plan = plan
         self.stats.absorb(plan)
+        if self.pause_state != PauseState.UNPAUSED:
+            self.stats.paused_steps += 1
+        if self.adapters and any(rid in self.adapters for rid in plan.scheduled_ids):
+            self.stats.lora_steps += 1
         truth = self._context()
         results: dict[str, StepResult] = {}
         for name in self.names:

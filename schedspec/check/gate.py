@@ -29,7 +29,7 @@ from schedspec.check.driver import Failure, Runner
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, guided_workload
-from schedspec.check.workload import Workload, random_workload
+from schedspec.check.workload import GATE_CAPABILITIES, GATES, Workload, random_workload
 from schedspec.spec import coverage
 from schedspec.spec.rule_names import reachable_in
 from schedspec.spec.scheduler import SpecScheduler
@@ -74,6 +74,10 @@ class CheckSettings:
     generator: str = "guided"
     #: the modes the workloads run in (workload.MODES)
     modes: tuple[str, ...] = ("sync",)
+    #: the admission gates the workloads may turn on (workload.GATES), each
+    #: workload a subset; only those the scheduler under test supports (its
+    #: capabilities) are drawn, so the default draws every gate it supports
+    gates: tuple[str, ...] = GATES
 
     @property
     def steps_goal(self) -> int | None:
@@ -341,7 +345,9 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
         "check": None if o.selection is None else selection_summary(o.selection, plans_only=settings.plans_only),
-        "rule_coverage": o.stats.rule_coverage(required_rules(settings), supported_modes(settings)),
+        "gates": list(supported_gates(settings)),
+        "rule_coverage": o.stats.rule_coverage(required_rules(settings), supported_modes(settings),
+                                               gate_capabilities(supported_gates(settings))),
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
             "workload_seed": o.seed,
@@ -387,13 +393,14 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     """The workload of ``seed``: guided (aimed at the rules ``counts``, the
     run's so far, has reached least; the focus is named in the workload's
     features) or random, as ``settings.generator`` says."""
+    gates = supported_gates(settings)
     if settings.generator == "random":
-        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes)
+        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates)
     if settings.generator != "guided":
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
     modes = supported_modes(settings)
-    focus = choose_focus(counts, seed, names=reachable_in(modes))
-    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes)
+    focus = choose_focus(counts, seed, names=reachable_in(modes, gate_capabilities(gates)))
+    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes, gates=gates)
 
 
 def workload_label(workload: Workload) -> str:
@@ -408,8 +415,22 @@ def workload_label(workload: Workload) -> str:
 def required_rules(settings: CheckSettings) -> tuple[str, ...]:
     """The rules the run must reach: those named, and with ``require_all``
     every rule the modes the scheduler under test supports can reach."""
-    names = settings.require_rules + (reachable_in(supported_modes(settings)) if settings.require_all else ())
+    reachable = reachable_in(supported_modes(settings), gate_capabilities(supported_gates(settings)))
+    names = settings.require_rules + (reachable if settings.require_all else ())
     return tuple(dict.fromkeys(names))
+
+
+def supported_gates(settings: CheckSettings) -> tuple[str, ...]:
+    """``settings.gates`` less those the scheduler under test does not
+    support (its declared capabilities), in GATES order."""
+    caps = getattr(settings, "capabilities", None)
+    have = caps.gates() if isinstance(caps, Capabilities) else ()
+    return tuple(g for g in GATES if g in settings.gates and g in have)
+
+
+def gate_capabilities(gates: tuple[str, ...]) -> tuple[str, ...]:
+    """The capability names of ``gates`` (what spec/rule_names.py's Rule.gates lists)."""
+    return tuple(GATE_CAPABILITIES[g] for g in gates)
 
 
 def supported_modes(settings: CheckSettings) -> tuple[str, ...]:

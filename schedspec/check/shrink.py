@@ -9,6 +9,13 @@ reset_prefix_cache between a schedule and its update where the mode forbids
 it are dropped; Updates lose their step numbers (they update the oldest plan,
 which is what the numbers said), and a recorded output keeps only the
 requests still added.
+The admission gates shrink too: gate events are dropped like any other (a
+grammar_ready stays only for a request still added with structured output),
+the config's gates are turned off one at a time (max_loras, the watermark,
+the prefill cadence, the encoder budget; the requests' adapters and encoder
+inputs go with them), and each request can lose its adapter, its structured
+output (with its grammar_ready) or its encoder inputs; a shorter prompt keeps
+the encoder inputs that still fit inside it.
 A candidate counts as failing when it reproduces a failure of the same kind
 (violation / divergence / error), and for violations the same invariant.
 """
@@ -20,8 +27,17 @@ import time
 from typing import Callable
 
 from schedspec.check.driver import Failure
-from schedspec.spec.interface import SchedSpecError, SchedulerConfig, StepResult
-from schedspec.check.workload import Abort, AddRequest, Event, Schedule, Step, Workload, keep_protocol
+from schedspec.spec.interface import RequestSpec, SchedSpecError, SchedulerConfig, StepResult
+from schedspec.check.workload import (
+    Abort,
+    AddRequest,
+    Event,
+    GrammarReady,
+    Schedule,
+    Step,
+    Workload,
+    keep_protocol,
+)
 
 Check = Callable[[Workload], Failure | None]
 
@@ -34,12 +50,31 @@ def signature(f: Failure) -> tuple[str, frozenset[str]]:
     return (f.kind, frozenset(v.invariant_id for v in f.violations))
 
 
-def _consistent(events: list[Event], async_scheduling: bool = False) -> list[Event]:
+def _fit_request(r: RequestSpec, config: SchedulerConfig) -> RequestSpec:
+    """``r`` without the gate fields ``config`` cannot take: no adapter with
+    LoRA off, no encoder inputs without an encoder."""
+    if r.lora_id and not config.max_loras:
+        r = dataclasses.replace(r, lora_id=0)
+    if r.mm_inputs and not config.has_encoder:
+        r = dataclasses.replace(r, mm_inputs=())
+    return r
+
+
+def _consistent(events: list[Event], async_scheduling: bool = False,
+                config: SchedulerConfig | None = None) -> list[Event]:
+    if config is not None:
+        events = [AddRequest(_fit_request(e.request, config)) if isinstance(e, AddRequest) else e for e in events]
     added = {e.request.request_id for e in events if isinstance(e, AddRequest)}
+    structured = {e.request.request_id for e in events if isinstance(e, AddRequest) and e.request.structured_output}
     out: list[Event] = []
+    ready: set[str] = set()
     for e in keep_protocol(events, async_scheduling):
         if isinstance(e, Abort) and e.request_id not in added:
             continue
+        if isinstance(e, GrammarReady):
+            if e.request_id not in structured or e.request_id in ready:
+                continue
+            ready.add(e.request_id)
         if isinstance(e, Schedule) and e.result is not None:
             e = Schedule(StepResult(
                 sampled={r: t for r, t in e.result.sampled.items() if r in added},
@@ -59,7 +94,7 @@ def shrink(workload: Workload, failure: Failure, check: Check, budget_s: float =
     def attempt(events: list[Event], config: SchedulerConfig | None = None) -> bool:
         nonlocal best_events, best_failure, best_config
         cfg = best_config if config is None else config
-        events = _consistent(events, cfg.async_scheduling)
+        events = _consistent(events, cfg.async_scheduling, cfg)
         if not events:
             return False
         cand = dataclasses.replace(workload, config=cfg, events=tuple(events))
@@ -86,9 +121,18 @@ def _config_options(config: SchedulerConfig) -> list[SchedulerConfig]:
     """Configs that run the same events in fewer steps: no long-prefill
     threshold; with chunked prefill, a token budget twice as large (up to
     max_model_len). Each is tried in turn; an invalid one is left out."""
-    changes: list[dict[str, int]] = []
+    changes: list[dict[str, object]] = []
     if config.long_prefill_token_threshold > 0:
         changes.append({"long_prefill_token_threshold": 0})
+    # the admission gates off, one at a time
+    if config.max_loras:
+        changes.append({"max_loras": 0})
+    if config.watermark:
+        changes.append({"watermark": 0.0})
+    if config.prefill_schedule_interval != 1:
+        changes.append({"prefill_schedule_interval": 1})
+    if config.has_encoder:
+        changes.append({"max_num_encoder_input_tokens": 0, "encoder_cache_size": 0})
     if config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
         changes.append({"max_num_batched_tokens": min(2 * config.max_num_batched_tokens, config.max_model_len)})
     out = []
@@ -136,7 +180,8 @@ def _ddmin(best: Callable[[], list[Event]], attempt: Callable[[list[Event]], boo
 
 def _simplify_requests(best: Callable[[], list[Event]], attempt: Callable[[list[Event]], bool],
                        deadline: float) -> None:
-    """Shorter prompts, fewer max_tokens, no stop tokens, eos, salt or priority."""
+    """Shorter prompts, fewer max_tokens, no stop tokens, eos, salt or
+    priority, no adapter, grammar or encoder inputs (``_request_options``)."""
     changed = True
     while changed and time.monotonic() < deadline:
         changed = False
@@ -144,22 +189,7 @@ def _simplify_requests(best: Callable[[], list[Event]], attempt: Callable[[list[
         for i, e in enumerate(best_events):
             if not isinstance(e, AddRequest):
                 continue
-            r = e.request
-            options = []
-            if len(r.prompt_token_ids) > 1:
-                half = r.prompt_token_ids[: max(1, len(r.prompt_token_ids) // 2)]
-                options.append(dataclasses.replace(r, prompt_token_ids=half))
-                options.append(dataclasses.replace(r, prompt_token_ids=r.prompt_token_ids[:-1]))
-            if r.max_tokens > 1:
-                options.append(dataclasses.replace(r, max_tokens=max(1, r.max_tokens // 2)))
-            if r.stop_token_ids:
-                options.append(dataclasses.replace(r, stop_token_ids=()))
-            if r.eos_token_id is not None:
-                options.append(dataclasses.replace(r, eos_token_id=None))
-            if r.cache_salt is not None:
-                options.append(dataclasses.replace(r, cache_salt=None))
-            if r.priority != 0:
-                options.append(dataclasses.replace(r, priority=0))
+            options = _request_options(e.request)
             for opt in options:
                 cand = list(best_events)
                 cand[i] = AddRequest(opt)
@@ -168,6 +198,58 @@ def _simplify_requests(best: Callable[[], list[Event]], attempt: Callable[[list[
                     break
             if changed:
                 break
+
+
+def _request_options(r: RequestSpec) -> list[RequestSpec]:
+    """Simpler versions of ``r``, each one change away (a change that makes
+    no valid request is left out)."""
+    options: list[RequestSpec] = []
+    makers: list[Callable[[], RequestSpec]] = []
+    if len(r.prompt_token_ids) > 1:
+        half = r.prompt_token_ids[: max(1, len(r.prompt_token_ids) // 2)]
+        makers.append(lambda: _with_prompt(r, half))
+        makers.append(lambda: _with_prompt(r, r.prompt_token_ids[:-1]))
+    if r.max_tokens > 1:
+        makers.append(lambda: dataclasses.replace(r, max_tokens=max(1, r.max_tokens // 2)))
+    if r.stop_token_ids:
+        makers.append(lambda: dataclasses.replace(r, stop_token_ids=()))
+    if r.eos_token_id is not None:
+        makers.append(lambda: dataclasses.replace(r, eos_token_id=None))
+    if r.cache_salt is not None:
+        makers.append(lambda: dataclasses.replace(r, cache_salt=None))
+    if r.priority != 0:
+        makers.append(lambda: dataclasses.replace(r, priority=0))
+    for make in makers:
+        try:
+            options.append(make())
+        except SchedSpecError:
+            continue
+    options.extend(_gate_options(r))
+    return options
+
+
+def _with_prompt(r: RequestSpec, prompt: tuple[int, ...]) -> RequestSpec:
+    """``r`` with a shorter prompt, keeping the encoder inputs inside it."""
+    return dataclasses.replace(r, prompt_token_ids=prompt,
+                               mm_inputs=tuple(m for m in r.mm_inputs if m.end <= len(prompt)))
+
+
+def _gate_options(r: RequestSpec) -> list[RequestSpec]:
+    """``r`` with one of its gate fields dropped: its adapter, its grammar's
+    refused tokens, its structured output, its encoder inputs (all, then the
+    last one)."""
+    out: list[RequestSpec] = []
+    if r.lora_id:
+        out.append(dataclasses.replace(r, lora_id=0))
+    if r.grammar_rejects:
+        out.append(dataclasses.replace(r, grammar_rejects=()))
+    if r.structured_output:
+        out.append(dataclasses.replace(r, structured_output=False, grammar_rejects=()))
+    if r.mm_inputs:
+        out.append(dataclasses.replace(r, mm_inputs=()))
+        if len(r.mm_inputs) > 1:
+            out.append(dataclasses.replace(r, mm_inputs=r.mm_inputs[:-1]))
+    return out
 
 
 def count_steps(events: tuple[Event, ...] | list[Event]) -> int:

@@ -25,7 +25,13 @@ FEATURES = ("chunked", "cache_hit", "preempted")
 _SUMMED = (
     "steps", "scheduled_tokens", "admissions", "hit_admissions", "hit_tokens", "chunks",
     "preemptions", "resumed", "aborts", "resets", "seconds", "forward_seconds",
+    "pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed", "encoder_inputs",
+    "encoder_freed", "invalid_spec_tokens", "lora_steps",
 )
+
+#: The admission-gate counters (reported only when a run has gates on).
+GATE_COUNTERS = ("pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed",
+                 "encoder_inputs", "encoder_freed", "invalid_spec_tokens", "lora_steps")
 
 
 @dataclass
@@ -44,12 +50,25 @@ class Stats:
     seconds: float = 0.0  # wall time, where a driver measures it
     forward_seconds: float = 0.0  # time in the model, where a driver measures it
     rules: Counter[str] = field(default_factory=Counter)  # spec rule name -> times taken
+    # the admission gates
+    pauses: int = 0  # Pause events applied
+    paused_steps: int = 0  # steps scheduled while paused
+    cache_clears: int = 0  # prefix-cache clears of completed pauses
+    grammars_ready: int = 0  # grammars reported compiled
+    grammars_failed: int = 0  # grammars reported failed
+    encoder_inputs: int = 0  # encoder inputs scheduled
+    encoder_freed: int = 0  # encoder-cache entries freed
+    invalid_spec_tokens: int = 0  # drafts a grammar refused
+    lora_steps: int = 0  # steps that scheduled a request with an adapter
 
     def absorb(self, plan: StepPlan) -> None:
         """Count one scheduled step."""
         self.steps += 1
         self.preemptions += len(plan.preempted_ids)
+        self.encoder_freed += len(plan.freed_encoder_inputs)
         for s in plan.scheduled:
+            self.encoder_inputs += len(s.encoder_inputs)
+            self.invalid_spec_tokens += s.num_invalid_spec_tokens
             self.scheduled_tokens += s.num_scheduled_tokens
             if s.kind != ScheduleKind.RUNNING:
                 self.admissions += 1
@@ -78,15 +97,17 @@ class Stats:
         return True
 
     def rule_coverage(self, required: tuple[str, ...] = (),
-                      modes: tuple[str, ...] = ALL_MODES) -> dict[str, object]:
-        """The rule-coverage report (JSON): the modes, how many of the rules
-        they can reach were reached (``reachable``; ``total`` counts every
-        catalogued rule), each rule's count, the reachable ones never
-        reached, the rules out of reach in these modes, and which of
-        ``required`` were never reached."""
-        names = reachable_in(modes)
+                      modes: tuple[str, ...] = ALL_MODES, gates: tuple[str, ...] = ()) -> dict[str, object]:
+        """The rule-coverage report (JSON): the modes and admission gates
+        (capability names), how many of the rules they can reach were
+        reached (``reachable``; ``total`` counts every catalogued rule), each
+        rule's count, the reachable ones never reached, the rules out of
+        reach in these modes and gates, and which of ``required`` were never
+        reached."""
+        names = reachable_in(modes, gates)
         return {
             "modes": list(modes),
+            "gates": list(gates),
             "reached": len(coverage.reached(self.rules)),
             "reachable": len(names),
             "total": len(RULE_NAMES),
@@ -119,4 +140,12 @@ class Stats:
             "aborts": self.aborts,
             "prefix_cache_resets": self.resets,
             "finished": dict(self.finished),
+            # the gate counters only where a gate was used, so a run without
+            # gates reports what it always did
+            **{name: getattr(self, name) for name in GATE_COUNTERS if getattr(self, name)},
         }
+
+    def gate_line(self) -> str:
+        """The gate counters in one line (those above zero)."""
+        parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in GATE_COUNTERS if getattr(self, name)]
+        return ", ".join(parts) if parts else "no gate event"

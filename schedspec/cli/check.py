@@ -17,11 +17,12 @@ from schedspec.check.gate import (
     junit_xml,
     missing_rules_message,
     run_check,
+    supported_gates,
     supported_modes,
 )
 from schedspec.check.shrink import count_steps
 from schedspec.invariants import Selection
-from schedspec.check.workload import parse_modes
+from schedspec.check.workload import parse_gates, parse_modes
 from schedspec.spec.coverage import format_table, parse_required, rules_line
 from schedspec.cli.common import (
     EXIT_FAIL,
@@ -62,6 +63,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--modes", default="all", metavar="sync,async,spec,async-spec|all",
                    help="the modes the workloads run in, each drawn per workload (default all: those "
                         "of the four the scheduler under test supports)")
+    c.add_argument("--gates", default="all", metavar="lora,grammar,pause,watermark,cadence,encoder|all|none",
+                   help="the admission gates the workloads may turn on, a subset drawn per workload (default "
+                        "all: every gate the scheduler under test supports; none: no gate)")
     c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
                    help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
                         "printed and written as JSON to PATH (default OUT/fidelity.json)")
@@ -82,6 +86,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
     if args.plans_only and args.invariants is not None:
         raise UsageError("--plans-only checks no invariants: drop --invariants or --plans-only")
     modes = _modes(args.modes)
+    gates = parse_gates_flag(args.gates)
     return CheckSettings(
         mode=mode,
         invariants=args.invariants,
@@ -99,7 +104,17 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         require_all=args.require_rules is not None and "all" in [p.strip() for p in args.require_rules.split(",")],
         generator=args.generator,
         modes=modes,
+        gates=gates,
     )
+
+
+def parse_gates_flag(text: str, flag: str = "--gates") -> tuple[str, ...]:
+    """The gates a ``--gates`` value names (``all``: GATES; ``none``: ());
+    UsageError naming the flag and the unknown gate."""
+    try:
+        return parse_gates(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -128,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
     settings = dataclasses.replace(settings, capabilities=target.capabilities)
+    unsupported = [g for g in settings.gates if g not in supported_gates(settings)]
+    if args.gates.strip() not in ("all", "none") and unsupported:
+        raise UsageError(f"--gates: {args.against} does not support the gate(s) {', '.join(unsupported)} "
+                         f"(its declared capabilities: {target.capabilities.describe()})")
     progress = Progress(enabled=not args.quiet)
     coverage = _coverage_start(args, name)
     try:
@@ -149,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"OK: {outcome.steps} steps in {outcome.workloads} workloads against {args.against}: {held}"
               + f" ({outcome.steps_per_s:,.0f} steps/s; {stats.preemptions} preemptions, {stats.hit_admissions}"
               f" prefix hits, {stats.chunks} prefill chunks)")
+    gates = supported_gates(settings)
+    print("gates: " + (", ".join(gates) if gates else "none")
+          + (f" (each workload a subset; {outcome.stats.gate_line()})" if gates else ""))
     if outcome.stats.rules:
         modes = supported_modes(settings)
         print(format_table(outcome.stats.rules, modes=modes) if args.rules

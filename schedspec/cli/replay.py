@@ -8,6 +8,10 @@ result line. Several traces, or a directory (searched recursively for
 total; the exit status is 1 when any trace fails. Every trace is read and
 validated before any is replayed: a malformed one is a usage error (2) naming
 its file, line and field.
+
+``--gates`` names the admission gates to replay (default all): a trace that
+uses a gate outside them is skipped, with a line saying so, when several are
+replayed, and refused (2) when it is the one trace named.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from schedspec.check import trace as tracefile
 from schedspec.check.driver import Failure, StepRecord
 from schedspec.check.capabilities import Capabilities, CapabilityError
 from schedspec.check.gate import run_workload, selection_of_trace
+from schedspec.check.workload import parse_gates
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -39,6 +44,9 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("trace", nargs="+", help="trace files (.jsonl), or directories holding them")
     r.add_argument("--against", default="spec", help="spec | impl | vllm | MODULE:CLASS (default spec)")
     r.add_argument("--table", action="store_true", help="print the step table even when everything held")
+    r.add_argument("--gates", default="all", metavar="lora,grammar,pause,watermark,cadence,encoder|all|none",
+                   help="replay only the traces whose admission gates (the header's gates) are among these "
+                        "(default all); the others are skipped")
     add_mode_arguments(r, " (default: the check the trace records)")
 
 
@@ -113,9 +121,33 @@ def _selection(path: Path, trace: tracefile.Trace, args: argparse.Namespace, cap
     return selection_of_trace(trace, mode, args.invariants, caps)
 
 
+def _outside_gates(trace: tracefile.Trace, gates: tuple[str, ...]) -> list[str]:
+    """The gates ``trace`` uses that are not among ``gates``."""
+    return [g for g in trace.gates if g not in gates]
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        gates = parse_gates(getattr(args, "gates", "all"))
+    except ValueError as exc:
+        raise UsageError(f"--gates: {exc}") from None
     paths = trace_paths(args.trace)
     traces = [(path, tracefile.read(path)) for path in paths]  # every one valid before any runs
+    single = len(args.trace) == 1 and len(traces) == 1 and not Path(args.trace[0]).is_dir()
+    kept = []
+    for path, trace in traces:
+        outside = _outside_gates(trace, gates)
+        if not outside:
+            kept.append((path, trace))
+        elif single:
+            raise UsageError(f"replay {path}: the trace uses the gate(s) {', '.join(outside)}, outside --gates "
+                             f"{args.gates}")
+        else:
+            print(f"SKIPPED {path}: uses the gate(s) {', '.join(outside)}, outside --gates {args.gates}")
+    if not kept:
+        print(f"replayed nothing: every trace uses a gate outside --gates {args.gates}")
+        return EXIT_OK
+    traces = kept
     target = None
     plans: list[tuple[Path, tracefile.Trace, Selection, dict[str, SchedulerFactory]]] = []
     for path, trace in traces:
@@ -126,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         plans.append((path, trace, selection, factories))
     assert target is not None
     name = target.name
-    if len(args.trace) == 1 and len(traces) == 1 and not Path(args.trace[0]).is_dir():
+    if single:
         _, trace, selection, factories = plans[0]
         return _replay_one(trace, factories, name, args, selection)
     failed = 0

@@ -910,6 +910,94 @@ class ImplScheduler:
         codes: list[int] = []
         base = k + 2
         steady_code = width * base + width
+        ents_append = ents.append
+        out_append = out.append
+        codes_append = codes.append
+        # The steady requests at the head of the running queue, in a plain
+        # for loop (the two cases below, written once more without the index);
+        # the first request that is not steady (or cannot get its block)
+        # hands over to the general loop, at its index.
+        if steady:
+            for req in running:
+                if budget < width:
+                    break
+                c = req.num_computed
+                if not (
+                    req.ph == width
+                    and req.drafts is placeholder_drafts
+                    and c == req.num_tokens + k
+                    and c + width < mml
+                    and c + 2 - width < req.max_end
+                    and not req.pchunk
+                    and (
+                        (c + width <= req.cap and c - k < req.next_full)
+                        or self._grow_to(req, c + width)
+                    )
+                ):
+                    break
+                bt = req.btuple
+                o = new(sr)
+                d = o.__dict__
+                d["request_id"] = req.rid
+                d["kind"] = _K_RUNNING
+                d["num_computed_tokens"] = c
+                d["num_scheduled_tokens"] = width
+                d["num_tokens"] = c - k
+                d["block_ids"] = bt if bt is not None else req.block_tuple()
+                d["token_ids"] = all_unknown
+                d["spec_token_ids"] = placeholder_drafts
+                d["num_output_placeholders"] = width
+                d["encoder_inputs"] = no_drafts
+                d["num_invalid_spec_tokens"] = 0
+                ents_append(o)
+                out_append(req)
+                codes_append(steady_code)
+                req.num_computed = c + width
+                req.inflight += width
+                req.prev_pchunk = False
+                req.ph = width + width
+                budget -= width
+                i += 1
+        elif sync_spec:
+            for req in running:
+                if budget <= 0 or req.ph or req.pchunk:
+                    break
+                c = req.num_computed
+                nt = req.num_tokens
+                drafts = req.drafts
+                n = 1 + len(drafts)
+                e = c + n
+                if not (
+                    c == nt - 1
+                    and n <= budget
+                    and e < mml
+                    and (thr <= 0 or n <= thr)
+                    and ((e <= req.cap and nt < req.next_full) or self._grow_to(req, e))
+                ):
+                    break
+                bt = req.btuple
+                o = new(sr)
+                d = o.__dict__
+                d["request_id"] = req.rid
+                d["kind"] = _K_RUNNING
+                d["num_computed_tokens"] = c
+                d["num_scheduled_tokens"] = n
+                d["num_tokens"] = nt
+                d["block_ids"] = bt if bt is not None else req.block_tuple()
+                d["token_ids"] = req.tail + drafts if drafts else req.tail
+                d["spec_token_ids"] = drafts
+                d["num_output_placeholders"] = 0
+                d["encoder_inputs"] = no_drafts
+                d["num_invalid_spec_tokens"] = 0
+                ents_append(o)
+                out_append(req)
+                codes_append(n * base + n)
+                req.num_computed = e
+                req.inflight += n
+                req.prev_pchunk = False
+                req.drafts = no_drafts
+                budget -= n
+                i += 1
         while i < len(running) and budget > 0:
             req = running[i]
             c = req.num_computed
@@ -1293,17 +1381,22 @@ class ImplScheduler:
         for r, code in zip(out, codes):
             if r.status is _RUNNING:
                 req = r
+                was_running = True
             else:
                 found = get_req(r.rid)
                 if found is None:
                     continue  # finished (aborted, or stopped) while the step ran
                 req = found
+                was_running = req.status is _RUNNING
             rid = req.rid
             toks = get_toks(rid, _NO_DRAFTS)
             sn = code // base
             req.inflight -= sn
             if req.stale > 0:
                 any_stopped = self._apply_stale(req, sn, toks) or any_stopped
+                st = req.status
+                if st is not _RUNNING and st is not _PREEMPTED and st is not _WAITING:
+                    continue  # the stale output finished it
             elif toks:
                 ntok = len(toks)
                 nd = code - sn * base  # 1 + the entry's drafts (it samples)
@@ -1315,7 +1408,6 @@ class ImplScheduler:
                     if req.ph > 0:
                         req.ph -= rejected
                 ph = req.ph
-                was_running = req.status is _RUNNING
                 stop = req.stop
                 output = req.output
                 nt = req.num_tokens
@@ -1366,12 +1458,10 @@ class ImplScheduler:
                         self._waiting.remove(req)
                     self._finish(req, finished)
                     continue
-            if get_drafts is not None:
-                st = req.status
-                if st is _RUNNING or st is _PREEMPTED or st is _WAITING:
-                    d = get_drafts(rid)
-                    if d is not None:
-                        req.drafts = _NO_DRAFTS if req.pchunk else d
+            if get_drafts is not None:  # (the request is unfinished here)
+                d = get_drafts(rid)
+                if d is not None:
+                    req.drafts = _NO_DRAFTS if req.pchunk else d
         if any_stopped:
             self._running = [r for r in self._running if r.status is _RUNNING]
         del self._inflight[0]

@@ -7,6 +7,13 @@ band of bars, one per plan from its schedule to its update (they overlap
 when a plan is in flight while the next is made), and writes ``a/k`` in the
 cells of steps that verified drafts.
 
+The admission gates show too: a request waiting for its structured-output
+grammar has a state (and colour) of its own, the steps scheduled while the
+scheduler was paused are shaded and marked ``[paused new]`` / ``[paused all]``
+in the table, an entry that runs encoder inputs says ``e[0,2]`` and one whose
+grammar refused drafts ``!n``, and a plan that freed encoder-cache entries
+lists them.
+
 The picture is drawn with matplotlib (the ``plots`` extra), imported only when
 a picture is drawn, on the Agg backend (no display): a row per request, a
 column per step, each cell coloured by what the request was doing in that
@@ -20,14 +27,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from schedspec.spec.interface import RequestStatus, ScheduledRequest, ScheduleKind, SchedSpecError
+from schedspec.spec.interface import PauseState, RequestStatus, ScheduledRequest, ScheduleKind, SchedSpecError
 from schedspec.check.driver import Failure, StepRecord
 
 if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
     from matplotlib.figure import Figure
 
 #: What a request can be doing in one step, in the order of the picture's colour scale.
-STATES: tuple[str, ...] = ("absent", "waiting", "prefill", "decode", "preempted", "finished")
+STATES: tuple[str, ...] = ("absent", "waiting", "prefill", "decode", "preempted", "finished", "grammar")
 
 #: state -> colour (hex). "absent" is the background: not yet added.
 COLORS: dict[str, str] = {
@@ -39,6 +46,8 @@ COLORS: dict[str, str] = {
     "finished": "#3c3c3c",
     "usage": "#e09e00",
     "failure": "#d93025",
+    "grammar": "#c27ba0",
+    "paused": "#fff2cc",
 }
 #: the two lanes of the in-flight band (even and odd steps)
 FLIGHT_COLORS: tuple[str, str] = ("#9fc5f8", "#b6d7a8")
@@ -50,6 +59,7 @@ STATE_LABELS: dict[str, str] = {
     "decode": "decode",
     "preempted": "preempted",
     "finished": "finished",
+    "grammar": "waiting for its grammar",
 }
 
 PLOTS_HINT = "matplotlib is not installed (pip install 'schedspec[plots]')"
@@ -92,6 +102,10 @@ def _entry_text(rec: StepRecord, s: ScheduledRequest) -> str:
     if s.spec_token_ids:
         sampled = rec.result.sampled.get(s.request_id) if rec.result is not None else None
         tag += f" d{len(s.spec_token_ids)}" + (f":{len(sampled) - 1}" if sampled else "")
+    if s.encoder_inputs:
+        tag += f" e[{','.join(map(str, s.encoder_inputs))}]"
+    if s.num_invalid_spec_tokens:
+        tag += f" !{s.num_invalid_spec_tokens}"
     return f"{s.request_id}:{kind} {s.num_computed_tokens}+{s.num_scheduled_tokens}{tag}"
 
 
@@ -110,9 +124,14 @@ def step_table(records: list[StepRecord], failure: Failure | None = None) -> str
         if len(rec.in_flight) > 1 or (rec.updated is not None and rec.updated != rec.step):
             flight = f"  [in flight {','.join(map(str, rec.in_flight))}"
             flight += f"; updated {rec.updated}]" if rec.updated is not None else "]"
+        gates = ""
+        if rec.view_after.pause_state != PauseState.UNPAUSED:
+            gates += f"  [paused {'all' if rec.view_after.pause_state == PauseState.PAUSED_ALL else 'new'}]"
+        if rec.plan.freed_encoder_inputs:
+            gates += f"  [encoder freed {','.join(rec.plan.freed_encoder_inputs)}]"
         lines.append(
             f"{rec.step:>4}  {rec.view_after.kv.num_free_blocks:>4}  {sched:<42} "
-            f"{','.join(rec.plan.preempted_ids) or '-':<10} {','.join(rec.plan.finished_ids) or '-'}{flight}"
+            f"{','.join(rec.plan.preempted_ids) or '-':<10} {','.join(rec.plan.finished_ids) or '-'}{flight}{gates}"
         )
     if failure is not None:
         lines.append("-" * 88)
@@ -144,7 +163,8 @@ def cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]], 
                 col.append("preempted")
             elif rid in rec.view_after.requests:
                 st = rec.view_after.requests[rid].status
-                col.append("preempted" if st == RequestStatus.PREEMPTED else "waiting" if st == RequestStatus.WAITING else "decode")
+                col.append("preempted" if st == RequestStatus.PREEMPTED else "waiting" if st == RequestStatus.WAITING
+                           else "grammar" if st == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR else "decode")
             elif rid in rec.view_after.finished or rid in seen:
                 col.append("finished")  # finished or aborted: gone from the scheduler
             else:
@@ -169,6 +189,11 @@ def in_flight_spans(records: list[StepRecord]) -> list[tuple[int, int, int]]:
         end = next((j for j in range(i, len(records)) if records[j].updated == rec.step), len(records) - 1)
         spans.append((rec.step, i, end))
     return spans
+
+
+def paused_columns(records: list[StepRecord]) -> list[int]:
+    """The columns of the steps scheduled while the scheduler was paused."""
+    return [i for i, rec in enumerate(records) if rec.view_after.pause_state != PauseState.UNPAUSED]
 
 
 def draft_counts(records: list[StepRecord]) -> dict[tuple[int, str], tuple[int, int]]:
@@ -282,6 +307,11 @@ def timeline_figure(
     ]
     handles.append(Patch(facecolor=COLORS["absent"], edgecolor="#999999", label="not added yet"))
     handles.append(Line2D([], [], color=COLORS["usage"], marker="o", markersize=3, label="KV-pool usage"))
+    paused = paused_columns(records)
+    for col in paused:
+        kv_ax.axvspan(col - 0.5, col + 0.5, facecolor=COLORS["paused"], edgecolor="none", zorder=0)
+    if paused:
+        handles.append(Patch(facecolor=COLORS["paused"], edgecolor="#999999", label="scheduler paused"))
     if flight_ax is not None:
         handles.append(Patch(facecolor=FLIGHT_COLORS[0], edgecolor="#666666", label="plan: schedule to update"))
     if failed_step is not None and failed_step in steps:
@@ -316,6 +346,7 @@ def timeline_png(
 
 def legend() -> str:
     return ("timeline.png: a row per request (in order of appearance), a column per step; "
-            "grey waiting, blue prefill chunk, green decode (a/k: a of k drafts accepted), red preempted, "
-            "black finished; with async scheduling a band of bars from each plan's schedule to its update; "
-            "the orange line below is KV-pool usage; a red frame marks the failing step.")
+            "grey waiting, pink waiting for its grammar, blue prefill chunk, green decode (a/k: a of k drafts "
+            "accepted), red preempted, black finished; with async scheduling a band of bars from each plan's "
+            "schedule to its update; the orange line below is KV-pool usage, shaded yellow where the scheduler "
+            "was paused; a red frame marks the failing step.")

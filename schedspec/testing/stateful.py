@@ -6,6 +6,10 @@ same events: request arrivals rich in shared prefixes (and salts), long
 prompts, priorities, stop and eos tokens; aborts; steps with the fake model;
 prefix-cache resets. After every operation every invariant is checked on every
 scheduler and, with more than one scheduler, plans and views must be equal.
+With admission gates among the capabilities, a run turns a subset on: its
+requests carry adapters, structured outputs and encoder inputs as the gates
+say, and rules pause and resume the scheduler and report grammars compiled
+(or failed) for requests waiting for one.
 
 Every event is passed to Hypothesis's ``note()`` as a line of a script
 (``add(RequestSpec(...))``, ``step()``, ``abort('r2')``), so a shrunk failure
@@ -27,7 +31,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from schedspec.spec.interface import SchedulerConfig
+from schedspec.spec.interface import RequestStatus, SchedulerConfig
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities
 from schedspec.invariants import Invariant
@@ -38,13 +42,18 @@ from schedspec.check.workload import (
     Abort,
     AddRequest,
     Event,
+    GateRequests,
+    GrammarReady,
+    PAUSE_MODES,
+    Pause,
     ResetPrefixCache,
+    Resume,
     Step,
     Workload,
     describe_event,
 )
 from schedspec.spec import coverage
-from schedspec.testing.strategies import VOCAB, configs, prefixes, requests
+from schedspec.testing.strategies import VOCAB, configs, gate_plans, prefixes, requests
 
 class RunTally:
     """Counts over many state-machine runs: how often each mechanism fired.
@@ -112,6 +121,9 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         self.prefixes: list[tuple[int, ...]] = []
         self.live: list[str] = []
         self.counter = 0
+        #: the gates this run turned on (None: none)
+        self.gated: GateRequests | None = None
+        self.paused = False
 
     @initialize(
         config=configs(),
@@ -120,6 +132,9 @@ class SchedulerMachineBase(RuleBasedStateMachine):
     )
     def setup(self, config: SchedulerConfig, shared: list[tuple[int, ...]], data: st.DataObject) -> None:
         config = self.capabilities.restrict_config(config)
+        if self.capabilities.gates():
+            config, self.gated = data.draw(gate_plans(config, self.capabilities), label="gates")
+            note(f"gate events: pause={self.gated.pause}, grammar={self.gated.grammar}")
         self.config = config
         self.prefixes = list(shared)
         note(f"config = {config!r}")
@@ -160,6 +175,8 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         req = self.capabilities.restrict_request(
             data.draw(requests(rid, self.counter, self.config.max_model_len, self.prefixes))
         )
+        if self.gated is not None:
+            req = self.gated.decorate(req)
         self._do(AddRequest(req))
         self.live.append(rid)
 
@@ -183,6 +200,32 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(self.live))
         self.live.remove(rid)
         self._do(Abort(rid))
+
+    @precondition(lambda self: self.gated is not None and self.gated.pause and not self.paused)
+    @rule(mode=st.sampled_from(PAUSE_MODES), clear_cache=st.booleans())
+    def pause(self, mode: str, clear_cache: bool) -> None:
+        self.paused = True
+        self._do(Pause(mode, clear_cache))
+
+    @precondition(lambda self: self.paused)
+    @rule()
+    def resume(self) -> None:
+        self.paused = False
+        self._do(Resume())
+
+    @precondition(lambda self: bool(self._waiting_for_grammar()))
+    @rule(data=st.data(), ok=st.sampled_from([True] * 9 + [False]))
+    def grammar_ready(self, data: st.DataObject, ok: bool) -> None:
+        """The grammar of a request waiting for one compiled (or failed)."""
+        rid = data.draw(st.sampled_from(self._waiting_for_grammar()))
+        self._do(GrammarReady(rid, ok))
+
+    def _waiting_for_grammar(self) -> list[str]:
+        if self.gated is None or not self.gated.grammar or self.runner is None:
+            return []
+        view = self.runner.views.get(self.runner.names[0]) or self.runner.primary.view()
+        return sorted(rid for rid, r in view.requests.items()
+                      if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
 
     @invariant()
     def forget_finished(self) -> None:

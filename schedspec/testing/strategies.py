@@ -6,6 +6,11 @@ workloads of ``schedspec check`` draw from one too). ``requests`` draws one
 arrival rich in shared prefixes, salts, stop and eos tokens. Both take a
 ``capabilities`` (schedspec.check.capabilities.Capabilities) and draw only
 within it.
+
+The admission gates a declaration supports are drawn too: ``configs`` turns
+a subset of them on (``gate_plans`` gives the config and the
+GateRequests that adds the gates' request fields), with every choice made
+through a Hypothesis-controlled random generator, so it shrinks.
 """
 
 from __future__ import annotations
@@ -15,7 +20,14 @@ from typing import Sequence, TypeVar
 from hypothesis import strategies as st
 
 from schedspec.check.capabilities import FULL, Capabilities
-from schedspec.check.workload import MACHINE_SPACE, ConfigSpace, draw_config
+from schedspec.check.workload import (
+    MACHINE_SPACE,
+    ConfigSpace,
+    GateRequests,
+    draw_config,
+    draw_gate_subset,
+    with_gates,
+)
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
 
 _T = TypeVar("_T")
@@ -45,7 +57,24 @@ def configs(
     def pick(options: Sequence[_T]) -> _T:
         return draw(st.sampled_from(options))
 
-    return capabilities.restrict_config(draw_config(space, pick, lambda p: draw(flags(p))))
+    config = capabilities.restrict_config(draw_config(space, pick, lambda p: draw(flags(p))))
+    if capabilities.gates():
+        config = draw(gate_plans(config, capabilities))[0]
+    return config
+
+
+@st.composite
+def gate_plans(
+    draw: st.DrawFn, config: SchedulerConfig, capabilities: Capabilities, vocab: int = VOCAB
+) -> tuple[SchedulerConfig, GateRequests]:
+    """``config`` with a subset of the admission gates ``capabilities``
+    supports turned on (schedspec.check.workload.with_gates), and the
+    GateRequests that decorates requests with the gates' fields (adapters,
+    structured outputs, encoder inputs); () gates: ``config`` as it is."""
+    rng = draw(st.randoms(use_true_random=False), label="gate draws")
+    gates = draw_gate_subset(capabilities.gates(), rng)
+    gated = with_gates(config, gates, rng)
+    return gated, GateRequests(gated, rng, vocab, pause="pause" in gates, grammar="grammar" in gates)
 
 
 

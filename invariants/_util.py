@@ -22,8 +22,11 @@ def cdiv(a: int, b: int) -> int:
 
 
 def block_key(r: RequestView, index: int, block_size: int) -> BlockKey:
-    """The content key block ``index`` of ``r`` must carry once it is full."""
-    return (r.salt, r.all_token_ids[: (index + 1) * block_size])
+    """The content key block ``index`` of ``r`` must carry once it is full:
+    its identity (cache salt, LoRA adapter, encoder inputs started before the
+    block's end; RequestView.block_identity) and its token prefix."""
+    end = (index + 1) * block_size
+    return (r.block_identity(end), r.all_token_ids[:end])
 
 
 def queue_key(r: RequestView) -> tuple[int, int, str]:
@@ -93,6 +96,33 @@ def queue_head(view: SchedulerView) -> str | None:
     return min(live, key=lambda rid: queue_key(view.requests[rid]))
 
 
+def waiting_order(view: SchedulerView) -> list[str]:
+    """The waiting queue in the order the WAITING loop visits it."""
+    live = [rid for rid in view.waiting if rid in view.requests]
+    if view.config.policy != Policy.FCFS:
+        live.sort(key=lambda rid: queue_key(view.requests[rid]))
+    return live
+
+
+def admission_candidate(view: SchedulerView) -> str | None:
+    """The first request in waiting-queue service order that the WAITING
+    loop would not pass over for an admission gate it can see: one still
+    waiting for its grammar (_handle_blocked_waiting_request) or whose
+    adapter would exceed max_loras distinct adapters among the running
+    requests (the max_loras check) is passed over (skip_request)."""
+    live = waiting_order(view)
+    loras = {view.requests[rid].lora_id for rid in view.running if rid in view.requests} - {0}
+    for rid in live:
+        r = view.requests[rid]
+        if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            continue
+        m = view.config.max_loras
+        if m and r.lora_id and len(loras) >= m and r.lora_id not in loras:
+            continue
+        return rid
+    return None
+
+
 def prefix_hit(view: SchedulerView, r: RequestView) -> list[int]:
     """The blocks a prefix-cache lookup for ``r`` returns in ``view``: the
     longest run of full blocks from the start whose key is cached (first
@@ -135,7 +165,8 @@ def admission_fits(view: SchedulerView, r: RequestView, budget: int, threshold: 
         return None
     n = min(n, budget)
     evictable = sum(1 for b in hit if 0 <= b < len(view.kv.ref_cnt) and view.kv.ref_cnt[b] == 0)
-    free = len(view.kv.free_queue)
+    # the watermark stays free when some request runs (allocate_slots, has_scheduled_reqs)
+    free = len(view.kv.free_queue) - (cfg.watermark_blocks if view.running else 0)
 
     def needed(target_tokens: int) -> int:
         return max(cdiv(target_tokens, bs) - len(hit), 0) + evictable

@@ -31,8 +31,11 @@ def legal_status_transition(t: Transition, h: History) -> Iterator[Finding]:
         elif a.status != b.status and not is_legal_transition(b.status, a.status):
             yield rid, f"illegal status change {b.status.name} -> {a.status.name}"
     for rid, a in t.after.requests.items():
-        if rid not in t.before.requests and a.status != _S.WAITING:
-            yield rid, f"appeared with status {a.status.name} (a new request is WAITING)"
+        if rid not in t.before.requests and a.status != _initial_status(a):
+            yield rid, (
+                f"appeared with status {a.status.name} (a new request is "
+                f"{_initial_status(a).name})"
+            )
     for rid, a in t.after.finished.items():
         if rid in t.before.finished:
             if t.before.finished[rid].status != a.status:
@@ -42,6 +45,12 @@ def legal_status_transition(t: Transition, h: History) -> Iterator[Finding]:
                 )
         elif rid not in t.before.requests:
             yield rid, f"appeared as finished ({a.status.name}) without having been unfinished"
+
+
+def _initial_status(r: RequestView) -> RequestStatus:
+    """A request's status when added: WAITING, or waiting for its grammar
+    (vllm/v1/request.py, Request.__init__ with structured output)."""
+    return _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if r.structured_output else _S.WAITING
 
 
 @transition_invariant(
@@ -69,7 +78,8 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
     if t.kind == "add":
         new_id = t.request.request_id if t.request is not None else None
         for cid, (old, new) in changes.items():
-            if cid != new_id or old is not None or new != _S.WAITING:
+            want = _initial_status(t.after.requests[cid]) if cid in t.after.requests else _S.WAITING
+            if cid != new_id or old is not None or new != want:
                 yield cid, f"add({new_id}) changed {cid}: {name(old)} -> {name(new)}"
         if new_id is not None and new_id not in changes:
             yield new_id, f"add({new_id}) did not add a WAITING request"
@@ -85,8 +95,12 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
         adm = {s.request_id for s in admitted(t.plan)}
         victims = set(step_victims(t))
         for cid, (old, new) in changes.items():
-            ok = (cid in adm and old in (_S.WAITING, _S.PREEMPTED) and new == _S.RUNNING) or (
+            grammar = _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+            ok = (cid in adm and old in (_S.WAITING, _S.PREEMPTED, grammar) and new == _S.RUNNING) or (
                 cid in victims and old == _S.RUNNING and new == _S.PREEMPTED
+            ) or (
+                # the WAITING loop found the grammar compiled, and did not admit it
+                cid not in adm and old == grammar and new == _S.WAITING
             )
             if not ok:
                 yield cid, f"schedule() changed {cid}: {name(old)} -> {name(new)}"
@@ -98,7 +112,11 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
         # stopped_preempted_reqs)
         stoppable = (_S.RUNNING, _S.PREEMPTED) if t.after.config.async_scheduling else (_S.RUNNING,)
         for cid, (old, new) in changes.items():
-            if old not in stoppable or new not in (_S.FINISHED_STOPPED, _S.FINISHED_LENGTH_CAPPED):
+            if old == _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and new == _S.FINISHED_ERROR:
+                continue  # its grammar failed to compile (grammar_compile_error_reqs)
+            if old not in stoppable or new not in (
+                _S.FINISHED_STOPPED, _S.FINISHED_LENGTH_CAPPED, _S.FINISHED_ERROR
+            ):
                 yield cid, f"update() changed {cid}: {name(old)} -> {name(new)}"
     elif t.kind == "reset":
         bad = {cid: ch for cid, ch in changes.items() if ch != (_S.RUNNING, _S.PREEMPTED)}

@@ -11,7 +11,11 @@ from schedspec.spec.interface import RequestStatus, SchedulerView
 from schedspec.invariants._util import block_key, cdiv, holders
 from schedspec.invariants.core import Finding, state_invariant
 
-_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_QUEUED = (
+    RequestStatus.WAITING,
+    RequestStatus.PREEMPTED,
+    RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+)
 
 
 @state_invariant(

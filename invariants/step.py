@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from schedspec.spec.interface import Policy, RequestStatus, ScheduleKind
+from schedspec.spec.interface import PauseState, Policy, RequestStatus, ScheduleKind, SchedulerView
 
 from schedspec.invariants._util import (
+    admission_candidate,
+    waiting_order,
     admission_fits,
     admitted,
     block_key,
     cdiv,
     effective_threshold,
     is_prefix,
-    queue_head,
     queue_key,
     running_chunk,
     step_victims,
@@ -139,7 +140,10 @@ def plan_entry_kinds(t: Transition, h: History) -> Iterator[Finding]:
             yield s.request_id, f"scheduled as {s.kind.name} but was not an unfinished request"
             continue
         want = _KIND_FROM[s.kind]
-        if b.status != want:
+        if b.status != want and not (
+            # a grammar found compiled in this step's WAITING loop: admitted as NEW
+            s.kind == ScheduleKind.NEW and b.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        ):
             yield s.request_id, f"scheduled as {s.kind.name} but its status was {b.status.name}"
 
 
@@ -474,6 +478,24 @@ def full_sequence_reserved(t: Transition, h: History) -> Iterator[Finding]:
         )
 
 
+def in_order_past_gates(adm: list[str], order: list[str], after: SchedulerView) -> bool:
+    """Whether ``adm`` are admitted in ``order`` with only requests an
+    admission gate passes over (skip_request) left behind before the last of
+    them: one still waiting for its grammar, one with a LoRA adapter (the
+    max_loras check) or with encoder inputs (no token fits this step)."""
+    pos = [order.index(rid) for rid in adm if rid in order]
+    if len(pos) != len(adm) or pos != sorted(pos):
+        return False
+    grammar = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    for rid in order[: pos[-1] if pos else 0]:
+        if rid in adm:
+            continue
+        r = after.requests.get(rid)
+        if r is None or not (r.status == grammar or r.lora_id or r.mm_inputs):
+            return False
+    return True
+
+
 @transition_invariant(
     "fcfs-admission-order",
     "FCFS: the requests admitted in a step are the first ones of the waiting queue, in queue order.",
@@ -489,7 +511,7 @@ def fcfs_admission_order(t: Transition, h: History) -> Iterator[Finding]:
         return
     adm = [s.request_id for s in admitted(t.plan)]
     head = list(t.before.waiting[: len(adm)])
-    if adm != head:
+    if adm != head and not in_order_past_gates(adm, list(t.before.waiting), t.after):
         yield None, f"admitted {adm}, but the head of the waiting queue was {head}"
 
 
@@ -517,7 +539,7 @@ def priority_admission_order(t: Transition, h: History) -> Iterator[Finding]:
         (rid for rid in t.before.waiting if rid in t.before.requests),
         key=lambda rid: queue_key(t.before.requests[rid]),
     )
-    if adm != cands[: len(adm)]:
+    if adm != cands[: len(adm)] and not in_order_past_gates(adm, cands, t.after):
         yield None, f"admitted {adm}, but in priority order the waiting queue starts {cands[: len(adm)]}"
 
 
@@ -582,8 +604,11 @@ def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
 )
 def progress(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
-    if not t.before.requests:
-        return
+    if t.before.pause_state != PauseState.UNPAUSED:
+        return  # a paused scheduler admits nothing new, or schedules nothing
+    grammar = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    if all(r.status == grammar for r in t.before.requests.values()):
+        return  # requests waiting for their grammar are passed over
     if any(r.num_output_placeholders > 0 for r in t.before.requests.values()):
         # async scheduling: a request whose step is in flight may have nothing
         # left to schedule (max_tokens surely reached, max_model_len), and
@@ -607,8 +632,14 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
 )
 def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
-    head = queue_head(t.before)
-    if not t.before.running and head is not None and head not in t.plan.scheduled_ids:
+    if t.before.pause_state != PauseState.UNPAUSED:
+        return
+    head = admission_candidate(t.before)
+    # a request waiting for its grammar ahead of the head may find it compiled
+    # and be admitted first (the view does not say whether it has compiled)
+    ahead = waiting_order(t.before)
+    ahead = ahead[: ahead.index(head) + 1] if head is not None else []
+    if not t.before.running and head is not None and not set(ahead) & set(t.plan.scheduled_ids):
         yield head, "nothing was running, yet the head of the waiting queue was not admitted"
 
 
@@ -632,9 +663,11 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     left = cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
     if left <= 0 or len(t.after.running) >= cfg.max_num_seqs:
         return
-    head = queue_head(t.after)
-    if head is None:
-        return
+    if t.after.pause_state != PauseState.UNPAUSED or cfg.prefill_schedule_interval > 1:
+        return  # paused, or the prefill cadence may hold admissions this step
+    head = admission_candidate(t.after)
+    if head is None or t.after.requests[head].mm_inputs:
+        return  # an encoder input beyond the budget or the cache may stop it
     why = admission_fits(t.after, t.after.requests[head], left, effective_threshold(t.before))
     if why is not None:
         yield head, f"admission stopped though the head of the waiting queue fits: {why}"
@@ -656,13 +689,15 @@ def running_served_while_budget(t: Transition, h: History) -> Iterator[Finding]:
     cfg = t.before.config
     if cfg.async_scheduling or cfg.num_speculative_tokens:
         return
+    if cfg.prefill_schedule_interval > 1 or t.before.pause_state == PauseState.PAUSED_ALL:
+        return  # the prefill cadence holds running prefill chunks in some steps; paused
     left = cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
     if left <= 0:
         return
     scheduled = set(t.plan.scheduled_ids)
     for rid in t.before.running:
         a = t.after.requests.get(rid)
-        if rid not in scheduled and a is not None and a.status == RequestStatus.RUNNING:
+        if rid not in scheduled and a is not None and a.status == RequestStatus.RUNNING and not a.mm_inputs:
             yield rid, (
                 f"running but not scheduled in step {t.plan.step}, though {left} of the "
                 f"{cfg.max_num_batched_tokens} budget tokens were left"
@@ -690,6 +725,10 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
     if r is None:
         return
     cfg = t.before.config
+    if t.before.pause_state == PauseState.PAUSED_ALL or cfg.prefill_schedule_interval > 1:
+        return  # nothing runs while paused; the cadence may hold a prefill chunk
+    if r.mm_inputs and t.plan.get(rid) is None:
+        return  # an encoder input beyond the budget or cache may leave it no token
     want = running_chunk(r, cfg.max_num_batched_tokens, effective_threshold(t.before), cfg.max_model_len)
     entry = t.plan.get(rid)
     preempted = rid in step_victims(t)
@@ -698,7 +737,7 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
     if entry is None:
         if want > 0:
             yield rid, f"head of the running queue was not scheduled in step {t.plan.step} (wanted {want} tokens)"
-    elif entry.num_scheduled_tokens != want:
+    elif entry.num_scheduled_tokens != want and not r.mm_inputs:
         yield rid, (
             f"head of the running queue was given {entry.num_scheduled_tokens} tokens, want "
             f"min(remaining {r.num_tokens - r.num_computed_tokens}, budget "

@@ -76,6 +76,8 @@ _S = RequestStatus
 #:               stale output of a step that was in flight when the request
 #:               was preempted is still delivered and may stop it:
 #:               scheduler.py, update_from_output, ``stopped_preempted_reqs``)
+#:  RUNNING, PREEMPTED -> FINISHED_ERROR too: a sampled token the request's
+#:               grammar refuses (update_from_output, accept_tokens failing)
 #:  WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 #:            -> WAITING (the waiting loop finds the grammar compiled:
 #:               scheduler.py, _handle_blocked_waiting_request), RUNNING (the
@@ -91,10 +93,17 @@ LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
             _S.FINISHED_STOPPED,
             _S.FINISHED_LENGTH_CAPPED,
             _S.FINISHED_ABORTED,
+            _S.FINISHED_ERROR,
         }
     ),
     _S.PREEMPTED: frozenset(
-        {_S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_STOPPED, _S.FINISHED_LENGTH_CAPPED}
+        {
+            _S.RUNNING,
+            _S.FINISHED_ABORTED,
+            _S.FINISHED_STOPPED,
+            _S.FINISHED_LENGTH_CAPPED,
+            _S.FINISHED_ERROR,
+        }
     ),
     _S.FINISHED_STOPPED: frozenset(),
     _S.FINISHED_LENGTH_CAPPED: frozenset(),
@@ -686,8 +695,9 @@ class SchedulerView:
     embeddings and ``encoder_cache_free`` is the cache space left (vLLM's
     EncoderCacheManager.cached / num_free_slots; empty and 0 without an
     encoder); ``num_executed_steps`` and ``last_prefill_step`` are the prefill
-    cadence's counters (vLLM's Scheduler fields of those names), tracked only
-    when ``config.prefill_schedule_interval > 1`` (0 and -1 otherwise).
+    cadence's counters and ``prefill_capacity_bound`` its escape (vLLM's
+    Scheduler fields of those names), tracked only when
+    ``config.prefill_schedule_interval > 1`` (0, -1 and False otherwise).
     """
 
     config: SchedulerConfig
@@ -703,6 +713,7 @@ class SchedulerView:
     encoder_cache_free: int = 0
     num_executed_steps: int = 0
     last_prefill_step: int = -1
+    prefill_capacity_bound: bool = False
 
 
 # --------------------------------------------------------------------------

@@ -145,3 +145,130 @@ class KVPool:
             block_keys=dict(self.block_key),
             cache_index={k: tuple(v) for k, v in self.index.items()},
         )
+
+
+class EncoderCache:
+    """The multimodal encoder cache, as vLLM 0.33 keeps it
+    (vllm/v1/core/encoder_cache_manager.py, EncoderCacheManager), sized in
+    embeddings. Entries are keyed by mm identifier; each records the requests
+    that reference it. An entry no request references is *freeable*: it stays
+    cached (a later request may reuse it) until its space is needed, when the
+    oldest freeable entries are evicted first and their identifiers reported
+    as freed. The methods carry the names of the manager's methods.
+    """
+
+    def __init__(self, cache_size: int) -> None:
+        self.cache_size = cache_size
+        self.num_free_slots = cache_size
+        self.num_freeable_slots = cache_size
+        # identifier -> ids of the requests referencing it (empty: freeable)
+        self.cached: dict[str, set[str]] = {}
+        self.num_embeds: dict[str, int] = {}
+        # request id -> the indices of its inputs it holds a reference for
+        self.request_inputs: dict[str, set[int]] = {}
+        # request id -> identifier -> how many of its inputs reference it
+        self.request_refs: dict[str, dict[str, int]] = {}
+        # freeable entries, oldest first (an OrderedDict in vLLM)
+        self.freeable: dict[str, int] = {}
+        self.freed: list[str] = []
+
+    def clone(self) -> EncoderCache:
+        new: EncoderCache = object.__new__(EncoderCache)
+        new.__dict__.update(self.__dict__)
+        new.cached = {k: set(v) for k, v in self.cached.items()}
+        new.num_embeds = dict(self.num_embeds)
+        new.request_inputs = {k: set(v) for k, v in self.request_inputs.items()}
+        new.request_refs = {k: dict(v) for k, v in self.request_refs.items()}
+        new.freeable = dict(self.freeable)
+        new.freed = list(self.freed)
+        return new
+
+    def check_and_update_cache(self, request_id: str, input_id: int, identifier: str) -> bool:
+        """Whether the input's output is cached; if so the request takes a
+        reference (a freeable entry stops being freeable)."""
+        if identifier not in self.cached:
+            return False
+        if not self.cached[identifier]:
+            self.num_freeable_slots -= self.freeable.pop(identifier)
+        self.cached[identifier].add(request_id)
+        self._add_cached_input_id(request_id, input_id, identifier)
+        return True
+
+    def can_allocate(self, num_embeds: int, compute_budget: int, num_embeds_to_schedule: int) -> bool:
+        """Whether an input of ``num_embeds`` fits the encoder budget and,
+        with the ``num_embeds_to_schedule`` this request already takes this
+        step, the cache; evicts the oldest freeable entries to make room (this
+        happens even if the request is then not scheduled)."""
+        if num_embeds > compute_budget:
+            return False
+        need = num_embeds + num_embeds_to_schedule
+        if need <= self.num_free_slots:
+            return True
+        if need > self.num_freeable_slots:
+            return False
+        while need > self.num_free_slots:
+            identifier = next(iter(self.freeable))
+            size = self.freeable.pop(identifier)
+            del self.cached[identifier]
+            del self.num_embeds[identifier]
+            self.freed.append(identifier)
+            self.num_free_slots += size
+        return True
+
+    def allocate(self, request_id: str, input_id: int, identifier: str, num_embeds: int) -> None:
+        """Reserve the space of an input the encoder runs this step."""
+        self.cached.setdefault(identifier, set())
+        assert self.num_embeds.setdefault(identifier, num_embeds) == num_embeds
+        assert self.num_free_slots >= num_embeds and self.num_freeable_slots >= num_embeds
+        self.cached[identifier].add(request_id)
+        self._add_cached_input_id(request_id, input_id, identifier)
+        self.num_free_slots -= num_embeds
+        self.num_freeable_slots -= num_embeds
+
+    def _add_cached_input_id(self, request_id: str, input_id: int, identifier: str) -> None:
+        ids = self.request_inputs.setdefault(request_id, set())
+        if input_id in ids:
+            return
+        ids.add(input_id)
+        refs = self.request_refs.setdefault(request_id, {})
+        refs[identifier] = refs.get(identifier, 0) + 1
+
+    def cached_input_ids(self, request_id: str) -> list[int]:
+        """The inputs the request holds a reference for, in index order (vLLM
+        iterates a set of small ints, which is that order)."""
+        return sorted(self.request_inputs.get(request_id, ()))
+
+    def free_encoder_input(self, request_id: str, input_id: int, identifier: str) -> None:
+        """Drop the request's reference for one input; an entry no request
+        references any more becomes freeable (it stays cached)."""
+        ids = self.request_inputs.get(request_id)
+        if ids is not None and input_id in ids:
+            ids.remove(input_id)
+            refs = self.request_refs[request_id]
+            refs[identifier] -= 1
+            if not refs[identifier]:
+                del refs[identifier]
+            if not ids:
+                del self.request_inputs[request_id]
+                del self.request_refs[request_id]
+        if not self.cached.get(identifier):
+            return
+        if identifier in self.request_refs.get(request_id, ()):
+            return
+        self.cached[identifier].discard(request_id)
+        if not self.cached[identifier]:
+            self.freeable[identifier] = self.num_embeds[identifier]
+            self.num_freeable_slots += self.num_embeds[identifier]
+
+    def free(self, request_id: str, identifiers: list[str]) -> None:
+        """Drop every reference the request holds (finish, abort, preemption,
+        or a failed admission); ``identifiers[i]`` is its input i's."""
+        for input_id in self.cached_input_ids(request_id):
+            self.free_encoder_input(request_id, input_id, identifiers[input_id])
+
+    def get_freed_mm_hashes(self) -> list[str]:
+        """The identifiers evicted since the last call that are not cached
+        again, for the plan (the model runner drops them)."""
+        freed = [h for h in self.freed if h not in self.cached]
+        self.freed = []
+        return freed

@@ -134,10 +134,13 @@ def check_pause_state(state: object) -> PauseState:
     return state
 
 
-def check_grammar_ready(request_id: object, ok: object, status: RequestStatus | None) -> None:
+def check_grammar_ready(
+    request_id: object, ok: object, status: RequestStatus | None, reported: bool = False
+) -> None:
     """grammar_ready(): ``request_id`` must name an unfinished request that
     waits for its grammar (``status`` is that request's status, None when the
-    id names no unfinished request) and ``ok`` must be a boolean."""
+    id names no unfinished request) whose compilation was not reported yet
+    (``reported``: a grammar compiles once), and ``ok`` must be a boolean."""
     if not isinstance(ok, bool):
         raise ProtocolError(f"grammar_ready ok must be a boolean, got {ok!r}", field="ok")
     if status is None:
@@ -149,6 +152,11 @@ def check_grammar_ready(request_id: object, ok: object, status: RequestStatus | 
         raise ProtocolError(
             f"grammar_ready for {request_id!r}, which does not wait for a grammar "
             f"(status {status.value})",
+            field="request_id",
+        )
+    if reported:
+        raise ProtocolError(
+            f"grammar_ready for {request_id!r}: its grammar was already reported",
             field="request_id",
         )
 

@@ -19,6 +19,16 @@ from dataclasses import dataclass
 #: The four ways a scheduler runs (schedspec.check.workload.MODES).
 ALL_MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
 
+#: The admission gates (schedspec.check.capabilities names them alike).
+ALL_GATES: tuple[str, ...] = (
+    "watermark",
+    "prefill_cadence",
+    "pause",
+    "lora",
+    "structured_output",
+    "encoder",
+)
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -28,11 +38,16 @@ class Rule:
     #: the modes in which a run can take the branch (a rule out of reach in
     #: sync mode says why in its description)
     modes: tuple[str, ...] = ALL_MODES
+    #: the admission gates a run must have on to take the branch (every one
+    #: of them; empty for a rule of the ungated scheduler): the capability
+    #: names of schedspec.check.capabilities
+    gates: tuple[str, ...] = ()
 
     @property
     def group(self) -> str:
         """The part before the first dot: schedule, running, preempt, waiting,
-        admit, kv, stop, update, abort, reset."""
+        admit, kv, stop, update, abort, reset, and the gates' watermark,
+        cadence, pause, lora, grammar, encoder."""
         return self.name.split(".", 1)[0]
 
 
@@ -107,6 +122,40 @@ _RULES = (
     Rule("async.stale_dropped", "stale output of a request preempted by reset_prefix_cache is dropped", "sched/scheduler.py, Scheduler.update_from_output (output_is_stale and drop_stale_output: continue)", _ASYNC_MODES),
     Rule("async.stale_output_stopped", "stale output stops a preempted request, which leaves the waiting queue", "sched/scheduler.py, Scheduler.update_from_output (stopped_preempted_reqs)", _ASYNC_MODES),
     Rule("update.request_gone", "a step's output arrives for a request aborted or finished while it ran: dropped", "sched/scheduler.py, Scheduler.update_from_output (request is None: continue)"),
+    # -- the watermark (config.watermark > 0)
+    Rule("watermark.admitted", "a waiting request is admitted with watermark_blocks kept free (some request is running)", "kv_cache_manager.py, KVCacheManager.allocate_slots (required_blocks = num_blocks_to_allocate + watermark_blocks)", gates=("watermark",)),
+    Rule("watermark.blocked_full_sequence", "scheduler_reserve_full_isl: a whole sequence that fits the free pool is held back by the watermark: head-of-line block", "kv_cache_manager.py, KVCacheManager.allocate_slots (full_sequence_must_fit, + watermark_blocks)", gates=("watermark",)),
+    Rule("watermark.blocked", "a waiting request whose blocks fit the free pool is held back by the watermark: head-of-line block", "kv_cache_manager.py, KVCacheManager.allocate_slots (has_scheduled_reqs and WAITING/PREEMPTED: watermark_blocks)", gates=("watermark",)),
+    # -- the prefill cadence (prefill_schedule_interval > 1)
+    Rule("cadence.hold", "the interval since the last prefill-carrying step has not passed and a request is decoding: prefill is held this step", _SCHED + " (local prefill cadence: defer_prefills)", gates=("prefill_cadence",)),
+    Rule("cadence.running_chunk_held", "a running prefill chunk is skipped in a held step (continue)", _SCHED + ", RUNNING loop (defer_prefills and request.is_prefill_chunk)", gates=("prefill_cadence",)),
+    Rule("cadence.admission_held", "a waiting request with prompt left to compute stops the WAITING loop in a held step", _SCHED + ", WAITING loop (defer_prefills and num_computed_tokens < num_tokens - 1: break)", gates=("prefill_cadence",)),
+    Rule("cadence.restart", "a step carried prefill (a running chunk or an admission with prompt left): the interval restarts from it", _SCHED + " (last_prefill_step = num_executed_steps)", gates=("prefill_cadence",)),
+    # -- the pause states (set_pause_state)
+    Rule("pause.all_empty_step", "PAUSED_ALL: the token budget is 0, nothing is scheduled", _SCHED + " (PauseState.PAUSED_ALL: token_budget = 0)", gates=("pause",)),
+    Rule("pause.new_no_admission", "PAUSED_NEW: the WAITING loop admits nothing (no waiting request holds KV blocks)", _SCHED + ", WAITING loop (kv_holding_waiting only, unless UNPAUSED)", gates=("pause",)),
+    # -- LoRA (max_loras >= 1)
+    Rule("lora.admitted_adapter", "a waiting request with an adapter passes the max_loras check", _SCHED + ", WAITING loop (max_loras check)", gates=("lora",)),
+    Rule("lora.skip_max_loras", "a waiting request whose adapter would exceed max_loras distinct adapters is passed over (skip, not a stop)", _SCHED + ", WAITING loop (len(scheduled_loras) == max_loras: skip_request)", gates=("lora",)),
+    # -- structured outputs (a grammar per request)
+    Rule("grammar.wait_at_add", "a request with structured output starts waiting for its grammar", "vllm/v1/request.py, Request.__init__ (WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR); sched/scheduler.py, _enqueue_waiting_request", gates=("structured_output",)),
+    Rule("grammar.skip_compiling", "the WAITING loop passes over a request whose grammar still compiles", "sched/scheduler.py, Scheduler._handle_blocked_waiting_request (grammar is None)", gates=("structured_output",)),
+    Rule("grammar.ready", "the WAITING loop finds the grammar compiled: the request becomes WAITING and may be admitted in this step", "sched/scheduler.py, Scheduler._handle_blocked_waiting_request", gates=("structured_output",)),
+    Rule("grammar.compile_error", "the WAITING loop finds the grammar failed: the request is passed over and recorded for an error", "sched/scheduler.py, Scheduler._handle_blocked_waiting_request (grammar_compile_error_reqs)", gates=("structured_output",)),
+    Rule("grammar.finished_error", "the next update finishes a request whose grammar failed with FINISHED_ERROR", "sched/scheduler.py, Scheduler.update_from_output (finish_requests(..., FINISHED_ERROR))", gates=("structured_output",)),
+    Rule("grammar.abort_waiting", "a request waiting for its grammar is aborted", "sched/scheduler.py, Scheduler.finish_requests", gates=("structured_output",)),
+    Rule("grammar.drafts_cut", "drafts proposed after a step are cut at the first token the request's grammar refuses", "sched/scheduler.py, Scheduler.update_draft_token_ids (StructuredOutputManager.validate_tokens)", ("spec",), gates=("structured_output",)),
+    Rule("grammar.refused_sample", "a sampled token the request's grammar refuses finishes it with FINISHED_ERROR; out of reach with the fake model, which never samples a refused token", "sched/scheduler.py, Scheduler.update_from_output (accept_tokens fails)", (), gates=("structured_output",)),
+    # -- the multimodal encoder (encoder budget and cache)
+    Rule("encoder.scheduled", "a scheduled request runs encoder inputs this step, spending the encoder budget and taking cache space", "sched/scheduler.py, Scheduler._try_schedule_encoder_inputs, _allocate_encoder_inputs", gates=("encoder",)),
+    Rule("encoder.cache_hit", "an encoder input's output is cached (this request or another computed it): reused, not run", "encoder_cache_manager.py, EncoderCacheManager.check_and_update_cache", gates=("encoder",)),
+    Rule("encoder.duplicate_input", "an input whose identifier the same request runs earlier in this step shares that run", "sched/scheduler.py, Scheduler._try_schedule_encoder_inputs (item_identifier in mm_hashes_to_schedule)", gates=("encoder",)),
+    Rule("encoder.evicted", "making room for an input evicts the oldest unreferenced cache entries", "encoder_cache_manager.py, EncoderCacheManager.can_allocate", gates=("encoder",)),
+    Rule("encoder.chunk_cut", "an input beyond the encoder budget or cache cuts the chunk just before it", "sched/scheduler.py, Scheduler._try_schedule_encoder_inputs (num_computed_tokens < start_pos)", gates=("encoder",)),
+    Rule("encoder.blocked_inside", "the chunk starts inside an input that does not fit: no token this step", "sched/scheduler.py, Scheduler._try_schedule_encoder_inputs (num_new_tokens = 0)", gates=("encoder",)),
+    Rule("encoder.admission_passed_over", "a waiting request left no token by its encoder inputs is passed over (skip, not a stop)", _SCHED + ", WAITING loop (num_new_tokens == 0: skip_request)", gates=("encoder",)),
+    Rule("encoder.budget_given_back", "PRIORITY: a victim scheduled this step gives its encoder inputs' embeddings back to the encoder budget", _SCHED + ", RUNNING loop (encoder_compute_budget += num_embeds_to_restore)", gates=("encoder",)),
+    Rule("encoder.input_done", "after a step an input wholly inside the computed tokens drops the request's cache reference", "sched/scheduler.py, Scheduler._free_encoder_inputs", gates=("encoder",)),
     # -- abort
     Rule("abort.waiting", "a waiting request (never run) is aborted", "sched/scheduler.py, Scheduler.finish_requests"),
     Rule("abort.preempted", "a preempted request is aborted", "sched/scheduler.py, Scheduler.finish_requests"),
@@ -121,9 +170,16 @@ assert len(RULES) == len(_RULES), "duplicate rule name"
 RULE_NAMES: tuple[str, ...] = tuple(RULES)
 
 
-def reachable_in(modes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """The rules a run drawing from ``modes`` can reach, in catalogue order."""
-    return tuple(r.name for r in _RULES if set(r.modes) & set(modes))
+def reachable_in(
+    modes: tuple[str, ...] | list[str], gates: tuple[str, ...] | list[str] | frozenset[str] = ()
+) -> tuple[str, ...]:
+    """The rules a run drawing from ``modes`` with the admission ``gates`` on
+    can reach, in catalogue order (a rule of a gate not in ``gates`` is out of
+    reach)."""
+    on = set(gates)
+    return tuple(
+        r.name for r in _RULES if set(r.modes) & set(modes) and set(r.gates) <= on
+    )
 
 
 def describe(name: str) -> str:

@@ -25,18 +25,40 @@ modes:
   as stale output (``num_stale_output_tokens``) and is not resumed before it
   has drained.
 
+The admission gates, each off by default (SchedulerConfig, RequestSpec):
+
+- the watermark: a waiting request is admitted only if ``watermark_blocks``
+  stay free (kv_cache_manager.py, KVCacheManager.allocate_slots);
+- the prefill cadence (``prefill_schedule_interval``): prefill is held until
+  the interval since the last prefill-carrying step has passed;
+- the pause state (``set_pause_state``): PAUSED_NEW admits nothing from the
+  waiting queue, PAUSED_ALL schedules nothing;
+- LoRA (``max_loras``): a waiting request whose adapter would exceed
+  max_loras distinct adapters is passed over; the adapter is part of its
+  blocks' prefix-cache keys;
+- structured outputs: a request waits for its grammar (``grammar_ready``)
+  and is passed over until it compiles; a failed compile finishes it with
+  FINISHED_ERROR; drafts are cut at the first token its grammar refuses;
+- the multimodal encoder (``max_num_encoder_input_tokens``,
+  ``encoder_cache_size``): which encoder inputs run in a step, the chunk cut
+  before an input that does not fit, and the encoder cache (KVPool's sibling
+  EncoderCache in spec/kv_cache.py).
+
 The modelled configuration: one full-attention KV group, no KV connectors, no
-LoRA, no multimodal inputs, no structured output, no streaming (resumable)
-requests, no pipeline parallelism, watermark 0, the V1 model runner.
+streaming (resumable) requests, no pipeline parallelism, no data
+parallelism, chunked multimodal inputs allowed (disable_chunked_mm_input
+off), every encoder placeholder an embedding, the V1 model runner.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from schedspec.spec.interface import (
     BlockKey,
+    PauseState,
     Policy,
     RequestSpec,
     RequestStatus,
@@ -49,11 +71,14 @@ from schedspec.spec.interface import (
     StepResult,
     is_legal_transition,
 )
-from schedspec.spec.kv_cache import KVPool
+from schedspec.spec.kv_cache import EncoderCache, KVPool
 from schedspec.spec.protocol import (
     check_abort,
     check_add,
     check_config,
+    check_grammar_ready,
+    check_mm_lengths,
+    check_pause_state,
     check_reset,
     check_result,
     check_schedule,
@@ -102,6 +127,9 @@ class _Request:
     # Whether the last step scheduled for it stopped short of its known and
     # in-flight tokens (vLLM's is_prefill_chunk, set after each schedule).
     is_prefill_chunk: bool = False
+    # Structured outputs: None while the grammar compiles, then whether it
+    # compiled (vLLM: structured_output_request.grammar, or an Exception).
+    grammar: bool | None = None
 
     @property
     def request_id(self) -> str:
@@ -119,7 +147,8 @@ class _Request:
         """The content key of this request's block ``block_index`` (vLLM:
         ``request.block_hashes[block_index]``, a chained hash of the same
         tokens)."""
-        return (self.spec.salt, self.all_token_ids[: (block_index + 1) * block_size])
+        end = (block_index + 1) * block_size
+        return (self.spec.block_identity(end), self.all_token_ids[:end])
 
     def set_status(self, new: RequestStatus) -> None:
         assert is_legal_transition(self.status, new), f"{self.request_id}: {self.status} -> {new}"
@@ -163,6 +192,16 @@ class _StepState:
     # vLLM's prefill_scheduled: a running request scheduled this step was
     # continuing a prefill (its is_prefill_chunk from the previous schedule).
     prefill_scheduled: bool = False
+    # The prefill cadence: hold prefill this step (defer_prefills); whether a
+    # waiting request was admitted with prompt left to compute.
+    defer_prefills: bool = False
+    prefill_admitted: bool = False
+    # LoRA: the adapters of the running queue and this step's admissions.
+    loras: set[int] = field(default_factory=set)
+    # The encoder: its compute budget left, and the inputs each scheduled
+    # request runs this step.
+    encoder_budget: int = 0
+    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
 
 
 class SpecScheduler:
@@ -182,6 +221,19 @@ class SpecScheduler:
         # The plans awaiting update(), oldest first: at most one at rest, two
         # for a moment with async scheduling (a tuple, so clones share it).
         self.in_flight: tuple[StepPlan, ...] = ()
+        # The admission gates' state (vLLM's Scheduler fields of these names).
+        self.pause_state = PauseState.UNPAUSED
+        self.num_executed_steps = 0
+        self.last_prefill_step = -config.prefill_schedule_interval  # the first step is never held
+        self.prefill_capacity_bound = False
+        # deferred_waiting: waiting requests passed over by a WAITING loop (or
+        # added waiting for a grammar) and not admitted since
+        self.deferred: set[str] = set()
+        # grammar_compile_error_reqs: finished with FINISHED_ERROR at the next update
+        self.grammar_errors: set[str] = set()
+        self.encoder = EncoderCache(config.encoder_cache_size)
+        # identifier -> length of every encoder input ever added (check_mm_lengths)
+        self.mm_lengths: dict[str, int] = {}
 
     @property
     def config(self) -> SchedulerConfig:
@@ -208,6 +260,10 @@ class SpecScheduler:
         d["running"] = self.running[:]
         d["finished"] = self.finished.copy()
         d["preempted"] = self.preempted.copy()
+        d["deferred"] = self.deferred.copy()
+        d["grammar_errors"] = self.grammar_errors.copy()
+        d["encoder"] = self.encoder.clone()
+        d["mm_lengths"] = self.mm_lengths.copy()
         return new
 
     # ------------------------------------------------------------------ queues
@@ -239,8 +295,39 @@ class SpecScheduler:
         request that can never run enters the scheduler (spec/protocol.py,
         check_add)."""
         request = check_add(request, self._config, self.requests, self.finished)
-        self.requests[request.request_id] = _Request(spec=request)
+        check_mm_lengths(request, self.mm_lengths)
+        for mm in request.mm_inputs:
+            self.mm_lengths[mm.identifier] = mm.length
+        req = _Request(spec=request)
+        if request.structured_output:
+            # Request.__init__: a request with structured output starts
+            # waiting for its grammar; _enqueue_waiting_request defers it
+            self.rules["grammar.wait_at_add"] += 1  # pragma: no mutate
+            req.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+            self.deferred.add(request.request_id)
+        self.requests[request.request_id] = req
         self.waiting.append(request.request_id)
+
+    def set_pause_state(self, state: PauseState) -> None:
+        """set_pause_state: PAUSED_NEW stops admissions from the waiting queue
+        (only requests holding KV blocks may be admitted, and none waits so in
+        the modelled engine), PAUSED_ALL schedules nothing; UNPAUSED resumes."""
+        self.pause_state = check_pause_state(state)
+
+    def grammar_ready(self, request_id: str, ok: bool = True) -> None:
+        """The structured-output manager finished compiling the request's
+        grammar (vllm/v1/structured_output/__init__.py, StructuredOutputManager
+        grammar_init: ``structured_output_request.grammar`` is set, or an
+        Exception for a failed compile). The request stays waiting for its
+        grammar until the WAITING loop looks at it
+        (_handle_blocked_waiting_request)."""
+        req = self.requests.get(request_id) if isinstance(request_id, str) else None
+        check_grammar_ready(
+            request_id, ok, None if req is None else req.status,
+            reported=req is not None and req.grammar is not None,
+        )
+        assert req is not None
+        req.grammar = ok
 
     def abort(self, request_id: str) -> None:
         """finish_requests(request_id, FINISHED_ABORTED): any unfinished request,
@@ -252,6 +339,7 @@ class SpecScheduler:
         else:
             self.rules["abort.waiting"] += req.status == RequestStatus.WAITING  # pragma: no mutate
             self.rules["abort.preempted"] += req.status == RequestStatus.PREEMPTED  # pragma: no mutate
+            self.rules["grammar.abort_waiting"] += req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR  # pragma: no mutate
             self.waiting.remove(request_id)
         self._finish(req, RequestStatus.FINISHED_ABORTED)
 
@@ -261,8 +349,16 @@ class SpecScheduler:
         req.set_status(status)
         self.kv.free(req.blocks)
         req.blocks = []
+        self._free_encoder_refs(req)
+        self.deferred.discard(req.request_id)
         del self.requests[req.request_id]
         self.finished[req.request_id] = req.view()
+
+    def _free_encoder_refs(self, req: _Request) -> None:
+        """encoder_cache_manager.free(request): drop every encoder-cache
+        reference the request holds."""
+        if req.spec.mm_inputs:
+            self.encoder.free(req.request_id, [m.identifier for m in req.spec.mm_inputs])
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """reset_prefix_cache. With reset_running_requests, every running request
@@ -292,6 +388,7 @@ class SpecScheduler:
         req.set_status(RequestStatus.PREEMPTED)
         self.kv.free(req.blocks)
         req.blocks = []
+        self._free_encoder_refs(req)
         req.num_cached_blocks = 0
         req.num_computed_tokens = 0
         req.spec_token_ids = []
@@ -360,24 +457,35 @@ class SpecScheduler:
         cfg = self._config
         bs = cfg.block_size
         evictable = sum(1 for b in hit if self.kv.ref_cnt[b] == 0)
+        # The watermark: a waiting or preempted request leaves watermark_blocks
+        # free, and only when some request is running (allocate_slots with
+        # has_scheduled_reqs=bool(self.running)), in both of its checks.
+        watermark = cfg.watermark_blocks if self.running else 0
 
-        def fits(target_tokens: int) -> bool:
+        def fits(target_tokens: int, headroom: int) -> bool:
             need = admission_blocks_needed(
                 target_tokens=target_tokens,
                 block_size=bs,
                 num_hit_blocks=len(hit),
                 num_evictable_hits=evictable,
             )
-            return need <= self.kv.num_free
+            return need + headroom <= self.kv.num_free
 
-        if cfg.scheduler_reserve_full_isl and not fits(min(req.num_tokens, cfg.max_model_len)):
+        def held_by_watermark(target_tokens: int) -> bool:
+            return watermark > 0 and fits(target_tokens, 0)
+
+        full = min(req.num_tokens, cfg.max_model_len)
+        if cfg.scheduler_reserve_full_isl and not fits(full, watermark):
             self.rules["admit.blocked_full_sequence"] += 1  # pragma: no mutate
+            self.rules["watermark.blocked_full_sequence"] += held_by_watermark(full)  # pragma: no mutate
             return False
         num_hit_tokens = len(hit) * bs
         target = min(num_hit_tokens + n + cfg.num_lookahead_tokens, cfg.max_model_len)
-        if not fits(target):
+        if not fits(target, watermark):
             self.rules["admit.blocked_blocks"] += 1  # pragma: no mutate
+            self.rules["watermark.blocked"] += held_by_watermark(target)  # pragma: no mutate
             return False
+        self.rules["watermark.admitted"] += watermark > 0  # pragma: no mutate
         self.kv.touch(hit)
         req.blocks = list(hit)
         req.num_cached_blocks = len(hit)
@@ -399,14 +507,53 @@ class SpecScheduler:
             num_running=len(self.running),
             num_waiting=len(self.waiting),
         )
-        st = _StepState(token_budget=cfg.max_num_batched_tokens, threshold=threshold)
+        st = _StepState(
+            token_budget=cfg.max_num_batched_tokens,
+            threshold=threshold,
+            encoder_budget=cfg.max_num_encoder_input_tokens,
+            defer_prefills=self._defer_prefills(),
+        )
+        if self.pause_state == PauseState.PAUSED_ALL:
+            self.rules["pause.all_empty_step"] += 1  # pragma: no mutate
+            st.token_budget = 0  # "Do not schedule any requests when paused."
         self.rules["schedule.threshold_active"] += threshold > 0  # pragma: no mutate
         self._schedule_running(st)
+        # The LoRA adapters of every running request, scheduled this step or not
+        st.loras = {r.spec.lora_id for r in map(self.requests.__getitem__, self.running) if r.spec.lora_id > 0}
+        assert not cfg.max_loras or len(st.loras) <= cfg.max_loras
         self.rules["schedule.waiting_skipped"] += len(st.preempted) > 0 and len(self.waiting) > 0  # pragma: no mutate
-        if not st.preempted:
+        if not st.preempted and self.pause_state != PauseState.PAUSED_ALL:
             self._schedule_waiting(st)
         assert len(self.running) <= cfg.max_num_seqs
+        self._advance_cadence(st)
         return self._make_plan(st)
+
+    def _defer_prefills(self) -> bool:
+        """The local prefill cadence (schedule(), "Local prefill cadence"):
+        with prefill_schedule_interval > 1, hold prefill in this step when
+        fewer than the interval executed steps have passed since the last
+        prefill-carrying step (counting this one), some running request is
+        decoding, and the last release did not leave the waiting queue
+        backed up (prefill_capacity_bound)."""
+        interval = self._config.prefill_schedule_interval
+        hold = (
+            interval > 1
+            and not self.prefill_capacity_bound
+            and (self.num_executed_steps + 1) - self.last_prefill_step < interval
+            and any(not self.requests[r].is_prefill_chunk for r in self.running)
+        )
+        self.rules["cadence.hold"] += hold  # pragma: no mutate
+        return hold
+
+    def _advance_cadence(self, st: _StepState) -> None:
+        """The end of schedule(): a step that scheduled tokens counts as
+        executed; one that carried prefill (a running chunk or an admission
+        with prompt left) restarts the cadence interval."""
+        if st.scheduled:
+            self.num_executed_steps += 1
+        if self._config.prefill_schedule_interval > 1 and (st.prefill_scheduled or st.prefill_admitted):
+            self.rules["cadence.restart"] += 1  # pragma: no mutate
+            self.last_prefill_step = self.num_executed_steps
 
     def _schedule_running(self, st: _StepState) -> None:
         """Phase 1, the RUNNING loop: each running request in queue order gets
@@ -424,6 +571,10 @@ class SpecScheduler:
                 self.rules["running.skip_max_tokens_in_flight"] += 1  # pragma: no mutate
                 i += 1  # async: the steps in flight finish it ("continue" in vLLM)
                 continue
+            if st.defer_prefills and req.is_prefill_chunk:
+                self.rules["cadence.running_chunk_held"] += 1  # pragma: no mutate
+                i += 1  # a prefill chunk waits for a cadence-aligned step
+                continue
             n = running_chunk(
                 num_tokens=req.num_tokens,
                 num_computed=req.num_computed_tokens,
@@ -432,6 +583,9 @@ class SpecScheduler:
                 max_model_len=cfg.max_model_len,
                 num_spec_tokens=len(req.spec_token_ids),
                 num_output_placeholders=req.num_output_placeholders,
+            )
+            enc_inputs, n, enc_budget, enc_dups = self._schedule_encoder_inputs(
+                req, req.num_computed_tokens, n, st.encoder_budget
             )
             if n == 0:
                 self.rules["running.skip_no_tokens"] += 1  # pragma: no mutate
@@ -452,6 +606,7 @@ class SpecScheduler:
             drafts = self._take_drafts(req, n)
             st.scheduled[req.request_id] = (ScheduleKind.RUNNING, req.num_computed_tokens, n, drafts)
             st.token_budget -= n
+            self._commit_encoder_inputs(st, req, enc_inputs, enc_budget, enc_dups)
             i += 1
         self.rules["running.stop_budget"] += i < len(self.running)  # pragma: no mutate
 
@@ -500,6 +655,10 @@ class SpecScheduler:
             if victim.request_id in st.scheduled:
                 self.rules["preempt.budget_give_back"] += 1  # pragma: no mutate
                 st.token_budget += st.scheduled.pop(victim.request_id)[2]
+                given_back = st.encoder_inputs.pop(victim.request_id, [])
+                # its encoder inputs give their embeddings back to the budget
+                self.rules["encoder.budget_given_back"] += len(given_back) > 0  # pragma: no mutate
+                st.encoder_budget += sum(victim.spec.mm_inputs[j].length for j in given_back)
             self._preempt_request(victim)
             st.preempted.append(victim.request_id)
             if victim is req:
@@ -513,32 +672,120 @@ class SpecScheduler:
         and the pool allow; the first request that cannot be admitted stops
         the loop (head-of-line)."""
         skipped = 0  # requests passed over this step, at the head of the queue
+        stopped = False
         while st.token_budget > 0 and len(self.waiting) > skipped:
+            if self.pause_state == PauseState.PAUSED_NEW:
+                # only requests holding KV blocks are admitted while paused
+                # (kv_holding_waiting), and none waits so here
+                self.rules["pause.new_no_admission"] += 1  # pragma: no mutate
+                stopped = True
+                break
             if len(self.running) >= self._config.max_num_seqs:
                 self.rules["waiting.stop_max_num_seqs"] += 1  # pragma: no mutate
-                return  # vLLM: break
+                stopped = True
+                break
             req = self.requests[self._waiting_order()[skipped]]
-            if req.num_stale_output_tokens and not req.drop_stale_output:
-                # Async scheduling: output of a step in flight when it was
-                # preempted will still be delivered; resuming now could
-                # resample a position that output fills. vLLM's skip_request
-                # pops it and prepends it again after the loop, so it keeps
-                # its place at the head.
-                self.rules["waiting.skip_stale_output"] += 1  # pragma: no mutate
+            admitted = None if self._pass_over(st, req) else self._admit(st, req)
+            if admitted is None:
+                # vLLM's skip_request pops it and prepends it again after the
+                # loop, so it keeps its place at the head; it stays deferred
+                # until admitted
+                self.deferred.add(req.request_id)
                 skipped += 1
                 continue
-            if not self._admit(st, req):
-                return  # vLLM: break
-        self.rules["waiting.stop_budget"] += len(self.waiting) > skipped  # pragma: no mutate
+            if not admitted:
+                stopped = True
+                break  # head-of-line: nothing behind it is tried
+        if not stopped:
+            self.rules["waiting.stop_budget"] += len(self.waiting) > skipped  # pragma: no mutate
+        if not st.defer_prefills:
+            # a release step records whether it left the queue backed up
+            self.prefill_capacity_bound = len(self.waiting) > len(self.deferred)
 
-    def _admit(self, st: _StepState, req: _Request) -> bool:
+    def _pass_over(self, st: _StepState, req: _Request) -> bool:
+        """The WAITING loop's checks before the prefix lookup that pass the
+        request over (skip_request) instead of stopping the loop: a grammar
+        still compiling or failed (_handle_blocked_waiting_request), stale
+        output in flight, an adapter beyond max_loras."""
+        cfg = self._config
+        if req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            if req.grammar is None:
+                self.rules["grammar.skip_compiling"] += 1  # pragma: no mutate
+                return True
+            if req.grammar is False:
+                # grammar_compile_error_reqs: finished at the next update
+                self.rules["grammar.compile_error"] += 1  # pragma: no mutate
+                self.grammar_errors.add(req.request_id)
+                return True
+            self.rules["grammar.ready"] += 1  # pragma: no mutate
+            req.set_status(RequestStatus.WAITING)
+        if req.num_stale_output_tokens and not req.drop_stale_output:
+            # Async scheduling: output of a step in flight when it was
+            # preempted will still be delivered; resuming now could resample
+            # a position that output fills.
+            self.rules["waiting.skip_stale_output"] += 1  # pragma: no mutate
+            return True
+        lora = req.spec.lora_id
+        if cfg.max_loras and lora and len(st.loras) == cfg.max_loras and lora not in st.loras:
+            # "Scheduling would exceed max_loras, skip."
+            self.rules["lora.skip_max_loras"] += 1  # pragma: no mutate
+            return True
+        self.rules["lora.admitted_adapter"] += lora > 0  # pragma: no mutate
+        return False
+
+    def _admit(self, st: _StepState, req: _Request) -> bool | None:
         """One admission of the WAITING loop: the prefix hit, the chunk past it,
-        the blocks; then the request moves to the running queue as NEW or
-        RESUMED. False when it cannot be admitted (nothing changes)."""
+        the encoder inputs, the blocks; then the request moves to the running
+        queue as NEW or RESUMED. False when it cannot be admitted and the loop
+        stops, None when it is passed over (an encoder input leaves it no
+        token this step); nothing else changes then, but for the encoder cache
+        as vLLM leaves it."""
         cfg = self._config
         assert req.num_computed_tokens == 0 and not req.blocks
         hit = self._get_computed_blocks(req)
         num_hit_tokens = len(hit) * cfg.block_size
+        if st.defer_prefills and num_hit_tokens < req.num_tokens - 1:
+            self.rules["cadence.admission_held"] += 1  # pragma: no mutate
+            return False  # "defer this step's local prefill compute" (break)
+        n, drafts = self._admission_tokens(st, req, num_hit_tokens)
+        if n == 0:
+            return False
+        enc_inputs, n, enc_budget, enc_dups = self._schedule_encoder_inputs(
+            req, num_hit_tokens, n, st.encoder_budget
+        )
+        if n == 0:
+            self.rules["encoder.admission_passed_over"] += 1  # pragma: no mutate
+            return None  # "Requeue it so it does not stall the requests behind it."
+        if not self._allocate_admission(req, hit, n):
+            self._free_encoder_refs(req)  # "untouch the request from the encode cache manager"
+            return False  # head-of-line: nothing behind it is tried
+        rid = req.request_id
+        self.deferred.discard(rid)
+        if req.spec.lora_id:
+            st.loras.add(req.spec.lora_id)
+        st.prefill_admitted |= num_hit_tokens < req.num_tokens - 1
+        self.waiting.remove(rid)
+        self.running.append(rid)
+        kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
+        self.rules["admit.new"] += kind == ScheduleKind.NEW  # pragma: no mutate
+        self.rules["admit.resumed"] += kind == ScheduleKind.RESUMED  # pragma: no mutate
+        self.rules["admit.prefill_chunk"] += num_hit_tokens + n < req.num_tokens  # pragma: no mutate
+        req.set_status(RequestStatus.RUNNING)
+        req.num_computed_tokens = num_hit_tokens
+        st.scheduled[rid] = (kind, num_hit_tokens, n, drafts)
+        st.token_budget -= n
+        self._commit_encoder_inputs(st, req, enc_inputs, enc_budget, enc_dups)
+        return True
+
+    def _admission_tokens(
+        self, st: _StepState, req: _Request, num_hit_tokens: int
+    ) -> tuple[int, tuple[int, ...]]:
+        """The tokens an admission schedules past its prefix hit, and its
+        drafts: a padded decode of 1 + k tokens with k placeholder drafts, or
+        the prompt chunk the threshold and the budget allow. 0 when the loop
+        stops (the padding or, with chunked prefill off, the prompt does not
+        fit the budget)."""
+        cfg = self._config
         padded: int | None = req.num_tokens - num_hit_tokens
         if cfg.num_speculative_tokens and padded == 1:
             padded = decode_padding(
@@ -552,7 +799,7 @@ class SpecScheduler:
             )
         if padded is None:
             self.rules["admit.blocked_padding"] += 1  # pragma: no mutate
-            return False  # vLLM: "Prefer to not schedule than schedule un-padded" (break)
+            return 0, ()  # vLLM: "Prefer to not schedule than schedule un-padded" (break)
         drafts: tuple[int, ...] = ()
         if padded > req.num_tokens - num_hit_tokens:
             # a padded decode: 1 + k tokens, the k drafts placeholders (-1)
@@ -569,21 +816,85 @@ class SpecScheduler:
             )
         if n == 0:
             self.rules["admit.blocked_chunking_off"] += 1  # pragma: no mutate
-            return False  # chunked prefill off and the prompt does not fit the budget
-        if not self._allocate_admission(req, hit, n):
-            return False  # head-of-line: nothing behind it is tried
+        return n, drafts  # 0: chunked prefill off and the prompt does not fit the budget
+
+    # ------------------------------------------------------------------ encoder
+
+    def _schedule_encoder_inputs(
+        self, req: _Request, num_computed: int, n: int, budget: int
+    ) -> tuple[list[int], int, int, list[int]]:
+        """_try_schedule_encoder_inputs: of the request's encoder inputs that
+        overlap this step's tokens ``num_computed .. num_computed + n - 1``
+        (get_mm_features_in_window), in order: one whose identifier this step
+        already runs for the request is a duplicate; a cached one is reused
+        (the request takes a reference); the first that does not fit the
+        encoder budget or the cache (can_allocate, which evicts freeable
+        entries to make room) stops the scan and cuts the chunk just before
+        it, or to nothing when the chunk starts inside it. Returns the inputs
+        to run, the chunk, the budget left after them, the duplicates."""
+        mm = req.spec.mm_inputs
+        if n == 0 or not mm:
+            return [], n, budget, []
         rid = req.request_id
-        self.waiting.remove(rid)
-        self.running.append(rid)
-        kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
-        self.rules["admit.new"] += kind == ScheduleKind.NEW  # pragma: no mutate
-        self.rules["admit.resumed"] += kind == ScheduleKind.RESUMED  # pragma: no mutate
-        self.rules["admit.prefill_chunk"] += num_hit_tokens + n < req.num_tokens  # pragma: no mutate
-        req.set_status(RequestStatus.RUNNING)
-        req.num_computed_tokens = num_hit_tokens
-        st.scheduled[rid] = (kind, num_hit_tokens, n, drafts)
-        st.token_budget -= n
-        return True
+        to_run: list[int] = []
+        duplicates: list[int] = []
+        running_now: set[str] = set()
+        num_embeds = 0
+        end = num_computed + n
+        for i, m in enumerate(mm):
+            if m.end <= num_computed or m.offset >= end:
+                continue  # outside the window
+            if m.identifier in running_now:
+                self.rules["encoder.duplicate_input"] += 1  # pragma: no mutate
+                duplicates.append(i)
+                continue
+            if self.encoder.check_and_update_cache(rid, i, m.identifier):
+                self.rules["encoder.cache_hit"] += 1  # pragma: no mutate
+                continue
+            num_freed = len(self.encoder.freed)
+            fits = self.encoder.can_allocate(m.length, budget, num_embeds)
+            self.rules["encoder.evicted"] += len(self.encoder.freed) > num_freed  # pragma: no mutate
+            if not fits:
+                if num_computed < m.offset:
+                    self.rules["encoder.chunk_cut"] += 1  # pragma: no mutate
+                    n = min(n, m.offset - num_computed)
+                else:
+                    self.rules["encoder.blocked_inside"] += 1  # pragma: no mutate
+                    n = 0
+                break
+            num_embeds += m.length
+            budget -= m.length
+            running_now.add(m.identifier)
+            to_run.append(i)
+        return to_run, n, budget, duplicates
+
+    def _commit_encoder_inputs(
+        self, st: _StepState, req: _Request, inputs: list[int], budget: int, duplicates: list[int]
+    ) -> None:
+        """A scheduled request's encoder inputs run: the budget is spent and
+        each takes its cache space (_allocate_encoder_inputs); a duplicate
+        takes a reference to the entry its twin allocates."""
+        if not inputs:
+            return
+        self.rules["encoder.scheduled"] += 1  # pragma: no mutate
+        st.encoder_inputs[req.request_id] = inputs
+        st.encoder_budget = budget
+        mm = req.spec.mm_inputs
+        for i in inputs:
+            self.encoder.allocate(req.request_id, i, mm[i].identifier, mm[i].length)
+        for i in duplicates:
+            self.encoder.check_and_update_cache(req.request_id, i, mm[i].identifier)
+
+    def _free_encoder_inputs(self, req: _Request) -> None:
+        """update_from_output, _free_encoder_inputs: after a step has run, the
+        request drops its reference to every input wholly inside its computed
+        tokens past the placeholders (no rejection can roll back into it)."""
+        done = req.num_computed_tokens - req.num_output_placeholders
+        mm = req.spec.mm_inputs
+        for i in self.encoder.cached_input_ids(req.request_id):
+            if mm[i].end <= done:
+                self.rules["encoder.input_done"] += 1  # pragma: no mutate
+                self.encoder.free_encoder_input(req.request_id, i, mm[i].identifier)
 
     def _make_plan(self, st: _StepState) -> StepPlan:
         """Phase 3: the plan in scheduling order (vLLM's SchedulerOutput), then
@@ -606,7 +917,8 @@ class SpecScheduler:
                 ScheduledRequest.of(rid, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
                                     all_token_ids=req.all_token_ids, block_ids=tuple(req.blocks),
                                     spec_token_ids=drafts,
-                                    num_output_placeholders=req.num_output_placeholders)
+                                    num_output_placeholders=req.num_output_placeholders,
+                                    encoder_inputs=tuple(st.encoder_inputs.get(rid, ())))
             )
             req.num_computed_tokens = computed + n
             req.num_in_flight_tokens += n
@@ -620,6 +932,7 @@ class SpecScheduler:
             scheduled=tuple(entries),
             preempted_ids=tuple(sorted(self.preempted)),
             finished_ids=tuple(sorted(self.finished)),
+            freed_encoder_inputs=tuple(self.encoder.get_freed_mm_hashes()),
         )
         self.preempted = set()
         self.finished = {}
@@ -654,11 +967,18 @@ class SpecScheduler:
                 continue  # drop-mode stale output is discarded entirely
             if s.spec_token_ids and toks:
                 self._roll_back_rejected(req, len(s.spec_token_ids) - (len(toks) - 1), stale)
+            if req.spec.mm_inputs:
+                self._free_encoder_inputs(req)  # "only after the step has actually executed"
             if not toks:
                 continue
             had_placeholders = req.num_output_placeholders > 0
             was_running = req.status == RequestStatus.RUNNING
+            num_output = len(req.output_token_ids)
             status = self._update_request_with_output(req, toks, stale)
+            if set(req.output_token_ids[num_output:]) & set(req.spec.grammar_rejects):
+                # structured_output_manager.accept_tokens fails: "Terminating request."
+                self.rules["grammar.refused_sample"] += 1  # pragma: no mutate
+                status = RequestStatus.FINISHED_ERROR
             if not stale and was_running and (had_placeholders or cfg.num_speculative_tokens > 0):
                 # KVCacheManager.cache_blocks(request, num_computed_tokens -
                 # num_in_flight_tokens): the blocks the verified tokens filled
@@ -673,9 +993,23 @@ class SpecScheduler:
                     self.waiting.remove(req.request_id)
                 self._finish(req, status)
         self.running = [r for r in self.running if r not in stopped]
+        self._finish_grammar_errors()
         self.in_flight = self.in_flight[1:]
         if not cfg.async_scheduling:
             self._update_draft_token_ids(result)
+
+    def _finish_grammar_errors(self) -> None:
+        """update_from_output: the requests whose grammar failed to compile,
+        as the WAITING loops since the last update found them, finish with
+        FINISHED_ERROR (finish_requests; one aborted meanwhile is gone)."""
+        errors, self.grammar_errors = self.grammar_errors, set()
+        for rid in sorted(errors):
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            self.rules["grammar.finished_error"] += 1  # pragma: no mutate
+            self.waiting.remove(rid)
+            self._finish(req, RequestStatus.FINISHED_ERROR)
 
     def _drain_in_flight(self, req: _Request, n: int) -> bool:
         """This step's tokens are no longer in flight; if the request was
@@ -763,7 +1097,20 @@ class SpecScheduler:
                 req.spec_token_ids = []
                 continue
             self.rules["spec.drafts_set"] += len(drafts) > 0  # pragma: no mutate
-            req.spec_token_ids = list(drafts)
+            req.spec_token_ids = self._validate_drafts(req, list(drafts))
+
+    def _validate_drafts(self, req: _Request, drafts: list[int]) -> list[int]:
+        """StructuredOutputManager.validate_tokens
+        (vllm/v1/structured_output/__init__.py): for a request with a grammar,
+        the longest prefix of the drafts its grammar accepts; the modelled
+        grammar refuses the tokens of ``grammar_rejects`` wherever they come."""
+        if not req.spec.structured_output:
+            return drafts
+        for i, tok in enumerate(drafts):
+            if tok in req.spec.grammar_rejects:
+                self.rules["grammar.drafts_cut"] += 1  # pragma: no mutate
+                return drafts[:i]
+        return drafts
 
     # ------------------------------------------------------------------ view
 
@@ -777,4 +1124,18 @@ class SpecScheduler:
             kv=self.kv.view(),
             finished=dict(self.finished),
             preempted_since_plan=tuple(sorted(self.preempted)),
+            pause_state=self.pause_state,
+            encoder_cache={h: self.encoder.num_embeds[h] for h in self.encoder.cached},
+            encoder_cache_free=self.encoder.num_free_slots,
+            **self._cadence_view(),
         )
+
+    def _cadence_view(self) -> dict[str, Any]:
+        """The prefill cadence's counters, when the cadence is on."""
+        if self._config.prefill_schedule_interval == 1:
+            return {}
+        return {
+            "num_executed_steps": self.num_executed_steps,
+            "last_prefill_step": self.last_prefill_step,
+            "prefill_capacity_bound": self.prefill_capacity_bound,
+        }

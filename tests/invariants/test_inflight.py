@@ -403,7 +403,7 @@ BUGS = [
     ("no-rollback-of-rejected-drafts", (S._roll_back_rejected, "        if stale:\n", "        if True:\n"),
      rejected_drafts, config(async_scheduling=False), "verified-frontier"),
     # PRs #53812, #53962: padding past max_model_len
-    ("pad-past-max-model-len", (S._admit, "max_model_len=cfg.max_model_len,", "max_model_len=cfg.max_model_len + 8,"),
+    ("pad-past-max-model-len", (S._admission_tokens, "max_model_len=cfg.max_model_len,", "max_model_len=cfg.max_model_len + 8,"),
      padded_near_max_model_len, config(async_scheduling=False, max_model_len=11),
      "within-max-model-len-with-lookahead"),
 ]

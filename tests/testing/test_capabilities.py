@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from schedspec.check.capabilities import FULL, Capabilities, CapabilityError, capabilities_of
 from schedspec.check.workload import Abort, AddRequest, ResetPrefixCache, random_workload
 from schedspec.invariants import CATALOGUE, BY_ID
-from schedspec.spec.interface import Policy
+from schedspec.spec.interface import Policy, SchedulerConfig
 from schedspec.testing.strategies import configs, requests
 
 NARROW = Capabilities(
@@ -84,3 +84,40 @@ def test_round_trip_as_data() -> None:
     with pytest.raises(CapabilityError, match="unknown capabilities"):
         Capabilities.from_dict({"teleport": True})
     assert dataclasses.replace(NARROW, abort=True).names() - NARROW.names() == {"abort"}
+
+
+def test_the_strategies_and_the_machine_draw_the_gates_a_declaration_supports() -> None:
+    from hypothesis import settings as hsettings
+
+    from schedspec.check.workload import gates_of
+    from schedspec.testing.strategies import configs
+
+    seen: set[str] = set()
+    caps = Capabilities().with_gates(("lora", "watermark", "cadence", "encoder"))
+
+    @hsettings(max_examples=60, derandomize=True, deadline=None)
+    @given(configs(capabilities=caps), configs())
+    def draw(gated: SchedulerConfig, plain: SchedulerConfig) -> None:
+        seen.update(gates_of(gated))
+        assert gates_of(plain) == ()  # a declaration without gates draws none
+
+    draw()
+    assert seen == {"lora", "watermark", "cadence", "encoder"}
+
+
+def test_the_state_machine_runs_the_gates_on_the_spec() -> None:
+    from hypothesis import settings as hsettings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from schedspec.adapters.registry import resolve
+    from schedspec.testing.stateful import RunTally, make_machine
+
+    target = resolve("spec")
+    tally = RunTally()
+    machine = make_machine({"spec": target.factory}, capabilities=target.capabilities, tally=tally,
+                           check_invariants=False, name="GateMachine")
+    run_state_machine_as_test(
+        machine, settings=hsettings(max_examples=25, stateful_step_count=30, derandomize=True, deadline=None))
+    total = tally.total
+    assert total.pauses and total.paused_steps and total.grammars_ready and total.encoder_inputs
+    assert total.lora_steps

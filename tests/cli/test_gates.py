@@ -1,0 +1,83 @@
+"""--gates in check and replay: the default draws every gate the scheduler
+under test supports (none for a scheduler that declares none), a bad or
+unsupported gate exits 2 naming it, the summary and the counterexample trace
+record the gates, replay skips traces outside --gates."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+from schedspec.check import trace as tracefile
+from schedspec.check.workload import GATES, GrammarReady, Pause, Step, Workload, AddRequest
+from schedspec.cli.main import main
+from schedspec.spec.interface import RequestSpec, SchedulerConfig
+
+CFG = SchedulerConfig(block_size=2, num_blocks=17, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=24)
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = main(argv)
+    return rc, out.getvalue()
+
+
+def test_a_bad_gate_exits_2_naming_it(tmp_path: Path) -> None:
+    rc, out = run(["check", "--gates", "lora,wormhole", "--steps", "10", "--quiet", "--out", str(tmp_path)])
+    assert rc == 2 and "--gates: unknown gate 'wormhole'" in out
+
+
+def test_a_gate_the_scheduler_lacks_exits_2_naming_it(tmp_path: Path) -> None:
+    rc, out = run(["check", "--against", "impl", "--gates", "lora,pause", "--steps", "10", "--quiet",
+                   "--out", str(tmp_path)])
+    assert rc == 2 and "--gates: impl does not support the gate(s) lora, pause" in out
+
+
+def test_a_scheduler_without_gates_checks_as_before(tmp_path: Path) -> None:
+    rc, out = run(["check", "--against", "impl", "--steps", "100", "--quiet", "--out", str(tmp_path),
+                   "--json", str(tmp_path / "s.json")])
+    assert rc == 0, out
+    assert "gates: none" in out
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["gates"] == [] and summary["rule_coverage"]["gates"] == []
+
+
+def test_the_spec_draws_every_gate_by_default_and_the_summary_says_so(tmp_path: Path) -> None:
+    # (whatever the run finds: this is about what the summary records)
+    _, out = run(["check", "--against", "spec", "--generator", "random", "--steps", "400", "--workload-steps",
+                  "50", "--quiet", "--out", str(tmp_path), "--json", str(tmp_path / "s.json"),
+                  "--shrink-time", "1"])
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["gates"] == list(GATES)
+    assert f"gates: {', '.join(GATES)} (each workload a subset;" in out
+    rc_none, out_none = run(["check", "--against", "spec", "--gates", "none", "--steps", "50", "--quiet",
+                             "--out", str(tmp_path / "none"), "--json", str(tmp_path / "n.json")])
+    assert rc_none == 0 and json.loads((tmp_path / "n.json").read_text())["gates"] == []
+
+
+def _gated_trace(path: Path) -> Path:
+    events = (AddRequest(RequestSpec("g", (1, 2, 3), 2, structured_output=True)), Step(), Pause("new"),
+              GrammarReady("g"), Step())
+    tracefile.write(path, tracefile.Trace(Workload(CFG, events)))
+    return path
+
+
+def test_replay_skips_traces_outside_the_gates(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _gated_trace(corpus / "gated.jsonl")
+    shutil.copy(next(Path("vectors/spec").glob("*.jsonl")), corpus / "plain.jsonl")
+    rc, out = run(["replay", str(corpus), "--gates", "pause"])
+    assert rc == 0, out
+    assert "SKIPPED" in out and "gated.jsonl: uses the gate(s) grammar, outside --gates pause" in out
+    assert "OK: replayed 1 traces" in out
+    rc, out = run(["replay", str(corpus / "gated.jsonl"), "--gates", "none"])
+    assert rc == 2 and "uses the gate(s) grammar, pause, outside --gates none" in out
+    rc, out = run(["replay", str(corpus / "gated.jsonl")])
+    assert rc == 0, out
+    rc, out = run(["replay", str(corpus), "--gates", "bogus"])
+    assert rc == 2 and "--gates: unknown gate 'bogus'" in out

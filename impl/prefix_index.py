@@ -107,7 +107,7 @@ class PrefixIndex:
                 node = KeyNode(ikey, block)
                 intern[ikey] = node
                 if parent.__class__ is KeyNode:
-                    parent.refs += 1  # type: ignore[union-attr]
+                    parent.refs += 1
             else:
                 node.holders.append(block)
                 node.refs += 1

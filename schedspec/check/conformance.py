@@ -32,6 +32,12 @@ class ConformanceError(SchedSpecError, TypeError):
     """A scheduler that does not speak the Scheduler protocol."""
 
 
+#: The optional methods of the admission gates: capability name -> (method, its arguments).
+GATE_CALLS: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "pause": ("set_pause_state", ("state",)),
+    "structured_output": ("grammar_ready", ("request_id", "ok")),
+}
+
 #: The protocol's methods and the arguments a driver passes them.
 PROTOCOL_CALLS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("add", ("request",)),
@@ -77,12 +83,36 @@ def method_problems(cls: type) -> list[str]:
     return out
 
 
-def check_conformance(name: str, factory: SchedulerFactory, config: SchedulerConfig) -> None:
+def gate_method_problems(cls: type, capabilities: Any) -> list[str]:
+    """The optional gate methods ``cls`` lacks (or cannot take the driver's
+    arguments) although ``capabilities`` declares their gate."""
+    out: list[str] = []
+    for capability, (method, args) in GATE_CALLS.items():
+        if not getattr(capabilities, capability, False):
+            continue
+        fn = getattr(cls, method, None)
+        if not callable(fn):
+            out.append(f"{cls.__qualname__}.{method}: missing, yet its capabilities declare {capability} "
+                       f"(expected a method {method}({', '.join(args)}))")
+            continue
+        try:
+            inspect.signature(fn).bind(object(), *[object() for _ in args])
+        except TypeError as exc:
+            out.append(f"{cls.__qualname__}.{method}: cannot be called as {method}({', '.join(args)}) ({exc})")
+        except ValueError:
+            continue
+    return out
+
+
+def check_conformance(name: str, factory: SchedulerFactory, config: SchedulerConfig,
+                      capabilities: Any = None) -> None:
     """Build a scheduler from ``factory`` and probe it (see the module doc);
-    ConformanceError naming ``name``, the method, expected and actual type."""
+    ConformanceError naming ``name``, the method, expected and actual type.
+    ``capabilities`` (a Capabilities): its gates' optional methods must be
+    there too."""
     sched = factory(config)
     cls = type(sched)
-    problems = method_problems(cls)
+    problems = method_problems(cls) + gate_method_problems(cls, capabilities)
     if problems:
         raise ConformanceError(f"--against {name}: not a Scheduler: " + "; ".join(problems))
 

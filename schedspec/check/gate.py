@@ -247,9 +247,11 @@ def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
     return trace_path
 
 
-def warm_up(factories: dict[str, SchedulerFactory], config: SchedulerConfig | None = None) -> None:
+def warm_up(factories: dict[str, SchedulerFactory], config: SchedulerConfig | None = None,
+            capabilities: Capabilities | None = None) -> None:
     """Build each scheduler once and check that it conforms (the types of its
-    first views and plan): a class that cannot even be built raises
+    first views and plan, and the optional methods of the gates
+    ``capabilities`` declares): a class that cannot even be built raises
     BuildError, one that does not conform ConformanceError; and one-time
     costs (vLLM's import) stay out of the checking."""
     cfg = config or SchedulerConfig()
@@ -260,7 +262,7 @@ def warm_up(factories: dict[str, SchedulerFactory], config: SchedulerConfig | No
             raise
         except Exception as exc:
             raise BuildError(f"--against {name}: cannot build the scheduler: {type(exc).__name__}: {exc}") from None
-        check_conformance(name, factory, cfg)
+        check_conformance(name, factory, cfg, capabilities)
 
 
 def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
@@ -282,7 +284,7 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                              f"{', '.join(factories)}")
     invariants = selection.invariants
     # imports and first construction stay out of the steps/s figure
-    warm_up(factories, caps.restrict_config(SchedulerConfig()))
+    warm_up(factories, caps.restrict_config(SchedulerConfig()), caps if supported_gates(settings) else None)
     show = progress or (lambda _p: None)
     say = notice or (lambda _m: None)
     stats = Stats()

@@ -461,3 +461,15 @@ def test_the_step_table_shows_pauses_encoder_inputs_and_grammar_waits() -> None:
     order, grid, _ = report.cell_states(records)
     assert all(col[order.index("g")] == "grammar" for col in grid)
     assert "grammar" in report.STATES and "grammar" in report.legend()
+
+
+def test_a_class_declaring_a_gate_without_its_method_does_not_conform() -> None:
+    from schedspec.check.conformance import ConformanceError, check_conformance, gate_method_problems
+
+    caps = Capabilities().with_gates(("pause", "grammar"))
+    assert gate_method_problems(SpecScheduler, caps) == []
+    problems = gate_method_problems(NoGates, caps)
+    assert len(problems) == 1 and "NoGates.set_pause_state: missing, yet its capabilities declare pause" in problems[0]
+    assert gate_method_problems(NoGates, FULL) == []
+    with pytest.raises(ConformanceError, match="set_pause_state: missing"):
+        check_conformance("mine", NoGates, CFG, caps)

@@ -52,6 +52,29 @@ The two modes beyond the synchronous default:
   ``update_from_output``, for the plan's entries in plan order, as the engine
   core's ``post_step`` hands over the worker's proposals.
 
+The admission gates, each off unless the config or request turns it on:
+
+* ``watermark`` and ``prefill_schedule_interval`` go into vLLM's
+  scheduler_config as they are; ``max_loras`` > 0 makes a ``lora_config``.
+* A request's ``lora_id`` becomes a ``LoRARequest`` (lora_int_id = the id, a
+  name and path derived from it, which vLLM's block hashes chain in). Block
+  keys carry ``RequestSpec.block_identity`` (salt, adapter, encoder inputs).
+* ``structured_output``: the request carries a constraint, so vLLM adds it in
+  WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR; its grammar is a Future (what the
+  structured-output manager's background compile hands over) that
+  ``grammar_ready`` resolves with a modelled grammar refusing
+  ``grammar_rejects``, or with an error. The manager's backend is a stub that
+  only allocates bitmasks; the adapter asks for the grammar bitmask where the
+  engine core does (after schedule(), or for an async plan with structured
+  tokens in flight after the previous update, with the worker's drafts
+  checked first: update_draft_token_ids_in_output).
+* ``mm_inputs`` become MultiModalFeatureSpecs (positions, size, identifier,
+  no data); the encoder budget and cache size are set on the scheduler as
+  vLLM's own scheduler tests do, a text-only model having none.
+* ``set_pause_state`` is vLLM's; views report its pause state, the encoder
+  cache and the prefill cadence's counters (normalised to their idle values
+  without a cadence, where vLLM keeps counting to no effect).
+
 A fidelity collector (schedspec/adapters/fidelity.py) may ask for a trace
 function around every call the adapter makes into vLLM's scheduler
 (``trace_vllm_calls``), so that only vLLM's own work is traced.
@@ -600,17 +623,21 @@ def is_async_scheduler_class(cls: type) -> bool:
 
 
 #: What ``vllm`` (vLLM's own Scheduler and AsyncScheduler, picked by the
-#: config) supports: everything the spec does, in all four modes.
-VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True)
+#: config) supports: everything the spec does, in all four modes, with every
+#: admission gate (LoRA, structured outputs, pause states, the watermark, the
+#: prefill cadence, the encoder budget).
+VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True).with_gates()
 
 
 def capabilities_of_class(cls: type) -> Capabilities:
     """What a user's vLLM scheduler class supports through the adapter:
-    speculative decoding always; async scheduling for an AsyncScheduler
+    speculative decoding and every admission gate always (the adapter drives
+    them through vLLM's own Scheduler code); async scheduling for an AsyncScheduler
     subclass (which is driven only with a step in flight: a synchronous
     config is refused when it is built)."""
     is_async = is_async_scheduler_class(cls)
-    return Capabilities(async_scheduling=is_async, speculative_decoding=True, sync_scheduling=not is_async)
+    return Capabilities(async_scheduling=is_async, speculative_decoding=True,
+                        sync_scheduling=not is_async).with_gates()
 
 
 @dataclass
@@ -1131,8 +1158,10 @@ class VllmScheduler:
             pause_state=PauseState(int(sched.pause_state)),
             encoder_cache=encoder_cache,
             encoder_cache_free=encoder_free,
-            # vLLM counts executed steps always and stamps the last prefill
-            # step only with a cadence; without one neither has any effect
+            # vLLM counts executed steps and notes a backed-up queue always,
+            # and stamps the last prefill step only with a cadence; without
+            # one none of them has any effect
             num_executed_steps=sched.num_executed_steps if cadence else 0,
             last_prefill_step=sched.last_prefill_step if cadence else -1,
+            prefill_capacity_bound=bool(sched.prefill_capacity_bound) if cadence else False,
         )

@@ -693,3 +693,209 @@ def test_lockstep_in_each_mode(mode: str) -> None:
         assert failure is None, f"seed {seed}, config {w.config}\n{failure.describe()}"
         total += runner.stats.steps
     assert total == MODE_WORKLOADS * MODE_STEPS
+
+
+# ----------------------------------------------------------------------------- admission gates
+
+
+class Pair:
+    """The same operations on vLLM and on the spec: each step's plans must be
+    equal (block ids included), and so must the views after it. ``step``
+    returns the plan; a test states what vLLM's rule makes of it."""
+
+    names = ("vllm", "spec")
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        factories = {"vllm": vllm_factory, "spec": spec_factory}
+        self.scheds = {name: factories[name](config) for name in self.names}
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> None:
+        for s in self.scheds.values():
+            getattr(s, method)(*args, **kwargs)
+        self.same_views()
+
+    def add(self, *requests: RequestSpec) -> None:
+        for r in requests:
+            self.call("add", r)
+
+    def step(self, token: int = 7, drafts: dict[str, tuple[int, ...]] | None = None) -> StepPlan:
+        plans = {name: s.schedule() for name, s in self.scheds.items()}
+        assert all(plan == plans["vllm"] for plan in plans.values()), plans
+        plan = plans["vllm"]
+        result = StepResult({x.request_id: (token,) for x in plan.scheduled if x.samples}, drafts or {})
+        for name, s in self.scheds.items():
+            s.update(plans[name], result)
+        self.same_views()
+        return plan
+
+    def same_views(self) -> None:
+        views = {name: s.view() for name, s in self.scheds.items()}
+        check_view(views["vllm"])
+        for view in views.values():
+            assert view == views["vllm"], _view_difference(views["vllm"], view)
+
+    def view(self) -> SchedulerView:
+        return self.scheds["vllm"].view()
+
+
+def _view_difference(a: SchedulerView, b: SchedulerView) -> str:
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if x != y:
+            out.append(f"{f.name}: vllm {x!r}\n    spec {y!r}")
+    return "\n".join(out)
+
+
+def shape(plan: StepPlan) -> list[tuple[str, int]]:
+    return [(x.request_id, x.num_scheduled_tokens) for x in plan.scheduled]
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+class TestGates:
+    """Each admission gate on a crafted workload where vLLM 0.33's rule decides
+    the plan, with the spec beside it."""
+
+    pytestmark = needs_vllm
+
+    def test_watermark_holds_back_a_second_admission(self) -> None:
+        # watermark_blocks = int(0.3 * 11) = 3 (KVCacheManager.__init__)
+        cfg = SchedulerConfig(block_size=4, num_blocks=11, max_num_batched_tokens=40, max_num_seqs=4,
+                              max_model_len=40, watermark=0.3)
+        p = Pair(cfg)
+        # alone, "a" needs 9 of the 10 usable blocks: no watermark applies while
+        # nothing runs (allocate_slots: has_scheduled_reqs)
+        p.add(req("a", range(33), max_tokens=2))
+        assert shape(p.step()) == [("a", 33)]
+        p.step()
+        p.step()  # a finished: its blocks are free again (and cached)
+        assert "a" in p.view().finished or not p.view().requests
+        p.add(req("b", range(100, 116), max_tokens=8), req("c", range(200, 220), max_tokens=8))
+        # b takes 4 blocks; c needs 5 + 3 (watermark) of the 6 left: it waits
+        assert shape(p.step()) == [("b", 16)]
+        assert p.view().waiting == ("c",)
+        free = sum(1 for n in p.view().kv.ref_cnt[1:] if n == 0)
+        assert free >= cfg.watermark_blocks
+
+    def test_prefill_cadence_holds_admissions_between_prefill_steps(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=20, max_num_batched_tokens=32, max_num_seqs=4,
+                              max_model_len=32, prefill_schedule_interval=3)
+        p = Pair(cfg)
+        p.add(req("a", range(8), max_tokens=8))
+        assert shape(p.step()) == [("a", 8)]  # executed step 1 prefills
+        v = p.view()
+        assert (v.num_executed_steps, v.last_prefill_step) == (1, 1)
+        p.add(req("b", range(50, 58), max_tokens=4))
+        # executed steps 2 and 3 come less than 3 after step 1: decode only
+        assert shape(p.step()) == [("a", 1)]
+        assert shape(p.step()) == [("a", 1)]
+        assert shape(p.step()) == [("a", 1), ("b", 8)]  # step 4 = 1 + 3
+        v = p.view()
+        assert (v.num_executed_steps, v.last_prefill_step) == (4, 4)
+
+    def test_pause_states(self) -> None:
+        from schedspec.spec.interface import PauseState
+
+        cfg = SchedulerConfig(block_size=4, num_blocks=20, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=32)
+        p = Pair(cfg)
+        p.add(req("a", range(8), max_tokens=6))
+        p.step()
+        p.call("set_pause_state", PauseState.PAUSED_NEW)
+        p.add(req("b", range(50, 58)))
+        assert shape(p.step()) == [("a", 1)]  # running requests go on, nothing new
+        assert p.view().pause_state == PauseState.PAUSED_NEW
+        p.call("set_pause_state", PauseState.PAUSED_ALL)
+        assert shape(p.step()) == []  # nothing at all
+        p.call("set_pause_state", PauseState.UNPAUSED)
+        assert shape(p.step()) == [("a", 1), ("b", 8)]
+        for s in p.scheds.values():
+            with pytest.raises(ProtocolError):
+                s.set_pause_state(1)  # type: ignore[attr-defined]
+        p.same_views()
+
+    def test_max_loras_skips_a_third_adapter_and_keys_blocks_by_adapter(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=30, max_num_batched_tokens=64, max_num_seqs=8,
+                              max_model_len=32, max_loras=1)
+        p = Pair(cfg)
+        p.add(req("a", range(8), lora_id=1), req("b", range(8), lora_id=2),
+              req("c", range(8), lora_id=1), req("d", range(8)))
+        # b's adapter would be a second one in the step: skipped, not a stop
+        # (schedule, waiting loop: max_loras)
+        # (c shares a's adapter and prompt: a prefix hit of one block)
+        assert shape(p.step()) == [("a", 8), ("c", 4), ("d", 8)]
+        assert p.view().waiting == ("b",)
+        kv = p.view().kv
+        # same tokens, three identities: a and c share their blocks, d has its own
+        a, c, d = (p.view().requests[r].block_ids for r in "acd")
+        assert a[:1] == c[:1] and not set(a) & set(d)
+        assert len({key[0] for key in kv.block_keys.values()}) == 2
+
+    def test_lora_refused_when_off(self) -> None:
+        p = Pair(SchedulerConfig())
+        for s in p.scheds.values():
+            with pytest.raises(ProtocolError, match="lora_id"):
+                s.add(req("x", range(4), lora_id=1))
+        p.same_views()
+
+    def test_grammar_waits_then_admits_and_a_failed_one_finishes_in_error(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=20, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=32)
+        p = Pair(cfg)
+        p.add(req("a", range(8), structured_output=True, grammar_rejects=(5,)), req("b", range(50, 58)))
+        assert shape(p.step()) == [("b", 8)]  # a is skipped, b behind it is not
+        assert p.view().requests["a"].status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        for s in p.scheds.values():
+            with pytest.raises(ProtocolError):
+                s.grammar_ready("b")  # type: ignore[attr-defined]
+            with pytest.raises(ProtocolError):
+                s.grammar_ready("nobody")  # type: ignore[attr-defined]
+        p.same_views()
+        p.call("grammar_ready", "a")
+        assert shape(p.step()) == [("b", 1), ("a", 8)]
+        assert p.view().requests["a"].status == RequestStatus.RUNNING
+        p.add(req("c", range(60, 68), structured_output=True))
+        p.call("grammar_ready", "c", ok=False)
+        p.step()  # the waiting loop finds the error; the step's update finishes c
+        assert p.view().finished["c"].status == RequestStatus.FINISHED_ERROR
+        assert p.step().finished_ids == ("c",)
+
+    def test_grammar_truncates_sync_drafts(self) -> None:
+        cfg = SchedulerConfig(block_size=4, num_blocks=20, max_num_batched_tokens=32, max_num_seqs=4,
+                              max_model_len=32, num_speculative_tokens=3)
+        p = Pair(cfg)
+        p.add(req("a", range(8), max_tokens=10, structured_output=True, grammar_rejects=(9,)))
+        p.call("grammar_ready", "a")
+        p.step(drafts={"a": (5, 9, 6)})
+        # validate_tokens keeps the longest prefix with no refused token
+        assert p.view().requests["a"].spec_token_ids == (5,)
+        (x,) = p.step().scheduled
+        assert x.spec_token_ids == (5,) and x.num_scheduled_tokens == 2
+
+    def test_encoder_budget_cuts_a_chunk_before_an_input_and_shares_the_cache(self) -> None:
+        from schedspec.spec.interface import MMInput
+
+        cfg = SchedulerConfig(block_size=4, num_blocks=30, max_num_batched_tokens=64, max_num_seqs=4,
+                              max_model_len=32, max_num_encoder_input_tokens=6, encoder_cache_size=10)
+        p = Pair(cfg)
+        p.add(req("a", range(16), mm_inputs=(MMInput(2, 4, "x"), MMInput(8, 5, "y"))),
+              req("b", range(100, 116), mm_inputs=(MMInput(2, 4, "x"),)))
+        plan = p.step()
+        # a: x (4 embeddings) fits the budget of 6, y (5) does not: the chunk
+        # stops before y (_try_schedule_encoder_inputs); b finds x cached
+        assert [(x.request_id, x.num_scheduled_tokens, x.encoder_inputs) for x in plan.scheduled] == [
+            ("a", 8, (0,)), ("b", 16, ())]
+        assert p.view().encoder_cache == {"x": 4}
+        plan = p.step()
+        assert [(x.request_id, x.num_scheduled_tokens, x.encoder_inputs) for x in plan.scheduled] == [
+            ("a", 8, (1,)), ("b", 1, ())]
+        v = p.view()
+        assert v.encoder_cache == {"x": 4, "y": 5} and v.encoder_cache_free == 1
+        # a third input that needs the space: the unreferenced entries are evicted
+        p.add(req("c", range(200, 216), mm_inputs=(MMInput(0, 6, "z"),)))
+        plan = p.step()
+        assert ("c", 16, (0,)) in [(x.request_id, x.num_scheduled_tokens, x.encoder_inputs) for x in plan.scheduled]
+        # both were freeable (their requests computed past them), oldest first;
+        # the plan that evicts them tells the workers (free_encoder_mm_hashes)
+        assert plan.freed_encoder_inputs == ("x", "y")
+        assert p.view().encoder_cache == {"z": 6}

@@ -9,7 +9,7 @@ cells of steps that verified drafts.
 
 The admission gates show too: a request waiting for its structured-output
 grammar has a state (and colour) of its own, the steps scheduled while the
-scheduler was paused are shaded and marked ``[paused new]`` / ``[paused all]``
+scheduler was paused are hatched and marked ``[paused new]`` / ``[paused all]``
 in the table, an entry that runs encoder inputs says ``e[0,2]`` and one whose
 grammar refused drafts ``!n``, and a plan that freed encoder-cache entries
 lists them.
@@ -47,7 +47,7 @@ COLORS: dict[str, str] = {
     "usage": "#e09e00",
     "failure": "#d93025",
     "grammar": "#c27ba0",
-    "paused": "#fff2cc",
+    "paused": "#7f6000",
 }
 #: the two lanes of the in-flight band (even and odd steps)
 FLIGHT_COLORS: tuple[str, str] = ("#9fc5f8", "#b6d7a8")
@@ -308,10 +308,12 @@ def timeline_figure(
     handles.append(Patch(facecolor=COLORS["absent"], edgecolor="#999999", label="not added yet"))
     handles.append(Line2D([], [], color=COLORS["usage"], marker="o", markersize=3, label="KV-pool usage"))
     paused = paused_columns(records)
-    for col in paused:
-        kv_ax.axvspan(col - 0.5, col + 0.5, facecolor=COLORS["paused"], edgecolor="none", zorder=0)
+    for col in paused:  # hatched across the grid and the pool, over the cells
+        for a in (ax, kv_ax):
+            a.axvspan(col - 0.5, col + 0.5, facecolor="none", edgecolor=COLORS["paused"], hatch="///",
+                      linewidth=0, zorder=4)
     if paused:
-        handles.append(Patch(facecolor=COLORS["paused"], edgecolor="#999999", label="scheduler paused"))
+        handles.append(Patch(facecolor="none", edgecolor=COLORS["paused"], hatch="///", label="scheduler paused"))
     if flight_ax is not None:
         handles.append(Patch(facecolor=FLIGHT_COLORS[0], edgecolor="#666666", label="plan: schedule to update"))
     if failed_step is not None and failed_step in steps:
@@ -348,5 +350,5 @@ def legend() -> str:
     return ("timeline.png: a row per request (in order of appearance), a column per step; "
             "grey waiting, pink waiting for its grammar, blue prefill chunk, green decode (a/k: a of k drafts "
             "accepted), red preempted, black finished; with async scheduling a band of bars from each plan's "
-            "schedule to its update; the orange line below is KV-pool usage, shaded yellow where the scheduler "
-            "was paused; a red frame marks the failing step.")
+            "schedule to its update; the orange line below is KV-pool usage; hatched columns are steps scheduled while the "
+            "scheduler was paused; a red frame marks the failing step.")

@@ -1100,6 +1100,9 @@ class VllmScheduler:
             num_preemptions=req.num_preemptions,
             num_output_placeholders=req.num_output_placeholders,
             spec_token_ids=tuple(req.spec_token_ids),
+            # read by the prefill cadence only (scheduler.py, schedule:
+            # defer_prefills); reported with it on
+            is_prefill_chunk=bool(req.is_prefill_chunk) and self._config.prefill_schedule_interval > 1,
         )
 
     def _encoder_view(self) -> tuple[dict[str, int], int]:

@@ -227,7 +227,7 @@ def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "--modes: unknown mode 'warp'" in capsys.readouterr().err
     out2 = tmp_path / "r.json"
     assert main(["check", "--steps", "200", "--quiet", "--generator", "random", "--modes", "sync",
-                 "--json", str(out2)]) == 0
+                 "--gates", "none", "--json", str(out2)]) == 0
     from schedspec.check.driver import Runner
     from schedspec.check.workload import random_workload
 

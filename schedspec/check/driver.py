@@ -710,9 +710,17 @@ def describe_difference(what: str, name_a: str, a: object, name_b: str, b: objec
         for rid in sorted(set(a.requests) | set(b.requests)):
             ra, rb = a.requests.get(rid), b.requests.get(rid)
             if ra != rb:
-                lines.append(f"  request {rid}: {name_a}={ra} {name_b}={rb}")
-        if set(a.finished) != set(b.finished) or a.finished != b.finished:
+                lines.append(f"  request {rid}: {_view_difference(ra, rb, name_a, name_b)}")
+        if set(a.finished) != set(b.finished):
             lines.append(f"  finished: {name_a}={sorted(a.finished)} {name_b}={sorted(b.finished)}")
+        for rid in sorted(set(a.finished) & set(b.finished)):
+            if a.finished[rid] != b.finished[rid]:
+                lines.append(f"  finished request {rid}: {_view_difference(a.finished[rid], b.finished[rid], name_a, name_b)}")
+        for fname in ("preempted_since_plan", "pause_state", "encoder_cache", "encoder_cache_free",
+                      "num_executed_steps", "last_prefill_step"):
+            va, vb = getattr(a, fname, None), getattr(b, fname, None)
+            if va != vb:
+                lines.append(f"  {fname}: {name_a}={va!r} {name_b}={vb!r}")
         for fname in ("ref_cnt", "free_queue"):
             if getattr(a.kv, fname) != getattr(b.kv, fname):
                 lines.append(f"  kv.{fname}: {name_a}={getattr(a.kv, fname)} {name_b}={getattr(b.kv, fname)}")
@@ -724,6 +732,16 @@ def describe_difference(what: str, name_a: str, a: object, name_b: str, b: objec
             lines.append("  kv.cache_index differs")
         return "\n".join(lines)
     return f"{what} differs: {name_a}={a!r} {name_b}={b!r}"
+
+
+def _view_difference(a: object, b: object, name_a: str, name_b: str) -> str:
+    """The fields in which two request views differ (the whole views when
+    one is missing)."""
+    if a is None or b is None or type(a) is not type(b) or not hasattr(a, "__dataclass_fields__"):
+        return f"{name_a}={a} {name_b}={b}"
+    diff = [f"{f}: {name_a}={getattr(a, f)!r} {name_b}={getattr(b, f)!r}"
+            for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f)]
+    return "; ".join(diff) if diff else f"{name_a}={a} {name_b}={b}"
 
 
 def _entry(s: object) -> str:

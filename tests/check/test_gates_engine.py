@@ -473,3 +473,16 @@ def test_a_class_declaring_a_gate_without_its_method_does_not_conform() -> None:
     assert gate_method_problems(NoGates, FULL) == []
     with pytest.raises(ConformanceError, match="set_pause_state: missing"):
         check_conformance("mine", NoGates, CFG, caps)
+
+
+def test_a_view_difference_names_the_gate_fields_and_the_request_fields() -> None:
+    from schedspec.check.driver import describe_difference
+
+    runner = Runner(CFG, {"spec": SpecScheduler})
+    assert runner.run([AddRequest(_req("a", lora_id=0)), Step()]) is None
+    a = runner.primary.view()
+    b = dataclasses.replace(a, pause_state=PauseState.PAUSED_ALL, requests={
+        "a": dataclasses.replace(a.requests["a"], num_computed_tokens=1)})
+    text = describe_difference("view()", "spec", a, "mine", b)
+    assert "pause_state: spec=<PauseState.UNPAUSED: 0> mine=<PauseState.PAUSED_ALL: 2>" in text
+    assert "request a: num_computed_tokens: spec=3 mine=1" in text

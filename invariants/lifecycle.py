@@ -317,7 +317,11 @@ def stop_conditions(t: Transition, h: History) -> Iterator[Finding]:
                 yield rid, f"finished as {a.status.name} in update() without a new token"
             continue
         tok = a.output_token_ids[-1]
-        if _stop_token(a, tok):
+        if set(a.output_token_ids[len(b.output_token_ids):]) & set(a.grammar_rejects):
+            # the request's grammar refuses a sampled token: accept_tokens
+            # fails and update_from_output finishes it with FINISHED_ERROR
+            want = _S.FINISHED_ERROR
+        elif _stop_token(a, tok):
             want = _S.FINISHED_STOPPED
         elif len(a.output_token_ids) >= a.max_tokens or a.num_tokens >= mml:
             want = _S.FINISHED_LENGTH_CAPPED

@@ -7,7 +7,7 @@ import textwrap
 from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
-from schedspec.invariants import inflight, lifecycle, state, step  # noqa: F401
+from schedspec.invariants import gates, inflight, lifecycle, state, step  # noqa: F401
 from schedspec.invariants.core import REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -67,6 +67,19 @@ _ORDER = (
     "spec-tokens-in-budget",
     "in-flight-output-delivered-once",
     "verified-frontier",
+    # the admission gates (LoRA, structured outputs, pause, watermark,
+    # prefill cadence, encoder)
+    "max-loras",
+    "shared-block-one-adapter",
+    "shared-block-one-image-set",
+    "grammar-wait-holds-nothing",
+    "grammar-wait-not-scheduled",
+    "drafts-obey-grammar",
+    "paused-admits-nothing",
+    "watermark-kept",
+    "prefill-cadence",
+    "encoder-budget",
+    "encoder-cache-within-size",
 )
 
 

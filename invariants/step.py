@@ -79,7 +79,8 @@ def long_prefill_threshold(t: Transition, h: History) -> Iterator[Finding]:
 @transition_invariant(
     "chunked-prefill-disabled",
     "With chunked prefill off (and no long-prefill threshold in force) every scheduled request "
-    "is given all its remaining tokens: no partial prefill chunk.",
+    "is given all its remaining tokens: no partial prefill chunk, but one cut just before an "
+    "encoder input.",
     "vllm/v1/core/sched/scheduler.py, schedule(), WAITING loop: without enable_chunked_prefill "
     "a request whose remaining tokens exceed the budget stops admission (break) instead of being "
     "chunked; config requires max_num_batched_tokens >= max_model_len then.",
@@ -92,6 +93,12 @@ def chunked_prefill_disabled(t: Transition, h: History) -> Iterator[Finding]:
     if cfg.enable_chunked_prefill or cfg.long_prefill_token_threshold > 0:
         return
     for s in t.plan.scheduled:
+        r = t.after.requests.get(s.request_id)
+        end = s.num_computed_tokens + s.num_scheduled_tokens
+        if r is not None and any(m.offset == end for m in r.mm_inputs):
+            # an encoder input beyond the encoder budget or cache cuts the
+            # chunk before it, chunked prefill or not (_try_schedule_encoder_inputs)
+            continue
         if not s.samples:
             yield s.request_id, (
                 f"given a partial chunk ({s.num_computed_tokens} + {s.num_scheduled_tokens} of "
@@ -606,6 +613,8 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
     if t.before.pause_state != PauseState.UNPAUSED:
         return  # a paused scheduler admits nothing new, or schedules nothing
+    if t.before.config.prefill_schedule_interval > 1:
+        return  # the cadence holds the prefills of a step whose decoding request preempts itself
     grammar = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     if all(r.status == grammar for r in t.before.requests.values()):
         return  # requests waiting for their grammar are passed over

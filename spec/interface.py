@@ -599,6 +599,11 @@ class RequestView:
     structured_output: bool = False
     grammar_rejects: tuple[int, ...] = ()
     mm_inputs: tuple[MMInput, ...] = ()
+    #: vLLM's Request.is_prefill_chunk (the last step scheduled for it stopped
+    #: short of its known and in-flight tokens); reported only with the prefill
+    #: cadence on (config.prefill_schedule_interval > 1), whose rule reads it,
+    #: and False otherwise
+    is_prefill_chunk: bool = False
 
     @classmethod
     def of(
@@ -612,6 +617,7 @@ class RequestView:
         num_preemptions: int,
         num_output_placeholders: int = 0,
         spec_token_ids: tuple[int, ...] = (),
+        is_prefill_chunk: bool = False,
     ) -> RequestView:
         """The view of request ``spec`` in the given state: every scheduler
         builds its views here, so the fields taken from the spec are always
@@ -640,6 +646,7 @@ class RequestView:
             structured_output=spec.structured_output,
             grammar_rejects=spec.grammar_rejects,
             mm_inputs=spec.mm_inputs,
+            is_prefill_chunk=is_prefill_chunk,
         )
 
     @property

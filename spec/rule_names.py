@@ -153,6 +153,7 @@ _RULES = (
     Rule("encoder.evicted", "making room for an input evicts the oldest unreferenced cache entries", "encoder_cache_manager.py, EncoderCacheManager.can_allocate", gates=("encoder",)),
     Rule("encoder.chunk_cut", "an input beyond the encoder budget or cache cuts the chunk just before it", "sched/scheduler.py, Scheduler._try_schedule_encoder_inputs (num_computed_tokens < start_pos)", gates=("encoder",)),
     Rule("encoder.blocked_inside", "the chunk starts inside an input that does not fit: no token this step", "sched/scheduler.py, Scheduler._try_schedule_encoder_inputs (num_new_tokens = 0)", gates=("encoder",)),
+    Rule("encoder.running_no_token", "a running request's chunk starts inside an encoder input that does not fit: it is skipped this step (continue)", _SCHED + ", RUNNING loop (num_new_tokens == 0 after _try_schedule_encoder_inputs)", gates=("encoder",)),
     Rule("encoder.admission_passed_over", "a waiting request left no token by its encoder inputs is passed over (skip, not a stop)", _SCHED + ", WAITING loop (num_new_tokens == 0: skip_request)", gates=("encoder",)),
     Rule("encoder.budget_given_back", "PRIORITY: a victim scheduled this step gives its encoder inputs' embeddings back to the encoder budget", _SCHED + ", RUNNING loop (encoder_compute_budget += num_embeds_to_restore)", gates=("encoder",)),
     Rule("encoder.input_done", "after a step an input wholly inside the computed tokens drops the request's cache reference", "sched/scheduler.py, Scheduler._free_encoder_inputs", gates=("encoder",)),

@@ -52,6 +52,7 @@ off), every encoder placeholder an embedding, the V1 model runner.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,6 +176,10 @@ class _Request:
             num_output_placeholders=self.num_output_placeholders,
             spec_token_ids=tuple(self.spec_token_ids),
         )
+
+    def view_with_cadence(self) -> RequestView:
+        """The view, with is_prefill_chunk as the prefill cadence reads it."""
+        return dataclasses.replace(self.view(), is_prefill_chunk=self.is_prefill_chunk)
 
 
 @dataclass
@@ -584,11 +589,13 @@ class SpecScheduler:
                 num_spec_tokens=len(req.spec_token_ids),
                 num_output_placeholders=req.num_output_placeholders,
             )
+            wanted = n
             enc_inputs, n, enc_budget, enc_dups = self._schedule_encoder_inputs(
                 req, req.num_computed_tokens, n, st.encoder_budget
             )
             if n == 0:
-                self.rules["running.skip_no_tokens"] += 1  # pragma: no mutate
+                self.rules["running.skip_no_tokens"] += wanted == 0  # pragma: no mutate
+                self.rules["encoder.running_no_token"] += wanted > 0  # pragma: no mutate
                 i += 1  # skipped, not a stop ("continue" in vLLM)
                 continue
             allocated, i = self._allocate_or_preempt(st, req, n, i)
@@ -1118,7 +1125,7 @@ class SpecScheduler:
         return SchedulerView(
             config=self._config,
             step=self.step,
-            requests={rid: r.view() for rid, r in self.requests.items()},
+            requests={rid: self._request_view(r) for rid, r in self.requests.items()},
             waiting=tuple(self._waiting_order()),
             running=tuple(self.running),
             kv=self.kv.view(),
@@ -1129,6 +1136,11 @@ class SpecScheduler:
             encoder_cache_free=self.encoder.num_free_slots,
             **self._cadence_view(),
         )
+
+    def _request_view(self, req: _Request) -> RequestView:
+        if self._config.prefill_schedule_interval == 1:
+            return req.view()
+        return req.view_with_cadence()
 
     def _cadence_view(self) -> dict[str, Any]:
         """The prefill cadence's counters, when the cadence is on."""

@@ -819,10 +819,12 @@ def test_invariant_fires(inv_id: str, label: str, build: Callable[[], Transition
 
 
 def test_every_invariant_has_a_firing_test() -> None:
-    # the in-flight invariants fire in tests/invariants/test_inflight.py
+    # the in-flight invariants fire in tests/invariants/test_inflight.py, the
+    # admission gates' in tests/invariants/test_gates.py
+    from tests.invariants.test_gates import GATE_IDS
     from tests.invariants.test_inflight import INFLIGHT_IDS
 
-    assert {inv.id for inv in CATALOGUE} == {inv_id for inv_id, _, _ in BAD} | set(INFLIGHT_IDS)
+    assert {inv.id for inv in CATALOGUE} == {inv_id for inv_id, _, _ in BAD} | set(INFLIGHT_IDS) | set(GATE_IDS)
 
 
 # --------------------------------------------------------------------------

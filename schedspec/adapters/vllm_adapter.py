@@ -1101,8 +1101,10 @@ class VllmScheduler:
             num_output_placeholders=req.num_output_placeholders,
             spec_token_ids=tuple(req.spec_token_ids),
             # read by the prefill cadence only (scheduler.py, schedule:
-            # defer_prefills); reported with it on
-            is_prefill_chunk=bool(req.is_prefill_chunk) and self._config.prefill_schedule_interval > 1,
+            # defer_prefills) and only of unfinished requests; reported with
+            # it on
+            is_prefill_chunk=(bool(req.is_prefill_chunk) and not finished
+                              and self._config.prefill_schedule_interval > 1),
         )
 
     def _encoder_view(self) -> tuple[dict[str, int], int]:

@@ -145,6 +145,25 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
         ("async.stale_output", "tight_pool long_prompts", "priority"),
         ("async.stale_dropped", "resets reset_running", ""),
         ("async.stale_output_stopped", "tight_pool bursts", ""),
+        # the admission gates (pick_gates turns each rule's gate on)
+        ("watermark.admitted", "bursts", ""),
+        ("watermark.blocked", "tight_pool bursts long_prompts", "reserve_full_isl"),
+        ("watermark.blocked_full_sequence", "reserve_full_isl tight_pool bursts long_prompts", ""),
+        ("cadence.hold", "bursts long_outputs", ""),
+        ("cadence.running_chunk_held", "small_budget long_prompts long_outputs bursts", "no_chunking"),
+        ("cadence.admission_held", "bursts long_outputs", ""),
+        ("lora.skip_max_loras", "bursts", "few_seqs"),
+        ("grammar.skip_compiling", "bursts", ""),
+        ("grammar.abort_waiting", "aborts", ""),
+        ("grammar.drafts_cut", "long_outputs", "short_outputs stops eos"),
+        ("encoder.cache_hit", "bursts", ""),
+        ("encoder.evicted", "bursts long_prompts", ""),
+        ("encoder.chunk_cut", "long_prompts", ""),
+        ("encoder.blocked_inside", "duplicates shared_prefixes long_prompts", "no_caching"),
+        ("encoder.running_no_token", "small_budget long_prompts bursts", "no_chunking"),
+        ("encoder.admission_passed_over", "duplicates shared_prefixes long_prompts bursts", "no_caching"),
+        ("encoder.budget_given_back", "tight_pool priority rising_priority long_outputs long_prompts small_budget",
+         "few_seqs short_outputs stops eos no_chunking"),
     )
 }
 
@@ -358,7 +377,8 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         grng = gate_rng(f"guided-{seed}")
         chosen = pick_gates(gates, focus, grng)
         config = with_gates(config, chosen, grng)
-        gated = GateRequests(config, grng, vocab, pause="pause" in chosen, grammar="grammar" in chosen)
+        gated = GateRequests(config, grng, vocab, pause="pause" in chosen, grammar="grammar" in chosen,
+                             focus=tuple(focus))
     f = plan.features
     requests = _Requests(rng, config, plan, vocab)
 

@@ -768,13 +768,17 @@ class GateRequests:
     later."""
 
     def __init__(self, config: SchedulerConfig, rng: random.Random, vocab: int,
-                 pause: bool = False, grammar: bool = True) -> None:
+                 pause: bool = False, grammar: bool = True, focus: Sequence[str] = ()) -> None:
         self.config = config
         self.rng = rng
         self.vocab = vocab
         self.adapters = rng.randint(2, 4)
         self.pause = pause
         self.grammar = grammar
+        #: a focus on encoder rules: images in most requests, anywhere in the
+        #: prompt; on grammar rules: grammars refusing much of the vocabulary
+        self.p_images = 0.9 if any(r.startswith("encoder.") for r in focus) else 0.5
+        self.wide_grammars = any(r.startswith("grammar.") for r in focus)
         budget = min(config.max_num_encoder_input_tokens, config.encoder_cache_size)
         self.images: dict[str, int] = {
             f"mm{i}": rng.randint(1, max(1, min(budget, config.max_model_len // 2))) for i in range(4)
@@ -793,10 +797,11 @@ class GateRequests:
         if self.grammar and rng.random() < 0.35:
             changes["structured_output"] = True
             if rng.random() < 0.8:
-                k = rng.choice((1, 2, max(1, self.vocab // 4)))
+                k = rng.choice((max(1, self.vocab // 4), max(1, self.vocab // 2)) if self.wide_grammars
+                               else (1, 2, max(1, self.vocab // 4)))
                 changes["grammar_rejects"] = tuple(sorted(rng.sample(range(self.vocab), min(k, self.vocab - 1))))
             self.grammar_due[request.request_id] = rng.choice((0, 0, 1, 2, 3, 5))
-        if self.images and rng.random() < 0.5:
+        if self.images and rng.random() < self.p_images:
             mm = self._mm_inputs(len(request.prompt_token_ids))
             if mm:
                 changes["mm_inputs"] = mm
@@ -813,7 +818,7 @@ class GateRequests:
 
         rng = self.rng
         out = []
-        pos = rng.randint(0, max(0, prompt_len // 3))
+        pos = rng.randint(0, max(0, prompt_len - 1 if self.p_images > 0.5 else prompt_len // 3))
         for _ in range(rng.choice((1, 1, 2, 3))):
             ident = rng.choice(sorted(self.images))
             length = self.images[ident]

@@ -9,9 +9,11 @@ total; the exit status is 1 when any trace fails. Every trace is read and
 validated before any is replayed: a malformed one is a usage error (2) naming
 its file, line and field.
 
-``--gates`` names the admission gates to replay (default all): a trace that
-uses a gate outside them is skipped, with a line saying so, when several are
-replayed, and refused (2) when it is the one trace named.
+``--gates`` names the admission gates to replay (default all: every gate the
+scheduler declares; naming one it lacks is a usage error): a trace that uses
+a gate outside them is skipped, with a line saying so, when several are
+replayed (a corpus with gated traces replays against a scheduler without the
+gates), and refused (2) when it is the one trace named.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--table", action="store_true", help="print the step table even when everything held")
     r.add_argument("--gates", default="all", metavar="lora,grammar,pause,watermark,cadence,encoder|all|none",
                    help="replay only the traces whose admission gates (the header's gates) are among these "
-                        "(default all); the others are skipped")
+                        "(default all: those the scheduler supports); the others are skipped")
     add_mode_arguments(r, " (default: the check the trace records)")
 
 
@@ -127,12 +129,21 @@ def _outside_gates(trace: tracefile.Trace, gates: tuple[str, ...]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    text = getattr(args, "gates", "all")
     try:
-        gates = parse_gates(getattr(args, "gates", "all"))
+        gates = parse_gates(text)
     except ValueError as exc:
         raise UsageError(f"--gates: {exc}") from None
     paths = trace_paths(args.trace)
     traces = [(path, tracefile.read(path)) for path in paths]  # every one valid before any runs
+    target, _ = check_factories(args.against, "lockstep")
+    have = target.capabilities.gates()
+    if text.strip() == "all":
+        gates = have
+    elif [g for g in gates if g not in have]:
+        raise UsageError(f"--gates: {args.against} does not support the gate(s) "
+                         f"{', '.join(g for g in gates if g not in have)}")
+    shown = text if text.strip() != "all" else ("all of " + args.against + "'s: " + (", ".join(have) or "none"))
     single = len(args.trace) == 1 and len(traces) == 1 and not Path(args.trace[0]).is_dir()
     kept = []
     for path, trace in traces:
@@ -140,23 +151,22 @@ def run(args: argparse.Namespace) -> int:
         if not outside:
             kept.append((path, trace))
         elif single:
+            if text.strip() == "all":
+                kept.append((path, trace))  # refused below, naming what the scheduler lacks
+                continue
             raise UsageError(f"replay {path}: the trace uses the gate(s) {', '.join(outside)}, outside --gates "
-                             f"{args.gates}")
+                             f"{shown}")
         else:
-            print(f"SKIPPED {path}: uses the gate(s) {', '.join(outside)}, outside --gates {args.gates}")
+            print(f"SKIPPED {path}: uses the gate(s) {', '.join(outside)}, outside --gates {shown}")
     if not kept:
-        print(f"replayed nothing: every trace uses a gate outside --gates {args.gates}")
+        print(f"replayed nothing: every trace uses a gate outside --gates {shown}")
         return EXIT_OK
     traces = kept
-    target = None
     plans: list[tuple[Path, tracefile.Trace, Selection, dict[str, SchedulerFactory]]] = []
     for path, trace in traces:
-        if target is None:
-            target, _ = check_factories(args.against, "lockstep")
         selection = _selection(path, trace, args, target.capabilities)
         _, factories = check_factories(args.against, selection.mode)
         plans.append((path, trace, selection, factories))
-    assert target is not None
     name = target.name
     if single:
         _, trace, selection, factories = plans[0]

@@ -81,3 +81,18 @@ def test_replay_skips_traces_outside_the_gates(tmp_path: Path) -> None:
     assert rc == 0, out
     rc, out = run(["replay", str(corpus), "--gates", "bogus"])
     assert rc == 2 and "--gates: unknown gate 'bogus'" in out
+
+
+def test_replay_against_a_scheduler_without_gates_skips_the_gated_traces(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _gated_trace(corpus / "gated.jsonl")
+    shutil.copy(next(Path("vectors/spec").glob("*.jsonl")), corpus / "plain.jsonl")
+    rc, out = run(["replay", str(corpus), "--against", "impl"])
+    assert rc == 0, out
+    assert "SKIPPED" in out and "outside --gates all of impl's: none" in out and "OK: replayed 1 traces" in out
+    # one gated trace named alone: refused, naming what impl lacks
+    rc, out = run(["replay", str(corpus / "gated.jsonl"), "--against", "impl"])
+    assert rc == 2 and "does not support what the trace uses" in out
+    rc, out = run(["replay", str(corpus), "--against", "impl", "--gates", "pause"])
+    assert rc == 2 and "--gates: impl does not support the gate(s) pause" in out

@@ -615,6 +615,8 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
         return  # a paused scheduler admits nothing new, or schedules nothing
     if t.before.config.prefill_schedule_interval > 1:
         return  # the cadence holds the prefills of a step whose decoding request preempts itself
+    if len(t.in_flight) > 1 and any(r.mm_inputs for r in t.before.requests.values()):
+        return  # the step in flight still holds the encoder cache a chunk needs
     grammar = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     if all(r.status == grammar for r in t.before.requests.values()):
         return  # requests waiting for their grammar are passed over

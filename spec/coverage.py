@@ -81,9 +81,14 @@ def unreached(counts: Mapping[str, int], names: Iterable[str] = RULE_NAMES, at_l
     return [n for n in names if counts.get(n, 0) < at_least]
 
 
-def parse_required(text: str, modes: tuple[str, ...] | list[str] = ALL_MODES) -> tuple[str, ...]:
+Gates = tuple[str, ...] | list[str] | frozenset[str]
+
+
+def parse_required(
+    text: str, modes: tuple[str, ...] | list[str] = ALL_MODES, gates: Gates = ()
+) -> tuple[str, ...]:
     """A ``--require-rules`` value: ``all`` (every rule the run's ``modes``
-    can reach: spec/rule_names.py, reachable_in), or names and group
+    and admission ``gates`` can reach: spec/rule_names.py, reachable_in), or names and group
     prefixes separated by commas (``kv`` or ``kv.*`` means every kv rule).
     Raises ValueError naming an unknown name."""
     out: list[str] = []
@@ -91,7 +96,7 @@ def parse_required(text: str, modes: tuple[str, ...] | list[str] = ALL_MODES) ->
         if not part:
             continue
         if part == "all":
-            out.extend(reachable_in(modes))
+            out.extend(reachable_in(modes, gates))
             continue
         prefix = part[:-2] if part.endswith(".*") else part
         if part in RULES:
@@ -115,21 +120,23 @@ def rarest(counts: Mapping[str, int], k: int = 5) -> list[tuple[str, int]]:
     return sorted(as_dict(counts).items(), key=lambda kv: kv[1])[:k]
 
 
-def _summary(counts: Mapping[str, int], modes: tuple[str, ...] | list[str]) -> str:
-    names = reachable_in(modes)
+def _summary(counts: Mapping[str, int], modes: tuple[str, ...] | list[str], gates: Gates = ()) -> str:
+    names = reachable_in(modes, gates)
     got = sum(1 for n in names if counts.get(n, 0) > 0)
     rest = len(RULE_NAMES) - len(names)
-    return (f"rule coverage: {got} of the {len(names)} rules reachable in {', '.join(modes)} reached"
+    where = ", ".join(modes) + (f" with gates {', '.join(sorted(gates))}" if gates else "")
+    return (f"rule coverage: {got} of the {len(names)} rules reachable in {where} reached"
             + (f" ({rest} out of reach there)" if rest else ""))
 
 
 def format_table(counts: Mapping[str, int], *, modes: tuple[str, ...] | list[str] = ALL_MODES,
-                 width: int = 30) -> str:
+                 width: int = 30, gates: Gates = ()) -> str:
     """A text table: each rule, its count, and a mark on the unreached ones
     (``NOT REACHED``, or ``out of reach`` for a rule no mode of ``modes``
-    can take), grouped as in the catalogue; a summary line first."""
-    names = set(reachable_in(modes))
-    lines = [_summary(counts, modes)]
+    can take, or whose admission gate is not among ``gates``), grouped as in
+    the catalogue; a summary line first."""
+    names = set(reachable_in(modes, gates))
+    lines = [_summary(counts, modes, gates)]
     group = ""
     for name in RULE_NAMES:
         g = RULES[name].group
@@ -142,14 +149,16 @@ def format_table(counts: Mapping[str, int], *, modes: tuple[str, ...] | list[str
     return "\n".join(lines)
 
 
-def rules_line(counts: Mapping[str, int], k: int = 3, modes: tuple[str, ...] | list[str] = ALL_MODES) -> str:
-    """One line: how many of the rules ``modes`` can reach were reached, and
-    the unreached ones (or the rarest, when every one was reached)."""
-    names = reachable_in(modes)
+def rules_line(counts: Mapping[str, int], k: int = 3, modes: tuple[str, ...] | list[str] = ALL_MODES,
+               gates: Gates = ()) -> str:
+    """One line: how many of the rules ``modes`` (with the admission
+    ``gates``) can reach were reached, and the unreached ones (or the rarest,
+    when every one was reached)."""
+    names = reachable_in(modes, gates)
     missing = unreached(counts, names)
     if missing:
         tail = "never reached: " + ", ".join(missing)
     else:
         least = sorted(names, key=lambda n: counts.get(n, 0))[:k]
         tail = "rarest: " + ", ".join(f"{n} {counts.get(n, 0):,}" for n in least)
-    return f"{_summary(counts, modes)}; {tail}"
+    return f"{_summary(counts, modes, gates)}; {tail}"

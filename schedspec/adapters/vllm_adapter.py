@@ -774,13 +774,9 @@ class VllmScheduler:
         live = self._live.get(request_id) if isinstance(request_id, str) else None
         status = self._status(live.req) if live is not None else None
         future = self._grammars.get(request_id) if isinstance(request_id, str) else None
-        if status is RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and (
-            future is None or future.done()
-        ):
-            # compiled already, the waiting loop has not looked yet: it does
-            # not wait for a grammar any more
-            status = RequestStatus.WAITING
-        check_grammar_ready(request_id, ok, status)
+        # resolved already, though the waiting loop may not have looked yet
+        reported = future is not None and future.done()
+        check_grammar_ready(request_id, ok, status, reported)
         assert live is not None and future is not None
         if ok:
             future.set_result(_Grammar(live.spec.grammar_rejects))

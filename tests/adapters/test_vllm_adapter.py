@@ -852,6 +852,10 @@ class TestGates:
                 s.grammar_ready("nobody")  # type: ignore[attr-defined]
         p.same_views()
         p.call("grammar_ready", "a")
+        for s in p.scheds.values():
+            with pytest.raises(ProtocolError, match="already reported"):
+                s.grammar_ready("a")  # type: ignore[attr-defined]  # a grammar compiles once
+        p.same_views()
         assert shape(p.step()) == [("b", 1), ("a", 8)]
         assert p.view().requests["a"].status == RequestStatus.RUNNING
         p.add(req("c", range(60, 68), structured_output=True))
@@ -899,3 +903,21 @@ class TestGates:
         # the plan that evicts them tells the workers (free_encoder_mm_hashes)
         assert plan.freed_encoder_inputs == ("x", "y")
         assert p.view().encoder_cache == {"z": 6}
+
+    def test_encoder_inputs_the_boundary_refuses(self) -> None:
+        from schedspec.spec.interface import MMInput
+
+        p = Pair(SchedulerConfig(max_num_encoder_input_tokens=6, encoder_cache_size=10))
+        p.add(req("a", range(16), mm_inputs=(MMInput(2, 4, "x"),)))
+        for s in p.scheds.values():
+            # more than the budget could ever run
+            with pytest.raises(ProtocolError, match=r"mm_inputs\[0\]"):
+                s.add(req("b", range(16), mm_inputs=(MMInput(0, 7, "y"),)))
+            # one identifier, another size (vLLM would fail it at schedule time)
+            with pytest.raises(ProtocolError, match="length"):
+                s.add(req("c", range(16), mm_inputs=(MMInput(0, 5, "x"),)))
+        p.same_views()
+        off = Pair(SchedulerConfig())
+        for s in off.scheds.values():
+            with pytest.raises(ProtocolError, match="mm_inputs"):
+                s.add(req("d", range(16), mm_inputs=(MMInput(0, 2, "z"),)))

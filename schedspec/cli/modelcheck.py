@@ -18,7 +18,7 @@ from typing import Any
 from schedspec.adapters.registry import AdapterError, Target, import_class, resolve
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.gate import missing_rules_message, resolve_selection
-from schedspec.check.workload import MODES
+from schedspec.check.workload import GATES, MODES
 from schedspec.check.workload import mode_of as config_mode
 from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, positive_int
 from schedspec.invariants import Selection
@@ -35,6 +35,7 @@ from schedspec.modelcheck import (
     format_row,
     impl_available,
     select_spaces,
+    space_problems,
     table_header,
     write_json,
 )
@@ -119,9 +120,7 @@ def supported_spaces(spaces: tuple[Space, ...], target_name: str | None) -> tupl
     kept: list[str] = []
     skipped: list[str] = []
     for s in spaces:
-        problems = caps.config_problems(s.config)
-        for shape in s.resolved_shapes():
-            problems += caps.request_problems(shape.request(shape.name, 0))
+        problems = space_problems(s, caps)
         if problems:
             skipped.append(f"{s.name} ({', '.join(problems)})")
         else:
@@ -139,11 +138,17 @@ def explored_modes(spaces: Sequence[Space]) -> tuple[str, ...]:
     return tuple(m for m in MODES if m in found)
 
 
-def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES) -> str:
-    """One line: how many of the rules the explored modes can reach were
-    taken, those never taken (or the rarest), and how many rules lie outside
-    the explored modes."""
-    reachable = reachable_in(modes)
+def explored_gates(spaces: Sequence[Space]) -> tuple[str, ...]:
+    """The admission gates the spaces exercise, in GATES order."""
+    found = {g for s in spaces for g in s.gates()}
+    return tuple(g for g in GATES if g in found)
+
+
+def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, gates: tuple[str, ...] = ()) -> str:
+    """One line: how many of the rules the explored modes (and admission
+    gates) can reach were taken, those never taken (or the rarest), and how
+    many rules lie outside them."""
+    reachable = reachable_in(modes, gates)
     missing = rule_coverage.unreached(counts, reachable)
     got = len(reachable) - len(missing)
     if missing:
@@ -152,13 +157,17 @@ def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES) ->
         rarest = sorted(((n, counts.get(n, 0)) for n in reachable), key=lambda kv: kv[1])[:3]
         tail = "rarest: " + ", ".join(f"{n} {c:,}" for n, c in rarest)
     outside = len(RULE_NAMES) - len(reachable)
-    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {'/'.join(modes)} mode "
-            f"reached; {tail} ({outside} more need other modes or are out of reach)")
+    where = f"{'/'.join(modes)} mode" + (f" with the {'/'.join(gates)} gate(s)" if gates else "")
+    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {where} "
+            f"reached; {tail} ({outside} more need other modes or gates, or are out of reach)")
 
 
-def required_rules(text: str | None, modes: tuple[str, ...] = EXPLORED_MODES) -> tuple[str, ...]:
+def required_rules(text: str | None, modes: tuple[str, ...] = EXPLORED_MODES,
+                   gates: tuple[str, ...] = ()) -> tuple[str, ...]:
     if text is None:
         return ()
+    if text.strip() == "all":
+        return reachable_in(modes, gates)
     try:
         return rule_coverage.parse_required(text, modes)
     except ValueError as exc:
@@ -174,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     except ModelCheckError as exc:
         raise UsageError(f"--space: {exc}") from None
     modes = explored_modes(spaces)
-    required = required_rules(args.require_rules, modes)
+    gates = explored_gates(spaces)
+    required = required_rules(args.require_rules, modes, gates)
     against, selection = against_of(args)
     names, skipped = supported_spaces(spaces, args.against)
     if not names:
@@ -199,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
 
     def row(r: SpaceResult) -> None:
         print(format_row(r), flush=True)
+        if r.note:
+            print(f"  ({r.space.name}: {r.note})", flush=True)
 
     try:
         result = check_bound(args.bound, use_impl=use_impl, scheduler_cls=scheduler_cls, max_states=max_states,
@@ -215,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _report_success(result, use_impl, args.against)
     rules = result.rules
-    print(rule_coverage.format_table(rules) if args.rules else rules_line(rules, modes))
+    print(rule_coverage.format_table(rules) if args.rules else rules_line(rules, modes, gates))
     missing = rule_coverage.unreached(rules, required)
     if missing:
         print(f"FAILED: {missing_rules_message(missing)}")

@@ -39,7 +39,9 @@ is the `schedspec modelcheck` command over ``check_bound``).
 
 The modules, in the manner of TLC's:
 
-- space.py: Shape, Space, Bound, the small / medium / large bounds;
+- space.py: Shape, Space, Bound, the small / medium / large, modes /
+  modes-large and gates bounds;
+- model.py: the fake model as the checker runs it (MemoModel);
 - events.py: the alphabet (EventCode, Alphabet);
 - state.py: the canonical fingerprint of a view, the KV contents it implies;
 - checks.py: the invariant catalogue, one transition at a time;
@@ -56,7 +58,7 @@ from __future__ import annotations
 from schedspec.modelcheck.checks import StatelessChecker
 from schedspec.modelcheck.coverage import COVERAGE, Coverage
 from schedspec.modelcheck.events import RESET, RESET_RUNNING, STEP, Alphabet, EventCode
-from schedspec.modelcheck.expand import Entry, Expander, Expansion, MemoModel, Successor
+from schedspec.modelcheck.expand import Entry, Expander, Expansion, Successor, engine_idle
 from schedspec.modelcheck.explore import Explorer, StateGraph, cpu_time
 from schedspec.modelcheck.liveness import Deadlock, Drained, analyse, drain_distances
 from schedspec.modelcheck.result import (
@@ -68,7 +70,15 @@ from schedspec.modelcheck.result import (
     table_header,
     write_json,
 )
-from schedspec.modelcheck.run import check_bound, default_workers, impl_available, impl_class, progress_printer
+from schedspec.modelcheck.model import MemoModel
+from schedspec.modelcheck.run import (
+    check_bound,
+    default_workers,
+    impl_available,
+    impl_class,
+    impl_problems,
+    progress_printer,
+)
 from schedspec.modelcheck.space import (
     BOUNDS,
     Bound,
@@ -78,15 +88,16 @@ from schedspec.modelcheck.space import (
     bound,
     generated_tokens,
     select_spaces,
+    space_problems,
 )
-from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory
+from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory, hidden_gate_state
 
 __all__ = [
     "BOUNDS", "COVERAGE", "RESET", "RESET_RUNNING", "STEP",
     "Alphabet", "Bound", "BoundResult", "Canon", "Counterexample", "Coverage", "Deadlock", "Drained", "Entry",
     "EventCode", "Expander", "Expansion", "Explorer", "Finding", "Fingerprint", "MemoModel", "ModelCheckError",
     "Shape", "Space", "SpaceResult", "StateGraph", "StatelessChecker", "Successor",
-    "analyse", "bound", "check_bound", "cpu_time", "default_workers", "drain_distances", "expected_memory",
-    "format_row", "generated_tokens", "impl_available", "impl_class", "progress_printer", "select_spaces",
-    "table_header", "write_json",
+    "analyse", "bound", "check_bound", "cpu_time", "default_workers", "drain_distances", "engine_idle",
+    "expected_memory", "format_row", "generated_tokens", "hidden_gate_state", "impl_available", "impl_class",
+    "impl_problems", "progress_printer", "select_spaces", "space_problems", "table_header", "write_json",
 ]

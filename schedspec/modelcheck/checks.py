@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schedspec.invariants import History, Invariant, Transition, Violation
-from schedspec.invariants.core import TransitionKind
+from schedspec.invariants.core import ALL_KINDS
 from schedspec.spec.interface import SchedulerView
 
 
@@ -24,9 +24,8 @@ class StatelessChecker:
     def __init__(self, invariants: Sequence[Invariant]) -> None:
         self._history = History()
         self.state = tuple(inv for inv in invariants if inv.scope == "state")
-        kinds: tuple[TransitionKind, ...] = ("add", "abort", "schedule", "update", "reset")
         self.by_kind: dict[str, tuple[Invariant, ...]] = {
-            k: tuple(inv for inv in invariants if inv.scope == "transition" and k in inv.kinds) for k in kinds
+            k: tuple(inv for inv in invariants if inv.scope == "transition" and k in inv.kinds) for k in ALL_KINDS
         }
 
     def check_state(self, view: SchedulerView) -> list[Violation]:

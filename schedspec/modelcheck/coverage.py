@@ -25,10 +25,16 @@ LABELS: dict[str, str] = {
     "dropping_resets": "resets that dropped the cache",
     "preempting_resets": "resets that preempted running requests",
     "running_aborts": "aborts of running requests",
+    "pauses": "pause and resume events",
+    "pause_clears": "cache clears completing a pause",
+    "grammar_reports": "grammar reports (compiled or failed)",
 }
 
 #: The labels, in order (what the JSON summary's ``coverage`` maps).
 COVERAGE: tuple[str, ...] = tuple(LABELS.values())
+
+#: The labels of the admission gates' events (zero in a bound without them).
+GATE_COVERAGE: tuple[str, ...] = (LABELS["pauses"], LABELS["pause_clears"], LABELS["grammar_reports"])
 
 
 @dataclass(slots=True)
@@ -42,6 +48,9 @@ class Coverage:
     dropping_resets: int = 0
     preempting_resets: int = 0
     running_aborts: int = 0
+    pauses: int = 0
+    pause_clears: int = 0
+    grammar_reports: int = 0
 
     def count_step(self, plan: StepPlan, before: SchedulerView, after: SchedulerView) -> None:
         """One step from ``before`` (a state between steps) through ``plan`` to ``after``."""

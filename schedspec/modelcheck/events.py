@@ -4,7 +4,13 @@ Codes 0-2 are fixed (``EventCode``); then one ``add`` per request shape of the
 space, then one ``abort`` per position in the list of unfinished requests
 (``abort #k`` aborts the k-th in arrival order), then, in a space that allows
 it, one ``step, abort #k mid-step`` per position: ``schedule()``, the abort of
-the k-th unfinished request while the plan is in flight, the model, ``update()``.
+the k-th unfinished request while the plan is in flight, the model, ``update()``;
+then, in an async space, ``update``; then, in a space with the pause gate, the
+five pause events (``pause new``, ``pause new+clear``, ``pause all``,
+``pause all+clear``, ``resume``: check/workload.py's Pause and Resume); then,
+in a space with structured outputs, ``grammar ok #k`` and ``grammar failed #k``
+per position (GrammarReady for the k-th unfinished request). A space without a
+gate has the codes it always had.
 """
 
 from __future__ import annotations
@@ -13,6 +19,18 @@ from collections.abc import Sequence
 from enum import IntEnum
 
 from schedspec.modelcheck.space import Shape
+
+#: The pause events, in code order: (label, pause mode or None for resume, clear_cache).
+PAUSE_EVENTS: tuple[tuple[str, str | None, bool], ...] = (
+    ("pause new", "new", False),
+    ("pause new+clear", "new", True),
+    ("pause all", "all", False),
+    ("pause all+clear", "all", True),
+    ("resume", None, False),
+)
+
+#: The pause state (PauseState's value) a pause mode sets.
+PAUSE_STATE_OF: dict[str | None, int] = {"new": 1, "all": 2, None: 0}
 
 
 class EventCode(IntEnum):
@@ -30,7 +48,8 @@ class Alphabet:
     abort of the k-th unfinished request."""
 
     def __init__(self, shapes: Sequence[Shape], max_requests: int, abort_in_step: bool = False,
-                 aborts: bool = True, resets: bool = True, async_scheduling: bool = False) -> None:
+                 aborts: bool = True, resets: bool = True, async_scheduling: bool = False, pauses: bool = False,
+                 grammar: bool = False) -> None:
         self.shapes = tuple(shapes)
         #: False: no abort events at all (a scheduler under test that takes none)
         self.aborts = aborts
@@ -48,6 +67,16 @@ class Alphabet:
         self.update = self.size
         if async_scheduling:
             self.size += 1
+        #: the pause events (PAUSE_EVENTS), from this code on
+        self.pauses = pauses
+        self.first_pause = self.size
+        if pauses:
+            self.size += len(PAUSE_EVENTS)
+        #: grammar ok #k, then grammar failed #k, from this code on
+        self.grammar = grammar
+        self.first_grammar = self.size
+        if grammar:
+            self.size += 2 * max_requests
 
     def add(self, i: int) -> int:
         return EventCode.FIRST_ADD + i
@@ -74,12 +103,34 @@ class Alphabet:
         """A step with an abort while its plan is in flight."""
         return self.first_step_abort <= code < self.first_step_abort + (self.max_requests if self.abort_in_step else 0)
 
-    def enabled(self, known: int, unfinished: int, in_flight: int = 0) -> list[int]:
+    def is_pause(self, code: int) -> bool:
+        return self.pauses and self.first_pause <= code < self.first_pause + len(PAUSE_EVENTS)
+
+    def pause_event(self, code: int) -> tuple[str, str | None, bool]:
+        """(label, mode or None for resume, clear_cache) of a pause code."""
+        return PAUSE_EVENTS[code - self.first_pause]
+
+    def is_grammar(self, code: int) -> bool:
+        return self.grammar and self.first_grammar <= code < self.first_grammar + 2 * self.max_requests
+
+    def grammar_event(self, code: int) -> tuple[int, bool]:
+        """(position among the unfinished requests, ok) of a grammar code."""
+        i = code - self.first_grammar
+        return i % self.max_requests, i < self.max_requests
+
+    def grammar_code(self, k: int, ok: bool) -> int:
+        return self.first_grammar + k + (0 if ok else self.max_requests)
+
+    def enabled(self, known: int, unfinished: int, in_flight: int = 0, pause_state: int = 0,
+                grammar_waiting: Sequence[int] = ()) -> list[int]:
         """The codes enabled in a state where the scheduler knows ``known``
         requests (unfinished, or finished and not yet reported), ``unfinished``
         of them unfinished, and ``in_flight`` plans await update (async
         scheduling): adds only below the space's request bound, resets with
-        at most one plan in flight, ``update`` with exactly one."""
+        at most one plan in flight, ``update`` with exactly one; a pause to
+        another pause state than ``pause_state`` (PauseState's value), resume
+        while paused; a grammar report for each position in
+        ``grammar_waiting`` (requests whose grammar is still compiling)."""
         codes = [STEP.value]
         if self.resets and in_flight <= 1:
             codes += [RESET.value, RESET_RUNNING.value]
@@ -91,6 +142,11 @@ class Alphabet:
             codes += [self.abort(k) for k in range(unfinished)]
             if self.abort_in_step:
                 codes += [self.step_abort(k) for k in range(unfinished)]
+        if self.pauses:
+            codes += [self.first_pause + i for i, (_, mode, _) in enumerate(PAUSE_EVENTS)
+                      if PAUSE_STATE_OF[mode] != pause_state]
+        if self.grammar:
+            codes += [self.grammar_code(k, ok) for ok in (True, False) for k in grammar_waiting]
         return codes
 
     def label(self, code: int) -> str:
@@ -102,6 +158,11 @@ class Alphabet:
             return "reset+running"
         if self.async_scheduling and code == self.update:
             return "update"
+        if self.is_pause(code):
+            return self.pause_event(code)[0]
+        if self.is_grammar(code):
+            k, ok = self.grammar_event(code)
+            return f"grammar {'ok' if ok else 'failed'} #{k}"
         if code < self.first_abort:
             return f"add {self.shapes[self.shape_index(code)].name}"
         if self.is_step_abort(code):

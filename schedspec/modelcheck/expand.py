@@ -18,22 +18,36 @@ import dataclasses
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 from schedspec.check.driver import describe_difference
 from schedspec.check.oracle import FakeModel
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Schedule, Step, Update, Workload
+from schedspec.check.workload import (
+    Abort,
+    AddRequest,
+    Event,
+    GrammarReady,
+    Pause,
+    ResetPrefixCache,
+    Resume,
+    Schedule,
+    Step,
+    Update,
+    Workload,
+)
 from schedspec.invariants import CATALOGUE, Invariant, Transition, Violation
-from schedspec.invariants.core import TransitionKind
+from schedspec.invariants.core import ALL_KINDS, TransitionKind
 from schedspec.modelcheck.checks import StatelessChecker
 from schedspec.modelcheck.coverage import Coverage
-from schedspec.modelcheck.events import RESET, RESET_RUNNING, STEP, Alphabet
+from schedspec.modelcheck.events import PAUSE_STATE_OF, RESET, RESET_RUNNING, STEP, Alphabet
+from schedspec.modelcheck.model import MemoModel
 from schedspec.modelcheck.result import Finding
 from schedspec.modelcheck.space import Space
-from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory
+from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory, hidden_gate_state
 from schedspec.spec import coverage as rule_coverage
 from schedspec.modelcheck.target import PICKLE_PROTOCOL, Against, CopyMethod, copy_method, deep_copy, shared_objects
 from schedspec.spec.interface import (
+    PauseState,
     Policy,
     RequestSpec,
     RequestStatus,
@@ -48,24 +62,6 @@ from schedspec.spec.scheduler import SpecScheduler
 T = TypeVar("T")
 
 __all__ = ["PICKLE_PROTOCOL", "Entry", "Expander", "Expansion", "MemoModel", "Successor"]
-
-
-class MemoModel(FakeModel):
-    """The fake model with its sampler memoized: the sampled token is a pure
-    function of the context read, and the checker asks for the same contexts
-    over and over."""
-
-    def __init__(self, block_size: int, vocab: int, seed: int, num_speculative_tokens: int = 0,
-                 acceptance: str | None = None) -> None:
-        super().__init__(block_size, vocab, seed, num_speculative_tokens=num_speculative_tokens,
-                         acceptance=acceptance)
-        self._memo: dict[tuple[int | None, ...], int] = {}
-
-    def sample_token(self, context: tuple[int | None, ...]) -> int:
-        tok = self._memo.get(context)
-        if tok is None:
-            tok = self._memo[context] = super().sample_token(context)
-        return tok
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +151,16 @@ class Entry:
     memory: dict[int, int] | None = None
     #: async scheduling: the plans in flight and the fake model (see Flight)
     flight: Flight | None = None
+    #: a pause with clear_cache waits for the engine to go idle (the driver's
+    #: pending cache clear, part of the state)
+    clear: bool = False
+    #: invariants mode with async scheduling: the plans in flight of the
+    #: scheduler under test and its fake model (it runs its own plans)
+    tflight: Flight | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:  # compact between processes
-        return (Entry, (self.idx, self.state, self.impl, self.adds, None, self.codes, self.memory, self.flight))
+        return (Entry, (self.idx, self.state, self.impl, self.adds, None, self.codes, self.memory, self.flight,
+                        self.clear, self.tflight))
 
 
 @dataclass(slots=True)
@@ -183,6 +186,8 @@ class Successor(NamedTuple):
     adds: int
     memory: dict[int, int] | None = None  # the KV slots of the scheduler under test (invariants mode)
     flight: Flight | None = None  # async scheduling: the plans in flight and the model
+    clear: bool = False  # a cache clear waits for the engine to go idle
+    tflight: Flight | None = None  # invariants mode, async: the scheduler under test's flight
 
 
 def plan_key(plan: StepPlan, mid: SchedulerView) -> Fingerprint:
@@ -257,10 +262,14 @@ class Expander:
         self.is_async = space.config.async_scheduling
         self.alphabet = Alphabet(self.shapes, space.max_requests, space.abort_in_step and not self.is_async,
                                  aborts=against is None or against.aborts, resets=against is None or against.resets,
-                                 async_scheduling=self.is_async)
+                                 async_scheduling=self.is_async, pauses=space.pauses,
+                                 grammar=any(sh.structured_output for sh in self.shapes))
         spec_invariants = () if self.tchecker is not None else tuple(invariants)
         self.checker = StatelessChecker(spec_invariants)
-        self.canon = Canon(len(self.shapes), space.config.policy == Policy.PRIORITY)
+        #: a space with an admission gate: its state is in the fingerprint
+        self.gated = bool(space.gates())
+        self.canon = Canon(len(self.shapes), space.config.policy == Policy.PRIORITY, self.gated,
+                           space.config.prefill_schedule_interval)
         k = space.config.num_speculative_tokens
         self.model = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance)
         self.tmodel = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance)
@@ -297,26 +306,42 @@ class Expander:
             if not self.lockstep:
                 memory = {}
         flight = Flight() if self.is_async else None
+        tflight = Flight() if self.is_async and memory is not None else None
         if self.pickled:
             blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
-            return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), blob, 0, None, (), memory, flight)
-        return Entry(0, s, impl, 0, s.view(), (), memory, flight)
+            return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), blob, 0, None, (), memory, flight, False, tflight)
+        return Entry(0, s, impl, 0, s.view(), (), memory, flight, False, tflight)
 
     def fingerprint(self, entry: Entry) -> Fingerprint:
         """The fingerprint of a state held by an entry (the root's, in practice)."""
-        if entry.view is not None:
-            return self.full_fingerprint(entry.view, entry.flight)
         s: SpecScheduler = pickle.loads(entry.state) if self.pickled else entry.state
-        return self.full_fingerprint(s.view(), entry.flight)
+        v = entry.view if entry.view is not None else s.view()
+        return self.full_fingerprint(v, entry.flight, s, entry.clear)
 
-    def full_fingerprint(self, v: SchedulerView, flight: Flight | None) -> Fingerprint:
-        """The state's fingerprint: the view's, and with async scheduling the plans in flight and the model's."""
+    def full_fingerprint(self, v: SchedulerView, flight: Flight | None, s: object = None,
+                         clear: bool = False) -> Fingerprint:
+        """The state's fingerprint: the view's, with async scheduling the
+        plans in flight and the model's, and in a space with an admission
+        gate what the spec ``s`` keeps of the gates beyond its view and
+        whether a cache clear is pending."""
         fp = self.canon.fingerprint(v)
-        return fp if flight is None else fp + (flight.key(v),)
+        if flight is not None:
+            fp += (flight.key(v),)
+        if self.gated:
+            fp += (hidden_gate_state(s, v), clear)
+        return fp
 
-    def enabled(self, v: SchedulerView, flight: Flight | None = None) -> list[int]:
+    def enabled(self, v: SchedulerView, flight: Flight | None = None, s: object = None) -> list[int]:
+        grammar_waiting: list[int] = []
+        if self.alphabet.grammar:
+            requests: Any = getattr(s, "requests", {})
+            for k, (rid, r) in enumerate(v.requests.items()):
+                if (r.status is RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+                        and getattr(requests.get(rid), "grammar", None) is None):
+                    grammar_waiting.append(k)
         return self.alphabet.enabled(len(v.requests) + len(v.finished), len(v.requests),
-                                     len(flight.pairs) if flight is not None else 0)
+                                     len(flight.pairs) if flight is not None else 0, int(v.pause_state),
+                                     grammar_waiting)
 
     # -------------------------------------------------------------- checks
 
@@ -348,8 +373,11 @@ class Expander:
     # on every step) and the state after. The KV contents after each step
     # and a scheduler under test are checked on every step.
 
-    def _mid_fingerprint(self, mid: SchedulerView) -> Fingerprint | None:
-        return self.canon.fingerprint(mid) if self.incremental else None
+    def _mid_fingerprint(self, mid: SchedulerView, s: object = None) -> Fingerprint | None:
+        if not self.incremental:
+            return None
+        fp = self.canon.fingerprint(mid)
+        return fp + (hidden_gate_state(s, mid),) if self.gated else fp
 
     def _first_mid(self, fp: Fingerprint | None) -> bool:
         """Whether the state invariants of this middle of a step must run (its first time)."""
@@ -394,7 +422,7 @@ class Expander:
             return out
         memory = expected_memory(before) if entry.flight is None else {}
         source = self._target_source(entry)
-        codes = self.enabled(before, entry.flight)
+        codes = self.enabled(before, entry.flight, s)
         last = codes[-1]
         # The spec counts the rules it takes into one counter its clones
         # share: a fresh one for this state's transitions counts each once.
@@ -403,8 +431,10 @@ class Expander:
         for code in codes:
             try:
                 impl, tmem = source(code == last)
-                succ = (self.apply(s, code, before, memory, entry.adds, impl, tmem) if entry.flight is None
-                        else self.apply_async(s, code, before, entry.flight, entry.adds, impl))
+                succ = (self.apply(s, code, before, memory, entry.adds, impl, tmem, entry.clear)
+                        if entry.flight is None
+                        else self.apply_async(s, code, before, entry.flight, entry.adds, impl, entry.clear,
+                                              entry.tflight, tmem))
             except Finding as f:
                 out.failure = (code, f)
                 out.rules = dict(rules)
@@ -414,8 +444,7 @@ class Expander:
                 out.rules = dict(rules)
                 return out
             path = entry.codes + (code,) if self.copy == "replay" else ()
-            out.successors.append((code, succ.fingerprint, self._entry(succ, impl, path),
-                                   bool(succ.view.requests)))
+            out.successors.append((code, succ.fingerprint, self._entry(succ, impl, path), _busy(succ)))
         out.rules = dict(rules)
         return out
 
@@ -453,22 +482,22 @@ class Expander:
         exploration fed it; in invariants mode they are what it ran)."""
         assert self.against is not None
         t = _call(self.tname, "__init__", self.against.factory, self.config)
-        model = self.space.model()
-        in_flight: list[tuple[StepPlan, StepResult]] = []
+        replay = _Replay(t, self.space.model())
         for event in self.workload(codes).events:
-            _perform(t, model, event, in_flight)
-        return t, (None if self.lockstep else dict(model.slots))
+            replay.perform(event)
+        return t, (None if self.lockstep else dict(replay.model.slots))
 
     def _entry(self, succ: Successor, impl: Any, codes: tuple[int, ...]) -> Entry:
         """The successor as an entry of the next level (pickled once per worker)."""
         if not self.pickled:
-            return Entry(-1, succ.state, impl, succ.adds, succ.view, codes, succ.memory, succ.flight)
+            return Entry(-1, succ.state, impl, succ.adds, succ.view, codes, succ.memory, succ.flight, succ.clear,
+                         succ.tflight)
         if succ.fingerprint in self.shipped:
             return Entry(-1, None, None, succ.adds)
         self.shipped.add(succ.fingerprint)
         blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
         return Entry(-1, pickle.dumps(succ.state, PICKLE_PROTOCOL), blob, succ.adds, None, codes, succ.memory,
-                     succ.flight)
+                     succ.flight, succ.clear, succ.tflight)
 
     # -------------------------------------------------------------- one transition
 
@@ -481,11 +510,13 @@ class Expander:
         adds: int,
         impl: Any = None,
         tmem: dict[int, int] | None = None,
+        clear: bool = False,
     ) -> Successor:
         """Apply one event to a copy of ``s`` (whose view is ``before`` and
         whose KV holds ``memory``) with every transition check on, and to
         ``impl``, the scheduler under test in the same state (KV memory
-        ``tmem`` in invariants mode); returns the successor, its view, its
+        ``tmem`` in invariants mode); ``clear``: a pause's cache clear waits
+        for the engine to go idle. Returns the successor, its view, its
         fingerprint, its count of adds and the memory of the scheduler under
         test. Raises Finding on a failed check. (The successor's own state
         invariants are checked when it is expanded, once per distinct state.)"""
@@ -497,32 +528,41 @@ class Expander:
             if impl is not None and tmem is not None:
                 tmem = self._target_step(impl, tmem, rid)
         else:
-            after, adds = self._apply_admin(s2, code, before, adds, impl)
-        return Successor(s2, after, self.canon.fingerprint(after), adds, tmem)
+            after, adds, clear = self._apply_admin(s2, code, before, adds, impl, clear)
+        after, clear = self._settle(s2, after, impl, clear, ())
+        return Successor(s2, after, self.full_fingerprint(after, None, s2, clear), adds, tmem, None, clear)
 
     def apply_async(self, s: SpecScheduler, code: int, before: SchedulerView, flight: Flight, adds: int,
-                    impl: Any = None) -> Successor:
+                    impl: Any = None, clear: bool = False, tflight: Flight | None = None,
+                    tmem: dict[int, int] | None = None) -> Successor:
         """One event of an async space: ``step`` schedules a plan (and the
         fake model runs it) while fewer than two are in flight, else it
         delivers the oldest; ``update`` delivers the oldest of one; add,
-        abort and reset come between them. Every transition is checked with
-        the plans in flight after it; lockstep compares the scheduler under
-        test's plans and views. (Invariants mode is not offered here.)"""
-        if impl is not None and not self.lockstep:
-            raise Finding("error", "invariants mode does not explore async spaces (use lockstep)")
+        abort, reset and the gate events come between them. Every transition
+        is checked with the plans in flight after it; lockstep compares the
+        scheduler under test's plans and views; invariants mode runs the
+        scheduler under test's own plans (``tflight``: its plans in flight
+        and its fake model) and checks its own transitions."""
         s2 = s.clone()
         a = self.alphabet
         who = self.tname
+        lockstep = impl is not None and self.lockstep
+        target = impl is not None and not self.lockstep
+        if target and tflight is None:
+            raise Finding("error", f"invariants mode on an async space needs {who} copied by clone, pickle or "
+                                   "deepcopy (its plans in flight travel with the state)")
+        tb = _call(who, "view", impl.view) if target else None
         pairs = flight.pairs
         if code == STEP and len(pairs) < 2:
             plan = s2.schedule()
             after = s2.view()
             plans = flight.plans + (plan,)
             self._check("schedule", before, after, True, plan=plan, in_flight=plans)
-            if impl is not None:
+            if lockstep:
                 self._compare("schedule()", plan, _call(who, "schedule", impl.schedule))
             model = self.model
             flight.load(model)
+            _load_grammars(model, before)
             truth = self._async_truth(before, pairs)
             result, mismatches = model.run(plan, truth)
             if mismatches:
@@ -531,6 +571,9 @@ class Expander:
                     Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
                               f"the request's token there is {m.expected}", m.request_id),))
             new = Flight.of(model, pairs + ((plan, result),))
+            if target:
+                assert tb is not None and tflight is not None
+                tflight = self._target_schedule(impl, tb, tflight)
         elif code == STEP or code == a.update:
             (plan, result), rest = pairs[0], pairs[1:]
             s2.update(plan, result)
@@ -539,17 +582,81 @@ class Expander:
             self._check("update", before, after, True, plan=plan, result=result,
                         in_flight=tuple(p for p, _ in rest))
             self._check_contents(after, dict(flight.slots))
-            if impl is not None:
+            if lockstep:
                 _call(who, "update", impl.update, plan, result)
             new = dataclasses.replace(flight, pairs=rest)
+            if target:
+                assert tb is not None and tflight is not None
+                tflight = self._target_update(impl, tb, tflight)
         else:
-            kind, kw, adds = self._admin_event(s2, code, before, adds, impl)
+            kind, kw, adds, clear = self._admin_event(s2, code, before, adds, impl, clear)
             after = s2.view()
-            self._check(kind, before, after, True, in_flight=flight.plans, **kw)
+            self._check_kind(kind, before, after, True, in_flight=flight.plans, **kw)
             new = flight
-        if impl is not None:
+            if target:
+                assert tb is not None and tflight is not None
+                self._tcheck_kind(kind, tb, _call(who, "view", impl.view), in_flight=tflight.plans, **kw)
+        if lockstep:
             self._compare("view()", after, _call(who, "view", impl.view))
-        return Successor(s2, after, self.full_fingerprint(after, new), adds, None, new)
+        after, clear = self._settle(s2, after, impl, clear, new.plans, tflight.plans if tflight else ())
+        return Successor(s2, after, self.full_fingerprint(after, new, s2, clear), adds, tmem, new, clear, tflight)
+
+    def _target_schedule(self, t: Any, tb: SchedulerView, tflight: Flight) -> Flight:
+        """Invariants mode, async: the scheduler under test schedules its own
+        plan and its own fake model runs it (reads checked); returns its
+        flight with the plan added."""
+        who = self.tname
+        plan = _call(who, "schedule", t.schedule)
+        tm = _call(who, "view", t.view)
+        self._tcheck("schedule", tb, tm, plan=plan, in_flight=tflight.plans + (plan,))
+        model = self.tmodel
+        tflight.load(model)
+        _load_grammars(model, tb)
+        result, mismatches = model.run(plan, self._async_truth(tb, tflight.pairs))
+        if mismatches:
+            m = mismatches[0]
+            raise Finding("violation", f"the model read a context of {who} that is not the request's tokens", (
+                Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
+                          f"the request's token there is {m.expected}", m.request_id),))
+        return Flight.of(model, tflight.pairs + ((plan, result),))
+
+    def _target_update(self, t: Any, tb: SchedulerView, tflight: Flight) -> Flight:
+        """Invariants mode, async: the scheduler under test takes the oldest
+        of its plans in flight with its model's result; the KV contents after."""
+        who = self.tname
+        (plan, result), rest = tflight.pairs[0], tflight.pairs[1:]
+        _call(who, "update", t.update, plan, result)
+        ta = _call(who, "view", t.view)
+        self._tcheck("update", tb, ta, plan=plan, result=result, in_flight=tuple(p for p, _ in rest))
+        self._check_contents(ta, dict(tflight.slots), who)
+        return dataclasses.replace(tflight, pairs=rest)
+
+    def _settle(self, s2: SpecScheduler, after: SchedulerView, impl: Any, clear: bool,
+                in_flight: tuple[StepPlan, ...], t_in_flight: tuple[StepPlan, ...] = ()) -> tuple[SchedulerView, bool]:
+        """A pause's pending cache clear, once the engine is idle after an
+        event (as the check driver does it: vllm/v1/engine/core.py,
+        _finish_pause -> reset_prefix_cache(reset_running_requests=True)) on
+        the spec and the scheduler under test; returns the view after and
+        whether the clear still waits."""
+        if not clear or not engine_idle(after, len(in_flight)):
+            return after, clear
+        who = self.tname
+        tb = _call(who, "view", impl.view) if impl is not None and not self.lockstep else None
+        ok = s2.reset_prefix_cache(True)
+        self.coverage.count_reset(after, True, ok)
+        self.coverage.pause_clears += 1
+        new = s2.view()
+        self._check("reset", after, new, True, in_flight=in_flight)
+        if impl is not None:
+            theirs = _call(who, "reset_prefix_cache", impl.reset_prefix_cache, True)
+            ta = _call(who, "view", impl.view)
+            if self.lockstep:
+                self._compare("reset_prefix_cache()", ok, theirs)
+                self._compare("view()", new, ta)
+            else:
+                assert tb is not None
+                self._tcheck("reset", tb, ta, in_flight=t_in_flight)
+        return new, False
 
     @staticmethod
     def _async_truth(v: SchedulerView, pairs: tuple[tuple[StepPlan, StepResult], ...]) -> dict[str, tuple[int, ...]]:
@@ -576,7 +683,7 @@ class Expander:
         invariants are checked here."""
         plan = s2.schedule()
         mid = before if self.blind else s2.view()
-        mid_fp = self._mid_fingerprint(mid)
+        mid_fp = self._mid_fingerprint(mid, s2)
         self._check("schedule", before, mid, self._first_mid(mid_fp), plan=plan, in_flight=(plan,))
         lockstep = impl is not None and self.lockstep
         if lockstep:
@@ -586,7 +693,7 @@ class Expander:
             self.coverage.count_abort(before, abort)
             s2.abort(abort)
             mid2 = before if self.blind else s2.view()
-            mid_fp = self._mid_fingerprint(mid2)
+            mid_fp = self._mid_fingerprint(mid2, s2)
             self._check("abort", mid, mid2, self._first_mid(mid_fp), request_id=abort, in_flight=(plan,))
             if lockstep:
                 _call(self.tname, "abort", impl.abort, abort)
@@ -623,6 +730,7 @@ class Expander:
         model = self.tmodel
         model.slots = tmem
         model.outputs, model.proposals, model.rejected = {}, {}, {}
+        _load_grammars(model, tb)
         truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
         result, mismatches = model.run(plan, truth)
         if mismatches:
@@ -645,6 +753,7 @@ class Expander:
         # model's per-request outputs and proposals (what fills a -1) start
         # empty; the drafts the scheduler verifies are in its state.
         model.outputs, model.proposals, model.rejected = {}, {}, {}
+        _load_grammars(model, before)
         truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()}
         result, mismatches = model.run(plan, truth)
         if mismatches:
@@ -665,14 +774,16 @@ class Expander:
                     Violation("kv-contents", f"block {b} offset {off} holds {got}, the state says {tok}"),))
 
     def _admin_event(self, s2: SpecScheduler, code: int, before: SchedulerView, adds: int,
-                     impl: Any) -> tuple[TransitionKind, dict[str, Any], int]:
-        """Perform a reset, an add or an abort on the spec and on the
-        scheduler under test (comparing reset answers in lockstep); returns
-        the transition's kind, its keyword fields and the count of adds."""
+                     impl: Any, clear: bool = False) -> tuple[str, dict[str, Any], int, bool]:
+        """Perform a reset, an add, an abort, a pause event or a grammar
+        report on the spec and on the scheduler under test (comparing reset
+        answers in lockstep); returns the transition's kind ("pause" and
+        "grammar" besides the invariants' kinds), its keyword fields, the
+        count of adds and whether a cache clear waits."""
         a = self.alphabet
         who = self.tname
         kw: dict[str, Any] = {}
-        kind: TransitionKind
+        kind: str
         if code == RESET or code == RESET_RUNNING:
             kind = "reset"
             running_too = code == RESET_RUNNING
@@ -689,6 +800,23 @@ class Expander:
             s2.add(req)
             if impl is not None:
                 _call(who, "add", impl.add, req)
+        elif a.is_pause(code):
+            kind = "pause"
+            _, mode, clear_cache = a.pause_event(code)
+            state = PauseState(PAUSE_STATE_OF[mode])
+            s2.set_pause_state(state)
+            self.coverage.pauses += 1
+            if impl is not None:
+                _call(who, "set_pause_state", _optional(who, impl, "set_pause_state"), state)
+            clear = clear or clear_cache
+        elif a.is_grammar(code):
+            kind = "grammar"
+            k, ok = a.grammar_event(code)
+            rid = kw["request_id"] = list(before.requests)[k]
+            s2.grammar_ready(rid, ok)
+            self.coverage.grammar_reports += 1
+            if impl is not None:
+                _call(who, "grammar_ready", _optional(who, impl, "grammar_ready"), rid, ok)
         else:
             kind = "abort"
             rid = kw["request_id"] = list(before.requests)[a.abort_index(code)]
@@ -696,25 +824,45 @@ class Expander:
             s2.abort(rid)
             if impl is not None:
                 _call(who, "abort", impl.abort, rid)
-        return kind, kw, adds
+        return kind, kw, adds, clear
+
+    def _check_kind(self, kind: str, before: SchedulerView, after: SchedulerView, state_too: bool,
+                    **kw: Any) -> None:
+        """The invariants on a transition of any kind: a kind the invariants
+        do not know (a pause event, a grammar report) has its after-state
+        checked (its state invariants) when ``state_too``."""
+        if kind in ALL_KINDS:
+            self._check(cast(TransitionKind, kind), before, after, state_too, **kw)
+        elif state_too:
+            self._check_state(after)
+
+    def _tcheck_kind(self, kind: str, before: SchedulerView, after: SchedulerView, **kw: Any) -> None:
+        """As _check_kind, on the scheduler under test (invariants mode)."""
+        if kind in ALL_KINDS:
+            self._tcheck(cast(TransitionKind, kind), before, after, **kw)
+            return
+        assert self.tchecker is not None
+        found = self.tchecker.check_state(after)
+        if found:
+            raise Finding("violation", f"{len(found)} invariant violation(s) of {self.tname} after {kind}", found)
 
     def _apply_admin(self, s2: SpecScheduler, code: int, before: SchedulerView, adds: int,
-                     impl: Any) -> tuple[SchedulerView, int]:
-        """A reset, an add or an abort between steps; returns the view after
-        it and the count of adds."""
+                     impl: Any, clear: bool = False) -> tuple[SchedulerView, int, bool]:
+        """A reset, an add, an abort or a gate event between steps; returns
+        the view after it, the count of adds and whether a cache clear waits."""
         who = self.tname
         tb = _call(who, "view", impl.view) if impl is not None and not self.lockstep else None
-        kind, kw, adds = self._admin_event(s2, code, before, adds, impl)
+        kind, kw, adds, clear = self._admin_event(s2, code, before, adds, impl, clear)
         after = s2.view()
-        self._check(kind, before, after, False, **kw)
+        self._check_kind(kind, before, after, False, **kw)
         if impl is not None:
             theirs_after = _call(who, "view", impl.view)
             if self.lockstep:
                 self._compare("view()", after, theirs_after)
             else:
                 assert tb is not None
-                self._tcheck(kind, tb, theirs_after, **kw)
-        return after, adds
+                self._tcheck_kind(kind, tb, theirs_after, **kw)
+        return after, adds, clear
 
     # -------------------------------------------------------------- paths
 
@@ -722,22 +870,26 @@ class Expander:
         """The events of a path with concrete requests, named as the checker
         named them (the k-th add is ``r{k}``; ``abort #j`` names the j-th
         unfinished request at that point). With ``run_last`` False the last
-        event is named but not performed (it may be the one that crashes)."""
+        event is named but not performed (it may be the one that crashes).
+        With "prefix" draft acceptance and drafts, each step records the
+        model's output (Schedule with its result, then Update), since the
+        checker's model keys that acceptance otherwise than a replay's."""
         sched: SpecScheduler = self.cls(self.config)
         model = self.space.model()
         events: list[Event] = []
         a = self.alphabet
         adds = 0
-        in_flight: list[tuple[StepPlan, StepResult]] = []
+        replay = _Replay(sched, model)
+        record = self.space.acceptance == "prefix" and self.config.num_speculative_tokens > 0
         for i, code in enumerate(codes):
             run = run_last or i < len(codes) - 1
             these: list[Event]
             if a.async_scheduling and code == STEP:
-                these = [Schedule()] if len(in_flight) < 2 else [Update()]
+                these = [Schedule()] if len(replay.in_flight) < 2 else [Update()]
             elif a.async_scheduling and code == a.update:
                 these = [Update()]
             elif code == STEP:
-                these = [Step()]
+                these = [Schedule(), Update()] if record else [Step()]
             elif code == RESET or code == RESET_RUNNING:
                 these = [ResetPrefixCache(code == RESET_RUNNING)]
             elif a.is_add(code):
@@ -745,34 +897,111 @@ class Expander:
                 these = [AddRequest(self.request(a.shape_index(code), adds))]
             elif a.is_step_abort(code):
                 these = [Schedule(), Abort(list(sched.view().requests)[a.abort_index(code)]), Update()]
+            elif a.is_pause(code):
+                _, mode, clear_cache = a.pause_event(code)
+                these = [Resume() if mode is None else Pause(mode, clear_cache)]
+            elif a.is_grammar(code):
+                k, ok = a.grammar_event(code)
+                these = [GrammarReady(list(sched.view().requests)[k], ok)]
             else:
                 these = [Abort(list(sched.view().requests)[a.abort_index(code)])]
-            events += these
-            if run:
-                for event in these:
-                    _perform(sched, model, event, in_flight)
+            for event in these:
+                if run:
+                    result = replay.perform(event)
+                    if record and isinstance(event, Schedule) and result is not None:
+                        event = Schedule(result)
+                events.append(event)
         return Workload(self.config, tuple(events), seed=None)
 
 
-def _perform(sched: Scheduler, model: FakeModel, event: Event,
-             in_flight: list[tuple[StepPlan, StepResult]] | None = None) -> None:
-    """One event of a path; ``in_flight`` holds a plan between its Schedule
-    and its Update."""
-    if isinstance(event, Step):
-        plan = sched.schedule()
-        result, _ = model.run(plan)
-        sched.update(plan, result)
-    elif isinstance(event, Schedule):
-        assert in_flight is not None
-        plan = sched.schedule()
-        result, _ = model.run(plan)
-        in_flight.append((plan, result))
-    elif isinstance(event, Update):
-        assert in_flight is not None
-        sched.update(*in_flight.pop(0))
-    elif isinstance(event, ResetPrefixCache):
-        sched.reset_prefix_cache(event.reset_running_requests)
-    elif isinstance(event, AddRequest):
-        sched.add(event.request)
-    elif isinstance(event, Abort):
-        sched.abort(event.request_id)
+def _busy(succ: Successor) -> bool:
+    """Whether steps alone must drain the state's requests (the liveness
+    bound: with no new arrivals, no pause and every grammar reported): it
+    has an unfinished request, is not paused, and not every request it has
+    waits for a grammar still compiling. A paused state is left to its
+    resume, a compiling grammar to its report; each leads to a state
+    checked as any."""
+    v = succ.view
+    if not v.requests or v.pause_state != PauseState.UNPAUSED:
+        return False
+    requests: Any = getattr(succ.state, "requests", {})
+    return any(r.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+               or getattr(requests.get(rid), "grammar", None) is not None for rid, r in v.requests.items())
+
+
+def engine_idle(v: SchedulerView, in_flight: int) -> bool:
+    """Whether vLLM's engine core would find no work (EngineCore.has_work),
+    as the check driver judges it before a pause's cache clear: no plan in
+    flight, nothing finished left to report, and no unfinished request as
+    Scheduler.get_num_unfinished_requests counts them under the pause state
+    (PAUSED_ALL: none; PAUSED_NEW: running ones and waiting ones holding KV
+    blocks)."""
+    if in_flight or v.finished:
+        return False
+    if v.pause_state == PauseState.PAUSED_ALL:
+        return True
+    if v.pause_state == PauseState.PAUSED_NEW:
+        return not v.running and not any(
+            rid in v.requests and v.requests[rid].num_computed_tokens > 0 for rid in v.waiting)
+    return not v.requests
+
+
+def _load_grammars(model: FakeModel, v: SchedulerView) -> None:
+    """The model samples each request of ``v`` under its grammar (the check
+    driver tells it at add; the checker's model serves many states)."""
+    model.grammars = {rid: frozenset(r.grammar_rejects) for rid, r in v.requests.items() if r.grammar_rejects}
+
+
+def _optional(who: str, sched: Any, method: str) -> Callable[..., Any]:
+    """A gate's optional method of the scheduler under test; a Finding
+    naming it when the scheduler lacks it."""
+    fn = getattr(sched, method, None)
+    if not callable(fn):
+        raise Finding("error", f"{who} has no {method}() (the optional method of that admission gate)")
+    return cast(Callable[..., Any], fn)
+
+
+class _Replay:
+    """Performs a path's events on one scheduler with its own fake model, as
+    the check driver does: plans in flight between Schedule and Update, the
+    model told each request's grammar at add, and a pause's cache clear once
+    the engine is idle."""
+
+    def __init__(self, sched: Scheduler, model: FakeModel) -> None:
+        self.sched = sched
+        self.model = model
+        self.in_flight: list[tuple[StepPlan, StepResult]] = []
+        self.clear = False
+
+    def perform(self, event: Event) -> StepResult | None:
+        """One event; returns the model's result of a Schedule or Step."""
+        sched, model = self.sched, self.model
+        result: StepResult | None = None
+        if isinstance(event, Step):
+            plan = sched.schedule()
+            result, _ = model.run(plan)
+            sched.update(plan, result)
+        elif isinstance(event, Schedule):
+            plan = sched.schedule()
+            result, _ = model.run(plan)
+            self.in_flight.append((plan, result))
+        elif isinstance(event, Update):
+            sched.update(*self.in_flight.pop(0))
+        elif isinstance(event, ResetPrefixCache):
+            sched.reset_prefix_cache(event.reset_running_requests)
+        elif isinstance(event, AddRequest):
+            sched.add(event.request)
+            model.set_grammar(event.request.request_id, event.request.grammar_rejects)
+        elif isinstance(event, Abort):
+            sched.abort(event.request_id)
+        elif isinstance(event, Pause):
+            getattr(sched, "set_pause_state")(PauseState.PAUSED_ALL if event.mode == "all" else PauseState.PAUSED_NEW)
+            self.clear = self.clear or event.clear_cache
+        elif isinstance(event, Resume):
+            getattr(sched, "set_pause_state")(PauseState.UNPAUSED)
+        elif isinstance(event, GrammarReady):
+            getattr(sched, "grammar_ready")(event.request_id, event.ok)
+        if self.clear and engine_idle(sched.view(), len(self.in_flight)):
+            self.clear = False
+            sched.reset_prefix_cache(True)
+        return result

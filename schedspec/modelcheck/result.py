@@ -75,6 +75,7 @@ class SpaceResult:
     mode: str = ""  # lockstep | invariants (with a scheduler under test)
     copy: str = ""  # how the scheduler under test was copied (target.copy_method)
     rules: Counter[str] = field(default_factory=Counter)  # the spec's named rules taken, and how often
+    note: str = ""  # why the default impl differential left this space out (a gate impl lacks)
 
     @property
     def states_per_s(self) -> float:
@@ -98,6 +99,7 @@ class SpaceResult:
             "coverage": self.coverage,
             "rules": rule_coverage.as_dict(self.rules),
             "cpu_s": round(self.cpu_s, 3),
+            "note": self.note or None,
             "failure": None if self.failure is None else {
                 "kind": self.failure.kind,
                 "message": self.failure.message,

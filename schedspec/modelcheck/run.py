@@ -10,7 +10,7 @@ from typing import TextIO
 from schedspec.invariants import CATALOGUE, Invariant
 from schedspec.modelcheck.explore import Explorer
 from schedspec.modelcheck.result import BoundResult, SpaceResult
-from schedspec.modelcheck.space import bound, select_spaces
+from schedspec.modelcheck.space import Space, bound, select_spaces, space_problems
 from schedspec.modelcheck.target import Against
 from schedspec.spec.interface import Scheduler, SchedulerConfig
 from schedspec.spec.scheduler import SpecScheduler
@@ -23,6 +23,14 @@ def impl_available() -> bool:
         return hasattr(impl, "ImplScheduler")
     except ImportError:
         return False
+
+
+def impl_problems(space: Space) -> list[str]:
+    """What of ``space`` ImplScheduler does not support (its declared
+    capabilities: an admission gate it lacks); empty when it supports all."""
+    from schedspec.adapters.registry import resolve
+
+    return space_problems(space, resolve("impl").capabilities)
 
 
 def impl_class() -> Callable[[SchedulerConfig], Scheduler]:
@@ -57,7 +65,9 @@ def check_bound(
 ) -> BoundResult:
     """Explore the spaces of a bound (all, or those named in ``spaces``) in
     turn; stop at the first failure. ``against`` is the scheduler under test
-    (it replaces the impl differential of ``use_impl``). ``log`` gets a progress line every few
+    (it replaces the impl differential of ``use_impl``, which leaves out
+    the spaces with an admission gate ImplScheduler does not support: their
+    results carry a note). ``log`` gets a progress line every few
     seconds; ``on_space`` each space's result as soon as it is done.
     ModelCheckError for an unknown bound or space."""
     b = bound(name)
@@ -66,8 +76,13 @@ def check_bound(
     for space in chosen:
         progress = progress_printer(log, space.name) if log is not None else None
         impl = impl_class() if use_impl and against is None else None
+        problems = impl_problems(space) if impl is not None else []
+        if problems:
+            impl = None  # a gate ImplScheduler does not support: the spec alone
         r = Explorer(space, scheduler_cls=scheduler_cls, impl_cls=impl, invariants=invariants, max_states=max_states,
                      workers=workers, progress=progress, against=against).run()
+        if problems:
+            r.note = "impl differential left out: impl does not support " + ", ".join(problems)
         out.spaces.append(r)
         if on_space is not None:
             on_space(r)

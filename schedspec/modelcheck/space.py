@@ -8,8 +8,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from schedspec.check.capabilities import Capabilities
 from schedspec.check.oracle import ACCEPTANCE_MODES, FakeModel
-from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
+from schedspec.check.workload import GATES
+from schedspec.modelcheck.model import MemoModel
+from schedspec.spec.interface import MMInput, Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
 
 class ModelCheckError(SchedSpecError, ValueError):
@@ -34,6 +37,11 @@ class Shape:
     cache_salt: str | None = None
     stop_after: int = 0
     eos_after: int = 0
+    #: the admission gates' request fields (RequestSpec's of these names)
+    lora_id: int = 0
+    structured_output: bool = False
+    grammar_rejects: tuple[int, ...] = ()
+    mm_inputs: tuple[MMInput, ...] = ()
 
     def request(self, request_id: str, arrival: int) -> RequestSpec:
         return RequestSpec(
@@ -46,6 +54,10 @@ class Shape:
             eos_token_id=self.eos_token_id,
             ignore_eos=self.ignore_eos,
             cache_salt=self.cache_salt,
+            lora_id=self.lora_id,
+            structured_output=self.structured_output,
+            grammar_rejects=self.grammar_rejects,
+            mm_inputs=self.mm_inputs,
         )
 
     def describe(self) -> str:
@@ -58,6 +70,12 @@ class Shape:
             parts.append(f"eos {self.eos_token_id}" + (" (ignored)" if self.ignore_eos else ""))
         if self.cache_salt:
             parts.append(f"salt {self.cache_salt!r}")
+        if self.lora_id:
+            parts.append(f"adapter {self.lora_id}")
+        if self.structured_output:
+            parts.append("grammar" + (f" refusing {list(self.grammar_rejects)}" if self.grammar_rejects else ""))
+        for m in self.mm_inputs:
+            parts.append(f"encoder input {m.identifier!r} at {m.offset}..{m.offset + m.length - 1}")
         return f"{self.name}: " + ", ".join(parts)
 
 
@@ -79,6 +97,23 @@ class Space:
     #: or "none" (check/oracle.py; "prefix" hashes the request id, which the
     #: fingerprint renames, so the checker does not offer it)
     acceptance: str = "all"
+    #: also explore the pause events (Pause new / all, with and without a
+    #: cache clear, and Resume; the pause gate)
+    pauses: bool = False
+
+    def gates(self) -> tuple[str, ...]:
+        """The admission gates (check/workload.py GATES) this space exercises:
+        from its config, its shapes and its events."""
+        c = self.config
+        on = {
+            "lora": c.max_loras > 0,
+            "grammar": any(s.structured_output for s in self.shapes),
+            "pause": self.pauses,
+            "watermark": c.watermark > 0,
+            "cadence": c.prefill_schedule_interval > 1,
+            "encoder": c.max_num_encoder_input_tokens > 0 or c.encoder_cache_size > 0,
+        }
+        return tuple(g for g in GATES if on[g])
 
     def resolved_shapes(self) -> tuple[Shape, ...]:
         """The shapes with ``stop_after`` turned into a concrete stop token."""
@@ -94,9 +129,11 @@ class Space:
         return tuple(out)
 
     def model(self) -> FakeModel:
-        """A fresh fake model for this space (drafts as the config and ``acceptance`` say)."""
-        return FakeModel(self.config.block_size, self.vocab, self.oracle_seed,
-                         num_speculative_tokens=self.config.num_speculative_tokens, acceptance=self.acceptance)
+        """A fresh fake model for this space (drafts as the config and
+        ``acceptance`` say; "prefix" acceptance keyed on the tokens, see
+        model.py)."""
+        return MemoModel(self.config.block_size, self.vocab, self.oracle_seed, self.config.num_speculative_tokens,
+                         self.acceptance)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -108,7 +145,22 @@ class Space:
             "oracle_seed": self.oracle_seed,
             "abort_in_step": self.abort_in_step,
             "acceptance": self.acceptance,
+            "pauses": self.pauses,
+            "gates": list(self.gates()),
         }
+
+
+def space_problems(space: Space, caps: Capabilities) -> list[str]:
+    """What of ``space`` lies outside a scheduler's declared capabilities:
+    its config, its request shapes, and the gate events it explores (pause
+    events need the pause capability, grammar reports the structured-output
+    one); empty when the scheduler supports all of it."""
+    problems = caps.config_problems(space.config)
+    for shape in space.resolved_shapes():
+        problems += caps.request_problems(shape.request(shape.name, 0))
+    if space.pauses and not caps.pause:
+        problems.append("pause events (set_pause_state)")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -156,12 +208,13 @@ _BASE: dict[str, Any] = dict(block_size=2, num_blocks=5, max_num_batched_tokens=
 
 
 def _space(name: str, shapes: tuple[Shape, ...], max_requests: int, abort_in_step: bool = False,
-           acceptance: str = "all", **overrides: Any) -> Space:
+           acceptance: str = "all", pauses: bool = False, **overrides: Any) -> Space:
     # The oracle seed also names the acceptance mode in a trace (the fake
     # model takes ACCEPTANCE_MODES[seed % 3] when it is not told), so a
     # counterexample replays with the space's drafts.
     return Space(name, SchedulerConfig(**{**_BASE, **overrides}), shapes, max_requests,
-                 oracle_seed=ACCEPTANCE_MODES.index(acceptance), abort_in_step=abort_in_step, acceptance=acceptance)
+                 oracle_seed=ACCEPTANCE_MODES.index(acceptance), abort_in_step=abort_in_step, acceptance=acceptance,
+                 pauses=pauses)
 
 
 def _small() -> Bound:
@@ -244,11 +297,61 @@ def _modes_large() -> Bound:
         _space("async-spec1-all-fcfs", (_Ps, _E), 2, async_scheduling=True, num_speculative_tokens=1, **tight),
         _space("async-spec2-none-fcfs", (_Ps, _Ds), 2, acceptance="none", async_scheduling=True,
                num_speculative_tokens=2, **tight),
+        # "prefix" acceptance (0 .. k drafts right, a hash of the tokens the
+        # drafts follow: model.py), sync and async; and a request whose
+        # max_tokens outruns max_model_len, so that with its output in
+        # flight at position max_model_len - 1 a step has no token for it
+        # (the RUNNING loop's skip of a request with nothing to compute).
+        _space("spec2-prefix-fcfs-tight", (_A2, _D), 2, acceptance="prefix", num_speculative_tokens=2, **tight),
+        _space("async-spec2-prefix-fcfs-1req", (_Ps, _Ds), 1, acceptance="prefix", async_scheduling=True,
+               num_speculative_tokens=2, **tight),
+        _space("async-long-1req", (_Z,), 1, async_scheduling=True, **tight),
+    ))
+
+
+# Shapes of the admission gates (block size 2, vocabulary 4): LA and LB are
+# one prompt under two LoRA adapters (never sharing a block; two LA share);
+# G waits for its grammar, which refuses token 0; Gs refuses 3, which a
+# draft made wrong on purpose often is (and the sampler never is); M and X
+# carry encoder inputs: M one image at prompt positions 1-2, X two images at
+# 0-1 and 2-3, so that a budget of 2 embeddings cuts X's chunk before its
+# second one and a request ahead in the running queue can take the budget
+# from X's next chunk (two M, or two X, share their cache entries and
+# blocks; an M and an X share neither); Z asks for more tokens than
+# max_model_len leaves it, so an async step in flight can leave it no token
+# to schedule.
+_LA = Shape("LA", (1, 2, 3), 2, lora_id=1)
+_LB = Shape("LB", (1, 2, 3), 2, lora_id=2)
+_G = Shape("G", (1, 2), 2, structured_output=True, grammar_rejects=(0,))
+_Gs = Shape("G", (1, 2), 3, structured_output=True, grammar_rejects=(3,))
+_M = Shape("M", (1, 2, 3, 0), 2, mm_inputs=(MMInput(1, 2, "img-m"),))
+_X = Shape("X", (1, 2, 3, 0), 1, mm_inputs=(MMInput(0, 2, "img-a"), MMInput(2, 2, "img-b")))
+_Z = Shape("Z", (1, 2, 3), 4)
+
+
+def _gates() -> Bound:
+    # One space per gate (two for pause: sync and async; two for structured
+    # outputs: grammar reports, and refused drafts), each in the tight pool
+    # where the gate binds: the watermark keeps 1 of 4 blocks free; the
+    # prefill cadence of 2 holds prompts while a request decodes; pause and
+    # resume (new / all, with and without the cache clear) come at any
+    # point; one adapter per step for two; grammars compile or fail at any
+    # point; the encoder budget and cache hold one image of 2 embeddings.
+    tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
+    return Bound("gates", (
+        _space("fcfs-watermark-tight", (_A, _B), 2, watermark=0.25, **tight),
+        _space("fcfs-cadence2-tight", (_A, _B), 2, prefill_schedule_interval=2, **tight),
+        _space("fcfs-pause-tight", (_A2, _E), 2, pauses=True, **tight),
+        _space("async-pause-1req", (_A2, _E), 1, pauses=True, async_scheduling=True, **tight),
+        _space("lora1-2adapters-tight", (_LA, _LB), 2, max_loras=1, **tight),
+        _space("fcfs-grammar-tight", (_G, _A2), 2, **tight),
+        _space("spec2-grammar-prefix", (_Gs, _D), 2, acceptance="prefix", num_speculative_tokens=2, **tight),
+        _space("fcfs-encoder-tight", (_X, _M), 2, max_num_encoder_input_tokens=2, encoder_cache_size=2, **tight),
     ))
 
 
 BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "large": _large, "modes": _modes,
-                                          "modes-large": _modes_large}
+                                          "modes-large": _modes_large, "gates": _gates}
 
 
 def bound(name: str) -> Bound:

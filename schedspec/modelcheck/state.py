@@ -31,9 +31,14 @@ class Canon:
     is ``num_computed_tokens // block_size`` with prefix caching on and 0
     with it off (docs/modelcheck.md, "Fingerprints")."""
 
-    def __init__(self, num_shapes: int, priority: bool) -> None:
+    def __init__(self, num_shapes: int, priority: bool, gated: bool = False, interval: int = 1) -> None:
         self.num_shapes = num_shapes
         self.priority = priority
+        #: a space with an admission gate: the view's gate state is part of
+        #: the fingerprint (the pause state, the encoder cache, the prefill
+        #: cadence's counters); without one it is constant and left out
+        self.gated = gated
+        self.interval = interval
 
     def fingerprint(self, v: SchedulerView) -> Fingerprint:
         reqs = v.requests
@@ -66,7 +71,7 @@ class Canon:
         else:
             key_part = multi = ()
         preempted = v.preempted_since_plan
-        return (
+        fp = (
             tuple(rows),
             waiting,
             tuple([rank[r] for r in v.running]),
@@ -76,6 +81,63 @@ class Canon:
             key_part,
             multi,
         )
+        if not self.gated:
+            return fp
+        return fp + (self.gate_part(v),)
+
+    def gate_part(self, v: SchedulerView) -> Fingerprint:
+        """The admission gates' state in the view: the pause state, the
+        encoder cache (identifier -> embeddings, and the space left), and the
+        prefill cadence's counters as the cadence reads them: the executed
+        steps since the last prefill step, capped at the interval (the step
+        number itself is dropped, as the plan's is: every distance from the
+        interval on holds nothing back), and the capacity escape."""
+        since = 0
+        if self.interval > 1:
+            since = min(v.num_executed_steps - v.last_prefill_step, self.interval)
+        return (int(v.pause_state), tuple(sorted(v.encoder_cache.items())), v.encoder_cache_free, since,
+                v.prefill_capacity_bound)
+
+
+def _ranks(ids: set[str]) -> dict[str, int]:
+    """The checker's ids ``r{k}`` by arrival order."""
+    return {rid: i for i, rid in enumerate(sorted(ids, key=lambda r: (len(r), r)))}
+
+
+def hidden_gate_state(s: object, v: SchedulerView) -> Fingerprint:
+    """What the reference scheduler keeps of the admission gates that its
+    view does not show, read from its public fields (empty parts for a
+    scheduler without them), ids renamed by arrival rank: per request
+    whether its grammar compiled (None while compiling), the requests
+    deferred by the WAITING loop and those whose grammar failed, and the
+    encoder cache's bookkeeping (which requests reference each entry and
+    which of their inputs, the freeable entries in eviction order, the
+    entries freed since the last plan). Two states that differ here can
+    behave differently (a grammar reported or not; which entry is evicted
+    first), so a space with a gate keeps it in the fingerprint
+    (docs/modelcheck.md, "Admission gates")."""
+    requests: Any = getattr(s, "requests", {})
+    deferred: Any = getattr(s, "deferred", set())
+    errors: Any = getattr(s, "grammar_errors", set())
+    enc: Any = getattr(s, "encoder", None)
+    cached: dict[str, set[str]] = getattr(enc, "cached", {}) if enc is not None else {}
+    inputs: dict[str, set[int]] = getattr(enc, "request_inputs", {}) if enc is not None else {}
+    ids: set[str] = set(v.requests) | set(v.finished) | set(deferred) | set(errors) | set(inputs)
+    for refs in cached.values():
+        ids |= refs
+    rank = _ranks(ids)
+    grammar = tuple(sorted((rank[rid], getattr(r, "grammar", None) is True, getattr(r, "grammar", None) is False)
+                           for rid, r in requests.items() if getattr(r, "grammar", None) is not None))
+    enc_part: Any = ()
+    if enc is not None:
+        enc_part = (
+            tuple(sorted((h, tuple(sorted(rank[r] for r in refs))) for h, refs in cached.items())),
+            tuple(sorted((rank[r], tuple(sorted(ix))) for r, ix in inputs.items())),
+            tuple(getattr(enc, "freeable", {})),
+            tuple(getattr(enc, "freed", ())),
+            getattr(enc, "num_freeable_slots", 0),
+        )
+    return (grammar, tuple(sorted(rank[r] for r in deferred)), tuple(sorted(rank[r] for r in errors)), enc_part)
 
 
 def expected_memory(v: SchedulerView) -> dict[int, int]:

@@ -26,8 +26,11 @@ what keeps it small:
   placeholders, drafts, stale output and padded decodes, with the same
   structures; the synchronous path without drafts is the one above. Its
   RUNNING loop takes a steady decode (one step in flight with its
-  placeholders, or sync drafts after the last known token, no block to
-  allocate or key) in a few lines before the general rules.
+  placeholders, or sync drafts after the last known token; a block to
+  allocate or key is done in place) in a few lines before the general
+  rules, in a plain for loop while requests are steady. Beside each plan in
+  flight it keeps one int per entry (tokens scheduled, most tokens sampled),
+  so update() and its result check never read the plan entries.
 """
 
 from __future__ import annotations
@@ -1378,8 +1381,36 @@ class ImplScheduler:
         # still running is the one its id names; any other is looked up by id,
         # as the spec does (it may have finished, or a new request may have
         # taken its id).
+        # A one-token step without drafts (async decode without speculative
+        # decoding) of a running request with no stale output: the general
+        # rules below, written out for one token (no roll-back, no drafts).
+        one = base + 1 if get_drafts is None else -1
         for r, code in zip(out, codes):
             if r.status is _RUNNING:
+                if code == one and not r.stale:
+                    toks = get_toks(r.rid, _NO_DRAFTS)
+                    if len(toks) == 1:
+                        r.inflight -= 1
+                        t = toks[0]
+                        r.output.append(t)
+                        nt = r.num_tokens + 1
+                        r.num_tokens = nt
+                        r.tail = toks
+                        ph = r.ph
+                        if ph > 0:
+                            r.ph = ph - 1
+                        if caching and (ph > 0 or spec_on):
+                            upto = r.num_computed - r.inflight
+                            if upto >= r.next_full:
+                                self._register(r, upto)
+                                r.edge = min(r.cap + 1, r.next_full)
+                        if t in r.stop:
+                            any_stopped = True
+                            self._finish(r, _STOPPED)
+                        elif nt >= r.end_at:
+                            any_stopped = True
+                            self._finish(r, _LENGTH)
+                        continue
                 req = r
                 was_running = True
             else:

@@ -921,3 +921,25 @@ class TestGates:
         for s in off.scheds.values():
             with pytest.raises(ProtocolError, match="mm_inputs"):
                 s.add(req("d", range(16), mm_inputs=(MMInput(0, 2, "z"),)))
+
+    def test_encoder_budget_given_back_by_a_victim_scheduled_in_the_step(self) -> None:
+        from schedspec.spec.interface import MMInput
+
+        # PRIORITY: "a" (low priority) is scheduled first in step 3 with its
+        # encoder input, then "b"'s decode finds the pool empty and preempts
+        # it; the encoder budget "a" took is given back (schedule, RUNNING
+        # loop: preempted_encoder_inputs)
+        cfg = SchedulerConfig(block_size=2, num_blocks=11, max_num_batched_tokens=8, max_num_seqs=4,
+                              max_model_len=20, long_prefill_token_threshold=4, policy=Policy.PRIORITY,
+                              scheduler_reserve_full_isl=False, max_num_encoder_input_tokens=4,
+                              encoder_cache_size=8)
+        p = Pair(cfg)
+        p.add(req("a", range(18), max_tokens=2, priority=1, mm_inputs=(MMInput(12, 4, "A"),)))
+        assert shape(p.step()) == [("a", 8)]  # alone: no threshold
+        p.add(req("b", range(100, 104), max_tokens=6, priority=0, arrival=1))
+        assert shape(p.step()) == [("a", 4), ("b", 4)]
+        plan = p.step()
+        assert plan.preempted_ids == ("a",)
+        assert [(x.request_id, x.num_scheduled_tokens, x.encoder_inputs) for x in plan.scheduled] == [("b", 1, ())]
+        # its entry was allocated, then released by the preemption: cached, freeable
+        assert p.view().encoder_cache == {"A": 4}

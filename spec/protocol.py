@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Container, Mapping, Sequence, TypeVar, Union
 
 from schedspec.spec.interface import (
+    ConfigError,
     PauseState,
     ProtocolError,
     RequestError,
@@ -52,6 +53,44 @@ def check_config(config: object) -> SchedulerConfig:
     if not isinstance(config, SchedulerConfig):
         raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
     return config
+
+
+def gates_of_config(config: SchedulerConfig) -> tuple[str, ...]:
+    """The admission gates ``config`` turns on, by capability name:
+    ``watermark`` (watermark > 0), ``prefill_cadence``
+    (prefill_schedule_interval > 1), ``lora`` (max_loras >= 1), ``encoder``
+    (an encoder budget and cache). Pause states and structured outputs have
+    no config field: a request or a call turns them on."""
+    on = []
+    if config.watermark > 0:
+        on.append("watermark")
+    if config.prefill_schedule_interval > 1:
+        on.append("prefill_cadence")
+    if config.max_loras:
+        on.append("lora")
+    if config.has_encoder:
+        on.append("encoder")
+    return tuple(on)
+
+
+_GATE_FIELDS = {
+    "watermark": "watermark",
+    "prefill_cadence": "prefill_schedule_interval",
+    "lora": "max_loras",
+    "encoder": "encoder_cache_size",
+}
+
+
+def check_gate_config(config: SchedulerConfig, supported: Container[str]) -> None:
+    """For a scheduler that implements only the ``supported`` gates: refuse a
+    config that turns another one on (ConfigError naming its field), rather
+    than schedule as if it were off."""
+    for gate in gates_of_config(config):
+        if gate not in supported:
+            raise ConfigError(
+                _GATE_FIELDS[gate],
+                f"turns on the {gate} admission gate, which this scheduler does not implement",
+            )
 
 
 def check_add(request: object, config: SchedulerConfig, *known: Container[str]) -> RequestSpec:
@@ -392,7 +431,9 @@ __all__ = [
     "check_add",
     "check_config",
     "check_drafts",
+    "check_gate_config",
     "check_gates",
+    "gates_of_config",
     "check_grammar_ready",
     "check_mm_lengths",
     "check_pause_state",

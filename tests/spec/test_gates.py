@@ -350,3 +350,20 @@ def test_encoder_inputs_enter_block_keys() -> None:
     assert entries(step(s)) == [("b", "new", 0, 9)]  # another image: no hit
     s.add(req("c", 9, max_tokens=1, mm_inputs=(MMInput(0, 2, "x"),)))
     assert entries(step(s)) == [("c", "new", 8, 1)]  # the same image: both blocks hit
+
+
+def test_a_clone_copies_the_gate_state() -> None:
+    # the model checker expands every transition on a clone
+    s = SpecScheduler(enc_cfg(prefill_schedule_interval=2, max_loras=1))  # type: ignore[arg-type]
+    s.add(req("a", 16, max_tokens=4, mm_inputs=(MMInput(2, 4, "x"), MMInput(8, 6, "y")), lora_id=1))
+    s.add(req("g", toks(100, 4), structured_output=True))
+    step(s)
+    c = s.clone()
+    before = s.view()
+    c.grammar_ready("g", ok=False)
+    c.set_pause_state(PauseState.PAUSED_NEW)
+    step(c)
+    step(c)
+    assert s.view() == before
+    assert c.view() != before
+    assert s.requests["g"].grammar is None and not s.grammar_errors

@@ -233,3 +233,16 @@ class TestRuleCatalogue:
         assert set(parse_required("all", ALL_MODES, ("encoder",))) == set(reachable_in(ALL_MODES, ("encoder",)))
         assert "with gates encoder" in rules_line({}, modes=("sync",), gates=("encoder",))
         assert "with gates" not in rules_line({}, modes=("sync",))
+
+
+def test_a_scheduler_without_a_gate_can_refuse_its_config() -> None:
+    from schedspec.spec.protocol import check_gate_config, gates_of_config
+
+    assert gates_of_config(SchedulerConfig()) == ()
+    on = SchedulerConfig(watermark=0.1, prefill_schedule_interval=2, max_loras=1, **ENCODER)  # type: ignore[arg-type]
+    assert gates_of_config(on) == ("watermark", "prefill_cadence", "lora", "encoder")
+    check_gate_config(SchedulerConfig(), ())
+    check_gate_config(on, ("watermark", "prefill_cadence", "lora", "encoder"))
+    with pytest.raises(ConfigError) as exc:
+        check_gate_config(on, ("watermark", "lora"))
+    assert exc.value.field == "prefill_schedule_interval"

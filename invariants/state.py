@@ -20,7 +20,8 @@ _QUEUED = (
 
 @state_invariant(
     "queues-match-status",
-    "Waiting holds exactly the WAITING/PREEMPTED requests, running exactly the RUNNING ones; "
+    "Waiting holds exactly the WAITING/PREEMPTED requests (and those waiting for a grammar), "
+    "running exactly the RUNNING ones; "
     "the queues are disjoint, without duplicates, and together hold every unfinished request.",
     "vllm/v1/core/sched/scheduler.py, Scheduler: add_request puts a request in self.waiting; "
     "schedule() moves it to self.running with status RUNNING; _preempt_request sets PREEMPTED and "

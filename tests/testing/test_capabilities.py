@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 
-from schedspec.check.capabilities import FULL, Capabilities, CapabilityError, capabilities_of
+from schedspec.check.capabilities import GATE_CAPABILITY_NAMES, FULL, Capabilities, CapabilityError, capabilities_of
 from schedspec.check.workload import Abort, AddRequest, ResetPrefixCache, random_workload
 from schedspec.invariants import CATALOGUE, BY_ID
 from schedspec.spec.interface import Policy, SchedulerConfig
@@ -62,7 +62,11 @@ def test_invariants_whose_premise_is_unsupported_are_skipped_with_the_reason() -
     assert why["long-prefill-threshold"] == "needs long_prefill_threshold"
     assert why["reset-prefix-cache"] == "needs reset_prefix_cache"
     assert BY_ID["token-budget"] in kept and len(kept) + len(skipped) == len(CATALOGUE)
-    assert FULL.split(CATALOGUE) == (CATALOGUE, ())
+    # the invariants of the admission gates need their gate; with every gate, nothing is skipped
+    gated = tuple(inv for inv in CATALOGUE if inv.requires & set(GATE_CAPABILITY_NAMES))
+    assert gated
+    assert FULL.split(CATALOGUE)[1] == tuple((inv.id, "needs " + ", ".join(sorted(inv.requires))) for inv in gated)
+    assert FULL.with_gates().split(CATALOGUE) == (CATALOGUE, ())
 
 
 def test_malformed_declarations_are_refused() -> None:

@@ -367,3 +367,16 @@ def test_a_clone_copies_the_gate_state() -> None:
     assert s.view() == before
     assert c.view() != before
     assert s.requests["g"].grammar is None and not s.grammar_errors
+
+
+def test_a_running_request_at_an_input_that_does_not_fit_is_skipped() -> None:
+    s = SpecScheduler(enc_cfg(long_prefill_token_threshold=8))  # type: ignore[arg-type]
+    s.add(req("a", 16, mm_inputs=(MMInput(8, 6, "y"),)))
+    s.add(req("b", toks(100, 16), mm_inputs=(MMInput(4, 8, "z"),)))
+    plan = step(s)
+    assert entries(plan) == [("a", "new", 0, 8), ("b", "new", 0, 8)]
+    assert [e.encoder_inputs for e in plan.scheduled] == [(), (0,)]  # z takes the whole budget
+    plan = step(s)
+    # a's chunk starts at y, and the cache is full of z, which b is still inside
+    assert entries(plan) == [("b", "running", 8, 8)]
+    assert s.rules["encoder.running_no_token"] == 1

@@ -119,7 +119,7 @@ def test_the_state_machine_runs_the_gates_on_the_spec() -> None:
     target = resolve("spec")
     tally = RunTally()
     machine = make_machine({"spec": target.factory}, capabilities=target.capabilities, tally=tally,
-                           check_invariants=False, name="GateMachine")
+                           name="GateMachine")
     run_state_machine_as_test(
         machine, settings=hsettings(max_examples=25, stateful_step_count=30, derandomize=True, deadline=None))
     total = tally.total

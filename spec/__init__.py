@@ -6,6 +6,8 @@ from schedspec.spec.interface import (
     BlockKey,
     ConfigError,
     KVView,
+    MMInput,
+    PauseState,
     Policy,
     ProtocolError,
     RequestError,
@@ -22,6 +24,8 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
     is_legal_transition,
+    supports_grammar,
+    supports_pause,
 )
 
 __all__ = [
@@ -30,6 +34,8 @@ __all__ = [
     "BlockKey",
     "ConfigError",
     "KVView",
+    "MMInput",
+    "PauseState",
     "Policy",
     "ProtocolError",
     "RequestError",
@@ -46,6 +52,8 @@ __all__ = [
     "StepResult",
     "SchedulerFactory",
     "is_legal_transition",
+    "supports_grammar",
+    "supports_pause",
 ]
 
 from schedspec.spec.scheduler import SpecScheduler  # noqa: E402

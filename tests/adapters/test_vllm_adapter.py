@@ -943,3 +943,25 @@ class TestGates:
         assert [(x.request_id, x.num_scheduled_tokens, x.encoder_inputs) for x in plan.scheduled] == [("b", 1, ())]
         # its entry was allocated, then released by the preemption: cached, freeable
         assert p.view().encoder_cache == {"A": 4}
+
+    def test_cadence_restarted_by_a_victim_scheduled_in_the_step(self) -> None:
+        # PRIORITY, cadence 2: at the release step 4 "a" (low priority) gets
+        # its prefill chunk first, then "b"'s decode finds the pool empty and
+        # preempts it. No prefill runs in step 4, yet vLLM stamps it as the
+        # last prefill step (schedule: prefill_scheduled is set when "a" is
+        # scheduled and not cleared when it is preempted), so the next prefill
+        # is held until step 6 rather than 5. The spec does the same
+        # (docs/divergences.md).
+        cfg = SchedulerConfig(block_size=2, num_blocks=11, max_num_batched_tokens=8, max_num_seqs=4,
+                              max_model_len=20, long_prefill_token_threshold=4, policy=Policy.PRIORITY,
+                              scheduler_reserve_full_isl=False, prefill_schedule_interval=2)
+        p = Pair(cfg)
+        p.add(req("a", range(18), max_tokens=2, priority=1))
+        assert shape(p.step()) == [("a", 8)]
+        p.add(req("b", range(100, 103), max_tokens=8, priority=0, arrival=1))
+        assert shape(p.step()) == [("a", 4), ("b", 3)]
+        assert shape(p.step()) == [("b", 1)]  # held: a's chunk waits
+        plan = p.step()
+        assert shape(plan) == [("b", 1)] and plan.preempted_ids == ("a",)
+        v = p.view()
+        assert (v.num_executed_steps, v.last_prefill_step) == (4, 4)

@@ -426,9 +426,18 @@ class Runner:
         """Whether vLLM's engine core would find no work (EngineCore.has_work:
         no plan in flight, nothing finished left to report, no unfinished
         request as Scheduler.get_num_unfinished_requests counts them under
-        the pause state), judged on the first scheduler's view."""
+        the pause state), judged on the first scheduler's view.
+
+        With async scheduling an empty plan in flight counts as none: vLLM's
+        engine core schedules nothing when its scheduler has no request
+        (EngineCore.step_with_batch_queue) and only drains its batch queue,
+        where the driver schedules empty plans (a reset may come with one
+        plan in flight, never two)."""
         if self.pending:
-            return False
+            if not self.config.async_scheduling or len(self.pending) > 1:
+                return False
+            if any(p.plans[self.names[0]].scheduled for p in self.pending):
+                return False
         self._where = (self.names[0], "view")
         view = self.views.get(self.names[0]) if self.need_views else None
         view = view or self.primary.view()

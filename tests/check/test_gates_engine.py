@@ -486,3 +486,17 @@ def test_a_view_difference_names_the_gate_fields_and_the_request_fields() -> Non
     text = describe_difference("view()", "spec", a, "mine", b)
     assert "pause_state: spec=<PauseState.UNPAUSED: 0> mine=<PauseState.PAUSED_ALL: 2>" in text
     assert "request a: num_computed_tokens: spec=3 mine=1" in text
+
+
+def test_with_async_scheduling_the_clear_comes_once_only_an_empty_plan_is_in_flight() -> None:
+    cfg = dataclasses.replace(CFG, async_scheduling=True)
+    runner = Runner(cfg, {"rec": Recording, "spec": SpecScheduler})
+    sched = runner.primary
+    assert isinstance(sched, Recording)
+    assert runner.run([AddRequest(_req("a", max_tokens=8)), Step(), Step(), Pause("all", clear_cache=True)]) is None
+    assert ("reset", True) not in sched.calls  # a plan that schedules a is in flight
+    assert runner.run([Step()]) is None  # the engine drains it (an empty plan goes in flight)
+    assert sched.calls[-1] == ("reset", True) and runner.stats.cache_clears == 1
+    assert "a" not in runner.primary.view().running  # the reset preempted it
+    assert runner.run([Resume()]) is None
+    assert runner.run_to_completion([]) is None and "a" in runner.finished

@@ -965,3 +965,19 @@ class TestGates:
         assert shape(plan) == [("b", 1)] and plan.preempted_ids == ("a",)
         v = p.view()
         assert (v.num_executed_steps, v.last_prefill_step) == (4, 4)
+
+    def test_encoder_budget_cuts_a_chunk_with_chunked_prefill_off(self) -> None:
+        from schedspec.spec.interface import MMInput
+
+        # chunked prefill off only refuses a prompt beyond the token budget
+        # (schedule, WAITING loop); the encoder's cut comes after it
+        # (_try_schedule_encoder_inputs) and still makes a partial chunk
+        cfg = SchedulerConfig(block_size=4, num_blocks=30, max_num_batched_tokens=32, max_num_seqs=4,
+                              max_model_len=32, enable_chunked_prefill=False,
+                              max_num_encoder_input_tokens=6, encoder_cache_size=10)
+        p = Pair(cfg)
+        p.add(req("a", range(16), mm_inputs=(MMInput(2, 4, "x"), MMInput(8, 4, "y"))))
+        (x,) = p.step().scheduled
+        assert (x.num_scheduled_tokens, x.encoder_inputs, x.samples) == (8, (0,), False)
+        (x,) = p.step().scheduled
+        assert (x.num_computed_tokens, x.num_scheduled_tokens, x.encoder_inputs) == (8, 8, (1,))

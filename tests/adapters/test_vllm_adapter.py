@@ -981,3 +981,12 @@ class TestGates:
         assert (x.num_scheduled_tokens, x.encoder_inputs, x.samples) == (8, (0,), False)
         (x,) = p.step().scheduled
         assert (x.num_computed_tokens, x.num_scheduled_tokens, x.encoder_inputs) == (8, 8, (1,))
+
+    def test_vllm_and_its_scheduler_classes_declare_every_gate(self, vllm_loaded: Any) -> None:
+        from schedspec.adapters.registry import resolve
+        from schedspec.adapters.vllm_adapter import capabilities_of_class
+        from schedspec.check.workload import GATES
+
+        assert resolve("vllm").capabilities.gates() == GATES
+        assert capabilities_of_class(vllm_loaded.Scheduler).gates() == GATES
+        assert capabilities_of_class(vllm_loaded.AsyncScheduler).gates() == GATES

@@ -18,7 +18,7 @@ from typing import Any
 from schedspec.adapters.registry import AdapterError, Target, import_class, resolve
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.gate import missing_rules_message, resolve_selection
-from schedspec.check.workload import GATES, MODES
+from schedspec.check.workload import GATE_CAPABILITIES, GATES, MODES
 from schedspec.check.workload import mode_of as config_mode
 from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, positive_int
 from schedspec.invariants import Selection
@@ -139,9 +139,10 @@ def explored_modes(spaces: Sequence[Space]) -> tuple[str, ...]:
 
 
 def explored_gates(spaces: Sequence[Space]) -> tuple[str, ...]:
-    """The admission gates the spaces exercise, in GATES order."""
+    """The admission gates the spaces exercise, in GATES order, by their
+    capability names (what spec/rule_names.py's rules list)."""
     found = {g for s in spaces for g in s.gates()}
-    return tuple(g for g in GATES if g in found)
+    return tuple(GATE_CAPABILITIES[g] for g in GATES if g in found)
 
 
 def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, gates: tuple[str, ...] = ()) -> str:
@@ -166,10 +167,8 @@ def required_rules(text: str | None, modes: tuple[str, ...] = EXPLORED_MODES,
                    gates: tuple[str, ...] = ()) -> tuple[str, ...]:
     if text is None:
         return ()
-    if text.strip() == "all":
-        return reachable_in(modes, gates)
     try:
-        return rule_coverage.parse_required(text, modes)
+        return rule_coverage.parse_required(text, modes, gates)
     except ValueError as exc:
         raise UsageError(f"--require-rules: {exc}") from None
 
@@ -227,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _report_success(result, use_impl, args.against)
     rules = result.rules
-    print(rule_coverage.format_table(rules) if args.rules else rules_line(rules, modes, gates))
+    print(rule_coverage.format_table(rules, modes=modes, gates=gates) if args.rules else rules_line(rules, modes, gates))
     missing = rule_coverage.unreached(rules, required)
     if missing:
         print(f"FAILED: {missing_rules_message(missing)}")
@@ -265,4 +264,5 @@ def _report_success(result: BoundResult, use_impl: bool, against: str | None) ->
     what = "completely explored" if total.complete else "explored up to --max-states (partial)"
     print(f"OK: {result.states:,} states and {result.transitions:,} transitions {what}: every invariant held, "
           "no deadlock" + (", plans and views of ImplScheduler equal to the spec's" if use_impl else "")
+          + (" (in the spaces it supports)" if use_impl and any(r.note for r in result.spaces) else "")
           + (f"; {against} took all {result.transitions:,} transitions" if against else ""))

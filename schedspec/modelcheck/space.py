@@ -313,36 +313,41 @@ def _modes_large() -> Bound:
 # one prompt under two LoRA adapters (never sharing a block; two LA share);
 # G waits for its grammar, which refuses token 0; Gs refuses 3, which a
 # draft made wrong on purpose often is (and the sampler never is); M and X
-# carry encoder inputs: M one image at prompt positions 1-2, X two images at
+# carry encoder inputs: M one image twice, at prompt positions 1 and 2 (the
+# second a duplicate of the first in one step), X two images at
 # 0-1 and 2-3, so that a budget of 2 embeddings cuts X's chunk before its
 # second one and a request ahead in the running queue can take the budget
 # from X's next chunk (two M, or two X, share their cache entries and
 # blocks; an M and an X share neither); Z asks for more tokens than
 # max_model_len leaves it, so an async step in flight can leave it no token
-# to schedule.
+# to schedule; K is a prompt no other shape shares a block with, long
+# enough to be chunked while E decodes (so the cadence holds a running chunk).
 _LA = Shape("LA", (1, 2, 3), 2, lora_id=1)
 _LB = Shape("LB", (1, 2, 3), 2, lora_id=2)
 _G = Shape("G", (1, 2), 2, structured_output=True, grammar_rejects=(0,))
 _Gs = Shape("G", (1, 2), 3, structured_output=True, grammar_rejects=(3,))
-_M = Shape("M", (1, 2, 3, 0), 2, mm_inputs=(MMInput(1, 2, "img-m"),))
+_M = Shape("M", (1, 2, 3, 0), 2, mm_inputs=(MMInput(1, 1, "img-m"), MMInput(2, 1, "img-m")))
 _X = Shape("X", (1, 2, 3, 0), 1, mm_inputs=(MMInput(0, 2, "img-a"), MMInput(2, 2, "img-b")))
 _Z = Shape("Z", (1, 2, 3), 4)
+_K = Shape("K", (0, 1, 3, 2), 2)
 
 
 def _gates() -> Bound:
-    # One space per gate (two for pause: sync and async; two for structured
-    # outputs: grammar reports, and refused drafts), each in the tight pool
-    # where the gate binds: the watermark keeps 1 of 4 blocks free; the
+    # One space per gate (two for the watermark: with and without the
+    # full-sequence reserve; two for pause: sync and async; two for
+    # structured outputs: grammar reports, and refused drafts), each in the
+    # tight pool where the gate binds: the watermark keeps 1 of 4 blocks; the
     # prefill cadence of 2 holds prompts while a request decodes; pause and
     # resume (new / all, with and without the cache clear) come at any
     # point; one adapter per step for two; grammars compile or fail at any
     # point; the encoder budget and cache hold one image of 2 embeddings.
     tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
     return Bound("gates", (
-        _space("fcfs-watermark-tight", (_A, _B), 2, watermark=0.25, **tight),
-        _space("fcfs-cadence2-tight", (_A, _B), 2, prefill_schedule_interval=2, **tight),
-        _space("fcfs-pause-tight", (_A2, _E), 2, pauses=True, **tight),
-        _space("async-pause-1req", (_A2, _E), 1, pauses=True, async_scheduling=True, **tight),
+        _space("fcfs-watermark-tight", (_A2, _E), 2, watermark=0.25, **tight),
+        _space("fcfs-watermark-noreserve", (_A, _B), 2, watermark=0.25, scheduler_reserve_full_isl=False, **tight),
+        _space("fcfs-cadence2-tight", (_E, _K), 2, prefill_schedule_interval=2, **tight),
+        _space("fcfs-pause-tight", (_A2,), 2, pauses=True, **tight),
+        _space("async-pause-1req", (_Ps,), 1, pauses=True, async_scheduling=True, **tight),
         _space("lora1-2adapters-tight", (_LA, _LB), 2, max_loras=1, **tight),
         _space("fcfs-grammar-tight", (_G, _A2), 2, **tight),
         _space("spec2-grammar-prefix", (_Gs, _D), 2, acceptance="prefix", num_speculative_tokens=2, **tight),

@@ -818,14 +818,15 @@ class GateRequests:
 
         rng = self.rng
         out = []
-        pos = rng.randint(0, max(0, prompt_len - 1 if self.p_images > 0.5 else prompt_len // 3))
-        for _ in range(rng.choice((1, 1, 2, 3))):
+        dense = self.p_images > 0.5  # a focus on encoder rules: images all along the prompt
+        pos = rng.randint(0, max(0, prompt_len // 4 if dense else prompt_len // 3))
+        for _ in range(rng.choice((2, 3, 4, 6) if dense else (1, 1, 2, 3))):
             ident = rng.choice(sorted(self.images))
             length = self.images[ident]
             if pos + length > prompt_len:
                 break
             out.append(MMInput(pos, length, ident))
-            pos += length + rng.choice((0, 1, 2, self.config.block_size))
+            pos += length + rng.choice((0, 1, 2) if dense else (0, 1, 2, self.config.block_size))
         return tuple(out)
 
     def forget(self, request_id: str) -> None:

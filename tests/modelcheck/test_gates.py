@@ -13,10 +13,11 @@ import pytest
 
 from schedspec.adapters.registry import resolve
 from schedspec.check import trace as tracefile
+from schedspec.check.capabilities import Capabilities
 from schedspec.check.workload import GATES, Schedule
 from schedspec.cli.main import main
 from schedspec.invariants import CATALOGUE
-from schedspec.modelcheck import BoundResult, Expander, Explorer, bound, check_bound
+from schedspec.modelcheck import BoundResult, Expander, Explorer, bound, check_bound, expected_memory
 from schedspec.modelcheck.coverage import GATE_COVERAGE
 from schedspec.modelcheck.events import STEP
 from schedspec.modelcheck.model import MemoModel
@@ -52,6 +53,8 @@ def _space(bound_name: str, name: str) -> Space:
 class AdmitsWhilePaused(SpecScheduler):
     """Admits waiting requests under PAUSED_NEW as if unpaused (the view still
     reports the pause): the invariant ``paused-admits-nothing`` catches it."""
+
+    CAPABILITIES = Capabilities(async_scheduling=True).with_gates()
 
     def schedule(self) -> StepPlan:
         saved = self.pause_state
@@ -112,9 +115,18 @@ def test_the_gate_state_is_part_of_the_fingerprint() -> None:
     resume = ex.alphabet.first_pause + 4
     s3 = ex.apply(s2.state, resume, s2.view, {}, s2.adds)
     assert s3.fingerprint == s1.fingerprint  # resumed: the state it was
-    # a pause with a cache clear waits for the idle engine: another state
+    # a pause with a cache clear: at once on an idle engine (PAUSED_NEW with
+    # only a request that holds nothing), else once the running ones drain
     s4 = ex.apply(s1.state, pause + 1, s1.view, {}, s1.adds)
-    assert s4.clear and s4.fingerprint != s2.fingerprint
+    assert not s4.clear and s4.fingerprint == s2.fingerprint
+    r1 = ex.apply(s1.state, STEP, s1.view, {}, s1.adds)
+    assert r1.view.running
+    r2 = ex.apply(r1.state, pause + 1, r1.view, expected_memory(r1.view), r1.adds)
+    assert r2.clear and r2.fingerprint != ex.apply(r1.state, pause, r1.view, {}, r1.adds).fingerprint
+    r = r2
+    while r.clear:
+        r = ex.apply(r.state, STEP, r.view, expected_memory(r.view), r.adds, clear=r.clear)
+    assert not r.view.running and not r.view.kv.block_keys  # drained, then the cache cleared
     # a grammar reported is another state than one still compiling
     gx = Expander(_space("gates", "fcfs-grammar-tight"))
     groot = gx.root()

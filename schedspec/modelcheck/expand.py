@@ -832,14 +832,14 @@ class Expander:
         do not know (a pause event, a grammar report) has its after-state
         checked (its state invariants) when ``state_too``."""
         if kind in ALL_KINDS:
-            self._check(cast(TransitionKind, kind), before, after, state_too, **kw)
+            self._check(kind, before, after, state_too, **kw)
         elif state_too:
             self._check_state(after)
 
     def _tcheck_kind(self, kind: str, before: SchedulerView, after: SchedulerView, **kw: Any) -> None:
         """As _check_kind, on the scheduler under test (invariants mode)."""
         if kind in ALL_KINDS:
-            self._tcheck(cast(TransitionKind, kind), before, after, **kw)
+            self._tcheck(kind, before, after, **kw)
             return
         assert self.tchecker is not None
         found = self.tchecker.check_state(after)

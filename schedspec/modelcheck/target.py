@@ -38,9 +38,11 @@ scheduler is copied is decided once, on a fresh instance, fastest first
 from __future__ import annotations
 
 import copy
+import copyreg
 import pickle
 import types
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -120,8 +122,44 @@ def shared_objects(root: object, limit: int = 200_000) -> dict[int, object]:
     return shared
 
 
+def _future_copy(f: Future[Any]) -> tuple[Any, ...]:
+    """How a deepcopy copies a ``concurrent.futures.Future`` (it holds a lock
+    and so has no copy of its own): a new Future in the same state, pending,
+    cancelled, failed or done with a copy of its result. vLLM keeps a
+    structured-output request's grammar in one while it compiles."""
+    if not f.done():
+        return (Future, ())
+    if f.cancelled():
+        return (_cancelled_future, ())
+    exc = f.exception()
+    if exc is not None:
+        return (_failed_future, (exc,))
+    return (_done_future, (f.result(),))
+
+
+def _cancelled_future() -> Future[Any]:
+    f: Future[Any] = Future()
+    f.cancel()
+    return f
+
+
+def _failed_future(exc: BaseException) -> Future[Any]:
+    f: Future[Any] = Future()
+    f.set_exception(exc)
+    return f
+
+
+def _done_future(value: Any) -> Future[Any]:
+    f: Future[Any] = Future()
+    f.set_result(value)
+    return f
+
+
 def deep_copy(sched: object, shared: dict[int, object]) -> Any:
-    """``copy.deepcopy`` with the objects in ``shared`` shared."""
+    """``copy.deepcopy`` with the objects in ``shared`` shared (and each
+    Future copied in its state: _future_copy)."""
+    if copyreg.dispatch_table.get(Future) is None:
+        copyreg.pickle(Future, _future_copy)
     return copy.deepcopy(sched, dict(shared))
 
 

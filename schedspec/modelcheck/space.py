@@ -303,7 +303,7 @@ def _modes_large() -> Bound:
         # flight at position max_model_len - 1 a step has no token for it
         # (the RUNNING loop's skip of a request with nothing to compute).
         _space("spec2-prefix-fcfs-tight", (_A2, _D), 2, acceptance="prefix", num_speculative_tokens=2, **tight),
-        _space("async-spec2-prefix-fcfs-1req", (_Ps, _Ds), 1, acceptance="prefix", async_scheduling=True,
+        _space("async-spec2-prefix-fcfs-1req", (_A, _D), 1, acceptance="prefix", async_scheduling=True,
                num_speculative_tokens=2, **tight),
         _space("async-long-1req", (_Z,), 1, async_scheduling=True, **tight),
     ))

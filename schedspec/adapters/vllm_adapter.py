@@ -547,7 +547,8 @@ class _Grammar:
         if self.rejects:
             bits = row.numpy().view("uint32")
             for t in self.rejects:
-                bits[t >> 5] &= ~(1 << (t & 31)) & 0xFFFFFFFF
+                if 0 <= t >> 5 < len(bits):  # an id past the vocabulary is never sampled anyway
+                    bits[t >> 5] &= ~(1 << (t & 31)) & 0xFFFFFFFF
 
     def is_terminated(self) -> bool:
         return False

@@ -990,3 +990,15 @@ class TestGates:
         assert resolve("vllm").capabilities.gates() == GATES
         assert capabilities_of_class(vllm_loaded.Scheduler).gates() == GATES
         assert capabilities_of_class(vllm_loaded.AsyncScheduler).gates() == GATES
+
+    def test_the_modelled_grammar(self, vllm_loaded: Any) -> None:
+        from schedspec.adapters.vllm_adapter import _Grammar
+
+        g = _Grammar((5, 40, 95, 10**6))
+        assert g.validate_tokens([1, 2, 40, 3]) == [1, 2] and g.validate_tokens([1, 2]) == [1, 2]
+        assert g.accept_tokens("r", [1, 2]) and not g.accept_tokens("r", [2, 5])
+        bitmask = vllm_loaded.torch.full((2, 3), -1, dtype=vllm_loaded.torch.int32)
+        g.fill_bitmask(bitmask, 1)  # one bit cleared per refused id in the vocabulary
+        assert bitmask[0].tolist() == [-1, -1, -1]
+        assert [int(w) for w in bitmask[1].numpy().view("uint32")] == [
+            0xFFFFFFFF ^ (1 << 5), 0xFFFFFFFF ^ (1 << 8), 0xFFFFFFFF ^ (1 << 31)]

@@ -16,6 +16,9 @@ from schedspec.check.workload import GATES, GrammarReady, Pause, Step, Workload,
 from schedspec.cli.main import main
 from schedspec.spec.interface import RequestSpec, SchedulerConfig
 
+#: a scheduler that declares no capabilities: the spec's class named as a user's (no gate, no async)
+PLAIN = "schedspec.spec.scheduler:SpecScheduler"
+
 CFG = SchedulerConfig(block_size=2, num_blocks=17, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=24)
 
 
@@ -32,13 +35,13 @@ def test_a_bad_gate_exits_2_naming_it(tmp_path: Path) -> None:
 
 
 def test_a_gate_the_scheduler_lacks_exits_2_naming_it(tmp_path: Path) -> None:
-    rc, out = run(["check", "--against", "impl", "--gates", "lora,pause", "--steps", "10", "--quiet",
+    rc, out = run(["check", "--against", PLAIN, "--gates", "lora,pause", "--steps", "10", "--quiet",
                    "--out", str(tmp_path)])
-    assert rc == 2 and "--gates: impl does not support the gate(s) lora, pause" in out
+    assert rc == 2 and f"--gates: {PLAIN} does not support the gate(s) lora, pause" in out
 
 
 def test_a_scheduler_without_gates_checks_as_before(tmp_path: Path) -> None:
-    rc, out = run(["check", "--against", "impl", "--steps", "100", "--quiet", "--out", str(tmp_path),
+    rc, out = run(["check", "--against", PLAIN, "--steps", "100", "--quiet", "--out", str(tmp_path),
                    "--json", str(tmp_path / "s.json")])
     assert rc == 0, out
     assert "gates: none" in out
@@ -88,11 +91,11 @@ def test_replay_against_a_scheduler_without_gates_skips_the_gated_traces(tmp_pat
     corpus.mkdir()
     _gated_trace(corpus / "gated.jsonl")
     shutil.copy(next(Path("vectors/spec").glob("*.jsonl")), corpus / "plain.jsonl")
-    rc, out = run(["replay", str(corpus), "--against", "impl"])
+    rc, out = run(["replay", str(corpus), "--against", PLAIN])
     assert rc == 0, out
-    assert "SKIPPED" in out and "outside --gates all of impl's: none" in out and "OK: replayed 1 traces" in out
-    # one gated trace named alone: refused, naming what impl lacks
-    rc, out = run(["replay", str(corpus / "gated.jsonl"), "--against", "impl"])
+    assert "SKIPPED" in out and f"outside --gates all of {PLAIN}'s: none" in out and "OK: replayed 1 traces" in out
+    # one gated trace named alone: refused, naming what the scheduler lacks
+    rc, out = run(["replay", str(corpus / "gated.jsonl"), "--against", PLAIN])
     assert rc == 2 and "does not support what the trace uses" in out
-    rc, out = run(["replay", str(corpus), "--against", "impl", "--gates", "pause"])
-    assert rc == 2 and "--gates: impl does not support the gate(s) pause" in out
+    rc, out = run(["replay", str(corpus), "--against", PLAIN, "--gates", "pause"])
+    assert rc == 2 and f"--gates: {PLAIN} does not support the gate(s) pause" in out

@@ -66,6 +66,12 @@ class Pause:
     mode: str = "new"
     clear_cache: bool = False
 
+    def __post_init__(self) -> None:
+        if self.mode not in PAUSE_MODES:
+            raise ValueError(f"Pause.mode must be one of {', '.join(PAUSE_MODES)}, got {self.mode!r}")
+        if not isinstance(self.clear_cache, bool):
+            raise ValueError(f"Pause.clear_cache must be a boolean, got {self.clear_cache!r}")
+
 
 @dataclass(frozen=True)
 class Resume:
@@ -80,6 +86,12 @@ class GrammarReady:
 
     request_id: str
     ok: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"GrammarReady.request_id must be a non-empty string, got {self.request_id!r}")
+        if not isinstance(self.ok, bool):
+            raise ValueError(f"GrammarReady.ok must be a boolean, got {self.ok!r}")
 
 
 @dataclass(frozen=True)

@@ -500,3 +500,14 @@ def test_with_async_scheduling_the_clear_comes_once_only_an_empty_plan_is_in_fli
     assert "a" not in runner.primary.view().running  # the reset preempted it
     assert runner.run([Resume()]) is None
     assert runner.run_to_completion([]) is None and "a" in runner.finished
+
+
+def test_malformed_gate_events_are_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="Pause.mode must be one of new, all, got 'later'"):
+        Pause("later")
+    with pytest.raises(ValueError, match="Pause.clear_cache must be a boolean"):
+        Pause("new", 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="GrammarReady.request_id must be a non-empty string"):
+        GrammarReady("")
+    with pytest.raises(ValueError, match="GrammarReady.ok must be a boolean"):
+        GrammarReady("g", None)  # type: ignore[arg-type]

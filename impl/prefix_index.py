@@ -8,6 +8,15 @@ the pair ``(key node of block i - 1, the block's own tokens)`` (for block 0:
 exactly when their salts and full prefixes are equal (induction on i), so the
 index behaves like the spec's, at O(block_size) per block.
 
+A block key's identity part (RequestSpec.block_identity: the salt, the LoRA
+adapter, the encoder inputs starting before the block's end) is the root of
+the chain, and it can only grow along a request's blocks: where it changes
+(an encoder input starts inside block i, i >= 1), block i's parent is the
+pair ``(node of block i - 1, new identity)`` instead of the bare node. Two
+such keys are equal exactly when the prefixes and the new identities are; a
+marked key never equals an unmarked one of an equal prefix, whose identity
+did not change there.
+
 A node lives while it has holders (blocks registered under it) or children
 (nodes whose parent it is); it is dropped when both reach zero, so the intern
 table never outgrows the cache. ``holders`` lists the blocks registered under
@@ -28,13 +37,13 @@ from schedspec.spec.interface import BlockKey
 class KeyNode:
     __slots__ = ("ikey", "holders", "refs")
 
-    def __init__(self, ikey: tuple[Union["KeyNode", str], tuple[int, ...]], block: int) -> None:
+    def __init__(self, ikey: tuple["Parent", tuple[int, ...]], block: int) -> None:
         self.ikey = ikey  # (parent node or salt, this block's tokens)
         self.holders: list[int] = [block]
         self.refs = 1  # len(holders) + number of child nodes
 
     @property
-    def parent(self) -> Union["KeyNode", str]:
+    def parent(self) -> "Parent":
         return self.ikey[0]
 
     @property
@@ -44,17 +53,38 @@ class KeyNode:
     def full_key(self) -> BlockKey:
         """The spec's BlockKey of this node (slow; for views)."""
         chunks: list[tuple[int, ...]] = []
-        node: KeyNode | str = self
-        while isinstance(node, KeyNode):
+        identity: str | None = None
+        node: KeyNode = self
+        while True:
             chunks.append(node.tokens)
-            node = node.parent
+            parent = node.ikey[0]
+            if isinstance(parent, KeyNode):
+                node = parent
+            elif isinstance(parent, tuple):
+                if identity is None:
+                    identity = parent[1]  # the nearest change is the block's identity
+                node = parent[0]
+            else:
+                if identity is None:
+                    identity = parent
+                break
         toks: list[int] = []
         for c in reversed(chunks):
             toks.extend(c)
-        return (node, tuple(toks))
+        return (identity, tuple(toks))
 
 
-Parent = Union[KeyNode, str]
+#: A key's parent: the previous block's node, the chain's root identity, or
+#: the previous node with the identity that changes at this block.
+Parent = Union[KeyNode, str, tuple[KeyNode, str]]
+
+
+def _parent_node(parent: Parent) -> KeyNode | None:
+    if isinstance(parent, KeyNode):
+        return parent
+    if isinstance(parent, tuple):
+        return parent[0]
+    return None
 
 
 class PrefixIndex:
@@ -81,8 +111,9 @@ class PrefixIndex:
         if node is None:
             node = KeyNode(ikey, block)
             self.intern[ikey] = node
-            if isinstance(parent, KeyNode):
-                parent.refs += 1
+            up = _parent_node(parent)
+            if up is not None:
+                up.refs += 1
         else:
             node.holders.append(block)
             node.refs += 1
@@ -114,6 +145,21 @@ class PrefixIndex:
             block_node[block] = node
             parent = node
 
+    def register_marked(
+        self, blocks: list[int], start: int, parent: Parent, chunks: list[tuple[int, ...]],
+        marks: dict[int, str],
+    ) -> None:
+        """``register_chain`` for a request whose identity changes at the
+        block indices of ``marks`` (index -> the identity from that block on)."""
+        j = start
+        for tokens in chunks:
+            mark = marks.get(j)
+            if mark is not None and j > 0:
+                assert isinstance(parent, KeyNode)
+                parent = (parent, mark)
+            parent = self.register(blocks[j], parent, tokens)
+            j += 1
+
     def evict(self, block: int) -> None:
         """Drop the key of ``block`` (which has one)."""
         node = self.block_node[block]
@@ -123,11 +169,11 @@ class PrefixIndex:
         node.refs -= 1
         while node.refs == 0:
             del self.intern[node.ikey]
-            parent = node.ikey[0]
-            if not isinstance(parent, KeyNode):
+            up = _parent_node(node.ikey[0])
+            if up is None:
                 break
-            parent.refs -= 1
-            node = parent
+            up.refs -= 1
+            node = up
 
     def copy(self) -> "PrefixIndex":
         """An independent index in the same state (nodes copied, parents
@@ -139,6 +185,8 @@ class PrefixIndex:
         for (parent, tokens), node in self.intern.items():
             if isinstance(parent, KeyNode):
                 parent = remap[id(parent)]
+            elif isinstance(parent, tuple):
+                parent = (remap[id(parent[0])], parent[1])
             ikey = (parent, tokens)
             n: KeyNode = object.__new__(KeyNode)
             n.ikey = ikey

@@ -41,6 +41,7 @@ from typing import Any, Union
 from schedspec.spec.interface import (
     BlockKey,
     KVView,
+    PauseState,
     Policy,
     RequestSpec,
     RequestStatus,
@@ -57,6 +58,10 @@ from schedspec.spec.protocol import (
     check_abort,
     check_add,
     check_config,
+    check_gate_config,
+    check_grammar_ready,
+    check_mm_lengths,
+    check_pause_state,
     check_reset,
     check_sampled,
     check_schedule,
@@ -64,8 +69,9 @@ from schedspec.spec.protocol import (
     is_token_ids,
 )
 
+from schedspec.impl.encoder_cache import EncoderCache
 from schedspec.impl.free_queue import FreeBlockQueue
-from schedspec.impl.prefix_index import KeyNode, PrefixIndex
+from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
 from schedspec.impl.queues import FcfsWaiting, PriorityWaiting, VictimHeap
 
 _WAITING = RequestStatus.WAITING
@@ -74,6 +80,10 @@ _PREEMPTED = RequestStatus.PREEMPTED
 _STOPPED = RequestStatus.FINISHED_STOPPED
 _LENGTH = RequestStatus.FINISHED_LENGTH_CAPPED
 _ABORTED = RequestStatus.FINISHED_ABORTED
+_ERROR = RequestStatus.FINISHED_ERROR
+_GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+_PAUSED_NEW = PauseState.PAUSED_NEW
+_PAUSED_ALL = PauseState.PAUSED_ALL
 _K_NEW = ScheduleKind.NEW
 _K_RESUMED = ScheduleKind.RESUMED
 _K_RUNNING = ScheduleKind.RUNNING
@@ -161,6 +171,12 @@ class _Req:
         "wseq",
         "run_seq",
         "drop_stale",
+        # the admission gates
+        "lora",
+        "grammar",
+        "rejects",
+        "mm",
+        "marks",
     )
 
     def __init__(
@@ -191,7 +207,9 @@ class _Req:
         # past the table's slots, or filling the next block to key.
         self.edge = 1
         self.npreempt = 0
-        self.salt = spec.cache_salt or ""
+        # the root of the block keys' chain: the salt, or the identity with
+        # the LoRA adapter and the encoder inputs of block 0
+        self.salt = spec.block_identity(block_size)
         self.priority = spec.priority
         self.arrival = spec.arrival
         stop = set(spec.stop_token_ids)
@@ -221,6 +239,20 @@ class _Req:
         # skip of a request whose steps in flight surely finish it
         self.max_end = self.plen + spec.max_tokens
         self.prev_pchunk = False  # is_prefill_chunk before this step's plan
+        # The admission gates: the LoRA adapter (0: none); the grammar (None
+        # while it compiles, then whether it compiled) and the tokens it
+        # refuses; the encoder inputs and, for the block keys, the block
+        # indices (>= 1) where the identity changes, with the new identity.
+        self.lora = spec.lora_id
+        self.grammar: bool | None = None
+        self.rejects: frozenset[int] = frozenset(spec.grammar_rejects)
+        self.mm = spec.mm_inputs
+        marks: dict[int, str] = {}
+        for m in spec.mm_inputs:
+            i = m.offset // block_size
+            if i > 0:
+                marks[i] = spec.block_identity((i + 1) * block_size)
+        self.marks = marks
 
     def copy(self) -> "_Req":
         """An independent copy (the lists copied, immutable values shared)."""
@@ -256,6 +288,11 @@ class _Req:
         n.pchunk = self.pchunk
         n.max_end = self.max_end
         n.prev_pchunk = self.prev_pchunk
+        n.lora = self.lora
+        n.grammar = self.grammar
+        n.rejects = self.rejects
+        n.mm = self.mm
+        n.marks = self.marks
         return n
 
     @property
@@ -277,7 +314,7 @@ class _Req:
             bt = self.btuple = tuple(self.blocks)
         return bt
 
-    def view(self) -> RequestView:
+    def view(self, cadence: bool = False) -> RequestView:
         return RequestView.of(
             self.spec,
             status=self.status,
@@ -287,6 +324,7 @@ class _Req:
             num_preemptions=self.npreempt,
             num_output_placeholders=self.ph,
             spec_token_ids=self.drafts,
+            is_prefill_chunk=cadence and self.pchunk,
         )
 
     def seq(self, a: int, b: int, drafts: tuple[int, ...]) -> tuple[int, ...]:
@@ -304,10 +342,16 @@ Waiting = Union[FcfsWaiting[_Req], PriorityWaiting[_Req]]
 
 
 class ImplScheduler:
-    """Implements spec.interface.Scheduler."""
+    """Implements spec.interface.Scheduler, with the optional
+    ``set_pause_state`` and ``grammar_ready``."""
+
+    #: The admission gates implemented, by capability name
+    #: (spec/protocol.py, gates_of_config).
+    GATES: tuple[str, ...] = ("watermark", "prefill_cadence", "pause", "lora", "structured_output", "encoder")
 
     def __init__(self, config: SchedulerConfig) -> None:
         self._config = config = check_config(config)
+        check_gate_config(config, self.GATES)
         self._bs = config.block_size
         self._mml = config.max_model_len
         self._caching = config.enable_prefix_caching
@@ -348,6 +392,31 @@ class ImplScheduler:
         # One frozenset per distinct stop set, shared by the requests that
         # have it (a cache of immutable values: clones share it too).
         self._stop_sets: dict[frozenset[int], frozenset[int]] = {}
+        # The admission gates. A config that turns one on takes the gated
+        # path (_schedule_gated, and _update_general's gate rules) from the
+        # start; a pause state or a request with a grammar moves a scheduler
+        # to it at its next schedule(), when no plan is in flight.
+        self._gated = bool(
+            config.watermark_blocks or config.prefill_schedule_interval > 1
+            or config.max_loras or config.has_encoder
+        )
+        self._to_gated = False
+        if self._gated:
+            self._general = True
+        self._pause = PauseState.UNPAUSED
+        self._watermark = config.watermark_blocks
+        self._max_loras = config.max_loras
+        # the prefill cadence (vLLM's Scheduler fields of these names)
+        self._interval = config.prefill_schedule_interval
+        self._num_executed_steps = 0
+        self._last_prefill_step = -self._interval
+        self._capacity_bound = False
+        # waiting requests passed over (or waiting for a grammar) and not
+        # admitted since; grammars that failed, finished at the next update
+        self._deferred: set[str] = set()
+        self._grammar_errors: set[str] = set()
+        self._enc: EncoderCache | None = EncoderCache(config.encoder_cache_size) if config.has_encoder else None
+        self._mm_lengths: dict[str, int] = {}
 
     @property
     def config(self) -> SchedulerConfig:
@@ -357,9 +426,40 @@ class ImplScheduler:
 
     def add(self, request: RequestSpec) -> None:
         request = check_add(request, self._config, self._requests, self._finished)
+        if request.mm_inputs:
+            check_mm_lengths(request, self._mm_lengths)
+            for m in request.mm_inputs:
+                self._mm_lengths[m.identifier] = m.length
         req = _Req(request, self._mml, self._bs, self._caching, self._stop_sets)
+        if request.structured_output:
+            # it waits for its grammar, passed over until grammar_ready
+            req.status = _GRAMMAR
+            self._deferred.add(request.request_id)
+            self._go_gated()
         self._requests[request.request_id] = req
         self._waiting.push_back(req)
+
+    def set_pause_state(self, state: PauseState) -> None:
+        """PAUSED_NEW admits nothing from the waiting queue, PAUSED_ALL
+        schedules nothing, UNPAUSED resumes (vLLM's Scheduler.set_pause_state)."""
+        self._pause = check_pause_state(state)
+        self._go_gated()
+
+    def grammar_ready(self, request_id: str, ok: bool = True) -> None:
+        """The request's grammar compiled (``ok``) or failed to; the WAITING
+        loop reads it when it next looks at the request."""
+        req = self._requests.get(request_id) if isinstance(request_id, str) else None
+        check_grammar_ready(
+            request_id, ok, None if req is None else req.status,
+            reported=req is not None and req.grammar is not None,
+        )
+        assert req is not None
+        req.grammar = ok
+
+    def _go_gated(self) -> None:
+        if not self._gated:
+            self._gated = True
+            self._to_gated = True
 
     def abort(self, request_id: str) -> None:
         req = check_abort(request_id, self._requests)
@@ -376,6 +476,10 @@ class ImplScheduler:
         req.blocks = []
         req.btuple = ()
         req.cap = 0
+        if req.mm:
+            self._release_encoder(req)
+        if self._deferred:
+            self._deferred.discard(req.rid)
         del self._requests[req.rid]
         self._finished[req.rid] = req
 
@@ -435,7 +539,7 @@ class ImplScheduler:
             return
         px = self._px
         blocks = req.blocks
-        parent: KeyNode | str
+        parent: Parent
         if i == 0:
             parent = req.salt
         else:
@@ -457,7 +561,10 @@ class ImplScheduler:
         else:
             toks = req.toks
             chunks = [toks(x, x + bs) for x in range(a, end, bs)]
-        px.register_chain(blocks, i, parent, chunks)
+        if req.marks:
+            px.register_marked(blocks, i, parent, chunks, req.marks)
+        else:
+            px.register_chain(blocks, i, parent, chunks)
         req.ncached = num_full
         req.next_full = (num_full + 1) * bs
 
@@ -499,8 +606,12 @@ class ImplScheduler:
         bs = self._bs
         lookup = self._px.lookup
         hit: list[int] = []
-        parent: KeyNode | str = req.salt
+        parent: Parent = req.salt
+        marks = req.marks
         for i in range(max_hit_blocks(req.num_tokens, bs)):
+            if marks and i in marks:
+                assert isinstance(parent, KeyNode)
+                parent = (parent, marks[i])
             node = lookup(parent, req.toks(i * bs, (i + 1) * bs))
             if node is None:
                 break
@@ -508,10 +619,12 @@ class ImplScheduler:
             parent = node
         return hit
 
-    def _admit_alloc(self, req: _Req, hit: list[int], n: int) -> bool:
+    def _admit_alloc(self, req: _Req, hit: list[int], n: int, wm: int = 0) -> bool:
+        """Blocks for an admission past its prefix hit; ``wm`` blocks (the
+        watermark) must stay free besides."""
         bs = self._bs
         ref = self._ref
-        free = self._fq.size
+        free = self._fq.size - wm
         nhit = len(hit)
         evictable = 0
         for b in hit:
@@ -549,6 +662,8 @@ class ImplScheduler:
         tokens in flight become stale output (kept or, with ``drop_stale``,
         dropped on their update), the placeholders go."""
         req.status = _PREEMPTED
+        if req.mm:
+            self._release_encoder(req)
         req.drafts = ()
         req.drop_stale = drop_stale or (req.drop_stale and req.stale > 0)
         req.stale = req.inflight
@@ -570,6 +685,10 @@ class ImplScheduler:
 
     def schedule(self) -> StepPlan:
         check_schedule(self._inflight, self._config)
+        if self._gated:
+            if self._to_gated:
+                self._enter_gated()
+            return self._schedule_gated()
         if self._general:
             return self._schedule_general()
         cfg = self._config
@@ -1259,6 +1378,345 @@ class ImplScheduler:
         self._inflight_codes.append(codes)
         return plan
 
+    # ------------------------------------------------------------------ gated path
+
+    def _enter_gated(self) -> None:
+        """Move to the gated path (no plan is in flight): the synchronous
+        fast path keeps no is_prefill_chunk, so the running requests get it."""
+        self._to_gated = False
+        if not self._general:
+            for r in self._running:
+                r.pchunk = r.num_computed < r.num_tokens
+            self._general = True
+
+    def _release_encoder(self, req: _Req) -> None:
+        enc = self._enc
+        if enc is not None:
+            enc.release_all(req.rid, [m.identifier for m in req.mm])
+
+    def _encoder_window(
+        self, req: _Req, c: int, n: int, budget: int
+    ) -> tuple[list[int], int, int, list[int]]:
+        """The encoder inputs overlapping positions c .. c + n - 1, in order:
+        a second input of an identifier already run this step is a
+        duplicate, a cached one is reused, the first that fits neither the
+        budget nor the cache cuts the chunk before it (to nothing when the
+        chunk starts inside it). Returns (inputs to run, the chunk, the budget
+        left, duplicates)."""
+        enc = self._enc
+        assert enc is not None
+        rid = req.rid
+        run: list[int] = []
+        dups: list[int] = []
+        idents: set[str] = set()
+        taken = 0
+        end = c + n
+        for i, m in enumerate(req.mm):
+            off = m.offset
+            if off >= end or off + m.length <= c:
+                continue
+            ident = m.identifier
+            if ident in idents:
+                dups.append(i)
+                continue
+            if enc.reuse(rid, i, ident):
+                continue
+            size = m.length
+            if not enc.make_room(size, budget, taken):
+                n = min(n, off - c) if c < off else 0
+                break
+            taken += size
+            budget -= size
+            idents.add(ident)
+            run.append(i)
+        return run, n, budget, dups
+
+    def _encoder_commit(self, req: _Req, run: list[int], dups: list[int]) -> None:
+        enc = self._enc
+        assert enc is not None
+        mm = req.mm
+        rid = req.rid
+        for i in run:
+            m = mm[i]
+            enc.store(rid, i, m.identifier, m.length)
+        for i in dups:
+            enc.reuse(rid, i, mm[i].identifier)
+
+    def _encoder_done(self, req: _Req) -> None:
+        """After a step ran: the request drops each input that lies wholly in
+        its computed tokens past the placeholders."""
+        enc = self._enc
+        assert enc is not None
+        done = req.num_computed - req.ph
+        mm = req.mm
+        for i in enc.held_inputs(req.rid):
+            m = mm[i]
+            if m.offset + m.length <= done:
+                enc.release(req.rid, i, m.identifier)
+
+    def _schedule_gated(self) -> StepPlan:
+        """schedule() with an admission gate: the general path's rules (no
+        steady-decode shortcuts) plus the gates': the pause state, the
+        prefill cadence (hold prefill, restart the interval), the encoder
+        inputs of each chunk, and in the WAITING loop the requests passed
+        over (a grammar compiling or failed, stale output, an adapter past
+        max_loras, an encoder input leaving no token), the cadence's hold
+        and the watermark."""
+        cfg = self._config
+        self._step += 1
+        budget = cfg.max_num_batched_tokens
+        running = self._running
+        waiting = self._waiting
+        thr = cfg.long_prefill_token_threshold
+        if len(running) + len(waiting) <= 1:
+            thr = 0
+        mml = self._mml
+        priority = self._priority
+        k = self._k
+        asyn = self._async
+        placeholder_drafts = self._placeholder_drafts
+        base = k + 2
+        ents: list[ScheduledRequest] = []
+        out: list[_Req] = []
+        codes: list[int] = []
+        prefill_scheduled = False
+        prefill_admitted = False
+        preempted = False
+        interval = self._interval
+        defer = (
+            interval > 1
+            and not self._capacity_bound
+            and (self._num_executed_steps + 1) - self._last_prefill_step < interval
+            and any(not r.pchunk for r in running)
+        )
+        pause = self._pause
+        if pause is _PAUSED_ALL:
+            budget = 0
+        enc = self._enc
+        enc_budget = cfg.max_num_encoder_input_tokens
+        enc_run: dict[str, list[int]] = {}
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            c = req.num_computed
+            ph = req.ph
+            if ph > 0 and c + 2 - ph >= req.max_end:
+                i += 1  # the steps in flight surely finish it
+                continue
+            if defer and req.pchunk:
+                i += 1  # a prefill chunk waits for the cadence
+                continue
+            nt = req.num_tokens
+            drafts = req.drafts
+            n = nt + len(drafts) + ph - c
+            if 0 < thr < n:
+                n = thr
+            if n > budget:
+                n = budget
+            if n > mml - c - 1:
+                n = mml - c - 1
+            run: list[int] = []
+            dups: list[int] = []
+            if n > 0 and req.mm:
+                run, n, enc_left, dups = self._encoder_window(req, c, n, enc_budget)
+            if n <= 0:
+                i += 1
+                continue
+            e = c + n
+            if (e > req.cap or (e if e < nt else nt) >= req.next_full) and not self._grow_to(req, e):
+                allocated = False
+                while True:
+                    if priority:
+                        victim = self._victims.top()
+                        v = bisect_left(running, victim.run_seq, key=_run_seq)
+                        del running[v]
+                    else:
+                        v = len(running) - 1
+                        victim = running.pop()
+                    if v < i:
+                        i -= 1
+                        j = bisect_left(out, victim.run_seq, key=_run_seq)
+                        if j < len(out) and out[j] is victim:  # give its budget back
+                            del out[j]
+                            del codes[j]
+                            given = ents.pop(j).num_scheduled_tokens
+                            budget += given
+                            victim.inflight -= given
+                            victim.pchunk = victim.prev_pchunk
+                            ran = enc_run.pop(victim.rid, None)
+                            if ran:  # its encoder inputs give their budget back
+                                enc_budget += sum(victim.mm[x].length for x in ran)
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                    if self._grow_to(req, e):
+                        allocated = True
+                        break
+                if not allocated:
+                    if priority:
+                        continue
+                    break
+            pchunk = req.pchunk
+            if pchunk:
+                prefill_scheduled = True
+            if drafts:
+                m = n + c - nt - ph
+                drafts = drafts[:m] if m > 0 else _NO_DRAFTS
+            o = _entry(req.rid, _K_RUNNING, c, n, nt, req.block_tuple(), req.seq(c, e, drafts))
+            d = o.__dict__
+            d["spec_token_ids"] = drafts
+            d["num_output_placeholders"] = ph
+            if run:
+                d["encoder_inputs"] = tuple(run)
+                enc_run[req.rid] = run
+                enc_budget = enc_left
+                self._encoder_commit(req, run, dups)
+            ents.append(o)
+            out.append(req)
+            req.num_computed = e
+            req.inflight += n
+            req.prev_pchunk = pchunk
+            req.pchunk = pchunk = e < nt + ph
+            codes.append(n * base + (0 if pchunk else 1 + len(drafts)))
+            if asyn and not pchunk:
+                req.ph = ph + 1 + len(drafts)
+                req.drafts = placeholder_drafts
+            else:
+                req.drafts = _NO_DRAFTS
+            budget -= n
+            i += 1
+
+        if not preempted and pause is not _PAUSED_ALL:
+            max_seqs = cfg.max_num_seqs
+            chunked = cfg.enable_chunked_prefill
+            bs = self._bs
+            running_scheduled = len(ents) > 0
+            max_loras = self._max_loras
+            loras = {r.lora for r in running if r.lora} if max_loras else set()
+            deferred = self._deferred
+            skipped: list[_Req] = []
+            while budget > 0 and len(waiting):
+                if pause is _PAUSED_NEW:
+                    break  # nothing is admitted while paused
+                if len(running) >= max_seqs:
+                    break
+                req = waiting.peek()
+                rid = req.rid
+                passed = False
+                if req.status is _GRAMMAR:
+                    if req.grammar is None:
+                        passed = True  # still compiling
+                    elif req.grammar is False:
+                        self._grammar_errors.add(rid)  # finished at the next update
+                        passed = True
+                    else:
+                        req.status = _WAITING
+                if not passed:
+                    if req.stale and not req.drop_stale:
+                        passed = True
+                    elif max_loras and req.lora and len(loras) == max_loras and req.lora not in loras:
+                        passed = True  # it would exceed max_loras
+                if passed:
+                    deferred.add(rid)
+                    skipped.append(waiting.pop_head())
+                    continue
+                hit = self._find_hit(req)
+                hit_tokens = len(hit) * bs
+                nt = req.num_tokens
+                if defer and hit_tokens < nt - 1:
+                    break  # its prefill waits for the cadence
+                n = nt - hit_tokens
+                drafts = _NO_DRAFTS
+                if (
+                    k > 0
+                    and n == 1
+                    and not prefill_scheduled
+                    and (running_scheduled or hit_tokens > 0)
+                    and hit_tokens + 1 + k + 1 <= mml
+                ):
+                    if 1 + k > budget:
+                        break
+                    n = 1 + k
+                    drafts = placeholder_drafts
+                else:
+                    if 0 < thr < n:
+                        n = thr
+                    if n > budget:
+                        if not chunked:
+                            break
+                        n = budget
+                run = []
+                dups = []
+                if req.mm:
+                    run, n, enc_left, dups = self._encoder_window(req, hit_tokens, n, enc_budget)
+                    if n == 0:
+                        deferred.add(rid)  # no token this step: passed over
+                        skipped.append(waiting.pop_head())
+                        continue
+                if not self._admit_alloc(req, hit, n, self._watermark if running else 0):
+                    if req.mm:
+                        self._release_encoder(req)
+                    break
+                deferred.discard(rid)
+                if req.lora:
+                    loras.add(req.lora)
+                if hit_tokens < nt - 1:
+                    prefill_admitted = True
+                waiting.pop_head()
+                kind = _K_NEW if req.status is _WAITING else _K_RESUMED
+                req.status = _RUNNING
+                self._run_seq += 1
+                req.run_seq = self._run_seq
+                running.append(req)
+                if priority:
+                    self._victims.push(req)
+                e = hit_tokens + n
+                ph = req.ph
+                o = _entry(rid, kind, hit_tokens, n, nt, req.block_tuple(), req.seq(hit_tokens, e, drafts))
+                d = o.__dict__
+                d["spec_token_ids"] = drafts
+                d["num_output_placeholders"] = ph
+                if run:
+                    d["encoder_inputs"] = tuple(run)
+                    enc_run[rid] = run
+                    enc_budget = enc_left
+                    self._encoder_commit(req, run, dups)
+                ents.append(o)
+                out.append(req)
+                req.num_computed = e
+                req.inflight += n
+                req.pchunk = pchunk = e < nt + ph
+                codes.append(n * base + (0 if pchunk else 1 + len(drafts)))
+                if asyn and not pchunk:
+                    req.ph = ph + 1 + len(drafts)
+                    req.drafts = placeholder_drafts
+                budget -= n
+            for req in reversed(skipped):
+                waiting.push_front(req)
+            if not defer:
+                # a release step records whether it left the queue backed up
+                self._capacity_bound = len(waiting) > len(deferred)
+        if priority:
+            self._victims.compact(running)
+        if ents:
+            self._num_executed_steps += 1
+        if interval > 1 and (prefill_scheduled or prefill_admitted):
+            self._last_prefill_step = self._num_executed_steps
+        plan = StepPlan(
+            step=self._step,
+            scheduled=tuple(ents),
+            preempted_ids=tuple(sorted(self._preempted)),
+            finished_ids=tuple(sorted(self._finished)),
+            freed_encoder_inputs=enc.take_freed() if enc is not None else (),
+        )
+        self._preempted = set()
+        self._finished = {}
+        self._inflight.append(plan)
+        self._inflight_reqs.append(out)
+        self._inflight_codes.append(codes)
+        return plan
+
     def _result_ok(self, result: StepResult, out: list[_Req], codes: list[int]) -> bool:
         """Whether ``result`` surely passes the protocol's checks of the
         sampled tokens and the drafts (spec/protocol.py, check_sampled and
@@ -1325,7 +1783,11 @@ class ImplScheduler:
         and the keys alone (they were reset by the preemption). Returns
         whether it stopped a running request."""
         req.stale -= n
-        if req.drop_stale or not toks:
+        if req.drop_stale:
+            return False
+        if req.mm and self._enc is not None:
+            self._encoder_done(req)
+        if not toks:
             return False
         was_running = req.status is _RUNNING
         output = req.output
@@ -1340,6 +1802,8 @@ class ImplScheduler:
             if nt >= req.end_at:
                 finished = _LENGTH
                 break
+        if req.rejects and not req.rejects.isdisjoint(output[req.num_tokens - req.plen :]):
+            finished = _ERROR  # a token its grammar refuses: the request errs
         req.num_tokens = nt
         req.tail = (output[-1],)
         if finished is None:
@@ -1348,6 +1812,17 @@ class ImplScheduler:
             self._waiting.remove(req)  # a stale output stopped a preempted request
         self._finish(req, finished)
         return was_running
+
+    def _finish_grammar_errors(self) -> None:
+        """The requests whose grammar failed, as the WAITING loops since the
+        last update found them, finish with FINISHED_ERROR."""
+        errors, self._grammar_errors = self._grammar_errors, set()
+        for rid in sorted(errors):
+            req = self._requests.get(rid)
+            if req is None:
+                continue  # aborted meanwhile
+            self._waiting.remove(req)
+            self._finish(req, _ERROR)
 
     def _update_general(self, plan: StepPlan, result: StepResult) -> None:
         """update() with async scheduling or speculative decoding, for each
@@ -1384,7 +1859,9 @@ class ImplScheduler:
         # A one-token step without drafts (async decode without speculative
         # decoding) of a running request with no stale output: the general
         # rules below, written out for one token (no roll-back, no drafts).
-        one = base + 1 if get_drafts is None else -1
+        gated = self._gated
+        one = base + 1 if get_drafts is None and not gated else -1
+        enc_on = self._enc is not None
         for r, code in zip(out, codes):
             if r.status is _RUNNING:
                 if code == one and not r.stale:
@@ -1438,6 +1915,9 @@ class ImplScheduler:
                         req.num_computed -= rejected
                     if req.ph > 0:
                         req.ph -= rejected
+                if enc_on and req.mm:
+                    self._encoder_done(req)  # only once the step has run
+                num_before = req.num_tokens
                 ph = req.ph
                 stop = req.stop
                 output = req.output
@@ -1474,6 +1954,8 @@ class ImplScheduler:
                     if finished is not None:
                         # a stop inside an accepted run: the rest is dropped
                         req.num_computed -= ntok - kept
+                if req.rejects and not req.rejects.isdisjoint(output[num_before - req.plen :]):
+                    finished = _ERROR  # a token its grammar refuses: the request errs
                 req.num_tokens = nt
                 if ph > 0:
                     req.ph = ph - ntok
@@ -1489,12 +1971,26 @@ class ImplScheduler:
                         self._waiting.remove(req)
                     self._finish(req, finished)
                     continue
+            elif enc_on and req.mm:
+                self._encoder_done(req)  # a partial chunk: only once the step has run
             if get_drafts is not None:  # (the request is unfinished here)
                 d = get_drafts(rid)
                 if d is not None:
-                    req.drafts = _NO_DRAFTS if req.pchunk else d
+                    if req.pchunk:
+                        req.drafts = _NO_DRAFTS
+                    elif req.rejects and not req.rejects.isdisjoint(d):
+                        # its grammar keeps the drafts before the first refused one
+                        rejects = req.rejects
+                        cut = 0
+                        while d[cut] not in rejects:
+                            cut += 1
+                        req.drafts = d[:cut]
+                    else:
+                        req.drafts = d
         if any_stopped:
             self._running = [r for r in self._running if r.status is _RUNNING]
+        if self._grammar_errors:
+            self._finish_grammar_errors()
         del self._inflight[0]
         del self._inflight_reqs[0]
         del self._inflight_codes[0]
@@ -1511,15 +2007,32 @@ class ImplScheduler:
             block_keys=block_keys,
             cache_index=cache_index,
         )
+        if self._interval > 1:
+            # the prefill cadence reads is_prefill_chunk: reported with it on
+            requests = {rid: r.view(cadence=True) for rid, r in self._requests.items()}
+            gates: dict[str, Any] = {
+                "num_executed_steps": self._num_executed_steps,
+                "last_prefill_step": self._last_prefill_step,
+                "prefill_capacity_bound": self._capacity_bound,
+            }
+        else:
+            requests = {rid: r.view() for rid, r in self._requests.items()}
+            gates = {}
+        enc = self._enc
+        if enc is not None:
+            gates["encoder_cache"] = dict(enc.entries)
+            gates["encoder_cache_free"] = enc.free
         return SchedulerView(
             config=self._config,
             step=self._step,
-            requests={rid: r.view() for rid, r in self._requests.items()},
+            requests=requests,
             waiting=tuple(r.rid for r in self._waiting.order()),
             running=tuple(r.rid for r in self._running),
             kv=kv,
             finished={rid: r.view() for rid, r in self._finished.items()},
             preempted_since_plan=tuple(sorted(self._preempted)),
+            pause_state=self._pause,
+            **gates,
         )
 
     # ------------------------------------------------------------------ copies
@@ -1548,6 +2061,11 @@ class ImplScheduler:
         d["_fq"] = self._fq.copy()
         d["_px"] = self._px.copy()
         d["_preempted"] = self._preempted.copy()
+        d["_deferred"] = self._deferred.copy()
+        d["_grammar_errors"] = self._grammar_errors.copy()
+        d["_mm_lengths"] = self._mm_lengths.copy()
+        if self._enc is not None:
+            d["_enc"] = self._enc.copy()
         return new
 
     # ------------------------------------------------------------------ introspection

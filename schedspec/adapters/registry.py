@@ -164,11 +164,20 @@ EVERY_MODE = Capabilities(async_scheduling=True, speculative_decoding=True)
 SPEC_CAPABILITIES = EVERY_MODE.with_gates()
 
 
+def impl_capabilities() -> Capabilities:
+    """impl runs every mode and declares the admission gates it implements
+    (ImplScheduler.GATES, by capability name)."""
+    from schedspec.check.workload import GATE_CAPABILITIES
+    from schedspec.impl import ImplScheduler
+
+    return EVERY_MODE.with_gates(g for g, cap in GATE_CAPABILITIES.items() if cap in ImplScheduler.GATES)
+
+
 def resolve(name: str) -> Target:
     if name == "spec":
         return Target("spec", _spec, SPEC_CAPABILITIES)
     if name == "impl":
-        return Target("impl", _impl, EVERY_MODE)
+        return Target("impl", _impl, impl_capabilities())
     if name == "vllm":
         from schedspec.adapters.vllm_adapter import VLLM_CAPABILITIES
 

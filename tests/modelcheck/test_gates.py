@@ -226,3 +226,22 @@ def test_vllm_takes_every_transition_of_a_gate_space(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "vllm took all" in out
+
+
+def test_a_deepcopy_copies_a_future_in_its_state() -> None:
+    from concurrent.futures import Future
+
+    from schedspec.modelcheck.target import deep_copy
+
+    pending: Future[int] = Future()
+    done: Future[list[int]] = Future()
+    done.set_result([1, 2])
+    failed: Future[int] = Future()
+    failed.set_exception(ValueError("no grammar"))
+    holder = {"pending": pending, "done": done, "failed": failed}
+    copy = deep_copy(holder, {})
+    assert not copy["pending"].done() and copy["pending"] is not pending
+    assert copy["done"].result() == [1, 2] and copy["done"].result() is not done.result()
+    assert isinstance(copy["failed"].exception(), ValueError)
+    copy["pending"].set_result(3)  # the copy resolves apart from the original
+    assert not pending.done()

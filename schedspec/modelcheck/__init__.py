@@ -11,7 +11,11 @@ the empty scheduler under a finite alphabet of events:
   FakeModel, small vocabulary) reading the context back through the plan's
   block tables, ``update()``;
 - ``reset`` / ``reset+running``: ``reset_prefix_cache()`` without and with
-  ``reset_running_requests``.
+  ``reset_running_requests``;
+- with async scheduling, ``update`` of the plan in flight; with the admission
+  gates (the ``gates`` bound), the pause events (pause new / all, with and
+  without the cache clear that follows once the engine is idle, resume) and
+  grammar reports (compiled or failed) for requests waiting for a grammar.
 
 Equal states are explored once: a canonical fingerprint covers the scheduler's
 whole observable state, read through its view (every request's shape,

@@ -4,7 +4,9 @@ Plan shapes on hand-made workloads, the adapter's boundary (the spec's errors,
 an operation that raises changes nothing), a consistent view, and lockstep with
 the spec: equal StepPlans (block ids included) and equal views after every
 operation, over seeded random workloads, targeted ones and the Hypothesis
-state machine.
+state machine. Each admission gate (watermark, prefill cadence, pause, LoRA,
+structured outputs, encoder budget) on a crafted workload, vLLM's plan as its
+rule decides it and the spec beside it (TestGates).
 
 These tests need vLLM 0.33.0 (scripts/install_vllm.sh). Without it they are
 skipped, unless SCHEDSPEC_REQUIRE_VLLM=1, when they fail instead. Knobs:

@@ -392,14 +392,12 @@ class ImplScheduler:
         # One frozenset per distinct stop set, shared by the requests that
         # have it (a cache of immutable values: clones share it too).
         self._stop_sets: dict[frozenset[int], frozenset[int]] = {}
-        # The admission gates. A config that turns one on takes the gated
-        # path (_schedule_gated, and _update_general's gate rules) from the
-        # start; a pause state or a request with a grammar moves a scheduler
-        # to it at its next schedule(), when no plan is in flight.
-        self._gated = bool(
-            config.watermark_blocks or config.prefill_schedule_interval > 1
-            or config.max_loras or config.has_encoder
-        )
+        # The admission gates. The watermark and LoRA are on every path (they
+        # decide admissions only). The prefill cadence and the encoder take
+        # the gated path (_schedule_gated, and _update_general's gate rules)
+        # from the start; a pause state or a request with a grammar moves a
+        # scheduler to it at its next schedule(), when no plan is in flight.
+        self._gated = config.prefill_schedule_interval > 1 or config.has_encoder
         self._to_gated = False
         if self._gated:
             self._general = True
@@ -766,10 +764,16 @@ class ImplScheduler:
             max_seqs = cfg.max_num_seqs
             chunked = cfg.enable_chunked_prefill
             bs = self._bs
+            max_loras = self._max_loras
+            loras = {r.lora for r in running if r.lora} if max_loras else None
+            skipped: list[_Req] = []
             while budget > 0 and len(waiting):
                 if len(running) >= max_seqs:
                     break
                 req = waiting.peek()
+                if loras is not None and req.lora and len(loras) == max_loras and req.lora not in loras:
+                    skipped.append(waiting.pop_head())  # it would exceed max_loras: passed over
+                    continue
                 hit = self._find_hit(req)
                 hit_tokens = len(hit) * bs
                 nt = req.num_tokens
@@ -780,9 +784,11 @@ class ImplScheduler:
                     if not chunked:
                         break
                     n = budget
-                if not self._admit_alloc(req, hit, n):
+                if not self._admit_alloc(req, hit, n, self._watermark if running else 0):
                     break
                 waiting.pop_head()
+                if loras is not None and req.lora:
+                    loras.add(req.lora)
                 kind = _K_NEW if req.status is _WAITING else _K_RESUMED
                 req.status = _RUNNING
                 self._run_seq += 1
@@ -795,6 +801,8 @@ class ImplScheduler:
                 out_append(req)
                 req.num_computed = e
                 budget -= n
+            for req in reversed(skipped):
+                waiting.push_front(req)
         if self._priority:
             self._victims.compact(running)
 
@@ -1300,6 +1308,8 @@ class ImplScheduler:
             chunked = cfg.enable_chunked_prefill
             bs = self._bs
             running_scheduled = len(ents) > 0
+            max_loras = self._max_loras
+            loras = {r.lora for r in running if r.lora} if max_loras else None
             skipped: list[_Req] = []
             while budget > 0 and len(waiting):
                 if len(running) >= max_seqs:
@@ -1309,6 +1319,9 @@ class ImplScheduler:
                     # output of a step in flight when it was preempted is still
                     # to come: it keeps its place, the loop goes on behind it
                     skipped.append(waiting.pop_head())
+                    continue
+                if loras is not None and req.lora and len(loras) == max_loras and req.lora not in loras:
+                    skipped.append(waiting.pop_head())  # it would exceed max_loras: passed over
                     continue
                 hit = self._find_hit(req)
                 hit_tokens = len(hit) * bs
@@ -1334,9 +1347,11 @@ class ImplScheduler:
                         if not chunked:
                             break
                         n = budget
-                if not self._admit_alloc(req, hit, n):
+                if not self._admit_alloc(req, hit, n, self._watermark if running else 0):
                     break
                 waiting.pop_head()
+                if loras is not None and req.lora:
+                    loras.add(req.lora)
                 kind = _K_NEW if req.status is _WAITING else _K_RESUMED
                 req.status = _RUNNING
                 self._run_seq += 1
@@ -1508,6 +1523,27 @@ class ImplScheduler:
                 continue
             nt = req.num_tokens
             drafts = req.drafts
+            if (
+                c == nt - 1
+                and not ph
+                and not drafts
+                and not req.pchunk
+                and req.plen < nt < mml
+                and nt <= req.cap
+                and nt < req.next_full
+            ):
+                # A steady sync decode: one known token, no block to allocate
+                # or key, past every encoder input (they lie in the prompt).
+                o = _entry(req.rid, _K_RUNNING, c, 1, nt, req.block_tuple(), req.tail)
+                ents.append(o)
+                out.append(req)
+                codes.append(base + 1)
+                req.num_computed = nt
+                req.inflight += 1
+                req.prev_pchunk = False
+                budget -= 1
+                i += 1
+                continue
             n = nt + len(drafts) + ph - c
             if 0 < thr < n:
                 n = thr
@@ -1860,11 +1896,11 @@ class ImplScheduler:
         # decoding) of a running request with no stale output: the general
         # rules below, written out for one token (no roll-back, no drafts).
         gated = self._gated
-        one = base + 1 if get_drafts is None and not gated else -1
+        one = base + 1 if get_drafts is None else -1
         enc_on = self._enc is not None
         for r, code in zip(out, codes):
             if r.status is _RUNNING:
-                if code == one and not r.stale:
+                if code == one and not r.stale and not (gated and (r.mm or r.rejects)):
                     toks = get_toks(r.rid, _NO_DRAFTS)
                     if len(toks) == 1:
                         r.inflight -= 1

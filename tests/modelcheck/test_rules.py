@@ -12,7 +12,7 @@ import pytest
 
 from schedspec.check import trace as tracefile
 from schedspec.cli.main import main
-from schedspec.modelcheck import Expander, Explorer, bound, check_bound
+from schedspec.modelcheck import BoundResult, Expander, Explorer, bound, check_bound
 from schedspec.modelcheck.events import STEP
 from schedspec.spec import coverage as rule_coverage
 from schedspec.spec.rule_names import reachable_in
@@ -20,15 +20,31 @@ from schedspec.spec.rule_names import reachable_in
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _space_rules() -> dict[str, set[str]]:
+def _small() -> BoundResult:
     res = check_bound("small", use_impl=False, invariants=(), workers=1)
     assert res.failure is None
+    return res
+
+
+def _space_rules(res: BoundResult | None = None) -> dict[str, set[str]]:
+    res = res if res is not None else _small()
     return {r.space.name: set(rule_coverage.reached(r.rules)) for r in res.spaces}
 
 
 @pytest.fixture(scope="module")
-def space_rules() -> dict[str, set[str]]:
-    return _space_rules()
+def small() -> BoundResult:
+    return _small()
+
+
+@pytest.fixture(scope="module")
+def space_rules(small: BoundResult) -> dict[str, set[str]]:
+    return _space_rules(small)
+
+
+def test_the_small_bound_keeps_its_documented_state_count(small: BoundResult) -> None:
+    # docs/modelcheck.md, "The bounds": 7 spaces, 35,418 states and 147,576
+    # transitions (the admission gates add nothing to a space without them)
+    assert (len(small.spaces), small.states, small.transitions) == (7, 35418, 147576)
 
 
 def test_the_small_bound_reaches_every_rule_of_sync_scheduling(space_rules: dict[str, set[str]]) -> None:

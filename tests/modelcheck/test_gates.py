@@ -245,3 +245,15 @@ def test_a_deepcopy_copies_a_future_in_its_state() -> None:
     assert isinstance(copy["failed"].exception(), ValueError)
     copy["pending"].set_result(3)  # the copy resolves apart from the original
     assert not pending.done()
+
+
+def test_impl_takes_every_transition_of_the_gate_spaces_it_declares() -> None:
+    names = ["fcfs-grammar-tight", "fcfs-encoder-tight"]
+    caps = resolve("impl").capabilities
+    res = check_bound("gates", spaces=names, workers=1)
+    assert res.failure is None
+    for r in res.spaces:
+        if set(r.space.gates()) <= set(caps.gates()):
+            assert r.impl_transitions == r.transitions and not r.note, r.space.name
+        else:
+            assert r.impl_transitions == 0 and r.note.startswith("impl differential left out"), r.space.name

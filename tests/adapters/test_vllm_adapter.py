@@ -527,6 +527,30 @@ def test_lockstep_state_machine() -> None:
 @pytest.mark.usefixtures("vllm_loaded")
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
+def test_lockstep_state_machine_with_every_gate() -> None:
+    """The state machine within vLLM's declaration: the four modes and every
+    admission gate (pause, resume and grammar-ready rules among its events)."""
+    from hypothesis import HealthCheck, settings
+
+    from schedspec.adapters.vllm_adapter import VLLM_CAPABILITIES
+    from schedspec.testing.stateful import make_machine
+
+    machine = make_machine({"spec": spec_factory, "vllm": vllm_factory}, name="SpecVsVllmGates",
+                           capabilities=VLLM_CAPABILITIES)
+    case = machine.TestCase
+    case.settings = settings(
+        max_examples=int(os.environ.get("SCHEDSPEC_VLLM_EXAMPLES", "25")),
+        stateful_step_count=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    case("runTest").runTest()
+
+
+@pytest.mark.usefixtures("vllm_loaded")
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed (scripts/install_vllm.sh)")
 def test_raw_step_schedules_as_the_protocol_does() -> None:
     """raw_add + raw_step (vLLM's own schedule() and update_from_output(),
     what the benchmark times) make the same decisions as add + schedule +

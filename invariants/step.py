@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from schedspec.spec.interface import PauseState, Policy, RequestStatus, ScheduleKind, SchedulerView
+from schedspec.spec.interface import (
+    PauseState,
+    Policy,
+    RequestStatus,
+    ScheduledRequest,
+    ScheduleKind,
+    SchedulerView,
+)
 
 from schedspec.invariants._util import (
     admission_candidate,
@@ -22,6 +29,7 @@ from schedspec.invariants._util import (
     victim_key,
 )
 from schedspec.invariants.core import Finding, History, Transition, TransitionKind, transition_invariant
+from schedspec.invariants.inflight import live_entries
 
 _SCHED: tuple[TransitionKind, ...] = ("schedule",)
 _KIND_FROM = {
@@ -80,10 +88,14 @@ def long_prefill_threshold(t: Transition, h: History) -> Iterator[Finding]:
     "chunked-prefill-disabled",
     "With chunked prefill off (and no long-prefill threshold in force) every scheduled request "
     "is given all its remaining tokens: no partial prefill chunk, but one cut just before an "
-    "encoder input.",
+    "encoder input, and the continuation of a request such a cut left mid-prompt (a running "
+    "entry still inside the prompt, with an encoder input at or before its computed tokens), "
+    "which the token budget may cut too.",
     "vllm/v1/core/sched/scheduler.py, schedule(), WAITING loop: without enable_chunked_prefill "
     "a request whose remaining tokens exceed the budget stops admission (break) instead of being "
-    "chunked; config requires max_num_batched_tokens >= max_model_len then.",
+    "chunked; config requires max_num_batched_tokens >= max_model_len then. "
+    "_try_schedule_encoder_inputs cuts the chunk before an encoder input after that check, and "
+    "the RUNNING loop never reads enable_chunked_prefill (num_new_tokens = min(..., token_budget)).",
     _SCHED,
     tags=("safety",),
 )
@@ -98,6 +110,16 @@ def chunked_prefill_disabled(t: Transition, h: History) -> Iterator[Finding]:
         if r is not None and any(m.offset == end for m in r.mm_inputs):
             # an encoder input beyond the encoder budget or cache cuts the
             # chunk before it, chunked prefill or not (_try_schedule_encoder_inputs)
+            continue
+        if (
+            r is not None
+            and s.kind == ScheduleKind.RUNNING
+            and s.num_computed_tokens < len(r.prompt_token_ids)
+            and any(m.offset <= s.num_computed_tokens for m in r.mm_inputs)
+        ):
+            # a request an encoder cut left mid-prompt: the RUNNING loop never
+            # reads enable_chunked_prefill and cuts its continuation by the
+            # token budget like any other
             continue
         if not s.samples:
             yield s.request_id, (
@@ -337,7 +359,8 @@ def max_model_len(t: Transition, h: History) -> Iterator[Finding]:
     "cache-hit-identical-prefix",
     "An admission's computed tokens are a prefix-cache hit: a whole number of blocks, fewer than "
     "its known tokens (0 with caching off), and each hit block i was cached (before the step, or "
-    "by another request in it) under the request's own key (salt, tokens[:(i+1)*block_size]).",
+    "by another request scheduled in it whose block's last position this step or one of its steps "
+    "in flight computes) under the request's own key (salt, tokens[:(i+1)*block_size]).",
     "vllm/v1/core/kv_cache_manager.py, get_computed_blocks: find_longest_cache_hit matches the "
     "request's block hashes (salt and token prefix chained) against cached full blocks, capped at "
     "num_tokens - 1; allocate_slots touches those blocks and puts them first in the table.",
@@ -362,13 +385,19 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
             yield rid, f"admitted with a hit of {c} tokens, not a whole number of {bs}-token blocks"
         if c >= s.num_tokens:
             yield rid, f"admitted with a hit of {c} tokens of {s.num_tokens}: at most {s.num_tokens - 1} may hit"
-        # Blocks another entry filled (and so cached) in this very step.
+        # Blocks another request scheduled in this step keyed now: blocks
+        # whose last position this step computes, or a step of that request
+        # still in flight does (with async scheduling a block's last token
+        # becomes known at the update of the step after the one computing it,
+        # and allocate_slots keys it when the request is next scheduled; steps
+        # run in order, so its KV exists when this step runs).
         others = {
             e.block_ids[j]
             for e in t.plan.scheduled
             if e.request_id != rid
+            for f in _own_live_entries(e, t)
             for j in range(len(e.block_ids))
-            if e.num_computed_tokens < (j + 1) * bs <= e.num_computed_tokens + e.num_scheduled_tokens
+            if f.num_computed_tokens < (j + 1) * bs <= f.num_computed_tokens + f.num_scheduled_tokens
         }
         for i in range(min(c // bs, len(s.block_ids))):
             blk = s.block_ids[i]
@@ -380,6 +409,14 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
                     f"hit block {blk} (index {i}) was not cached under the request's key before the "
                     f"step, nor filled by another request in it"
                 )
+
+
+def _own_live_entries(e: ScheduledRequest, t: Transition) -> list[ScheduledRequest]:
+    """The entry ``e`` of this step's plan and the entries of the same
+    request in the plans still in flight from its current admission on (the
+    stale ones, from before a preemption, left out)."""
+    r = t.after.requests.get(e.request_id)
+    return [*(live_entries(r, t.in_flight) if r is not None else []), e]
 
 
 @transition_invariant(

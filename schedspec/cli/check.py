@@ -14,6 +14,7 @@ from typing import Any
 from schedspec.check.gate import (
     CheckSettings,
     check_summary,
+    gate_capabilities,
     junit_xml,
     missing_rules_message,
     run_check,
@@ -172,9 +173,11 @@ def run(args: argparse.Namespace) -> int:
     print("gates: " + (", ".join(gates) if gates else "none")
           + (f" (each workload a subset; {outcome.stats.gate_line()})" if gates else ""))
     if outcome.stats.rules:
-        modes = supported_modes(settings)
-        print(format_table(outcome.stats.rules, modes=modes) if args.rules
-              else rules_line(outcome.stats.rules, modes=modes))
+        # the rules out of reach are those of the modes and gates this run
+        # could not draw, not those of every gate
+        modes, on = supported_modes(settings), gate_capabilities(gates)
+        print(format_table(outcome.stats.rules, modes=modes, gates=on) if args.rules
+              else rules_line(outcome.stats.rules, modes=modes, gates=on))
     if outcome.missing_rules:
         print(f"FAILED: {missing_rules_message(outcome.missing_rules)}")
     if coverage is not None:

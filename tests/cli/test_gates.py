@@ -99,3 +99,34 @@ def test_replay_against_a_scheduler_without_gates_skips_the_gated_traces(tmp_pat
     assert rc == 2 and "does not support what the trace uses" in out
     rc, out = run(["replay", str(corpus), "--against", PLAIN, "--gates", "pause"])
     assert rc == 2 and f"--gates: {PLAIN} does not support the gate(s) pause" in out
+
+
+def _reachable(gates: tuple[str, ...]) -> int:
+    from schedspec.check.workload import GATE_CAPABILITIES
+    from schedspec.spec.rule_names import ALL_MODES, reachable_in
+
+    return len(reachable_in(ALL_MODES, tuple(GATE_CAPABILITIES[g] for g in gates)))
+
+
+def test_rule_coverage_counts_the_rules_of_the_gates_the_run_drew(tmp_path: Path) -> None:
+    # by default every gate is on: their rules are reachable, not out of reach
+    rc, out = run(["check", "--steps", "150", "--quiet", "--out", str(tmp_path), "--rules",
+                   "--json", str(tmp_path / "s.json")])
+    assert rc == 0, out
+    n = _reachable(GATES)
+    assert n > _reachable(()) and f" of the {n} rules reachable in sync, async, spec, async-spec with gates " in out
+    table = {line.split()[0]: line for line in out.splitlines() if line.startswith("    ")}
+    for rule in ("encoder.evicted", "watermark.blocked", "pause.all_empty_step", "cadence.hold"):
+        assert "out of reach" not in table[rule], table[rule]
+    assert json.loads((tmp_path / "s.json").read_text())["rule_coverage"]["reachable"] == n
+
+
+def test_rule_coverage_leaves_out_the_gates_the_run_did_not_draw(tmp_path: Path) -> None:
+    rc, out = run(["check", "--gates", "encoder", "--steps", "100", "--quiet", "--out", str(tmp_path)])
+    assert rc == 0, out
+    assert f" of the {_reachable(('encoder',))} rules reachable in sync, async, spec, async-spec with gates encoder " in out
+    rc, out = run(["check", "--gates", "none", "--steps", "100", "--quiet", "--out", str(tmp_path), "--rules"])
+    assert rc == 0, out
+    assert f" of the {_reachable(())} rules reachable in sync, async, spec, async-spec reached" in out
+    table = {line.split()[0]: line for line in out.splitlines() if line.startswith("    ")}
+    assert table["encoder.evicted"].endswith("out of reach")

@@ -1510,6 +1510,13 @@ class ImplScheduler:
         enc = self._enc
         enc_budget = cfg.max_num_encoder_input_tokens
         enc_run: dict[str, list[int]] = {}
+        # the steady decodes' shortcuts (sync: 1 token; async: 1 + k)
+        width = 1 + k if asyn else 1
+        thr_cuts = 0 < thr < width
+        all_unknown = self._unknown.get(width) or self._unknown.setdefault(width, (-1,) * width)
+        steady_code = width * base + width
+        new = _new
+        sr = _SR
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -1523,25 +1530,69 @@ class ImplScheduler:
                 continue
             nt = req.num_tokens
             drafts = req.drafts
-            if (
-                c == nt - 1
-                and not ph
-                and not drafts
-                and not req.pchunk
-                and req.plen < nt < mml
-                and nt <= req.cap
+            # The steady decodes (past every encoder input, which lie in the
+            # prompt; no block to allocate or key; not a prefill chunk, so
+            # the cadence does not hold them), in a few lines: sync, one
+            # known token; async, one step in flight with its 1 + k
+            # placeholders and k placeholder drafts for this step.
+            if req.pchunk or c + width > req.cap or req.plen >= nt or thr_cuts:
+                pass
+            elif not ph:
+                if not asyn and c == nt - 1 and not drafts and nt < mml and nt < req.next_full:
+                    o = new(sr)
+                    d = o.__dict__
+                    d["request_id"] = req.rid
+                    d["kind"] = _K_RUNNING
+                    d["num_computed_tokens"] = c
+                    d["num_scheduled_tokens"] = 1
+                    d["num_tokens"] = nt
+                    bt = req.btuple
+                    d["block_ids"] = bt if bt is not None else req.block_tuple()
+                    d["token_ids"] = req.tail
+                    d["spec_token_ids"] = _NO_DRAFTS
+                    d["num_output_placeholders"] = 0
+                    d["encoder_inputs"] = _NO_DRAFTS
+                    d["num_invalid_spec_tokens"] = 0
+                    ents.append(o)
+                    out.append(req)
+                    codes.append(base + 1)
+                    req.num_computed = nt
+                    req.inflight += 1
+                    req.prev_pchunk = False
+                    budget -= 1
+                    i += 1
+                    continue
+            elif (
+                ph == width
+                and asyn
+                and drafts is placeholder_drafts
+                and c == nt + k
+                and width <= budget
+                and c + width < mml
                 and nt < req.next_full
             ):
-                # A steady sync decode: one known token, no block to allocate
-                # or key, past every encoder input (they lie in the prompt).
-                o = _entry(req.rid, _K_RUNNING, c, 1, nt, req.block_tuple(), req.tail)
+                o = new(sr)
+                d = o.__dict__
+                d["request_id"] = req.rid
+                d["kind"] = _K_RUNNING
+                d["num_computed_tokens"] = c
+                d["num_scheduled_tokens"] = width
+                d["num_tokens"] = nt
+                bt = req.btuple
+                d["block_ids"] = bt if bt is not None else req.block_tuple()
+                d["token_ids"] = all_unknown
+                d["spec_token_ids"] = placeholder_drafts
+                d["num_output_placeholders"] = width
+                d["encoder_inputs"] = _NO_DRAFTS
+                d["num_invalid_spec_tokens"] = 0
                 ents.append(o)
                 out.append(req)
-                codes.append(base + 1)
-                req.num_computed = nt
-                req.inflight += 1
+                codes.append(steady_code)
+                req.num_computed = c + width
+                req.inflight += width
                 req.prev_pchunk = False
-                budget -= 1
+                req.ph = width + width
+                budget -= width
                 i += 1
                 continue
             n = nt + len(drafts) + ph - c

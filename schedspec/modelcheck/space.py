@@ -355,8 +355,29 @@ def _gates() -> Bound:
     ))
 
 
+# GL is G's prompt under adapter 1 with a grammar: one request through the
+# LoRA, grammar and watermark gates at once.
+_GL = Shape("GL", (1, 2), 2, lora_id=1, structured_output=True, grammar_rejects=(0,))
+
+
+def _gates_large() -> Bound:
+    # The gates together, as users run them: every config gate on with two
+    # requests (no pause events), every gate with pause events and one
+    # request, and every gate but the encoder with two (about a minute).
+    tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
+    every: dict[str, Any] = dict(max_loras=1, watermark=0.25, prefill_schedule_interval=2,
+                                 max_num_encoder_input_tokens=2, encoder_cache_size=2, **tight)
+    return Bound("gates-large", (
+        *_gates().spaces,
+        _space("gates-all-nopause", (_GL, _X), 2, **every),
+        _space("gates-all-1req", (_LA, _GL, _X), 1, pauses=True, **every),
+        _space("gates-noencoder", (_LA, _GL), 2, pauses=True, max_loras=1, watermark=0.25,
+               prefill_schedule_interval=2, **tight),
+    ))
+
+
 BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "large": _large, "modes": _modes,
-                                          "modes-large": _modes_large, "gates": _gates}
+                                          "modes-large": _modes_large, "gates": _gates, "gates-large": _gates_large}
 
 
 def bound(name: str) -> Bound:

@@ -257,3 +257,15 @@ def test_impl_takes_every_transition_of_the_gate_spaces_it_declares() -> None:
             assert r.impl_transitions == r.transitions and not r.note, r.space.name
         else:
             assert r.impl_transitions == 0 and r.note.startswith("impl differential left out"), r.space.name
+
+
+def test_the_gates_large_bound_runs_the_gates_together() -> None:
+    large = bound("gates-large")
+    assert [s.name for s in large.spaces[:len(bound("gates").spaces)]] == [s.name for s in bound("gates").spaces]
+    combined = large.spaces[len(bound("gates").spaces):]
+    assert {g for s in combined for g in s.gates()} == set(GATES)
+    assert all(len(s.gates()) >= 4 for s in combined)
+    r = Explorer(combined[0]).run()
+    assert r.complete and r.failure is None and r.liveness_bound is not None
+    assert {"lora.admitted_adapter", "grammar.ready", "encoder.scheduled", "cadence.hold"} <= set(
+        rule_coverage.reached(r.rules))

@@ -1,7 +1,8 @@
 """Named invariants that every scheduler must keep, checked over read-only views.
 
 A driver calls ``Monitor.observe(Transition(...))`` after every operation of a
-scheduler (add, abort, schedule, update, reset_prefix_cache) and gets back the
+scheduler (add, abort, schedule, update, reset_prefix_cache, and the optional
+set_pause_state and grammar_ready) and gets back the
 violations. ``CATALOGUE`` lists the invariants; ``catalogue_text()`` is what
 ``schedspec invariants`` prints. Importing this package imports neither torch
 nor vLLM.

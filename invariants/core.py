@@ -16,8 +16,13 @@ from typing import Callable, Iterable, Literal
 
 from schedspec.spec.interface import RequestSpec, SchedulerView, StepPlan, StepResult
 
-TransitionKind = Literal["add", "abort", "schedule", "update", "reset"]
-ALL_KINDS: frozenset[TransitionKind] = frozenset({"add", "abort", "schedule", "update", "reset"})
+#: The operations a transition can be: the five calls of the Scheduler
+#: protocol that change state, and the two optional gate calls, "pause"
+#: (set_pause_state, UNPAUSED included) and "grammar" (grammar_ready).
+TransitionKind = Literal["add", "abort", "schedule", "update", "reset", "pause", "grammar"]
+ALL_KINDS: frozenset[TransitionKind] = frozenset(
+    {"add", "abort", "schedule", "update", "reset", "pause", "grammar"}
+)
 
 #: What a check yields: the request it is about (or None) and what is wrong.
 Finding = tuple[str | None, str]
@@ -44,7 +49,7 @@ class Transition:
     plan: StepPlan | None = None  # "schedule": the plan returned; "update": the plan completed
     result: StepResult | None = None  # "update" only
     request: RequestSpec | None = None  # "add" only
-    request_id: str | None = None  # "abort" only
+    request_id: str | None = None  # "abort" and "grammar" only
     #: the plans awaiting update() after the operation, oldest first (with
     #: async scheduling one may stay in flight across operations)
     in_flight: tuple[StepPlan, ...] = ()

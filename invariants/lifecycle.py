@@ -58,10 +58,13 @@ def _initial_status(r: RequestView) -> RequestStatus:
     "Each operation changes only its own statuses: add adds one WAITING request; abort finishes "
     "its target as FINISHED_ABORTED; schedule only admits (WAITING/PREEMPTED -> RUNNING, exactly "
     "the admitted entries) and preempts (RUNNING -> PREEMPTED); update only finishes running "
-    "requests (STOPPED or LENGTH_CAPPED); reset only preempts all running requests, or nothing.",
+    "requests (STOPPED or LENGTH_CAPPED); reset only preempts all running requests, or nothing; "
+    "a pause (set_pause_state) and a grammar report (grammar_ready) change no status.",
     "vllm/v1/core/sched/scheduler.py: add_request, finish_requests(FINISHED_ABORTED), schedule() "
     "(admission, _preempt_request), update_from_output (check_stop, _free_request), "
-    "reset_prefix_cache(reset_running_requests) preempting every running request.",
+    "reset_prefix_cache(reset_running_requests) preempting every running request; set_pause_state "
+    "only sets self.pause_state; a compiled grammar is read by the WAITING loop "
+    "(_handle_blocked_waiting_request), a failed one by update_from_output.",
     tags=("safety",),
 )
 def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
@@ -118,6 +121,10 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
                 _S.FINISHED_STOPPED, _S.FINISHED_LENGTH_CAPPED, _S.FINISHED_ERROR
             ):
                 yield cid, f"update() changed {cid}: {name(old)} -> {name(new)}"
+    elif t.kind in ("pause", "grammar"):
+        call = "set_pause_state" if t.kind == "pause" else f"grammar_ready({t.request_id})"
+        for cid, (old, new) in changes.items():
+            yield cid, f"{call} changed {cid}: {name(old)} -> {name(new)}"
     elif t.kind == "reset":
         bad = {cid: ch for cid, ch in changes.items() if ch != (_S.RUNNING, _S.PREEMPTED)}
         for cid, (old, new) in bad.items():
@@ -365,7 +372,7 @@ def finished_reported_once(t: Transition, h: History) -> Iterator[Finding]:
     "free-queue-lru",
     "The free queue is an LRU list: freeing puts a request's newly free blocks, tail first, at the "
     "front if keyless and at the back if keyed; allocation takes from the front and a prefix hit "
-    "removes its block; nothing else moves it.",
+    "removes its block; nothing else moves it (add, a pause and a grammar report leave it as it is).",
     "vllm/v1/core/block_pool.py, free_blocks (prepend_n keyless, append_n keyed, fed "
     "reversed(table) by single_type_kv_cache_manager.py, free), get_new_blocks (popleft_n), touch "
     "(remove); kv_cache_utils.py, FreeKVCacheBlockQueue.",
@@ -374,7 +381,7 @@ def finished_reported_once(t: Transition, h: History) -> Iterator[Finding]:
 def free_queue_lru(t: Transition, h: History) -> Iterator[Finding]:
     before, after = list(t.before.kv.free_queue), list(t.after.kv.free_queue)
     keyed = t.after.kv.block_keys
-    if t.kind == "add" or (t.kind == "reset" and not _reset_preempted(t)):
+    if t.kind in ("add", "pause", "grammar") or (t.kind == "reset" and not _reset_preempted(t)):
         if after != before:
             yield None, f"{t.kind} reordered the free queue: {before} -> {after}"
         return

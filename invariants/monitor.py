@@ -8,7 +8,7 @@ from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
 from schedspec.invariants import gates, inflight, lifecycle, state, step  # noqa: F401
-from schedspec.invariants.core import REGISTRY, History, Invariant, Transition, Violation
+from schedspec.invariants.core import ALL_KINDS, REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
     # the state of one view
@@ -148,7 +148,7 @@ def catalogue_markdown() -> str:
     for inv in CATALOGUE:
         if inv.scope == "state":
             scope = "state (every op)"
-        elif len(inv.kinds) == 5:
+        elif inv.kinds == ALL_KINDS:
             scope = "transition (every op)"
         else:
             scope = "transition: " + ", ".join(sorted(inv.kinds))

@@ -431,9 +431,23 @@ class ScheduledRequest:
     the padding of a newly admitted decode).
 
     ``encoder_inputs`` are the indices into the request's ``mm_inputs`` whose
-    encoder runs in this step (vLLM's ``scheduled_encoder_inputs[req_id]``);
-    ``num_invalid_spec_tokens`` counts the request's drafts its grammar
-    refused before this step (vLLM's ``num_invalid_spec_tokens[req_id]``).
+    encoder runs in this step (vLLM's ``scheduled_encoder_inputs[req_id]``).
+
+    ``num_invalid_spec_tokens`` is vLLM's
+    ``SchedulerOutput.num_invalid_spec_tokens[req_id]`` as ``schedule()``
+    returns the output, and that is always 0: vLLM fills the field only
+    later, on the async path, when
+    ``Scheduler.update_draft_token_ids_in_output``
+    (vllm/v1/core/sched/scheduler.py) checks the worker's drafts for an
+    already scheduled output against the grammar, replaces the refused ones
+    (from the first refused token on) by -1 and counts them there; that
+    changes no scheduler state (update_from_output reads the count for
+    spec-decoding statistics only). Without async scheduling,
+    ``update_draft_token_ids`` cuts the request's drafts at the first refused
+    token before the next plan is made, so that plan carries fewer drafts and
+    no count. The spec, ImplScheduler and the vLLM adapter therefore always
+    report 0, the lockstep comparison holds a scheduler to that, and no
+    invariant reads the field.
 
     ``token_ids`` are the tokens to compute, at positions
     ``num_computed_tokens .. num_computed_tokens + num_scheduled_tokens - 1`` of

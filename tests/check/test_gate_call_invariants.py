@@ -63,7 +63,7 @@ def test_a_state_invariant_broken_by_grammar_ready_is_caught_at_that_event() -> 
 
 
 def test_a_state_invariant_broken_by_a_pause_is_caught_at_that_event() -> None:
-    events = [AddRequest(RequestSpec("a", (1, 2, 3), max_tokens=2)), Pause("all"), Step()]
+    events: list[Event] = [AddRequest(RequestSpec("a", (1, 2, 3), max_tokens=2)), Pause("all"), Step()]
     f = Runner(CFG, {"broken": RunsOnPause}).run(events)
     assert f is not None and f.kind == "violation" and f.event_index == 1
     assert f.message.endswith("after pause")

@@ -31,6 +31,12 @@ what keeps it small:
   rules, in a plain for loop while requests are steady. Beside each plan in
   flight it keeps one int per entry (tokens scheduled, most tokens sampled),
   so update() and its result check never read the plan entries.
+- The admission gates (docs/impl.md, "The admission gates"): the watermark
+  and LoRA decide admissions on every path; the prefill cadence, the
+  encoder budget and cache, pause states and structured outputs take the
+  gated path (``_schedule_gated``, ``_update_general`` with its gate rules),
+  which a config with the cadence or an encoder starts on and a pause state
+  or a request with a grammar moves to. Gate-free configs never reach it.
 """
 
 from __future__ import annotations
@@ -92,6 +98,8 @@ _NEVER = 1 << 62  # "no next full block" when prefix caching is off
 _new = object.__new__
 _SR = ScheduledRequest
 _NO_DRAFTS: tuple[int, ...] = ()
+_NO_MARKS: dict[int, str] = {}  # never written to
+_NO_REJECTS: frozenset[int] = frozenset()
 
 
 def _entry(
@@ -245,12 +253,14 @@ class _Req:
         # indices (>= 1) where the identity changes, with the new identity.
         self.lora = spec.lora_id
         self.grammar: bool | None = None
-        self.rejects: frozenset[int] = frozenset(spec.grammar_rejects)
+        self.rejects: frozenset[int] = frozenset(spec.grammar_rejects) if spec.grammar_rejects else _NO_REJECTS
         self.mm = spec.mm_inputs
-        marks: dict[int, str] = {}
+        marks = _NO_MARKS  # shared while empty: one allocation less per request
         for m in spec.mm_inputs:
             i = m.offset // block_size
             if i > 0:
+                if marks is _NO_MARKS:
+                    marks = {}
                 marks[i] = spec.block_identity((i + 1) * block_size)
         self.marks = marks
 

@@ -394,6 +394,7 @@ class ImplScheduler:
         self._general = config.async_scheduling or config.num_speculative_tokens > 0
         self._k = config.num_speculative_tokens
         self._async = config.async_scheduling
+        self._sync_plain = not config.async_scheduling and not config.num_speculative_tokens
         # n -> (-1,) * n: the token ids of a step wholly past the known tokens
         self._unknown: dict[int, tuple[int, ...]] = {}
         # the k placeholder drafts of a request with async scheduling: one
@@ -898,7 +899,10 @@ class ImplScheduler:
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
-            self._update_general(plan, result)
+            if self._gated and self._sync_plain:
+                self._update_sync_gated(plan, result)
+            else:
+                self._update_general(plan, result)
             return
         check_update(plan, self._inflight, result)
         sampled = result.sampled
@@ -1909,6 +1913,50 @@ class ImplScheduler:
             self._waiting.remove(req)  # a stale output stopped a preempted request
         self._finish(req, finished)
         return was_running
+
+    def _update_sync_gated(self, plan: StepPlan, result: StepResult) -> None:
+        """update() on the gated path, synchronous without drafts: one token
+        per sampling entry (no placeholders, drafts or stale output), with the
+        gates' rules: the encoder inputs a step completed are dropped, a token
+        the grammar refuses finishes the request with FINISHED_ERROR, failed
+        grammars finish after the entries."""
+        check_update(plan, self._inflight, result)
+        out = self._inflight_reqs[0]
+        if not self._result_ok(result, out, self._inflight_codes[0]):
+            check_sampled(plan, result, self._requests, self._config)  # raises the spec's error
+        get_toks = result.sampled.get
+        enc_on = self._enc is not None
+        any_stopped = False
+        for r in out:
+            r.inflight = 0
+            if r.status is not _RUNNING:
+                continue  # aborted while the step ran
+            if enc_on and r.mm:
+                self._encoder_done(r)
+            toks = get_toks(r.rid)
+            if not toks:
+                continue  # a partial prefill chunk
+            t = toks[0]
+            r.output.append(t)
+            nt = r.num_tokens + 1
+            r.num_tokens = nt
+            r.tail = toks
+            if r.rejects and t in r.rejects:
+                any_stopped = True
+                self._finish(r, _ERROR)
+            elif t in r.stop:
+                any_stopped = True
+                self._finish(r, _STOPPED)
+            elif nt >= r.end_at:
+                any_stopped = True
+                self._finish(r, _LENGTH)
+        if any_stopped:
+            self._running = [r for r in self._running if r.status is _RUNNING]
+        if self._grammar_errors:
+            self._finish_grammar_errors()
+        del self._inflight[0]
+        del self._inflight_reqs[0]
+        del self._inflight_codes[0]
 
     def _finish_grammar_errors(self) -> None:
         """The requests whose grammar failed, as the WAITING loops since the

@@ -176,3 +176,20 @@ def test_a_clone_of_a_gated_impl_goes_on_alike() -> None:
     assert p.view().requests["g"].status == GRAMMAR  # the original is untouched
     for _ in range(5):
         step(p)
+
+
+@pytest.mark.parametrize("extra", [dict(), dict(async_scheduling=True), dict(num_speculative_tokens=2)])
+def test_bad_results_on_the_gated_path_raise_the_spec_error_and_change_nothing(extra: dict[str, Any]) -> None:
+    p = Pair(cfg(prefill_schedule_interval=2, **extra))
+    p.add(req("a", 5, max_tokens=6, structured_output=True, grammar_rejects=(9,)))
+    p.add(req("b", 6, max_tokens=6, mm_inputs=()))
+    p.grammar_ready("a")
+    plan = p.schedule()
+    for bad in ({"a": (1, 2), "b": (3,)}, {"a": (1,), "b": (-3,)}, {"a": (1,), "zz": (3,)}, {"a": [1], "b": (3,)}):
+        with pytest.raises(Exception):
+            p.update(plan, StepResult(bad))  # type: ignore[arg-type]
+    p.update(plan, StepResult({"a": (1,), "b": (3,)}))
+    with pytest.raises(Exception):
+        p.grammar_ready("a")  # resolved already: the same error from both
+    for _ in range(6):
+        step(p)

@@ -58,7 +58,7 @@ class Stats:
     grammars_failed: int = 0  # grammars reported failed
     encoder_inputs: int = 0  # encoder inputs scheduled
     encoder_freed: int = 0  # encoder-cache entries freed
-    invalid_spec_tokens: int = 0  # drafts a grammar refused
+    invalid_spec_tokens: int = 0  # the plans' num_invalid_spec_tokens summed: 0 from vLLM's schedule() and every scheduler here
     lora_steps: int = 0  # steps that scheduled a request with an adapter
 
     def absorb(self, plan: StepPlan) -> None:

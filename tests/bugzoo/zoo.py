@@ -29,6 +29,7 @@ import inspect
 import textwrap
 from typing import Any, Callable
 
+from schedspec.check.capabilities import Capabilities
 from schedspec.impl import ImplScheduler
 from schedspec.impl.queues import PriorityWaiting
 from schedspec.spec.interface import RequestSpec, RequestStatus, StepPlan
@@ -292,6 +293,21 @@ class SaltIgnored(Mutant):
     def add(self, request: RequestSpec) -> None:
         super().add(request)
         self._requests[request.request_id].salt = ""
+
+
+class LoraIgnoredInBlockKeys(Mutant):
+    BUG = ("prefix-cache keys leave out the LoRA adapter, so requests of different adapters "
+           "(or of an adapter and the base model) share KV blocks computed under another adapter")
+    ISSUE = "https://github.com/vllm-project/vllm/issues/3264"
+    CAUGHT_BY = frozenset({"shared-block-one-adapter", "cached-block-content", "cache-hit-identical-prefix",
+                           "shared-blocks-identical-prefix"})
+    # it takes requests with adapters: the LoRA gate
+    CAPABILITIES = Capabilities(lora=True)
+
+    def add(self, request: RequestSpec) -> None:
+        super().add(request)
+        if not request.mm_inputs:
+            self._requests[request.request_id].salt = request.salt
 
 
 # ---------------------------------------------------------------- budgets

@@ -193,3 +193,28 @@ def test_bad_results_on_the_gated_path_raise_the_spec_error_and_change_nothing(e
         p.grammar_ready("a")  # resolved already: the same error from both
     for _ in range(6):
         step(p)
+
+
+def test_marked_key_chains_intern_view_copy_and_evict() -> None:
+    from schedspec.impl.prefix_index import PrefixIndex
+
+    px = PrefixIndex(8)
+    # block 1's identity changes ("img" starts in it): its parent is (node 0, identity)
+    px.register_marked([1, 2, 3], 0, "", [(1, 2), (3, 4), (5, 6)], {1: "id1"})
+    node2 = px.block_node[2]
+    assert node2 is not None and node2.full_key() == ("id1", (1, 2, 3, 4))
+    assert px.block_node[3] is not None and px.block_node[3].full_key() == ("id1", (1, 2, 3, 4, 5, 6))
+    assert px.block_node[1] is not None and px.block_node[1].full_key() == ("", (1, 2))
+    # the same tokens without the change are another key; with it, the same one
+    assert px.lookup(px.block_node[1], (3, 4)) is None
+    assert px.lookup((px.block_node[1], "id1"), (3, 4)) is node2
+    copy = px.copy()
+    assert copy.views() == px.views()
+    # evicting the chain tail first, then the rest, empties the intern table
+    for b in (3, 2, 1):
+        px.evict(b)
+    assert not px.intern
+    assert len(copy.intern) == 3  # the copy is independent
+    for b in (1, 2, 3):
+        copy.evict(b)
+    assert not copy.intern

@@ -406,12 +406,15 @@ class ImplScheduler:
         # The admission gates. The watermark and LoRA are on every path (they
         # decide admissions only). The prefill cadence and the encoder take
         # the gated path (_schedule_gated, and _update_general's gate rules)
-        # from the start; a pause state or a request with a grammar moves a
-        # scheduler to it at its next schedule(), when no plan is in flight.
-        self._gated = config.prefill_schedule_interval > 1 or config.has_encoder
-        self._to_gated = False
+        # for good; a pause state other than UNPAUSED or an unfinished
+        # request with a grammar holds a scheduler on it, taken (and left) at
+        # schedule() (_choose_path).
+        self._config_gated = config.prefill_schedule_interval > 1 or config.has_encoder
+        self._gated = self._config_gated
+        self._base_general = self._general
         if self._gated:
             self._general = True
+        self._live_grammars = 0  # unfinished requests with a grammar
         self._pause = PauseState.UNPAUSED
         self._watermark = config.watermark_blocks
         self._max_loras = config.max_loras
@@ -444,7 +447,7 @@ class ImplScheduler:
             # it waits for its grammar, passed over until grammar_ready
             req.status = _GRAMMAR
             self._deferred.add(request.request_id)
-            self._go_gated()
+            self._live_grammars += 1
         self._requests[request.request_id] = req
         self._waiting.push_back(req)
 
@@ -452,7 +455,6 @@ class ImplScheduler:
         """PAUSED_NEW admits nothing from the waiting queue, PAUSED_ALL
         schedules nothing, UNPAUSED resumes (vLLM's Scheduler.set_pause_state)."""
         self._pause = check_pause_state(state)
-        self._go_gated()
 
     def grammar_ready(self, request_id: str, ok: bool = True) -> None:
         """The request's grammar compiled (``ok``) or failed to; the WAITING
@@ -464,11 +466,6 @@ class ImplScheduler:
         )
         assert req is not None
         req.grammar = ok
-
-    def _go_gated(self) -> None:
-        if not self._gated:
-            self._gated = True
-            self._to_gated = True
 
     def abort(self, request_id: str) -> None:
         req = check_abort(request_id, self._requests)
@@ -489,6 +486,8 @@ class ImplScheduler:
             self._release_encoder(req)
         if self._deferred:
             self._deferred.discard(req.rid)
+        if req.spec.structured_output:
+            self._live_grammars -= 1
         del self._requests[req.rid]
         self._finished[req.rid] = req
 
@@ -694,9 +693,11 @@ class ImplScheduler:
 
     def schedule(self) -> StepPlan:
         check_schedule(self._inflight, self._config)
+        if self._gated is not (
+            self._config_gated or self._live_grammars > 0 or self._pause is not PauseState.UNPAUSED
+        ):
+            self._choose_path()
         if self._gated:
-            if self._to_gated:
-                self._enter_gated()
             return self._schedule_gated()
         if self._general:
             return self._schedule_general()
@@ -1409,14 +1410,23 @@ class ImplScheduler:
 
     # ------------------------------------------------------------------ gated path
 
-    def _enter_gated(self) -> None:
-        """Move to the gated path (no plan is in flight): the synchronous
-        fast path keeps no is_prefill_chunk, so the running requests get it."""
-        self._to_gated = False
-        if not self._general:
-            for r in self._running:
-                r.pchunk = r.num_computed < r.num_tokens
-            self._general = True
+    def _choose_path(self) -> None:
+        """Take the gated path (a pause state or a grammar came) or leave it
+        (none is left, and no config gate needs it). A synchronous scheduler
+        switches with no plan in flight; coming from the sync fast path,
+        which keeps no is_prefill_chunk, the running requests get it. An
+        async plan in flight scheduled on the other path is updated alike:
+        the gate rules of update concern requests with encoder inputs (a
+        config gate, never left) or a grammar (which holds the path)."""
+        if not self._gated:
+            self._gated = True
+            if not self._general:
+                for r in self._running:
+                    r.pchunk = r.num_computed < r.num_tokens
+                self._general = True
+        else:
+            self._gated = False
+            self._general = self._base_general
 
     def _release_encoder(self, req: _Req) -> None:
         enc = self._enc

@@ -218,3 +218,39 @@ def test_marked_key_chains_intern_view_copy_and_evict() -> None:
     for b in (1, 2, 3):
         copy.evict(b)
     assert not copy.intern
+
+
+@pytest.mark.parametrize("extra", [dict(), dict(async_scheduling=True), dict(num_speculative_tokens=2),
+                                   dict(async_scheduling=True, num_speculative_tokens=2)])
+def test_pauses_and_grammars_come_and_go_and_impl_keeps_in_step(extra: dict[str, Any]) -> None:
+    """The gated path is taken while a pause state or a request with a grammar
+    is there and left after; with async scheduling a plan is in flight when
+    the path changes."""
+    p = Pair(cfg(max_num_batched_tokens=10, max_num_seqs=4, **extra))
+    asyn = bool(extra.get("async_scheduling"))
+    inflight: list[StepPlan] = []
+
+    def tick() -> None:
+        inflight.append(p.schedule())
+        if len(inflight) > (1 if asyn else 0):
+            plan = inflight.pop(0)
+            p.update(plan, StepResult({e.request_id: (5,) for e in plan.scheduled if e.samples}))
+
+    for i in range(6):
+        p.add(req(f"r{i}", 7 + i, max_tokens=5))
+    for rnd in range(3):
+        tick()
+        p.set_pause_state(PauseState.PAUSED_NEW if rnd % 2 else PauseState.PAUSED_ALL)
+        p.add(req(f"n{rnd}", 4, max_tokens=3))
+        tick()
+        tick()
+        p.set_pause_state(PauseState.UNPAUSED)
+        tick()
+        p.add(req(f"g{rnd}", 5, max_tokens=2, structured_output=True))
+        tick()
+        p.grammar_ready(f"g{rnd}", ok=rnd != 1)
+        for _ in range(4):
+            tick()
+    while inflight:
+        plan = inflight.pop(0)
+        p.update(plan, StepResult({e.request_id: (5,) for e in plan.scheduled if e.samples}))

@@ -117,6 +117,23 @@ class _Pending:
     dropped: set[str] = field(default_factory=set)
 
 
+def scheduler_has_no_work(view: SchedulerView) -> bool:
+    """Whether a scheduler in this state gives vLLM's engine core no work
+    (EngineCore.has_work, leaving the plans in flight aside): nothing
+    finished left to report, and no unfinished request as
+    Scheduler.get_num_unfinished_requests counts them under the pause state
+    (PAUSED_ALL: none; PAUSED_NEW: running requests, and waiting ones that
+    hold KV blocks, still drain)."""
+    if view.finished:
+        return False
+    if view.pause_state == PauseState.PAUSED_ALL:
+        return True
+    if view.pause_state == PauseState.PAUSED_NEW:
+        return not view.running and not any(
+            rid in view.requests and view.requests[rid].num_computed_tokens > 0 for rid in view.waiting)
+    return not view.requests
+
+
 class Runner:
     """Feeds events to one or more schedulers built from the same config."""
 
@@ -440,16 +457,7 @@ class Runner:
                 return False
         self._where = (self.names[0], "view")
         view = self.views.get(self.names[0]) if self.need_views else None
-        view = view or self.primary.view()
-        if view.finished:
-            return False
-        if view.pause_state == PauseState.PAUSED_ALL:
-            return True
-        if view.pause_state == PauseState.PAUSED_NEW:
-            # running requests, and waiting ones that hold KV blocks, drain
-            return not view.running and not any(
-                rid in view.requests and view.requests[rid].num_computed_tokens > 0 for rid in view.waiting)
-        return not view.requests
+        return scheduler_has_no_work(view or self.primary.view())
 
     def _finish_pause(self) -> Failure | None:
         """The pause completed on an idle engine: its cache clear

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
-from schedspec.check.driver import describe_difference
+from schedspec.check.driver import describe_difference, scheduler_has_no_work
 from schedspec.check.oracle import FakeModel
 from schedspec.check.workload import (
     Abort,
@@ -936,14 +936,7 @@ def engine_idle(v: SchedulerView, in_flight: int) -> bool:
     Scheduler.get_num_unfinished_requests counts them under the pause state
     (PAUSED_ALL: none; PAUSED_NEW: running ones and waiting ones holding KV
     blocks)."""
-    if in_flight or v.finished:
-        return False
-    if v.pause_state == PauseState.PAUSED_ALL:
-        return True
-    if v.pause_state == PauseState.PAUSED_NEW:
-        return not v.running and not any(
-            rid in v.requests and v.requests[rid].num_computed_tokens > 0 for rid in v.waiting)
-    return not v.requests
+    return not in_flight and scheduler_has_no_work(v)
 
 
 def _load_grammars(model: FakeModel, v: SchedulerView) -> None:

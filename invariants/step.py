@@ -654,6 +654,17 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
         return  # the cadence holds the prefills of a step whose decoding request preempts itself
     if len(t.in_flight) > 1 and any(r.mm_inputs for r in t.before.requests.values()):
         return  # the step in flight still holds the encoder cache a chunk needs
+    if t.plan.preempted_ids and any(
+        any(m.offset + m.length > r.num_computed_tokens for m in r.mm_inputs)
+        for rid in t.before.running
+        if (r := t.before.requests.get(rid)) is not None
+    ):
+        # a running request whose chunk starts at an encoder input the cache
+        # cannot hold yet (a later request still references its entries) is
+        # passed over (_try_schedule_encoder_inputs); that later request may
+        # then preempt itself for KV, which releases its encoder entries for
+        # the next step: the step's progress is the preemption
+        return
     grammar = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     if all(r.status == grammar for r in t.before.requests.values()):
         return  # requests waiting for their grammar are passed over

@@ -10,7 +10,7 @@ import dataclasses
 from schedspec.check.driver import Runner
 from schedspec.check.workload import AddRequest, Event, Schedule, Step, Update
 from schedspec.invariants import BY_ID, Monitor, Transition, Violation
-from schedspec.spec.interface import MMInput, RequestSpec, SchedulerConfig, StepResult
+from schedspec.spec.interface import MMInput, Policy, RequestSpec, SchedulerConfig, StepResult
 from schedspec.spec.scheduler import SpecScheduler
 
 
@@ -135,3 +135,35 @@ def test_budget_cut_of_a_request_no_encoder_cut_explains_fires() -> None:
     none = dataclasses.replace(b, mm_inputs=())
     bare = dataclasses.replace(t, after=dataclasses.replace(t.after, requests={**t.after.requests, "b": none}))
     assert _fires("chunked-prefill-disabled", bare) != []
+
+
+# A step whose only progress is a preemption, with the encoder on: under
+# PRIORITY, r202 (priority 0) is passed over because its next chunk starts at
+# an encoder input (mm3) the cache of 2 cannot hold while r201 still
+# references mm1; r201 then needs a block, the pool has none, and it preempts
+# itself, which releases mm1 for the next step. vLLM plans the same.
+ENC_CFG = SchedulerConfig(
+    block_size=8, num_blocks=3, max_num_batched_tokens=6, max_num_seqs=2, max_model_len=16,
+    enable_prefix_caching=False, policy=Policy.PRIORITY, scheduler_reserve_full_isl=False,
+    max_num_encoder_input_tokens=2, encoder_cache_size=2,
+)
+ENC_EVENTS: list[Event] = [
+    AddRequest(RequestSpec("r201", (5, 5, 13, 15, 9, 15, 6, 0, 8), max_tokens=1, priority=799,
+                           arrival=201, mm_inputs=(MMInput(2, 2, "mm1"),))),
+    AddRequest(RequestSpec("r202", (1, 9, 8, 13, 10, 3, 7, 9, 3), max_tokens=1, arrival=202,
+                           mm_inputs=(MMInput(0, 1, "mm2"), MMInput(2, 2, "mm1"),
+                                      MMInput(4, 2, "mm1"), MMInput(7, 2, "mm3")))),
+    Step(),
+    Step(),
+    Step(),
+]
+
+
+def test_a_step_that_only_preempts_for_the_encoder_makes_progress() -> None:
+    seen = _run(ENC_CFG, ENC_EVENTS)
+    t = _nth_schedule(seen, 3)
+    assert t.plan is not None and not t.plan.scheduled and t.plan.preempted_ids == ("r201",)
+    assert _fires("progress", t) == []
+    # the same empty step without the preemption is still no progress
+    bare = dataclasses.replace(t, plan=dataclasses.replace(t.plan, preempted_ids=()))
+    assert _fires("progress", bare)

@@ -45,6 +45,12 @@ class RequestStatus(enum.Enum):
     #: Its grammar failed to compile (vllm/v1/core/sched/scheduler.py,
     #: update_from_output, ``grammar_compile_error_reqs``).
     FINISHED_ERROR = "finished_error"
+    #: An asynchronous KV-connector load of the request's external prefix is
+    #: in flight; the request holds blocks for it and is not scheduled until
+    #: the worker reports the load finished or failed
+    #: (vllm/v1/core/sched/scheduler.py, schedule(), ``load_kv_async``, and
+    #: _update_waiting_for_remote_kv).
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
 
     @property
     def is_finished(self) -> bool:
@@ -84,9 +90,19 @@ _S = RequestStatus
 #:               same, then admitted in that step), FINISHED_ABORTED,
 #:               FINISHED_ERROR (the grammar failed to compile; the waiting
 #:               loop records it and update_from_output finishes the request)
+#:  WAITING, PREEMPTED -> WAITING_FOR_REMOTE_KVS (the connector starts an
+#:               asynchronous load of the request's external prefix)
+#:  WAITING_FOR_REMOTE_KVS
+#:            -> WAITING or PREEMPTED (the load is reported finished or failed
+#:               and the waiting loop promotes it: _handle_blocked_waiting_request;
+#:               PREEMPTED when it was preempted before), RUNNING (the same,
+#:               then admitted in that step), FINISHED_ABORTED, FINISHED_ERROR
+#:               (a failed load under kv_load_failure_policy "fail")
 #:  finished  -> nothing
 LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
-    _S.WAITING: frozenset({_S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_IGNORED}),
+    _S.WAITING: frozenset(
+        {_S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_IGNORED, _S.WAITING_FOR_REMOTE_KVS}
+    ),
     _S.RUNNING: frozenset(
         {
             _S.PREEMPTED,
@@ -103,6 +119,7 @@ LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
             _S.FINISHED_STOPPED,
             _S.FINISHED_LENGTH_CAPPED,
             _S.FINISHED_ERROR,
+            _S.WAITING_FOR_REMOTE_KVS,
         }
     ),
     _S.FINISHED_STOPPED: frozenset(),
@@ -113,6 +130,9 @@ LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
         {_S.WAITING, _S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_ERROR}
     ),
     _S.FINISHED_ERROR: frozenset(),
+    _S.WAITING_FOR_REMOTE_KVS: frozenset(
+        {_S.WAITING, _S.PREEMPTED, _S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_ERROR}
+    ),
 }
 
 
@@ -151,6 +171,57 @@ class ScheduleKind(enum.Enum):
 # --------------------------------------------------------------------------
 
 
+#: The attention kinds a KV cache group may have (vllm/v1/kv_cache_interface.py:
+#: FullAttentionSpec, SlidingWindowSpec).
+KV_GROUP_KINDS = ("full_attention", "sliding_window")
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """One KV cache group of a hybrid model (vLLM's KVCacheGroupSpec with its
+    KVCacheSpec): the layers that share one block table per request.
+
+    ``kind`` is ``"full_attention"`` (every position stays attended:
+    FullAttentionManager) or ``"sliding_window"`` (a token attends the last
+    ``sliding_window`` positions; blocks wholly before that window are freed
+    and replaced by the null block 0 in the request's table:
+    SlidingWindowManager, remove_skipped_blocks). ``block_size`` 0 means the
+    config's ``block_size``; the modelled layouts give every group the
+    config's block size (vLLM requires each cacheable group's block size to be
+    a multiple of the hash block size, HybridKVCacheCoordinator.__init__), so
+    another value is refused.
+
+    All groups draw their blocks from the one pool of ``num_blocks`` blocks
+    (vLLM's single BlockPool); a block belongs to one group at a time."""
+
+    kind: str = "full_attention"
+    sliding_window: int = 0
+    block_size: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.sliding_window:
+            out["sliding_window"] = self.sliding_window
+        if self.block_size:
+            out["block_size"] = self.block_size
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "kv_cache_groups") -> KVCacheGroup:
+        if isinstance(data, KVCacheGroup):
+            return data
+        if not isinstance(data, Mapping):
+            raise ConfigError(where, f"must be an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {"kind", "sliding_window", "block_size"})
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", "unknown field")
+        return cls(
+            kind=data.get("kind", "full_attention"),
+            sliding_window=data.get("sliding_window", 0),
+            block_size=data.get("block_size", 0),
+        )
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduler options the spec models. Defaults follow vLLM 0.33 where
@@ -182,6 +253,26 @@ class SchedulerConfig:
     - ``max_num_encoder_input_tokens`` and ``encoder_cache_size``: the
       multimodal encoder's compute budget per step and its cache size, both
       in embeddings (vLLM's MultiModalBudget); both 0 = no encoder.
+
+    The KV connector and hybrid KV cache groups, each off at its default:
+
+    - ``kv_connector``: the scheduler has a KV connector (vLLM's
+      kv_transfer_config with kv_role "kv_both"): the modelled connector
+      offers each request's ``kv_external_tokens`` as an external prefix hit,
+      loaded synchronously within the step or asynchronously
+      (WAITING_FOR_REMOTE_KVS), and saves a finished request's blocks
+      asynchronously where the request asks for it (its blocks are freed when
+      the worker reports the save finished). The worker's reports arrive in
+      StepResult (finished_recving, finished_sending, failed_recving,
+      invalid_block_ids).
+    - ``kv_load_failure_policy``: what a failed load does (vLLM's
+      KVTransferConfig.kv_load_failure_policy): ``"recompute"`` truncates the
+      request's computed tokens at the first invalid block and recomputes
+      them; ``"fail"`` finishes the affected requests with FINISHED_ERROR.
+    - ``kv_cache_groups``: the KV cache groups (``()`` = one full-attention
+      group, the plain layout); two or more make vLLM's
+      HybridKVCacheCoordinator, one sliding-window group its
+      UnitaryKVCacheCoordinator over a SlidingWindowManager.
     """
 
     block_size: int = 16
@@ -201,9 +292,24 @@ class SchedulerConfig:
     prefill_schedule_interval: int = 1
     max_num_encoder_input_tokens: int = 0
     encoder_cache_size: int = 0
+    kv_connector: bool = False
+    kv_load_failure_policy: str = "fail"
+    kv_cache_groups: tuple[KVCacheGroup, ...] = ()
 
     def __post_init__(self) -> None:
-        validate_config(self, Policy)
+        validate_config(self, Policy, KVCacheGroup)
+
+    @property
+    def groups(self) -> tuple[KVCacheGroup, ...]:
+        """The KV cache groups in force: ``kv_cache_groups``, or the one
+        full-attention group of the plain layout."""
+        return self.kv_cache_groups or (KVCacheGroup(),)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether the layout is other than one full-attention group (then
+        plans and views carry ``group_block_ids``)."""
+        return self.groups != (KVCacheGroup(),)
 
     @property
     def watermark_blocks(self) -> int:
@@ -233,6 +339,7 @@ class SchedulerConfig:
         gates) only when they differ from their defaults, so a default config serializes as it always did."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["policy"] = self.policy.value
+        out["kv_cache_groups"] = [g.to_dict() for g in self.kv_cache_groups]
         for name, default in _LATER_FIELDS.items():
             if out[name] == default:
                 del out[name]
@@ -255,6 +362,13 @@ class SchedulerConfig:
                 kwargs["policy"] = Policy(raw)
             else:
                 raise ConfigError("policy", f"must be one of 'fcfs', 'priority', got {raw!r}")
+        if "kv_cache_groups" in kwargs:
+            raw_groups = kwargs["kv_cache_groups"]
+            if not isinstance(raw_groups, (list, tuple)):
+                raise ConfigError("kv_cache_groups", f"must be a list, got {type(raw_groups).__name__}")
+            kwargs["kv_cache_groups"] = tuple(
+                KVCacheGroup.from_dict(g, f"kv_cache_groups[{i}]") for i, g in enumerate(raw_groups)
+            )
         return cls(**kwargs)
 
 
@@ -269,6 +383,9 @@ _LATER_FIELDS: Mapping[str, object] = {
     "prefill_schedule_interval": 1,
     "max_num_encoder_input_tokens": 0,
     "encoder_cache_size": 0,
+    "kv_connector": False,
+    "kv_load_failure_policy": "fail",
+    "kv_cache_groups": [],
 }
 
 
@@ -279,6 +396,30 @@ _LATER_FIELDS: Mapping[str, object] = {
 #: its prefix cache by content, never by a digest, so no collision can fake a
 #: hit.
 BlockKey = tuple[str, tuple[int, ...]]
+
+#: Ends the identity of a block key of KV cache group g >= 1 (followed by
+#: ``g``), as vLLM's BlockHashWithGroupId appends the group id to the block
+#: hash (vllm/v1/core/kv_cache_utils.py, make_block_hash_with_group_id): the
+#: same content cached in two groups is two entries. Group 0's keys carry no
+#: suffix, so the plain layout's keys are what they always were.
+GROUP_KEY_SEPARATOR = "\x1d"
+
+
+def group_block_key(key: BlockKey, group: int) -> BlockKey:
+    """``key`` as the prefix-cache key of a block of KV cache group ``group``."""
+    if group == 0:
+        return key
+    return (f"{key[0]}{GROUP_KEY_SEPARATOR}{group}", key[1])
+
+
+def block_key_group(key: BlockKey) -> int:
+    """The KV cache group a prefix-cache key belongs to (see group_block_key)."""
+    ident = key[0]
+    i = ident.rfind(GROUP_KEY_SEPARATOR)
+    if i < 0:
+        return 0
+    tail = ident[i + 1 :]
+    return int(tail) if tail.isdigit() else 0
 
 
 @dataclass(frozen=True)
@@ -307,6 +448,20 @@ class RequestSpec:
 
     ``arrival`` orders requests of equal priority (vLLM's arrival_time);
     ties are broken by request_id as vLLM's Request.__lt__ does.
+
+    With a KV connector (``SchedulerConfig.kv_connector``; a request that
+    sets any of these without one is refused at add):
+    ``kv_external_tokens`` is how many leading prompt tokens the connector's
+    store holds for this request: the modelled connector's
+    get_num_new_matched_tokens offers the part of them beyond the local
+    prefix-cache hit (vllm/distributed/kv_transfer/kv_connector/v1/base.py,
+    KVConnectorBase_V1.get_num_new_matched_tokens); ``kv_load_async`` makes
+    that load asynchronous (the request waits in WAITING_FOR_REMOTE_KVS, as a
+    disaggregated decode instance does), otherwise it is loaded within the
+    step that admits the request; ``kv_save_async`` makes the connector keep
+    the request's blocks when it finishes until the worker reports the save
+    finished (request_finished returning delay_free_blocks, as a prefill
+    instance does for its decode peer).
     """
 
     request_id: str
@@ -322,6 +477,9 @@ class RequestSpec:
     structured_output: bool = False
     grammar_rejects: tuple[int, ...] = ()
     mm_inputs: tuple[MMInput, ...] = ()
+    kv_external_tokens: int = 0
+    kv_load_async: bool = False
+    kv_save_async: bool = False
 
     def __post_init__(self) -> None:
         validate_request(self, MMInput)
@@ -359,6 +517,12 @@ class RequestSpec:
             out["grammar_rejects"] = list(self.grammar_rejects)
         if self.mm_inputs:
             out["mm_inputs"] = [m.to_dict() for m in self.mm_inputs]
+        if self.kv_external_tokens:
+            out["kv_external_tokens"] = self.kv_external_tokens
+        if self.kv_load_async:
+            out["kv_load_async"] = True
+        if self.kv_save_async:
+            out["kv_save_async"] = True
         return out
 
     @classmethod
@@ -449,6 +613,12 @@ class ScheduledRequest:
     report 0, the lockstep comparison holds a scheduler to that, and no
     invariant reads the field.
 
+    ``group_block_ids`` holds, for a hybrid layout (``config.is_hybrid``),
+    the block table of every KV cache group in group order (vLLM's
+    ``block_ids`` tuple per group); ``block_ids`` is then group 0's table.
+    A sliding-window group's table has the null block 0 in the places of the
+    blocks it freed. Empty for the plain layout.
+
     ``token_ids`` are the tokens to compute, at positions
     ``num_computed_tokens .. num_computed_tokens + num_scheduled_tokens - 1`` of
     the sequence: the known tokens, then -1 for each in-flight placeholder,
@@ -467,6 +637,7 @@ class ScheduledRequest:
     num_output_placeholders: int = 0
     encoder_inputs: tuple[int, ...] = ()
     num_invalid_spec_tokens: int = 0
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
     def of(
@@ -482,6 +653,7 @@ class ScheduledRequest:
         num_output_placeholders: int = 0,
         encoder_inputs: tuple[int, ...] = (),
         num_invalid_spec_tokens: int = 0,
+        group_block_ids: tuple[tuple[int, ...], ...] = (),
     ) -> ScheduledRequest:
         """The entry of a request that knows ``all_token_ids`` (prompt then
         output), with ``num_output_placeholders`` output tokens in flight and
@@ -507,6 +679,7 @@ class ScheduledRequest:
             num_output_placeholders=num_output_placeholders,
             encoder_inputs=tuple(encoder_inputs),
             num_invalid_spec_tokens=num_invalid_spec_tokens,
+            group_block_ids=group_block_ids,
         )
 
     @property
@@ -531,6 +704,30 @@ class ScheduledRequest:
 
 
 @dataclass(frozen=True)
+class KVLoad:
+    """A load the KV connector asks the worker for in a step (what vLLM's
+    connector metadata carries to the worker: update_state_after_alloc and
+    build_connector_meta): tokens ``start .. end - 1`` of the request's
+    sequence come from the connector's store into its blocks (``block_ids``,
+    group 0's table; ``group_block_ids`` every group's for a hybrid layout).
+    A synchronous load (``asynchronous`` False) is complete before the step's
+    forward reads it; an asynchronous one is reported later in a
+    StepResult's ``finished_recving`` (or ``failed_recving`` /
+    ``invalid_block_ids``)."""
+
+    request_id: str
+    start: int
+    end: int
+    block_ids: tuple[int, ...]
+    asynchronous: bool
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """The scheduler's decision for one step, in scheduling order (running
     requests first, in running-queue order, then admissions in admission order).
@@ -541,6 +738,8 @@ class StepPlan:
     Both are sorted: vLLM keeps them in sets. ``freed_encoder_inputs`` lists
     the encoder-cache entries (mm identifiers) freed since the previous plan,
     in the order they were freed (vLLM's ``free_encoder_mm_hashes``).
+    ``kv_loads`` lists the connector loads this step starts, in admission
+    order (empty without a KV connector).
     """
 
     step: int
@@ -548,6 +747,7 @@ class StepPlan:
     preempted_ids: tuple[str, ...]
     finished_ids: tuple[str, ...]
     freed_encoder_inputs: tuple[str, ...] = ()
+    kv_loads: tuple[KVLoad, ...] = ()
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -580,10 +780,25 @@ class StepResult:
     ids, only for entries of this plan that sample (an empty tuple is allowed
     for any scheduled entry). With async scheduling the scheduler schedules -1
     placeholder drafts instead and ignores these ids once validated.
+
+    The KV connector's worker side (vLLM's KVConnectorOutput in
+    ModelRunnerOutput.kv_connector_output), all empty without a connector:
+    ``finished_recving`` the requests whose asynchronous load finished,
+    ``finished_sending`` the finished requests whose asynchronous save
+    finished (their held blocks are freed), ``failed_recving`` the requests
+    whose asynchronous load failed as a whole, ``invalid_block_ids`` the
+    blocks a load failed to fill (vllm/v1/core/sched/scheduler.py,
+    update_from_output: _handle_failed_recving, _handle_invalid_blocks,
+    _update_from_kv_xfer_finished). A report may arrive in the result of any
+    plan, also one that scheduled nothing.
     """
 
     sampled: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     draft_token_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    finished_recving: tuple[str, ...] = ()
+    finished_sending: tuple[str, ...] = ()
+    failed_recving: tuple[str, ...] = ()
+    invalid_block_ids: tuple[int, ...] = ()
 
 
 # --------------------------------------------------------------------------
@@ -618,6 +833,12 @@ class RequestView:
     #: cadence on (config.prefill_schedule_interval > 1), whose rule reads it,
     #: and False otherwise
     is_prefill_chunk: bool = False
+    kv_external_tokens: int = 0
+    kv_load_async: bool = False
+    kv_save_async: bool = False
+    #: every KV cache group's block table for a hybrid layout (block_ids is
+    #: group 0's), empty for the plain layout
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
     def of(
@@ -632,6 +853,7 @@ class RequestView:
         num_output_placeholders: int = 0,
         spec_token_ids: tuple[int, ...] = (),
         is_prefill_chunk: bool = False,
+        group_block_ids: tuple[tuple[int, ...], ...] = (),
     ) -> RequestView:
         """The view of request ``spec`` in the given state: every scheduler
         builds its views here, so the fields taken from the spec are always
@@ -661,6 +883,10 @@ class RequestView:
             grammar_rejects=spec.grammar_rejects,
             mm_inputs=spec.mm_inputs,
             is_prefill_chunk=is_prefill_chunk,
+            kv_external_tokens=spec.kv_external_tokens,
+            kv_load_async=spec.kv_load_async,
+            kv_save_async=spec.kv_save_async,
+            group_block_ids=group_block_ids,
         )
 
     @property
@@ -719,6 +945,16 @@ class SchedulerView:
     cadence's counters and ``prefill_capacity_bound`` its escape (vLLM's
     Scheduler fields of those names), tracked only when
     ``config.prefill_schedule_interval > 1`` (0, -1 and False otherwise).
+
+    The KV connector's state (empty without one): ``kv_held_by_finished``
+    maps each finished request that still holds blocks to them, group 0's
+    table first and then the other groups' blocks (an asynchronous save not
+    yet reported finished, or an abort during an asynchronous load not yet
+    reported: vLLM keeps such a request in Scheduler.requests until
+    _free_blocks); ``kv_loads_done`` and ``kv_loads_failed`` are the requests
+    in WAITING_FOR_REMOTE_KVS whose load was reported finished, or failed,
+    and which the waiting loop has not promoted yet (vLLM's
+    finished_recving_kv_req_ids and failed_recving_kv_req_ids), sorted.
     """
 
     config: SchedulerConfig
@@ -735,6 +971,9 @@ class SchedulerView:
     num_executed_steps: int = 0
     last_prefill_step: int = -1
     prefill_capacity_bound: bool = False
+    kv_held_by_finished: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    kv_loads_done: tuple[str, ...] = ()
+    kv_loads_failed: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------

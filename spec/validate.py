@@ -69,6 +69,15 @@ class ConfigFields(Protocol):
     @property
     def encoder_cache_size(self) -> int: ...
 
+    @property
+    def kv_connector(self) -> bool: ...
+
+    @property
+    def kv_load_failure_policy(self) -> str: ...
+
+    @property
+    def kv_cache_groups(self) -> tuple[object, ...]: ...
+
 
 class RequestFields(Protocol):
     """The fields of a RequestSpec as the checks read them."""
@@ -112,6 +121,15 @@ class RequestFields(Protocol):
     @property
     def mm_inputs(self) -> tuple[object, ...]: ...
 
+    @property
+    def kv_external_tokens(self) -> int: ...
+
+    @property
+    def kv_load_async(self) -> bool: ...
+
+    @property
+    def kv_save_async(self) -> bool: ...
+
 
 def is_int(value: object) -> bool:
     """An int that is not a bool."""
@@ -153,6 +171,7 @@ _BOOL_FIELDS = (
     "enable_prefix_caching",
     "scheduler_reserve_full_isl",
     "async_scheduling",
+    "kv_connector",
 )
 _POSITIVE_FIELDS = (
     "block_size",
@@ -169,13 +188,68 @@ _NON_NEGATIVE_FIELDS = (
 )
 
 
-def validate_config(config: ConfigFields, policy_type: type) -> None:
+#: The most KV cache groups a modelled layout has.
+MAX_KV_CACHE_GROUPS = 4
+
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+
+def validate_config(config: ConfigFields, policy_type: type, group_type: type | None = None) -> None:
     """Raise ConfigError for the first invalid field of ``config``: first the
     type of each field (``policy`` must be a ``policy_type``), then each
-    field's own range, then the relations between fields."""
+    field's own range, then the relations between fields. ``group_type`` is
+    the type every ``kv_cache_groups`` item must have."""
     _check_config_types(config, policy_type)
     _check_config_ranges(config)
     _check_config_relations(config)
+    _check_kv_fields(config, group_type)
+
+
+def _check_kv_fields(config: ConfigFields, group_type: type | None) -> None:
+    """The KV connector's and the KV cache groups' fields."""
+    if config.kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+        raise ConfigError(
+            "kv_load_failure_policy",
+            f"must be one of {', '.join(repr(p) for p in KV_LOAD_FAILURE_POLICIES)}, "
+            f"got {config.kv_load_failure_policy!r}",
+        )
+    groups = config.kv_cache_groups
+    if not isinstance(groups, tuple):
+        raise ConfigError("kv_cache_groups", f"must be a tuple of KVCacheGroup, got {type(groups).__name__}")
+    if len(groups) > MAX_KV_CACHE_GROUPS:
+        raise ConfigError("kv_cache_groups", f"{len(groups)} groups is beyond the supported maximum {MAX_KV_CACHE_GROUPS}")
+    for i, g in enumerate(groups):
+        name = f"kv_cache_groups[{i}]"
+        if group_type is not None and not isinstance(g, group_type):
+            raise ConfigError(name, f"must be a KVCacheGroup, got {type(g).__name__}")
+        kind = getattr(g, "kind", None)
+        window = getattr(g, "sliding_window", None)
+        bs = getattr(g, "block_size", None)
+        if kind not in ("full_attention", "sliding_window"):
+            raise ConfigError(f"{name}.kind", f"must be 'full_attention' or 'sliding_window', got {kind!r}")
+        if not is_int(window) or not is_int(bs):
+            raise ConfigError(name, f"sliding_window and block_size must be integers, got {window!r}, {bs!r}")
+        assert isinstance(window, int) and isinstance(bs, int)
+        # vllm/v1/kv_cache_interface.py, SlidingWindowSpec: a window of at
+        # least one token; a full-attention group has none.
+        if kind == "sliding_window" and window < 1:
+            raise ConfigError(f"{name}.sliding_window", f"a sliding-window group needs a window >= 1, got {window}")
+        if kind == "full_attention" and window != 0:
+            raise ConfigError(f"{name}.sliding_window", f"a full-attention group has no window, got {window}")
+        # HybridKVCacheCoordinator.__init__: every cacheable group's block
+        # size is a multiple of the hash block size (the config's block_size).
+        if bs < 0 or (bs and bs % config.block_size):
+            raise ConfigError(
+                f"{name}.block_size",
+                f"({bs}) must be a multiple of the hash block size block_size ({config.block_size}), "
+                "as vLLM's hybrid coordinator requires",
+            )
+        if bs and bs != config.block_size:
+            raise ConfigError(
+                f"{name}.block_size",
+                f"({bs}) differs from block_size ({config.block_size}): the modelled layouts "
+                "give every group the config's block size (0 = the config's)",
+            )
 
 
 def _check_config_types(config: ConfigFields, policy_type: type) -> None:
@@ -332,6 +406,10 @@ def validate_request(request: RequestFields, mm_type: type | None = None) -> Non
         # Block identities of adapter or encoder requests start with NUL
         # (RequestSpec.block_identity); a salt must never look like one.
         raise RequestError(rid, "cache_salt", "must not start with a NUL character")
+    if request.cache_salt and "\x1d" in request.cache_salt:
+        # The group separator ends the identity of a KV cache group's block
+        # keys (interface.GROUP_KEY_SEPARATOR); a salt must never fake one.
+        raise RequestError(rid, "cache_salt", "must not contain the group separator character \\x1d")
     _check_gate_fields(request, mm_type)
 
 
@@ -349,6 +427,24 @@ def _check_gate_fields(request: RequestFields, mm_type: type | None) -> None:
     if not isinstance(request.mm_inputs, tuple):
         raise RequestError(rid, "mm_inputs", "must be a tuple of MMInput")
     _check_mm_inputs(request, mm_type)
+    _check_kv_request_fields(request)
+
+
+def _check_kv_request_fields(request: RequestFields) -> None:
+    rid = request.request_id
+    ext = request.kv_external_tokens
+    if not is_int(ext) or ext < 0:
+        raise RequestError(rid, "kv_external_tokens", f"must be an integer >= 0, got {ext!r}")
+    if ext > len(request.prompt_token_ids):
+        raise RequestError(
+            rid, "kv_external_tokens",
+            f"({ext}) exceeds the prompt ({len(request.prompt_token_ids)} tokens): the store holds prompt KV only",
+        )
+    for name in ("kv_load_async", "kv_save_async"):
+        if not isinstance(getattr(request, name), bool):
+            raise RequestError(rid, name, f"must be a boolean, got {getattr(request, name)!r}")
+    if request.kv_load_async and not ext:
+        raise RequestError(rid, "kv_load_async", "an asynchronous load needs kv_external_tokens > 0")
 
 
 def _check_mm_inputs(request: RequestFields, mm_type: type | None) -> None:

@@ -9,7 +9,7 @@ from schedspec.spec.interface import KVView, RequestView, ScheduledRequest, is_l
 
 def test_statuses_transitions_and_plan_helpers_answer_as_documented() -> None:
     S = RequestStatus
-    assert [s.is_finished for s in S] == [False, False, False, True, True, True, True, False, True]
+    assert [s.is_finished for s in S] == [False, False, False, True, True, True, True, False, True, False]
     assert is_legal_transition(S.WAITING, S.RUNNING) and is_legal_transition(S.PREEMPTED, S.RUNNING)
     assert not is_legal_transition(S.WAITING, S.PREEMPTED)
     assert not is_legal_transition(S.FINISHED_ABORTED, S.RUNNING)

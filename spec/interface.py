@@ -789,8 +789,11 @@ class StepResult:
     whose asynchronous load failed as a whole, ``invalid_block_ids`` the
     blocks a load failed to fill (vllm/v1/core/sched/scheduler.py,
     update_from_output: _handle_failed_recving, _handle_invalid_blocks,
-    _update_from_kv_xfer_finished). A report may arrive in the result of any
-    plan, also one that scheduled nothing.
+    _update_from_kv_xfer_finished). A load ends with its request in
+    ``finished_recving``, also a load that failed: the failure comes in the
+    same result (``failed_recving`` or ``invalid_block_ids``), as vLLM's
+    worker reports it. A report may arrive in the result of any plan, also
+    one that scheduled nothing.
     """
 
     sampled: Mapping[str, tuple[int, ...]] = field(default_factory=dict)

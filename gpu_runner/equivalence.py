@@ -28,8 +28,10 @@ factory ``Callable[[SchedulerConfig], Scheduler]``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,7 +52,7 @@ from schedspec.check.driver import Runner
 from schedspec.check.stats import FEATURES, Stats
 from schedspec.check.workload import Workload, timed_events
 from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, PlanError
-from schedspec.gpu_runner.model import PagedLlama
+from schedspec.gpu_runner.model import PagedLlama, describe_facts, determinism_facts
 
 if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
     from matplotlib.figure import Figure
@@ -331,6 +333,21 @@ class RunRecord:
     #: the in-flight features it exercised (INFLIGHT_FEATURES)
     inflight: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def tokens_generated(self) -> int:
+        return sum(len(o) for o in self.outputs.values())
+
+    def digest(self) -> str:
+        """sha256 of every request's tokens and status and every sampled
+        logits row's bytes: equal digests, identical runs."""
+        h = hashlib.sha256()
+        for rid in sorted(self.outputs):
+            h.update(f"{rid}:{self.status[rid].value}:{','.join(map(str, self.outputs[rid]))};".encode())
+        for key in sorted(self.logits):
+            h.update(f"{key[0]}@{key[1]}".encode())
+            h.update(self.logits[key].contiguous().numpy().tobytes())
+        return h.hexdigest()
+
 
 class StallError(RuntimeError):
     """The scheduler stopped making progress with requests left."""
@@ -417,6 +434,9 @@ class Comparison:
     counters: Stats = field(default_factory=Stats)
     #: the variant's in-flight counts (RunRecord.inflight)
     inflight: dict[str, int] = field(default_factory=dict)
+    #: tokens the variant generated (all requests), and its run's digest (RunRecord.digest)
+    tokens_generated: int = 0
+    digest: str = ""
 
     @property
     def ok(self) -> bool:
@@ -428,7 +448,8 @@ def compare_runs(base: RunRecord, other: RunRecord, *, mode: str = "exact", atol
     and status; where either was aborted, the tokens both produced. Logits of
     each sampled token up to the first token difference: bitwise equal
     (exact mode) or within ``atol`` (fast mode)."""
-    cmp = Comparison(base.workload, other.variant, mode, counters=other.counters, inflight=dict(other.inflight))
+    cmp = Comparison(base.workload, other.variant, mode, counters=other.counters, inflight=dict(other.inflight),
+                     tokens_generated=other.tokens_generated, digest=other.digest())
     for rid in sorted(base.outputs):
         if rid not in other.outputs:
             cmp.divergences.append(Divergence(rid, "missing", 0, "never finished"))
@@ -499,6 +520,17 @@ class MatrixReport:
     negative: list[NegativeControl] = field(default_factory=list)
     seconds: float = 0.0
     workload_defs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: workload -> request id -> the baseline's generated tokens
+    baseline_outputs: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    #: workload -> the baseline run's digest (RunRecord.digest)
+    baseline_digests: dict[str, str] = field(default_factory=dict)
+    #: torch, CUDA, the device's name and the determinism settings in force (model.determinism_facts)
+    environment: dict[str, Any] = field(default_factory=dict)
+    #: how many times the whole matrix ran (merge_repeats), each run's (steps/s, tok/s) per variant
+    repeats: int = 1
+    repeat_rates: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: a repeat whose tokens or logits differ from the first run's, or that failed itself
+    repeat_failures: list[str] = field(default_factory=list)
 
     @property
     def divergent(self) -> list[Comparison]:
@@ -506,7 +538,31 @@ class MatrixReport:
 
     @property
     def ok(self) -> bool:
-        return not self.divergent and not self.guard_failures and all(n.caught for n in self.negative)
+        return (not self.divergent and not self.guard_failures and all(n.caught for n in self.negative)
+                and not self.repeat_failures)
+
+    def baseline_tokens(self) -> int:
+        return sum(len(t) for outs in self.baseline_outputs.values() for t in outs.values())
+
+    def totals_of(self, variant: str) -> tuple[int, int, float, float]:
+        """(steps, tokens generated, seconds, forward seconds) of one variant's
+        runs (``baseline`` included) over every workload."""
+        if variant == "baseline":
+            base = Stats()
+            for st in self.baselines.values():
+                base.merge(st)
+            return base.steps, self.baseline_tokens(), base.seconds, base.forward_seconds
+        tot, rows = self.totals(variant)
+        return tot.steps, sum(r.tokens_generated for r in rows), tot.seconds, tot.forward_seconds
+
+    def rates(self, variant: str) -> tuple[float, float]:
+        """(steps/s, tok/s): generated tokens per wall second of the variant's
+        runs; with repeats, the median over them."""
+        if self.repeat_rates.get(variant):
+            runs = self.repeat_rates[variant]
+            return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        steps, toks, sec, _ = self.totals_of(variant)
+        return (steps / sec if sec > 0 else 0.0, toks / sec if sec > 0 else 0.0)
 
     def totals(self, variant: str) -> tuple[Stats, list[Comparison]]:
         rows = [c for c in self.comparisons if c.variant == variant]
@@ -518,29 +574,34 @@ class MatrixReport:
     def table(self) -> str:
         head = (
             f"{'variant':<18} {'pass':>7} {'tokens':>7} {'logits':>7} {'bitwise':>7} "
-            f"{'max|dl|':>8} {'chunks':>6} {'hit tok':>7} {'preempt':>7} {'steps':>6} {'sec':>6}"
+            f"{'max|dl|':>8} {'chunks':>6} {'hit tok':>7} {'preempt':>7} {'steps':>6} {'sec':>6} "
+            f"{'steps/s':>8} {'tok/s':>8}"
         )
         lines = [
             f"model {self.model} on {self.device}, mode {self.mode}: {len(self.workloads)} workloads x "
-            f"{len(self.variants)} variants in {self.seconds:.1f} s",
-            head,
-            "-" * len(head),
+            f"{len(self.variants)} variants in {self.seconds:.1f} s"
+            + (f" ({self.repeats} repeats; rates are medians)" if self.repeats > 1 else ""),
         ]
+        if self.environment:
+            lines.append(f"environment: {describe_facts(self.environment)}")
+        lines += [head, "-" * len(head)]
         base = Stats()
         for c in self.baselines.values():
             base.merge(c)
+        sps, tps = self.rates("baseline")
         lines.append(
             f"{'baseline':<18} {'-':>7} {'-':>7} {'-':>7} {'-':>7} {'-':>8} {base.chunks:>6} "
-            f"{base.hit_tokens:>7} {base.preemptions:>7} {base.steps:>6} {base.seconds:>6.1f}"
+            f"{base.hit_tokens:>7} {base.preemptions:>7} {base.steps:>6} {base.seconds:>6.1f} {sps:>8.1f} {tps:>8.1f}"
         )
         for v in self.variants:
             tot, rows = self.totals(v.name)
             passed = sum(1 for r in rows if r.ok)
+            sps, tps = self.rates(v.name)
             lines.append(
                 f"{v.name:<18} {f'{passed}/{len(rows)}':>7} {sum(r.tokens_compared for r in rows):>7} "
                 f"{sum(r.logits_compared for r in rows):>7} {sum(r.logits_bitwise for r in rows):>7} "
                 f"{max((r.max_abs_diff for r in rows), default=0.0):>8.2g} {tot.chunks:>6} "
-                f"{tot.hit_tokens:>7} {tot.preemptions:>7} {tot.steps:>6} {tot.seconds:>6.1f}"
+                f"{tot.hit_tokens:>7} {tot.preemptions:>7} {tot.steps:>6} {tot.seconds:>6.1f} {sps:>8.1f} {tps:>8.1f}"
             )
         for v in self.variants:
             _, rows = self.totals(v.name)
@@ -554,6 +615,8 @@ class MatrixReport:
             lines.append(f"DIVERGED {bad.workload}/{bad.variant}: " + "; ".join(str(d) for d in bad.divergences[:3]))
         for g in self.guard_failures:
             lines.append(f"GUARD {g}")
+        for r in self.repeat_failures:
+            lines.append(f"REPEAT {r}")
         for n in self.negative:
             verdict = "caught" if n.caught else "MISSED"
             lines.append(
@@ -585,11 +648,35 @@ class MatrixReport:
                     "cache_hit_tokens": c.counters.hit_tokens,
                     "preemptions": c.counters.preemptions,
                     "steps": c.counters.steps,
+                    "tokens_generated": c.tokens_generated,
+                    "seconds": round(c.counters.seconds, 4),
+                    "forward_seconds": round(c.counters.forward_seconds, 4),
+                    "digest": c.digest,
                     **c.inflight,
                     "divergences": [str(d) for d in c.divergences],
                 }
                 for c in self.comparisons
             ],
+            "baselines": {
+                w: {
+                    "steps": st.steps,
+                    "tokens_generated": sum(len(t) for t in self.baseline_outputs.get(w, {}).values()),
+                    "seconds": round(st.seconds, 4),
+                    "forward_seconds": round(st.forward_seconds, 4),
+                    "digest": self.baseline_digests.get(w, ""),
+                }
+                for w, st in self.baselines.items()
+            },
+            "baseline_outputs": self.baseline_outputs,
+            "environment": self.environment,
+            "repeats": self.repeats,
+            "rates": {
+                name: dict(zip(("steps", "tokens_generated", "seconds", "forward_seconds"), self.totals_of(name)))
+                | {"steps_per_s": self.rates(name)[0], "tok_per_s": self.rates(name)[1],
+                   "per_repeat": [list(r) for r in self.repeat_rates.get(name, [])]}
+                for name in ["baseline", *(v.name for v in self.variants)]
+            },
+            "repeat_failures": self.repeat_failures,
             "guard_failures": self.guard_failures,
             "negative_controls": [
                 {"fault": n.fault, "workload": n.workload, "variant": n.variant, "caught": n.caught, "fired": n.fired, "divergences": n.divergences}
@@ -756,12 +843,15 @@ def run_matrix(
         workloads=[w.name for w in workloads],
         variants=list(variants),
         workload_defs={w.name: workload_dict(w) for w in workloads},
+        environment=determinism_facts(model.device),
     )
     bases: dict[str, RunRecord] = {}
     for i, w in enumerate(workloads):
         base = run_one(factory, model, baseline, w, variant="baseline")
         bases[w.name] = base
         report.baselines[w.name] = base.counters
+        report.baseline_outputs[w.name] = {rid: list(toks) for rid, toks in sorted(base.outputs.items())}
+        report.baseline_digests[w.name] = base.digest()
         line = [f"[{i + 1}/{len(workloads)}] {w.name}: baseline {base.counters.steps} steps"]
         for v in variants:
             rec = run_one(factory, model, v.config, w, variant=v.name)
@@ -795,6 +885,32 @@ def run_matrix(
     return report
 
 
+def merge_repeats(runs: Sequence[MatrixReport]) -> MatrixReport:
+    """One report of N runs of the same matrix: the first run's report, with
+    each run's (steps/s, tok/s) per variant (``rates`` gives their medians)
+    and, as ``repeat_failures``, every run whose tokens or logits differ from
+    the first run's (a nondeterminism) or that failed itself."""
+    if not runs:
+        raise ValueError("merge_repeats needs at least one report")
+    first = runs[0]
+    names = ["baseline", *(v.name for v in first.variants)]
+    first.repeats = len(runs)
+    first.repeat_rates = {name: [r.rates(name) for r in runs] for name in names}
+    want = {(c.workload, c.variant): c.digest for c in first.comparisons}
+    for i, r in enumerate(runs[1:], start=2):
+        for w, d in r.baseline_digests.items():
+            if first.baseline_digests.get(w) != d:
+                first.repeat_failures.append(f"repeat {i}: {w}/baseline differs from repeat 1 (tokens or logits)")
+        for c in r.comparisons:
+            if want.get((c.workload, c.variant)) != c.digest:
+                first.repeat_failures.append(f"repeat {i}: {c.workload}/{c.variant} differs from repeat 1 (tokens or logits)")
+        if not r.ok:
+            first.repeat_failures.append(f"repeat {i}: NOT EQUIVALENT itself ({len(r.divergent)} divergent, "
+                                         f"{len(r.guard_failures)} guard failures)")
+    first.seconds = sum(r.seconds for r in runs)
+    return first
+
+
 def run_equivalence(
     factory: SchedulerFactory | None = None,
     *,
@@ -809,25 +925,35 @@ def run_equivalence(
     tile_rows: int = 16,
     atol: float = 1e-3,
     progress: Progress | None = None,
+    repeat: int = 1,
+    deterministic_algorithms: bool = False,
 ) -> MatrixReport:
-    """Load ``model``, build workloads and variants, run the matrix."""
+    """Load ``model``, build workloads and variants, run the matrix
+    (``repeat`` times: see ``merge_repeats``; the negative controls run once)."""
     from schedspec.gpu_runner.executor import pick_device
     from schedspec.gpu_runner.loaders import load_model
 
-    dev = pick_device(device)
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    dev = pick_device(device, deterministic_algorithms=deterministic_algorithms)
     weights = load_model(model, dev)
     mml = max_model_len or min(weights.config.max_position, 128)
     paged = PagedLlama(weights, mode=mode, tile_rows=tile_rows, window=mml)  # type: ignore[arg-type]
     wls = make_workloads(workloads, seed=seed, vocab_size=weights.config.vocab_size, max_model_len=mml, block_size=block_size)
-    return run_matrix(
-        factory or spec_factory,
-        paged,
-        wls,
-        default_variants(mml, block_size) + inflight_variants(mml, block_size),
-        baseline=baseline_config(mml, block_size),
-        atol=atol,
-        negative=negative,
-        progress=progress,
-        model_name=model,
-    )
+    runs = []
+    for i in range(repeat):
+        if progress and repeat > 1:
+            progress(f"repeat {i + 1}/{repeat}")
+        runs.append(run_matrix(
+            factory or spec_factory,
+            paged,
+            wls,
+            default_variants(mml, block_size) + inflight_variants(mml, block_size),
+            baseline=baseline_config(mml, block_size),
+            atol=atol,
+            negative=negative and i == 0,
+            progress=progress,
+            model_name=model,
+        ))
+    return merge_repeats(runs)
 

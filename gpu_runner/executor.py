@@ -47,7 +47,7 @@ import torch
 
 from schedspec.spec.interface import ScheduledRequest, ScheduleKind, SchedSpecError, SchedulerConfig, StepPlan, StepResult
 
-from schedspec.gpu_runner.model import LlamaWeights, PagedKVCache, PagedLlama, StepBatch
+from schedspec.gpu_runner.model import LlamaWeights, PagedKVCache, PagedLlama, StepBatch, set_cuda_determinism
 
 
 class PlanError(SchedSpecError, ValueError):
@@ -96,14 +96,21 @@ class StepOutput:
     rows_by_position: Mapping[tuple[str, int], torch.Tensor] = field(default_factory=dict)
 
 
-def pick_device(device: str = "auto") -> torch.device:
-    """``auto``: CUDA when available, else the CPU."""
+def pick_device(device: str = "auto", *, deterministic_algorithms: bool = False) -> torch.device:
+    """``auto``: CUDA when available, else the CPU. On CUDA the determinism
+    settings (``set_cuda_determinism``) are made here, before any CUDA op;
+    ``deterministic_algorithms`` also turns on
+    ``torch.use_deterministic_algorithms`` (on any device)."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device cuda asked for, but torch sees no CUDA device")
+    if device.startswith("cuda"):
+        set_cuda_determinism(deterministic_algorithms)
+    elif deterministic_algorithms:
+        torch.use_deterministic_algorithms(True)
     return torch.device(device)
 
 

@@ -104,9 +104,13 @@ def random_llama(
     rope_theta: float = 10000.0,
     rms_norm_eps: float = 1e-6,
     max_position: int = 2048,
+    init_std: float | None = None,
+    name: str | None = None,
 ) -> LlamaWeights:
     """A Llama with weights drawn from a seeded generator (std 1/sqrt(fan_in),
-    so logits are spread out and greedy ties are unlikely)."""
+    so logits are spread out and greedy ties are unlikely). With ``init_std``
+    every matrix and the embedding are N(0, init_std) and the RMSNorm weights 1
+    (Hugging Face's Llama initialisation, ``initializer_range``)."""
     hd = head_dim if head_dim is not None else hidden_size // num_heads
     config = ModelConfig(
         vocab_size=vocab_size,
@@ -121,14 +125,18 @@ def random_llama(
         tie_embeddings=tie_embeddings,
         rope_style="interleaved" if rope_style == "interleaved" else "half",
         max_position=max_position,
-        name=f"random-{seed}",
+        name=name or f"random-{seed}",
     )
     g = torch.Generator().manual_seed(seed)
 
     def w(out: int, inp: int) -> torch.Tensor:
+        if init_std is not None:
+            return torch.randn(out, inp, generator=g) * init_std
         return torch.randn(out, inp, generator=g) / math.sqrt(inp)
 
     def norm(n: int) -> torch.Tensor:
+        if init_std is not None:
+            return torch.ones(n)
         return 1.0 + 0.1 * torch.randn(n, generator=g)
 
     d, q, kv, i = hidden_size, num_heads * hd, num_kv_heads * hd, intermediate_size
@@ -136,9 +144,29 @@ def random_llama(
         RawLayer(norm(d), w(q, d), w(kv, d), w(kv, d), w(d, q), norm(d), w(i, d), w(i, d), w(d, i))
         for _ in range(num_layers)
     ]
-    embed = torch.randn(vocab_size, d, generator=g)
+    embed = torch.randn(vocab_size, d, generator=g) * (init_std if init_std is not None else 1.0)
     head = None if tie_embeddings else w(vocab_size, d)
     return build_weights(config, embed, layers, norm(d), head, f"random:seed={seed}")
+
+
+#: Shapes ``random:like=NAME`` draws a seeded random Llama of: the real model's
+#: config.json, its weights N(0, initializer_range) and RMSNorm weights 1.
+LIKE_SHAPES: dict[str, dict[str, Any]] = {
+    # HuggingFaceTB/SmolLM2-135M(-Instruct) config.json: LlamaForCausalLM,
+    # rope_theta 100000, rms_norm_eps 1e-5, initializer_range 0.02, tied.
+    "smollm2": dict(
+        vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+        intermediate_size=1536, max_position=8192, tie_embeddings=True, rope_theta=100000.0,
+        rms_norm_eps=1e-5, rope_style="half", init_std=0.02,
+    ),
+}
+
+
+def random_like(like: str, seed: int = 0) -> LlamaWeights:
+    """A seeded random Llama of a known model's shape (``LIKE_SHAPES``)."""
+    if like not in LIKE_SHAPES:
+        raise ModelError(f"unknown random model shape like={like!r}; known: {', '.join(sorted(LIKE_SHAPES))}")
+    return random_llama(seed, name=f"random-like-{like}-{seed}", **LIKE_SHAPES[like])
 
 
 # --------------------------------------------------------------------------
@@ -436,17 +464,21 @@ _RANDOM_KEYS = {
 def load_model(name: str = "glassllm", device: torch.device | str = "cpu") -> LlamaWeights:
     """``glassllm[:en|:pt]``, ``random[:k=v,...]`` (keys: seed, vocab, hidden,
     layers, heads, kv_heads, head_dim, intermediate, max_position, tie),
+    ``random:like=smollm2[,seed=N]`` (a known model's shape, ``LIKE_SHAPES``),
     ``smollm2``, a Hugging Face checkpoint directory, or a ``.gguf`` file."""
     kind, _, arg = name.partition(":")
     if kind == "glassllm":
         w = load_glassllm(arg or "en")
     elif kind == "random":
         kwargs: dict[str, Any] = {}
+        like: str | None = None
         for item in filter(None, arg.split(",")):
             k, eq, v = item.partition("=")
             if not eq:
                 raise ModelError(f"random model option {item!r} must be key=value")
-            if k == "tie":
+            if k == "like":
+                like = v
+            elif k == "tie":
                 kwargs["tie_embeddings"] = v.lower() in ("1", "true", "yes")
             elif k in _RANDOM_KEYS:
                 try:
@@ -454,8 +486,13 @@ def load_model(name: str = "glassllm", device: torch.device | str = "cpu") -> Ll
                 except ValueError as e:
                     raise ModelError(f"random model option {k} must be an integer, got {v!r}") from e
             else:
-                raise ModelError(f"unknown random model option {k!r}; known: {', '.join(sorted(_RANDOM_KEYS))}, tie")
-        w = random_llama(**kwargs)
+                raise ModelError(f"unknown random model option {k!r}; known: {', '.join(sorted(_RANDOM_KEYS))}, tie, like")
+        if like is not None:
+            if set(kwargs) - {"seed"}:
+                raise ModelError(f"random:like={like} takes only seed=N, not {', '.join(sorted(set(kwargs) - {'seed'}))}")
+            w = random_like(like, int(kwargs.get("seed", 0)))
+        else:
+            w = random_llama(**kwargs)
     elif name == "smollm2":
         w = load_gguf_llama(smollm2_path())
     elif Path(name).is_dir():

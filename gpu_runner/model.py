@@ -36,8 +36,9 @@ torch is imported here and only inside ``schedspec.gpu_runner``.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,66 @@ VECTOR_PAD = 64
 
 class ModelError(ValueError):
     """A model configuration or checkpoint is unusable; the message says why."""
+
+
+#: cuBLAS picks its workspace (and with it some reduction splits) by this; a
+#: fixed config makes its fp32 GEMMs run-to-run deterministic. It is read when
+#: the cuBLAS handle is created, so it must be set before the first CUDA matmul.
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+#: A capture hook: called with a capture point's name and its tensor.
+Capture = Callable[[str, torch.Tensor], None]
+
+
+def set_cuda_determinism(deterministic_algorithms: bool = False) -> None:
+    """What batch-invariant, bitwise logits need on CUDA, set before the first
+    CUDA op: a fixed cuBLAS workspace (``CUBLAS_WORKSPACE_CONFIG``, setdefault:
+    a value already in the environment is kept), TF32 off, cuDNN deterministic,
+    no reduced-precision reductions in fp16/bf16 GEMMs; and, opt-in,
+    ``torch.use_deterministic_algorithms(True)`` (which raises on an op with no
+    deterministic implementation; index_copy_ and index_select have one)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    if deterministic_algorithms:
+        torch.use_deterministic_algorithms(True)
+
+
+def determinism_facts(device: torch.device | str) -> dict[str, Any]:
+    """The settings in force and the machine, for reports: torch and CUDA
+    versions, the device's name, and each determinism setting's value."""
+    dev = torch.device(device)
+    facts: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "threads": torch.get_num_threads(),
+    }
+    if dev.type == "cuda":
+        facts.update({
+            "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "fp16_reduced_precision": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+            "bf16_reduced_precision": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        })
+    return facts
+
+
+def describe_facts(facts: dict[str, Any]) -> str:
+    """One line of ``determinism_facts``."""
+    parts = [f"torch {facts.get('torch')}", f"CUDA {facts.get('cuda')}", f"{facts.get('device_name')}"]
+    keys = ("CUBLAS_WORKSPACE_CONFIG", "tf32_matmul", "tf32_cudnn", "cudnn_deterministic",
+            "fp16_reduced_precision", "bf16_reduced_precision", "deterministic_algorithms")
+    parts += [f"{k}={facts[k]}" for k in keys if k in facts]
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -358,21 +419,29 @@ class PagedLlama:
         self.cos, self.sin = rope_tables(c, self.window, self.device)
         self.scale = 1.0 / math.sqrt(c.head_dim)
         if self.device.type == "cuda":
-            # TF32 would make fp32 matmuls shape dependent in their rounding.
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
+            # TF32 would make fp32 matmuls shape dependent in their rounding;
+            # the rest keeps cuBLAS and cuDNN run-to-run deterministic.
+            set_cuda_determinism(torch.are_deterministic_algorithms_enabled())
 
     # ------------------------------------------------------------------ forward
 
     @torch.no_grad()
-    def forward(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+    def forward(self, batch: StepBatch, cache: PagedKVCache, capture: Capture | None = None) -> torch.Tensor:
         """Write this step's K/V into the cache and return the logits of
-        ``batch.logit_rows`` as [S, V] float32."""
+        ``batch.logit_rows`` as [S, V] float32.
+
+        ``capture`` (off by default; when off the forward runs exactly the same
+        operations) is called with each intermediate tensor of the step's real
+        rows, in order: ``embed``, per layer ``layer{i}.attn`` (the attention
+        block's output, o_proj included), ``layer{i}.attn_residual`` (the
+        residual stream after it), ``layer{i}.mlp`` (the MLP's output),
+        ``layer{i}.residual`` (the stream after the layer), then ``final_norm``
+        (of the logits rows) and ``logits``."""
         if batch.window != self.window:
             raise ModelError(f"batch built for window {batch.window}, model runs {self.window}")
         if self.mode == "exact":
-            return self._forward_exact(batch, cache)
-        return self._forward_fast(batch, cache)
+            return self._forward_exact(batch, cache, capture)
+        return self._forward_fast(batch, cache, capture)
 
     def _qkv(self, x: torch.Tensor, lw: LayerWeights, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Fast mode: the whole batch at once."""
@@ -383,7 +452,7 @@ class PagedLlama:
         v = qkv[:, nq + nkv :].reshape(-1, c.num_kv_heads, c.head_dim)
         return qk[:, : c.num_heads], qk[:, c.num_heads :], v
 
-    def _forward_exact(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+    def _forward_exact(self, batch: StepBatch, cache: PagedKVCache, capture: Capture | None = None) -> torch.Tensor:
         c, w = self.config, self.weights
         T = self.tile_rows
         n = batch.num_tokens
@@ -406,6 +475,9 @@ class PagedLlama:
         tiles = [slice(i, i + T) for i in range(0, n_pad, T)]
         tile_keys = [key_slots[t].reshape(-1) for t in tiles]
         x = w.embed[tok]
+        if capture is not None:
+            capture("embed", x[:n])
+            attn_out, attn_res, mlp_out = x.new_zeros(x.shape), x.new_zeros(x.shape), x.new_zeros(x.shape)
         qkv = x.new_empty(n_pad, nq + 2 * nkv)
         for layer, lw in enumerate(w.layers):
             # Per tile: the reduction of RMSNorm and the QKV matmul.
@@ -430,21 +502,40 @@ class PagedLlama:
                     scores = torch.bmm(qt[:, g], ks[:, :, g].transpose(1, 2))
                     probs = torch.softmax(scores.masked_fill_(masked[t], float("-inf")), dim=-1)
                     torch.bmm(probs, vs[:, :, g], out=mixed[:, g])
-                h = x[t] + F.linear(mixed.view(T, nq), lw.wo)
-                out[t] = h + _mlp(h, lw, w.intermediate_padded, eps)
+                if capture is None:
+                    h = x[t] + F.linear(mixed.view(T, nq), lw.wo)
+                    out[t] = h + _mlp(h, lw, w.intermediate_padded, eps)
+                    continue
+                a = F.linear(mixed.view(T, nq), lw.wo)
+                h = x[t] + a
+                m = _mlp(h, lw, w.intermediate_padded, eps)
+                out[t] = h + m
+                attn_out[t], attn_res[t], mlp_out[t] = a, h, m
             x = out
+            if capture is not None:
+                for name, tensor in (("attn", attn_out), ("attn_residual", attn_res), ("mlp", mlp_out), ("residual", x)):
+                    capture(f"layer{layer}.{name}", tensor[:n])
         rows = batch.logit_rows
         s = int(rows.shape[0])
         s_pad = _round_up(max(s, 1), T)
         xs = torch.cat([x[rows], x.new_zeros(s_pad - s, c.hidden_size)])
         logits = x.new_empty(s_pad, c.vocab_size)
+        normed = x.new_empty(s_pad, c.hidden_size) if capture is not None else None
         for i in range(0, s_pad, T):
-            torch.matmul(rms_norm(xs[i : i + T], w.norm, eps), w.lm_head.t(), out=logits[i : i + T])
+            xn = rms_norm(xs[i : i + T], w.norm, eps)
+            if normed is not None:
+                normed[i : i + T] = xn
+            torch.matmul(xn, w.lm_head.t(), out=logits[i : i + T])
+        if capture is not None and normed is not None:
+            capture("final_norm", normed[:s])
+            capture("logits", logits[:s])
         return logits[:s]
 
-    def _forward_fast(self, batch: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+    def _forward_fast(self, batch: StepBatch, cache: PagedKVCache, capture: Capture | None = None) -> torch.Tensor:
         c, w = self.config, self.weights
         x = w.embed[batch.token_ids]
+        if capture is not None:
+            capture("embed", x)
         pos = batch.positions
         cos, sin = self.cos[pos], self.sin[pos]
         G = c.num_heads // c.num_kv_heads
@@ -464,7 +555,16 @@ class PagedLlama:
                 allowed = torch.arange(ctx, device=dev)[None, :] <= qpos[:, None]
                 o = F.scaled_dot_product_attention(qr, ks, vs, attn_mask=allowed, scale=self.scale)
                 mixed[start : start + length] = o.transpose(0, 1)
-            h = x + F.linear(mixed.reshape(x.shape[0], -1), lw.wo)
-            x = h + _mlp(h, lw, w.intermediate_padded, c.rms_norm_eps)
+            a = F.linear(mixed.reshape(x.shape[0], -1), lw.wo)
+            h = x + a
+            m = _mlp(h, lw, w.intermediate_padded, c.rms_norm_eps)
+            x = h + m
+            if capture is not None:
+                for name, tensor in (("attn", a), ("attn_residual", h), ("mlp", m), ("residual", x)):
+                    capture(f"layer{layer}.{name}", tensor)
         xs = rms_norm(x[batch.logit_rows], w.norm, c.rms_norm_eps)
-        return F.linear(xs, w.lm_head)
+        logits = F.linear(xs, w.lm_head)
+        if capture is not None:
+            capture("final_norm", xs)
+            capture("logits", logits)
+        return logits

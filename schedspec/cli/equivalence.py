@@ -3,11 +3,16 @@
     schedspec equivalence [--against spec|impl|vllm|MODULE:CLASS] [--model NAME|PATH]
                           [--device auto|cpu|cuda] [--mode exact|fast] [--workloads N]
                           [--seed N] [--json FILE] [--png FILE] [--out DIR] [--threads N] [--quiet]
+                          [--repeat N] [--deterministic-algorithms]
+    schedspec equivalence --cross-device DEV [--device D] [--mode M] [--model M] [--workloads N] [--seed N] [--json F]
+    schedspec equivalence --max-batch [--prompt-len L] [--max-batch-tokens N] [--max-step-seconds S] [--json F]
 
 Exit status: 0 every variant generated the baseline's tokens (and, in exact
 mode, bitwise the same logits), every guard held and both negative controls
 were caught; 1 otherwise (the failing workloads are written to ``--out``);
-2 bad input or usage. Needs the runner extra (torch).
+2 bad input or usage. ``--cross-device``: 0 every token equal on both devices,
+1 a token differs (explained). ``--max-batch``: 0 when at least one batch ran.
+Needs the runner extra (torch).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError
 
@@ -39,6 +45,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="schedspec-out", help="where failing workloads go (default schedspec-out/)")
     p.add_argument("--no-negative", action="store_true", help="skip the negative controls")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--repeat", default=1, type=int,
+                   help="run the whole matrix N times: median steps/s and tok/s; a repeat whose tokens or logits differ fails")
+    p.add_argument("--deterministic-algorithms", action="store_true",
+                   help="also torch.use_deterministic_algorithms(True) (CUDA: cuBLAS workspace, no TF32 and "
+                   "deterministic cuDNN are always set)")
+    p.add_argument("--cross-device", default=None, metavar="DEV",
+                   help="only compare the baseline's tokens and logits on --device against DEV (e.g. cpu); "
+                   "exit 1 if a token differs, with the op where the devices part")
+    p.add_argument("--max-batch", action="store_true",
+                   help="only probe the largest prefill batch: R requests x --prompt-len tokens, R doubling")
+    p.add_argument("--prompt-len", default=512, type=int, help="--max-batch: tokens per request (default 512)")
+    p.add_argument("--max-batch-tokens", default=262144, type=int, help="--max-batch: cap on tokens per step (default 262144)")
+    p.add_argument("--max-step-seconds", default=30.0, type=float, help="--max-batch: stop after a step this slow (default 30)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workloads must be >= 1", PROG)
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be >= 1", PROG)
+    if args.repeat < 1:
+        raise UsageError("--repeat must be >= 1", PROG)
+    if args.cross_device is not None and args.max_batch:
+        raise UsageError("--cross-device and --max-batch are separate runs: give one", PROG)
+    if args.max_batch and (args.prompt_len < 1 or args.max_batch_tokens < 1 or not args.max_step_seconds > 0):
+        raise UsageError("--prompt-len, --max-batch-tokens and --max-step-seconds must be positive", PROG)
     try:
         import torch
     except ImportError as exc:
@@ -73,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
+    if args.cross_device is not None:
+        return _cross_device(args, factory, progress)
+    if args.max_batch:
+        return _max_batch(args, progress)
     try:
         report = run_equivalence(
             factory,
@@ -85,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
             atol=args.atol,
             negative=not args.no_negative,
             progress=progress,
+            repeat=args.repeat,
+            deterministic_algorithms=args.deterministic_algorithms,
         )
     except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
         raise UsageError(str(exc), PROG) from None
@@ -116,3 +147,40 @@ def run(args: argparse.Namespace) -> int:
         seeds = ", ".join(str(report.workload_defs[b]["seed"]) for b in bad)
         print(f"failing workloads {', '.join(bad)} (seeds {seeds}) written to {path}")
     return EXIT_FAIL
+
+
+def _cross_device(args: argparse.Namespace, factory: Any, progress: Callable[[str], None]) -> int:
+    from schedspec.gpu_runner.crossdevice import run_cross_device
+    from schedspec.gpu_runner.model import ModelError
+    from schedspec.spec.interface import SchedSpecError
+
+    try:
+        report = run_cross_device(
+            factory, model=args.model, device=args.device, other_device=args.cross_device, mode=args.mode,
+            workloads=args.workloads, seed=args.seed, max_model_len=args.max_model_len,
+            deterministic_algorithms=args.deterministic_algorithms, progress=progress,
+        )
+    except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
+        raise UsageError(str(exc), PROG) from None
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(report.dumps())
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
+def _max_batch(args: argparse.Namespace, progress: Callable[[str], None]) -> int:
+    from schedspec.gpu_runner.maxbatch import run_max_batch
+    from schedspec.gpu_runner.model import ModelError
+
+    try:
+        report = run_max_batch(
+            model=args.model, device=args.device, mode=args.mode, prompt_len=args.prompt_len,
+            max_batch_tokens=args.max_batch_tokens, max_step_seconds=args.max_step_seconds,
+            deterministic_algorithms=args.deterministic_algorithms, progress=progress,
+        )
+    except (ModelError, ValueError, ImportError) as exc:
+        raise UsageError(str(exc), PROG) from None
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(report.dumps())
+    return EXIT_OK if report.largest is not None else EXIT_FAIL

@@ -52,6 +52,7 @@ FILES: tuple[str, ...] = (
     "v1/core/single_type_kv_cache_manager.py",
     "v1/core/encoder_cache_manager.py",
     "v1/structured_output/__init__.py",
+    "v1/core/kv_cache_coordinator.py",
 )
 
 #: The functions whose share the report states first (file, qualified name).
@@ -83,6 +84,34 @@ GATE_FUNCTIONS: tuple[tuple[str, str], ...] = (
     ("v1/structured_output/__init__.py", "StructuredOutputManager.validate_tokens"),
     ("v1/structured_output/__init__.py", "StructuredOutputManager.accept_tokens"),
     ("v1/structured_output/__init__.py", "StructuredOutputManager.grammar_bitmask"),
+)
+
+#: The KV connector's functions of vLLM's scheduler (issue 15): what it does
+#: with a connector's answers and the worker's reports, stated after the
+#: admission gates (file, qualified name).
+CONNECTOR_FUNCTIONS: tuple[tuple[str, str], ...] = (
+    ("v1/core/sched/scheduler.py", "Scheduler._update_waiting_for_remote_kv"),
+    ("v1/core/sched/scheduler.py", "Scheduler._update_from_kv_xfer_finished"),
+    ("v1/core/sched/scheduler.py", "Scheduler._handle_invalid_blocks"),
+    ("v1/core/sched/scheduler.py", "Scheduler._connector_finished"),
+    ("v1/core/sched/scheduler.py", "Scheduler._handle_failed_recving"),
+    ("v1/core/sched/scheduler.py", "Scheduler._update_requests_with_invalid_blocks"),
+)
+
+#: The targets issue 15 sets for a run of the default check plus the
+#: connector and hybrid modes, percent of executable lines reached: whole
+#: files (the KV cache coordinator and the single-type managers) and the four
+#: connector functions it names (the other two of CONNECTOR_FUNCTIONS are
+#: reported without a target).
+FILE_TARGETS: tuple[tuple[str, float], ...] = (
+    ("v1/core/kv_cache_coordinator.py", 70.0),
+    ("v1/core/single_type_kv_cache_manager.py", 70.0),
+)
+FUNCTION_TARGETS: tuple[tuple[str, str, float], ...] = (
+    ("v1/core/sched/scheduler.py", "Scheduler._update_waiting_for_remote_kv", 80.0),
+    ("v1/core/sched/scheduler.py", "Scheduler._update_from_kv_xfer_finished", 80.0),
+    ("v1/core/sched/scheduler.py", "Scheduler._handle_invalid_blocks", 80.0),
+    ("v1/core/sched/scheduler.py", "Scheduler._connector_finished", 80.0),
 )
 
 _TraceFn = Callable[[FrameType, str, Any], Any]
@@ -472,6 +501,25 @@ class FidelityReport:
         """The admission gates' functions (GATE_FUNCTIONS) with their reports."""
         return self._functions(GATE_FUNCTIONS)
 
+    def connector_functions(self) -> list[tuple[str, FunctionReport]]:
+        """The KV connector's functions (CONNECTOR_FUNCTIONS) with their reports."""
+        return self._functions(CONNECTOR_FUNCTIONS)
+
+    def targets(self) -> list[tuple[str, float, float]]:
+        """Each of issue 15's targets (FILE_TARGETS, FUNCTION_TARGETS) as
+        (what, percent reached, target percent)."""
+        out: list[tuple[str, float, float]] = []
+        for path, target in FILE_TARGETS:
+            f = self.file(path)
+            if f is not None:
+                out.append((path, f.percent, target))
+        for path, qualname, target in FUNCTION_TARGETS:
+            f = self.file(path)
+            fn = f.function(qualname) if f is not None else None
+            if fn is not None:
+                out.append((qualname, fn.percent, target))
+        return out
+
     def _functions(self, names: tuple[tuple[str, str], ...]) -> list[tuple[str, FunctionReport]]:
         out = []
         for path, qualname in names:
@@ -528,6 +576,11 @@ def report_json(report: FidelityReport) -> dict[str, Any]:
         **report.extra,
         "headline": {name: round(fn.percent, 1) for name, fn in report.headline()},
         "gate_functions": {name: round(fn.percent, 1) for name, fn in report.gate_functions()},
+        "connector_functions": {name: round(fn.percent, 1) for name, fn in report.connector_functions()},
+        "targets": {
+            what: {"percent": round(percent, 1), "target": target, "met": percent >= target}
+            for what, percent, target in report.targets()
+        },
         "files": {
             f.path: {
                 "lines": f.lines,
@@ -583,6 +636,19 @@ def report_table(report: FidelityReport, all_functions: bool = True) -> str:
         width = max(len(name) for name, _ in gates)
         for name, fn in gates:
             out.append(f"    {name:<{width}} {fn.reached:>4}/{fn.lines:<4} {fn.percent:5.1f}%")
+    connector = report.connector_functions()
+    if connector:
+        out.append("  KV connector:")
+        width = max(len(name) for name, _ in connector)
+        for name, fn in connector:
+            out.append(f"    {name:<{width}} {fn.reached:>4}/{fn.lines:<4} {fn.percent:5.1f}%")
+    targets = report.targets()
+    if targets:
+        out.append("  targets (issue 15):")
+        width = max(len(what) for what, _, _ in targets)
+        for what, percent, target in targets:
+            verdict = "met" if percent >= target else "NOT met"
+            out.append(f"    {what:<{width}} {percent:5.1f}% of >= {target:.0f}%: {verdict}")
     for f in report.files:
         out.append(f"  {f.path}: {f.reached}/{f.lines} lines, {f.percent:.0f}%")
     if all_functions:

@@ -99,6 +99,7 @@ from typing import Any, Callable
 from schedspec.check.capabilities import Capabilities
 from schedspec.spec.interface import (
     BlockKey,
+    KVLoad,
     KVView,
     MMInput,
     PauseState,
@@ -113,6 +114,7 @@ from schedspec.spec.interface import (
     SchedulerView,
     StepPlan,
     StepResult,
+    group_block_key,
 )
 
 from schedspec.spec.protocol import (
@@ -214,8 +216,12 @@ class _Vllm:
     PlaceholderRange: Any
     EncoderCacheManager: Any
     VPauseState: Any
+    KVTransferConfig: Any
+    SlidingWindowSpec: Any
+    KVConnectorOutput: Any
     torch: Any
     get_block_hash: Any
+    get_group_id: Any
     register_all_kvcache_specs: Any
     block_hasher: Any  # block_size -> hasher
     float32: Any
@@ -266,6 +272,7 @@ def load_vllm() -> _Vllm:
         from vllm.v1.core.kv_cache_utils import (
             KVCacheBlock,
             get_block_hash,
+            get_group_id,
             get_request_block_hasher,
             init_none_hash,
         )
@@ -277,8 +284,10 @@ def load_vllm() -> _Vllm:
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
+            SlidingWindowSpec,
         )
-        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+        from vllm.config import KVTransferConfig
+        from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
         from vllm.v1.request import Request
         from vllm.v1.request import RequestStatus as VRequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
@@ -324,8 +333,12 @@ def load_vllm() -> _Vllm:
             PlaceholderRange=PlaceholderRange,
             EncoderCacheManager=EncoderCacheManager,
             VPauseState=VPauseState,
+            KVTransferConfig=KVTransferConfig,
+            SlidingWindowSpec=SlidingWindowSpec,
+            KVConnectorOutput=KVConnectorOutput,
             torch=torch,
             get_block_hash=get_block_hash,
+            get_group_id=get_group_id,
             register_all_kvcache_specs=register_all_kvcache_specs,
             block_hasher=block_hasher,
             float32=torch.float32,
@@ -382,7 +395,7 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
         cache_config=cache_config,
         device_config=v.DeviceConfig(device="cpu"),
         speculative_config=_speculative_config(v, config),
-        kv_transfer_config=None,
+        kv_transfer_config=_kv_transfer_config(v, config),
         ec_transfer_config=None,
         lora_config=_lora_config(v, config),
         kv_events_config=None,
@@ -392,14 +405,7 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
     kv_cache_config = v.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[
-            v.KVCacheGroupSpec(
-                ["layer"],
-                v.FullAttentionSpec(
-                    block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.float32
-                ),
-            )
-        ],
+        kv_cache_groups=_kv_cache_groups(v, config),
     )
     _check_effective(vllm_config, config)
     global _SPECS_REGISTERED
@@ -408,6 +414,47 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
             v.register_all_kvcache_specs(vllm_config)
             _SPECS_REGISTERED = True
     return vllm_config, kv_cache_config
+
+
+def _kv_cache_groups(v: _Vllm, config: SchedulerConfig) -> list[Any]:
+    """One KVCacheGroupSpec per KV cache group of ``config`` (config.groups),
+    each with the config's block size: a FullAttentionSpec, or a
+    SlidingWindowSpec of the group's window. The plain layout is the one
+    full-attention group named ``layer``, as always; a hybrid layout's
+    groups are named ``layer.G``. vLLM's engine derives these groups from the
+    model's layers (vllm/v1/core/kv_cache_planning.py); its own scheduler
+    tests build them by hand, as here. vLLM picks the coordinator from them
+    (kv_cache_coordinator.py, get_kv_cache_coordinator): the no-prefix-cache
+    one with caching off, UnitaryKVCacheCoordinator for one group,
+    HybridKVCacheCoordinator for more."""
+    common = dict(block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=v.float32)
+    if not config.is_hybrid:
+        return [v.KVCacheGroupSpec(["layer"], v.FullAttentionSpec(**common))]
+    groups = []
+    for g, group in enumerate(config.groups):
+        if group.kind == "sliding_window":
+            spec = v.SlidingWindowSpec(sliding_window=group.sliding_window, **common)
+        else:
+            spec = v.FullAttentionSpec(**common)
+        groups.append(v.KVCacheGroupSpec([f"layer.{g}"], spec))
+    return groups
+
+
+def _kv_transfer_config(v: _Vllm, config: SchedulerConfig) -> Any:
+    """vLLM's kv_transfer_config for ``config``: None without a connector,
+    else the modelled connector (schedspec/adapters/vllm_connector.py) in the
+    role of both producer and consumer, with the config's load-failure
+    policy."""
+    if not config.kv_connector:
+        return None
+    from schedspec.adapters import vllm_connector
+
+    return v.KVTransferConfig(
+        kv_connector=vllm_connector.CONNECTOR_NAME,
+        kv_connector_module_path=vllm_connector.__name__,
+        kv_role="kv_both",
+        kv_load_failure_policy=config.kv_load_failure_policy,
+    )
 
 
 #: The n-gram method per mode: vLLM's V1 model runner refuses ``ngram`` with
@@ -514,7 +561,12 @@ _STATUS_NAMES = {
     "FINISHED_IGNORED": RequestStatus.FINISHED_IGNORED,
     "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
     "FINISHED_ERROR": RequestStatus.FINISHED_ERROR,
+    "WAITING_FOR_REMOTE_KVS": RequestStatus.WAITING_FOR_REMOTE_KVS,
 }
+
+#: The single-type manager vLLM must build for each kind of KV cache group
+#: (vllm/v1/core/single_type_kv_cache_manager.py, spec_manager_map).
+_MANAGER_NAMES = {"full_attention": "FullAttentionManager", "sliding_window": "SlidingWindowManager"}
 
 
 class _Grammar:
@@ -703,14 +755,32 @@ class VllmScheduler:
         som.backend = _GrammarBackend(v.torch, self._vllm_config.model_config.get_vocab_size())
         som.backend_name = "schedspec"
         managers = self.sched.kv_cache_manager.coordinator.single_type_managers
-        if len(managers) != 1:
-            raise VllmAdapterError(f"vLLM built {len(managers)} KV cache groups; the spec models one")
-        self._blocks_of: Any = managers[0].req_to_blocks  # request id -> its block table
+        groups = config.groups
+        if len(managers) != len(groups):
+            raise VllmAdapterError(
+                f"vLLM built {len(managers)} KV cache groups; the config has {len(groups)}")
+        for g, (manager, group) in enumerate(zip(managers, groups)):
+            if type(manager).__name__ != _MANAGER_NAMES[group.kind]:
+                raise VllmAdapterError(
+                    f"vLLM built a {type(manager).__name__} for KV cache group {g} ({group.kind})")
+        if self._config.kv_connector:
+            from schedspec.adapters.vllm_connector import SchedspecKVConnector
+
+            if not isinstance(self.sched.connector, SchedspecKVConnector):
+                raise VllmAdapterError(
+                    f"vLLM built the KV connector {type(self.sched.connector).__name__}, not the "
+                    "modelled SchedspecKVConnector")
+        # per group: request id -> its block table (group 0's is block_ids)
+        self._group_blocks_of: list[Any] = [m.req_to_blocks for m in managers]
+        self._blocks_of: Any = managers[0].req_to_blocks
+        self._hybrid = config.is_hybrid
+        self._connector = config.kv_connector
         self._statuses = {v.VRequestStatus[name]: ours for name, ours in _STATUS_NAMES.items()}
         self._block_hasher = v.block_hasher(config.block_size)
         self._live: dict[str, _Live] = {}
         self._finished: dict[str, RequestView] = {}
-        self._tables: dict[str, list[int]] = {}  # block tables as a model runner sees them
+        # every group's block table as a model runner sees it
+        self._tables: dict[str, list[list[int]]] = {}
         self._keys: dict[bytes, BlockKey] = {}  # vLLM block hash -> content key
         self._prune_at = 4096  # forget keys nobody can ask for once there are this many
         self._step = 0
@@ -802,6 +872,10 @@ class VllmScheduler:
         # What the engine's input processor does with the tokenizer's eos id:
         # with ignore_eos the id is not set, so check_stop never matches it.
         params.update_from_generation_config({}, request.eos_token_id)
+        transfer = self._kv_transfer_params(request)
+        if transfer is not None:
+            # what vLLM's Request reads its kv_transfer_params from
+            params.extra_args = {"kv_transfer_params": transfer}
         return v.Request(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
@@ -814,6 +888,16 @@ class VllmScheduler:
             lora_request=self._lora_request(request.lora_id),
             mm_features=[self._mm_feature(mm) for mm in request.mm_inputs] or None,
         )
+
+    def _kv_transfer_params(self, request: RequestSpec) -> dict[str, Any] | None:
+        """The modelled connector's fields of ``request``, as the request's
+        kv_transfer_params (vllm_connector.kv_transfer_params)."""
+        if not self._connector:
+            return None
+        from schedspec.adapters.vllm_connector import kv_transfer_params
+
+        return kv_transfer_params(request.kv_external_tokens, request.kv_load_async,
+                                  request.kv_save_async)
 
     def _lora_request(self, lora_id: int) -> Any:
         """Adapter ``lora_id`` as the engine names it: lora_int_id is the id,
@@ -922,30 +1006,29 @@ class VllmScheduler:
             if rid in new:
                 kind = ScheduleKind.NEW
                 computed = new[rid].num_computed_tokens
-                table = list(new[rid].block_ids[0])
+                tables = [list(ids) for ids in new[rid].block_ids]
             else:
                 i = cached_index[rid]
                 computed = cached.num_computed_tokens[i]
                 sent = cached.new_block_ids[i]
                 if rid in resumed:
                     kind = ScheduleKind.RESUMED
-                    table = list(sent[0]) if sent is not None else []
+                    tables = [list(ids) for ids in sent] if sent is not None else self._no_tables()
                 else:
                     kind = ScheduleKind.RUNNING
-                    table = self._tables.get(rid, []) + (list(sent[0]) if sent is not None else [])
-            kept = self._table(rid)
-            if table != kept:
-                raise VllmAdapterError(
-                    f"step {self._step}: vLLM sent {rid!r} a block table {table} that is not "
-                    f"its own {kept}"
-                )
-            self._tables[rid] = table
+                    tables = self._tables.get(rid) or self._no_tables()
+                    if sent is not None:
+                        tables = [old + list(ids) for old, ids in zip(tables, sent)]
+            kept = self._check_tables(rid, tables)
+            self._tables[rid] = kept
             entries.append(
                 ScheduledRequest.of(rid, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
-                                    all_token_ids=req.all_token_ids, block_ids=tuple(table),
+                                    all_token_ids=req.all_token_ids, block_ids=tuple(kept[0]),
                                     spec_token_ids=drafts, num_output_placeholders=placeholders,
                                     encoder_inputs=tuple(encoder_inputs.get(rid, ())),
-                                    num_invalid_spec_tokens=invalid.get(rid, 0))
+                                    num_invalid_spec_tokens=invalid.get(rid, 0),
+                                    group_block_ids=(
+                                        tuple(tuple(t) for t in kept) if self._hybrid else ()))
             )
         plan = StepPlan(
             step=self._step,
@@ -953,6 +1036,7 @@ class VllmScheduler:
             preempted_ids=tuple(sorted(out.preempted_req_ids)),
             finished_ids=tuple(sorted(out.finished_req_ids)),
             freed_encoder_inputs=tuple(out.free_encoder_mm_hashes),
+            kv_loads=self._kv_loads(out),
         )
         self._in_flight.append((plan, out))
         if self._grammars and not (self._async and out.pending_structured_output_tokens):
@@ -962,6 +1046,47 @@ class VllmScheduler:
             # gets it after the previous step's update.
             _into_vllm(self.sched.get_grammar_bitmask, out)
         return plan
+
+    def _no_tables(self) -> list[list[int]]:
+        return [[] for _ in self._group_blocks_of]
+
+    def _check_tables(self, rid: str, tables: list[list[int]]) -> list[list[int]]:
+        """The request's tables as vLLM's KV manager keeps them, after checking
+        that they are the ones vLLM sent (the model runner's copy, rebuilt
+        from the messages). A sliding-window group's manager replaces a block
+        that left the window by the null block 0 in place
+        (SlidingWindowManager.remove_skipped_blocks) without telling the
+        worker, which nulls such entries itself: there the sent table may
+        still name the freed block."""
+        kept = self._group_tables(rid)
+        ok = len(tables) == len(kept) and all(
+            len(sent) == len(own) and all(s == k or k == 0 for s, k in zip(sent, own))
+            for sent, own in zip(tables, kept)
+        )
+        if not ok:
+            raise VllmAdapterError(
+                f"step {self._step}: vLLM sent {rid!r} block tables {tables} that are not "
+                f"its own {kept}"
+            )
+        return kept
+
+    def _kv_loads(self, out: Any) -> tuple[KVLoad, ...]:
+        """The connector's loads of this step (its metadata, built by vLLM's
+        schedule(): _build_kv_connector_meta), in admission order."""
+        meta = getattr(out, "kv_connector_metadata", None)
+        if meta is None:
+            return ()
+        return tuple(
+            KVLoad(
+                request_id=load.request_id,
+                start=load.start,
+                end=load.end,
+                block_ids=load.group_block_ids[0],
+                asynchronous=load.asynchronous,
+                group_block_ids=load.group_block_ids if self._hybrid else (),
+            )
+            for load in meta.loads
+        )
 
     # ------------------------------------------------------------------ update
 
@@ -978,6 +1103,7 @@ class VllmScheduler:
             req_ids=ids,
             req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=[list(result.sampled.get(rid, ())) for rid in ids],
+            kv_connector_output=self._kv_connector_output(result),
         )
         self._in_flight.pop(0)
         _into_vllm(self.sched.update_from_output, out, runner_output)
@@ -995,7 +1121,12 @@ class VllmScheduler:
             live = self._live.get(rid)
             if live is not None:
                 self._record_keys(live)
-        self._collect_finished(ids)
+        if self._connector:
+            # a failed load under the "fail" policy finishes requests that
+            # were not scheduled (update_from_output, failed_kv_load_req_ids)
+            self._collect_finished(list(self._live))
+        else:
+            self._collect_finished(ids)
         if self._grammars:
             # a grammar that failed to compile finishes its request here
             # (update_from_output, grammar_compile_error_reqs)
@@ -1003,6 +1134,20 @@ class VllmScheduler:
             self._grammars = {rid: f for rid, f in self._grammars.items() if rid in self._live}
         if len(self._keys) > self._prune_at:
             self._prune_keys()
+
+    def _kv_connector_output(self, result: StepResult) -> Any:
+        """The worker's connector reports of ``result`` as vLLM's
+        KVConnectorOutput (what the model runner puts in
+        ModelRunnerOutput.kv_connector_output), None when there are none."""
+        if not (result.finished_recving or result.finished_sending or result.failed_recving
+                or result.invalid_block_ids):
+            return None
+        return self._v.KVConnectorOutput(
+            finished_sending=set(result.finished_sending) or None,
+            finished_recving=set(result.finished_recving) or None,
+            failed_recving=set(result.failed_recving),
+            invalid_block_ids=set(result.invalid_block_ids),
+        )
 
     def _deferred_bitmask(self, deferred: Any, plan: StepPlan, result: StepResult) -> None:
         """The engine core's deferred sampling of an async plan whose
@@ -1060,10 +1205,12 @@ class VllmScheduler:
         self._prune_at = max(4096, 2 * len(self._keys))
 
     def _key(self, hash_with_group: bytes) -> BlockKey:
+        """The content key of a cached block: its block hash's content, of
+        its KV cache group (group_block_key; group 0's keys as always)."""
         key = self._keys.get(self._v.get_block_hash(hash_with_group))
         if key is None:
             raise VllmAdapterError(f"vLLM holds a block hash {hash_with_group.hex()} of no known request")
-        return key
+        return group_block_key(key, self._v.get_group_id(hash_with_group))
 
     # ------------------------------------------------------------------ view
 
@@ -1072,6 +1219,27 @@ class VllmScheduler:
         .get: the manager's defaultdict must not grow an entry."""
         blocks = self._blocks_of.get(rid)
         return [b.block_id for b in blocks] if blocks else []
+
+    def _group_tables(self, rid: str) -> list[list[int]]:
+        """Every group's block table of the request, in group order (a
+        sliding-window group's with the null block 0 where it freed one)."""
+        out = []
+        for blocks_of in self._group_blocks_of:
+            blocks = blocks_of.get(rid)
+            out.append([b.block_id for b in blocks] if blocks else [])
+        return out
+
+    def _held_by_finished(self) -> dict[str, tuple[int, ...]]:
+        """Finished requests vLLM keeps in Scheduler.requests because their
+        blocks are not freed yet (an asynchronous save not yet reported, or an
+        abort or failure during an asynchronous load not yet reported:
+        _free_request with delay_free_blocks), with the blocks they hold:
+        group 0's table, then the other groups' (null entries left out)."""
+        held: dict[str, tuple[int, ...]] = {}
+        for rid, req in self.sched.requests.items():
+            if req.is_finished():
+                held[rid] = tuple(b for t in self._group_tables(rid) for b in t if b != 0)
+        return dict(sorted(held.items()))
 
     def _status(self, req: Any) -> RequestStatus:
         status = self._statuses.get(req.status)
@@ -1084,8 +1252,12 @@ class VllmScheduler:
 
     def _request_view(self, live: _Live, finished: bool = False) -> RequestView:
         s, req = live.spec, live.req
+        groups: tuple[tuple[int, ...], ...] = ()
         if finished:
             blocks: tuple[int, ...] = ()
+        elif self._hybrid:
+            groups = tuple(tuple(t) for t in self._group_tables(s.request_id))
+            blocks = groups[0]
         else:
             blocks = tuple(self._table(s.request_id))
         return RequestView.of(
@@ -1102,6 +1274,7 @@ class VllmScheduler:
             # it on
             is_prefill_chunk=(bool(req.is_prefill_chunk) and not finished
                               and self._config.prefill_schedule_interval > 1),
+            group_block_ids=groups,
         )
 
     def _encoder_view(self) -> tuple[dict[str, int], int]:
@@ -1166,4 +1339,7 @@ class VllmScheduler:
             num_executed_steps=sched.num_executed_steps if cadence else 0,
             last_prefill_step=sched.last_prefill_step if cadence else -1,
             prefill_capacity_bound=bool(sched.prefill_capacity_bound) if cadence else False,
+            kv_held_by_finished=self._held_by_finished() if self._connector else {},
+            kv_loads_done=tuple(sorted(sched.finished_recving_kv_req_ids)),
+            kv_loads_failed=tuple(sorted(sched.failed_recving_kv_req_ids)),
         )

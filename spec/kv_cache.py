@@ -2,7 +2,13 @@
 
 Plain lists and dicts. vLLM sources: vllm/v1/core/block_pool.py (BlockPool,
 BlockHashToBlockMap), vllm/v1/core/kv_cache_utils.py (FreeKVCacheBlockQueue),
-vllm/v1/core/single_type_kv_cache_manager.py (FullAttentionManager).
+vllm/v1/core/single_type_kv_cache_manager.py (FullAttentionManager), and
+for the KV cache groups of a hybrid model vllm/v1/core/kv_cache_coordinator.py
+(KVCacheCoordinator): the pool's coordinator methods below apply the
+per-group rules of spec/kv_groups.py to a request's tables (group 0's is the
+request's ``blocks``, the others its ``group_blocks``), all groups drawing
+from this one pool. The plain layout (one full-attention group) allocates,
+caches and frees exactly as a single FullAttentionManager does.
 
 One deliberate difference in representation, none in behaviour: vLLM keys a
 cached block by a chained hash of its tokens; the spec keys it by the tokens
@@ -13,17 +19,48 @@ methods carry the names of the BlockPool methods they capture.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from schedspec.spec.interface import BlockKey, KVView
-from schedspec.spec.rules import split_freed_blocks
+from schedspec.spec.interface import BlockKey, KVView, group_block_key
+from schedspec.spec.kv_groups import (
+    NULL_BLOCK,
+    GroupLayout,
+    SpecGroup,
+    blocks_for_free,
+    blocks_to_allocate,
+    find_group_hit,
+    hybrid_cache_hit,
+    num_skipped_tokens,
+    skipped_blocks_to_free,
+    sliding_window_cache_mask,
+)
+from schedspec.spec.rules import cdiv, split_freed_blocks
+
+
+class GroupTables(Protocol):
+    """What the coordinator methods read and write of a request: its block
+    table per KV cache group (group 0's is ``blocks``, groups 1.. in
+    ``group_blocks``), how many leading blocks of each already have a key
+    (vLLM's num_cached_block per manager), and the shared-prefix junction of
+    its last prefix lookup (Request.shared_prefix_boundary)."""
+
+    blocks: list[int]
+    num_cached_blocks: int
+    group_blocks: list[list[int]]
+    group_num_cached: list[int]
+    shared_prefix_boundary: int
 
 
 class KVPool:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 rules: Counter[str] | None = None) -> None:
+                 rules: Counter[str] | None = None, layout: GroupLayout | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
+        # The KV cache groups (immutable, shared by clones); one full-attention
+        # group unless the config says otherwise.
+        self.layout = layout if layout is not None else GroupLayout.plain(block_size, enable_caching)
         # Reference count per block id; block 0 is the null block, never counted.
         self.ref_cnt = [0] * num_blocks
         # Free blocks in eviction order, head first. At start the queue is in
@@ -62,8 +99,10 @@ class KVPool:
 
     def touch(self, blocks: list[int]) -> None:
         """A prefix hit takes a reference; a block at ref_cnt 0 leaves the free
-        queue (BlockPool.touch)."""
+        queue (BlockPool.touch). The null block is skipped."""
         for b in blocks:
+            if b == NULL_BLOCK:
+                continue
             self.rules["kv.touch_shared"] += self.ref_cnt[b] > 0  # pragma: no mutate
             if self.ref_cnt[b] == 0:
                 self.rules["kv.touch_free"] += 1  # pragma: no mutate
@@ -85,20 +124,25 @@ class KVPool:
         return taken
 
     def free(self, table: list[int]) -> None:
-        """Release a request's whole block table. The table is walked tail
-        first (KVCacheManager.free); each block whose count reaches 0 goes to
-        the front of the free queue if it has no key, to the back if it has one
-        (BlockPool.free_blocks)."""
-        tail_first = list(reversed(table))
+        """Release one block table. The table is walked tail first
+        (SingleTypeKVCacheManager.free: ``reversed``), see free_blocks."""
+        self.free_blocks(list(reversed(table)))
+
+    def free_blocks(self, ordered: list[int]) -> None:
+        """BlockPool.free_blocks: drop one reference per block, in eviction
+        order (the null block is skipped); each block whose count reaches 0
+        goes to the front of the free queue if it has no key, to the back if
+        it has one, each part in the given order."""
+        ordered = [b for b in ordered if b != NULL_BLOCK]
         newly_free: list[bool] = []
-        for b in tail_first:
+        for b in ordered:
             self.ref_cnt[b] -= 1
             assert self.ref_cnt[b] >= 0
             newly_free.append(self.ref_cnt[b] == 0)
             self.rules["kv.free_shared"] += self.ref_cnt[b] > 0  # pragma: no mutate
-        has_key = [b in self.block_key for b in tail_first]
+        has_key = [b in self.block_key for b in ordered]
         front, back = split_freed_blocks(
-            blocks_tail_first=tail_first, newly_free=newly_free, has_key=has_key, caching=self.enable_caching
+            blocks_tail_first=ordered, newly_free=newly_free, has_key=has_key, caching=self.enable_caching
         )
         self.rules["kv.free_front"] += len(front)  # pragma: no mutate
         self.rules["kv.free_back"] += len(back)  # pragma: no mutate
@@ -126,6 +170,14 @@ class KVPool:
         if not holders:
             del self.index[key]
 
+    def evict_blocks(self, blocks: list[int]) -> None:
+        """Drop the prefix-cache key of each block, held or free; the blocks
+        themselves stay where they are (BlockPool.evict_blocks, for a KV
+        connector's failed load under kv_load_failure_policy "fail")."""
+        for b in blocks:
+            if self.enable_caching:
+                self._maybe_evict_cached_block(b)
+
     def reset_prefix_cache(self) -> bool:
         """Drop every key, only when no block is held (BlockPool.reset_prefix_cache)."""
         if self.num_free != self.num_blocks - 1:
@@ -135,6 +187,183 @@ class KVPool:
         self.block_key.clear()
         self.index.clear()
         return True
+
+    # ------------------------------------------------------------ the groups
+    # KVCacheCoordinator (vllm/v1/core/kv_cache_coordinator.py) over this
+    # pool: each method applies a group's rule (spec/kv_groups.py) to every
+    # group's table of one request, in group order.
+
+    def tables(self, req: GroupTables) -> list[list[int]]:
+        """The request's table per group (the lists themselves)."""
+        return [req.blocks, *req.group_blocks]
+
+    def _set_num_cached(self, req: GroupTables, group: int, n: int) -> None:
+        if group == 0:
+            req.num_cached_blocks = n
+        else:
+            req.group_num_cached[group - 1] = n
+
+    def _num_cached(self, req: GroupTables, group: int) -> int:
+        return req.num_cached_blocks if group == 0 else req.group_num_cached[group - 1]
+
+    def _lookup(self, key_of: Callable[[int], BlockKey], spec: SpecGroup) -> Callable[[int], list[int] | None]:
+        """BlockPool.get_cached_block for the groups of ``spec``: block i's
+        cached block in each group (keyed with the group's id), or None when
+        one misses."""
+        def lookup(i: int) -> list[int] | None:
+            key = key_of(i)
+            found = []
+            for g in spec.group_ids:
+                block = self.get_cached_block(group_block_key(key, g))
+                if block is None:
+                    return None
+                found.append(block)
+            return found
+        return lookup
+
+    def find_longest_cache_hit(
+        self, key_of: Callable[[int], BlockKey], max_length: int
+    ) -> tuple[list[list[int]], int, int]:
+        """The coordinator's find_longest_cache_hit: each group's hit blocks
+        (a sliding-window group's with the null block before its run), the
+        hit length in tokens, valid in every group, and the uncached common
+        prefix (HybridKVCacheCoordinator; 0 for UnitaryKVCacheCoordinator).
+        With caching off (KVCacheCoordinatorNoPrefixCache) nothing hits."""
+        lay = self.layout
+        if lay.coordinator == "no_prefix_cache":
+            return [[] for _ in lay.groups], 0, 0
+        if lay.coordinator == "unitary":
+            spec = lay.spec_groups[0]
+            found, length = find_group_hit(spec, self._lookup(key_of, spec), max_length, lay.block_size)
+            return found, length, 0
+        blocks, length, uncached = hybrid_cache_hit(lay, lambda spec: self._lookup(key_of, spec), max_length)
+        self.rules["kv_groups.hit_cut_by_group"] += uncached > 0  # pragma: no mutate
+        return blocks, length, uncached
+
+    def _num_evictable(self, blocks: Sequence[int]) -> int:
+        """_get_num_evictable_blocks: hit blocks now free (ref_cnt 0), not null."""
+        return sum(1 for b in blocks if b != NULL_BLOCK and self.ref_cnt[b] == 0)
+
+    def get_num_blocks_to_allocate(
+        self, req: GroupTables, num_tokens: int, new_computed: Sequence[Sequence[int]] | None,
+        total_computed_tokens: int, apply_admission_cap: bool = False,
+    ) -> int:
+        """KVCacheCoordinator.get_num_blocks_to_allocate: the sum over the
+        groups (kv_groups.blocks_to_allocate); ``new_computed`` is the hit's
+        blocks per group (None: no hit, a running request)."""
+        lay = self.layout
+        total = 0
+        for g, (group, table) in enumerate(zip(lay.groups, self.tables(req))):
+            cap = lay.admission_caps[g]
+            self.rules["kv_groups.admission_capped"] += (  # pragma: no mutate
+                apply_admission_cap and cap is not None and cdiv(num_tokens, lay.block_size) > cap
+            )
+            total += blocks_to_allocate(
+                group, lay.block_size, lay.admission_caps[g], len(table), num_tokens,
+                new_computed[g] if new_computed else (), self._num_evictable,
+                total_computed_tokens, apply_admission_cap,
+            )
+        return total
+
+    def allocate_new_computed_blocks(
+        self, req: GroupTables, new_computed: Sequence[Sequence[int]], num_local: int, num_external: int = 0
+    ) -> None:
+        """KVCacheCoordinator.allocate_new_computed_blocks, two phases (vLLM
+        issue #33775): every group takes its hit first
+        (add_local_computed_blocks: the hit blocks the window skips become
+        the null block, the rest are touched; all count as cached), then
+        every group gets blocks for the external tokens it keeps
+        (allocate_external_computed_blocks)."""
+        lay, bs = self.layout, self.layout.block_size
+        tables = self.tables(req)
+        total = num_local + num_external
+        for g, group in enumerate(lay.groups):
+            assert not tables[g], "a request takes its hit before it has blocks"
+            skipped = num_skipped_tokens(group, total) // bs
+            kept = list(new_computed[g][skipped:]) if new_computed else []
+            self.rules["kv_groups.hit_skipped_in_window"] += skipped > 0  # pragma: no mutate
+            if self.enable_caching:
+                self.touch(kept)
+            tables[g].extend([NULL_BLOCK] * skipped + kept)
+            self._set_num_cached(req, g, len(tables[g]))
+        if num_external <= 0:
+            return
+        for g, group in enumerate(lay.groups):
+            skipped_tokens = num_skipped_tokens(group, total)
+            if min(total - skipped_tokens, num_external) <= 0:
+                continue
+            tables[g].extend(self.get_new_blocks(max(0, cdiv(total, bs) - len(tables[g]))))
+
+    def allocate_new_blocks(self, req: GroupTables, num_tokens: int) -> None:
+        """KVCacheCoordinator.allocate_new_blocks: each group's table grows to
+        ``cdiv(num_tokens, block_size)`` blocks, group by group."""
+        for table in self.tables(req):
+            need = cdiv(num_tokens, self.layout.block_size) - len(table)
+            if need > 0:
+                table.extend(self.get_new_blocks(need))
+
+    def remove_skipped_blocks(self, req: GroupTables, processed_computed_tokens: int) -> None:
+        """KVCacheCoordinator.remove_skipped_blocks: each sliding-window group
+        frees the blocks wholly before the window of its next token
+        (kv_groups.skipped_blocks_to_free), null block in their places;
+        BlockPool.free_blocks gets them last skipped first."""
+        lay = self.layout
+        for group, table in zip(lay.groups, self.tables(req)):
+            skipped = num_skipped_tokens(group, processed_computed_tokens)
+            if skipped <= 0:
+                continue
+            freed = skipped_blocks_to_free(table, skipped, lay.block_size)
+            self.rules["kv_groups.window_freed"] += len(freed) > 0  # pragma: no mutate
+            if freed:
+                self.free_blocks(freed)
+
+    def cache_blocks(
+        self, req: GroupTables, num_tokens: int, num_prompt_tokens: int, key_of: Callable[[int], BlockKey]
+    ) -> None:
+        """KVCacheCoordinator.cache_blocks -> each manager's cache_blocks: the
+        blocks full once ``num_tokens`` tokens are computed get their group's
+        key (block i: ``group_block_key(key_of(i), g)``), in table order; the
+        null block never; a sliding-window group only the blocks its mask
+        keeps (kv_groups.sliding_window_cache_mask, with the replay boundary
+        num_prompt_tokens - 1 and the request's shared-prefix junction)."""
+        if not self.enable_caching:
+            return
+        lay, bs = self.layout, self.layout.block_size
+        boundaries = [num_prompt_tokens - 1] + ([req.shared_prefix_boundary] if req.shared_prefix_boundary else [])
+        for g, (group, table) in enumerate(zip(lay.groups, self.tables(req))):
+            start, end = self._num_cached(req, g), num_tokens // bs
+            if start >= end:
+                continue
+            mask = None
+            if group.kind == "sliding_window":
+                mask = sliding_window_cache_mask(start, end, bs, group.sliding_window, boundaries)
+            keep = [i for i in range(start, end) if table[i] != NULL_BLOCK and (mask is None or mask[i - start])]
+            self.rules["kv_groups.cache_masked"] += len(keep) < end - start  # pragma: no mutate
+            self.cache_full_blocks([table[i] for i in keep], [group_block_key(key_of(i), g) for i in keep])
+            self._set_num_cached(req, g, end)
+
+    def pop_blocks_for_free(self, req: GroupTables) -> list[int]:
+        """KVCacheCoordinator.pop_blocks_for_free: the request's blocks, group
+        after group without leading null blocks, taken from it unfreed (a
+        deferred free later hands them to ``free``, which walks them tail
+        first: ``free_blocks(reversed(blocks))``)."""
+        blocks = blocks_for_free(self.tables(req))
+        self._clear_tables(req)
+        return blocks
+
+    def _clear_tables(self, req: GroupTables) -> None:
+        req.blocks = []
+        req.num_cached_blocks = 0
+        req.group_blocks = [[] for _ in req.group_blocks]
+        req.group_num_cached = [0] * len(req.group_num_cached)
+
+    def free_request(self, req: GroupTables) -> None:
+        """KVCacheCoordinator.free: each group's table, tail first (leading
+        null blocks dropped: trim_null_head), group after group; the request
+        keeps empty tables."""
+        for table in self.tables(req):
+            self.free(table)
+        self._clear_tables(req)
 
     def view(self) -> KVView:
         return KVView(

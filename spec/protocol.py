@@ -110,7 +110,35 @@ def check_add(request: object, config: SchedulerConfig, *known: Container[str]) 
             f"token within max_model_len {config.max_model_len}",
         )
     check_gates(request, config)
+    check_kv_request(request, config)
     return request
+
+
+def check_kv_request(request: RequestSpec, config: SchedulerConfig) -> None:
+    """add(), the KV connector's request fields: only with a connector
+    (``config.kv_connector``); and a synchronous load must leave a prompt
+    token to compute. The modelled connector offers every external token,
+    so a synchronous load of the whole prompt would leave the admission
+    nothing to schedule, which vLLM's WAITING loop asserts against
+    (scheduler.py, schedule(): ``assert num_new_tokens > 0``); an
+    asynchronous one is cut to ``num_tokens - 1`` when it is promoted
+    (_update_waiting_for_remote_kv)."""
+    rid = request.request_id
+    if not config.kv_connector:
+        for name in ("kv_external_tokens", "kv_load_async", "kv_save_async"):
+            if getattr(request, name):
+                raise ProtocolError(
+                    f"request {rid!r}: {name} but the config has no KV connector (config.kv_connector is False)",
+                    field=name,
+                )
+        return
+    if not request.kv_load_async and request.kv_external_tokens >= len(request.prompt_token_ids):
+        raise ProtocolError(
+            f"request {rid!r}: a synchronous load of all {request.kv_external_tokens} prompt tokens leaves "
+            "none to compute (vLLM asserts num_new_tokens > 0); load at most the prompt less one token, "
+            "or load asynchronously",
+            field="kv_external_tokens",
+        )
 
 
 def check_gates(request: RequestSpec, config: SchedulerConfig) -> None:
@@ -264,6 +292,143 @@ def check_reset(outstanding: InFlight, config: SchedulerConfig | None = None) ->
         raise ProtocolError(
             "reset_prefix_cache between schedule() and update()", step=plans[-1].step, field="plan"
         )
+
+
+def check_kv_reset(kept: str | None) -> None:
+    """reset_prefix_cache(reset_running_requests=True) with a KV connector:
+    refused when blocks would stay held after every running request is
+    preempted (``kept`` says why; None when none would): vLLM's
+    reset_prefix_cache raises RuntimeError then ("Failed to reset KV cache
+    even when all the running requests are preempted")."""
+    if kept is not None:
+        raise ProtocolError(
+            f"reset_prefix_cache(reset_running_requests=True) would leave blocks held: {kept}",
+            field="reset_running_requests",
+        )
+
+
+_KV_REPORT_FIELDS = ("finished_recving", "finished_sending", "failed_recving", "invalid_block_ids")
+
+
+def check_kv_reports(
+    plan: StepPlan,
+    result: StepResult,
+    config: SchedulerConfig,
+    loading: Mapping[str, Sequence[int]],
+    saving: Container[str],
+    running: Container[str],
+) -> None:
+    """update(), the KV connector's reports (vLLM's KVConnectorOutput), each
+    checked against what the scheduler holds; ``loading`` maps each request
+    whose asynchronous load is not reported yet to the blocks it writes,
+    ``saving`` holds the finished requests that keep their blocks (a save, or
+    an abort during a load), ``running`` the running requests. Refused, with
+    the field named, before anything changes:
+
+    - any report without a connector;
+    - ``finished_recving`` of a request with no asynchronous load in flight
+      (vLLM asserts the request is known, and loading or finished:
+      _update_from_kv_xfer_finished), or twice;
+    - ``finished_sending`` of a request that keeps no blocks (vLLM asserts it
+      is known and finished: _free_blocks);
+    - ``failed_recving`` of a request whose load is not reported finished in
+      the same result (a load ends in finished_recving, failed or not);
+    - ``invalid_block_ids``: with more than one KV cache group (vLLM raises:
+      _handle_invalid_blocks); a block id that is not an int in 1 ..
+      num_blocks - 1 (vLLM asserts it is in the pool: BlockPool.evict_blocks;
+      block 0 is the null block); a block outside every load this result
+      ends: an asynchronous load reported in ``finished_recving``, or a
+      synchronous load of this plan whose request still runs.
+    """
+    values = {name: getattr(result, name, ()) for name in _KV_REPORT_FIELDS}
+    for name, value in values.items():
+        if not isinstance(value, tuple):
+            raise ProtocolError(f"{name} must be a tuple, got {type(value).__name__}", step=plan.step, field=name)
+        if value and not config.kv_connector:
+            raise ProtocolError(
+                f"{name} reported but the config has no KV connector", step=plan.step, field=name
+            )
+    if not config.kv_connector or not any(values.values()):
+        return
+    recving = values["finished_recving"]
+    _check_report_ids(plan, values)
+    _check_report_requests(plan, values, loading, saving)
+    _check_invalid_blocks(plan, values["invalid_block_ids"], config, loading, recving, running)
+
+
+def _check_report_requests(
+    plan: StepPlan, values: Mapping[str, tuple[object, ...]], loading: Mapping[str, Sequence[int]], saving: Container[str]
+) -> None:
+    """check_kv_reports: each request a report names has what is reported."""
+    recving = values["finished_recving"]
+    for rid in recving:
+        if rid not in loading:
+            raise ProtocolError(
+                f"finished_recving names {rid!r}, which has no asynchronous KV load in flight",
+                step=plan.step, field="finished_recving",
+            )
+    if len(set(recving)) != len(recving):
+        raise ProtocolError("finished_recving names a request twice", step=plan.step, field="finished_recving")
+    for rid in values["finished_sending"]:
+        if rid not in saving or rid in loading:
+            raise ProtocolError(
+                f"finished_sending names {rid!r}, which keeps no blocks for a KV save",
+                step=plan.step, field="finished_sending",
+            )
+    for rid in values["failed_recving"]:
+        if rid not in recving:
+            raise ProtocolError(
+                f"failed_recving names {rid!r}, whose load this result does not report finished "
+                "(a failed load is also reported in finished_recving)",
+                step=plan.step, field="failed_recving",
+            )
+
+
+def _check_report_ids(plan: StepPlan, values: Mapping[str, tuple[object, ...]]) -> None:
+    """check_kv_reports: the request-id fields hold request ids."""
+    for name in ("finished_recving", "finished_sending", "failed_recving"):
+        for rid in values[name]:
+            if not isinstance(rid, str):
+                raise ProtocolError(f"{name} holds {rid!r}, not a request id", step=plan.step, field=name)
+
+
+def _check_invalid_blocks(
+    plan: StepPlan,
+    blocks: tuple[object, ...],
+    config: SchedulerConfig,
+    loading: Mapping[str, Sequence[int]],
+    recving: tuple[str, ...],
+    running: Container[str],
+) -> None:
+    """check_kv_reports, the invalid blocks."""
+    if not blocks:
+        return
+    if len(config.groups) > 1:
+        raise ProtocolError(
+            "invalid_block_ids with more than one KV cache group: vLLM raises "
+            "(_handle_invalid_blocks); report failed_recving instead",
+            step=plan.step, field="invalid_block_ids",
+        )
+    loaded: set[int] = set()
+    for rid in recving:
+        loaded.update(loading[rid])
+    bs = config.block_size
+    for load in plan.kv_loads:
+        if not load.asynchronous and load.request_id in running:
+            first = load.start // bs
+            loaded.update(load.block_ids[first : -(-load.end // bs)])
+    for b in blocks:
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 < b < config.num_blocks:
+            raise ProtocolError(
+                f"invalid_block_ids holds {b!r}, not a block of the pool (1 .. {config.num_blocks - 1})",
+                step=plan.step, field="invalid_block_ids",
+            )
+        if b not in loaded:
+            raise ProtocolError(
+                f"invalid_block_ids holds block {b}, which no load this result ends writes "
+                "(an asynchronous load in finished_recving, or a synchronous load of this plan)",
+                step=plan.step, field="invalid_block_ids",
+            )
 
 
 def is_token_ids(toks: object) -> bool:
@@ -435,6 +600,9 @@ __all__ = [
     "check_gates",
     "gates_of_config",
     "check_grammar_ready",
+    "check_kv_reports",
+    "check_kv_request",
+    "check_kv_reset",
     "check_mm_lengths",
     "check_pause_state",
     "check_reset",

@@ -19,6 +19,12 @@ from dataclasses import dataclass
 #: The four ways a scheduler runs (schedspec.check.workload.MODES).
 ALL_MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
 
+#: The KV dimensions' capabilities (schedspec.check.capabilities): a rule
+#: that needs a KV connector config carries ``gates=("kv_connector",)``, one
+#: of hybrid KV cache groups ``("hybrid_kv",)``; reachable_in reaches them
+#: only when those names are among its ``gates``.
+ALL_KV: tuple[str, ...] = ("kv_connector", "hybrid_kv")
+
 #: The admission gates (schedspec.check.capabilities names them alike).
 ALL_GATES: tuple[str, ...] = (
     "watermark",
@@ -54,6 +60,8 @@ class Rule:
 _SCHED = "sched/scheduler.py, Scheduler.schedule"
 _SPEC_MODES: tuple[str, ...] = ("spec", "async-spec")
 _ASYNC_MODES: tuple[str, ...] = ("async", "async-spec")
+#: the capability a run needs for the KV connector's rules
+_CONN: tuple[str, ...] = ("kv_connector",)
 
 _RULES = (
     # -- one step
@@ -161,6 +169,41 @@ _RULES = (
     Rule("abort.waiting", "a waiting request (never run) is aborted", "sched/scheduler.py, Scheduler.finish_requests"),
     Rule("abort.preempted", "a preempted request is aborted", "sched/scheduler.py, Scheduler.finish_requests"),
     Rule("abort.running", "a running request is aborted and its blocks freed", "sched/scheduler.py, Scheduler.finish_requests"),
+    # -- hybrid KV cache groups (config.kv_cache_groups: spec/kv_groups.py, spec/kv_cache.py)
+    Rule("kv_groups.hit_cut_by_group", "a hybrid lookup ends shorter than some group alone would hit (a sliding-window group cut the full-attention hit, or the fixed point over the groups shortened it): the uncached common prefix makes the request's shared-prefix junction", "kv_cache_coordinator.py, HybridKVCacheCoordinator.find_longest_cache_hit; kv_cache_manager.py, KVCacheManager.get_computed_blocks (shared_prefix_boundary)", gates=("hybrid_kv",)),
+    Rule("kv_groups.hit_skipped_in_window", "an admission's hit reaches past a sliding window: the hit blocks wholly before it are not touched and stand as the null block in the group's table", "single_type_kv_cache_manager.py, SingleTypeKVCacheManager.add_local_computed_blocks (num_skipped_blocks > 0)", gates=("hybrid_kv",)),
+    Rule("kv_groups.window_freed", "blocks wholly outside a sliding window are freed before an allocation (last skipped first, stopping at a null block) and the null block takes their places", "single_type_kv_cache_manager.py, SingleTypeKVCacheManager.remove_skipped_blocks, _remove_blocks_in_range (called by kv_cache_manager.py, KVCacheManager.allocate_slots)", gates=("hybrid_kv",)),
+    Rule("kv_groups.cache_masked", "a sliding-window group leaves newly full blocks without a key: with retention interval 0 it caches only the blocks right before the replay boundary (num_prompt_tokens - 1) and a shared-prefix junction", "single_type_kv_cache_manager.py, SlidingWindowManager.reachable_block_mask; BlockPool.cache_full_blocks (block_mask)", gates=("hybrid_kv",)),
+    Rule("kv_groups.admission_capped", "the full-sequence gate counts a sliding-window group at its admission cap (window - 1 plus the tokens in flight, one block more), not the whole sequence", "single_type_kv_cache_manager.py, SingleTypeKVCacheManager.get_num_blocks_to_allocate (apply_admission_cap); vllm/v1/kv_cache_interface.py, SlidingWindowSpec.max_admission_blocks_per_request", gates=("hybrid_kv",)),
+    # -- the KV connector (spec/connector.py; config.kv_connector)
+    Rule("connector.external_hit", "the connector offers external tokens beyond the block-aligned local hit: they count as computed", _SCHED + ", WAITING loop (get_num_new_matched_tokens, num_external_computed_tokens)", gates=_CONN),
+    Rule("connector.external_within_local", "the request's external tokens lie within its local prefix hit: the connector offers none", "vllm/distributed/kv_transfer/kv_connector/v1/base.py, KVConnectorBase_V1.get_num_new_matched_tokens (the modelled connector)", gates=_CONN),
+    Rule("connector.load_sync", "a synchronous load of the external tokens is planned in the admitting step (KVLoad asynchronous=False); its blocks are cached at allocation", _SCHED + ", WAITING loop (update_state_after_alloc, has_sync_kv_loads); kv_cache_manager.py, allocate_slots", gates=_CONN),
+    Rule("connector.load_async", "an asynchronous load starts: blocks for the local hit and the external tokens, the request WAITING_FOR_REMOTE_KVS in kv_holding_waiting, nothing scheduled", _SCHED + ", WAITING loop (load_kv_async: allocate_slots with delay_cache_blocks, WAITING_FOR_REMOTE_KVS, skip_request)", gates=_CONN),
+    Rule("connector.load_blocked_reserve", "an asynchronous load would fit the pool but not beside the in-flight prefills' reservation: the WAITING loop stops", _SCHED + ", WAITING loop (reserved_blocks = _inflight_prefill_reserved_blocks + _spec_decode_step_blocks); kv_cache_manager.py, allocate_slots", gates=_CONN),
+    Rule("connector.skip_loading", "the WAITING loop passes over a request whose load is not reported yet", "sched/scheduler.py, Scheduler._handle_blocked_waiting_request (not in finished_recving_kv_req_ids)", gates=_CONN),
+    Rule("connector.load_done", "the worker reports a load finished: the request is marked for promotion", "sched/scheduler.py, Scheduler._update_from_kv_xfer_finished (finished_recving_kv_req_ids)", gates=_CONN),
+    Rule("connector.load_done_after_finish", "the worker reports the load of a request finished meanwhile (aborted or failed): its kept blocks are freed", "sched/scheduler.py, Scheduler._update_from_kv_xfer_finished (_free_blocks)", gates=_CONN),
+    Rule("connector.load_promoted", "the WAITING loop promotes a loaded request: its loaded blocks are cached, it becomes WAITING or PREEMPTED", "sched/scheduler.py, Scheduler._update_waiting_for_remote_kv, _handle_blocked_waiting_request", gates=_CONN),
+    Rule("connector.load_last_token", "a load covered every token: the last one is left to compute (num_computed_tokens = num_tokens - 1)", "sched/scheduler.py, Scheduler._update_waiting_for_remote_kv", gates=_CONN),
+    Rule("connector.admit_loaded", "a promoted request is admitted with its loaded tokens computed and its blocks kept (no prefix lookup)", _SCHED + ", WAITING loop (num_computed_tokens > 0 branch)", gates=_CONN),
+    Rule("connector.failed_recompute", "recompute policy: a whole load failed; nothing of it counts as computed", "sched/scheduler.py, Scheduler._handle_failed_recving", gates=_CONN),
+    Rule("connector.failed_ignored", "a failed load is reported for a request no longer loading (aborted meanwhile): ignored", "sched/scheduler.py, Scheduler._handle_failed_recving", gates=_CONN),
+    Rule("connector.invalid_truncated", "a request's computed tokens are truncated at its first invalid block", "sched/scheduler.py, Scheduler._update_requests_with_invalid_blocks", gates=_CONN),
+    Rule("connector.invalid_shared", "every invalid block of a request was marked by an earlier request: it keeps its computed tokens (the first one recomputes them)", "sched/scheduler.py, Scheduler._update_requests_with_invalid_blocks (not marked_invalid_block)", gates=_CONN),
+    Rule("connector.invalid_fail", "fail policy: invalid blocks lose their prefix-cache keys and the affected requests fail", "sched/scheduler.py, Scheduler._handle_invalid_blocks (evict_blocks, should_fail)", gates=_CONN),
+    Rule("connector.invalid_recompute", "recompute policy: loading requests with invalid blocks are marked failed, running ones skip this step's output", "sched/scheduler.py, Scheduler._handle_invalid_blocks (failed_recving_kv_req_ids)", gates=_CONN),
+    Rule("connector.failed_load_kept", "a promoted failed load keeps and caches the blocks below its truncation", "sched/scheduler.py, Scheduler._update_waiting_for_remote_kv (load_failed, num_computed_tokens > 0)", gates=_CONN),
+    Rule("connector.failed_load_freed", "a promoted failed load with nothing computed frees its blocks at once", "sched/scheduler.py, Scheduler._update_waiting_for_remote_kv (kv_cache_manager.free)", gates=_CONN),
+    Rule("connector.output_skipped", "a request affected by a failed load gets nothing from this step's output", "sched/scheduler.py, Scheduler.update_from_output (req_id in failed_kv_load_req_ids: continue)", gates=_CONN),
+    Rule("connector.failed_load_error", "fail policy: a request whose load failed finishes with FINISHED_ERROR", "sched/scheduler.py, Scheduler.update_from_output (finish_requests(error_req_ids, FINISHED_ERROR))", gates=_CONN),
+    Rule("connector.finish_during_load", "a request loading asynchronously finishes (abort, failure) before its load is reported: it keeps its blocks until the report", "sched/scheduler.py, Scheduler.finish_requests (delay_free_blocks)", gates=_CONN),
+    Rule("connector.finish_after_load", "a request whose load was reported but not promoted yet finishes: its blocks are freed at once", "sched/scheduler.py, Scheduler.finish_requests (in finished_recving_kv_req_ids)", gates=_CONN),
+    Rule("connector.save_delays_free", "a request that asked for an asynchronous save finishes normally: it keeps its blocks until the worker reports the save", "sched/scheduler.py, Scheduler._free_request, _connector_finished (request_finished -> delay_free_blocks)", gates=_CONN),
+    Rule("connector.save_done", "the worker reports a save finished: the request's kept blocks are freed", "sched/scheduler.py, Scheduler._update_from_kv_xfer_finished (finished_sending: _free_blocks)", gates=_CONN),
+    Rule("connector.victim_in_flight", "async scheduling: the preemption victim's last step is in flight, so its blocks could not be freed at once: the RUNNING loop stops instead", _SCHED + ", RUNNING loop (_request_blocks_can_be_freed: break)", _ASYNC_MODES, gates=_CONN),
+    Rule("connector.free_deferred", "async scheduling: a request's blocks are freed while a step that scheduled it is in flight: the free waits behind a fence", "sched/scheduler.py, Scheduler._free_request_blocks (deferred_frees)", _ASYNC_MODES, gates=_CONN),
+    Rule("connector.deferred_drained", "a processed step passes a deferred free's fence: its blocks return to the pool, tail first", "sched/scheduler.py, Scheduler.update_from_output, _drain_deferred_frees", _ASYNC_MODES, gates=_CONN),
 )
 
 #: name -> Rule, in catalogue order.

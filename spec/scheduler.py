@@ -59,6 +59,7 @@ from typing import Any
 
 from schedspec.spec.interface import (
     BlockKey,
+    KVLoad,
     PauseState,
     Policy,
     RequestSpec,
@@ -72,12 +73,21 @@ from schedspec.spec.interface import (
     StepResult,
     is_legal_transition,
 )
+from schedspec.spec.connector import (
+    ConnectorMixin,
+    external_hit,
+    get_num_new_matched_tokens,
+    request_finished_delays_free,
+)
 from schedspec.spec.kv_cache import EncoderCache, KVPool
+from schedspec.spec.kv_groups import GroupLayout
 from schedspec.spec.protocol import (
     check_abort,
     check_add,
     check_config,
     check_grammar_ready,
+    check_kv_reports,
+    check_kv_reset,
     check_mm_lengths,
     check_pause_state,
     check_reset,
@@ -131,6 +141,16 @@ class _Request:
     # Structured outputs: None while the grammar compiles, then whether it
     # compiled (vLLM: structured_output_request.grammar, or an Exception).
     grammar: bool | None = None
+    # defer_block_free: the sched_step_seq of the last step that scheduled it
+    last_sched_seq: int = 0
+    # Hybrid KV cache groups (spec/kv_groups.py): the tables of groups 1.. (group
+    # 0's is ``blocks``), how many leading blocks of each have a key, whether
+    # the layout is hybrid (views carry every table), and the shared-prefix
+    # junction of its last prefix lookup (Request.shared_prefix_boundary).
+    group_blocks: list[list[int]] = field(default_factory=list)
+    group_num_cached: list[int] = field(default_factory=list)
+    hybrid: bool = False
+    shared_prefix_boundary: int = 0
 
     @property
     def request_id(self) -> str:
@@ -163,7 +183,17 @@ class _Request:
         d["output_token_ids"] = self.output_token_ids[:]
         d["blocks"] = self.blocks[:]
         d["spec_token_ids"] = self.spec_token_ids[:]
+        d["group_blocks"] = [t[:] for t in self.group_blocks]
+        d["group_num_cached"] = self.group_num_cached[:]
         return new
+
+    def group_block_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Every group's table in group order for a hybrid layout, () otherwise
+        (ScheduledRequest.group_block_ids, RequestView.group_block_ids); a
+        finished request has none."""
+        if not self.hybrid or self.status.is_finished:
+            return ()
+        return (tuple(self.blocks), *(tuple(t) for t in self.group_blocks))
 
     def view(self) -> RequestView:
         return RequestView.of(
@@ -175,6 +205,7 @@ class _Request:
             num_preemptions=self.num_preemptions,
             num_output_placeholders=self.num_output_placeholders,
             spec_token_ids=tuple(self.spec_token_ids),
+            group_block_ids=self.group_block_ids(),
         )
 
     def view_with_cadence(self) -> RequestView:
@@ -209,14 +240,15 @@ class _StepState:
     encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
 
 
-class SpecScheduler:
+class SpecScheduler(ConnectorMixin):
     """Implements spec.interface.Scheduler."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self._config = check_config(config)
         # rule coverage (spec/coverage.py, spec/rule_names.py): one counter, shared with the KV pool and clones
         self.rules: Counter[str] = Counter()
-        self.kv = KVPool(config.num_blocks, config.block_size, config.enable_prefix_caching, self.rules)
+        self.kv = KVPool(config.num_blocks, config.block_size, config.enable_prefix_caching, self.rules,
+                         layout=GroupLayout.of(config))
         self.requests: dict[str, _Request] = {}  # unfinished requests
         self.waiting: list[str] = []  # FCFS: queue order; PRIORITY: unordered, head = min key
         self.running: list[str] = []
@@ -239,6 +271,7 @@ class SpecScheduler:
         self.encoder = EncoderCache(config.encoder_cache_size)
         # identifier -> length of every encoder input ever added (check_mm_lengths)
         self.mm_lengths: dict[str, int] = {}
+        self._init_connector()  # the KV connector's state (spec/connector.py)
 
     @property
     def config(self) -> SchedulerConfig:
@@ -269,17 +302,32 @@ class SpecScheduler:
         d["grammar_errors"] = self.grammar_errors.copy()
         d["encoder"] = self.encoder.clone()
         d["mm_lengths"] = self.mm_lengths.copy()
+        self._clone_connector(d)
         return new
 
     # ------------------------------------------------------------------ queues
 
     def _waiting_order(self) -> list[str]:
-        """The waiting queue in service order. FCFS: a deque
+        """The waiting queues in service order: kv_holding_waiting (requests
+        holding KV blocks, only with a KV connector), drained first, then the
+        waiting queue."""
+        return self._queue_order(self.kv_holding) + self._queue_order(self.waiting)
+
+    def _queue_order(self, queue: list[str]) -> list[str]:
+        """A waiting queue in service order. FCFS: a deque
         (request_queue.py, FCFSRequestQueue). PRIORITY: a heap on
         (priority, arrival, request_id) (PriorityRequestQueue, Request.__lt__)."""
         if self._config.policy == Policy.FCFS:
-            return list(self.waiting)
-        return sorted(self.waiting, key=self._priority_key)
+            return list(queue)
+        return sorted(queue, key=self._priority_key)
+
+    def _remove_waiting(self, request_id: str) -> None:
+        """Take a request out of whichever waiting queue holds it
+        (``waiting.remove_requests`` and ``kv_holding_waiting.remove_requests``)."""
+        if request_id in self.kv_holding:
+            self.kv_holding.remove(request_id)
+        else:
+            self.waiting.remove(request_id)
 
     def _priority_key(self, request_id: str) -> tuple[int, int, str]:
         s = self.requests[request_id].spec
@@ -304,6 +352,10 @@ class SpecScheduler:
         for mm in request.mm_inputs:
             self.mm_lengths[mm.identifier] = mm.length
         req = _Request(spec=request)
+        if self._config.is_hybrid:  # one table per KV cache group
+            req.hybrid = True
+            req.group_blocks = [[] for _ in self._config.groups[1:]]
+            req.group_num_cached = [0] * (len(self._config.groups) - 1)
         if request.structured_output:
             # Request.__init__: a request with structured output starts
             # waiting for its grammar; _enqueue_waiting_request defers it
@@ -338,26 +390,52 @@ class SpecScheduler:
         """finish_requests(request_id, FINISHED_ABORTED): any unfinished request,
         in any state; its blocks are freed at once."""
         req = check_abort(request_id, self.requests)
-        if req.status == RequestStatus.RUNNING:
-            self.rules["abort.running"] += 1  # pragma: no mutate
-            self.running.remove(request_id)
-        else:
-            self.rules["abort.waiting"] += req.status == RequestStatus.WAITING  # pragma: no mutate
-            self.rules["abort.preempted"] += req.status == RequestStatus.PREEMPTED  # pragma: no mutate
-            self.rules["grammar.abort_waiting"] += req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR  # pragma: no mutate
-            self.waiting.remove(request_id)
-        self._finish(req, RequestStatus.FINISHED_ABORTED)
+        self.rules["abort.running"] += req.status == RequestStatus.RUNNING  # pragma: no mutate
+        self.rules["abort.waiting"] += req.status == RequestStatus.WAITING  # pragma: no mutate
+        self.rules["abort.preempted"] += req.status == RequestStatus.PREEMPTED  # pragma: no mutate
+        self.rules["grammar.abort_waiting"] += req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR  # pragma: no mutate
+        self._finish_request(req, RequestStatus.FINISHED_ABORTED)
 
-    def _finish(self, req: _Request, status: RequestStatus) -> None:
-        """_free_request: free the blocks, forget the request, report its id in
-        the next plan's finished ids."""
+    def _finish_request(self, req: _Request, status: RequestStatus) -> None:
+        """finish_requests for one request: it leaves its queue and is freed.
+        A request loading asynchronously whose load was not reported yet keeps
+        its blocks until the worker reports it (``delay_free_blocks``: the
+        worker may still be writing them)."""
+        rid = req.request_id
+        delay = False
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(rid)
+        else:
+            self._remove_waiting(rid)
+        if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            delay = rid not in self.kv_loads_done
+            self.rules["connector.finish_during_load"] += delay  # pragma: no mutate
+            self.rules["connector.finish_after_load"] += not delay  # pragma: no mutate
+            self.kv_loads_done.discard(rid)
+            self.kv_loads_failed.discard(rid)
+        self._finish(req, status, delay)
+
+    def _finish(self, req: _Request, status: RequestStatus, delay_free_blocks: bool = False) -> None:
+        """_free_request: forget the request, report its id in the next plan's
+        finished ids, free its blocks unless they are kept
+        (``delay_free_blocks``, or the connector's request_finished asks for
+        it: _connector_finished); a request keeping its blocks waits in
+        ``held`` (vLLM: Scheduler.requests) for the worker's report."""
         req.set_status(status)
-        self.kv.free(req.blocks)
-        req.blocks = []
+        rid = req.request_id
+        self.inflight_prefills.discard(rid)
+        if self._config.kv_connector and request_finished_delays_free(req.spec.kv_save_async, status):
+            self.rules["connector.save_delays_free"] += 1  # pragma: no mutate
+            delay_free_blocks = True
         self._free_encoder_refs(req)
-        self.deferred.discard(req.request_id)
-        del self.requests[req.request_id]
-        self.finished[req.request_id] = req.view()
+        self.deferred.discard(rid)
+        del self.requests[rid]
+        if delay_free_blocks:
+            self.held[rid] = req
+            self.finished[rid] = dataclasses.replace(req.view(), block_ids=())
+        else:
+            self._free_request_blocks(req)
+            self.finished[rid] = req.view()
 
     def _free_encoder_refs(self, req: _Request) -> None:
         """encoder_cache_manager.free(request): drop every encoder-cache
@@ -373,6 +451,8 @@ class SpecScheduler:
         preempted here (``drop_stale_output=True``): they may be resumed at
         once and recompute those positions."""
         check_reset(self.in_flight, self._config)
+        if reset_running_requests and self._config.kv_connector:
+            check_kv_reset(self._blocks_kept_after_reset())
         if reset_running_requests:
             while self.running:
                 self.rules["preempt.reset_running"] += 1  # pragma: no mutate
@@ -391,8 +471,8 @@ class SpecScheduler:
         and a share still undrained from an earlier drop-mode preemption stays
         dropped."""
         req.set_status(RequestStatus.PREEMPTED)
-        self.kv.free(req.blocks)
-        req.blocks = []
+        self._free_request_blocks(req)
+        self.inflight_prefills.discard(req.request_id)
         self._free_encoder_refs(req)
         req.num_cached_blocks = 0
         req.num_computed_tokens = 0
@@ -410,93 +490,111 @@ class SpecScheduler:
         """Give a key to every block that is full once ``num_tokens`` tokens are
         computed. Called at allocation time, before the step runs
         (KVCacheManager.allocate_slots -> cache_blocks with
-        ``min(computed + new, request.num_tokens)``)."""
-        if not self.kv.enable_caching:
-            return
+        ``min(computed + new, request.num_tokens)``). Every KV cache group
+        caches its own blocks under its own keys (KVPool.cache_blocks)."""
         bs = self._config.block_size
-        new_full = range(req.num_cached_blocks, num_tokens // bs)
-        self.kv.cache_full_blocks(
-            [req.blocks[i] for i in new_full], [req.block_key(i, bs) for i in new_full]
-        )
-        req.num_cached_blocks = max(req.num_cached_blocks, num_tokens // bs)
+        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), lambda i: req.block_key(i, bs))
 
     def _allocate_running(self, req: _Request, n: int) -> bool:
         """KVCacheManager.allocate_slots for a running request (no new hits):
         slots for ``n`` tokens past the computed ones plus
         ``num_lookahead_tokens`` (``num_tokens_need_slot``), at most
         max_model_len; only known tokens are cached (drafts and placeholders
-        are not: ``min(..., request.num_tokens)``)."""
+        are not: ``min(..., request.num_tokens)``). First the blocks wholly
+        outside a sliding window are freed, on the processed-token basis
+        (computed tokens not in flight: remove_skipped_blocks), even when the
+        allocation then fails; the blocks needed are summed over the KV cache
+        groups (KVCacheCoordinator.get_num_blocks_to_allocate)."""
         cfg = self._config
         target = min(req.num_computed_tokens + n + cfg.num_lookahead_tokens, cfg.max_model_len)
-        total = blocks_for_tokens(num_tokens=target, block_size=self._config.block_size)
-        need = max(total - len(req.blocks), 0)
+        processed = max(0, min(req.num_computed_tokens, cfg.max_model_len) - req.num_in_flight_tokens)
+        self.kv.remove_skipped_blocks(req, processed)
+        need = self.kv.get_num_blocks_to_allocate(req, target, None, req.num_computed_tokens)
         if need > self.kv.num_free:
             return False
-        req.blocks.extend(self.kv.get_new_blocks(need))
+        self.kv.allocate_new_blocks(req, target)
         self._cache_blocks(req, min(req.num_computed_tokens + n, req.num_tokens))
         return True
 
-    def _get_computed_blocks(self, req: _Request) -> list[int]:
-        """KVCacheManager.get_computed_blocks: the longest run of cached full
-        blocks from the start, at most ``num_tokens - 1`` tokens."""
+    def _get_computed_blocks(self, req: _Request) -> list[list[int]]:
+        """KVCacheManager.get_computed_blocks: the longest prefix-cache hit
+        valid in every KV cache group, at most ``num_tokens - 1`` tokens
+        (the coordinator's find_longest_cache_hit; for the plain layout the
+        longest run of cached full blocks from the start): each group's hit
+        blocks, ``len(hit[0]) * block_size`` tokens. The request records its
+        shared-prefix junction (the hit plus the uncached common prefix a
+        group cut, else 0: Request.shared_prefix_boundary)."""
+        req.shared_prefix_boundary = 0
         if not self.kv.enable_caching:
-            return []
+            return [[] for _ in self._config.groups]
         bs = self._config.block_size
-        hit: list[int] = []
-        for i in range(max_hit_blocks(num_tokens=req.num_tokens, block_size=bs)):
-            block = self.kv.get_cached_block(req.block_key(i, bs))
-            if block is None:
-                break
-            hit.append(block)
+        hits, num_hit_tokens, uncached = self.kv.find_longest_cache_hit(
+            lambda i: req.block_key(i, bs), req.num_tokens - 1
+        )
+        req.shared_prefix_boundary = num_hit_tokens + uncached if uncached else 0
+        hit = num_hit_tokens // bs
         full = max_hit_blocks(num_tokens=req.num_tokens, block_size=bs)
         self.rules["kv.miss"] += full > 0 and not hit  # pragma: no mutate
-        self.rules["kv.hit_partial"] += 0 < len(hit) < full  # pragma: no mutate
-        self.rules["kv.hit_full"] += 0 < len(hit) == full  # pragma: no mutate
-        self.rules["kv.hit_capped"] += 0 < len(hit) == full and req.num_tokens % bs == 0  # pragma: no mutate
-        return hit
+        self.rules["kv.hit_partial"] += 0 < hit < full  # pragma: no mutate
+        self.rules["kv.hit_full"] += 0 < hit == full  # pragma: no mutate
+        self.rules["kv.hit_capped"] += 0 < hit == full and req.num_tokens % bs == 0  # pragma: no mutate
+        return hits
 
-    def _allocate_admission(self, req: _Request, hit: list[int], n: int) -> bool:
+    def _allocate_admission(
+        self, req: _Request, hit: list[list[int]], n: int, computed: int, load_async: bool = False, reserved: int = 0
+    ) -> bool:
         """KVCacheManager.allocate_slots for a waiting request with its prefix
-        hit. With scheduler_reserve_full_isl the whole sequence must fit first
-        (``full_sequence_must_fit``), then this step's tokens."""
+        hit, ``computed`` tokens counted computed before this step (the local
+        hit plus the connector's external tokens, or what a promoted load left
+        computed, whose blocks the request holds). With
+        scheduler_reserve_full_isl the whole sequence must fit first
+        (``full_sequence_must_fit``), then this step's tokens, leaving
+        ``reserved`` blocks free (an asynchronous load's reservation). The
+        external tokens' blocks come after the hit's (allocate_new_computed_blocks,
+        allocate_external_computed_blocks), then this step's; an asynchronous
+        load allocates no lookahead slots and caches nothing yet
+        (``delay_cache_blocks``)."""
         cfg = self._config
-        bs = cfg.block_size
-        evictable = sum(1 for b in hit if self.kv.ref_cnt[b] == 0)
+        num_hit_tokens = len(hit[0]) * cfg.block_size if hit else 0
+        # a promoted load holds its blocks and has no hit and no external tokens
+        num_external = 0 if req.blocks else computed - num_hit_tokens
         # The watermark: a waiting or preempted request leaves watermark_blocks
         # free, and only when some request is running (allocate_slots with
         # has_scheduled_reqs=bool(self.running)), in both of its checks.
         watermark = cfg.watermark_blocks if self.running else 0
 
-        def fits(target_tokens: int, headroom: int) -> bool:
-            need = admission_blocks_needed(
-                target_tokens=target_tokens,
-                block_size=bs,
-                num_hit_blocks=len(hit),
-                num_evictable_hits=evictable,
-            )
+        def fits(target_tokens: int, headroom: int, cap: bool = False) -> bool:
+            # summed over the KV cache groups; the full-sequence gate caps a
+            # sliding-window group at its admission cap (apply_admission_cap)
+            need = self.kv.get_num_blocks_to_allocate(req, target_tokens, hit, computed, cap)
             return need + headroom <= self.kv.num_free
 
-        def held_by_watermark(target_tokens: int) -> bool:
-            return watermark > 0 and fits(target_tokens, 0)
+        def held_by_watermark(target_tokens: int, cap: bool = False) -> bool:
+            return watermark > 0 and fits(target_tokens, 0, cap)
 
         full = min(req.num_tokens, cfg.max_model_len)
-        if cfg.scheduler_reserve_full_isl and not fits(full, watermark):
+        if cfg.scheduler_reserve_full_isl and not fits(full, watermark, True):
             self.rules["admit.blocked_full_sequence"] += 1  # pragma: no mutate
-            self.rules["watermark.blocked_full_sequence"] += held_by_watermark(full)  # pragma: no mutate
+            self.rules["watermark.blocked_full_sequence"] += held_by_watermark(full, True)  # pragma: no mutate
             return False
-        num_hit_tokens = len(hit) * bs
-        target = min(num_hit_tokens + n + cfg.num_lookahead_tokens, cfg.max_model_len)
-        if not fits(target, watermark):
+        # blocks wholly outside a sliding window (a promoted load's) are freed
+        # before the count (allocate_slots -> remove_skipped_blocks)
+        self.kv.remove_skipped_blocks(req, max(0, computed - req.num_in_flight_tokens))
+        lookahead = 0 if load_async else cfg.num_lookahead_tokens
+        target = min(computed + n + lookahead, cfg.max_model_len)
+        if not fits(target, watermark + reserved):
             self.rules["admit.blocked_blocks"] += 1  # pragma: no mutate
             self.rules["watermark.blocked"] += held_by_watermark(target)  # pragma: no mutate
+            self.rules["connector.load_blocked_reserve"] += reserved > 0 and fits(target, watermark)  # pragma: no mutate
             return False
         self.rules["watermark.admitted"] += watermark > 0  # pragma: no mutate
-        self.kv.touch(hit)
-        req.blocks = list(hit)
-        req.num_cached_blocks = len(hit)
-        num_new = max(blocks_for_tokens(num_tokens=target, block_size=bs) - len(hit), 0)
-        req.blocks.extend(self.kv.get_new_blocks(num_new))
-        self._cache_blocks(req, min(num_hit_tokens + n, req.num_tokens))
+        if any(hit) or num_external > 0:
+            # every group takes its hit, then the external tokens' blocks
+            # (KVCacheCoordinator.allocate_new_computed_blocks)
+            self.kv.allocate_new_computed_blocks(req, hit, num_hit_tokens, num_external)
+        self.kv.allocate_new_blocks(req, target)
+        if not load_async:
+            self._cache_blocks(req, min(computed + n, req.num_tokens))
         return True
 
     # ------------------------------------------------------------------ schedule
@@ -653,6 +751,11 @@ class SpecScheduler:
         while not self._allocate_running(req, n):
             keys = [self._priority_key(r)[:2] for r in self.running]
             v = choose_victim(policy=self._config.policy, running_keys=keys)
+            if not self._blocks_can_be_freed(self.requests[self.running[v]]):
+                # defer_block_free: "A deferred free will not help with
+                # immediate allocation." (break)
+                self.rules["connector.victim_in_flight"] += 1  # pragma: no mutate
+                return False, i
             self.rules["preempt.fcfs_tail"] += self._config.policy == Policy.FCFS  # pragma: no mutate
             self.rules["preempt.priority_victim"] += self._config.policy == Policy.PRIORITY  # pragma: no mutate
             victim = self.requests[self.running.pop(v)]
@@ -666,7 +769,9 @@ class SpecScheduler:
                 # its encoder inputs give their embeddings back to the budget
                 self.rules["encoder.budget_given_back"] += len(given_back) > 0  # pragma: no mutate
                 st.encoder_budget += sum(victim.spec.mm_inputs[j].length for j in given_back)
-            self._preempt_request(victim)
+            # requires_kv_delivery (kv_both is a producer): the victim's
+            # in-flight output is dropped, not delivered
+            self._preempt_request(victim, drop_stale_output=self._config.kv_connector)
             st.preempted.append(victim.request_id)
             if victim is req:
                 self.rules["preempt.self"] += 1  # pragma: no mutate
@@ -675,46 +780,66 @@ class SpecScheduler:
 
     def _schedule_waiting(self, st: _StepState) -> None:
         """Phase 2, the WAITING loop (only in a step that preempted nobody):
-        admit from the head of the waiting queue while the budget, max_num_seqs
-        and the pool allow; the first request that cannot be admitted stops
-        the loop (head-of-line)."""
-        skipped = 0  # requests passed over this step, at the head of the queue
+        admit from the head of kv_holding_waiting (requests holding KV blocks,
+        drained first and the only ones admitted under PAUSED_NEW), then of
+        the waiting queue, while the budget, max_num_seqs and the pool allow;
+        the first request that cannot be admitted stops the loop
+        (head-of-line). A request passed over (skip_request) leaves its queue
+        for the step and is put back at its head after the loop, into
+        kv_holding_waiting if it now holds blocks."""
+        skipped: tuple[list[str], list[str]] = ([], [])  # step_skipped_kv_holding, step_skipped_waiting
         stopped = False
-        while st.token_budget > 0 and len(self.waiting) > skipped:
-            if self.pause_state == PauseState.PAUSED_NEW:
-                # only requests holding KV blocks are admitted while paused
-                # (kv_holding_waiting), and none waits so here
-                self.rules["pause.new_no_admission"] += 1  # pragma: no mutate
-                stopped = True
+        while st.token_budget > 0:
+            queue = self.kv_holding
+            if not queue and self.pause_state == PauseState.UNPAUSED:
+                queue = self.waiting
+            if not queue:
+                # PAUSED_NEW: nothing but requests holding KV blocks is admitted
+                self.rules["pause.new_no_admission"] += bool(self.waiting)  # pragma: no mutate
+                stopped = bool(self.waiting)
                 break
             if len(self.running) >= self._config.max_num_seqs:
                 self.rules["waiting.stop_max_num_seqs"] += 1  # pragma: no mutate
                 stopped = True
                 break
-            req = self.requests[self._waiting_order()[skipped]]
-            admitted = None if self._pass_over(st, req) else self._admit(st, req)
+            req = self.requests[self._queue_order(queue)[0]]
+            admitted = None if self._pass_over(st, req) else self._admit(st, req, queue)
             if admitted is None:
-                # vLLM's skip_request pops it and prepends it again after the
-                # loop, so it keeps its place at the head; it stays deferred
-                # until admitted
+                # skip_request: it stays deferred until admitted
+                queue.remove(req.request_id)
                 self.deferred.add(req.request_id)
-                skipped += 1
+                skipped[0 if self._holds_kv_blocks(req) else 1].append(req.request_id)
                 continue
             if not admitted:
                 stopped = True
                 break  # head-of-line: nothing behind it is tried
         if not stopped:
-            self.rules["waiting.stop_budget"] += len(self.waiting) > skipped  # pragma: no mutate
+            self.rules["waiting.stop_budget"] += bool(self.waiting or self.kv_holding)  # pragma: no mutate
+        self.kv_holding[:0] = skipped[0]
+        self.waiting[:0] = skipped[1]
         if not st.defer_prefills:
             # a release step records whether it left the queue backed up
-            self.prefill_capacity_bound = len(self.waiting) > len(self.deferred)
+            self.prefill_capacity_bound = len(self.waiting) + len(self.kv_holding) > len(self.deferred)
+
+    @staticmethod
+    def _holds_kv_blocks(req: _Request) -> bool:
+        """_holds_kv_blocks: a waiting request with computed tokens (a
+        promoted load) or loading holds blocks."""
+        return req.num_computed_tokens > 0 or req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
     def _pass_over(self, st: _StepState, req: _Request) -> bool:
         """The WAITING loop's checks before the prefix lookup that pass the
-        request over (skip_request) instead of stopping the loop: a grammar
-        still compiling or failed (_handle_blocked_waiting_request), stale
-        output in flight, an adapter beyond max_loras."""
+        request over (skip_request) instead of stopping the loop: a load not
+        reported yet, a grammar still compiling or failed
+        (_handle_blocked_waiting_request), stale output in flight, an adapter
+        beyond max_loras. A reported load is promoted here
+        (_update_waiting_for_remote_kv)."""
         cfg = self._config
+        if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            if req.request_id not in self.kv_loads_done:
+                self.rules["connector.skip_loading"] += 1  # pragma: no mutate
+                return True
+            self._update_waiting_for_remote_kv(req)
         if req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
             if req.grammar is None:
                 self.rules["grammar.skip_compiling"] += 1  # pragma: no mutate
@@ -740,49 +865,94 @@ class SpecScheduler:
         self.rules["lora.admitted_adapter"] += lora > 0  # pragma: no mutate
         return False
 
-    def _admit(self, st: _StepState, req: _Request) -> bool | None:
-        """One admission of the WAITING loop: the prefix hit, the chunk past it,
-        the encoder inputs, the blocks; then the request moves to the running
-        queue as NEW or RESUMED. False when it cannot be admitted and the loop
-        stops, None when it is passed over (an encoder input leaves it no
-        token this step); nothing else changes then, but for the encoder cache
-        as vLLM leaves it."""
+    def _prefix_lookup(self, req: _Request) -> tuple[list[list[int]], int, int, bool]:
+        """The WAITING loop's lookup for a request with nothing computed: the
+        local prefix hit (_get_local_prefix_cache_hit), then, with a KV
+        connector, the external tokens it offers beyond the block-aligned
+        local hit (get_num_new_matched_tokens) under the partial-tail rules.
+        Returns the hit blocks, the tokens computed (local + external), the
+        external tokens, and whether they load asynchronously."""
         cfg = self._config
-        assert req.num_computed_tokens == 0 and not req.blocks
         hit = self._get_computed_blocks(req)
-        num_hit_tokens = len(hit) * cfg.block_size
-        if st.defer_prefills and num_hit_tokens < req.num_tokens - 1:
+        local = len(hit[0]) * cfg.block_size
+        if not cfg.kv_connector:
+            return hit, local, 0, False
+        aligned = local - local % cfg.block_size
+        offered, load_async = get_num_new_matched_tokens(req.spec.kv_external_tokens, req.spec.kv_load_async, aligned)
+        local, ext, load_async = external_hit(local, cfg.block_size, offered, load_async)
+        self.rules["connector.external_hit"] += ext > 0  # pragma: no mutate
+        self.rules["connector.external_within_local"] += 0 < req.spec.kv_external_tokens <= aligned  # pragma: no mutate
+        assert local + ext <= req.num_tokens
+        return hit, local + ext, ext, load_async
+
+    def _admit(self, st: _StepState, req: _Request, queue: list[str]) -> bool | None:
+        """One admission of the WAITING loop: the prefix hit (local and
+        external), the chunk past it, the encoder inputs, the blocks; then the
+        request moves to the running queue as NEW or RESUMED. False when it
+        cannot be admitted and the loop stops, None when it is passed over (an
+        encoder input leaves it no token this step, or an asynchronous load
+        starts); nothing else changes then, but for the encoder cache as vLLM
+        leaves it. A request whose load was promoted keeps its blocks and
+        computed tokens ("WAITING reqs have num_computed_tokens > 0 after
+        async KV recvs are completed")."""
+        if req.num_computed_tokens == 0:
+            assert not req.blocks
+            hit, computed, ext, load_async = self._prefix_lookup(req)
+        else:
+            self.rules["connector.admit_loaded"] += 1  # pragma: no mutate
+            hit, computed, ext, load_async = [[] for _ in self._config.groups], req.num_computed_tokens, 0, False
+        if load_async:
+            return self._start_async_load(req, hit, computed, ext)
+        if st.defer_prefills and computed < req.num_tokens - 1:
             self.rules["cadence.admission_held"] += 1  # pragma: no mutate
             return False  # "defer this step's local prefill compute" (break)
-        n, drafts = self._admission_tokens(st, req, num_hit_tokens)
+        n, drafts = self._admission_tokens(st, req, computed)
         if n == 0:
             return False
-        enc_inputs, n, enc_budget, enc_dups = self._schedule_encoder_inputs(
-            req, num_hit_tokens, n, st.encoder_budget
-        )
+        enc_inputs, n, enc_budget, enc_dups = self._schedule_encoder_inputs(req, computed, n, st.encoder_budget)
         if n == 0:
             self.rules["encoder.admission_passed_over"] += 1  # pragma: no mutate
             return None  # "Requeue it so it does not stall the requests behind it."
-        if not self._allocate_admission(req, hit, n):
+        if not self._allocate_admission(req, hit, n, computed):
             self._free_encoder_refs(req)  # "untouch the request from the encode cache manager"
             return False  # head-of-line: nothing behind it is tried
+        self._record_load(req, computed - ext, ext, asynchronous=False)
         rid = req.request_id
         self.deferred.discard(rid)
         if req.spec.lora_id:
             st.loras.add(req.spec.lora_id)
-        st.prefill_admitted |= num_hit_tokens < req.num_tokens - 1
-        self.waiting.remove(rid)
+        st.prefill_admitted |= computed < req.num_tokens - 1
+        queue.remove(rid)
         self.running.append(rid)
         kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
         self.rules["admit.new"] += kind == ScheduleKind.NEW  # pragma: no mutate
         self.rules["admit.resumed"] += kind == ScheduleKind.RESUMED  # pragma: no mutate
-        self.rules["admit.prefill_chunk"] += num_hit_tokens + n < req.num_tokens  # pragma: no mutate
+        self.rules["admit.prefill_chunk"] += computed + n < req.num_tokens  # pragma: no mutate
+        if self._config.kv_connector and computed + n < req.num_tokens:
+            self.inflight_prefills.add(rid)
         req.set_status(RequestStatus.RUNNING)
-        req.num_computed_tokens = num_hit_tokens
-        st.scheduled[rid] = (kind, num_hit_tokens, n, drafts)
+        req.num_computed_tokens = computed
+        st.scheduled[rid] = (kind, computed, n, drafts)
         st.token_budget -= n
         self._commit_encoder_inputs(st, req, enc_inputs, enc_budget, enc_dups)
         return True
+
+    def _start_async_load(self, req: _Request, hit: list[list[int]], computed: int, ext: int) -> bool | None:
+        """An asynchronous load starts (schedule(), ``load_kv_async``):
+        blocks for the local hit and the external tokens, no new work and no
+        lookahead slots, leaving the in-flight prefills' reservation free;
+        the request becomes WAITING_FOR_REMOTE_KVS with the loaded tokens
+        counted computed, joins the in-flight prefills, and is passed over
+        (skip_request, into kv_holding_waiting). False when the blocks do not
+        fit (the loop stops)."""
+        if not self._allocate_admission(req, hit, 0, computed, load_async=True, reserved=self._async_load_reserve()):
+            self._free_encoder_refs(req)
+            return False
+        self._record_load(req, computed - ext, ext, asynchronous=True)
+        req.set_status(RequestStatus.WAITING_FOR_REMOTE_KVS)
+        req.num_computed_tokens = computed
+        self.inflight_prefills.add(req.request_id)
+        return None
 
     def _admission_tokens(
         self, st: _StepState, req: _Request, num_hit_tokens: int
@@ -918,18 +1088,25 @@ class SpecScheduler:
         drafts (-1) for its next step, whose ids only the model runner knows."""
         cfg = self._config
         entries = []
+        if self.defer_block_free and st.scheduled:
+            # the fence advances only for a step with scheduled tokens
+            self.sched_step_seq += 1
         for rid, (kind, computed, n, drafts) in st.scheduled.items():
             req = self.requests[rid]
             entries.append(
                 ScheduledRequest.of(rid, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
                                     all_token_ids=req.all_token_ids, block_ids=tuple(req.blocks),
+                                    group_block_ids=req.group_block_ids(),
                                     spec_token_ids=drafts,
                                     num_output_placeholders=req.num_output_placeholders,
                                     encoder_inputs=tuple(st.encoder_inputs.get(rid, ())))
             )
             req.num_computed_tokens = computed + n
             req.num_in_flight_tokens += n
+            req.last_sched_seq = self.sched_step_seq
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
+            if not req.is_prefill_chunk:
+                self.inflight_prefills.discard(rid)
             if cfg.async_scheduling and not req.is_prefill_chunk:
                 self.rules["async.placeholders_added"] += 1  # pragma: no mutate
                 req.num_output_placeholders += 1 + len(drafts)
@@ -940,7 +1117,9 @@ class SpecScheduler:
             preempted_ids=tuple(sorted(self.preempted)),
             finished_ids=tuple(sorted(self.finished)),
             freed_encoder_inputs=tuple(self.encoder.get_freed_mm_hashes()),
+            kv_loads=tuple(self.pending_loads),
         )
+        self.pending_loads = []
         self.preempted = set()
         self.finished = {}
         self.in_flight = self.in_flight + (plan,)
@@ -956,9 +1135,22 @@ class SpecScheduler:
         accepted run after a stop; consume the placeholders; cache the blocks
         the verified tokens filled. Then, without async scheduling, the drafts
         proposed after the step (update_draft_token_ids, which the engine core
-        calls next: vllm/v1/engine/core.py, EngineCore.post_step)."""
+        calls next: vllm/v1/engine/core.py, EngineCore.post_step).
+
+        With a KV connector, in vLLM's order: the deferred frees whose fence
+        has passed (a step with scheduled tokens), the failed loads
+        (_handle_failed_recving) and invalid blocks (_handle_invalid_blocks),
+        whose requests' output of this step is skipped; after the output, the
+        errors (FINISHED_ERROR under policy "fail"), then the finished loads
+        and saves (_update_from_kv_xfer_finished)."""
         cfg = self._config
         check_result(plan, self.in_flight, result, self.requests, cfg)
+        check_kv_reports(plan, result, cfg, self.kv_loading, self.held, self.running)
+        if self.defer_block_free and plan.total_num_scheduled_tokens > 0:
+            self._drain_deferred_frees()
+        failed = self._handle_failed_recving(result.failed_recving)
+        if result.invalid_block_ids:
+            failed |= self._handle_invalid_blocks(set(result.invalid_block_ids), plan)
         stopped: list[str] = []
         for s in plan.scheduled:
             req = self.requests.get(s.request_id)
@@ -969,6 +1161,10 @@ class SpecScheduler:
                 self.rules["update.request_gone"] += 1  # pragma: no mutate
                 continue
             stale = self._drain_in_flight(req, s.num_scheduled_tokens)
+            if s.request_id in failed:
+                # "skip failed or rescheduled requests from KV load failure"
+                self.rules["connector.output_skipped"] += 1  # pragma: no mutate
+                continue
             if stale and req.drop_stale_output:
                 self.rules["async.stale_dropped"] += 1  # pragma: no mutate
                 continue  # drop-mode stale output is discarded entirely
@@ -976,47 +1172,59 @@ class SpecScheduler:
                 self._roll_back_rejected(req, len(s.spec_token_ids) - (len(toks) - 1), stale)
             if req.spec.mm_inputs:
                 self._free_encoder_inputs(req)  # "only after the step has actually executed"
-            if not toks:
-                continue
-            had_placeholders = req.num_output_placeholders > 0
-            was_running = req.status == RequestStatus.RUNNING
-            num_output = len(req.output_token_ids)
-            status = self._update_request_with_output(req, toks, stale)
-            if set(req.output_token_ids[num_output:]) & set(req.spec.grammar_rejects):
-                # structured_output_manager.accept_tokens fails: "Terminating request."
-                self.rules["grammar.refused_sample"] += 1  # pragma: no mutate
-                status = RequestStatus.FINISHED_ERROR
-            if not stale and was_running and (had_placeholders or cfg.num_speculative_tokens > 0):
-                # KVCacheManager.cache_blocks(request, num_computed_tokens -
-                # num_in_flight_tokens): the blocks the verified tokens filled
-                self._cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
-            if status is not None:
-                if was_running:
-                    stopped.append(req.request_id)
-                else:
-                    # stale output stopped a preempted request: it leaves the
-                    # waiting queue (update_from_output, stopped_preempted_reqs)
-                    self.rules["async.stale_output_stopped"] += 1  # pragma: no mutate
-                    self.waiting.remove(req.request_id)
-                self._finish(req, status)
+            if toks:
+                self._take_output(req, toks, stale, stopped)
         self.running = [r for r in self.running if r not in stopped]
-        self._finish_grammar_errors()
+        self._finish_errors(failed if cfg.kv_load_failure_policy == "fail" else set())
+        if cfg.kv_connector:
+            self._update_from_kv_xfer_finished(result)
         self.in_flight = self.in_flight[1:]
         if not cfg.async_scheduling:
             self._update_draft_token_ids(result)
 
-    def _finish_grammar_errors(self) -> None:
+    def _take_output(self, req: _Request, toks: tuple[int, ...], stale: bool, stopped: list[str]) -> None:
+        """update_from_output for one request's sampled tokens: append them
+        and check stop; a token its grammar refuses ends it with
+        FINISHED_ERROR; cache the blocks the verified tokens filled; a stopped
+        request is freed (a running one leaves the running queue with the
+        others after the loop: ``stopped``)."""
+        had_placeholders = req.num_output_placeholders > 0
+        was_running = req.status == RequestStatus.RUNNING
+        num_output = len(req.output_token_ids)
+        status = self._update_request_with_output(req, toks, stale)
+        if set(req.output_token_ids[num_output:]) & set(req.spec.grammar_rejects):
+            # structured_output_manager.accept_tokens fails: "Terminating request."
+            self.rules["grammar.refused_sample"] += 1  # pragma: no mutate
+            status = RequestStatus.FINISHED_ERROR
+        if not stale and was_running and (had_placeholders or self._config.num_speculative_tokens > 0):
+            # KVCacheManager.cache_blocks(request, num_computed_tokens -
+            # num_in_flight_tokens): the blocks the verified tokens filled
+            self._cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+        if status is None:
+            return
+        if was_running:
+            stopped.append(req.request_id)
+        else:
+            # stale output stopped a preempted request: it leaves the
+            # waiting queue (update_from_output, stopped_preempted_reqs)
+            self.rules["async.stale_output_stopped"] += 1  # pragma: no mutate
+            self._remove_waiting(req.request_id)
+        self._finish(req, status)
+
+    def _finish_errors(self, failed_loads: set[str]) -> None:
         """update_from_output: the requests whose grammar failed to compile,
-        as the WAITING loops since the last update found them, finish with
-        FINISHED_ERROR (finish_requests; one aborted meanwhile is gone)."""
+        as the WAITING loops since the last update found them, and under
+        kv_load_failure_policy "fail" those whose load failed, finish with
+        FINISHED_ERROR (finish_requests; one aborted meanwhile is gone). vLLM
+        walks a set; the spec takes the ids in sorted order."""
         errors, self.grammar_errors = self.grammar_errors, set()
-        for rid in sorted(errors):
+        for rid in sorted(errors | failed_loads):
             req = self.requests.get(rid)
             if req is None:
                 continue
-            self.rules["grammar.finished_error"] += 1  # pragma: no mutate
-            self.waiting.remove(rid)
-            self._finish(req, RequestStatus.FINISHED_ERROR)
+            self.rules["grammar.finished_error"] += rid in errors  # pragma: no mutate
+            self.rules["connector.failed_load_error"] += rid in failed_loads  # pragma: no mutate
+            self._finish_request(req, RequestStatus.FINISHED_ERROR)
 
     def _drain_in_flight(self, req: _Request, n: int) -> bool:
         """This step's tokens are no longer in flight; if the request was
@@ -1135,6 +1343,7 @@ class SpecScheduler:
             encoder_cache={h: self.encoder.num_embeds[h] for h in self.encoder.cached},
             encoder_cache_free=self.encoder.num_free_slots,
             **self._cadence_view(),
+            **self._connector_view(),
         )
 
     def _request_view(self, req: _Request) -> RequestView:

@@ -15,7 +15,7 @@ from schedspec.spec.rule_names import RULE_NAMES, RULES, describe
 from schedspec.spec.scheduler import SpecScheduler
 
 SPEC = Path(__file__).resolve().parents[2] / "spec"
-MARKED_FILES = ("scheduler.py", "kv_cache.py")
+MARKED_FILES = ("scheduler.py", "kv_cache.py", "connector.py")
 
 
 def _markers(path: Path) -> list[tuple[str, int]]:

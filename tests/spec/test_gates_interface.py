@@ -218,15 +218,15 @@ class TestBoundary:
 class TestRuleCatalogue:
     def test_gate_rules_are_reachable_only_with_their_gate(self) -> None:
         from schedspec.spec.coverage import parse_required, rules_line
-        from schedspec.spec.rule_names import ALL_GATES, ALL_MODES, RULES, reachable_in
+        from schedspec.spec.rule_names import ALL_GATES, ALL_KV, ALL_MODES, RULES, reachable_in
 
         gated = [r for r in RULES.values() if r.gates]
-        assert gated and all(set(r.gates) <= set(ALL_GATES) for r in gated)
+        assert gated and all(set(r.gates) <= set(ALL_GATES + ALL_KV) for r in gated)
         plain = set(reachable_in(ALL_MODES))
         assert not plain & {r.name for r in gated}
         with_lora = set(reachable_in(ALL_MODES, ("lora",)))
         assert with_lora - plain == {r.name for r in gated if r.gates == ("lora",) and r.modes}
-        everything = set(reachable_in(ALL_MODES, ALL_GATES))
+        everything = set(reachable_in(ALL_MODES, ALL_GATES + ALL_KV))
         assert everything == {r.name for r in RULES.values() if r.modes}
         assert "grammar.drafts_cut" in reachable_in(("spec",), ("structured_output",))
         assert "grammar.drafts_cut" not in reachable_in(("async-spec",), ("structured_output",))

@@ -1,0 +1,335 @@
+"""The KV cache groups of a hybrid model, as vLLM 0.33's KV cache coordinator
+keeps them: the per-group rules, pure functions over block tables.
+
+vLLM sources (paths under vllm/v1/core/):
+
+- kv_cache_coordinator.py: KVCacheCoordinator (get_num_blocks_to_allocate,
+  allocate_new_computed_blocks, allocate_new_blocks, cache_blocks, free,
+  remove_skipped_blocks), UnitaryKVCacheCoordinator (one group),
+  HybridKVCacheCoordinator (several: verify_and_split_kv_cache_groups,
+  find_longest_cache_hit), KVCacheCoordinatorNoPrefixCache (caching off),
+  get_kv_cache_coordinator (which of the three);
+- single_type_kv_cache_manager.py: SingleTypeKVCacheManager
+  (get_num_blocks_to_allocate, add_local_computed_blocks,
+  allocate_external_computed_blocks, allocate_new_blocks, cache_blocks,
+  _remove_blocks_in_range, remove_skipped_blocks, pop_blocks_for_free),
+  FullAttentionManager and SlidingWindowManager (find_longest_cache_hit,
+  get_num_skipped_tokens, reachable_block_mask);
+- vllm/v1/kv_cache_interface.py: SlidingWindowSpec.max_admission_blocks_per_request.
+
+The pool they all draw from is spec/kv_cache.py's KVPool (vLLM's one
+BlockPool); KVPool's coordinator methods call these functions, and the
+request's tables live on the request (group 0's is its ``blocks``). The
+null block 0 stands in a sliding-window table for every block it freed.
+
+The modelled layouts: every group has the config's block size (so the hash
+block size, the scheduler block size and each group's block size are one
+value, and hits are block aligned), no EAGLE, no DCP/PCP, no Mamba, no
+partial hash hits; the prefix-cache retention interval is vLLM's CacheConfig
+default 0 (``RETENTION_INTERVAL``: sliding-window groups cache only the blocks
+a later hit can use, at the replay boundary and at a shared-prefix junction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from schedspec.spec.interface import KVCacheGroup, SchedulerConfig
+from schedspec.spec.rules import cdiv
+
+#: The null block: never pooled, stands for a freed (skipped) block in a
+#: sliding-window table (BlockPool.null_block).
+NULL_BLOCK = 0
+
+#: CacheConfig.prefix_cache_retention_interval's default (vllm/config/cache.py),
+#: which the engine copies into KVCacheConfig (kv_cache_planning.py): 0 keeps
+#: only the semantic checkpoints of a sliding-window group (the replay
+#: boundary and a shared-prefix junction); None would cache densely.
+RETENTION_INTERVAL: int | None = 0
+
+#: A lookup of one block index: the cached block of each group asked, or
+#: None when any of them misses (BlockPool.get_cached_block).
+Lookup = Callable[[int], "list[int] | None"]
+
+
+@dataclass(frozen=True)
+class SpecGroup:
+    """Groups with one spec, looked up together (kv_cache_coordinator.py,
+    SpecGroup): their kind, window, and group ids in group order."""
+
+    kind: str
+    window: int
+    group_ids: tuple[int, ...]
+
+    @property
+    def is_full(self) -> bool:
+        return self.kind == "full_attention"
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """The KV cache groups of a config and what the coordinator derives from
+    them once (KVCacheCoordinator.__init__, get_manager_for_kv_cache_spec)."""
+
+    groups: tuple[KVCacheGroup, ...]
+    block_size: int
+    enable_caching: bool
+    #: per group, SlidingWindowSpec.max_admission_blocks_per_request (None
+    #: for full attention: no cap)
+    admission_caps: tuple[int | None, ...]
+
+    @classmethod
+    def plain(cls, block_size: int, enable_caching: bool) -> GroupLayout:
+        return cls((KVCacheGroup(),), block_size, enable_caching, (None,))
+
+    @classmethod
+    def of(cls, config: SchedulerConfig) -> GroupLayout:
+        """vllm/config/vllm.py, VllmConfig.max_in_flight_tokens: one batch per
+        concurrent step, two with async scheduling."""
+        in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+        caps = tuple(
+            admission_cap(g.sliding_window, config.block_size, in_flight, config.max_model_len)
+            if g.kind == "sliding_window" else None
+            for g in config.groups
+        )
+        return cls(config.groups, config.block_size, config.enable_prefix_caching, caps)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def coordinator(self) -> str:
+        """get_kv_cache_coordinator: "no_prefix_cache" when caching is off,
+        "unitary" for one group, "hybrid" otherwise."""
+        if not self.enable_caching:
+            return "no_prefix_cache"
+        return "unitary" if self.num_groups == 1 else "hybrid"
+
+    @property
+    def spec_groups(self) -> tuple[SpecGroup, ...]:
+        """HybridKVCacheCoordinator.verify_and_split_kv_cache_groups: groups
+        of equal spec merged in order of first appearance, then full
+        attention first (a stable sort)."""
+        merged: dict[tuple[str, int], list[int]] = {}
+        for i, g in enumerate(self.groups):
+            merged.setdefault((g.kind, g.sliding_window), []).append(i)
+        out = [SpecGroup(kind, w, tuple(ids)) for (kind, w), ids in merged.items()]
+        out.sort(key=lambda s: not s.is_full)
+        return tuple(out)
+
+
+def admission_cap(window: int, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int:
+    """SlidingWindowSpec.max_admission_blocks_per_request: the blocks a
+    sliding-window request holds at most (the window's last W - 1 tokens plus
+    every token in flight, one block more for a window that starts inside a
+    block).
+
+    pre: window >= 1 and block_size >= 1
+    post: __return__ >= 1
+    """
+    return cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1
+
+
+def num_skipped_tokens(group: KVCacheGroup, num_computed_tokens: int) -> int:
+    """get_num_skipped_tokens: the leading tokens no later token attends.
+    Full attention skips none; a window of W skips all but the last W - 1
+    computed tokens (SlidingWindowManager.get_num_skipped_tokens, no extra
+    retained tokens).
+
+    post: 0 <= __return__ <= max(num_computed_tokens, 0)
+    """
+    if group.kind != "sliding_window":
+        return 0
+    return max(0, num_computed_tokens - group.sliding_window + 1)
+
+
+def contiguous_blocks_for_hit(window: int, block_size: int) -> int:
+    """SlidingWindowManager._contiguous_blocks_for_hit (no EAGLE): the cached
+    blocks right before a hit's end that the window of the next token reads.
+
+    pre: window >= 1 and block_size >= 1
+    post: __return__ * block_size >= window - 1
+    """
+    return cdiv(window - 1, block_size)
+
+
+def find_full_attention_hit(lookup: Lookup, num_ids: int, max_length: int, block_size: int) -> tuple[list[list[int]], int]:
+    """FullAttentionManager.find_longest_cache_hit: the longest run of cached
+    blocks from the start, at most ``max_length // block_size`` of them;
+    chained keys make every block after a miss a miss too."""
+    computed: list[list[int]] = [[] for _ in range(num_ids)]
+    for i in range(max_length // block_size):
+        cached = lookup(i)
+        if cached is None:
+            break
+        for blocks, b in zip(computed, cached):
+            blocks.append(b)
+    return computed, len(computed[0]) * block_size
+
+
+def find_sliding_window_hit(
+    lookup: Lookup, num_ids: int, max_length: int, block_size: int, window: int
+) -> tuple[list[list[int]], int]:
+    """SlidingWindowManager.find_longest_cache_hit: scan right to left from
+    block ``max_length // block_size - 1`` for ``contiguous_blocks_for_hit``
+    cached blocks in a row; the hit ends with that run and every block
+    before it is the null block. With no such run, the run of cached blocks
+    from block 0 is the hit (possibly empty)."""
+    need = contiguous_blocks_for_hit(window, block_size)
+    max_blocks = max_length // block_size
+    computed = [[NULL_BLOCK] * max_blocks for _ in range(num_ids)]
+    run = 0
+    for i in range(max_blocks - 1, -1, -1):
+        cached = lookup(i)
+        if cached is None:
+            run = 0
+            continue
+        for blocks, b in zip(computed, cached):
+            blocks[i] = b
+        run += 1
+        if run >= need:
+            for blocks in computed:
+                del blocks[i + run:]
+            return computed, len(computed[0]) * block_size
+    for blocks in computed:
+        del blocks[run:]
+    return computed, len(computed[0]) * block_size
+
+
+def find_group_hit(spec: SpecGroup, lookup: Lookup, max_length: int, block_size: int) -> tuple[list[list[int]], int]:
+    """One spec group's lookup (the manager class's find_longest_cache_hit)."""
+    if spec.is_full:
+        return find_full_attention_hit(lookup, len(spec.group_ids), max_length, block_size)
+    return find_sliding_window_hit(lookup, len(spec.group_ids), max_length, block_size, spec.window)
+
+
+def hybrid_cache_hit(
+    layout: GroupLayout, lookup_of: Callable[[SpecGroup], Lookup], max_length: int
+) -> tuple[list[list[int]], int, int]:
+    """HybridKVCacheCoordinator.find_longest_cache_hit: the fixed point over
+    the spec groups. Each group in turn accepts the candidate length or
+    shortens it; a full-attention group is looked up once and afterwards only
+    caps the candidate (it is downward closed); any shortening restarts the
+    pass, except for one full-attention group beside one other ("simple
+    hybrid": one pass). At the end the full-attention tables are cut to the
+    hit. Returns every group's hit blocks, the hit length, and the
+    uncached common prefix (the longest length some group accepted minus
+    the hit)."""
+    bs = layout.block_size
+    specs = layout.spec_groups
+    simple = len(specs) == 2 and specs[0].is_full
+    blocks: list[list[int] | None] = [None] * layout.num_groups
+    lengths = [0] * layout.num_groups
+    hit_length, longest = max_length, 0
+    while True:
+        curr = hit_length
+        for spec in specs:
+            first = spec.group_ids[0]
+            if spec.is_full and blocks[first] is not None:
+                curr = min(curr, lengths[first])
+                continue
+            found, curr = find_group_hit(spec, lookup_of(spec), curr, bs)
+            for gid, got in zip(spec.group_ids, found):
+                blocks[gid], lengths[gid] = got, curr
+            longest = max(longest, curr)
+        if curr >= hit_length:
+            break
+        hit_length = curr
+        if simple:
+            break
+    for spec in specs:
+        if spec.is_full:
+            for gid in spec.group_ids:
+                kept = blocks[gid]
+                if kept is not None:
+                    del kept[cdiv(hit_length, bs):]
+    return [b if b is not None else [] for b in blocks], hit_length, longest - hit_length
+
+
+def blocks_to_allocate(
+    group: KVCacheGroup,
+    block_size: int,
+    cap: int | None,
+    table_len: int,
+    num_tokens: int,
+    new_computed: Sequence[int],
+    num_evictable: Callable[[Sequence[int]], int],
+    total_computed_tokens: int,
+    apply_admission_cap: bool,
+) -> int:
+    """SingleTypeKVCacheManager.get_num_blocks_to_allocate for one group: the
+    blocks to reach ``num_tokens`` slots past the blocks the table has or
+    the hit brings, or past the blocks the window skips when those are more
+    (their places hold the null block, which costs nothing); plus each hit
+    block, past the skipped ones, that is free now (touching it takes it
+    from the free queue). ``apply_admission_cap`` (the full-sequence gate)
+    caps a sliding-window group at its admission cap. A running request has
+    no hit, and the table already covers its skipped blocks, so this is
+    vLLM's fast path for it too (``max(required - table_len, 0)``)."""
+    required = cdiv(num_tokens, block_size)
+    if apply_admission_cap and cap is not None:
+        required = min(required, cap)
+    skipped_blocks = num_skipped_tokens(group, total_computed_tokens) // block_size
+    num_new = max(required - max(skipped_blocks, len(new_computed) + table_len), 0)
+    skip_new = max(0, skipped_blocks - table_len)
+    return num_new + num_evictable(new_computed[skip_new:])
+
+
+def skipped_blocks_to_free(table: list[int], num_skipped: int, block_size: int) -> list[int]:
+    """remove_skipped_blocks -> _remove_blocks_in_range(0, n) with n the
+    whole blocks before the window (at most the table's length): walk back
+    from block n - 1, stop at the first null block (everything before it was
+    freed by an earlier call), put the null block in each place. Returns the
+    blocks taken out, in the order BlockPool.free_blocks gets them."""
+    n = min(num_skipped // block_size, len(table))
+    freed: list[int] = []
+    for i in range(n - 1, -1, -1):
+        if table[i] == NULL_BLOCK:
+            break
+        freed.append(table[i])
+        table[i] = NULL_BLOCK
+    return freed
+
+
+def sliding_window_cache_mask(
+    start: int, end: int, block_size: int, window: int, boundaries: Sequence[int],
+    retention: int | None = RETENTION_INTERVAL,
+) -> list[bool] | None:
+    """SlidingWindowManager.reachable_block_mask (no EAGLE, alignment = the
+    block size): which of blocks ``start .. end - 1`` a sliding-window group
+    caches. Dense retention (None) caches every block once a hit needs at
+    least one; otherwise only the ``contiguous_blocks_for_hit`` blocks right
+    before each reachable boundary (the replay boundary num_prompt_tokens - 1
+    and a shared-prefix junction, block aligned down), plus, for a positive
+    interval, the same tail of every segment of that many tokens. None = all."""
+    need = contiguous_blocks_for_hit(window, block_size)
+    segment = block_size if retention is None else (retention or None)
+    mask = [False] * (end - start)
+    if segment is not None:
+        per_segment = segment // block_size
+        if need >= per_segment:
+            return None
+        for i in range(start, end):
+            if i % per_segment >= per_segment - need:
+                mask[i - start] = True
+    if retention is not None:
+        for boundary in boundaries:
+            stop = boundary // block_size
+            for j in range(max(start, stop - need), min(end, stop)):
+                mask[j - start] = True
+    return mask
+
+
+def blocks_for_free(tables: Sequence[Sequence[int]]) -> list[int]:
+    """KVCacheCoordinator.pop_blocks_for_free: every group's table without
+    its leading null blocks (trim_null_head), group after group, in table
+    order; the caller frees them in reverse (a deferred free)."""
+    out: list[int] = []
+    for table in tables:
+        i = 0
+        while i < len(table) and table[i] == NULL_BLOCK:
+            i += 1
+        out.extend(table[i:])
+    return out

@@ -14,7 +14,9 @@ forward's capture hook on, and each capture point (embedding, each layer's
 attention output, the stream after it, the MLP output, the stream after the
 layer, the final norm, the logits) is compared; the first point whose max
 ``|diff|`` is above 0 names the op where the two devices part, and the
-magnitudes along the way say how the difference grew.
+magnitudes along the way say how the difference grew. Where every token
+agrees but logits rows are not bitwise equal, the earliest such row is
+localised the same way (``WorkloadCross.logit_difference``).
 """
 
 from __future__ import annotations
@@ -150,6 +152,9 @@ class WorkloadCross:
     rows_bitwise: int = 0
     max_abs_diff: float = 0.0
     difference: TokenDifference | None = None
+    #: where all tokens agree but a logits row does not: the earliest such row,
+    #: localised like a token difference (its tokens are the same)
+    logit_difference: TokenDifference | None = None
     tokens_a: int = 0
     tokens_b: int = 0
     seconds_a: float = 0.0
@@ -199,6 +204,10 @@ class CrossDeviceReport:
         for w in self.workloads:
             if w.difference is not None:
                 lines.append(f"DIFFERS {w.workload}: " + w.difference.explain(self.labels))
+        logit_only = next((w for w in self.workloads if w.logit_difference is not None), None)
+        if logit_only is not None and logit_only.logit_difference is not None:
+            lines.append(f"first logits row not bitwise equal ({logit_only.workload}): "
+                         + logit_only.logit_difference.explain(self.labels))
         lines.append("TOKENS EQUAL" if self.ok else "TOKENS DIFFER")
         return "\n".join(lines)
 
@@ -218,6 +227,7 @@ class CrossDeviceReport:
                     "rows_bitwise": w.rows_bitwise, "max_abs_diff": w.max_abs_diff,
                     "tokens_generated": [w.tokens_a, w.tokens_b], "seconds": [round(w.seconds_a, 4), round(w.seconds_b, 4)],
                     "difference": w.difference.to_json() if w.difference else None,
+                    "logit_difference": w.logit_difference.to_json() if w.logit_difference else None,
                 }
                 for w in self.workloads
             ],
@@ -281,6 +291,7 @@ def compare_pair(model_a: PagedLlama, model_b: PagedLlama, config: SchedulerConf
     wc = WorkloadCross(workload.name, len(ra.outputs), tokens_a=ra.tokens_generated, tokens_b=rb.tokens_generated,
                        seconds_a=ra.counters.seconds, seconds_b=rb.counters.seconds)
     firsts: list[tuple[int, str, int]] = []  # (step, request, index)
+    first_rows: list[tuple[int, str, int]] = []  # (step, request, index) of logits rows not bitwise equal
     for rid in sorted(ra.outputs):
         a, b = ra.outputs[rid], rb.outputs.get(rid, ())
         n = min(len(a), len(b))
@@ -298,6 +309,9 @@ def compare_pair(model_a: PagedLlama, model_b: PagedLlama, config: SchedulerConf
                 wc.rows_bitwise += 1
             else:
                 wc.max_abs_diff = max(wc.max_abs_diff, float((la - lb).abs().max()))
+                steps_of = ex_a.token_steps.get(rid, [])
+                if k < len(steps_of):
+                    first_rows.append((steps_of[k], rid, k))
         if first is not None:
             steps_a = ex_a.token_steps.get(rid, [])
             steps_b = ex_b.token_steps.get(rid, [])
@@ -314,6 +328,14 @@ def compare_pair(model_a: PagedLlama, model_b: PagedLlama, config: SchedulerConf
         )
         diff.captures, diff.note = localise(model_a, model_b, config, ex_a.record, ex_b.record, step)
         wc.difference = diff
+    elif first_rows:
+        step, rid, k = min(first_rows)
+        tok = ra.outputs[rid][k]
+        diff = TokenDifference(rid, k, step, tok, tok, _top(ra.logits.get((rid, k))), _top(rb.logits.get((rid, k))),
+                               note="the same token; its logits row differs")
+        diff.captures, note = localise(model_a, model_b, config, ex_a.record, ex_b.record, step)
+        diff.note = "; ".join(filter(None, [diff.note, note]))
+        wc.logit_difference = diff
     return wc
 
 

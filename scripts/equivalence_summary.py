@@ -137,6 +137,11 @@ def summarise(paths: list[str]) -> str:
                 where = (f"; first difference {diff['workload']}/{d['request_id']} token {d['index']} "
                          f"({d['tokens'][0]} vs {d['tokens'][1]}, margins {d['margins'][0]:.3g} / {d['margins'][1]:.3g}), "
                          f"parts at {fc.get('name', '?')} (max |diff| {fc.get('max_abs_diff', 0):.3g})")
+            ld = next((w["logit_difference"] for w in ws if w.get("logit_difference")), None)
+            if not diff and ld:
+                fc = ld.get("first_capture") or {}
+                where = (f"; the first logits row not bitwise equal ({ld['request_id']} token {ld['index']}) parts at "
+                         f"{fc.get('name', '?')} (max |diff| {fc.get('max_abs_diff', 0):.3g})")
             extra.append(f"- cross-device `{Path(p).name}`: {rep['model']} {rep['mode']}, {' vs '.join(rep['labels'])}: "
                          f"tokens equal in {sum(w['equal'] for w in ws)}/{len(ws)} workloads, {bitwise}/{rows} logits rows "
                          f"bitwise, max |logit diff| {worst:.3g}{where}")

@@ -12,8 +12,10 @@
 #   glass16        glassllm, exact and fast, 16 workloads, --repeat $REPEAT  -> cuda-glass16-{exact,fast}.json
 #   glass64        glassllm, exact and fast, 64 workloads                 -> cuda-glass64-*.json
 #   smol16         random:like=smollm2, exact and fast, 16 workloads      -> cuda-smol16-*.json
+#                  (exact mode on the 30-layer model is launch-bound on a GPU: split it, smol16-exact-s0-n8 ...)
 #   smol64         random:like=smollm2, exact and fast, 64 workloads      -> cuda-smol64-*.json
-#                  (any of these four also as NAME-exact or NAME-fast: one mode)
+#                  (any of these four also as NAME-exact or NAME-fast: one mode; and NAME-MODE-sSEED-nCOUNT:
+#                  one part, e.g. smol16-exact-s0-n8 then smol16-exact-s8-n8; the summary merges parts)
 #   cross          exact mode, CUDA against the CPU, baseline tokens (glassllm 16, smollm2 $CROSS_SMOL) -> cross-*.json
 #   maxbatch       the largest prefill batch, fast mode (and exact), 512-token prompts -> maxbatch-*.json
 #   cpuwait        wait for the background CPU matrices
@@ -25,7 +27,7 @@
 #
 # Works from a plain checkout with the wheels in a --target directory: run it from anywhere,
 # with PYTHONPATH=/tmp/site (the checkout's root is added). Environment knobs: PYTHON (python3),
-# REPEAT (3: repeats of the 16-workload CUDA matrices), CPU_JOBS (14: leave 2 of 16 cores to the
+# REPEAT (3: repeats of the 16-workload glassllm CUDA matrices), SMOL_REPEAT (1: the smollm2-shape ones), CPU_JOBS (14: leave 2 of 16 cores to the
 # GPU process), GPU_THREADS (2), CPU_SETS ("glass64 smol16"), CROSS_SMOL (16), EXTRA (more
 # flags for every equivalence run, e.g. --deterministic-algorithms). A rehearsal without a GPU:
 # DEVICE=cpu LIMIT=2 (every set cut to 2 workloads).
@@ -38,6 +40,7 @@ cd "$ROOT" || exit 2
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT"
 PY=${PYTHON:-python3}
 REPEAT=${REPEAT:-3}
+SMOL_REPEAT=${SMOL_REPEAT:-1}
 CPU_JOBS=${CPU_JOBS:-14}
 GPU_THREADS=${GPU_THREADS:-2}
 CPU_SETS=${CPU_SETS:-"glass64 smol16"}
@@ -53,16 +56,18 @@ log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
 model_of() { case "$1" in glass*) echo glassllm ;; smol*) echo "$SMOL" ;; esac; }
 count_of() { local n="${1//[!0-9]/}"; [ -n "${LIMIT:-}" ] && [ "$n" -gt "$LIMIT" ] && n=$LIMIT; echo "$n"; }
 
-gpu_matrix() {  # NAME MODE: one CUDA matrix
-  local name=$1 mode=$2 model n rep=1
-  model=$(model_of "$name"); n=$(count_of "$name")
-  [ "$n" -le 16 ] && rep=$REPEAT
+gpu_matrix() {  # NAME MODE [SEED COUNT]: one CUDA matrix, or one part of it
+  local name=$1 mode=$2 model n rep=1 seed=${3:-0} f
+  model=$(model_of "$name"); n=${4:-$(count_of "$name")}
+  [ "$(count_of "$name")" -le 16 ] && rep=$REPEAT
+  case "$name" in smol*) rep=$SMOL_REPEAT ;; esac
+  f="$OUT/cuda-$name-$mode"; [ -n "${3:-}" ] && f="$f-s$seed-n$n"
   OMP_NUM_THREADS=$GPU_THREADS "${EQ[@]}" --device "$DEVICE" --threads "$GPU_THREADS" --model "$model" --mode "$mode" \
-    --workloads "$n" --repeat "$rep" --json "$OUT/cuda-$name-$mode.json" --png "$OUT/cuda-$name-$mode.png" \
-    --out "$OUT/fail-cuda-$name-$mode" $EXTRA > "$OUT/cuda-$name-$mode.txt" 2> "$OUT/cuda-$name-$mode.err"
+    --seed "$seed" --workloads "$n" --repeat "$rep" --json "$f.json" --png "$f.png" \
+    --out "$f.fail" $EXTRA > "$f.txt" 2> "$f.err"
   local rc=$?
-  tail -n 4 "$OUT/cuda-$name-$mode.txt"
-  echo "rc=$rc" >> "$OUT/cuda-$name-$mode.txt"
+  tail -n 4 "$f.txt"
+  echo "rc=$rc" >> "$f.txt"
   return 0
 }
 
@@ -99,6 +104,8 @@ stage() {
       "$PY" -m pytest -q -p no:cacheprovider tests/gpu_runner > "$OUT/tests.log" 2>&1
       echo "rc=$?" >> "$OUT/tests.log"; tail -n 3 "$OUT/tests.log" ;;
     glass16|glass64|smol16|smol64) gpu_matrix "$s" exact; gpu_matrix "$s" fast ;;
+    glass16-*-s*-n*|glass64-*-s*-n*|smol16-*-s*-n*|smol64-*-s*-n*)
+      IFS=- read -r name mode sd nn <<< "$s"; gpu_matrix "$name" "$mode" "${sd#s}" "${nn#n}" ;;
     glass16-*|glass64-*|smol16-*|smol64-*) gpu_matrix "${s%-*}" "${s##*-}" ;;
     cpu)
       cpu_parts > "$OUT/cpu/parts.txt"
@@ -119,10 +126,13 @@ stage() {
         --json "$OUT/cross-smol.json" $EXTRA > "$OUT/cross-smol.txt" 2> "$OUT/cross-smol.err"; echo "rc=$?" >> "$OUT/cross-smol.txt"
       tail -n 2 "$OUT/cross-glass16.txt" "$OUT/cross-smol.txt" ;;
     maxbatch)
-      local m mode
+      local m mode cap
       for m in smol glass; do
-        for mode in fast exact; do
-          "${EQ[@]}" --max-batch --device "$DEVICE" --mode "$mode" --model "$(model_of "$m")" --prompt-len "${PROMPT_LEN:-512}" --max-batch-tokens "${MAX_BATCH_TOKENS:-262144}" \
+        for mode in ${MAXBATCH_MODES:-fast exact}; do
+          # exact mode's fixed tiles cost ~1 s per 512 tokens with the 30-layer model on an H100: cap its steps
+          cap=${MAX_STEP_SECONDS:-30}; [ "$mode" = exact ] && cap=${MAX_STEP_SECONDS_EXACT:-3}
+          "${EQ[@]}" --max-batch --device "$DEVICE" --mode "$mode" --model "$(model_of "$m")" --prompt-len "${PROMPT_LEN:-512}" \
+            --max-batch-tokens "${MAX_BATCH_TOKENS:-262144}" --max-step-seconds "$cap" \
             --json "$OUT/maxbatch-$m-$mode.json" $EXTRA > "$OUT/maxbatch-$m-$mode.txt" 2> "$OUT/maxbatch-$m-$mode.err"
           echo "rc=$?" >> "$OUT/maxbatch-$m-$mode.txt"; tail -n 2 "$OUT/maxbatch-$m-$mode.txt"
         done

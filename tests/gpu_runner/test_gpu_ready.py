@@ -215,6 +215,9 @@ def test_cross_device_localises_a_perturbed_weight_at_its_layer(small: LlamaWeig
                         wls, baseline=baseline_config(64))
     assert soft.ok and sum(w.rows_bitwise for w in soft.workloads) < sum(w.rows_compared for w in soft.workloads)
     assert max(w.max_abs_diff for w in soft.workloads) > 0
+    ld = soft.workloads[0].logit_difference
+    assert ld is not None and ld.token_a == ld.token_b and ld.first_capture is not None
+    assert ld.first_capture.name == "layer1.attn" and "first logits row not bitwise equal" in soft.table()
     rep = cross_device(spec_factory, a, PagedLlama(_perturbed(small, 1, 0.3), mode=mode, window=64),  # type: ignore[arg-type]
                        wls, baseline=baseline_config(64))
     assert not rep.ok

@@ -203,6 +203,38 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_config_ranges(config)
     _check_config_relations(config)
     _check_kv_fields(config, group_type)
+    _check_groups_fit(config)
+
+
+def _check_groups_fit(config: ConfigFields) -> None:
+    """vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory with
+    max_memory_usage_bytes summed over the layers (one per group): the engine
+    refuses to start unless one request of max_model_len tokens fits in every
+    KV cache group at once, all drawing from the one pool. A full-attention
+    group holds cdiv(max_model_len, block_size) blocks of it, a
+    sliding-window group its admission cap (vllm/v1/kv_cache_interface.py,
+    SlidingWindowSpec.max_admission_blocks_per_request: the window's W - 1
+    tokens and every token in flight, one batch or two with async
+    scheduling, at most max_model_len, one block more). The plain layout is
+    the check of _check_config_relations."""
+    if not config.kv_cache_groups:
+        return
+    bs, mml = config.block_size, config.max_model_len
+    in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+    need = []
+    for g in config.kv_cache_groups:
+        window = getattr(g, "sliding_window", 0)
+        if getattr(g, "kind", None) == "sliding_window":
+            need.append(-(-min(window - 1 + in_flight, mml) // bs) + 1)
+        else:
+            need.append(-(-mml // bs))
+    if sum(need) > config.num_blocks - 1:
+        raise ConfigError(
+            "num_blocks",
+            f"the pool ({config.num_blocks - 1} usable blocks) cannot hold one request of max_model_len "
+            f"({config.max_model_len}) tokens in every KV cache group: it needs {sum(need)} "
+            f"({' + '.join(str(n) for n in need)}, one term per group)",
+        )
 
 
 def _check_kv_fields(config: ConfigFields, group_type: type | None) -> None:

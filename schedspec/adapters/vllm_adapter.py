@@ -122,6 +122,8 @@ from schedspec.spec.protocol import (
     check_add,
     check_config,
     check_grammar_ready,
+    check_kv_reports,
+    check_kv_reset,
     check_mm_lengths,
     check_pause_state,
     check_reset,
@@ -228,6 +230,12 @@ class _Vllm:
     model_dir: str
 
 
+def _drop_kv_failure_records(record: logging.LogRecord) -> bool:
+    """A logging filter: False for vLLM's record of requests failed by a KV
+    load failure (the modelled "fail" policy), True for every other one."""
+    return not str(record.msg).startswith("Failing %d request(s) due to KV load failure")
+
+
 _LOCK = threading.Lock()
 _LOADED: _Vllm | None = None
 _SPECS_REGISTERED = False
@@ -248,6 +256,9 @@ def load_vllm() -> _Vllm:
         vllm_logger = logging.getLogger("vllm")
         if vllm_logger.level == logging.NOTSET:
             vllm_logger.setLevel(logging.ERROR)
+        # A failed KV load under the "fail" policy is a modelled event, which
+        # vLLM logs as an error (scheduler.py, _handle_invalid_blocks).
+        logging.getLogger("vllm.v1.core.sched.scheduler").addFilter(_drop_kv_failure_records)
         try:
             import vllm
         except ImportError as exc:
@@ -406,6 +417,10 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
         num_blocks=config.num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=_kv_cache_groups(v, config),
+        # what the engine copies from CacheConfig (default 0: sliding-window
+        # groups keep only semantic checkpoints), kv_cache_planning.py
+        # get_kv_cache_config_from_groups; spec/kv_groups.py RETENTION_INTERVAL
+        prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
     )
     _check_effective(vllm_config, config)
     global _SPECS_REGISTERED
@@ -790,6 +805,9 @@ class VllmScheduler:
         self._drafts = config.num_speculative_tokens > 0 and not config.async_scheduling
         self._mm_lengths: dict[str, int] = {}  # every mm identifier seen -> its length
         self._grammars: dict[str, Any] = {}  # request id -> the Future of its grammar
+        # request id -> the group-0 blocks its asynchronous load writes, until
+        # the worker reports the load (finished_recving)
+        self._kv_loading: dict[str, tuple[int, ...]] = {}
 
     def _set_encoder_budget(self, config: SchedulerConfig) -> None:
         """The encoder budget and cache of a multimodal model. vLLM derives both
@@ -974,6 +992,8 @@ class VllmScheduler:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         check_reset(self._plans(), self._config)
+        if reset_running_requests and self._connector:
+            check_kv_reset(self._blocks_kept_after_reset())
         done = _into_vllm(self.sched.reset_prefix_cache, reset_running_requests=reset_running_requests)
         return bool(done)
 
@@ -1038,6 +1058,11 @@ class VllmScheduler:
             freed_encoder_inputs=tuple(out.free_encoder_mm_hashes),
             kv_loads=self._kv_loads(out),
         )
+        bs = self._config.block_size
+        for load in plan.kv_loads:
+            if load.asynchronous:
+                first, end = load.start // bs, -(-load.end // bs)
+                self._kv_loading[load.request_id] = load.block_ids[first:end]
         self._in_flight.append((plan, out))
         if self._grammars and not (self._async and out.pending_structured_output_tokens):
             # What the engine core does before sampling (core.py, step and
@@ -1070,6 +1095,22 @@ class VllmScheduler:
             )
         return kept
 
+    def _blocks_kept_after_reset(self) -> str | None:
+        """Why blocks would stay held after reset_prefix_cache preempted every
+        running request, or None: vLLM then raises RuntimeError ("Failed to
+        reset KV cache even when all the running requests are preempted"),
+        which the spec's boundary refuses first (check_kv_reset)."""
+        sched = self.sched
+        held = sorted(rid for rid, r in sched.requests.items() if r.is_finished())
+        if held:
+            return f"finished request {held[0]!r} keeps its blocks for the connector"
+        for r in sched.kv_holding_waiting:
+            if any(self._group_tables(r.request_id)):
+                return f"waiting request {r.request_id!r} holds blocks for a KV load"
+        if sched.deferred_frees or not all(sched._request_blocks_can_be_freed(r) for r in sched.running):
+            return "a step in flight still writes blocks whose free is deferred (defer_block_free)"
+        return None
+
     def _kv_loads(self, out: Any) -> tuple[KVLoad, ...]:
         """The connector's loads of this step (its metadata, built by vLLM's
         schedule(): _build_kv_connector_meta), in admission order."""
@@ -1094,6 +1135,11 @@ class VllmScheduler:
         """The spec's protocol checks, so a bad update never reaches vLLM;
         vLLM's SchedulerOutput for ``plan`` (the oldest in flight)."""
         check_result(plan, self._plans(), result, self._live, self._config)
+        if self._connector:
+            sched = self.sched
+            held = {rid for rid, r in sched.requests.items() if r.is_finished()}
+            running = {r.request_id for r in sched.running}
+            check_kv_reports(plan, result, self._config, self._kv_loading, held, running)
         return self._in_flight[0][1]
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
@@ -1106,6 +1152,8 @@ class VllmScheduler:
             kv_connector_output=self._kv_connector_output(result),
         )
         self._in_flight.pop(0)
+        for rid in result.finished_recving:
+            self._kv_loading.pop(rid, None)
         _into_vllm(self.sched.update_from_output, out, runner_output)
         if self._async and self._in_flight:
             deferred = self._in_flight[0][1]

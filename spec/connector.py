@@ -212,7 +212,8 @@ class ConnectorMixin:
         num_tokens = min(req.num_tokens, cfg.max_model_len)
         if cfg.num_speculative_tokens:
             num_tokens += 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
-        return max(blocks_for_tokens(num_tokens=num_tokens, block_size=cfg.block_size) - len(req.blocks), 0)
+        # summed over the KV cache groups, a sliding-window group at its admission cap
+        return self.kv.get_num_blocks_to_allocate(req, num_tokens, None, req.num_computed_tokens, True)
 
     def _async_load_reserve(self) -> int:
         """schedule(), an asynchronous load's ``reserved_blocks``: what the
@@ -233,7 +234,9 @@ class ConnectorMixin:
         end = start + num_external
         self.rules["connector.load_async"] += asynchronous  # pragma: no mutate
         self.rules["connector.load_sync"] += not asynchronous  # pragma: no mutate
-        self.pending_loads.append(KVLoad(req.request_id, start, end, tuple(req.blocks), asynchronous))
+        self.pending_loads.append(
+            KVLoad(req.request_id, start, end, tuple(req.blocks), asynchronous, req.group_block_ids())
+        )
         if asynchronous:
             span = loaded_block_range(start, end, self._config.block_size)
             self.kv_loading[req.request_id] = tuple(req.blocks[i] for i in span)
@@ -368,7 +371,7 @@ class ConnectorMixin:
         if self.held:
             return f"finished request {min(self.held)!r} keeps its blocks for the connector"
         for rid in self.kv_holding:
-            if self.requests[rid].blocks:
+            if any(self.kv.tables(self.requests[rid])):
                 return f"waiting request {rid!r} holds blocks for a KV load"
         if self.deferred_frees or not all(self._blocks_can_be_freed(self.requests[r]) for r in self.running):
             return "a step in flight still writes blocks whose free is deferred (defer_block_free)"
@@ -379,7 +382,10 @@ class ConnectorMixin:
         if not self._config.kv_connector:
             return {}
         return {
-            "kv_held_by_finished": {rid: tuple(r.blocks) for rid, r in sorted(self.held.items())},
+            # group 0's table, then the other groups' (null blocks left out)
+            "kv_held_by_finished": {
+                rid: tuple(b for t in self.kv.tables(r) for b in t if b) for rid, r in sorted(self.held.items())
+            },
             "kv_loads_done": tuple(sorted(self.kv_loads_done)),
             "kv_loads_failed": tuple(sorted(self.kv_loads_failed)),
         }

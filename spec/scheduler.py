@@ -424,6 +424,10 @@ class SpecScheduler(ConnectorMixin):
         req.set_status(status)
         rid = req.request_id
         self.inflight_prefills.discard(rid)
+        if self._config.kv_connector:
+            # _connector_finished: blocks out of a sliding window are freed
+            # before the table goes to the connector (processed-token basis)
+            self.kv.remove_skipped_blocks(req, max(0, req.num_computed_tokens - req.num_in_flight_tokens))
         if self._config.kv_connector and request_finished_delays_free(req.spec.kv_save_async, status):
             self.rules["connector.save_delays_free"] += 1  # pragma: no mutate
             delay_free_blocks = True
@@ -491,8 +495,13 @@ class SpecScheduler(ConnectorMixin):
         computed. Called at allocation time, before the step runs
         (KVCacheManager.allocate_slots -> cache_blocks with
         ``min(computed + new, request.num_tokens)``). Every KV cache group
-        caches its own blocks under its own keys (KVPool.cache_blocks)."""
+        caches its own blocks under its own keys (KVPool.cache_blocks). Only
+        blocks of known tokens have a hash to cache them under
+        (SingleTypeKVCacheManager.cache_blocks: ``min(num_tokens,
+        num_hashed_tokens)``), which binds after a failed load truncated the
+        computed tokens below output still in flight."""
         bs = self._config.block_size
+        num_tokens = min(num_tokens, req.num_tokens)
         self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), lambda i: req.block_key(i, bs))
 
     def _allocate_running(self, req: _Request, n: int) -> bool:

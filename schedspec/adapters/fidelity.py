@@ -114,6 +114,25 @@ FUNCTION_TARGETS: tuple[tuple[str, str, float], ...] = (
     ("v1/core/sched/scheduler.py", "Scheduler._connector_finished", 80.0),
 )
 
+#: The KV cache managers of kinds the spec does not model (vLLM 0.33's
+#: single_type_kv_cache_manager.py beyond full attention and sliding window),
+#: each with the feature its unreached lines are put under: a function of one
+#: of these classes is about that feature as a whole, whatever its words say.
+UNMODELLED_CLASSES: dict[str, str] = {
+    "RSWAManager": "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
+    "CircularBufferManager": "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
+    "ChunkedLocalAttentionManager":
+        "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
+    "CrossAttentionManager": "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
+    "SinkFullAttentionManager":
+        "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
+    "MambaManager": "Mamba / hybrid models",
+    "HiSparseSourceManager": "HiSparse",
+    "_HiSparseAuxiliaryManager": "HiSparse",
+    "HiSparseHotManager": "HiSparse",
+    "HiSparseResidentManager": "HiSparse",
+}
+
 _TraceFn = Callable[[FrameType, str, Any], Any]
 
 
@@ -505,6 +524,15 @@ class FidelityReport:
         """The KV connector's functions (CONNECTOR_FUNCTIONS) with their reports."""
         return self._functions(CONNECTOR_FUNCTIONS)
 
+    def modelled_share(self, path: str) -> tuple[int, int]:
+        """(reached, executable) lines of ``path`` outside the functions of
+        UNMODELLED_CLASSES: the part of the file the spec models."""
+        f = self.file(path)
+        if f is None:
+            return 0, 0
+        kept = [fn for fn in f.functions if fn.qualname.split(".")[0] not in UNMODELLED_CLASSES]
+        return sum(fn.reached for fn in kept), sum(fn.lines for fn in kept)
+
     def targets(self) -> list[tuple[str, float, float]]:
         """Each of issue 15's targets (FILE_TARGETS, FUNCTION_TARGETS) as
         (what, percent reached, target percent)."""
@@ -541,8 +569,9 @@ def file_report(rel: str, source: str, hits: set[int], filename: str = "<vllm>")
         reached = fn.lines & hits
         missed = tuple(sorted(fn.lines - reached))
         by_feature: dict[str, list[int]] = {}
+        whole = UNMODELLED_CLASSES.get(fn.qualname.split(".")[0])
         for line in missed:
-            by_feature.setdefault(feature_of.get(line, UNCLASSIFIED), []).append(line)
+            by_feature.setdefault(whole or feature_of.get(line, UNCLASSIFIED), []).append(line)
         functions.append(FunctionReport(fn.qualname, fn.first_line, len(fn.lines), len(reached), missed,
                                         {k: tuple(v) for k, v in by_feature.items()}))
     return FileReport(rel, tuple(functions))
@@ -580,6 +609,9 @@ def report_json(report: FidelityReport) -> dict[str, Any]:
         "targets": {
             what: {"percent": round(percent, 1), "target": target, "met": percent >= target}
             for what, percent, target in report.targets()
+        },
+        "modelled_share": {
+            path: dict(zip(("reached", "lines"), report.modelled_share(path))) for path, _ in FILE_TARGETS
         },
         "files": {
             f.path: {
@@ -649,6 +681,11 @@ def report_table(report: FidelityReport, all_functions: bool = True) -> str:
         for what, percent, target in targets:
             verdict = "met" if percent >= target else "NOT met"
             out.append(f"    {what:<{width}} {percent:5.1f}% of >= {target:.0f}%: {verdict}")
+        for path, _ in FILE_TARGETS:
+            reached, lines = report.modelled_share(path)
+            if lines:
+                out.append(f"    {path} without the unmodelled managers: {reached}/{lines} "
+                           f"({100.0 * reached / lines:.1f}%)")
     for f in report.files:
         out.append(f"  {f.path}: {f.reached}/{f.lines} lines, {f.percent:.0f}%")
     if all_functions:

@@ -459,13 +459,15 @@ def _kv_transfer_config(v: _Vllm, config: SchedulerConfig) -> Any:
     """vLLM's kv_transfer_config for ``config``: None without a connector,
     else the modelled connector (schedspec/adapters/vllm_connector.py) in the
     role of both producer and consumer, with the config's load-failure
-    policy."""
+    policy: the class without hybrid-allocator support for the plain layout,
+    the one declaring it (SupportsHMA) for a hybrid layout."""
     if not config.kv_connector:
         return None
     from schedspec.adapters import vllm_connector
 
+    name = vllm_connector.HMA_CONNECTOR_NAME if config.is_hybrid else vllm_connector.CONNECTOR_NAME
     return v.KVTransferConfig(
-        kv_connector=vllm_connector.CONNECTOR_NAME,
+        kv_connector=name,
         kv_connector_module_path=vllm_connector.__name__,
         kv_role="kv_both",
         kv_load_failure_policy=config.kv_load_failure_policy,

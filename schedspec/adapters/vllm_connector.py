@@ -19,11 +19,14 @@ RequestSpec fields ``kv_external_tokens``, ``kv_load_async``,
 * ``build_connector_meta(scheduler_output)`` hands the step's loads over (in
   the order they were recorded: admission order) as ``SchedspecConnectorMetadata``
   and forgets them.
-* ``request_finished`` / ``request_finished_all_groups`` (the class supports
-  vLLM's hybrid memory allocator, ``SupportsHMA``, so hybrid layouts reach it
-  through ``_connector_finished``) -> ``(kv_save_async and the request finished
-  STOPPED or LENGTH_CAPPED, None)``: vLLM keeps such a request's blocks until
-  the worker reports the save (``finished_sending``).
+* ``request_finished`` -> ``(kv_save_async and the request finished STOPPED
+  or LENGTH_CAPPED, None)``: vLLM keeps such a request's blocks until the
+  worker reports the save (``finished_sending``). ``SchedspecKVConnector`` is
+  a connector without hybrid-allocator support, as most are: vLLM calls its
+  ``request_finished`` with group 0's blocks, and asserts there is one group
+  (scheduler.py, _connector_finished). ``SchedspecHMAKVConnector``, the same
+  connector declaring ``SupportsHMA``, serves the hybrid layouts: vLLM calls
+  its ``request_finished_all_groups`` with every group's blocks.
 * Everything else vLLM's scheduler calls keeps the base class's behaviour:
   ``has_pending_block_frees`` False (a running request that cannot get blocks
   preempts, it never waits for a save), ``get_loaded_kv_cache_group_ids`` the
@@ -60,8 +63,11 @@ from vllm.v1.request import RequestStatus
 #: The key of the request's ``kv_transfer_params`` holding the modelled fields.
 KV_PARAMS_KEY = "schedspec"
 
-#: The class name vLLM's KVTransferConfig.kv_connector names.
+#: The class name vLLM's KVTransferConfig.kv_connector names: the plain
+#: connector for the one-group layout, the hybrid-allocator one for hybrid
+#: layouts.
 CONNECTOR_NAME = "SchedspecKVConnector"
+HMA_CONNECTOR_NAME = "SchedspecHMAKVConnector"
 
 #: The finishes after which a ``kv_save_async`` request's blocks are kept for
 #: its save (the modelled connector's request_finished).
@@ -104,7 +110,7 @@ class SchedspecConnectorMetadata(KVConnectorMetadata):
     loads: list[ConnectorLoad] = field(default_factory=list)
 
 
-class SchedspecKVConnector(KVConnectorBase_V1, SupportsHMA):
+class SchedspecKVConnector(KVConnectorBase_V1):
     """The modelled connector (module docstring), scheduler role."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
@@ -138,11 +144,6 @@ class SchedspecKVConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._delay_free(request), None
 
-    def request_finished_all_groups(
-        self, request: Any, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        return self._delay_free(request), None
-
     def _delay_free(self, request: Any) -> bool:
         self._asked.pop(request.request_id, None)
         _, _, save_async = _fields(request)
@@ -161,3 +162,13 @@ class SchedspecKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         raise NotImplementedError("the adapter plays the worker: no worker-side connector runs")
+
+
+class SchedspecHMAKVConnector(SchedspecKVConnector, SupportsHMA):
+    """The modelled connector for hybrid layouts: the same answers, through
+    vLLM's hybrid-allocator entry point (SupportsHMA)."""
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._delay_free(request), None

@@ -372,3 +372,86 @@ def test_gates_reach_their_vllm_functions() -> None:
                  "Scheduler.set_pause_state", "EncoderCacheManager.can_allocate",
                  "StructuredOutputManager.validate_tokens", "StructuredOutputManager.grammar_bitmask"):
         assert reached[name] > 0, name
+
+
+def test_connector_functions_and_issue_15_targets_are_reported(tmp_path: Path) -> None:
+    from schedspec.adapters.fidelity import CONNECTOR_FUNCTIONS, FILE_TARGETS, FUNCTION_TARGETS
+
+    root = tmp_path / "vllm"
+    bodies: dict[str, list[str]] = {}
+    for rel, qualname in CONNECTOR_FUNCTIONS:
+        bodies.setdefault(rel, []).append(qualname)
+    # one modelled manager and one the spec does not model (Mamba)
+    bodies.setdefault("v1/core/single_type_kv_cache_manager.py", []).extend(
+        ["FullAttentionManager.cache_blocks", "MambaManager.cache_blocks"])
+    for rel in FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        classes: dict[str, list[str]] = {}
+        for qualname in bodies.get(rel, []):
+            cls, name = qualname.split(".")
+            classes.setdefault(cls, []).append(name)
+        text = ""
+        for cls, names in classes.items():
+            text += f"class {cls}:\n" + "".join(f"    def {n}(self):\n        a = 1\n        return a\n" for n in names)
+        (root / rel).write_text(text or "def f():\n    a = 1\n    return a\n")
+    # the first connector function reached, the coordinator file wholly, the
+    # modelled manager wholly, the Mamba one not at all
+    hits = {CONNECTOR_FUNCTIONS[0][0]: {3, 4}, "v1/core/kv_cache_coordinator.py": {2, 3},
+            "v1/core/single_type_kv_cache_manager.py": {3, 4}}
+    report = fidelity_report(hits, root=root)
+    data = report_json(report)
+    conn = data["connector_functions"]
+    assert list(conn) == [q for _, q in CONNECTOR_FUNCTIONS]
+    assert conn[CONNECTOR_FUNCTIONS[0][1]] == 100.0
+    assert all(conn[q] == 0.0 for _, q in CONNECTOR_FUNCTIONS[1:])
+    targets = data["targets"]
+    assert list(targets) == [p for p, _ in FILE_TARGETS] + [q for _, q, _ in FUNCTION_TARGETS]
+    assert targets["v1/core/kv_cache_coordinator.py"] == {"percent": 100.0, "target": 70.0, "met": True}
+    assert targets["v1/core/single_type_kv_cache_manager.py"] == {"percent": 50.0, "target": 70.0, "met": False}
+    assert targets[FUNCTION_TARGETS[0][1]]["met"] and not targets[FUNCTION_TARGETS[1][1]]["met"]
+    # without the managers the spec does not model, the file is wholly reached
+    assert data["modelled_share"]["v1/core/single_type_kv_cache_manager.py"] == {"reached": 2, "lines": 2}
+    mamba = data["files"]["v1/core/single_type_kv_cache_manager.py"]["functions"]["MambaManager.cache_blocks"]
+    assert mamba["missed_by_feature"] == {"Mamba / hybrid models": [7, 8]}
+    table = report_table(report, all_functions=False)
+    assert "KV connector:" in table and "targets (issue 15):" in table
+    assert "single_type_kv_cache_manager.py  50.0% of >= 70%: NOT met" in table
+    assert "without the unmodelled managers: 2/2 (100.0%)" in table
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
+def test_the_connector_and_hybrid_groups_reach_their_vllm_functions() -> None:
+    """A load that fails, one aborted, a save, on a hybrid layout and on the
+    plain one: vLLM's connector functions and its hybrid coordinator run."""
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.spec.interface import KVCacheGroup, RequestSpec, SchedulerConfig, StepResult
+
+    hits: dict[str, set[int]] = {}
+    for groups in ((), (KVCacheGroup(), KVCacheGroup("sliding_window", 4))):
+        config = SchedulerConfig(block_size=4, num_blocks=33, max_model_len=64, kv_connector=True,
+                                 kv_load_failure_policy="recompute", kv_cache_groups=groups)
+        with LineCollector() as collector:
+            sched = VllmScheduler(config)
+            sched.add(RequestSpec("a", tuple(range(12)), max_tokens=2, kv_external_tokens=8, kv_load_async=True))
+            sched.add(RequestSpec("b", tuple(range(20, 32)), max_tokens=2, kv_save_async=True))
+            sched.add(RequestSpec("c", tuple(range(40, 52)), max_tokens=2, kv_external_tokens=8))
+            plan = sched.schedule()
+            bad = () if groups else (plan.kv_loads[1].block_ids[1],)
+            sched.update(plan, StepResult({e.request_id: (9,) for e in plan.scheduled if e.samples},
+                                          finished_recving=("a",), failed_recving=("a",), invalid_block_ids=bad))
+            for _ in range(3):
+                plan = sched.schedule()
+                sched.update(plan, StepResult({e.request_id: (9,) for e in plan.scheduled if e.samples}))
+            plan = sched.schedule()
+            sched.update(plan, StepResult(finished_sending=("b",)))
+        for rel, lines in collector.hits.items():
+            hits.setdefault(rel, set()).update(lines)
+    report = fidelity_report(hits)
+    reached = {name: fn.reached for name, fn in report.connector_functions()}
+    assert all(reached.values()), reached
+    coordinator = report.file("v1/core/kv_cache_coordinator.py")
+    assert coordinator is not None
+    for name in ("HybridKVCacheCoordinator.find_longest_cache_hit", "UnitaryKVCacheCoordinator.find_longest_cache_hit"):
+        fn = coordinator.function(name)
+        assert fn is not None and fn.reached > 0, name

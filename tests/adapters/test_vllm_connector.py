@@ -109,9 +109,15 @@ class TestConnector:
     def test_vllm_builds_our_connector_in_the_scheduler_role(self) -> None:
         from schedspec.adapters.vllm_connector import SchedspecKVConnector
 
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+
         s = make(kv_load_failure_policy="recompute")
         conn = s.sched.connector
-        assert isinstance(conn, SchedspecKVConnector)
+        # the plain layout gets a connector without hybrid-allocator support
+        # (vLLM calls its request_finished), a hybrid one the SupportsHMA one
+        assert type(conn) is SchedspecKVConnector and not isinstance(conn, SupportsHMA)
+        hybrid = make(kv_cache_groups=(FULL, SW)).sched.connector
+        assert type(hybrid).__name__ == "SchedspecHMAKVConnector" and isinstance(hybrid, SupportsHMA)
         assert conn.role.name == "SCHEDULER"
         assert s.sched.recompute_kv_load_failures is True
         assert make().sched.recompute_kv_load_failures is False  # "fail", vLLM's default

@@ -44,7 +44,12 @@ The admission gates, each off by default (SchedulerConfig, RequestSpec):
   before an input that does not fit, and the encoder cache (KVPool's sibling
   EncoderCache in spec/kv_cache.py).
 
-The modelled configuration: one full-attention KV group, no KV connectors, no
+The KV cache groups (``kv_cache_groups``): one full-attention group by
+default, or full-attention and sliding-window groups drawing from one pool,
+each request with a table per group (spec/kv_groups.py, KVPool's coordinator
+methods in spec/kv_cache.py: vLLM's KV cache coordinator).
+
+The modelled configuration: no
 streaming (resumable) requests, no pipeline parallelism, no data
 parallelism, chunked multimodal inputs allowed (disable_chunked_mm_input
 off), every encoder placeholder an embedding, the V1 model runner.
@@ -617,7 +622,7 @@ class SpecScheduler(ConnectorMixin):
         threshold = effective_threshold(
             threshold=cfg.long_prefill_token_threshold,
             num_running=len(self.running),
-            num_waiting=len(self.waiting),
+            num_waiting=len(self.waiting) + len(self.kv_holding),  # get_request_counts
         )
         st = _StepState(
             token_budget=cfg.max_num_batched_tokens,
@@ -633,7 +638,7 @@ class SpecScheduler(ConnectorMixin):
         # The LoRA adapters of every running request, scheduled this step or not
         st.loras = {r.spec.lora_id for r in map(self.requests.__getitem__, self.running) if r.spec.lora_id > 0}
         assert not cfg.max_loras or len(st.loras) <= cfg.max_loras
-        self.rules["schedule.waiting_skipped"] += len(st.preempted) > 0 and len(self.waiting) > 0  # pragma: no mutate
+        self.rules["schedule.waiting_skipped"] += len(st.preempted) > 0 and len(self.waiting) + len(self.kv_holding) > 0  # pragma: no mutate
         if not st.preempted and self.pause_state != PauseState.PAUSED_ALL:
             self._schedule_waiting(st)
         assert len(self.running) <= cfg.max_num_seqs

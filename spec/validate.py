@@ -371,8 +371,9 @@ def _check_config_relations(config: ConfigFields) -> None:
     _check_gate_relations(config)
     # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine
     # refuses to start unless one request of max_model_len tokens fits.
+    # (A hybrid layout's groups are checked together: _check_groups_fit.)
     usable_tokens = (config.num_blocks - 1) * config.block_size
-    if usable_tokens < config.max_model_len:
+    if usable_tokens < config.max_model_len and not config.kv_cache_groups:
         raise ConfigError(
             "num_blocks",
             f"the pool ({config.num_blocks - 1} usable blocks x {config.block_size} tokens = "

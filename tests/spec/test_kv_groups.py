@@ -343,6 +343,21 @@ def test_a_lone_sliding_window_group_without_prefix_caching() -> None:
     assert s.view().kv.block_keys == {}
 
 
+def test_a_lone_window_group_runs_a_long_prompt_in_a_small_pool() -> None:
+    # 7 usable blocks hold a 40-token prompt: the window group never holds
+    # more than its admission cap (cdiv(3 + 8, 4) + 1 = 4) at once, freeing
+    # each chunk's skipped blocks before it allocates (the pool of the plain
+    # layout would need 16 blocks for max_model_len 64)
+    s = SpecScheduler(SchedulerConfig(block_size=4, num_blocks=8, max_model_len=64, max_num_batched_tokens=8,
+                                      max_num_seqs=4, kv_cache_groups=(SW(4),)))
+    s.add(req("a", 40, max_tokens=2))
+    got = [tables(step(s).scheduled[0])[0] for _ in range(6)]
+    assert got == [(1, 2), (0, 2, 1, 3), (0, 0, 0, 3, 1, 2), (0, 0, 0, 0, 0, 2, 1, 3),
+                   (0, 0, 0, 0, 0, 0, 0, 3, 1, 2), (0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 3)]
+    # block 1 (at index 8, before the replay boundary 39) is the only keyed one
+    assert s.view().kv.free_queue == (3, 2, 4, 5, 6, 7, 1)
+
+
 def test_the_full_sequence_gate_caps_the_window_group() -> None:
     # 39 tokens: full attention needs 10 blocks; the window group is capped at
     # cdiv(min(3 + 8, 40), 4) + 1 = 4, not 10: 14 blocks fit 15 free ones
@@ -399,8 +414,11 @@ def test_a_finished_request_has_no_group_tables() -> None:
         ((KVCacheGroup(block_size=6),), "kv_cache_groups[0].block_size", "multiple of the hash block size"),
         ((KVCacheGroup(block_size=8),), "kv_cache_groups[0].block_size", "differs from block_size"),
         ((FA,) * 5, "kv_cache_groups", "beyond the supported maximum 4"),
+        ((FA, SW(4)), "num_blocks", "cannot hold one request of max_model_len (32) tokens in every KV cache group: "
+                                    "it needs 17 (8 + 9, one term per group)"),
     ],
 )
 def test_layouts_vllm_would_refuse_are_refused(groups: tuple[KVCacheGroup, ...], field: str, text: str) -> None:
-    msg = message(lambda: SchedulerConfig(block_size=4, kv_cache_groups=groups), ConfigError)
+    msg = message(lambda: SchedulerConfig(block_size=4, num_blocks=9, max_model_len=32, kv_cache_groups=groups),
+                  ConfigError)
     assert field in msg and text in msg

@@ -3,13 +3,17 @@ imports the spec's logic (spec.interface holds plain types)."""
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from schedspec.spec.interface import (
     BlockKey,
+    KVLoad,
     Policy,
     RequestStatus,
     RequestView,
     ScheduledRequest,
     ScheduleKind,
+    SchedulerConfig,
     SchedulerView,
     StepPlan,
 )
@@ -68,12 +72,66 @@ def step_victims(t: Transition) -> list[str]:
 
 
 def holders(view: SchedulerView) -> dict[int, list[tuple[str, int]]]:
-    """block id -> [(request id, index in its table)] over live requests."""
+    """block id -> [(request id, index in its table)] over live requests, in
+    every KV cache group's table (the null block 0 of a sliding-window
+    group's skipped places left out)."""
     out: dict[int, list[tuple[str, int]]] = {}
     for rid, r in view.requests.items():
-        for i, b in enumerate(r.block_ids):
-            out.setdefault(b, []).append((rid, i))
+        for table in tables(r):
+            for i, b in enumerate(table):
+                if b != NULL_BLOCK:
+                    out.setdefault(b, []).append((rid, i))
     return out
+
+
+#: vLLM's null block (block_pool.py, BlockPool.__init__: block 0 is taken out
+#: of the free queue); a sliding-window group's table holds it in the places
+#: of the blocks it freed (single_type_kv_cache_manager.py, remove_skipped_blocks).
+NULL_BLOCK = 0
+
+
+def tables(r: RequestView | ScheduledRequest) -> tuple[tuple[int, ...], ...]:
+    """Every KV cache group's block table of ``r`` in group order: its
+    ``group_block_ids`` for a hybrid layout, else its one table."""
+    return r.group_block_ids if r.group_block_ids else (r.block_ids,)
+
+
+def sliding_groups(config: SchedulerConfig) -> frozenset[int]:
+    """The indexes of the sliding-window groups among ``config.groups``."""
+    return frozenset(g for g, grp in enumerate(config.groups) if grp.kind == "sliding_window")
+
+
+def defers_frees(config: SchedulerConfig) -> bool:
+    """Whether vLLM defers block frees behind the steps in flight: async
+    scheduling with a KV connector (kv_both is a consumer: scheduler.py,
+    __init__, defer_block_free)."""
+    return config.kv_connector and config.async_scheduling
+
+
+def held_blocks(r: RequestView | ScheduledRequest) -> list[int]:
+    """The blocks ``r`` holds in every group (null places left out), in
+    group order, each table in table order."""
+    return [b for table in tables(r) for b in table if b != NULL_BLOCK]
+
+
+def table_extends(old: tuple[int, ...], new: tuple[int, ...], sliding: bool) -> bool:
+    """Whether ``new`` keeps ``old`` and appends: each old place holds the
+    same block, or, in a sliding-window group (``sliding``), the null block
+    that replaced a block freed outside the window."""
+    if len(new) < len(old):
+        return False
+    return all(n == o or (sliding and n == NULL_BLOCK) for o, n in zip(old, new))
+
+
+def tables_extend(
+    config: SchedulerConfig, old: RequestView | ScheduledRequest, new: RequestView | ScheduledRequest
+) -> bool:
+    """table_extends for every group's table of a request."""
+    sw = sliding_groups(config)
+    a, b = tables(old), tables(new)
+    if len(a) != len(b):
+        return not old.block_ids and is_prefix(old.block_ids, new.block_ids)
+    return all(table_extends(x, y, g in sw) for g, (x, y) in enumerate(zip(a, b)))
 
 
 def effective_threshold(before: SchedulerView) -> int:
@@ -116,6 +174,8 @@ def admission_candidate(view: SchedulerView) -> str | None:
         r = view.requests[rid]
         if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
             continue
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in view.kv_loads_done:
+            continue  # its load is in flight (_handle_blocked_waiting_request)
         m = view.config.max_loras
         if m and r.lora_id and len(loras) >= m and r.lora_id not in loras:
             continue
@@ -202,3 +262,106 @@ def running_chunk(r: RequestView, budget: int, threshold: int, max_model_len: in
 
 def is_prefix(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> bool:
     return len(a) <= len(b) and tuple(b[: len(a)]) == tuple(a)
+
+
+def inflight_tokens(t: Transition, rid: str) -> int:
+    """The tokens of ``rid`` scheduled by plans still awaiting update() when
+    the schedule() call ``t`` started (vLLM's Request.num_in_flight_tokens:
+    stale shares from before a preemption included)."""
+    plans = [p for p in t.in_flight if p is not t.plan]
+    return sum(e.num_scheduled_tokens for p in plans for e in p.scheduled if e.request_id == rid)
+
+
+def kv_load_failed(t: Transition) -> dict[str, int | None]:
+    """For an update whose result reports failed loads: the requests vLLM
+    treats as affected (and skips in its output loop), each with the index of
+    its first invalid block within the tokens it had computed before this
+    step, or None for a whole load named in failed_recving of a request
+    waiting for it (scheduler.py, update_from_output: _handle_failed_recving,
+    _handle_invalid_blocks over kv_holding_waiting's loading requests and the
+    running ones, _update_requests_with_invalid_blocks)."""
+    res = t.result
+    if t.kind != "update" or res is None or not t.before.config.kv_connector:
+        return {}
+    if not (res.failed_recving or res.invalid_block_ids):
+        return {}
+    bs = t.before.config.block_size
+    bad = set(res.invalid_block_ids)
+    scheduled = {e.request_id: e.num_scheduled_tokens for e in t.plan.scheduled} if t.plan is not None else {}
+    out: dict[str, int | None] = {}
+    for rid, b in t.before.requests.items():
+        if b.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid in res.failed_recving:
+            out[rid] = None
+        if bad and b.status in (RequestStatus.RUNNING, RequestStatus.WAITING_FOR_REMOTE_KVS):
+            c = b.num_computed_tokens - scheduled.get(rid, 0)
+            first = next((i for i, x in enumerate(b.block_ids[: cdiv(c, bs)]) if x in bad), None)
+            if first is not None and rid not in out:
+                out[rid] = first
+    return out
+
+
+def reported_invalid(t: Transition, loads: Mapping[str, KVLoad]) -> dict[int, int]:
+    """For an update: invalid block -> its index in the tables of the requests
+    that held it before the update. The blocks a result names in
+    invalid_block_ids with every block after them in an affected request's
+    table (their KV was computed from the invalid one: vLLM evicts
+    ``req_block_ids[idx:]`` under "fail"), and the loaded blocks of each
+    request waiting for a load that the result names in failed_recving
+    (``loads``: the last load a plan started per request)."""
+    failed = kv_load_failed(t)
+    if not failed:
+        return {}
+    bs = t.before.config.block_size
+    out: dict[int, int] = {}
+    for rid, first in failed.items():
+        r = t.before.requests[rid]
+        if first is None:
+            load = loads.get(rid)
+            first = load.start // bs if load is not None and load.request_id == rid else 0
+        for i in range(first, len(r.block_ids)):
+            if r.block_ids[i] != NULL_BLOCK:
+                out.setdefault(r.block_ids[i], i)
+    return out
+
+
+def next_invalid_blocks(t: Transition, h: Any) -> dict[int, tuple[int, frozenset[str]]]:
+    """The invalid blocks awaiting recomputation after ``t``, from those
+    before it (``h.invalid_blocks``): the blocks ``t`` reports invalid are
+    added (with the requests vLLM lets keep counting one computed: under
+    "recompute", while another holder truncated its computed tokens to the
+    block's start, scheduler.py, _update_requests_with_invalid_blocks,
+    marked_invalid_block_ids); a block leaves once a plan rewrites it (an
+    entry computes from at or before its start through it: the recompute has
+    begun; or a load fills it), or once nobody holds it and it carries no key
+    (it can only be handed out fresh)."""
+    cfg = t.after.config
+    bs = cfg.block_size
+    pending: dict[int, tuple[int, frozenset[str]]] = dict(h.invalid_blocks)
+    for b, i in reported_invalid(t, h.loads).items():
+        counting = set()
+        recomputing = False
+        for rid, r in t.after.requests.items():
+            if i < len(r.block_ids) and r.block_ids[i] == b:
+                if r.num_computed_tokens > i * bs:
+                    counting.add(rid)
+                else:
+                    recomputing = True
+        excused = frozenset(counting) if recomputing and cfg.kv_load_failure_policy == "recompute" else frozenset()
+        pending[b] = (i, excused | pending.get(b, (i, frozenset()))[1])
+    if not pending:
+        return pending
+    where = holders(t.after)
+    held_by_finished = {b for blocks in t.after.kv_held_by_finished.values() for b in blocks}
+    rewritten: set[int] = set()
+    if t.kind == "schedule" and t.plan is not None:
+        for e in t.plan.scheduled:
+            c, n = e.num_computed_tokens, e.num_scheduled_tokens
+            rewritten.update(x for j, x in enumerate(e.block_ids) if c <= j * bs < c + n)
+        for load in t.plan.kv_loads:
+            rewritten.update(x for j, x in enumerate(load.block_ids) if load.start <= j * bs < load.end)
+    for b in list(pending):
+        if b in rewritten:
+            del pending[b]
+        elif b not in where and b not in held_by_finished and b not in t.after.kv.block_keys:
+            del pending[b]
+    return pending

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
-from schedspec.spec.interface import RequestSpec, SchedulerView, StepPlan, StepResult
+from schedspec.spec.interface import KVLoad, RequestSpec, RequestStatus, SchedulerView, StepPlan, StepResult
 
 #: The operations a transition can be: the five calls of the Scheduler
 #: protocol that change state, and the two optional gate calls, "pause"
@@ -65,6 +65,17 @@ class History:
     outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: ids already reported in some plan's finished_ids (since their last add).
     reported_finished: set[str] = field(default_factory=set)
+    #: KV connector: finished request id -> its status when it finished, and
+    #: the status it had just before (kept while it holds blocks for the
+    #: connector, kv_held_by_finished)
+    finished_status: dict[str, tuple[RequestStatus, RequestStatus]] = field(default_factory=dict)
+    #: KV connector: request id -> the last load a plan started for it
+    loads: dict[str, KVLoad] = field(default_factory=dict)
+    #: KV connector: invalid block -> (its index in its holders' tables, the
+    #: requests vLLM lets go on counting it computed because another holder
+    #: recomputes it), from the update that reported it until it is recomputed
+    #: or leaves the cache (invalid-block-not-computed)
+    invalid_blocks: dict[int, tuple[int, frozenset[str]]] = field(default_factory=dict)
 
     def record(self, t: Transition) -> None:
         """Fold a transition in; called after every invariant has checked it."""
@@ -74,10 +85,13 @@ class History:
             self.prompts.pop(rid, None)
             self.outputs.pop(rid, None)
             self.reported_finished.discard(rid)
+            self.loads.pop(rid, None)
+            self.finished_status.pop(rid, None)
         for views in (t.after.requests, t.after.finished):
             for rid, r in views.items():
                 self.prompts[rid] = r.prompt_token_ids
                 self.outputs[rid] = r.output_token_ids
+        self._record_kv(t)
         if t.kind == "schedule" and t.plan is not None:
             for rid in t.plan.finished_ids:
                 self.reported_finished.add(rid)
@@ -85,6 +99,24 @@ class History:
                 if rid not in t.after.requests:
                     self.prompts.pop(rid, None)
                     self.outputs.pop(rid, None)
+
+
+    def _record_kv(self, t: Transition) -> None:
+        if not (t.after.config.kv_connector or t.before.config.kv_connector):
+            return
+        from schedspec.invariants._util import next_invalid_blocks  # no import cycle at load
+
+        for rid, r in t.after.finished.items():
+            b = t.before.requests.get(rid)
+            if b is not None:
+                self.finished_status[rid] = (r.status, b.status)
+        for rid in list(self.finished_status):
+            if rid not in t.after.kv_held_by_finished and rid not in t.after.finished:
+                del self.finished_status[rid]
+        if t.kind == "schedule" and t.plan is not None:
+            for load in t.plan.kv_loads:
+                self.loads[load.request_id] = load
+        self.invalid_blocks = next_invalid_blocks(t, self)
 
 
 CheckFn = Callable[[Transition, History], Iterable[Finding]]

@@ -24,7 +24,7 @@ from schedspec.spec.interface import (
     StepPlan,
 )
 
-from schedspec.invariants._util import cdiv, lookup
+from schedspec.invariants._util import cdiv, kv_load_failed, lookup
 from schedspec.invariants.core import Finding, History, Transition, transition_invariant
 
 _S = RequestStatus
@@ -69,7 +69,9 @@ def kept_tokens(r: RequestView, toks: tuple[int, ...], max_model_len: int) -> tu
     "vllm/v1/core/sched/async_scheduler.py, AsyncScheduler._update_after_schedule "
     "(num_output_placeholders += 1 + len(scheduled spec tokens)); scheduler.py, update_from_output "
     "(-= num_rejected) and _update_request_with_output (-= the returned tokens); "
-    "_preempt_request (= 0). PRs #38624, #47900, #48245, #57562 fixed counts gone negative.",
+    "_preempt_request (= 0). PRs #38624, #47900, #48245, #57562 fixed counts gone negative. With a "
+    "KV connector, a failed load's update skips the request's output and keeps that step's "
+    "placeholder, so a request with an external prefix may count more.",
     tags=("safety",),
 )
 def placeholders_match_in_flight(t: Transition, h: History) -> Iterator[Finding]:
@@ -82,6 +84,11 @@ def placeholders_match_in_flight(t: Transition, h: History) -> Iterator[Finding]
         want = 0
         if is_async:
             want = sum(1 + len(e.spec_token_ids) for e in live_entries(r, t.in_flight) if e.samples)
+        if p > want and t.after.config.kv_connector and r.kv_external_tokens:
+            # a failed KV load's update skips the request's output and leaves
+            # the placeholder of that step counted (update_from_output:
+            # failed_kv_load_req_ids continue before _update_request_with_output)
+            continue
         if p != want:
             steps = [plan.step for plan in t.in_flight if plan.get(rid) is not None]
             yield rid, (
@@ -228,11 +235,14 @@ def in_flight_output_delivered_once(t: Transition, h: History) -> Iterator[Findi
     assert t.plan is not None
     sampled = t.result.sampled if t.result is not None else {}
     mml = t.before.config.max_model_len
+    failed = kv_load_failed(t)
     for rid, b in t.before.requests.items():
         a = lookup(t.after, rid)
         if a is None:
             continue
         got = a.output_token_ids[len(b.output_token_ids):]
+        if rid in failed and not got:
+            continue  # a failed KV load's request gets no output (update_from_output skips it)
         if a.output_token_ids[: len(b.output_token_ids)] != b.output_token_ids:
             yield rid, f"output {list(b.output_token_ids)} became {list(a.output_token_ids)}"
             continue
@@ -272,9 +282,10 @@ def in_flight_output_delivered_once(t: Transition, h: History) -> Iterator[Findi
 )
 def verified_frontier(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
+    failed = kv_load_failed(t)
     for e in t.plan.scheduled:
-        if not e.samples:
-            continue
+        if not e.samples or e.request_id in failed:
+            continue  # (a failed KV load truncates the computed tokens instead)
         a = t.after.requests.get(e.request_id)
         b = t.before.requests.get(e.request_id)
         if a is None or b is None or a.status != _S.RUNNING or b.status != _S.RUNNING:

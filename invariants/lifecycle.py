@@ -7,7 +7,17 @@ from typing import Iterator
 
 from schedspec.spec.interface import Policy, RequestStatus, RequestView, is_legal_transition
 
-from schedspec.invariants._util import admitted, is_prefix, lookup, status_of, step_victims
+from schedspec.invariants._util import (
+    admitted,
+    is_prefix,
+    kv_load_failed,
+    lookup,
+    sliding_groups,
+    status_of,
+    step_victims,
+    tables,
+    tables_extend,
+)
 from schedspec.invariants.core import Finding, History, Transition, transition_invariant
 
 _S = RequestStatus
@@ -64,7 +74,9 @@ def _initial_status(r: RequestView) -> RequestStatus:
     "(admission, _preempt_request), update_from_output (check_stop, _free_request), "
     "reset_prefix_cache(reset_running_requests) preempting every running request; set_pause_state "
     "only sets self.pause_state; a compiled grammar is read by the WAITING loop "
-    "(_handle_blocked_waiting_request), a failed one by update_from_output.",
+    "(_handle_blocked_waiting_request), a failed one by update_from_output. With a KV connector "
+    "schedule() also starts asynchronous loads (-> WAITING_FOR_REMOTE_KVS) and promotes finished "
+    "ones, and update finishes failed loads' requests (FINISHED_ERROR, policy \"fail\").",
     tags=("safety",),
 )
 def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
@@ -99,11 +111,22 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
         victims = set(step_victims(t))
         for cid, (old, new) in changes.items():
             grammar = _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-            ok = (cid in adm and old in (_S.WAITING, _S.PREEMPTED, grammar) and new == _S.RUNNING) or (
+            remote = _S.WAITING_FOR_REMOTE_KVS
+            loaded = old == remote and cid in t.before.kv_loads_done
+            ok = (cid in adm and (old in (_S.WAITING, _S.PREEMPTED, grammar) or loaded) and new == _S.RUNNING) or (
                 cid in victims and old == _S.RUNNING and new == _S.PREEMPTED
             ) or (
                 # the WAITING loop found the grammar compiled, and did not admit it
                 cid not in adm and old == grammar and new == _S.WAITING
+            ) or (
+                # the WAITING loop promoted a finished KV load, and did not admit it
+                cid not in adm and loaded and new in (_S.WAITING, _S.PREEMPTED)
+            ) or (
+                # the connector started an asynchronous load (schedule(), load_kv_async)
+                cid not in adm
+                and old in (_S.WAITING, _S.PREEMPTED)
+                and new == remote
+                and cid in {ld.request_id for ld in t.plan.kv_loads if ld.asynchronous}
             )
             if not ok:
                 yield cid, f"schedule() changed {cid}: {name(old)} -> {name(new)}"
@@ -117,6 +140,13 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
         for cid, (old, new) in changes.items():
             if old == _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and new == _S.FINISHED_ERROR:
                 continue  # its grammar failed to compile (grammar_compile_error_reqs)
+            if (
+                new == _S.FINISHED_ERROR
+                and old in (_S.RUNNING, _S.WAITING_FOR_REMOTE_KVS)
+                and t.after.config.kv_connector
+                and t.after.config.kv_load_failure_policy == "fail"
+            ):
+                continue  # a failed KV load under the "fail" policy (kv-load-failure-policy)
             if old not in stoppable or new not in (
                 _S.FINISHED_STOPPED, _S.FINISHED_LENGTH_CAPPED, _S.FINISHED_ERROR
             ):
@@ -189,22 +219,31 @@ def blocks_only_grow(t: Transition, h: History) -> Iterator[Finding]:
         if a is None:
             continue
         if t.kind == "schedule" or (t.kind == "reset" and a.status == _S.PREEMPTED):
-            if b.status == a.status == _S.RUNNING and not is_prefix(b.block_ids, a.block_ids):
-                yield rid, f"block table {list(b.block_ids)} became {list(a.block_ids)}"
+            if b.status == a.status == _S.RUNNING and not tables_extend(t.after.config, b, a):
+                yield rid, f"block tables {_fmt(b)} became {_fmt(a)}"
             continue
         # speculative decoding: update() rolls rejected drafts, and the tokens
         # trimmed after a stop, out of num_computed_tokens (update_from_output,
         # _update_request_with_output); it never adds any
+        # a KV connector's failed load truncates the computed tokens
+        # (scheduler.py, _handle_failed_recving, _update_requests_with_invalid_blocks)
+        cfg = t.after.config
+        failed = t.result is not None and bool(t.result.failed_recving or t.result.invalid_block_ids)
         rolled_back = (
             t.kind == "update"
-            and t.after.config.num_speculative_tokens > 0
+            and (cfg.num_speculative_tokens > 0 or (cfg.kv_connector and failed))
             and a.num_computed_tokens <= b.num_computed_tokens
         )
-        if a.block_ids != b.block_ids or (a.num_computed_tokens != b.num_computed_tokens and not rolled_back):
+        if tables(a) != tables(b) or (a.num_computed_tokens != b.num_computed_tokens and not rolled_back):
             yield rid, (
                 f"{t.kind} changed computed tokens/blocks from {b.num_computed_tokens}/"
-                f"{list(b.block_ids)} to {a.num_computed_tokens}/{list(a.block_ids)}"
+                f"{_fmt(b)} to {a.num_computed_tokens}/{_fmt(a)}"
             )
+
+
+def _fmt(r: RequestView) -> str:
+    """A request's block table, or every group's for a hybrid layout."""
+    return str(list(r.block_ids)) if not r.group_block_ids else str([list(x) for x in r.group_block_ids])
 
 
 @transition_invariant(
@@ -257,10 +296,11 @@ def update_appends_sampled_token(t: Transition, h: History) -> Iterator[Finding]
     sampled = t.result.sampled if t.result is not None else {}
     planned = {s.request_id: s for s in t.plan.scheduled}
     mml = t.before.config.max_model_len
+    failed = kv_load_failed(t)
     for rid, b in t.before.requests.items():
         a = lookup(t.after, rid)
-        if a is None:
-            continue
+        if a is None or rid in failed:
+            continue  # a failed KV load's request gets no output (update_from_output skips it)
         s = planned.get(rid)
         toks = sampled.get(rid, ())
         is_async = t.before.config.async_scheduling
@@ -314,13 +354,15 @@ def stop_conditions(t: Transition, h: History) -> Iterator[Finding]:
     if t.kind != "update" or t.plan is None:
         return
     mml = t.after.config.max_model_len
+    failed = kv_load_failed(t)
     for rid, b in t.before.requests.items():
         a = lookup(t.after, rid)
         if a is None or b.status != _S.RUNNING:
             continue
         grew = len(a.output_token_ids) > len(b.output_token_ids)
         if not grew:
-            if a.status.is_finished:
+            if a.status.is_finished and not (rid in failed and a.status == _S.FINISHED_ERROR):
+                # (a failed KV load under "fail" finishes it without one: kv-load-failure-policy)
                 yield rid, f"finished as {a.status.name} in update() without a new token"
             continue
         tok = a.output_token_ids[-1]
@@ -374,8 +416,11 @@ def finished_reported_once(t: Transition, h: History) -> Iterator[Finding]:
     "front if keyless and at the back if keyed; allocation takes from the front and a prefix hit "
     "removes its block; nothing else moves it (add, a pause and a grammar report leave it as it is).",
     "vllm/v1/core/block_pool.py, free_blocks (prepend_n keyless, append_n keyed, fed "
-    "reversed(table) by single_type_kv_cache_manager.py, free), get_new_blocks (popleft_n), touch "
-    "(remove); kv_cache_utils.py, FreeKVCacheBlockQueue.",
+    "reversed(table) by single_type_kv_cache_manager.py, free, one call per KV cache group: "
+    "kv_cache_coordinator.py, free), get_new_blocks (popleft_n), touch "
+    "(remove); kv_cache_utils.py, FreeKVCacheBlockQueue. With a sliding-window group or a KV "
+    "connector, schedule() also frees (remove_skipped_blocks, a failed load's promotion), and "
+    "the schedule() check is left out.",
     tags=("policy:vllm-free-order",),
 )
 def free_queue_lru(t: Transition, h: History) -> Iterator[Finding]:
@@ -408,15 +453,25 @@ def free_queue_lru(t: Transition, h: History) -> Iterator[Finding]:
         if t.kind == "abort" and t.request_id is not None:
             r = t.before.requests.get(t.request_id)
             if r is not None:
-                freed = [b for b in reversed(r.block_ids) if b in set(front) | set(back)]
-                if front != [b for b in freed if b not in keyed] or back != [b for b in freed if b in keyed]:
+                # each group's table is freed tail first, group after group, in
+                # one free_blocks call per group (kv_cache_coordinator.py, free)
+                gone = set(front) | set(back)
+                calls = _abort_free_calls(t, r)
+                want_front = [b for call in reversed(calls) for b in call if b in gone and b not in keyed]
+                want_back = [b for call in calls for b in call if b in gone and b in keyed]
+                if front != want_front or back != want_back:
                     yield t.request_id, (
-                        f"freed blocks went front {front} / back {back}; table {list(r.block_ids)} "
-                        f"tail first gives front {[b for b in freed if b not in keyed]} / back "
-                        f"{[b for b in freed if b in keyed]}"
+                        f"freed blocks went front {front} / back {back}; table {_fmt(r)} "
+                        f"tail first gives front {want_front} / back {want_back}"
                     )
         return
-    if t.kind == "schedule" and t.plan is not None and not step_victims(t):
+    cfg = t.before.config
+    # a sliding-window group frees skipped blocks in schedule() and a failed KV
+    # load's blocks are freed when the waiting loop promotes its request
+    # (remove_skipped_blocks, _update_waiting_for_remote_kv): the check below
+    # models allocation only
+    frees_in_schedule = bool(sliding_groups(cfg)) or cfg.kv_connector
+    if t.kind == "schedule" and t.plan is not None and not step_victims(t) and not frees_in_schedule:
         bs = t.before.config.block_size
         hits = {
             s.block_ids[i]
@@ -429,6 +484,34 @@ def free_queue_lru(t: Transition, h: History) -> Iterator[Finding]:
                 f"free queue {after} after the step is not what allocating from the front of "
                 f"{rest} leaves"
             )
+
+
+def _abort_free_calls(t: Transition, r: RequestView) -> list[list[int]]:
+    """The blocks an abort frees, one list per BlockPool.free_blocks call in
+    vLLM's order: with a KV connector, first each sliding-window group's
+    blocks newly outside the window of its processed tokens, backward
+    (scheduler.py, _connector_finished -> remove_skipped_blocks,
+    _remove_blocks_in_range); then each group's table tail first
+    (kv_cache_coordinator.py, free, one call per group)."""
+    cfg = t.before.config
+    tabs = [list(tb) for tb in tables(r)]
+    calls: list[list[int]] = []
+    if cfg.kv_connector:
+        inflight = sum(e.num_scheduled_tokens for p in t.in_flight for e in p.scheduled if e.request_id == r.request_id)
+        processed = max(0, r.num_computed_tokens - inflight)
+        for g, grp in enumerate(cfg.groups):
+            if grp.kind != "sliding_window" or g >= len(tabs):
+                continue
+            k = min(max(0, processed - grp.sliding_window + 1) // cfg.block_size, len(tabs[g]))
+            freed = []
+            for i in range(k - 1, -1, -1):
+                if tabs[g][i] == 0:
+                    break
+                freed.append(tabs[g][i])
+                tabs[g][i] = 0
+            calls.append(freed)
+    calls.extend([b for b in reversed(tb) if b != 0] for tb in tabs)
+    return calls
 
 
 def _reset_preempted(t: Transition) -> bool:

@@ -7,7 +7,7 @@ import textwrap
 from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
-from schedspec.invariants import gates, inflight, lifecycle, state, step  # noqa: F401
+from schedspec.invariants import connector, gates, groups, inflight, lifecycle, state, step  # noqa: F401
 from schedspec.invariants.core import ALL_KINDS, REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -80,6 +80,21 @@ _ORDER = (
     "prefill-cadence",
     "encoder-budget",
     "encoder-cache-within-size",
+    # the KV connector (kv_connector)
+    "remote-kv-not-scheduled",
+    "remote-kv-leaves-after-report",
+    "kv-loads-consistent",
+    "kv-load-follows-request",
+    "kv-load-failure-policy",
+    "invalid-block-not-computed",
+    "finished-holds-only-pending",
+    "kv-save-delays-free",
+    "kv-quiescence",
+    # hybrid KV cache groups (hybrid_kv)
+    "group-block-conservation",
+    "group-tables-cover",
+    "groups-prefix-hit-valid",
+    "sliding-window-frees",
 )
 
 

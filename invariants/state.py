@@ -6,26 +6,33 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterator
 
-from schedspec.spec.interface import RequestStatus, SchedulerView
+from schedspec.spec.interface import RequestStatus, RequestView, SchedulerView
 
-from schedspec.invariants._util import block_key, cdiv, holders
+from schedspec.spec.interface import group_block_key
+
+from schedspec.invariants._util import NULL_BLOCK, block_key, cdiv, defers_frees, holders, sliding_groups, tables
 from schedspec.invariants.core import Finding, state_invariant
 
 _QUEUED = (
     RequestStatus.WAITING,
     RequestStatus.PREEMPTED,
     RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+    RequestStatus.WAITING_FOR_REMOTE_KVS,
 )
+_REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 @state_invariant(
     "queues-match-status",
-    "Waiting holds exactly the WAITING/PREEMPTED requests (and those waiting for a grammar), "
+    "Waiting holds exactly the WAITING/PREEMPTED requests (and those waiting for a grammar or for "
+    "a KV connector load), "
     "running exactly the RUNNING ones; "
     "the queues are disjoint, without duplicates, and together hold every unfinished request.",
     "vllm/v1/core/sched/scheduler.py, Scheduler: add_request puts a request in self.waiting; "
     "schedule() moves it to self.running with status RUNNING; _preempt_request sets PREEMPTED and "
-    "prepends it to waiting; finish_requests/_free_request remove it from both and from self.requests.",
+    "prepends it to waiting; finish_requests/_free_request remove it from both and from self.requests "
+    "(a request in WAITING_FOR_REMOTE_KVS waits in kv_holding_waiting, which the view shows in the "
+    "waiting queue).",
     tags=("safety",),
 )
 def queues_match_status(v: SchedulerView) -> Iterator[Finding]:
@@ -79,11 +86,19 @@ def max_num_seqs(v: SchedulerView) -> Iterator[Finding]:
 @state_invariant(
     "block-conservation",
     "Free blocks + held blocks + the null block = num_blocks: ref_cnt[b] is the number of "
-    "unfinished requests holding b, the free queue is exactly the usable blocks with ref_cnt 0, "
-    "each once, and no table holds block 0, a block twice, or an id out of range.",
+    "unfinished requests holding b (in any KV cache group's table) plus the finished requests "
+    "still holding it for the KV connector (kv_held_by_finished), the free queue is exactly the "
+    "usable blocks with ref_cnt 0, each once, and no table holds a block twice or an id out of "
+    "range, nor block 0 except in a sliding-window group's skipped places (with async scheduling "
+    "and a KV connector, a block whose free is deferred may keep a greater ref_cnt, outside the "
+    "free queue).",
     "vllm/v1/core/block_pool.py, BlockPool: get_new_blocks pops the free queue and sets "
     "ref_cnt 1, touch increments (and removes a free block from the queue), free_blocks decrements "
-    "and requeues at 0; block 0 is the null block taken out in __init__.",
+    "and requeues at 0; block 0 is the null block taken out in __init__ "
+    "(single_type_kv_cache_manager.py, remove_skipped_blocks puts it in a sliding-window table); "
+    "scheduler.py, _free_request keeps a request's blocks while the connector delays their free; "
+    "with async scheduling and a connector, _free_request_blocks defers a free (deferred_frees): "
+    "such blocks keep their ref_cnt outside the free queue, held by nobody.",
     tags=("safety",),
 )
 def block_conservation(v: SchedulerView) -> Iterator[Finding]:
@@ -99,22 +114,29 @@ def block_conservation(v: SchedulerView) -> Iterator[Finding]:
         return
     if kv.ref_cnt[0] != 0:
         yield None, f"null block 0 has ref_cnt {kv.ref_cnt[0]}"
+    sw = sliding_groups(v.config)
     count: Counter[int] = Counter()
     who: dict[int, list[str]] = {}
     for rid, r in v.requests.items():
-        for b, k in Counter(r.block_ids).items():
-            if k > 1:
-                yield rid, f"holds block {b} {k} times"
-        for b in set(r.block_ids):
-            if not 1 <= b < n:
-                yield rid, f"holds block {b}, outside the usable blocks 1..{n - 1}"
-            else:
-                count[b] += 1
-                who.setdefault(b, []).append(rid)
+        held: list[int] = []
+        for g, table in enumerate(tables(r)):
+            for b in table:
+                if b == NULL_BLOCK and g in sw:
+                    continue
+                held.append(b)
+        yield from _count_holder(rid, held, n, count, who)
+    for rid, blocks in v.kv_held_by_finished.items():
+        yield from _count_holder(rid, [b for b in blocks if b != NULL_BLOCK], n, count, who)
+    # async scheduling with a KV connector defers the free of a request's
+    # blocks while a step that scheduled it is in flight: they keep their
+    # ref_cnt, held by nobody, outside the free queue, until a processed step
+    # passes the fence (scheduler.py, _free_request_blocks, deferred_frees;
+    # kv-quiescence requires them back once nothing is in flight)
+    deferred = defers_frees(v.config)
     for b in range(1, n):
-        if kv.ref_cnt[b] != count[b]:
+        if kv.ref_cnt[b] != count[b] and not (deferred and kv.ref_cnt[b] > count[b] and b not in kv.free_queue):
             yield None, (
-                f"block {b} has ref_cnt {kv.ref_cnt[b]} but {count[b]} unfinished requests hold it"
+                f"block {b} has ref_cnt {kv.ref_cnt[b]} but {count[b]} requests hold it"
                 f" ({', '.join(sorted(who.get(b, []))) or 'none'})"
             )
     for b, k in Counter(kv.free_queue).items():
@@ -124,34 +146,63 @@ def block_conservation(v: SchedulerView) -> Iterator[Finding]:
             yield None, f"free queue holds block {b}, outside the usable blocks 1..{n - 1}"
     free = set(kv.free_queue)
     for b in range(1, n):
-        if count[b] == 0 and b not in free:
+        if count[b] == 0 and b not in free and not (deferred and kv.ref_cnt[b] > 0):
             yield None, f"block {b} is held by nobody and not in the free queue (leaked)"
         if count[b] > 0 and b in free:
             yield None, f"block {b} is in the free queue while held by {', '.join(sorted(who[b]))}"
+
+
+def _count_holder(
+    rid: str, held: list[int], n: int, count: Counter[int], who: dict[int, list[str]]
+) -> Iterator[Finding]:
+    for b, k in Counter(held).items():
+        if k > 1:
+            yield rid, f"holds block {b} {k} times"
+        if not 1 <= b < n:
+            yield rid, f"holds block {b}, outside the usable blocks 1..{n - 1}"
+        else:
+            count[b] += 1
+            who.setdefault(b, []).append(rid)
 
 
 @state_invariant(
     "block-table-covers-computed",
     "A running request holds at least cdiv(num_computed_tokens, block_size) blocks, so every "
     "computed token has a slot (after schedule() its computed count includes the tokens just "
-    "scheduled); a waiting or preempted request holds none and has 0 computed tokens.",
+    "scheduled); a waiting or preempted request holds none and has 0 computed tokens, except with "
+    "a KV connector: a request whose load is in flight (WAITING_FOR_REMOTE_KVS) holds blocks "
+    "covering its computed tokens, and one promoted from it keeps them while it waits (computed "
+    "tokens > 0 exactly when it holds blocks).",
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: a request is given cdiv(computed + new, "
     "block_size) slots' worth of blocks before its tokens are scheduled; scheduler.py, "
     "_update_after_schedule advances num_computed_tokens by the scheduled tokens; "
-    "_preempt_request frees all and resets to 0.",
+    "_preempt_request frees all and resets to 0; schedule() allocates local + external tokens' "
+    "blocks before WAITING_FOR_REMOTE_KVS, _update_waiting_for_remote_kv keeps them (or frees "
+    "them when no valid token is left), _holds_kv_blocks.",
     tags=("safety",),
 )
 def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
     for rid, r in v.requests.items():
-        if r.status == RequestStatus.RUNNING:
-            want = cdiv(r.num_computed_tokens, bs)
+        want = cdiv(r.num_computed_tokens, bs)
+        if r.status == RequestStatus.RUNNING or r.status == _REMOTE:
             if len(r.block_ids) < want:
                 yield rid, (
-                    f"running with {r.num_computed_tokens} computed tokens holds "
+                    f"{r.status.name} with {r.num_computed_tokens} computed tokens holds "
                     f"{len(r.block_ids)} blocks, needs at least cdiv({r.num_computed_tokens}, {bs}) = {want}"
                 )
+            if r.status == _REMOTE and not v.config.kv_connector:
+                yield rid, "waits for a KV load, but the config has no KV connector"
         elif r.status in _QUEUED:
+            if v.config.kv_connector and r.status != RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+                if r.num_computed_tokens and len(r.block_ids) < want:
+                    yield rid, (
+                        f"{r.status.name} with {r.num_computed_tokens} computed tokens (a finished "
+                        f"load) holds {len(r.block_ids)} blocks, needs at least {want}"
+                    )
+                if not r.num_computed_tokens and r.block_ids:
+                    yield rid, f"{r.status.name} with 0 computed tokens holds blocks {list(r.block_ids)}"
+                continue
             if r.block_ids:
                 yield rid, f"{r.status.name} but holds blocks {list(r.block_ids)}"
             if r.num_computed_tokens != 0:
@@ -164,7 +215,9 @@ def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
     "allocates a block only for tokens it schedules, never ahead.",
     "vllm/v1/core/single_type_kv_cache_manager.py, get_num_blocks_to_allocate / "
     "allocate_new_blocks: the table grows to cdiv(num_computed_tokens + num_new_tokens, "
-    "block_size) blocks (no lookahead without speculative decoding).",
+    "block_size) blocks (no lookahead without speculative decoding); a request with a KV "
+    "connector load keeps the table of its load after a failure truncates its computed tokens "
+    "(scheduler.py, _update_requests_with_invalid_blocks), so only the lower bound holds for it.",
     tags=("policy:vllm-allocation",),
 )
 def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
@@ -178,6 +231,11 @@ def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
         if r.status == RequestStatus.RUNNING:
             want = cdiv(r.num_computed_tokens, bs)
             most = cdiv(min(r.num_computed_tokens + slack, v.config.max_model_len), bs)
+            if v.config.kv_connector and r.kv_external_tokens:
+                # a failed load truncates the computed tokens at its first
+                # invalid block and keeps the table (scheduler.py,
+                # _update_requests_with_invalid_blocks)
+                most = len(r.block_ids)
             if not want <= len(r.block_ids) <= max(most, want):
                 yield rid, (
                     f"running with {r.num_computed_tokens} computed tokens holds "
@@ -207,7 +265,7 @@ def shared_blocks_identical_prefix(v: SchedulerView) -> Iterator[Finding]:
             if i != i0:
                 yield rid, f"holds block {b} at index {i}, {rid0} holds it at index {i0}"
                 continue
-            if r.num_computed_tokens < (i + 1) * bs:
+            if r.num_computed_tokens < (i + 1) * bs and not _kept_after_failed_load(v, r):
                 yield rid, (
                     f"shares block {b} (index {i}) but has only {r.num_computed_tokens} computed "
                     f"tokens: the block is not full ({(i + 1) * bs} needed)"
@@ -258,29 +316,48 @@ def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
 @state_invariant(
     "cached-block-content",
     "A held block that carries a key carries the key of its content: for every holder r at "
-    "index i, key = (r.salt, r.tokens[:(i+1)*block_size]), and the block is full of computed tokens.",
+    "index i of group g's table, key = group_block_key((r.salt, r.tokens[:(i+1)*block_size]), g), "
+    "and the block is full of computed tokens.",
     "vllm/v1/core/block_pool.py, cache_full_blocks: a block gets the hash of the request's "
     "block_hashes[i] only once its tokens are all scheduled (kv_cache_manager.py, allocate_slots, "
-    "num_tokens_to_cache); get_new_blocks evicts the old hash before a block is reused.",
+    "num_tokens_to_cache); get_new_blocks evicts the old hash before a block is reused; "
+    "kv_cache_utils.py, make_block_hash_with_group_id keys each group's blocks apart. A failed KV "
+    "load under \"recompute\" leaves its request's keyed blocks past its truncated computed tokens "
+    "(scheduler.py, _handle_invalid_blocks evicts only under \"fail\").",
     tags=("safety",),
 )
 def cached_block_content(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
     for rid, r in v.requests.items():
-        for i, b in enumerate(r.block_ids):
-            key = v.kv.block_keys.get(b)
-            if key is None:
-                continue
-            if key != block_key(r, i, bs):
-                yield rid, (
-                    f"block {b} (index {i}) is keyed by a salt/tokens prefix of {len(key[1])} tokens "
-                    f"that differs from the request's own (salt {r.salt!r}, tokens [:{(i + 1) * bs}])"
-                )
-            elif r.num_computed_tokens < (i + 1) * bs:
-                yield rid, (
-                    f"block {b} (index {i}) carries a key but only {r.num_computed_tokens} tokens "
-                    f"are computed ({(i + 1) * bs} fill it)"
-                )
+        for g, table in enumerate(tables(r)):
+            for i, b in enumerate(table):
+                key = v.kv.block_keys.get(b) if b != NULL_BLOCK else None
+                if key is None:
+                    continue
+                where = f"block {b} (index {i}{f', group {g}' if g else ''})"
+                if key != group_block_key(block_key(r, i, bs), g):
+                    yield rid, (
+                        f"{where} is keyed by a salt/tokens prefix of {len(key[1])} tokens "
+                        f"that differs from the request's own (salt {r.salt!r}, tokens [:{(i + 1) * bs}]"
+                        f"{f', group {g}' if g else ''})"
+                    )
+                elif r.num_computed_tokens < (i + 1) * bs and not _kept_after_failed_load(v, r):
+                    yield rid, (
+                        f"{where} carries a key but only {r.num_computed_tokens} tokens "
+                        f"are computed ({(i + 1) * bs} fill it)"
+                    )
+
+
+def _kept_after_failed_load(v: SchedulerView, r: RequestView) -> bool:
+    """Whether ``r`` may hold keyed blocks beyond its computed tokens because
+    a failed KV load truncated them under the "recompute" policy, which
+    leaves the blocks cached for the recompute to refill (scheduler.py,
+    _handle_invalid_blocks evicts only under "fail")."""
+    return (
+        v.config.kv_connector
+        and v.config.kv_load_failure_policy == "recompute"
+        and r.kv_external_tokens > 0
+    )
 
 
 @state_invariant(
@@ -309,20 +386,25 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
         # (kv_cache_manager.py, allocate_slots caps at request.num_tokens;
         # update_from_output caches num_computed_tokens - num_in_flight_tokens)
         known = min(r.num_computed_tokens - r.num_output_placeholders, r.num_tokens)
-        for i in range(min(known // bs, len(r.block_ids))):
-            if r.block_ids[i] not in v.kv.block_keys:
-                yield rid, (
-                    f"block {r.block_ids[i]} (index {i}) is full ({r.num_computed_tokens} computed "
-                    f"tokens) but carries no key"
-                )
+        for g, table in enumerate(tables(r)):
+            for i in range(min(known // bs, len(table))):
+                # a sliding-window group's skipped places hold the null block
+                if table[i] != NULL_BLOCK and table[i] not in v.kv.block_keys:
+                    yield rid, (
+                        f"block {table[i]} (index {i}{f', group {g}' if g else ''}) is full "
+                        f"({r.num_computed_tokens} computed tokens) but carries no key"
+                    )
 
 
 @state_invariant(
     "quiescence",
-    "With no unfinished request, the queues are empty, every ref_cnt is 0 and all "
-    "num_blocks - 1 usable blocks are in the free queue.",
+    "With no unfinished request, the queues are empty, and every block is free (ref_cnt 0, all "
+    "num_blocks - 1 usable blocks in the free queue) except those a finished request still holds "
+    "for the KV connector (kv_held_by_finished); with async scheduling and a connector, "
+    "kv-quiescence says it once no step is in flight.",
     "vllm/v1/core/sched/scheduler.py, _free_request -> kv_cache_manager.free: a finished or "
-    "aborted request returns every block; only unfinished requests hold KV.",
+    "aborted request returns every block; only unfinished requests hold KV, and finished ones "
+    "whose connector delays the free (_free_request delay_free_blocks, until _free_blocks).",
     tags=("safety",),
 )
 def quiescence(v: SchedulerView) -> Iterator[Finding]:
@@ -330,9 +412,16 @@ def quiescence(v: SchedulerView) -> Iterator[Finding]:
         return
     if v.waiting or v.running:
         yield None, f"no unfinished request, yet waiting={list(v.waiting)} running={list(v.running)}"
-    held = [b for b, c in enumerate(v.kv.ref_cnt) if c != 0]
+    kept = {b for blocks in v.kv_held_by_finished.values() for b in blocks}
+    if defers_frees(v.config):
+        return  # a deferred free may wait for the step in flight (kv-quiescence)
+    held = [b for b, c in enumerate(v.kv.ref_cnt) if c != 0 and b not in kept]
     if held:
         yield None, f"no unfinished request, yet blocks {held} have non-zero ref_cnt"
     usable = v.kv.num_blocks - 1
-    if len(set(v.kv.free_queue) - {0}) != usable:
-        yield None, f"no unfinished request, yet {len(set(v.kv.free_queue))} of {usable} usable blocks are free"
+    free = set(v.kv.free_queue) - {0}
+    if len(free) + len(kept - {0}) != usable:
+        yield None, (
+            f"no unfinished request, yet {len(free)} of {usable} usable blocks are free"
+            + (f" and {len(kept - {0})} held by finished requests" if kept else "")
+        )

@@ -9,6 +9,7 @@ from schedspec.spec.interface import (
     PauseState,
     Policy,
     RequestStatus,
+    RequestView,
     ScheduledRequest,
     ScheduleKind,
     SchedulerView,
@@ -25,6 +26,9 @@ from schedspec.invariants._util import (
     is_prefix,
     queue_key,
     running_chunk,
+    defers_frees,
+    tables,
+    tables_extend,
     step_victims,
     victim_key,
 )
@@ -157,7 +161,8 @@ def scheduled_are_running(t: Transition, h: History) -> Iterator[Finding]:
     "NEW entries WAITING, RESUMED entries PREEMPTED (so the runner knows whose state to build).",
     "vllm/v1/core/sched/scheduler.py, schedule(): running requests go to scheduled_running_reqs, "
     "admitted ones to scheduled_new_reqs (status WAITING) or scheduled_resumed_reqs (status "
-    "PREEMPTED); output.py, NewRequestData / CachedRequestData.",
+    "PREEMPTED); output.py, NewRequestData / CachedRequestData; a request whose KV load finished "
+    "is promoted to WAITING or PREEMPTED first (_handle_blocked_waiting_request).",
     _SCHED,
     tags=("safety",),
 )
@@ -172,6 +177,11 @@ def plan_entry_kinds(t: Transition, h: History) -> Iterator[Finding]:
         if b.status != want and not (
             # a grammar found compiled in this step's WAITING loop: admitted as NEW
             s.kind == ScheduleKind.NEW and b.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        ) and not (
+            # a finished KV load promoted in this step's WAITING loop: WAITING,
+            # or PREEMPTED if it was preempted before (_handle_blocked_waiting_request)
+            b.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            and s.kind == (ScheduleKind.RESUMED if b.num_preemptions else ScheduleKind.NEW)
         ):
             yield s.request_id, f"scheduled as {s.kind.name} but its status was {b.status.name}"
 
@@ -229,16 +239,16 @@ def plan_matches_state(t: Transition, h: History) -> Iterator[Finding]:
                     f"entry starts at {s.num_computed_tokens} computed tokens, the request had "
                     f"{b.num_computed_tokens}"
                 )
-            if not is_prefix(b.block_ids, s.block_ids):
-                yield rid, f"block table {list(b.block_ids)} was not extended but replaced by {list(s.block_ids)}"
+            if not tables_extend(t.before.config, b, s):
+                yield rid, f"block table {_tables_text(b)} was not extended but replaced by {_tables_text(s)}"
         done = s.num_computed_tokens + s.num_scheduled_tokens
         if a.num_computed_tokens != done:
             yield rid, (
                 f"has {a.num_computed_tokens} computed tokens after the step, want "
                 f"{s.num_computed_tokens} + {s.num_scheduled_tokens} = {done}"
             )
-        if a.block_ids != s.block_ids:
-            yield rid, f"entry block table {list(s.block_ids)} differs from the request's {list(a.block_ids)}"
+        if tables(a) != tables(s):
+            yield rid, f"entry block table {_tables_text(s)} differs from the request's {_tables_text(a)}"
         if len(s.block_ids) < cdiv(done, bs):
             yield rid, f"entry holds {len(s.block_ids)} blocks for {done} tokens, needs at least {cdiv(done, bs)}"
     scheduled = set(t.plan.scheduled_ids)
@@ -249,11 +259,18 @@ def plan_matches_state(t: Transition, h: History) -> Iterator[Finding]:
         a = t.after.requests.get(rid)
         if b is None or a is None:
             continue
-        if (a.num_computed_tokens, a.block_ids) != (b.num_computed_tokens, b.block_ids):
+        # (allocate_slots frees a sliding window's skipped blocks before it
+        # finds no room: kv_cache_manager.py, remove_skipped_blocks)
+        same = a.num_computed_tokens == b.num_computed_tokens and len(a.block_ids) == len(b.block_ids)
+        if not (same and tables_extend(t.before.config, b, a)):
             yield rid, (
                 f"not scheduled, yet its computed tokens/blocks changed from {b.num_computed_tokens}/"
-                f"{list(b.block_ids)} to {a.num_computed_tokens}/{list(a.block_ids)}"
+                f"{_tables_text(b)} to {a.num_computed_tokens}/{_tables_text(a)}"
             )
+
+
+def _tables_text(r: RequestView | ScheduledRequest) -> str:
+    return str(list(r.block_ids)) if not r.group_block_ids else str([list(x) for x in r.group_block_ids])
 
 
 @transition_invariant(
@@ -273,8 +290,10 @@ def plan_blocks_exact(t: Transition, h: History) -> Iterator[Finding]:
         done = s.num_computed_tokens + s.num_scheduled_tokens
         want = cdiv(min(done + cfg.num_lookahead_tokens, cfg.max_model_len), bs)
         b = t.before.requests.get(s.request_id)
-        if s.kind == ScheduleKind.RUNNING and b is not None:
-            # a table keeps the blocks of drafts rejected since it grew
+        if b is not None and (s.kind == ScheduleKind.RUNNING or (cfg.kv_connector and b.block_ids)):
+            # a table keeps the blocks of drafts rejected since it grew, and
+            # a request promoted after a KV connector load keeps the load's
+            # table though a failure truncated its computed tokens
             want = max(want, len(b.block_ids))
         if len(s.block_ids) != want:
             yield s.request_id, f"entry holds {len(s.block_ids)} blocks for {done} tokens, vLLM holds {want}"
@@ -360,7 +379,8 @@ def max_model_len(t: Transition, h: History) -> Iterator[Finding]:
     "An admission's computed tokens are a prefix-cache hit: a whole number of blocks, fewer than "
     "its known tokens (0 with caching off), and each hit block i was cached (before the step, or "
     "by another request scheduled in it whose block's last position this step or one of its steps "
-    "in flight computes) under the request's own key (salt, tokens[:(i+1)*block_size]).",
+    "in flight computes, or by a finished KV load promoted in it) under the request's own key (salt, "
+    "tokens[:(i+1)*block_size]); with a synchronous KV load the hit is what precedes the loaded range.",
     "vllm/v1/core/kv_cache_manager.py, get_computed_blocks: find_longest_cache_hit matches the "
     "request's block hashes (salt and token prefix chained) against cached full blocks, capped at "
     "num_tokens - 1; allocate_slots touches those blocks and puts them first in the table.",
@@ -371,13 +391,23 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
     bs = t.before.config.block_size
     caching = t.before.config.enable_prefix_caching
+    loads = {ld.request_id: ld for ld in t.plan.kv_loads}
     for s in admitted(t.plan):
         rid, c = s.request_id, s.num_computed_tokens
         b = t.before.requests.get(rid)
         if b is None:
             continue
+        if b.num_computed_tokens:
+            continue  # computed by a finished KV connector load (kv-load-consistent)
         if c == 0:
             continue
+        if rid in loads:
+            # a synchronous load: the hit is what precedes the loaded range
+            if c >= s.num_tokens:
+                yield rid, f"admitted with {c} computed tokens of {s.num_tokens}: at most {s.num_tokens - 1} may be"
+            c = loads[rid].start
+            if c == 0:
+                continue
         if not caching:
             yield rid, f"admitted with {c} computed tokens while prefix caching is off"
             continue
@@ -399,8 +429,11 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
             for j in range(len(e.block_ids))
             if f.num_computed_tokens < (j + 1) * bs <= f.num_computed_tokens + f.num_scheduled_tokens
         }
+        others |= promoted_blocks(t)
         for i in range(min(c // bs, len(s.block_ids))):
             blk = s.block_ids[i]
+            if blk == 0:
+                continue  # a sliding-window group's skipped place (groups-prefix-hit-valid)
             want = block_key(b, i, bs)
             if t.after.kv.block_keys.get(blk) != want:
                 yield rid, f"hit block {blk} (index {i}) does not carry the request's key after the step"
@@ -409,6 +442,29 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
                     f"hit block {blk} (index {i}) was not cached under the request's key before the "
                     f"step, nor filled by another request in it"
                 )
+
+
+def promoted_blocks(t: Transition) -> set[int]:
+    """Blocks a schedule() call caches as it promotes finished KV loads: the
+    tables (every group's) of requests waiting for a load reported done
+    before the call, up to their computed tokens (scheduler.py,
+    _update_waiting_for_remote_kv -> cache_blocks); and the full blocks a
+    synchronous load of the step fills (allocate_slots caches them with the
+    external tokens counted computed; the load completes before the forward)."""
+    bs = t.before.config.block_size
+    out: set[int] = set()
+    if t.plan is not None:
+        for load in t.plan.kv_loads:
+            if not load.asynchronous:
+                tabs = load.group_block_ids or (load.block_ids,)
+                out.update(
+                    x for tab in tabs for j, x in enumerate(tab) if x and load.start < (j + 1) * bs <= load.end
+                )
+    for rid in t.before.kv_loads_done:
+        r = t.before.requests.get(rid)
+        if r is not None and r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            out.update(x for tab in tables(r) for x in tab[: r.num_computed_tokens // bs] if x)
+    return out
 
 
 def _own_live_entries(e: ScheduledRequest, t: Transition) -> list[ScheduledRequest]:
@@ -535,9 +591,30 @@ def in_order_past_gates(adm: list[str], order: list[str], after: SchedulerView) 
         if rid in adm:
             continue
         r = after.requests.get(rid)
-        if r is None or not (r.status == grammar or r.lora_id or r.mm_inputs):
+        if r is None or not (r.status in (grammar, RequestStatus.WAITING_FOR_REMOTE_KVS) or r.lora_id or r.mm_inputs):
             return False
     return True
+
+
+def kv_holds_pool(t: Transition) -> bool:
+    """Whether, with a KV connector, the step starts a load or blocks are held
+    outside the running requests (a load in flight, a finished request's
+    pending save or load, a promoted load waiting): then the pool is not all
+    free with nothing running, a waiting request may wait for a load, and
+    vLLM reserves blocks for loads in flight (scheduler.py, schedule():
+    _inflight_prefill_reserved_blocks, skip_request into kv_holding_waiting)."""
+    v = t.before
+    if not v.config.kv_connector:
+        return False
+    return bool(
+        (t.plan is not None and t.plan.kv_loads)
+        or v.kv_held_by_finished
+        or any(
+            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            or (r.status != RequestStatus.RUNNING and r.num_computed_tokens)
+            for r in v.requests.values()
+        )
+    )
 
 
 @transition_invariant(
@@ -668,6 +745,8 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
     grammar = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     if all(r.status == grammar for r in t.before.requests.values()):
         return  # requests waiting for their grammar are passed over
+    if kv_holds_pool(t):
+        return  # KV loads in flight hold blocks and their requests wait (kv_holds_pool)
     if any(r.num_output_placeholders > 0 for r in t.before.requests.values()):
         # async scheduling: a request whose step is in flight may have nothing
         # left to schedule (max_tokens surely reached, max_model_len), and
@@ -691,7 +770,7 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
 )
 def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
-    if t.before.pause_state != PauseState.UNPAUSED:
+    if t.before.pause_state != PauseState.UNPAUSED or kv_holds_pool(t):
         return
     head = admission_candidate(t.before)
     # a request waiting for its grammar ahead of the head may find it compiled
@@ -727,6 +806,8 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     head = admission_candidate(t.after)
     if head is None or t.after.requests[head].mm_inputs:
         return  # an encoder input beyond the budget or the cache may stop it
+    if kv_holds_pool(t) or t.after.requests[head].kv_external_tokens:
+        return  # a load's blocks and reservation are not what admission_fits counts
     why = admission_fits(t.after, t.after.requests[head], left, effective_threshold(t.before))
     if why is not None:
         yield head, f"admission stopped though the head of the waiting queue fits: {why}"
@@ -794,7 +875,10 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
     if cfg.policy == Policy.PRIORITY and preempted:
         return
     if entry is None:
-        if want > 0:
+        if want > 0 and not defers_frees(cfg):
+            # (with async scheduling and a KV connector, the head's allocation
+            # may fail with the victim's free deferred: scheduler.py, schedule(),
+            # "A deferred free will not help with immediate allocation")
             yield rid, f"head of the running queue was not scheduled in step {t.plan.step} (wanted {want} tokens)"
     elif entry.num_scheduled_tokens != want and not r.mm_inputs:
         yield rid, (

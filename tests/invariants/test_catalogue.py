@@ -821,10 +821,16 @@ def test_invariant_fires(inv_id: str, label: str, build: Callable[[], Transition
 def test_every_invariant_has_a_firing_test() -> None:
     # the in-flight invariants fire in tests/invariants/test_inflight.py, the
     # admission gates' in tests/invariants/test_gates.py
+    # the KV connector's in tests/invariants/test_connector.py, the hybrid
+    # KV cache groups' in tests/invariants/test_groups.py
+    from tests.invariants.test_connector import CONNECTOR_IDS
     from tests.invariants.test_gates import GATE_IDS
+    from tests.invariants.test_groups import GROUP_IDS
     from tests.invariants.test_inflight import INFLIGHT_IDS
 
-    assert {inv.id for inv in CATALOGUE} == {inv_id for inv_id, _, _ in BAD} | set(INFLIGHT_IDS) | set(GATE_IDS)
+    assert {inv.id for inv in CATALOGUE} == (
+        {inv_id for inv_id, _, _ in BAD} | set(INFLIGHT_IDS) | set(GATE_IDS) | set(CONNECTOR_IDS) | set(GROUP_IDS)
+    )
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,280 @@
+"""Invariants of hybrid KV cache groups: every group's block table per
+request (full attention beside sliding window), block conservation per
+group, tables that keep exactly what their group keeps, prefix hits valid in
+every group, and vLLM's freeing of blocks that slid out of the window. Each
+requires the ``hybrid_kv`` capability (schedspec.check.capabilities); on the
+plain layout (one full-attention group) each is silent but for the check that
+no view or plan carries group tables.
+
+The vLLM behaviour is that of vllm/v1/core/kv_cache_coordinator.py
+(UnitaryKVCacheCoordinator, HybridKVCacheCoordinator) and
+vllm/v1/core/single_type_kv_cache_manager.py (FullAttentionManager,
+SlidingWindowManager) over the one BlockPool."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from schedspec.spec.interface import (
+    RequestStatus,
+    RequestView,
+    ScheduledRequest,
+    ScheduleKind,
+    SchedulerView,
+    block_key_group,
+    group_block_key,
+)
+
+from schedspec.invariants._util import (
+    NULL_BLOCK,
+    admitted,
+    block_key,
+    inflight_tokens,
+    sliding_groups,
+    tables,
+)
+from schedspec.invariants.core import Finding, History, Transition, transition_invariant
+from schedspec.invariants.step import _own_live_entries, promoted_blocks
+
+_REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
+_NEEDS = ("hybrid_kv",)
+
+
+def _nulls(table: tuple[int, ...]) -> int:
+    """How many places a table's null prefix has."""
+    n = 0
+    while n < len(table) and table[n] == NULL_BLOCK:
+        n += 1
+    return n
+
+
+def _skipped_blocks(tokens: int, window: int, bs: int) -> int:
+    """The blocks wholly before the window of the token after ``tokens``
+    computed ones (single_type_kv_cache_manager.py, SlidingWindowManager.
+    get_num_skipped_tokens: max(0, tokens - window + 1), in whole blocks)."""
+    return max(0, tokens - window + 1) // bs
+
+
+def _shape_findings(v: SchedulerView, rid: str, r: RequestView | ScheduledRequest, what: str) -> Iterator[Finding]:
+    n = len(v.config.groups)
+    if not v.config.is_hybrid:
+        if r.group_block_ids:
+            yield rid, f"{what} carries group tables in a plain layout"
+        return
+    if not r.group_block_ids:
+        if r.block_ids:
+            yield rid, f"{what} holds blocks {list(r.block_ids)} but no group tables in a hybrid layout"
+        return
+    if len(r.group_block_ids) != n:
+        yield rid, f"{what} has {len(r.group_block_ids)} group tables for {n} KV cache groups"
+    elif r.group_block_ids[0] != r.block_ids:
+        yield rid, f"{what} block_ids {list(r.block_ids)} is not group 0's table {list(r.group_block_ids[0])}"
+
+
+@transition_invariant(
+    "group-block-conservation",
+    "Per KV cache group: a hybrid layout's requests and plan entries carry one table per group "
+    "(group 0's is block_ids), a plain layout's none; every held block is in exactly one group's "
+    "tables, the null block 0 only in a sliding-window group's, and a held block's prefix-cache "
+    "key is its group's (block_key_group).",
+    "vllm/v1/core/kv_cache_coordinator.py: each SingleTypeKVCacheManager keeps req_to_blocks per "
+    "group and draws from the one BlockPool (get_new_blocks hands a block to one group); "
+    "single_type_kv_cache_manager.py, remove_skipped_blocks puts the null block in a sliding "
+    "window's table; kv_cache_utils.py, make_block_hash_with_group_id / BlockHashWithGroupId.",
+    tags=("safety",),
+    requires=_NEEDS,
+)
+def group_block_conservation(t: Transition, h: History) -> Iterator[Finding]:
+    v = t.after
+    for rid, r in v.requests.items():
+        yield from _shape_findings(v, rid, r, "request")
+    if t.kind == "schedule" and t.plan is not None:
+        for s in t.plan.scheduled:
+            yield from _shape_findings(v, s.request_id, s, "plan entry")
+    if not v.config.is_hybrid:
+        return
+    sw = sliding_groups(v.config)
+    group_of: dict[int, int] = {}
+    for rid, r in sorted(v.requests.items()):
+        for g, table in enumerate(tables(r)):
+            for i, b in enumerate(table):
+                if b == NULL_BLOCK:
+                    if g not in sw:
+                        yield rid, f"full-attention group {g} holds the null block at index {i}"
+                    continue
+                other = group_of.setdefault(b, g)
+                if other != g:
+                    yield rid, f"block {b} is in group {g}'s table and in group {other}'s"
+                key = v.kv.block_keys.get(b)
+                if key is not None and block_key_group(key) != g:
+                    yield rid, f"block {b} of group {g} carries a key of group {block_key_group(key)}"
+
+
+@transition_invariant(
+    "group-tables-cover",
+    "Each group's table keeps exactly what its group keeps: every group's table of a request has "
+    "group 0's length (slots for the same tokens); a full-attention table holds a real block in "
+    "every place; a sliding-window table's null places are a prefix and only blocks wholly "
+    "before the window of the next token (fewer than max(0, computed - window + 1) tokens' worth "
+    "of whole blocks), so every token the next one attends keeps its block.",
+    "vllm/v1/core/single_type_kv_cache_manager.py: allocate_new_blocks grows every group's table "
+    "to cdiv(num_tokens, block_size); SlidingWindowManager.get_num_skipped_tokens (computed - "
+    "sliding_window + 1) and remove_skipped_blocks / _remove_blocks_in_range (backward from the last "
+    "skipped block, stopping at a null one) null only the skipped prefix; add_local_computed_blocks "
+    "pads a hit's skipped blocks with nulls.",
+    tags=("safety",),
+    requires=_NEEDS,
+)
+def group_tables_cover(t: Transition, h: History) -> Iterator[Finding]:
+    v = t.after
+    if not v.config.is_hybrid:
+        return
+    bs = v.config.block_size
+    groups = v.config.groups
+    for rid, r in sorted(v.requests.items()):
+        tabs = tables(r)
+        if len(tabs) != len(groups):
+            continue  # group-block-conservation says so
+        for g, (grp, table) in enumerate(zip(groups, tabs)):
+            if len(table) != len(tabs[0]):
+                yield rid, f"group {g}'s table has {len(table)} places, group 0's {len(tabs[0])}"
+            if grp.kind != "sliding_window":
+                continue
+            k = _nulls(table)
+            if NULL_BLOCK in table[k:]:
+                yield rid, f"sliding-window group {g}'s null places {list(table)} are not a prefix"
+            if r.status == _REMOTE:
+                continue  # its tokens are not computed until its load is reported
+            most = _skipped_blocks(r.num_computed_tokens, grp.sliding_window, bs)
+            if k > most:
+                yield rid, (
+                    f"sliding-window group {g} (window {grp.sliding_window}) freed {k} blocks, but with "
+                    f"{r.num_computed_tokens} computed tokens only {most} lie wholly before the window"
+                )
+
+
+def _hit_length(t: Transition, s: ScheduledRequest) -> int | None:
+    """The prefix-cache hit of an admission on a fresh lookup (before the step
+    it had 0 computed tokens): its computed tokens, or where its load starts."""
+    b = t.before.requests.get(s.request_id)
+    if b is None or b.num_computed_tokens or b.status == _REMOTE:
+        return None
+    assert t.plan is not None
+    for load in t.plan.kv_loads:
+        if load.request_id == s.request_id:
+            return load.start
+    return s.num_computed_tokens
+
+
+@transition_invariant(
+    "groups-prefix-hit-valid",
+    "A prefix hit is valid in every group: each block an admission (or an asynchronous load) takes "
+    "from the cache is, in every group's table, either a sliding-window group's null place or a "
+    "block cached under that group's key for the request's content (group_block_key of its salt "
+    "and token prefix), before the step or filled by another request scheduled in it.",
+    "vllm/v1/core/kv_cache_coordinator.py, HybridKVCacheCoordinator.find_longest_cache_hit: the "
+    "hit length is the fixed point over the groups' find_longest_cache_hit (full attention left "
+    "to right, sliding window right to left needing cdiv(window - 1, block_size) contiguous "
+    "blocks), each looking up BlockHashWithGroupId of its own group; kv_cache_manager.py, "
+    "get_computed_blocks.",
+    ("schedule",),
+    tags=("safety",),
+    requires=_NEEDS,
+)
+def groups_prefix_hit_valid(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    cfg = t.after.config
+    if not cfg.is_hybrid:
+        return
+    bs = cfg.block_size
+    sw = sliding_groups(cfg)
+    taking: list[tuple[str, tuple[tuple[int, ...], ...], int]] = []
+    for s in admitted(t.plan):
+        hit = _hit_length(t, s)
+        if hit:
+            taking.append((s.request_id, tables(s), hit))
+    for load in t.plan.kv_loads:
+        a = t.after.requests.get(load.request_id)
+        if load.asynchronous and a is not None and load.start:
+            taking.append((load.request_id, tables(a), load.start))
+    if not taking:
+        return
+    others = {
+        e.request_id: {
+            x
+            for tab in tables(e)
+            for f in _own_live_entries(e, t)
+            for j, x in enumerate(tab)
+            if f.num_computed_tokens < (j + 1) * bs <= f.num_computed_tokens + f.num_scheduled_tokens
+        }
+        for e in t.plan.scheduled
+    }
+    promoted = promoted_blocks(t)
+    for rid, tabs, hit in taking:
+        b = t.before.requests[rid]
+        filled = {x for oid, xs in others.items() if oid != rid for x in xs} | promoted
+        for g, table in enumerate(tabs):
+            for i in range(min(hit // bs, len(table))):
+                x = table[i]
+                if x == NULL_BLOCK:
+                    if g not in sw:
+                        yield rid, f"hit place {i} of full-attention group {g} is the null block"
+                    continue
+                want = group_block_key(block_key(b, i, bs), g)
+                if t.after.kv.block_keys.get(x) != want:
+                    yield rid, f"hit block {x} (index {i}, group {g}) does not carry the group's key for the request"
+                elif t.before.kv.block_keys.get(x) != want and x not in filled:
+                    yield rid, (
+                        f"hit block {x} (index {i}, group {g}) was not cached under the group's key before "
+                        f"the step, nor filled by another request in it"
+                    )
+
+
+@transition_invariant(
+    "sliding-window-frees",
+    "A sliding-window group holds no block wholly outside its window beyond what vLLM keeps: after "
+    "a step, each scheduled request's sliding-window table has nulls exactly for the blocks wholly "
+    "before the window of its processed tokens (its computed tokens before the step less those of "
+    "steps in flight; for a fresh admission its hit with any loaded tokens, as for a request "
+    "starting an asynchronous load), or for more only where an earlier step had freed them.",
+    "vllm/v1/core/kv_cache_manager.py, allocate_slots: coordinator.remove_skipped_blocks(request, "
+    "max(0, total_computed_tokens - num_in_flight_tokens)) before allocating (freeing on the "
+    "processed-token basis, the lag vLLM keeps); single_type_kv_cache_manager.py, "
+    "add_local_computed_blocks pads a hit's skipped blocks (local + external) with nulls.",
+    ("schedule",),
+    tags=("policy:vllm-sliding-window",),
+    requires=_NEEDS,
+)
+def sliding_window_frees(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    cfg = t.after.config
+    sw = sliding_groups(cfg)
+    if not sw:
+        return
+    bs = cfg.block_size
+    checks: list[tuple[str, tuple[tuple[int, ...], ...], int, tuple[tuple[int, ...], ...]]] = []
+    for s in t.plan.scheduled:
+        b = t.before.requests.get(s.request_id)
+        if b is None:
+            continue
+        fresh = s.kind != ScheduleKind.RUNNING and not b.num_computed_tokens
+        processed = s.num_computed_tokens if fresh else max(0, s.num_computed_tokens - inflight_tokens(t, s.request_id))
+        checks.append((s.request_id, tables(s), processed, tables(b)))
+    for load in t.plan.kv_loads:
+        a = t.after.requests.get(load.request_id)
+        if load.asynchronous and a is not None:
+            checks.append((load.request_id, tables(a), load.end, ()))
+    for rid, tabs, processed, old in checks:
+        for g in sorted(sw):
+            if g >= len(tabs):
+                continue
+            grp = cfg.groups[g]
+            table = tabs[g]
+            before = _nulls(old[g]) if g < len(old) else 0
+            want = max(before, min(len(table), _skipped_blocks(processed, grp.sliding_window, bs)))
+            k = _nulls(table)
+            if k != want:
+                yield rid, (
+                    f"sliding-window group {g} (window {grp.sliding_window}) has {k} null places after the "
+                    f"step; with {processed} processed tokens vLLM has freed {want}"
+                )

@@ -1,0 +1,261 @@
+"""The hybrid KV cache groups' invariants (invariants/groups.py): each fires,
+under its id, on a hand-built transition that breaks it in one place, and
+holds on the good transition it was made from, where the whole catalogue is
+silent; then real runs (the spec and, where installed, vLLM's scheduler
+through the adapter) of connector and hybrid workloads keep every invariant
+silent, but for the one vLLM behaviour the catalogue reports (see
+test_recompute_into_a_freed_window).
+
+Layout: 4-token blocks, group 0 full attention, group 1 a sliding window of
+4 tokens (a token attends itself and the 3 before it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+import pytest
+
+from schedspec.invariants import BY_ID, CATALOGUE, Transition
+from schedspec.invariants.core import History
+from schedspec.spec.interface import (
+    BlockKey,
+    KVCacheGroup,
+    KVView,
+    RequestStatus,
+    RequestView,
+    ScheduledRequest,
+    ScheduleKind,
+    SchedulerConfig,
+    SchedulerView,
+    StepPlan,
+    group_block_key,
+)
+
+from tests.invariants.kv_runs import kv_config, kv_run, violations
+from tests.invariants.test_catalogue import key, req
+
+W, R = RequestStatus.WAITING, RequestStatus.RUNNING
+
+GROUP_IDS = (
+    "group-block-conservation",
+    "group-tables-cover",
+    "groups-prefix-hit-valid",
+    "sliding-window-frees",
+)
+
+HYB = SchedulerConfig(
+    block_size=4, num_blocks=17, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=32,
+    kv_cache_groups=(KVCacheGroup(), KVCacheGroup("sliding_window", 4)),
+)
+PROMPT = tuple(range(1, 11))  # 10 tokens
+
+
+def hreq(rid: str, status: RequestStatus, computed: int, g0: Iterable[int], g1: Iterable[int],
+         prompt: tuple[int, ...] = PROMPT, **kw: Any) -> RequestView:
+    g0, g1 = tuple(g0), tuple(g1)
+    return dataclasses.replace(req(rid, prompt, status=status, computed=computed, blocks=g0, **kw),
+                               group_block_ids=(g0, g1) if g0 or g1 else ())
+
+
+def hview(reqs: Iterable[RequestView], *, step: int = 0, extra_keys: dict[int, BlockKey] | None = None,
+          config: SchedulerConfig = HYB) -> SchedulerView:
+    """A view whose pool follows from every group's table: ref counts, free
+    blocks in id order, and each full computed block keyed with its group's
+    key (plus ``extra_keys``: cached blocks nobody holds, still free)."""
+    live = list(reqs)
+    bs = config.block_size
+    ref = [0] * config.num_blocks
+    keys: dict[int, BlockKey] = dict(extra_keys or {})
+    for r in live:
+        for g, table in enumerate(r.group_block_ids or (r.block_ids,)):
+            for i, b in enumerate(table):
+                if b:
+                    ref[b] += 1
+                    if r.status == R and (i + 1) * bs <= r.num_computed_tokens:
+                        keys.setdefault(b, group_block_key(key(r, i, bs), g))
+    index: dict[BlockKey, tuple[int, ...]] = {}
+    for b in sorted(keys):
+        index[keys[b]] = index.get(keys[b], ()) + (b,)
+    return SchedulerView(
+        config=config,
+        step=step,
+        requests={r.request_id: r for r in live},
+        waiting=tuple(r.request_id for r in live if r.status == W),
+        running=tuple(r.request_id for r in live if r.status == R),
+        kv=KVView(config.num_blocks, bs, tuple(ref), tuple(b for b in range(1, config.num_blocks) if ref[b] == 0),
+                  keys, index),
+        finished={},
+    )
+
+
+def entry(r: RequestView, computed: int, n: int, kind: ScheduleKind) -> ScheduledRequest:
+    return ScheduledRequest.of(r.request_id, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
+                               all_token_ids=r.all_token_ids, block_ids=r.block_ids,
+                               group_block_ids=r.group_block_ids)
+
+
+def fires(inv_id: str, t: Transition) -> list[str]:
+    return [v.message for v in BY_ID[inv_id].check(t)]
+
+
+def silent(t: Transition, h: History | None = None) -> None:
+    found = [str(v) for inv in CATALOGUE for v in inv.check(t, h)]
+    assert found == []
+
+
+# a computed 8 of its 10 tokens; group 1 has freed nothing yet (vLLM frees at
+# the next allocate_slots); step 2 schedules its last 2 tokens: processed 8,
+# so the block of tokens 0..3 lies wholly before the window of token 8 and
+# group 1 frees block 3 into the null block
+A_BEFORE = hreq("a", R, 8, (1, 2), (3, 4))
+A_AFTER = hreq("a", R, 10, (1, 2, 5), (0, 4, 6))
+
+
+def step2(after_a: RequestView = A_AFTER) -> Transition:
+    before = hview([A_BEFORE], step=1)
+    freed_key = {3: group_block_key(key(A_BEFORE, 0, 4), 1)}  # freed, still cached
+    after = hview([after_a], step=2, extra_keys=freed_key if 3 not in after_a.group_block_ids[1] else None)
+    p = StepPlan(2, (entry(after_a, 8, 2, ScheduleKind.RUNNING),), (), ())
+    return Transition("schedule", before, after, plan=p, in_flight=(p,))
+
+
+def test_every_group_invariant_is_catalogued_and_requires_hybrid_kv() -> None:
+    ids = [inv.id for inv in CATALOGUE if "hybrid_kv" in inv.requires]
+    assert tuple(ids) == GROUP_IDS
+    for i in GROUP_IDS:
+        assert "single_type_kv_cache_manager.py" in BY_ID[i].vllm_behaviour or "kv_cache_coordinator.py" in BY_ID[i].vllm_behaviour
+
+
+def test_the_good_step_is_silent() -> None:
+    silent(step2())
+
+
+def test_group_block_conservation() -> None:
+    t = step2()
+    assert fires("group-block-conservation", t) == []
+    # block 6 also sits in another request's group-0 table
+    b = hreq("b", R, 4, (6,), (7,), prompt=(9, 9, 9, 9, 9))
+    two = dataclasses.replace(t, after=hview([A_AFTER, b], step=2))
+    assert any("block 6 is in group 0's table and in group 1's" in m for m in fires("group-block-conservation", two))
+    # group 1's block 4 carries group 0's key
+    keys = dict(t.after.kv.block_keys)
+    keys[4] = key(A_AFTER, 1, 4)
+    wrong = dataclasses.replace(t, after=dataclasses.replace(t.after, kv=dataclasses.replace(t.after.kv, block_keys=keys)))
+    assert fires("group-block-conservation", wrong) == ["block 4 of group 1 carries a key of group 0"]
+    # a hybrid request without group tables, a plain layout with them
+    bare = dataclasses.replace(A_AFTER, group_block_ids=())
+    assert fires("group-block-conservation", dataclasses.replace(t, plan=StepPlan(2, (), (), ()),
+                                                                  after=dataclasses.replace(t.after, requests={"a": bare}))) == [
+        "request holds blocks [1, 2, 5] but no group tables in a hybrid layout"
+    ]
+    plain = dataclasses.replace(t.after, config=dataclasses.replace(HYB, kv_cache_groups=()))
+    assert "request carries group tables in a plain layout" in fires(
+        "group-block-conservation", dataclasses.replace(t, after=plain))
+
+
+def test_group_tables_cover() -> None:
+    t = step2()
+    assert fires("group-tables-cover", t) == []
+    short = hreq("a", R, 10, (1, 2, 5), (0, 4))
+    assert fires("group-tables-cover", dataclasses.replace(t, after=hview([short], step=2))) == [
+        "group 1's table has 2 places, group 0's 3"
+    ]
+    # the block of tokens 4..7 freed: token 10 attends 7..10
+    early = hreq("a", R, 10, (1, 2, 5), (0, 0, 6))
+    assert fires("group-tables-cover", dataclasses.replace(t, after=hview([early], step=2))) == [
+        "sliding-window group 1 (window 4) freed 2 blocks, but with 10 computed tokens only 1 lie wholly "
+        "before the window"
+    ]
+    holes = hreq("a", R, 10, (1, 2, 5), (3, 0, 6))
+    assert "sliding-window group 1's null places [3, 0, 6] are not a prefix" in fires(
+        "group-tables-cover", dataclasses.replace(t, after=hview([holes], step=2)))
+
+
+def test_sliding_window_frees() -> None:
+    t = step2()
+    assert fires("sliding-window-frees", t) == []
+    kept = hreq("a", R, 10, (1, 2, 5), (3, 4, 6))
+    assert fires("sliding-window-frees", step2(kept)) == [
+        "sliding-window group 1 (window 4) has 0 null places after the step; with 8 processed tokens vLLM "
+        "has freed 1"
+    ]
+
+
+def admission(g1: tuple[int, ...]) -> Transition:
+    """b (a's first 8 tokens, then 3 more) is admitted on a hit of 8 tokens
+    while a runs: group 0 reuses a's blocks 1, 2; group 1 needs only the block
+    of tokens 4..7 (token 8 attends 5..8) and pads the skipped block with the
+    null block."""
+    prompt = PROMPT[:8] + (20, 21, 22)
+    a = hreq("a", R, 10, (1, 2, 5), (0, 4, 6))
+    wait = hreq("b", W, 0, (), (), prompt=prompt)
+    b = hreq("b", R, 11, (1, 2, 7), g1, prompt=prompt)
+    before = hview([a, wait], step=2)
+    after = hview([a, b], step=3)
+    p = StepPlan(3, (entry(b, 8, 3, ScheduleKind.NEW),), (), ())
+    return Transition("schedule", before, after, plan=p, in_flight=(p,))
+
+
+def test_groups_prefix_hit_valid() -> None:
+    good = admission((0, 4, 8))
+    assert fires("groups-prefix-hit-valid", good) == []
+    # group 1's place 1 is a fresh block, not one cached under the group's key
+    bad = admission((0, 9, 8))
+    assert fires("groups-prefix-hit-valid", bad) == [
+        "hit block 9 (index 1, group 1) was not cached under the group's key before the step, nor filled "
+        "by another request in it"
+    ]
+    # and a hit whose group-1 place carries group 0's key for the content
+    keys = dict(bad.after.kv.block_keys)
+    keys[9] = key(bad.after.requests["b"], 1, 4)
+    kv = dataclasses.replace(bad.after.kv, block_keys=keys)
+    assert fires("groups-prefix-hit-valid", dataclasses.replace(bad, after=dataclasses.replace(bad.after, kv=kv))) == [
+        "hit block 9 (index 1, group 1) does not carry the group's key for the request"
+    ]
+
+
+# --------------------------------------------------------------------------
+# Real runs: the spec, and vLLM's scheduler through the adapter
+# --------------------------------------------------------------------------
+
+REAL = [
+    ("plain", "recompute", False), ("plain", "fail", True), ("full+sw4", "recompute", False),
+    ("full+sw4", "fail", True), ("sw8+full+sw5", "recompute", True), ("sw6", "fail", False),
+]
+
+
+def _vllm() -> Any:
+    try:
+        from schedspec.adapters.vllm_adapter import VllmScheduler
+    except Exception:  # pragma: no cover - vLLM not installed
+        pytest.skip("vLLM is not installed")
+    return VllmScheduler
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("layout, policy, async_", REAL)
+def test_no_false_alarms_on_vllm_runs(layout: str, policy: str, async_: bool) -> None:
+    make = _vllm()
+    seen: dict[str, int] = {}
+    for seed in range(3):
+        run = kv_run(make, kv_config(layout, policy=policy, async_=async_), seed)
+        assert violations(run) == [], (layout, policy, async_, seed)
+        for k, n in run.counts.items():
+            seen[k] = seen.get(k, 0) + n
+    assert seen.get("async_load", 0) and seen.get("sync_load", 0) and seen.get("finished_sending", 0)
+
+
+@pytest.mark.vllm
+def test_recompute_into_a_freed_window() -> None:
+    """vLLM 0.33 under "recompute" with a lone sliding-window group: a
+    synchronous load's request has freed the blocks wholly before the window
+    of its loaded tokens (add_local_computed_blocks, allocate_slots); an
+    invalid block then truncates its computed tokens to that block's start
+    (_update_requests_with_invalid_blocks), and the tokens it recomputes
+    attend positions whose blocks are the null block. group-tables-cover
+    reports it (seed 2 of the sw6 workload)."""
+    run = kv_run(_vllm(), kv_config("sw6", policy="recompute"), 2)
+    found = violations(run)
+    assert found and {v.invariant_id for v in found} == {"group-tables-cover"}
+    assert "freed 2 blocks, but with 12 computed tokens only 1 lie wholly before the window" in found[0].message

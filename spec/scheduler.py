@@ -49,6 +49,12 @@ default, or full-attention and sliding-window groups drawing from one pool,
 each request with a table per group (spec/kv_groups.py, KVPool's coordinator
 methods in spec/kv_cache.py: vLLM's KV cache coordinator).
 
+The KV connector (``kv_connector``, spec/connector.py): external prefix hits
+loaded within the admitting step or asynchronously (WAITING_FOR_REMOTE_KVS,
+kv_holding_waiting), the worker's reports (loads done or failed, invalid
+blocks, saves done), blocks kept by finished requests, and with async
+scheduling the deferred frees of defer_block_free.
+
 The modelled configuration: no
 streaming (resumable) requests, no pipeline parallelism, no data
 parallelism, chunked multimodal inputs allowed (disable_chunked_mm_input
@@ -372,8 +378,9 @@ class SpecScheduler(ConnectorMixin):
 
     def set_pause_state(self, state: PauseState) -> None:
         """set_pause_state: PAUSED_NEW stops admissions from the waiting queue
-        (only requests holding KV blocks may be admitted, and none waits so in
-        the modelled engine), PAUSED_ALL schedules nothing; UNPAUSED resumes."""
+        (only requests holding KV blocks for a KV connector's load, in
+        kv_holding_waiting, may be admitted), PAUSED_ALL schedules nothing;
+        UNPAUSED resumes."""
         self.pause_state = check_pause_state(state)
 
     def grammar_ready(self, request_id: str, ok: bool = True) -> None:

@@ -127,7 +127,9 @@ def admission_cap(window: int, block_size: int, max_in_flight_tokens: int, max_m
     block).
 
     pre: window >= 1 and block_size >= 1
+    pre: max_in_flight_tokens >= 0 and max_model_len >= 1
     post: __return__ >= 1
+    post: (__return__ - 2) * block_size < max_model_len
     """
     return cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1
 
@@ -138,6 +140,7 @@ def num_skipped_tokens(group: KVCacheGroup, num_computed_tokens: int) -> int:
     computed tokens (SlidingWindowManager.get_num_skipped_tokens, no extra
     retained tokens).
 
+    pre: group.kind != "sliding_window" or group.sliding_window >= 1
     post: 0 <= __return__ <= max(num_computed_tokens, 0)
     """
     if group.kind != "sliding_window":

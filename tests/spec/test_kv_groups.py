@@ -422,3 +422,21 @@ def test_layouts_vllm_would_refuse_are_refused(groups: tuple[KVCacheGroup, ...],
     msg = message(lambda: SchedulerConfig(block_size=4, num_blocks=9, max_model_len=32, kv_cache_groups=groups),
                   ConfigError)
     assert field in msg and text in msg
+
+
+def test_kv_groups_contracts_hold() -> None:
+    # the PEP 316 contracts of spec/kv_groups.py (admission_cap,
+    # num_skipped_tokens, contiguous_blocks_for_hit), as tests/spec/test_contracts.py
+    # checks spec/rules.py's
+    pytest.importorskip("crosshair")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=4",
+         "schedspec/spec/kv_groups.py"],
+        cwd=root, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

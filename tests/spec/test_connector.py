@@ -491,3 +491,50 @@ def test_default_config_view_has_no_connector_state() -> None:
     v = s.view()
     assert v.kv_held_by_finished == {} and v.kv_loads_done == () and v.kv_loads_failed == ()
     assert s.schedule().kv_loads == ()
+
+
+def test_connector_rules_are_reachable_only_with_a_connector() -> None:
+    from schedspec.spec.coverage import kv_capabilities
+    from schedspec.spec.rule_names import ALL_MODES, RULES, reachable_in
+
+    conn = {n for n in RULES if n.startswith("connector.")}
+    assert conn and not conn & set(reachable_in(ALL_MODES))
+    assert conn <= set(reachable_in(ALL_MODES, ("kv_connector",)))
+    deferred = {"connector.victim_in_flight", "connector.free_deferred", "connector.deferred_drained"}
+    assert not deferred & set(reachable_in(("sync", "spec"), ("kv_connector",)))
+    assert kv_capabilities(SchedulerConfig()) == ()
+    assert kv_capabilities(make().config) == ("kv_connector",)
+
+
+def test_this_file_reaches_every_connector_rule() -> None:
+    """Each connector rule is taken by one of the scenarios above."""
+    import sys
+
+    from collections import Counter
+
+    made: list[SpecScheduler] = []
+    this = sys.modules[__name__]
+    real_make = this.make
+
+    def counted(**kw: Any) -> SpecScheduler:
+        s = real_make(**kw)
+        made.append(s)
+        return s
+
+    this.make = counted  # type: ignore[assignment]
+    try:
+        for name, fn in sorted(vars(this).items()):
+            if name.startswith("test_") and callable(fn) and name not in (
+                "test_this_file_reaches_every_connector_rule", "test_bad_reports_are_refused_unchanged"
+            ):
+                fn()
+    finally:
+        this.make = real_make  # type: ignore[assignment]
+    counts: Counter[str] = Counter()
+    for s in made:
+        counts.update(s.rules)
+    missing = [n for n in RULES_CONN if counts[n] == 0]
+    assert not missing, missing
+
+
+RULES_CONN = [n for n in __import__("schedspec.spec.rule_names", fromlist=["RULES"]).RULES if n.startswith("connector.")]

@@ -6,7 +6,8 @@ prefill, no prefix cache, no abort. It declares what it does support as a
 one is taken to support everything the spec does in the default config (sync,
 no speculative decoding, no admission gate: LoRA, structured outputs, pause
 states, the watermark, the prefill cadence and the encoder budget are each
-opted into, as async scheduling is).
+opted into, as async scheduling is; so are the KV connector, ``kv_connector``,
+and hybrid KV cache groups, ``hybrid_kv``).
 
 Everything that makes input for a check stays within the declaration: the
 seeded workloads, the Hypothesis strategies and the model checker's spaces
@@ -29,6 +30,9 @@ from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, Schedu
 from schedspec.check.workload import (
     GATE_CAPABILITIES,
     GATES,
+    KV_CAPABILITIES,
+    KV_EVENTS,
+    KV_FEATURES,
     Abort,
     AddRequest,
     Event,
@@ -61,6 +65,9 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
         "watermark",
         "prefill_cadence",
         "encoder",
+        # the KV connector and hybrid KV cache groups (workload.KV_FEATURES)
+        "kv_connector",
+        "hybrid_kv",
     }
 )
 
@@ -109,6 +116,14 @@ class Capabilities:
     #: the multimodal encoder budget and cache: config.max_num_encoder_input_tokens /
     #: encoder_cache_size and request.mm_inputs
     encoder: bool = False
+    # The KV features, each opted into as the gates are:
+    #: the KV connector: config.kv_connector / kv_load_failure_policy, the
+    #: requests' kv_external_tokens / kv_load_async / kv_save_async, the
+    #: worker's events (KVLoadDone, KVLoadFailed, KVSaveDone)
+    kv_connector: bool = False
+    #: hybrid KV cache groups: config.kv_cache_groups other than one
+    #: full-attention group
+    hybrid_kv: bool = False
 
     def __post_init__(self) -> None:
         if not (self.sync_scheduling or self.async_scheduling):
@@ -126,7 +141,7 @@ class Capabilities:
         """True when the declaration restricts nothing the default config space draws."""
         plain = dataclasses.replace(self, async_scheduling=False, speculative_decoding=False, lora=False,
                                     structured_output=False, pause=False, watermark=False,
-                                    prefill_cadence=False, encoder=False)
+                                    prefill_cadence=False, encoder=False, kv_connector=False, hybrid_kv=False)
         return self == FULL or plain == FULL
 
     def gates(self) -> tuple[str, ...]:
@@ -141,6 +156,20 @@ class Capabilities:
             if g not in GATE_CAPABILITIES:
                 raise CapabilityError(f"unknown gate {g!r} (choose from {', '.join(GATES)})")
             changes[GATE_CAPABILITIES[g]] = True
+        return dataclasses.replace(self, **changes)
+
+    def kv(self) -> tuple[str, ...]:
+        """The KV features (workload.KV_FEATURES) this declaration supports."""
+        return tuple(k for k in KV_FEATURES if getattr(self, KV_CAPABILITIES[k]))
+
+    def with_kv(self, kv: Iterable[str] = KV_FEATURES) -> "Capabilities":
+        """This declaration with the KV features ``kv`` (workload.KV_FEATURES
+        names; default both) supported too."""
+        changes: dict[str, Any] = {}
+        for k in kv:
+            if k not in KV_CAPABILITIES:
+                raise CapabilityError(f"unknown KV feature {k!r} (choose from {', '.join(KV_FEATURES)})")
+            changes[KV_CAPABILITIES[k]] = True
         return dataclasses.replace(self, **changes)
 
     def names(self) -> frozenset[str]:
@@ -190,6 +219,10 @@ class Capabilities:
         if not self.encoder and (config.max_num_encoder_input_tokens
                                  or config.encoder_cache_size):
             out.append("an encoder budget (max_num_encoder_input_tokens / encoder_cache_size)")
+        if config.kv_connector and not self.kv_connector:
+            out.append("kv_connector=True")
+        if config.is_hybrid and not self.hybrid_kv:
+            out.append("hybrid kv_cache_groups")
         return out
 
     def request_problems(self, request: RequestSpec) -> list[str]:
@@ -204,6 +237,8 @@ class Capabilities:
             out.append(f"{request.request_id}: structured_output")
         if request.mm_inputs and not self.encoder:
             out.append(f"{request.request_id}: mm_inputs")
+        if (request.kv_external_tokens or request.kv_load_async or request.kv_save_async) and not self.kv_connector:
+            out.append(f"{request.request_id}: kv_external_tokens / kv_load_async / kv_save_async")
         return out
 
     def workload_problems(self, workload: Workload) -> list[str]:
@@ -221,6 +256,8 @@ class Capabilities:
                 out.append("pause / resume (set_pause_state)")
             elif isinstance(e, GrammarReady) and not self.structured_output:
                 out.append("grammar_ready")
+            elif isinstance(e, KV_EVENTS) and not self.kv_connector:
+                out.append("KV connector events (kv_load_done / kv_load_failed / kv_save_done)")
         return list(dict.fromkeys(out))
 
     def restrict_config(self, config: SchedulerConfig) -> SchedulerConfig:
@@ -263,6 +300,11 @@ class Capabilities:
                                  or config.encoder_cache_size):
             changes["max_num_encoder_input_tokens"] = 0
             changes["encoder_cache_size"] = 0
+        if config.kv_connector and not self.kv_connector:
+            changes["kv_connector"] = False
+            changes["kv_load_failure_policy"] = "fail"
+        if config.is_hybrid and not self.hybrid_kv:
+            changes["kv_cache_groups"] = ()
         return dataclasses.replace(config, **changes)
 
     def restrict_request(self, request: RequestSpec) -> RequestSpec:
@@ -279,6 +321,10 @@ class Capabilities:
             changes["grammar_rejects"] = ()
         if request.mm_inputs and not self.encoder:
             changes["mm_inputs"] = ()
+        if (request.kv_external_tokens or request.kv_load_async or request.kv_save_async) and not self.kv_connector:
+            changes["kv_external_tokens"] = 0
+            changes["kv_load_async"] = False
+            changes["kv_save_async"] = False
         return dataclasses.replace(request, **changes) if changes else request
 
     def restrict_events(self, events: Iterable[Event]) -> tuple[Event, ...]:
@@ -294,6 +340,8 @@ class Capabilities:
             elif isinstance(e, (Pause, Resume)) and not self.pause:
                 continue
             elif isinstance(e, GrammarReady) and not self.structured_output:
+                continue
+            elif isinstance(e, KV_EVENTS) and not self.kv_connector:
                 continue
             else:
                 out.append(e)

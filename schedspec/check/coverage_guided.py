@@ -37,18 +37,25 @@ from schedspec.check.workload import (
     CHECK_SPACE,
     GATE_CAPABILITIES,
     GATES,
+    KV_CAPABILITIES,
+    KV_FEATURES,
     Abort,
     AddRequest,
     Event,
     GateRequests,
+    KVRequests,
     ResetPrefixCache,
     Schedule,
     Step,
     Update,
     Workload,
     draw_gate_subset,
+    draw_kv_subset,
     gate_rng,
+    kv_of,
+    kv_rng,
     with_gates,
+    with_kv,
 )
 from schedspec.spec.interface import Policy, RequestSpec, RequestStatus, SchedulerConfig
 from schedspec.spec.errors import ConfigError
@@ -357,9 +364,23 @@ def pick_gates(gates: Sequence[str], focus: Sequence[str], rng: random.Random) -
     return tuple(g for g in GATES if g in chosen)
 
 
+def pick_kv(kv: Sequence[str], focus: Sequence[str], rng: random.Random) -> tuple[str, ...]:
+    """The KV features a guided workload turns on: a random subset of
+    ``kv`` (workload.draw_kv_subset), plus every feature a focus rule needs
+    (its Rule.gates naming kv_connector or hybrid_kv) that ``kv`` holds."""
+    chosen = set(draw_kv_subset(kv, rng))
+    by_capability = {cap: k for k, cap in KV_CAPABILITIES.items()}
+    for rule in focus:
+        for cap in RULES[rule].gates if rule in RULES else ():
+            k = by_capability.get(cap)
+            if k is not None and k in kv:
+                chosen.add(k)
+    return tuple(k for k in KV_FEATURES if k in chosen)
+
+
 def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),
                     modes: Sequence[str] = ("sync",), oracle_seed: int | None = None,
-                    gates: Sequence[str] = ()) -> Workload:
+                    gates: Sequence[str] = (), kv: Sequence[str] = ()) -> Workload:
     """A seeded workload of ``num_steps`` steps with a swarm of features,
     aimed at ``focus`` (rule names). The spec runs beside the generator (the
     fake model seeded with ``oracle_seed``, default ``seed``, as the gate
@@ -367,7 +388,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     branches. ``gates`` (workload.GATES): the admission gates it may turn
     on, drawn on a generator of their own (``pick_gates``; a focus rule of a
     gate turns that gate on), so a workload with none is the one its seed
-    always gave; they are among its features as ``gate:NAME``."""
+    always gave; they are among its features as ``gate:NAME``. ``kv``
+    (workload.KV_FEATURES): the KV features it may turn on, the same way
+    (``pick_kv``, ``with_kv``, ``KVRequests``; ``kv:NAME`` features)."""
     rng = random.Random(f"schedspec-guided-{seed}")
     plan = draw_plan(rng, focus)
     config = with_mode(plan_config(rng, plan), pick_mode(modes, focus, random.Random(f"schedspec-mode-{seed}")))
@@ -379,13 +402,21 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         config = with_gates(config, chosen, grng)
         gated = GateRequests(config, grng, vocab, pause="pause" in chosen, grammar="grammar" in chosen,
                              focus=tuple(focus))
+    kv_requests: KVRequests | None = None
+    kv_chosen: tuple[str, ...] = ()
+    if kv:
+        krng = kv_rng(f"guided-{seed}")
+        config = with_kv(config, pick_kv(kv, focus, krng), krng)
+        kv_chosen = kv_of(config)
+        kv_requests = KVRequests(config, krng) if config.kv_connector else None
     f = plan.features
     requests = _Requests(rng, config, plan, vocab)
 
     class _Make:
         def make(self) -> RequestSpec:
             req = requests.make()
-            return req if gated is None else gated.decorate(req)
+            req = req if gated is None else gated.decorate(req)
+            return req if kv_requests is None else kv_requests.decorate(req)
 
     make = _Make()
     sim = Runner(config, {"spec": SpecScheduler}, vocab=vocab,
@@ -430,6 +461,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
             if gated is not None:
                 for event in gated.before_step():
                     emit(event)
+            if kv_requests is not None:
+                for event in kv_requests.before_step():
+                    emit(event)
             if "split_steps" in f and spec.requests and rng.random() < 0.25:
                 emit(Schedule())  # schedule(N), an abort or an arrival, then update(N)
                 if rng.random() < 0.6:
@@ -451,5 +485,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     if gated is not None:
         for event in gated.finish():
             emit(event)
+    if kv_requests is not None:
+        for event in kv_requests.finish():
+            emit(event)
     return Workload(config=config, events=tuple(events), seed=seed, name="guided",
-                    features=plan.labels() + tuple(f"gate:{g}" for g in chosen))
+                    features=plan.labels() + tuple(f"gate:{g}" for g in chosen)
+                    + tuple(f"kv:{k}" for k in kv_chosen))

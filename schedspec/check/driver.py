@@ -46,13 +46,15 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
-from schedspec.check.oracle import ContextError, FakeModel, Model
+from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model
 from schedspec.check.stats import Stats
 from schedspec.check.workload import (
     Abort,
     AddRequest,
     Event,
     EventError,
+    KV_EVENTS,
+    KV_REPORT_BOUND,
     GrammarReady,
     InFlight,
     Pause,
@@ -167,9 +169,15 @@ class Runner:
             {n: models[n] for n in self.names} if models is not None
             else {
                 n: FakeModel(config.block_size, vocab, oracle_seed,
-                             num_speculative_tokens=config.num_speculative_tokens, acceptance=acceptance)
+                             num_speculative_tokens=config.num_speculative_tokens, acceptance=acceptance,
+                             groups=config.groups if config.is_hybrid else ())
                 for n in self.names
             }
+        )
+        #: the KV connector's worker beside each scheduler (with a connector)
+        self.workers: dict[str, KVWorker] = (
+            {n: KVWorker(config, m if isinstance(m, FakeModel) else None) for n, m in self.models.items()}
+            if config.kv_connector else {}
         )
         #: the invariants each Monitor checks (None: the whole catalogue)
         self.monitors = (
@@ -276,6 +284,8 @@ class Runner:
             name, method = self._where
             if method == "execute":
                 who = f"the model of {name} ({type(self.models[name]).__qualname__}.execute)"
+            elif method == "kv worker":
+                who = f"the KV connector's worker beside {name} (KVWorker, reading its plan and view)"
             elif method == "invariants":
                 who = (f"the invariant checks on the view of {name} "
                        f"(what {type(self.scheds[name]).__qualname__}.view() returned)")
@@ -314,6 +324,8 @@ class Runner:
                 if before is not None and (f := self._observe(name, "add", before, request=req)):
                     return f
             self.truth[req.request_id] = list(req.prompt_token_ids)
+            for worker in self.workers.values():
+                worker.add(req.request_id, req.prompt_token_ids)
             if req.lora_id:
                 self.adapters[req.request_id] = req.lora_id
             if req.grammar_rejects:
@@ -354,6 +366,12 @@ class Runner:
         elif isinstance(event, GrammarReady):
             if (f := self._grammar_ready(event)):
                 return f
+        elif isinstance(event, KV_EVENTS):
+            # the worker queues it: it reaches a scheduler in a later
+            # StepResult (without a connector there is no worker: dropped)
+            for worker in self.workers.values():
+                worker.post(event)
+            return None
         elif isinstance(event, Step):
             # sync: schedule, run, update; async: one engine step with a batch
             # queue of two (schedule and run a plan, then update the oldest
@@ -535,13 +553,28 @@ class Runner:
         for name in self.names:
             self._where = (name, "execute")
             model = self.models[name]
+            worker = self.workers.get(name)
+            seen = truth
+            if worker is not None:
+                # the connector's loads of this plan: synchronous ones written
+                # before the forward; a request whose synchronous load fails
+                # here is not checked (its sample is discarded)
+                self._where = (name, "kv worker")
+                failing = worker.before(plans[name])
+                self._where = (name, "execute")
+                if failing:
+                    seen = {rid: toks for rid, toks in truth.items() if rid not in failing}
             try:
                 if recorded is not None:
                     if not isinstance(model, FakeModel):
                         raise TypeError(f"a recorded output needs the fake model, not {type(model).__qualname__}")
-                    results[name] = model.execute_recorded(plans[name], recorded, truth)
+                    results[name] = model.execute_recorded(plans[name], recorded, seen)
                 else:
-                    results[name] = model.execute(plans[name], truth)
+                    results[name] = model.execute(plans[name], seen)
+                if worker is not None:
+                    self._where = (name, "kv worker")
+                    view = self.views.get(name) if self.need_views else None
+                    results[name] = worker.after(plans[name], view or self.scheds[name].view(), results[name])
             except ContextError as exc:
                 m = exc.mismatch
                 return self._fail(
@@ -552,6 +585,8 @@ class Runner:
                 )
         if (f := self._compare("model output", dict(results))):
             return f
+        if self.workers:
+            self._count_kv(self.workers[self.names[0]], plan)
         self.pending.append(_Pending(step, plans, results))
         if self.history is not None:
             self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]], results[self.names[0]],
@@ -569,12 +604,96 @@ class Runner:
                 f := self._observe(name, "update", before, plan=plans[name], result=results[name])
             ):
                 return f
+        for worker in self.workers.values():
+            worker.updated(pending.step)
         for rid, toks in results[self.names[0]].sampled.items():
             if rid in self.truth and rid not in self.aborted and rid not in pending.dropped:
                 self.truth[rid].extend(toks)
         if self.history is not None:
             self._mark_updated(pending.step)
         return self._compare_views()
+
+    def _count_kv(self, worker: KVWorker, plan: StepPlan) -> None:
+        """The connector's statistics of one step (the first scheduler's worker)."""
+        report = worker.last
+        self.stats.kv_load_failures += len(report.failed_recving) + len(report.invalid_block_ids)
+        self.stats.kv_saves += len(report.finished_sending)
+        self.stats.kv_timeouts += report.timed_out
+        view = self.views.get(self.names[0]) if self.need_views else None
+        held = (view or self.primary.view()).kv_held_by_finished
+        self.stats.held_block_steps += sum(len(blocks) for blocks in held.values())
+
+    def quiesce(self, max_steps: int = 5_000) -> Failure | None:
+        """Quiescence at the end of a workload (with a KV connector or hybrid
+        groups): step on until no request is unfinished and no worker report
+        is pending, then check that every block is free.
+
+        A pause in force is resumed first. Requests that make no progress for
+        KV_REPORT_BOUND + 3 steps in a row with no report pending (waiting
+        for a grammar that never comes, say) are aborted, as a client gives
+        up. Once every request has finished, the held blocks must all be
+        reported within KV_REPORT_BOUND + 2 steps (the bounded wait); then
+        every block must be free (ref_cnt 0, nothing held by a finished
+        request). What fails is a Failure like any other: "stall" when the
+        requests never finish within ``max_steps``, "violation" of
+        ``kv-quiescence`` when a report never comes or a block stays held."""
+        if self.build_failure is not None:
+            return self.build_failure
+        if self.pause_state != PauseState.UNPAUSED and all(
+                callable(getattr(s, "set_pause_state", None)) for s in self.scheds.values()):
+            if (f := self._set_pause_state(PauseState.UNPAUSED)) or (f := self._compare_views()):
+                return f
+        idle = 0
+        after_finish = 0
+        steps = 0
+        while True:
+            view = self.primary.view()
+            busy_reports = bool(view.kv_held_by_finished) or any(w.reports_pending for w in self.workers.values())
+            if not view.requests and not busy_reports:
+                break
+            if not view.requests:
+                after_finish += 1
+                if after_finish > KV_REPORT_BOUND + 2:
+                    return self._fail("violation", self.names[0], "quiescence: reports still pending after the bound",
+                                      (Violation("kv-quiescence",
+                                                 f"{KV_REPORT_BOUND + 2} steps after every request finished, "
+                                                 f"finished requests still hold blocks: "
+                                                 f"{dict(view.kv_held_by_finished)}"),))
+            if steps >= max_steps:
+                return self._fail("stall", self.names[0], f"not quiescent after {max_steps} steps past the events")
+            if idle > KV_REPORT_BOUND + 3 and not busy_reports:
+                for rid in sorted(view.requests):
+                    if (f := self.apply(Abort(rid))):
+                        return f
+                idle = 0
+                continue
+            event: Event = Update() if self.pending and not self.config.async_scheduling else Step()
+            if (f := self.apply(event)):
+                return f
+            steps += 1
+            idle = 0 if self.last_plan is not None and self.last_plan.scheduled else idle + 1
+        if (f := self.drain()):
+            return f
+        return self._check_quiescent()
+
+    def _check_quiescent(self) -> Failure | None:
+        """Every block free on every scheduler: nothing referenced, nothing held."""
+        for name, sched in self.scheds.items():
+            self._where = (name, "view")
+            view = sched.view()
+            used = [b for b, n in enumerate(view.kv.ref_cnt) if n and b != 0]
+            if used or view.kv_held_by_finished or view.requests:
+                what = []
+                if view.requests:
+                    what.append(f"unfinished requests {sorted(view.requests)}")
+                if view.kv_held_by_finished:
+                    what.append(f"blocks held by finished requests {dict(view.kv_held_by_finished)}")
+                if used:
+                    what.append(f"blocks still referenced {used}")
+                return self._fail("violation", name, "quiescence: not every block is free at the end",
+                                  (Violation("kv-quiescence", "after the last event and every report: "
+                                             + "; ".join(what)),))
+        return None
 
     def _mark_updated(self, step: int) -> None:
         """The last record gets this update (and the view after it); in sync
@@ -629,6 +748,8 @@ class Runner:
         # an arrival, a grammar compiled or a resume ahead: waiting is not a stall
         last_add = max((i for i, e in enumerate(events)
                         if isinstance(e, (AddRequest, GrammarReady, Resume))), default=-1)
+        if self.workers:  # a load in flight is waited for up to the bounded wait
+            max_idle_steps += KV_REPORT_BOUND + 1
         idle = 0
         i = 0
         while True:

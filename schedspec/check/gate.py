@@ -29,7 +29,14 @@ from schedspec.check.driver import Failure, Runner
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, guided_workload
-from schedspec.check.workload import GATE_CAPABILITIES, GATES, Workload, random_workload
+from schedspec.check.workload import (
+    GATE_CAPABILITIES,
+    GATES,
+    KV_CAPABILITIES,
+    KV_FEATURES,
+    Workload,
+    random_workload,
+)
 from schedspec.spec import coverage
 from schedspec.spec.rule_names import reachable_in
 from schedspec.spec.scheduler import SpecScheduler
@@ -78,6 +85,10 @@ class CheckSettings:
     #: workload a subset; only those the scheduler under test supports (its
     #: capabilities) are drawn, so the default draws every gate it supports
     gates: tuple[str, ...] = GATES
+    #: the KV features (workload.KV_FEATURES: the connector, hybrid groups)
+    #: the workloads may turn on, each workload a subset; only those the
+    #: scheduler under test supports are drawn
+    kv: tuple[str, ...] = KV_FEATURES
 
     @property
     def steps_goal(self) -> int | None:
@@ -192,6 +203,12 @@ def replay_command(trace_path: Path | str, against: str) -> str:
     return f"schedspec replay {trace_path} --against {against}"
 
 
+def needs_quiescence(config: SchedulerConfig) -> bool:
+    """Whether a workload of ``config`` ends with the run to quiescence (a
+    KV connector or hybrid KV cache groups: Runner.quiesce)."""
+    return config.kv_connector or config.is_hybrid
+
+
 def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
                  oracle_seed: int = 0, keep_history: bool = False,
                  plans_only: bool = False,
@@ -200,11 +217,15 @@ def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], voc
     every step but views only once, at the end, with no invariants: the fast
     lockstep; a failure it finds is re-run with everything on. ``invariants``:
     the ones to check (None: the whole catalogue). With one factory nothing is
-    compared: the invariants alone judge it."""
+    compared: the invariants alone judge it. A workload with a KV connector
+    or hybrid groups then runs to quiescence (``needs_quiescence``): every
+    request finished, every worker report delivered, every block free."""
     runner = Runner(workload.config, factories, vocab=vocab, oracle_seed=oracle_seed,
                     keep_history=keep_history, check_invariants=not plans_only,
                     compare_views=not plans_only, invariants=invariants)
     failure = runner.run(workload.events)
+    if failure is None and needs_quiescence(workload.config):
+        failure = runner.quiesce()
     if failure is None and plans_only and len(factories) > 1:
         failure = runner.compare_final_views()
     return runner, failure
@@ -348,8 +369,10 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "stats": o.stats.as_dict(),
         "check": None if o.selection is None else selection_summary(o.selection, plans_only=settings.plans_only),
         "gates": list(supported_gates(settings)),
+        "kv": list(supported_kv(settings)),
         "rule_coverage": o.stats.rule_coverage(required_rules(settings), supported_modes(settings),
-                                               gate_capabilities(supported_gates(settings))),
+                                               gate_capabilities(supported_gates(settings))
+                                               + kv_capabilities(supported_kv(settings))),
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
             "workload_seed": o.seed,
@@ -396,13 +419,14 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     run's so far, has reached least; the focus is named in the workload's
     features) or random, as ``settings.generator`` says."""
     gates = supported_gates(settings)
+    kv = supported_kv(settings)
     if settings.generator == "random":
-        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates)
+        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates, kv=kv)
     if settings.generator != "guided":
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
     modes = supported_modes(settings)
-    focus = choose_focus(counts, seed, names=reachable_in(modes, gate_capabilities(gates)))
-    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes, gates=gates)
+    focus = choose_focus(counts, seed, names=reachable_in(modes, gate_capabilities(gates) + kv_capabilities(kv)))
+    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes, gates=gates, kv=kv)
 
 
 def workload_label(workload: Workload) -> str:
@@ -417,7 +441,8 @@ def workload_label(workload: Workload) -> str:
 def required_rules(settings: CheckSettings) -> tuple[str, ...]:
     """The rules the run must reach: those named, and with ``require_all``
     every rule the modes the scheduler under test supports can reach."""
-    reachable = reachable_in(supported_modes(settings), gate_capabilities(supported_gates(settings)))
+    reachable = reachable_in(supported_modes(settings), gate_capabilities(supported_gates(settings))
+                             + kv_capabilities(supported_kv(settings)))
     names = settings.require_rules + (reachable if settings.require_all else ())
     return tuple(dict.fromkeys(names))
 
@@ -428,6 +453,19 @@ def supported_gates(settings: CheckSettings) -> tuple[str, ...]:
     caps = getattr(settings, "capabilities", None)
     have = caps.gates() if isinstance(caps, Capabilities) else ()
     return tuple(g for g in GATES if g in settings.gates and g in have)
+
+
+def supported_kv(settings: CheckSettings) -> tuple[str, ...]:
+    """``settings.kv`` less the KV features the scheduler under test does
+    not support (its declared capabilities), in KV_FEATURES order."""
+    caps = getattr(settings, "capabilities", None)
+    have = caps.kv() if isinstance(caps, Capabilities) else ()
+    return tuple(k for k in KV_FEATURES if k in getattr(settings, "kv", ()) and k in have)
+
+
+def kv_capabilities(kv: tuple[str, ...]) -> tuple[str, ...]:
+    """The capability names of the KV features ``kv``."""
+    return tuple(KV_CAPABILITIES[k] for k in kv)
 
 
 def gate_capabilities(gates: tuple[str, ...]) -> tuple[str, ...]:

@@ -44,7 +44,17 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
-from schedspec.spec.interface import ScheduleKind, SchedSpecError, ScheduledRequest, StepPlan, StepResult
+from schedspec.spec.interface import (
+    KVCacheGroup,
+    KVLoad,
+    ScheduleKind,
+    SchedSpecError,
+    ScheduledRequest,
+    SchedulerConfig,
+    SchedulerView,
+    StepPlan,
+    StepResult,
+)
 
 
 @runtime_checkable
@@ -113,6 +123,7 @@ class FakeModel:
         *,
         num_speculative_tokens: int = 0,
         acceptance: str | None = None,
+        groups: Sequence[KVCacheGroup] = (),
     ) -> None:
         if vocab < 2:
             raise ValueError("vocab must be at least 2")
@@ -136,6 +147,10 @@ class FakeModel:
         self.rejected: dict[str, int] = {}
         #: request id -> the token ids its structured-output grammar refuses
         self.grammars: dict[str, frozenset[int]] = {}
+        #: the sliding window of each KV cache group (0: full attention), for
+        #: the entries that carry group tables (a hybrid layout)
+        self.windows: tuple[int, ...] = tuple(
+            g.sliding_window if g.kind == "sliding_window" else 0 for g in groups)
 
     def set_grammar(self, request_id: str, rejects: Sequence[int]) -> None:
         """Request ``request_id`` samples under a grammar that refuses
@@ -177,6 +192,63 @@ class FakeModel:
             slot = self._slot(block_ids, pos)
             out.append(None if slot is None else self.slots.get(slot))
         return tuple(out)
+
+    def _tables(self, s: ScheduledRequest) -> tuple[tuple[int, ...], ...]:
+        """The block tables the entry's tokens are written through: every
+        group's for a hybrid layout, else the one table."""
+        return s.group_block_ids or (s.block_ids,)
+
+    def _window(self, group: int) -> int:
+        return self.windows[group] if group < len(self.windows) else 0
+
+    def _groups_read(self, s: ScheduledRequest, end: int) -> list[tuple[int, tuple[int | None, ...]]]:
+        """Per KV cache group, (first position, positions first .. end-1 as
+        read back through the group's table): a full-attention group reads
+        the whole context, a sliding-window group of W tokens the last W
+        positions (what vLLM's SlidingWindowManager keeps:
+        get_num_skipped_tokens)."""
+        out: list[tuple[int, tuple[int | None, ...]]] = []
+        for g, table in enumerate(s.group_block_ids):
+            w = self._window(g)
+            lo = max(0, end - w) if w else 0
+            out.append((lo, self._read(table, end)[lo:]))
+        return out
+
+    def _ctx(self, s: ScheduledRequest, end: int) -> tuple[int | None, ...]:
+        """What a token sampled after positions 0 .. end-1 depends on: the
+        context read back through the block table; for a hybrid layout every
+        group's read, one after another (a sliding-window group's window only)."""
+        if not s.group_block_ids:
+            return self._read(s.block_ids, end)
+        return tuple(tok for _, part in self._groups_read(s, end) for tok in part)
+
+    def _mismatch(self, s: ScheduledRequest, end: int, truth: tuple[int, ...]) -> ContextMismatch | None:
+        """The first position below ``end`` whose read-back is not the
+        request's token (every group's read for a hybrid layout)."""
+        reads = self._groups_read(s, end) if s.group_block_ids else [(0, self._read(s.block_ids, end))]
+        for g, (lo, ctx) in enumerate(reads):
+            for j, found in enumerate(ctx):
+                pos = lo + j
+                want = truth[pos] if pos < len(truth) else None
+                if found != want:
+                    reason = ""
+                    if s.group_block_ids:
+                        reason = (f"KV cache group {g} holds {found} at this position, "
+                                  f"the request's token there is {want}")
+                    return ContextMismatch(s.request_id, pos, want, found, reason)
+        return None
+
+    def load_kv(self, load: KVLoad, tokens: Sequence[int], upto: int | None = None) -> None:
+        """The connector's worker writes the loaded KV: tokens ``load.start``
+        .. ``load.end - 1`` (below ``upto`` when given: a load that failed
+        from there on) into the load's blocks, every group's for a hybrid
+        layout (the null block 0 of a sliding-window table takes nothing)."""
+        end = load.end if upto is None else min(load.end, upto)
+        for table in load.group_block_ids or (load.block_ids,):
+            for pos in range(load.start, min(end, len(tokens))):
+                slot = self._slot(table, pos)
+                if slot is not None and table[pos // self.block_size] != 0:
+                    self.slots[slot] = tokens[pos]
 
     def execute(self, plan: StepPlan, context: Mapping[str, Sequence[int]] | None = None) -> StepResult:
         truth = None if context is None else {rid: tuple(toks) for rid, toks in context.items()}
@@ -246,11 +318,12 @@ class FakeModel:
             base = self._positions(s)
             filled = self._fill(s, base, mismatches)
             layout.append((s, base, filled))
-            for j, tok in enumerate(filled):
-                pos = base + j
-                slot = self._slot(s.block_ids, pos)
-                if slot is not None and tok != _NO_TOKEN and s.block_ids[pos // self.block_size] != 0:
-                    self.slots[slot] = tok
+            for table in self._tables(s):
+                for j, tok in enumerate(filled):
+                    pos = base + j
+                    slot = self._slot(table, pos)
+                    if slot is not None and tok != _NO_TOKEN and table[pos // self.block_size] != 0:
+                        self.slots[slot] = tok
         sampled: dict[str, tuple[int, ...]] = {}
         drafts: dict[str, tuple[int, ...]] = {}
         for s, base, filled in layout:
@@ -263,13 +336,9 @@ class FakeModel:
             num_drafts = len(s.spec_token_ids)
             last = base + s.num_scheduled_tokens - num_drafts - 1  # the last real token's position
             if true_tokens is not None and rid in true_tokens:
-                truth = true_tokens[rid]
-                ctx = self._read(s.block_ids, last + 1)
-                for pos in range(last + 1):
-                    want = truth[pos] if pos < len(truth) else None
-                    if ctx[pos] != want:
-                        mismatches.append(ContextMismatch(rid, pos, want, ctx[pos]))
-                        break
+                found = self._mismatch(s, last + 1, true_tokens[rid])
+                if found is not None:
+                    mismatches.append(found)
             toks = self._verify(s, last, filled[len(filled) - num_drafts:], recorded)
             sampled[rid] = toks
             accepted = len(toks) - 1
@@ -311,7 +380,7 @@ class FakeModel:
             return toks
         out: list[int] = []
         for i in range(len(draft) + 1):
-            tok = self.sample_for(rid, self._read(s.block_ids, last + 1 + i))
+            tok = self.sample_for(rid, self._ctx(s, last + 1 + i))
             out.append(tok)
             if i == len(draft) or draft[i] != tok:
                 break
@@ -333,7 +402,7 @@ class FakeModel:
         k = self.num_speculative_tokens
         if k == 0:
             return ()
-        ctx = after = self._read(s.block_ids, last + 1) + (bonus,)
+        ctx = after = self._ctx(s, last + 1) + (bonus,)
         perfect: list[int] = []
         for _ in range(k):
             tok = self.sample_for(s.request_id, ctx)
@@ -348,3 +417,222 @@ class FakeModel:
         if right < k:
             perfect[right] = (perfect[right] + 1) % self.vocab
         return tuple(perfect)
+
+
+# ---------------------------------------------------------------------------
+# The KV connector's worker side
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _AsyncLoad:
+    """An asynchronous load the worker has started and not reported."""
+
+    load: KVLoad
+    step: int  # the plan whose kv_loads started it
+
+
+@dataclass
+class KVReport:
+    """What the worker reported in one result (the driver's statistics read it)."""
+
+    finished_recving: tuple[str, ...] = ()
+    finished_sending: tuple[str, ...] = ()
+    failed_recving: tuple[str, ...] = ()
+    invalid_block_ids: tuple[int, ...] = ()
+    #: requests whose synchronous load failed in this plan (their sample is discarded)
+    sync_failed: tuple[str, ...] = ()
+    #: reports the bounded wait forced (loads done, saves done)
+    timed_out: int = 0
+
+
+class KVWorker:
+    """The KV connector's worker, as the fake model plays it beside one
+    scheduler (vLLM's KVConnectorBase_V1 worker side and its
+    KVConnectorOutput).
+
+    It reads each plan's ``kv_loads`` and the scheduler's view, queues the
+    workload's KVLoadDone / KVLoadFailed / KVSaveDone events and delivers
+    each in the StepResult of the first plan where it is meaningful:
+
+    - finished_recving for an asynchronous load in flight (its request in
+      WAITING_FOR_REMOTE_KVS, or aborted during the load and still holding
+      its blocks); the loaded KV is written then;
+    - a failed asynchronous load: failed_recving (``block_index`` None, or
+      any failure with more than one KV cache group) or the invalid block in
+      invalid_block_ids, the request in finished_recving too; the KV before
+      the invalid block is written, nothing from it on;
+    - a failed synchronous load: the invalid block in the result of the plan
+      that loads it (its KV is written up to that block before the forward,
+      and the request's sample of that plan is discarded, as vLLM's
+      update_from_output skips it); dropped with more than one group;
+    - finished_sending for a finished request holding its blocks for an
+      asynchronous save (SchedulerView.kv_held_by_finished).
+
+    An event that is not meaningful yet waits while its request is
+    unfinished; one whose request is finished and holds nothing (or was
+    never added) is dropped. At most one report per request per result: a
+    second event for it waits for the next.
+
+    The bounded wait: every asynchronous load is reported done at the
+    latest ``bound`` steps after the plan that started it, every pending
+    save ``bound`` steps after the first plan that saw its blocks held.
+
+    ``updated(step)`` tells the worker the result of plan ``step`` was
+    applied (a request whose load was reported there and that was aborted
+    before is then freed, not held for a save)."""
+
+    def __init__(self, config: SchedulerConfig, model: FakeModel | None = None, bound: int | None = None) -> None:
+        from schedspec.check.workload import KV_REPORT_BOUND
+
+        self.config = config
+        self.model = model
+        self.bound = KV_REPORT_BOUND if bound is None else bound
+        self.block_size = config.block_size
+        self.multi_group = len(config.groups) > 1
+        #: the workload's worker events not yet delivered or dropped, in order
+        self.queue: list[object] = []
+        #: request id -> its asynchronous load in flight
+        self.loads: dict[str, _AsyncLoad] = {}
+        #: request id -> the step whose plan first saw it held for a save
+        self.saves: dict[str, int] = {}
+        #: step -> the requests its result reported (loads and saves), until updated
+        self.unapplied: dict[int, set[str]] = {}
+        #: request id -> its prompt (the KV the connector's store holds)
+        self.prompts: dict[str, tuple[int, ...]] = {}
+        #: the synchronous failures of the plan being executed (set by before())
+        self._sync_invalid: dict[str, int] = {}
+        self.last = KVReport()
+
+    # ------------------------------------------------------------ the driver
+
+    def add(self, request_id: str, prompt: Sequence[int]) -> None:
+        self.prompts[request_id] = tuple(prompt)
+
+    def post(self, event: object) -> None:
+        """Queue a KVLoadDone, KVLoadFailed or KVSaveDone."""
+        self.queue.append(event)
+
+    def updated(self, step: int) -> None:
+        self.unapplied.pop(step, None)
+
+    @property
+    def reports_pending(self) -> bool:
+        """Whether an asynchronous load is in flight or a report awaits its
+        update (held saves show in the view)."""
+        return bool(self.loads or self.saves or self.unapplied)
+
+    def before(self, plan: StepPlan) -> set[str]:
+        """Before the plan's forward: start its asynchronous loads, write
+        the KV of its synchronous loads (up to a failed block). Returns the
+        requests whose synchronous load fails in this plan (their context
+        is not checked and their sample is discarded)."""
+        from schedspec.check.workload import KVLoadFailed
+
+        self._sync_invalid = {}
+        for load in plan.kv_loads:
+            rid = load.request_id
+            if load.asynchronous:
+                self.loads[rid] = _AsyncLoad(load, plan.step)
+                continue
+            failed = next((e for e in self.queue if isinstance(e, KVLoadFailed) and e.request_id == rid), None)
+            upto: int | None = None
+            if failed is not None:
+                self.queue.remove(failed)
+                if not self.multi_group:
+                    index = self._index(load, failed.block_index)
+                    if index is not None:
+                        self._sync_invalid[rid] = load.block_ids[index]
+                        upto = index * self.block_size
+            self._write(load, upto)
+        return set(self._sync_invalid)
+
+    def after(self, plan: StepPlan, view: SchedulerView | None, result: StepResult) -> StepResult:
+        """The plan's result with the worker's reports added."""
+        from schedspec.check.workload import KVLoadDone, KVLoadFailed, KVSaveDone
+
+        step = plan.step
+        live = set(view.requests) if view is not None else set()
+        held = dict(view.kv_held_by_finished) if view is not None else {}
+        load_held = set(self.loads).union(*self.unapplied.values()) if self.unapplied else set(self.loads)
+        for rid in held:
+            if rid not in load_held and rid not in self.saves:
+                self.saves[rid] = step
+        for rid in [r for r in self.saves if r not in held]:
+            del self.saves[rid]  # freed some other way (not by a report of this worker)
+        recving: list[str] = []
+        sending: list[str] = []
+        failed: list[str] = []
+        invalid: list[int] = list(self._sync_invalid.values())
+        reported: set[str] = set(self._sync_invalid)
+        kept: list[object] = []
+        for event in self.queue:
+            rid = getattr(event, "request_id", "")
+            if rid in reported:
+                kept.append(event)
+                continue
+            if isinstance(event, (KVLoadDone, KVLoadFailed)) and rid in self.loads:
+                entry = self.loads.pop(rid)
+                recving.append(rid)
+                reported.add(rid)
+                if isinstance(event, KVLoadDone):
+                    self._write(entry.load, None)
+                elif event.block_index is None or self.multi_group:
+                    failed.append(rid)
+                else:
+                    index = self._index(entry.load, event.block_index)
+                    assert index is not None
+                    invalid.append(entry.load.block_ids[index])
+                    self._write(entry.load, index * self.block_size)
+            elif isinstance(event, KVSaveDone) and rid in self.saves:
+                del self.saves[rid]
+                sending.append(rid)
+                reported.add(rid)
+            elif rid in live:
+                kept.append(event)  # not meaningful yet: it waits
+            # else: finished and holding nothing for it, or never added: dropped
+        self.queue = kept
+        timed_out = 0
+        for rid, entry in list(self.loads.items()):
+            if rid not in reported and step - entry.step >= self.bound:
+                del self.loads[rid]
+                recving.append(rid)
+                reported.add(rid)
+                timed_out += 1
+                self._write(entry.load, None)
+        for rid, start in list(self.saves.items()):
+            if rid not in reported and step - start >= self.bound:
+                del self.saves[rid]
+                sending.append(rid)
+                reported.add(rid)
+                timed_out += 1
+        if recving or sending:
+            self.unapplied[step] = set(recving) | set(sending)
+        self.last = KVReport(tuple(sorted(recving)), tuple(sorted(sending)), tuple(sorted(failed)),
+                             tuple(sorted(set(invalid))), tuple(sorted(self._sync_invalid)), timed_out)
+        if not (recving or sending or failed or invalid):
+            return result
+        sampled = {r: t for r, t in result.sampled.items() if r not in self._sync_invalid}
+        drafts = {r: t for r, t in result.draft_token_ids.items() if r not in self._sync_invalid}
+        return StepResult(sampled=sampled, draft_token_ids=drafts,
+                          finished_recving=self.last.finished_recving,
+                          finished_sending=self.last.finished_sending,
+                          failed_recving=self.last.failed_recving,
+                          invalid_block_ids=self.last.invalid_block_ids)
+
+    # --------------------------------------------------------------- helpers
+
+    def _index(self, load: KVLoad, block_index: int | None) -> int | None:
+        """The index in the request's group-0 table of the failed block:
+        ``block_index`` taken within the loaded blocks (None: the first);
+        None when the load filled no block of that table."""
+        first = load.start // self.block_size
+        last = min((load.end - 1) // self.block_size, len(load.block_ids) - 1)
+        if load.end <= load.start or last < first:
+            return None
+        i = first if block_index is None else min(max(block_index, first), last)
+        return i
+
+    def _write(self, load: KVLoad, upto: int | None) -> None:
+        if self.model is not None and load.request_id in self.prompts:
+            self.model.load_kv(load, self.prompts[load.request_id], upto)

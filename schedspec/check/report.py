@@ -14,6 +14,14 @@ in the table, an entry that runs encoder inputs says ``e[0,2]`` and one whose
 grammar refused drafts ``!n``, and a plan that freed encoder-cache entries
 lists them.
 
+The KV connector and hybrid groups show as well: a request waiting for its
+asynchronous load (WAITING_FOR_REMOTE_KVS) and a finished request still
+holding its blocks (an asynchronous save, or an abort during a load) have
+states (and colours) of their own; the table lists each plan's loads
+(``[load r1 0-8 async]``), the worker's reports in its result (``[recv r1]``,
+``[sent r3]``, ``[failed r2]``, ``[invalid 7]``) and the blocks held by
+finished requests after it (``[held r3:2]``).
+
 The picture is drawn with matplotlib (the ``plots`` extra), imported only when
 a picture is drawn, on the Agg backend (no display): a row per request, a
 column per step, each cell coloured by what the request was doing in that
@@ -34,7 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when 
     from matplotlib.figure import Figure
 
 #: What a request can be doing in one step, in the order of the picture's colour scale.
-STATES: tuple[str, ...] = ("absent", "waiting", "prefill", "decode", "preempted", "finished", "grammar")
+STATES: tuple[str, ...] = ("absent", "waiting", "prefill", "decode", "preempted", "finished", "grammar",
+                           "remote_kv", "held")
 
 #: state -> colour (hex). "absent" is the background: not yet added.
 COLORS: dict[str, str] = {
@@ -48,6 +57,8 @@ COLORS: dict[str, str] = {
     "failure": "#d93025",
     "grammar": "#c27ba0",
     "paused": "#7f6000",
+    "remote_kv": "#46bdc6",
+    "held": "#8e7cc3",
 }
 #: the two lanes of the in-flight band (even and odd steps)
 FLIGHT_COLORS: tuple[str, str] = ("#9fc5f8", "#b6d7a8")
@@ -60,6 +71,8 @@ STATE_LABELS: dict[str, str] = {
     "preempted": "preempted",
     "finished": "finished",
     "grammar": "waiting for its grammar",
+    "remote_kv": "waiting for remote KV (async load)",
+    "held": "finished, blocks held (save or load pending)",
 }
 
 PLOTS_HINT = "matplotlib is not installed (pip install 'schedspec[plots]')"
@@ -129,6 +142,7 @@ def step_table(records: list[StepRecord], failure: Failure | None = None) -> str
             gates += f"  [paused {'all' if rec.view_after.pause_state == PauseState.PAUSED_ALL else 'new'}]"
         if rec.plan.freed_encoder_inputs:
             gates += f"  [encoder freed {','.join(rec.plan.freed_encoder_inputs)}]"
+        gates += kv_text(rec)
         lines.append(
             f"{rec.step:>4}  {rec.view_after.kv.num_free_blocks:>4}  {sched:<42} "
             f"{','.join(rec.plan.preempted_ids) or '-':<10} {','.join(rec.plan.finished_ids) or '-'}{flight}{gates}"
@@ -139,13 +153,35 @@ def step_table(records: list[StepRecord], failure: Failure | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
+def kv_text(rec: StepRecord) -> str:
+    """The KV connector's part of a step's line: the plan's loads, the
+    worker's reports in its result, the blocks held by finished requests
+    after it ("" without any)."""
+    out = ""
+    if rec.plan.kv_loads:
+        out += "  [load " + ", ".join(f"{ld.request_id} {ld.start}-{ld.end}" + (" async" if ld.asynchronous else "")
+                                     for ld in rec.plan.kv_loads) + "]"
+    r = rec.result
+    if r is not None:
+        for label, ids in (("recv", r.finished_recving), ("sent", r.finished_sending), ("failed", r.failed_recving)):
+            if ids:
+                out += f"  [{label} {','.join(ids)}]"
+        if r.invalid_block_ids:
+            out += f"  [invalid {','.join(map(str, r.invalid_block_ids))}]"
+    held = rec.view_after.kv_held_by_finished
+    if held:
+        out += "  [held " + ", ".join(f"{rid}:{len(blocks)}" for rid, blocks in sorted(held.items())) + "]"
+    return out
+
+
 def cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]], list[float]]:
     """The picture's data: request ids in order of appearance, one column of
     states per step (a state per request, from :data:`STATES`), and the
     fraction of usable KV blocks in use after each step."""
     order: list[str] = []
     for rec in records:
-        for rid in list(rec.view_after.requests) + list(rec.view_after.finished) + list(rec.plan.scheduled_ids):
+        for rid in (list(rec.view_after.requests) + list(rec.view_after.finished) + list(rec.plan.scheduled_ids)
+                    + list(rec.view_after.kv_held_by_finished)):
             if rid not in order:
                 order.append(rid)
     grid: list[list[str]] = []
@@ -164,7 +200,10 @@ def cell_states(records: list[StepRecord]) -> tuple[list[str], list[list[str]], 
             elif rid in rec.view_after.requests:
                 st = rec.view_after.requests[rid].status
                 col.append("preempted" if st == RequestStatus.PREEMPTED else "waiting" if st == RequestStatus.WAITING
-                           else "grammar" if st == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR else "decode")
+                           else "grammar" if st == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+                           else "remote_kv" if st == RequestStatus.WAITING_FOR_REMOTE_KVS else "decode")
+            elif rid in rec.view_after.kv_held_by_finished:
+                col.append("held")  # finished, its blocks held for a save or a load in flight
             elif rid in rec.view_after.finished or rid in seen:
                 col.append("finished")  # finished or aborted: gone from the scheduler
             else:
@@ -349,6 +388,7 @@ def timeline_png(
 def legend() -> str:
     return ("timeline.png: a row per request (in order of appearance), a column per step; "
             "grey waiting, pink waiting for its grammar, blue prefill chunk, green decode (a/k: a of k drafts "
-            "accepted), red preempted, black finished; with async scheduling a band of bars from each plan's "
+            "accepted), red preempted, black finished, teal waiting for remote KV (an async load), purple finished "
+            "with its blocks held (a save or a load pending); with async scheduling a band of bars from each plan's "
             "schedule to its update; the orange line below is KV-pool usage; hatched columns are steps scheduled while the "
             "scheduler was paused; a red frame marks the failing step.")

@@ -16,6 +16,13 @@ the prefill cadence, the encoder budget; the requests' adapters and encoder
 inputs go with them), and each request can lose its adapter, its structured
 output (with its grammar_ready) or its encoder inputs; a shorter prompt keeps
 the encoder inputs that still fit inside it.
+The KV features shrink the same way: the worker's events are dropped like
+any other (one stays only for a request still added that still loads
+asynchronously, loads, or saves, as its kind needs, in a config with a
+connector), the connector and the hybrid groups are turned off (the
+requests' connector fields go with the connector) and the groups cut to
+fewer, and each request can lose its asynchronous save, its asynchronous
+load, or its external prefix (halved, or dropped).
 A candidate counts as failing when it reproduces a failure of the same kind
 (violation / divergence / error), and for violations the same invariant.
 """
@@ -33,6 +40,9 @@ from schedspec.check.workload import (
     AddRequest,
     Event,
     GrammarReady,
+    KVLoadDone,
+    KVLoadFailed,
+    KVSaveDone,
     Schedule,
     Step,
     Workload,
@@ -57,7 +67,28 @@ def _fit_request(r: RequestSpec, config: SchedulerConfig) -> RequestSpec:
         r = dataclasses.replace(r, lora_id=0)
     if r.mm_inputs and not config.has_encoder:
         r = dataclasses.replace(r, mm_inputs=())
+    if not config.kv_connector and (r.kv_external_tokens or r.kv_load_async or r.kv_save_async):
+        r = dataclasses.replace(r, kv_external_tokens=0, kv_load_async=False, kv_save_async=False)
     return r
+
+
+def _kv_event_fits(e: Event, requests: dict[str, RequestSpec], config: SchedulerConfig | None) -> bool:
+    """Whether a worker event still names a request that can take it (as
+    the trace loader requires)."""
+    if config is not None and not config.kv_connector:
+        return False
+    r = requests.get(getattr(e, "request_id", ""))
+    if r is None:
+        return False
+    if isinstance(e, KVLoadDone):
+        return r.kv_load_async
+    if isinstance(e, KVSaveDone):
+        return r.kv_save_async
+    assert isinstance(e, KVLoadFailed)
+    if not r.kv_external_tokens:
+        return False
+    block_size = config.block_size if config is not None else 1
+    return e.block_index is None or e.block_index < -(-r.kv_external_tokens // block_size)
 
 
 def _consistent(events: list[Event], async_scheduling: bool = False,
@@ -66,10 +97,15 @@ def _consistent(events: list[Event], async_scheduling: bool = False,
         events = [AddRequest(_fit_request(e.request, config)) if isinstance(e, AddRequest) else e for e in events]
     added = {e.request.request_id for e in events if isinstance(e, AddRequest)}
     structured = {e.request.request_id for e in events if isinstance(e, AddRequest) and e.request.structured_output}
+    requests: dict[str, RequestSpec] = {}
     out: list[Event] = []
     ready: set[str] = set()
     for e in keep_protocol(events, async_scheduling):
+        if isinstance(e, AddRequest):
+            requests[e.request.request_id] = e.request
         if isinstance(e, Abort) and e.request_id not in added:
+            continue
+        if isinstance(e, (KVLoadDone, KVLoadFailed, KVSaveDone)) and not _kv_event_fits(e, requests, config):
             continue
         if isinstance(e, GrammarReady):
             if e.request_id not in structured or e.request_id in ready:
@@ -133,6 +169,13 @@ def _config_options(config: SchedulerConfig) -> list[SchedulerConfig]:
         changes.append({"prefill_schedule_interval": 1})
     if config.has_encoder:
         changes.append({"max_num_encoder_input_tokens": 0, "encoder_cache_size": 0})
+    # the KV features off, the groups cut to fewer
+    if config.kv_connector:
+        changes.append({"kv_connector": False, "kv_load_failure_policy": "fail"})
+    if config.is_hybrid:
+        changes.append({"kv_cache_groups": ()})
+        if len(config.kv_cache_groups) > 2:
+            changes.append({"kv_cache_groups": config.kv_cache_groups[:2]})
     if config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
         changes.append({"max_num_batched_tokens": min(2 * config.max_num_batched_tokens, config.max_model_len)})
     out = []
@@ -225,13 +268,33 @@ def _request_options(r: RequestSpec) -> list[RequestSpec]:
         except SchedSpecError:
             continue
     options.extend(_gate_options(r))
+    options.extend(_kv_options(r))
     return options
 
 
 def _with_prompt(r: RequestSpec, prompt: tuple[int, ...]) -> RequestSpec:
-    """``r`` with a shorter prompt, keeping the encoder inputs inside it."""
+    """``r`` with a shorter prompt, keeping the encoder inputs inside it and
+    its external prefix within it."""
+    ext = min(r.kv_external_tokens, len(prompt))
     return dataclasses.replace(r, prompt_token_ids=prompt,
-                               mm_inputs=tuple(m for m in r.mm_inputs if m.end <= len(prompt)))
+                               mm_inputs=tuple(m for m in r.mm_inputs if m.end <= len(prompt)),
+                               kv_external_tokens=ext, kv_load_async=r.kv_load_async and ext > 0)
+
+
+def _kv_options(r: RequestSpec) -> list[RequestSpec]:
+    """``r`` with one of its connector fields dropped or cut: its
+    asynchronous save, its asynchronous load, its external prefix (halved,
+    then none)."""
+    out: list[RequestSpec] = []
+    if r.kv_save_async:
+        out.append(dataclasses.replace(r, kv_save_async=False))
+    if r.kv_load_async:
+        out.append(dataclasses.replace(r, kv_load_async=False))
+    if r.kv_external_tokens:
+        if r.kv_external_tokens > 1:
+            out.append(dataclasses.replace(r, kv_external_tokens=r.kv_external_tokens // 2))
+        out.append(dataclasses.replace(r, kv_external_tokens=0, kv_load_async=False))
+    return out
 
 
 def _gate_options(r: RequestSpec) -> list[RequestSpec]:

@@ -27,7 +27,13 @@ _SUMMED = (
     "preemptions", "resumed", "aborts", "resets", "seconds", "forward_seconds",
     "pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed", "encoder_inputs",
     "encoder_freed", "invalid_spec_tokens", "lora_steps",
+    "kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts", "held_block_steps",
+    "sliding_window_frees",
 )
+
+#: The KV connector and hybrid-group counters (reported only when a run has them).
+KV_COUNTERS = ("kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts",
+               "held_block_steps", "sliding_window_frees")
 
 #: The admission-gate counters (reported only when a run has gates on).
 GATE_COUNTERS = ("pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed",
@@ -60,12 +66,27 @@ class Stats:
     encoder_freed: int = 0  # encoder-cache entries freed
     invalid_spec_tokens: int = 0  # the plans' num_invalid_spec_tokens summed: 0 from vLLM's schedule() and every scheduler here
     lora_steps: int = 0  # steps that scheduled a request with an adapter
+    # the KV connector and hybrid KV cache groups
+    kv_loads_sync: int = 0  # synchronous connector loads started (the plans' kv_loads)
+    kv_loads_async: int = 0  # asynchronous connector loads started
+    kv_load_failures: int = 0  # loads the worker reported failed (failed_recving + invalid_block_ids)
+    kv_saves: int = 0  # asynchronous saves the worker reported finished (finished_sending)
+    kv_timeouts: int = 0  # reports the bounded wait forced (loads and saves)
+    held_block_steps: int = 0  # blocks held by finished requests, summed over the steps
+    sliding_window_frees: int = 0  # sliding-window table entries that became the null block
+    #: request id -> null blocks last seen in its sliding-window tables (for sliding_window_frees)
+    _sw_nulls: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def absorb(self, plan: StepPlan) -> None:
         """Count one scheduled step."""
         self.steps += 1
         self.preemptions += len(plan.preempted_ids)
         self.encoder_freed += len(plan.freed_encoder_inputs)
+        for load in plan.kv_loads:
+            if load.asynchronous:
+                self.kv_loads_async += 1
+            else:
+                self.kv_loads_sync += 1
         for s in plan.scheduled:
             self.encoder_inputs += len(s.encoder_inputs)
             self.invalid_spec_tokens += s.num_invalid_spec_tokens
@@ -79,6 +100,14 @@ class Stats:
                 self.resumed += 1
             if s.is_prefill_chunk:
                 self.chunks += 1
+            if s.group_block_ids:
+                # the null block 0 only stands in a sliding-window table, for
+                # a block it freed (remove_skipped_blocks)
+                nulls = sum(table.count(0) for table in s.group_block_ids)
+                before = self._sw_nulls.get(s.request_id, 0)
+                if nulls > before:
+                    self.sliding_window_frees += nulls - before
+                self._sw_nulls[s.request_id] = nulls
 
     def merge(self, other: Stats) -> None:
         """Add ``other``'s counts to these."""
@@ -143,9 +172,15 @@ class Stats:
             # the gate counters only where a gate was used, so a run without
             # gates reports what it always did
             **{name: getattr(self, name) for name in GATE_COUNTERS if getattr(self, name)},
+            **{name: getattr(self, name) for name in KV_COUNTERS if getattr(self, name)},
         }
 
     def gate_line(self) -> str:
         """The gate counters in one line (those above zero)."""
         parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in GATE_COUNTERS if getattr(self, name)]
         return ", ".join(parts) if parts else "no gate event"
+
+    def kv_line(self) -> str:
+        """The KV connector and hybrid-group counters in one line (those above zero)."""
+        parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in KV_COUNTERS if getattr(self, name)]
+        return ", ".join(parts) if parts else "no KV load, save or sliding-window free"

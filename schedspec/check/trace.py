@@ -1,9 +1,10 @@
 """Trace files: a workload as JSON Lines, versioned, replayable against any scheduler.
 
-Format version 3 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-format.md):
+Format version 4 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-format.md):
 
-    line 1   {"schedspec_trace": 3, "config": {...SchedulerConfig...},
-              "vocab": 64, "oracle_seed": 0, "seed": 7, "gates": ["lora", "pause"]}
+    line 1   {"schedspec_trace": 4, "config": {...SchedulerConfig...},
+              "vocab": 64, "oracle_seed": 0, "seed": 7, "gates": ["lora", "pause"],
+              "kv": ["connector", "hybrid"]}
     then one event per line:
              {"op": "add", "request": {...RequestSpec...}}
              {"op": "abort", "request_id": "r3"}
@@ -16,6 +17,10 @@ Format version 3 (JSON Schema: schedspec/check/trace.schema.json, docs/trace-for
              {"op": "pause", "mode": "new", "clear_cache": true}   (version 3)
              {"op": "resume"}                                      (version 3)
              {"op": "grammar_ready", "request_id": "r2", "ok": true} (version 3)
+             {"op": "kv_load_done", "request_id": "r2"}              (version 4)
+             {"op": "kv_load_failed", "request_id": "r2", "block_index": 1}  (version 4;
+                                                 "block_index" null or absent: the whole load)
+             {"op": "kv_save_done", "request_id": "r2"}              (version 4)
 
 Version 2 adds the config's ``async_scheduling`` and ``num_speculative_tokens``
 and the schedule / update events; version 1 traces read as they always did,
@@ -35,6 +40,19 @@ against what it uses at load). At load a request with an adapter when
 max_loras is 0, or with encoder inputs and no encoder budget, and a
 grammar_ready for a request never added, aborted, without structured output
 or already ready, are refused.
+
+Version 4 adds the KV connector and hybrid KV cache groups: the config's
+``kv_connector``, ``kv_load_failure_policy`` and ``kv_cache_groups``; the
+requests' ``kv_external_tokens``, ``kv_load_async`` and ``kv_save_async``;
+the kv_load_done / kv_load_failed / kv_save_done events (the connector's
+worker reports, schedspec.check.oracle.KVWorker); and the header's ``kv``,
+the KV features the workload uses (checked against what it uses at load).
+At load a group configuration vLLM would refuse (a window of 0, a block
+size other than the config's), a request with connector fields and no
+connector, and a worker event with no connector, for a request never added,
+for a request that never loads asynchronously (kv_load_done), never loads
+(kv_load_failed), never saves (kv_save_done), or with a ``block_index``
+outside the blocks the request's external prefix fills, are refused.
 
 Blank lines and lines starting with ``#`` are ignored. Each line is validated
 against the shipped JSON Schema with ``jsonschema`` (imported on first use);
@@ -60,6 +78,9 @@ from schedspec.check.workload import (
     Event,
     GrammarReady,
     InFlight,
+    KVLoadDone,
+    KVLoadFailed,
+    KVSaveDone,
     Pause,
     ResetPrefixCache,
     Resume,
@@ -68,11 +89,12 @@ from schedspec.check.workload import (
     Update,
     Workload,
     gates_of,
+    kv_of,
 )
 
 #: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.
-TRACE_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+TRACE_VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)
 #: Config fields a version 1 trace cannot carry.
 V2_CONFIG_FIELDS = ("async_scheduling", "num_speculative_tokens")
 #: Config fields, request fields and events of the admission gates (version 3).
@@ -80,6 +102,11 @@ V3_CONFIG_FIELDS = ("max_loras", "watermark", "prefill_schedule_interval", "max_
                     "encoder_cache_size")
 V3_REQUEST_FIELDS = ("lora_id", "structured_output", "grammar_rejects", "mm_inputs")
 V3_OPS = ("pause", "resume", "grammar_ready")
+#: Config fields, request fields and events of the KV connector and hybrid
+#: KV cache groups (version 4).
+V4_CONFIG_FIELDS = ("kv_connector", "kv_load_failure_policy", "kv_cache_groups")
+V4_REQUEST_FIELDS = ("kv_external_tokens", "kv_load_async", "kv_save_async")
+V4_OPS = ("kv_load_done", "kv_load_failed", "kv_save_done")
 #: The JSON Schema every line is validated against (shipped with the package).
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
@@ -105,6 +132,11 @@ class Trace:
     def gates(self) -> tuple[str, ...]:
         """The admission gates the workload uses (the header's ``gates``)."""
         return gates_of(self.workload.config, self.workload.events)
+
+    @property
+    def kv(self) -> tuple[str, ...]:
+        """The KV features the workload uses (the header's ``kv``)."""
+        return kv_of(self.workload.config, self.workload.events)
 
     @property
     def config(self) -> SchedulerConfig:
@@ -137,6 +169,15 @@ def event_to_json(event: Event) -> dict[str, Any]:
         return {"op": "resume"}
     if isinstance(event, GrammarReady):
         return {"op": "grammar_ready", "request_id": event.request_id, "ok": event.ok}
+    if isinstance(event, KVLoadDone):
+        return {"op": "kv_load_done", "request_id": event.request_id}
+    if isinstance(event, KVLoadFailed):
+        out = {"op": "kv_load_failed", "request_id": event.request_id}
+        if event.block_index is not None:
+            out["block_index"] = event.block_index
+        return out
+    if isinstance(event, KVSaveDone):
+        return {"op": "kv_save_done", "request_id": event.request_id}
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -150,6 +191,8 @@ def result_to_json(result: StepResult) -> dict[str, Any]:
 def version_of(trace: Trace) -> int:
     """The lowest format version that holds ``trace``."""
     config = trace.config.to_dict()
+    if trace.kv:
+        return 4
     if trace.gates:
         return 3
     if any(name in config for name in V2_CONFIG_FIELDS):
@@ -171,6 +214,8 @@ def dumps(trace: Trace) -> str:
         header["check"] = dict(trace.check)
     if trace.gates:
         header["gates"] = list(trace.gates)
+    if trace.kv:
+        header["kv"] = list(trace.kv)
     lines = [json.dumps(header, sort_keys=True)]
     lines += [json.dumps(event_to_json(e), sort_keys=True) for e in trace.events]
     return "\n".join(lines) + "\n"
@@ -269,6 +314,11 @@ def _parse_request(where: tuple[str, int], obj: dict[str, Any], config: Schedule
     if req.mm_inputs and not config.has_encoder:
         raise TraceError(path, line, "request.mm_inputs",
                          "encoder inputs with no encoder (the config's encoder_cache_size is 0)")
+    if not config.kv_connector:
+        for name in V4_REQUEST_FIELDS:
+            if getattr(req, name):
+                raise TraceError(path, line, f"request.{name}",
+                                 "a KV connector field with no connector (the config's kv_connector is false)")
     return req
 
 
@@ -295,6 +345,12 @@ def _parse_header(
                 raise TraceError(path, line, f"config.{name}", _NEEDS_V3)
         if "gates" in obj:
             raise TraceError(path, line, "gates", _NEEDS_V3)
+    if version < 4:
+        for name in V4_CONFIG_FIELDS:
+            if name in obj["config"]:
+                raise TraceError(path, line, f"config.{name}", _NEEDS_V4)
+        if "kv" in obj:
+            raise TraceError(path, line, "kv", _NEEDS_V4)
     try:  # the cross-field rules the schema cannot express
         config = SchedulerConfig.from_dict(obj["config"])
     except ConfigError as exc:
@@ -306,6 +362,7 @@ def _parse_header(
 
 
 _NEEDS_V3 = "needs trace format version 3 (\"schedspec_trace\": 3)"
+_NEEDS_V4 = "needs trace format version 4 (\"schedspec_trace\": 4)"
 
 
 class _Loading:
@@ -321,6 +378,8 @@ class _Loading:
         self.flight = InFlight(config.async_scheduling)
         self.structured: set[str] = set()
         self.grammar_reported: dict[str, int] = {}
+        #: request id -> its spec (the worker events' checks read it)
+        self.requests: dict[str, RequestSpec] = {}
 
 
 def _parse_result(where: tuple[str, int], obj: dict[str, Any], state: _Loading) -> StepResult:
@@ -366,12 +425,19 @@ def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
         for name in V3_REQUEST_FIELDS:
             if name in obj["request"]:
                 raise TraceError(path, line, f"request.{name}", _NEEDS_V3)
+    if state.version < 4 and op in V4_OPS:
+        raise TraceError(path, line, "op", f"{op!r} " + _NEEDS_V4)
+    if state.version < 4 and op == "add" and isinstance(obj.get("request"), dict):
+        for name in V4_REQUEST_FIELDS:
+            if name in obj["request"]:
+                raise TraceError(path, line, f"request.{name}", _NEEDS_V4)
     _schema_check(where, branches[op], obj, "event", f"unknown field for {op!r}")
     if op == "add":
         req = _parse_request(where, obj["request"], config)
         if req.request_id in seen:
             raise TraceError(path, line, "request.request_id", f"duplicate request id {req.request_id!r}")
         seen.add(req.request_id)
+        state.requests[req.request_id] = req
         if req.structured_output:
             state.structured.add(req.request_id)
         return AddRequest(req)
@@ -381,6 +447,8 @@ def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
         return Resume()
     if op == "grammar_ready":
         return _parse_grammar_ready(where, obj, state)
+    if op in V4_OPS:
+        return _parse_kv_event(where, op, obj, state)
     if op == "abort":
         rid = obj["request_id"]
         if rid not in seen:
@@ -427,6 +495,54 @@ def _parse_grammar_ready(where: tuple[str, int], obj: dict[str, Any], state: _Lo
     return GrammarReady(rid, obj.get("ok", True))
 
 
+def _parse_kv_event(where: tuple[str, int], op: str, obj: dict[str, Any], state: _Loading) -> Event:
+    """A worker event names a request added before it (aborted or not: a
+    load aborted midway still reports), in a workload with a KV connector;
+    kv_load_done one that loads asynchronously, kv_load_failed one that
+    loads (its ``block_index`` among the blocks its external prefix fills),
+    kv_save_done one that saves asynchronously."""
+    path, line = where
+    rid = obj["request_id"]
+    if not state.config.kv_connector:
+        raise TraceError(path, line, "op", f"{op!r} with no KV connector (the config's kv_connector is false)")
+    req = state.requests.get(rid)
+    if req is None:
+        raise TraceError(path, line, "request_id", f"{rid!r} was never added before this line")
+    if op == "kv_load_done":
+        if not req.kv_load_async:
+            raise TraceError(path, line, "request_id",
+                             f"{rid!r} never loads asynchronously (its kv_load_async is false): "
+                             "no load of it is ever reported done")
+        return KVLoadDone(rid)
+    if op == "kv_save_done":
+        if not req.kv_save_async:
+            raise TraceError(path, line, "request_id",
+                             f"{rid!r} never saves asynchronously (its kv_save_async is false)")
+        return KVSaveDone(rid)
+    if not req.kv_external_tokens:
+        raise TraceError(path, line, "request_id",
+                         f"{rid!r} never loads (its kv_external_tokens is 0): no load of it can fail")
+    index = obj.get("block_index")
+    blocks = -(-req.kv_external_tokens // state.config.block_size)
+    if index is not None and index >= blocks:
+        raise TraceError(path, line, "block_index",
+                         f"{index} is outside the request's table where a load can fill it: its external "
+                         f"prefix of {req.kv_external_tokens} tokens fills blocks 0 .. {blocks - 1}")
+    return KVLoadFailed(rid, index)
+
+
+def _check_kv(path: str, line: int, declared: object, workload: Workload) -> None:
+    """The header's kv (when given) must name every KV feature the workload uses."""
+    if declared is None:
+        return
+    assert isinstance(declared, list)
+    missing = [k for k in kv_of(workload.config, workload.events) if k not in declared]
+    if missing:
+        raise TraceError(path, line, "kv",
+                         f"the trace uses the KV feature(s) {', '.join(missing)}, which the header does not list "
+                         f"(it lists {', '.join(declared) or 'none'})")
+
+
 def _check_gates(path: str, line: int, declared: object, workload: Workload) -> None:
     """The header's gates (when given) must name every gate the workload uses."""
     if declared is None:
@@ -444,6 +560,7 @@ def loads(text: str, path: str = "<trace>") -> Trace:
     events: list[Event] = []
     state: _Loading | None = None
     declared_gates: object = None
+    declared_kv: object = None
     header_line = 1
     for lineno, raw in enumerate(text.splitlines(), start=1):
         stripped = raw.strip()
@@ -456,7 +573,7 @@ def loads(text: str, path: str = "<trace>") -> Trace:
         if header is None:
             header = _parse_header(path, lineno, obj)
             state = _Loading(obj["schedspec_trace"], header[0])
-            declared_gates, header_line = obj.get("gates"), lineno
+            declared_gates, declared_kv, header_line = obj.get("gates"), obj.get("kv"), lineno
             continue
         assert state is not None
         events.append(_parse_event((path, lineno), obj, state))
@@ -465,6 +582,7 @@ def loads(text: str, path: str = "<trace>") -> Trace:
     config, vocab, oracle_seed, seed, check = header
     workload = Workload(config, tuple(events), seed)
     _check_gates(path, header_line, declared_gates, workload)
+    _check_kv(path, header_line, declared_kv, workload)
     return Trace(workload, vocab=vocab, oracle_seed=oracle_seed, check=check)
 
 

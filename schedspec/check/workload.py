@@ -113,7 +113,81 @@ class Update:
     step: int | None = None
 
 
-Event = Union[AddRequest, Abort, Step, ResetPrefixCache, Schedule, Update, Pause, Resume, GrammarReady]
+@dataclass(frozen=True)
+class KVLoadDone:
+    """The KV connector's worker reports the asynchronous load of request
+    ``request_id`` finished (StepResult.finished_recving). The driver's
+    worker queues it and delivers it in the next StepResult where it is
+    meaningful: the request has an asynchronous load in flight (it waits in
+    WAITING_FOR_REMOTE_KVS, or was aborted during the load and still holds
+    its blocks). While the request is unfinished and no load of it is in
+    flight the event waits (the load starts at its admission); once the
+    request is finished and holds nothing, it is dropped."""
+
+    request_id: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"KVLoadDone.request_id must be a non-empty string, got {self.request_id!r}")
+
+
+@dataclass(frozen=True)
+class KVLoadFailed:
+    """The worker reports a load of request ``request_id`` failed.
+    ``block_index`` None: the whole asynchronous load failed
+    (StepResult.failed_recving, with the request in finished_recving);
+    ``i``: the block at index ``i`` of the request's group-0 table could not
+    be filled (StepResult.invalid_block_ids; for an asynchronous load the
+    request is also in finished_recving). ``i`` is taken within the loaded
+    blocks (an index before them names the load's first block, one after
+    them its last). A synchronous load is reported failed in the result of
+    the step that loads it (its sample is discarded, as vLLM's
+    update_from_output skips the request); ``None`` there names the load's
+    first block. With more than one KV cache group the worker never reports
+    invalid_block_ids (vLLM raises there, _handle_invalid_blocks): an
+    asynchronous load is reported in failed_recving instead, and the event
+    for a synchronous load is dropped (failed_recving only concerns a
+    request in WAITING_FOR_REMOTE_KVS). Waits and is dropped as KVLoadDone."""
+
+    request_id: str
+    block_index: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"KVLoadFailed.request_id must be a non-empty string, got {self.request_id!r}")
+        if self.block_index is not None and (
+            not isinstance(self.block_index, int) or isinstance(self.block_index, bool) or self.block_index < 0
+        ):
+            raise ValueError(f"KVLoadFailed.block_index must be None or an integer >= 0, got {self.block_index!r}")
+
+
+@dataclass(frozen=True)
+class KVSaveDone:
+    """The worker reports the asynchronous save of finished request
+    ``request_id`` finished (StepResult.finished_sending): its held blocks
+    are freed. Meaningful while the request is finished and holds its blocks
+    for a save (SchedulerView.kv_held_by_finished); waits while it is
+    unfinished, dropped once it is finished and holds nothing."""
+
+    request_id: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"KVSaveDone.request_id must be a non-empty string, got {self.request_id!r}")
+
+
+Event = Union[AddRequest, Abort, Step, ResetPrefixCache, Schedule, Update, Pause, Resume, GrammarReady,
+              KVLoadDone, KVLoadFailed, KVSaveDone]
+
+#: The KV connector's worker events (a scheduler without the kv_connector
+#: capability cannot take them).
+KV_EVENTS: tuple[type, ...] = (KVLoadDone, KVLoadFailed, KVSaveDone)
+
+#: The bounded wait: the worker reports every asynchronous load (done) and
+#: every pending save at the latest this many steps after it started (the
+#: load's plan, or the first plan after the request finished holding its
+#: blocks), as a connector's timeout does, so no block is held forever.
+KV_REPORT_BOUND = 8
 
 #: The event types of the admission gates (a scheduler without the gate's
 #: optional method cannot take them).
@@ -288,6 +362,13 @@ def describe_event(event: Event) -> str:
         return "resume()"
     if isinstance(event, GrammarReady):
         return f"grammar_ready({event.request_id!r}" + (")" if event.ok else ", ok=False)")
+    if isinstance(event, KVLoadDone):
+        return f"kv_load_done({event.request_id!r})"
+    if isinstance(event, KVLoadFailed):
+        return f"kv_load_failed({event.request_id!r}" + (
+            ")" if event.block_index is None else f", block_index={event.block_index})")
+    if isinstance(event, KVSaveDone):
+        return f"kv_save_done({event.request_id!r})"
     return f"reset_prefix_cache(reset_running_requests={event.reset_running_requests})"
 
 
@@ -632,7 +713,7 @@ class RequestFactory:
 
 def random_workload(
     seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",),
-    gates: Sequence[str] = (),
+    gates: Sequence[str] = (), kv: Sequence[str] = (),
 ) -> Workload:
     """A seeded workload of ``num_steps`` steps with arrivals in bursts,
     aborts and occasional prefix-cache resets, in one of ``modes`` (MODES;
@@ -647,7 +728,12 @@ def random_workload(
     a random subset of them on (``draw_gate_subset``), with their config
     fields, request fields and events drawn from a generator of their own
     (``GateRequests``); with no gate the workload is the one this seed always
-    gave. The gates it turned on are its features (``gate:NAME``)."""
+    gave. The gates it turned on are its features (``gate:NAME``).
+
+    ``kv`` (KV_FEATURES) are the KV features it may use, drawn the same way
+    on a generator of their own (``kv_rng``, ``draw_kv_subset``,
+    ``with_kv``, ``KVRequests``); they are among its features as
+    ``kv:NAME``."""
     rng = random.Random(seed)
     config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
     modes = tuple(modes)
@@ -667,11 +753,23 @@ def random_workload(
         chosen = draw_gate_subset(gates, grng)
         config = with_gates(config, chosen, grng)
         gated = GateRequests(config, grng, vocab, pause="pause" in chosen, grammar="grammar" in chosen)
+    for k in kv:
+        if k not in KV_FEATURES:
+            raise ValueError(f"unknown KV feature {k!r} (choose from {', '.join(KV_FEATURES)})")
+    kv_requests: KVRequests | None = None
+    kv_chosen: tuple[str, ...] = ()
+    if kv:
+        krng = kv_rng(seed)
+        kv_chosen = draw_kv_subset(kv, krng)
+        config = with_kv(config, kv_chosen, krng)
+        kv_chosen = kv_of(config)
+        kv_requests = KVRequests(config, krng) if config.kv_connector else None
     factory = RequestFactory(rng, config, vocab)
 
     def make() -> RequestSpec:
         req = factory.make()
-        return req if gated is None else gated.decorate(req)
+        req = req if gated is None else gated.decorate(req)
+        return req if kv_requests is None else kv_requests.decorate(req)
 
     events: list[Event] = []
     live: list[str] = []
@@ -694,6 +792,8 @@ def random_workload(
         else:
             if gated is not None:
                 events.extend(gated.before_step())
+            if kv_requests is not None:
+                events.extend(kv_requests.before_step())
             if config.async_scheduling and mode_rng.random() < 0.15:
                 # schedule(N+1), then an abort or an arrival, then update(N)
                 events.append(Schedule())
@@ -716,8 +816,10 @@ def random_workload(
                 live = live[-16:]
     if gated is not None:
         events.extend(gated.finish())
+    if kv_requests is not None:
+        events.extend(kv_requests.finish())
     return Workload(config=config, events=tuple(events), seed=seed,
-                    features=tuple(f"gate:{g}" for g in chosen))
+                    features=tuple(f"gate:{g}" for g in chosen) + tuple(f"kv:{k}" for k in kv_chosen))
 
 
 # ---------------------------------------------------------------------------
@@ -876,4 +978,186 @@ class GateRequests:
         if self.resume_in is not None:
             self.resume_in = None
             out.append(Resume())
+        return out
+
+
+# ---------------------------------------------------------------------------
+# The KV connector and hybrid KV cache groups in generated workloads. As with
+# the gates, every draw comes from a generator of its own (seeded from the
+# workload's seed), so a workload with neither is exactly the one its seed
+# always gave.
+# ---------------------------------------------------------------------------
+
+#: The KV features a workload can turn on: the KV connector (external prefix
+#: loads, synchronous and asynchronous, asynchronous saves, the worker's
+#: reports) and hybrid KV cache groups (full attention beside sliding-window
+#: groups, or a lone sliding-window group).
+KV_FEATURES: tuple[str, ...] = ("connector", "hybrid")
+
+#: KV feature -> the capability name (schedspec.check.capabilities) a
+#: scheduler declares to take it
+KV_CAPABILITIES: Mapping[str, str] = {"connector": "kv_connector", "hybrid": "hybrid_kv"}
+
+
+def parse_kv(text: str) -> tuple[str, ...]:
+    """``"connector,hybrid"`` -> ("connector", "hybrid"), in KV_FEATURES
+    order; ``"all"`` -> KV_FEATURES, ``"none"`` -> (); a ValueError names an
+    unknown feature."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError(f"no KV feature given (choose from {', '.join(KV_FEATURES)}, all or none)")
+    if names == ["all"]:
+        return KV_FEATURES
+    if names == ["none"]:
+        return ()
+    for name in names:
+        if name not in KV_FEATURES:
+            extra = " (all and none stand alone)" if name in ("all", "none") else ""
+            raise ValueError(f"unknown KV feature {name!r}{extra} (choose from {', '.join(KV_FEATURES)}, all or none)")
+    return tuple(k for k in KV_FEATURES if k in names)
+
+
+def kv_of(config: SchedulerConfig, events: Sequence["Event"] = ()) -> tuple[str, ...]:
+    """The KV features a config and its events use, in KV_FEATURES order."""
+    on: set[str] = set()
+    if config.kv_connector:
+        on.add("connector")
+    if config.is_hybrid:
+        on.add("hybrid")
+    for e in events:
+        if isinstance(e, KV_EVENTS):
+            on.add("connector")
+        elif isinstance(e, AddRequest):
+            r = e.request
+            if r.kv_external_tokens or r.kv_load_async or r.kv_save_async:
+                on.add("connector")
+    return tuple(k for k in KV_FEATURES if k in on)
+
+
+def kv_rng(seed: int | str) -> random.Random:
+    """The generator of a workload's KV draws."""
+    return random.Random(f"schedspec-kv-{seed}")
+
+
+def draw_kv_subset(kv: Sequence[str], rng: random.Random) -> tuple[str, ...]:
+    """The KV features one workload turns on: each of ``kv`` with
+    probability 0.6 (a workload may draw none), in KV_FEATURES order."""
+    return tuple(k for k in KV_FEATURES if k in kv and rng.random() < 0.6)
+
+
+def draw_kv_groups(block_size: int, rng: random.Random) -> tuple[Any, ...]:
+    """A hybrid layout: full attention beside one or two sliding-window
+    groups, or a lone sliding-window group (at most 3 groups), each window
+    1 to 4 blocks long (block-aligned or not)."""
+    from schedspec.spec.interface import KVCacheGroup
+
+    def window() -> KVCacheGroup:
+        k = rng.randint(1, 4)
+        w = k * block_size if rng.random() < 0.5 else rng.randint((k - 1) * block_size + 1, k * block_size)
+        return KVCacheGroup("sliding_window", sliding_window=w)
+
+    layout = rng.choice(("full+sw", "full+sw", "full+sw+sw", "sw", "full+sw+full"))
+    if layout == "sw":
+        return (window(),)
+    if layout == "full+sw":
+        return (KVCacheGroup(), window())
+    if layout == "full+sw+sw":
+        return (KVCacheGroup(), window(), window())
+    return (KVCacheGroup(), window(), KVCacheGroup())
+
+
+def with_kv(config: SchedulerConfig, kv: Sequence[str], rng: random.Random) -> SchedulerConfig:
+    """``config`` with the KV features ``kv``: a connector with either load
+    failure policy; hybrid groups (draw_kv_groups) with the pool grown so
+    each group holds what the plain layout's one group held. A draw the
+    config cannot take leaves that feature off."""
+    out = config
+    if "connector" in kv:
+        try:
+            out = dataclasses.replace(out, kv_connector=True,
+                                      kv_load_failure_policy=rng.choice(("recompute", "fail")))
+        except SchedSpecError:
+            pass
+    if "hybrid" in kv:
+        groups = draw_kv_groups(out.block_size, rng)
+        try:
+            out = dataclasses.replace(out, kv_cache_groups=groups,
+                                      num_blocks=1 + (out.num_blocks - 1) * len(groups))
+        except SchedSpecError:
+            pass
+    return out
+
+
+class KVRequests:
+    """Adds the connector's request fields to generated requests, and the
+    worker's events to a workload: external prefixes of 0 tokens up to the
+    whole prompt (block-aligned or not), loaded synchronously or
+    asynchronously, asynchronous saves; load reports (done, or failed as a
+    whole or at one block) after 0 to 5 steps or left to the bounded wait,
+    saves reported after a few steps or left to it, and aborts soon after an
+    asynchronous load starts (aborts during loads)."""
+
+    def __init__(self, config: SchedulerConfig, rng: random.Random) -> None:
+        self.config = config
+        self.rng = rng
+        #: (steps until due, event) of the events drawn and not yet emitted
+        self.due: list[tuple[int, Event]] = []
+
+    def decorate(self, request: RequestSpec) -> RequestSpec:
+        """``request`` with connector fields drawn for it (and its events queued)."""
+        if not self.config.kv_connector:
+            return request
+        rng, bs = self.rng, self.config.block_size
+        n = len(request.prompt_token_ids)
+        changes: dict[str, Any] = {}
+        if rng.random() < 0.7:
+            ext = rng.choice((n, n, max(0, n - n % bs), rng.randint(0, n), rng.randint(1, n)))
+            if ext:
+                changes["kv_external_tokens"] = ext
+                changes["kv_load_async"] = rng.random() < 0.5
+        if rng.random() < 0.4:
+            changes["kv_save_async"] = True
+        if not changes:
+            return request
+        try:
+            out = dataclasses.replace(request, **changes)
+        except SchedSpecError:
+            return request
+        rid = out.request_id
+        if out.kv_external_tokens:
+            blocks = -(-out.kv_external_tokens // bs)
+            r = rng.random()
+            delay = rng.choice((0, 0, 1, 1, 2, 3, 5))
+            if out.kv_load_async:
+                if r < 0.45:
+                    self.due.append((delay, KVLoadDone(rid)))
+                elif r < 0.7:
+                    index = None if rng.random() < 0.5 else rng.randrange(blocks)
+                    self.due.append((delay, KVLoadFailed(rid, index)))
+                elif r < 0.8:
+                    self.due.append((rng.choice((0, 1, 2)), Abort(rid)))
+                # else: the bounded wait reports it
+            elif r < 0.3:
+                self.due.append((0, KVLoadFailed(rid, rng.choice((None, rng.randrange(blocks))))))
+        if out.kv_save_async and rng.random() < 0.5:
+            self.due.append((rng.randint(1, 12), KVSaveDone(rid)))
+        return out
+
+    def before_step(self) -> list[Event]:
+        """The worker's events (and aborts during loads) due before the next step."""
+        out: list[Event] = []
+        left: list[tuple[int, Event]] = []
+        for steps, event in self.due:
+            if steps <= 0:
+                out.append(event)
+            else:
+                left.append((steps - 1, event))
+        self.due = left
+        return out
+
+    def finish(self) -> list[Event]:
+        """The events still due at the end (they wait in the worker's queue
+        until the run to quiescence delivers or drops them)."""
+        out = [e for _, e in self.due]
+        self.due = []
         return out

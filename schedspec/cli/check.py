@@ -16,14 +16,16 @@ from schedspec.check.gate import (
     check_summary,
     gate_capabilities,
     junit_xml,
+    kv_capabilities,
     missing_rules_message,
     run_check,
     supported_gates,
+    supported_kv,
     supported_modes,
 )
 from schedspec.check.shrink import count_steps
 from schedspec.invariants import Selection
-from schedspec.check.workload import parse_gates, parse_modes
+from schedspec.check.workload import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required, rules_line
 from schedspec.cli.common import (
     EXIT_FAIL,
@@ -67,6 +69,10 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--gates", default="all", metavar="lora,grammar,pause,watermark,cadence,encoder|all|none",
                    help="the admission gates the workloads may turn on, a subset drawn per workload (default "
                         "all: every gate the scheduler under test supports; none: no gate)")
+    c.add_argument("--kv", default="all", metavar="connector,hybrid|all|none",
+                   help="the KV features the workloads may turn on (the KV connector: external prefix loads, "
+                        "async loads and saves, the worker's reports; hybrid KV cache groups), a subset drawn per "
+                        "workload (default all: every one the scheduler under test supports; none: neither)")
     c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
                    help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
                         "printed and written as JSON to PATH (default OUT/fidelity.json)")
@@ -88,6 +94,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         raise UsageError("--plans-only checks no invariants: drop --invariants or --plans-only")
     modes = _modes(args.modes)
     gates = parse_gates_flag(args.gates)
+    kv = parse_kv_flag(getattr(args, "kv", "all"))
     return CheckSettings(
         mode=mode,
         invariants=args.invariants,
@@ -106,6 +113,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         generator=args.generator,
         modes=modes,
         gates=gates,
+        kv=kv,
     )
 
 
@@ -114,6 +122,15 @@ def parse_gates_flag(text: str, flag: str = "--gates") -> tuple[str, ...]:
     UsageError naming the flag and the unknown gate."""
     try:
         return parse_gates(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def parse_kv_flag(text: str, flag: str = "--kv") -> tuple[str, ...]:
+    """The KV features a ``--kv`` value names (``all``: KV_FEATURES;
+    ``none``: ()); UsageError naming the flag and the unknown feature."""
+    try:
+        return parse_kv(text)
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
 
@@ -148,6 +165,11 @@ def run(args: argparse.Namespace) -> int:
     if args.gates.strip() not in ("all", "none") and unsupported:
         raise UsageError(f"--gates: {args.against} does not support the gate(s) {', '.join(unsupported)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
+    kv_text = getattr(args, "kv", "all").strip()
+    unsupported_kv = [k for k in settings.kv if k not in supported_kv(settings)]
+    if kv_text not in ("all", "none") and unsupported_kv:
+        raise UsageError(f"--kv: {args.against} does not support the KV feature(s) {', '.join(unsupported_kv)} "
+                         f"(its declared capabilities: {target.capabilities.describe()})")
     progress = Progress(enabled=not args.quiet)
     coverage = _coverage_start(args, name)
     try:
@@ -172,10 +194,13 @@ def run(args: argparse.Namespace) -> int:
     gates = supported_gates(settings)
     print("gates: " + (", ".join(gates) if gates else "none")
           + (f" (each workload a subset; {outcome.stats.gate_line()})" if gates else ""))
+    kv = supported_kv(settings)
+    print("kv: " + (", ".join(kv) if kv else "none")
+          + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
     if outcome.stats.rules:
         # the rules out of reach are those of the modes and gates this run
         # could not draw, not those of every gate
-        modes, on = supported_modes(settings), gate_capabilities(gates)
+        modes, on = supported_modes(settings), gate_capabilities(gates) + kv_capabilities(kv)
         print(format_table(outcome.stats.rules, modes=modes, gates=on) if args.rules
               else rules_line(outcome.stats.rules, modes=modes, gates=on))
     if outcome.missing_rules:

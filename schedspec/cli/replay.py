@@ -13,7 +13,8 @@ its file, line and field.
 scheduler declares; naming one it lacks is a usage error): a trace that uses
 a gate outside them is skipped, with a line saying so, when several are
 replayed (a corpus with gated traces replays against a scheduler without the
-gates), and refused (2) when it is the one trace named.
+gates), and refused (2) when it is the one trace named. ``--kv`` does the
+same for the KV features (the header's ``kv``: the connector, hybrid groups).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from schedspec.check import trace as tracefile
 from schedspec.check.driver import Failure, StepRecord
 from schedspec.check.capabilities import Capabilities, CapabilityError
 from schedspec.check.gate import run_workload, selection_of_trace
-from schedspec.check.workload import parse_gates
+from schedspec.check.workload import parse_gates, parse_kv
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -48,6 +49,9 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--table", action="store_true", help="print the step table even when everything held")
     r.add_argument("--gates", default="all", metavar="lora,grammar,pause,watermark,cadence,encoder|all|none",
                    help="replay only the traces whose admission gates (the header's gates) are among these "
+                        "(default all: those the scheduler supports); the others are skipped")
+    r.add_argument("--kv", default="all", metavar="connector,hybrid|all|none",
+                   help="replay only the traces whose KV features (the header's kv) are among these "
                         "(default all: those the scheduler supports); the others are skipped")
     add_mode_arguments(r, " (default: the check the trace records)")
 
@@ -145,6 +149,32 @@ def run(args: argparse.Namespace) -> int:
                          f"{', '.join(g for g in gates if g not in have)}")
     shown = text if text.strip() != "all" else ("all of " + args.against + "'s: " + (", ".join(have) or "none"))
     single = len(args.trace) == 1 and len(traces) == 1 and not Path(args.trace[0]).is_dir()
+    kv_text = getattr(args, "kv", "all")
+    try:
+        kv = parse_kv(kv_text)
+    except ValueError as exc:
+        raise UsageError(f"--kv: {exc}") from None
+    have_kv = target.capabilities.kv()
+    if kv_text.strip() == "all":
+        kv = have_kv
+    elif [k for k in kv if k not in have_kv]:
+        raise UsageError(f"--kv: {args.against} does not support the KV feature(s) "
+                         f"{', '.join(k for k in kv if k not in have_kv)}")
+    shown_kv = kv_text if kv_text.strip() != "all" else ("all of " + args.against + "'s: " + (", ".join(have_kv) or "none"))
+    kept_kv = []
+    for path, trace in traces:
+        outside_kv = [k for k in trace.kv if k not in kv]
+        if not outside_kv or (single and kv_text.strip() == "all"):
+            kept_kv.append((path, trace))  # a lone trace outside the scheduler's is refused below, naming it
+        elif single:
+            raise UsageError(f"replay {path}: the trace uses the KV feature(s) {', '.join(outside_kv)}, "
+                             f"outside --kv {shown_kv}")
+        else:
+            print(f"SKIPPED {path}: uses the KV feature(s) {', '.join(outside_kv)}, outside --kv {shown_kv}")
+    if not kept_kv:
+        print(f"replayed nothing: every trace uses a KV feature outside --kv {shown_kv}")
+        return EXIT_OK
+    traces = kept_kv
     kept = []
     for path, trace in traces:
         outside = _outside_gates(trace, gates)

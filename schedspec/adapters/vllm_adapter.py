@@ -710,6 +710,18 @@ def capabilities_of_class(cls: type) -> Capabilities:
                         sync_scheduling=not is_async).with_gates()
 
 
+class _SortedSet(set):  # type: ignore[type-arg]
+    """A set that iterates in sorted order. vLLM frees the requests of a
+    result's ``finished_recving`` and ``finished_sending`` in the order it
+    iterates those sets (scheduler.py, _update_from_kv_xfer_finished): for
+    request-id strings, an order that depends on the process's hash seed.
+    The spec frees them in sorted order, one of the orders vLLM may take;
+    the adapter hands vLLM sets that take it (docs/divergences.md)."""
+
+    def __iter__(self) -> Any:
+        return iter(sorted(set.__iter__(self)))
+
+
 @dataclass
 class _Live:
     spec: RequestSpec
@@ -766,6 +778,7 @@ class VllmScheduler:
                 )
         if config.has_encoder:
             self._set_encoder_budget(config)
+        self._pin_finish_order()
         # The structured-output manager's backend (a tokenizer-bound compiler
         # in vLLM): only the bitmask allocation is reached, grammars are ours.
         som = self.sched.structured_output_manager
@@ -810,6 +823,30 @@ class VllmScheduler:
         # request id -> the group-0 blocks its asynchronous load writes, until
         # the worker reports the load (finished_recving)
         self._kv_loading: dict[str, tuple[int, ...]] = {}
+
+    def _pin_finish_order(self) -> None:
+        """update_from_output finishes the requests of a step's errors (a
+        grammar that failed to compile, a failed KV load under the "fail"
+        policy) by handing finish_requests a set of request ids, whose
+        iteration order (and so the order their blocks are freed in) depends
+        on the process's hash seed. The spec takes them in sorted order, one
+        of the orders vLLM may take; the adapter has vLLM take it too: a set
+        handed to the scheduler's finish_requests (which makes a set of any
+        collection it gets) is finished one request at a time, in sorted
+        order. Nothing finish_requests does to one request reads another's
+        state, so this is the set's walk in that order
+        (docs/divergences.md)."""
+        finish = self.sched.finish_requests
+
+        def finish_requests(request_ids: Any, finished_status: Any) -> Any:
+            if not isinstance(request_ids, (set, frozenset)):
+                return finish(request_ids, finished_status)
+            done: list[Any] = []
+            for rid in sorted(request_ids):
+                done.extend(finish(rid, finished_status))
+            return done
+
+        self.sched.finish_requests = finish_requests
 
     def _set_encoder_budget(self, config: SchedulerConfig) -> None:
         """The encoder budget and cache of a multimodal model. vLLM derives both
@@ -1193,10 +1230,10 @@ class VllmScheduler:
                 or result.invalid_block_ids):
             return None
         return self._v.KVConnectorOutput(
-            finished_sending=set(result.finished_sending) or None,
-            finished_recving=set(result.finished_recving) or None,
-            failed_recving=set(result.failed_recving),
-            invalid_block_ids=set(result.invalid_block_ids),
+            finished_sending=_SortedSet(result.finished_sending) or None,
+            finished_recving=_SortedSet(result.finished_recving) or None,
+            failed_recving=_SortedSet(result.failed_recving),
+            invalid_block_ids=_SortedSet(result.invalid_block_ids),
         )
 
     def _deferred_bitmask(self, deferred: Any, plan: StepPlan, result: StepResult) -> None:

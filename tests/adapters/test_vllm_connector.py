@@ -438,3 +438,50 @@ class TestHybrid:
         step(s, finished_recving=("b",), failed_recving=("b",))
         view = s.view()
         assert view.finished["b"].status == S.FINISHED_ERROR and view.kv.ref_cnt == (0,) * 32
+
+
+# ----------------------------------------------------------------------------- orders vLLM leaves to the hash seed
+
+
+class TestPinnedOrders:
+    """vLLM walks sets of request ids where several requests are freed in one
+    update (finished_sending / finished_recving, finish_requests of the
+    step's errors): string hashes are seeded per process, so vLLM's free
+    order varies from run to run. The spec takes sorted order and the adapter
+    pins vLLM to it (docs/divergences.md)."""
+
+    def test_saves_reported_together_free_in_sorted_order(self) -> None:
+        from schedspec.spec.scheduler import SpecScheduler
+
+        for sched in (make(), SpecScheduler(SchedulerConfig(block_size=4, num_blocks=32, max_num_batched_tokens=32,
+                                                            max_num_seqs=4, max_model_len=64, kv_connector=True))):
+            for rid, base in (("x", 100), ("y", 200), ("z", 300)):
+                sched.add(req(rid, range(base, base + 6), 1, kv_save_async=True))
+            step(sched)
+            assert sched.view().kv_held_by_finished == {"x": (1, 2), "y": (3, 4), "z": (5, 6)}
+            step(sched, finished_sending=("z", "x", "y"))
+            # x, y, z each freed last block first: the unhashed ones to the
+            # head (LIFO), the hashed ones to the tail
+            queue = sched.view().kv.free_queue
+            assert queue[:3] == (6, 4, 2) and queue[-3:] == (1, 3, 5)
+
+    def test_requests_failed_together_free_in_sorted_order(self) -> None:
+        from schedspec.spec.scheduler import SpecScheduler
+
+        cfg = SchedulerConfig(block_size=4, num_blocks=32, max_num_batched_tokens=32, max_num_seqs=4,
+                              max_model_len=64, kv_connector=True, async_scheduling=True)
+        for sched in (make(async_scheduling=True), SpecScheduler(cfg)):
+            prompt = tuple(range(201, 213))
+            sched.add(req("r0", prompt, 3, kv_external_tokens=11))
+            p1 = sched.schedule()
+            sched.add(req("r1", prompt + (213, 214, 215, 216, 217), 5, kv_external_tokens=5))
+            p2 = sched.schedule()  # r1 hits r0's blocks 1-3
+            # block 2 of r0's synchronous load failed: both requests read it;
+            # policy "fail" finishes both, their frees deferred behind p2
+            sched.update(p1, StepResult({"r0": (9,)}, invalid_block_ids=(2,)))
+            assert {k: v.status for k, v in sched.view().finished.items()} == {
+                "r0": S.FINISHED_ERROR, "r1": S.FINISHED_ERROR}
+            sched.update(p2, StepResult({"r0": (9,), "r1": (6,)}))
+            view = sched.view()
+            assert view.kv.free_queue[:4] == (6, 3, 2, 4) and view.kv.free_queue[-2:] == (5, 1)
+            assert sorted(view.kv.block_keys) == [1, 5]  # blocks 2 and 3 evicted

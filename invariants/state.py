@@ -362,11 +362,13 @@ def _kept_after_failed_load(v: SchedulerView, r: RequestView) -> bool:
 
 @state_invariant(
     "full-blocks-cached",
-    "With prefix caching on, every full computed block of a running request carries a key; "
-    "with it off, no block does.",
+    "With prefix caching on, every full computed block of a running request carries a key in "
+    "every full-attention group; with it off, no block does.",
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: cache_blocks(request, min(computed + new, "
     "num_tokens)) hashes every block that becomes full (single_type_kv_cache_manager.py, "
-    "cache_blocks); with enable_caching False nothing is cached.",
+    "cache_blocks); with enable_caching False nothing is cached. A sliding-window group caches "
+    "only the blocks a hit can reach (SlidingWindowManager.reachable_block_mask), which this "
+    "invariant leaves to the lockstep comparison.",
     tags=("policy:vllm-caching",),
 )
 def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
@@ -378,6 +380,7 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
                 f"cache_index has {len(v.kv.cache_index)} keys"
             )
         return
+    sw = sliding_groups(v.config)
     for rid in v.running:
         r = v.requests.get(rid)
         if r is None:
@@ -387,9 +390,10 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
         # update_from_output caches num_computed_tokens - num_in_flight_tokens)
         known = min(r.num_computed_tokens - r.num_output_placeholders, r.num_tokens)
         for g, table in enumerate(tables(r)):
+            if g in sw:
+                continue  # a sliding window caches only the blocks a hit can reach
             for i in range(min(known // bs, len(table))):
-                # a sliding-window group's skipped places hold the null block
-                if table[i] != NULL_BLOCK and table[i] not in v.kv.block_keys:
+                if table[i] not in v.kv.block_keys:
                     yield rid, (
                         f"block {table[i]} (index {i}{f', group {g}' if g else ''}) is full "
                         f"({r.num_computed_tokens} computed tokens) but carries no key"

@@ -719,7 +719,9 @@ def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, schedule(): the first running request can preempt every "
     "other (or, under PRIORITY, only preempts itself while another remains), and the pool holds "
     "max_model_len tokens (kv_cache_planning.py, check_enough_kv_cache_memory), so some running "
-    "request always fits; with none running the whole pool is free and the head's first chunk fits.",
+    "request always fits; with none running the whole pool is free and the head's first chunk fits. "
+    "With a KV connector it stands aside while loads hold blocks or requests wait for them "
+    "(WAITING_FOR_REMOTE_KVS, kv_holding_waiting, delayed frees).",
     _SCHED,
     tags=("safety",),
 )
@@ -764,7 +766,8 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
     "progress-admits-head",
     "When nothing is running at the start of a step, it admits the head of the waiting queue.",
     "vllm/v1/core/sched/scheduler.py, schedule(): with self.running empty the whole pool is free "
-    "and the WAITING loop admits the head's first chunk (the pool holds max_model_len tokens).",
+    "and the WAITING loop admits the head's first chunk (the pool holds max_model_len tokens); "
+    "with a KV connector it stands aside while loads hold blocks or requests wait for them.",
     _SCHED,
     tags=("policy:vllm-step",),
 )
@@ -789,7 +792,9 @@ def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     "prompt exceeds the budget left).",
     "vllm/v1/core/sched/scheduler.py, schedule(), WAITING loop: `while token_budget > 0`, "
     "break on max_num_active_reqs, on a prompt over the budget without chunked prefill, or when "
-    "kv_cache_manager.allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl) returns None.",
+    "kv_cache_manager.allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl) returns None; "
+    "it stands aside for a head with an external prefix or while KV loads hold blocks (the load's "
+    "blocks and _inflight_prefill_reserved_blocks are not what it counts).",
     _SCHED,
     tags=("policy:vllm-step",),
 )
@@ -852,7 +857,8 @@ def running_served_while_budget(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, schedule(): the RUNNING loop starts at self.running[0] with "
     "the whole budget; under FCFS it may preempt every request behind it (self.running.pop()) and "
     "one request of max_model_len tokens always fits the pool; under PRIORITY it may instead be "
-    "the max((priority, arrival_time)) victim.",
+    "the max((priority, arrival_time)) victim; with async scheduling and a KV connector the head may "
+    "wait when the victim's free is deferred (\"A deferred free will not help\").",
     _SCHED,
     tags=("policy:vllm-step",),
 )

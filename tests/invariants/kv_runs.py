@@ -32,7 +32,7 @@ LAYOUTS: dict[str, tuple[KVCacheGroup, ...]] = {
 def kv_config(layout: str, *, connector: bool = True, policy: str = "recompute", async_: bool = False,
               **kw: Any) -> SchedulerConfig:
     base: dict[str, Any] = dict(
-        block_size=4, num_blocks=40, max_num_batched_tokens=24, max_num_seqs=4, max_model_len=64,
+        block_size=4, num_blocks=64, max_num_batched_tokens=24, max_num_seqs=4, max_model_len=64,
         kv_connector=connector, kv_load_failure_policy=policy, kv_cache_groups=LAYOUTS[layout],
         async_scheduling=async_,
     )
@@ -99,7 +99,11 @@ def kv_run(make: Callable[[SchedulerConfig], Any], config: SchedulerConfig, seed
         v = s.view()
         recv: list[str] = []
         failed: list[str] = []
-        invalid: set[int] = set(sync_bad.pop(plan.step, ()))
+        # a synchronous load's invalid block, while its request is unfinished
+        # (the boundary refuses a report for a load whose request is gone)
+        loaders = {ld.request_id for ld in plan.kv_loads if not ld.asynchronous}
+        held_now = {b for rid, r in v.requests.items() if rid in loaders for b in r.block_ids}
+        invalid: set[int] = set(b for b in sync_bad.pop(plan.step, ()) if b in held_now)
         for rid in list(loads):
             loads[rid] -= 1
             if loads[rid] <= 0:

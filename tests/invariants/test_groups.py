@@ -16,8 +16,9 @@ from typing import Any, Iterable
 
 import pytest
 
-from schedspec.invariants import BY_ID, CATALOGUE, Transition
+from schedspec.invariants import BY_ID, CATALOGUE, Monitor, Transition
 from schedspec.invariants.core import History
+from schedspec.spec import SpecScheduler
 from schedspec.spec.interface import (
     BlockKey,
     KVCacheGroup,
@@ -226,36 +227,68 @@ REAL = [
 
 
 def _vllm() -> Any:
-    try:
-        from schedspec.adapters.vllm_adapter import VllmScheduler
-    except Exception:  # pragma: no cover - vLLM not installed
-        pytest.skip("vLLM is not installed")
+    pytest.importorskip("vllm")
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+
     return VllmScheduler
+
+
+def _silent_runs(make: Any, layout: str, policy: str, async_: bool, seeds: int) -> dict[str, int]:
+    seen: dict[str, int] = {}
+    for seed in range(seeds):
+        run = kv_run(make, kv_config(layout, policy=policy, async_=async_), seed)
+        assert [str(v) for v in violations(run)] == [], (layout, policy, async_, seed)
+        for k, n in run.counts.items():
+            seen[k] = seen.get(k, 0) + n
+    return seen
+
+
+@pytest.mark.parametrize("layout, policy, async_", REAL)
+def test_no_false_alarms_on_spec_runs(layout: str, policy: str, async_: bool) -> None:
+    seen = _silent_runs(SpecScheduler, layout, policy, async_, 3)
+    assert seen.get("async_load", 0) and seen.get("sync_load", 0) and seen.get("finished_sending", 0)
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("layout, policy, async_", REAL)
 def test_no_false_alarms_on_vllm_runs(layout: str, policy: str, async_: bool) -> None:
-    make = _vllm()
-    seen: dict[str, int] = {}
-    for seed in range(3):
-        run = kv_run(make, kv_config(layout, policy=policy, async_=async_), seed)
-        assert violations(run) == [], (layout, policy, async_, seed)
-        for k, n in run.counts.items():
-            seen[k] = seen.get(k, 0) + n
+    seen = _silent_runs(_vllm(), layout, policy, async_, 3)
     assert seen.get("async_load", 0) and seen.get("sync_load", 0) and seen.get("finished_sending", 0)
 
 
-@pytest.mark.vllm
+def _freed_window_findings(make: Any) -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    for seed in range(8):
+        run = kv_run(make, kv_config("sw6", policy="recompute"), seed)
+        m = Monitor()
+        for t in run.transitions:
+            for v in m.observe(t):
+                out.append((seed, str(v)))
+                if len(out) == 1:
+                    # first found in the update that reports an invalid block
+                    assert t.kind == "update" and t.result is not None and t.result.invalid_block_ids
+    return out
+
+
+def _check_freed_window(found: list[tuple[int, str]]) -> None:
+    assert found
+    for _, msg in found:
+        assert msg.startswith("group-tables-cover ") and "lie wholly before the window" in msg, msg
+
+
 def test_recompute_into_a_freed_window() -> None:
-    """vLLM 0.33 under "recompute" with a lone sliding-window group: a
-    synchronous load's request has freed the blocks wholly before the window
-    of its loaded tokens (add_local_computed_blocks, allocate_slots); an
-    invalid block then truncates its computed tokens to that block's start
-    (_update_requests_with_invalid_blocks), and the tokens it recomputes
-    attend positions whose blocks are the null block. group-tables-cover
-    reports it (seed 2 of the sw6 workload)."""
-    run = kv_run(_vllm(), kv_config("sw6", policy="recompute"), 2)
-    found = violations(run)
-    assert found and {v.invariant_id for v in found} == {"group-tables-cover"}
-    assert "freed 2 blocks, but with 12 computed tokens only 1 lie wholly before the window" in found[0].message
+    """vLLM 0.33 under "recompute" with a lone sliding-window group (the
+    spec models it so): a synchronous load's request has freed the blocks
+    wholly before the window of its loaded tokens (add_local_computed_blocks,
+    allocate_slots); an invalid block then truncates its computed tokens to
+    that block's start (_update_requests_with_invalid_blocks), and the tokens
+    it recomputes attend positions whose blocks are now the null block.
+    group-tables-cover reports it, and nothing else fires."""
+    _check_freed_window(_freed_window_findings(SpecScheduler))
+
+
+@pytest.mark.vllm
+def test_recompute_into_a_freed_window_on_vllm() -> None:
+    spec = _freed_window_findings(SpecScheduler)
+    _check_freed_window(spec)
+    assert _freed_window_findings(_vllm()) == spec

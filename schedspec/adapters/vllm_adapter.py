@@ -695,19 +695,21 @@ def is_async_scheduler_class(cls: type) -> bool:
 #: What ``vllm`` (vLLM's own Scheduler and AsyncScheduler, picked by the
 #: config) supports: everything the spec does, in all four modes, with every
 #: admission gate (LoRA, structured outputs, pause states, the watermark, the
-#: prefill cadence, the encoder budget).
-VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True).with_gates()
+#: prefill cadence, the encoder budget), the KV connector (the modelled one,
+#: schedspec/adapters/vllm_connector.py) and hybrid KV cache groups.
+VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True).with_gates().with_kv()
 
 
 def capabilities_of_class(cls: type) -> Capabilities:
     """What a user's vLLM scheduler class supports through the adapter:
-    speculative decoding and every admission gate always (the adapter drives
-    them through vLLM's own Scheduler code); async scheduling for an AsyncScheduler
+    speculative decoding, every admission gate, the KV connector and hybrid
+    KV cache groups always (the adapter drives them through vLLM's own
+    Scheduler code); async scheduling for an AsyncScheduler
     subclass (which is driven only with a step in flight: a synchronous
     config is refused when it is built)."""
     is_async = is_async_scheduler_class(cls)
     return Capabilities(async_scheduling=is_async, speculative_decoding=True,
-                        sync_scheduling=not is_async).with_gates()
+                        sync_scheduling=not is_async).with_gates().with_kv()
 
 
 class _SortedSet(set):  # type: ignore[type-arg]

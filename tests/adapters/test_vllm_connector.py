@@ -128,6 +128,14 @@ class TestConnector:
         assert s.sched.defer_block_free is False
         assert make(async_scheduling=True).sched.defer_block_free is True
 
+    def test_the_adapter_declares_the_connector_and_hybrid_groups(self, vllm_loaded: Any) -> None:
+        from schedspec.adapters.vllm_adapter import VLLM_CAPABILITIES, capabilities_of_class
+
+        assert VLLM_CAPABILITIES.kv_connector and VLLM_CAPABILITIES.hybrid_kv
+        for cls in (vllm_loaded.Scheduler, vllm_loaded.AsyncScheduler):
+            caps = capabilities_of_class(cls)
+            assert caps.kv_connector and caps.hybrid_kv
+
     def test_no_connector_without_the_config(self) -> None:
         s = make(kv_connector=False)
         assert s.sched.connector is None

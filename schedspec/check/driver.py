@@ -26,6 +26,7 @@ A scheduler that raises, or returns the wrong type, is a Failure of kind
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import traceback
@@ -38,6 +39,7 @@ from schedspec.spec.interface import (
     PauseState,
     ProtocolError,
     RequestError,
+    RequestStatus,
     RequestView,
     Scheduler,
     SchedulerConfig,
@@ -115,8 +117,14 @@ class _Pending:
     step: int  # the n-th plan of the run
     plans: dict[str, StepPlan]
     results: dict[str, StepResult]
-    #: requests whose output in this plan reset_prefix_cache dropped
+    #: requests whose output in this plan reset_prefix_cache dropped, or whose
+    #: synchronous KV load failed in it (the scheduler discards that output)
     dropped: set[str] = field(default_factory=set)
+    #: request id -> the invalid block of its synchronous KV load that failed in this plan
+    kv_failed: dict[str, int] = field(default_factory=dict)
+    #: the requests of this plan that read a block a synchronous load failed
+    #: to fill (in this plan or one in flight before it): samples discarded
+    kv_affected: set[str] = field(default_factory=set)
 
 
 def scheduler_has_no_work(view: SchedulerView) -> bool:
@@ -399,13 +407,24 @@ class Runner:
         for name in self.names:
             before = self.views.get(name)
             self._where = (name, "reset_prefix_cache")
-            results[name] = self.scheds[name].reset_prefix_cache(reset_running_requests)
+            try:
+                results[name] = self.scheds[name].reset_prefix_cache(reset_running_requests)
+            except ProtocolError:
+                # with a KV connector the boundary refuses a reset that would
+                # leave blocks held (a load in flight, blocks kept for a save):
+                # an outcome compared like an abort's, not a failure
+                if not self.config.kv_connector:
+                    raise
+                results[name] = "refused"
+                continue
             if not isinstance(results[name], bool):
                 return self._wrong_type(name, "reset_prefix_cache", results[name], bool)
             if before is not None and (f := self._observe(name, "reset", before)):
                 return f
         if (f := self._compare("reset_prefix_cache()", results)):
             return f
+        if results[self.names[0]] == "refused":
+            return None
         # The requests it preempts lose the output still in flight
         # (scheduler.py, reset_prefix_cache: drop_stale_output=True).
         for pending in self.pending:
@@ -549,6 +568,10 @@ class Runner:
         if self.adapters and any(rid in self.adapters for rid in plan.scheduled_ids):
             self.stats.lora_steps += 1
         truth = self._context()
+        # requests whose synchronous load failed in a plan still in flight:
+        # a plan made before that update reads the unfilled block too, and
+        # the scheduler discards what it samples for them
+        tainted: set[str] = set().union(*(p.kv_affected for p in self.pending)) if self.pending else set()
         results: dict[str, StepResult] = {}
         for name in self.names:
             self._where = (name, "execute")
@@ -560,7 +583,7 @@ class Runner:
                 # before the forward; a request whose synchronous load fails
                 # here is not checked (its sample is discarded)
                 self._where = (name, "kv worker")
-                failing = worker.before(plans[name])
+                failing = worker.before(plans[name]) | tainted
                 self._where = (name, "execute")
                 if failing:
                     seen = {rid: toks for rid, toks in truth.items() if rid not in failing}
@@ -585,9 +608,16 @@ class Runner:
                 )
         if (f := self._compare("model output", dict(results))):
             return f
+        failed: dict[str, int] = {}
         if self.workers:
-            self._count_kv(self.workers[self.names[0]], plan)
-        self.pending.append(_Pending(step, plans, results))
+            worker = self.workers[self.names[0]]
+            self._count_kv(worker, plan)
+            # a request whose synchronous load failed in this plan: the
+            # scheduler discards its sample (vLLM skips it in update_from_output)
+            failed = dict(worker.last.sync_blocks)
+            tainted |= set(worker.last.sync_failed)
+        affected = tainted & set(plan.scheduled_ids)
+        self.pending.append(_Pending(step, plans, results, set(affected), failed, affected))
         if self.history is not None:
             self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]], results[self.names[0]],
                                            self.in_flight))
@@ -596,6 +626,8 @@ class Runner:
     def _update_inner(self, pending: _Pending) -> Failure | None:
         plans, results = pending.plans, pending.results
         self.pending.pop(0)
+        if pending.kv_failed:
+            results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
         for name in self.names:
             before = self.views.get(name)
             self._where = (name, "update")
@@ -612,6 +644,21 @@ class Runner:
         if self.history is not None:
             self._mark_updated(pending.step)
         return self._compare_views()
+
+    def _meaningful(self, name: str, result: StepResult, pending: _Pending) -> StepResult:
+        """``result`` as it reaches update(): the invalid block of a
+        synchronous load whose request no longer runs (aborted after the
+        plan was made) is left out, as vLLM's _handle_invalid_blocks, which
+        only scans the running requests, ignores it."""
+        view = self.views.get(name) if self.need_views else None
+        view = view or self.scheds[name].view()
+        gone = {b for rid, b in pending.kv_failed.items()
+                if rid not in view.requests or view.requests[rid].status != RequestStatus.RUNNING}
+        if not gone:
+            return result
+        keep = {b for rid, b in pending.kv_failed.items() if b not in gone}
+        blocks = tuple(b for b in result.invalid_block_ids if b not in gone or b in keep)
+        return dataclasses.replace(result, invalid_block_ids=blocks)
 
     def _count_kv(self, worker: KVWorker, plan: StepPlan) -> None:
         """The connector's statistics of one step (the first scheduler's worker)."""

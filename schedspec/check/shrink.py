@@ -275,7 +275,7 @@ def _request_options(r: RequestSpec) -> list[RequestSpec]:
 def _with_prompt(r: RequestSpec, prompt: tuple[int, ...]) -> RequestSpec:
     """``r`` with a shorter prompt, keeping the encoder inputs inside it and
     its external prefix within it."""
-    ext = min(r.kv_external_tokens, len(prompt))
+    ext = min(r.kv_external_tokens, len(prompt) if r.kv_load_async else len(prompt) - 1)
     return dataclasses.replace(r, prompt_token_ids=prompt,
                                mm_inputs=tuple(m for m in r.mm_inputs if m.end <= len(prompt)),
                                kv_external_tokens=ext, kv_load_async=r.kv_load_async and ext > 0)
@@ -289,7 +289,9 @@ def _kv_options(r: RequestSpec) -> list[RequestSpec]:
     if r.kv_save_async:
         out.append(dataclasses.replace(r, kv_save_async=False))
     if r.kv_load_async:
-        out.append(dataclasses.replace(r, kv_load_async=False))
+        # a synchronous load leaves a prompt token to compute
+        ext = min(r.kv_external_tokens, len(r.prompt_token_ids) - 1)
+        out.append(dataclasses.replace(r, kv_load_async=False, kv_external_tokens=ext))
     if r.kv_external_tokens:
         if r.kv_external_tokens > 1:
             out.append(dataclasses.replace(r, kv_external_tokens=r.kv_external_tokens // 2))

@@ -314,6 +314,11 @@ def _parse_request(where: tuple[str, int], obj: dict[str, Any], config: Schedule
     if req.mm_inputs and not config.has_encoder:
         raise TraceError(path, line, "request.mm_inputs",
                          "encoder inputs with no encoder (the config's encoder_cache_size is 0)")
+    if req.kv_external_tokens and not req.kv_load_async and req.kv_external_tokens >= len(req.prompt_token_ids):
+        raise TraceError(path, line, "request.kv_external_tokens",
+                         f"a synchronous load of all {req.kv_external_tokens} prompt tokens leaves none to compute "
+                         "(vLLM asserts num_new_tokens > 0): load at most the prompt less one token, or "
+                         "load asynchronously")
     if not config.kv_connector:
         for name in V4_REQUEST_FIELDS:
             if getattr(req, name):

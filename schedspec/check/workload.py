@@ -1112,9 +1112,14 @@ class KVRequests:
         changes: dict[str, Any] = {}
         if rng.random() < 0.7:
             ext = rng.choice((n, n, max(0, n - n % bs), rng.randint(0, n), rng.randint(1, n)))
+            asynchronous = rng.random() < 0.5
+            if not asynchronous:
+                # a synchronous load leaves at least one token to compute
+                # (vLLM asserts num_new_tokens > 0; the spec refuses it at add)
+                ext = min(ext, n - 1)
             if ext:
                 changes["kv_external_tokens"] = ext
-                changes["kv_load_async"] = rng.random() < 0.5
+                changes["kv_load_async"] = asynchronous
         if rng.random() < 0.4:
             changes["kv_save_async"] = True
         if not changes:

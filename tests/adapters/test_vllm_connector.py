@@ -493,3 +493,57 @@ class TestPinnedOrders:
             view = sched.view()
             assert view.kv.free_queue[:4] == (6, 3, 2, 4) and view.kv.free_queue[-2:] == (5, 1)
             assert sorted(view.kv.block_keys) == [1, 5]  # blocks 2 and 3 evicted
+
+
+# ----------------------------------------------------------------------------- lockstep with the spec
+
+
+def _kv_events() -> list[Any]:
+    from schedspec.check.workload import Abort, AddRequest, KVLoadDone, KVLoadFailed, KVSaveDone, Step
+
+    return [
+        AddRequest(req("a", range(1, 11), 3, kv_external_tokens=8)),
+        AddRequest(req("b", range(21, 35), 4, kv_external_tokens=12, kv_load_async=True, kv_save_async=True)),
+        AddRequest(req("c", range(41, 51), 3, kv_external_tokens=8, kv_load_async=True)),
+        AddRequest(req("d", range(61, 71), 3, kv_external_tokens=6, kv_load_async=True)),
+        Step(),
+        Step(),
+        KVLoadDone("b"),
+        KVLoadFailed("c", None),
+        Step(),
+        Abort("d"),
+        Step(),
+        AddRequest(req("e", range(1, 15), 2, kv_external_tokens=12, kv_save_async=True)),
+        Step(),
+        KVLoadDone("d"),
+        Step(),
+        Step(),
+        KVSaveDone("b"),
+        Step(),
+        Step(),
+        KVSaveDone("e"),
+        Step(),
+    ]
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("groups", [(), (FULL, SW), (SW,)], ids=["plain", "full+sw", "sw"])
+def test_lockstep_with_the_spec_on_connector_events(policy: str, async_scheduling: bool, groups: Any) -> None:
+    """Plans (loads included) and views equal after every operation, every
+    invariant on, the check's worker delivering the reports and waiting out
+    the rest (quiescence: every block free at the end)."""
+    from schedspec.check.driver import Runner
+    from schedspec.spec.scheduler import SpecScheduler
+
+    def vllm(config: SchedulerConfig) -> Any:
+        from schedspec.adapters.vllm_adapter import VllmScheduler
+
+        return VllmScheduler(config)
+
+    config = SchedulerConfig(block_size=4, num_blocks=40, max_num_batched_tokens=16, max_num_seqs=4,
+                             max_model_len=48, kv_connector=True, kv_load_failure_policy=policy,
+                             kv_cache_groups=groups, async_scheduling=async_scheduling)
+    runner = Runner(config, {"spec": SpecScheduler, "vllm": vllm}, check_invariants=True)
+    failure = runner.run(tuple(_kv_events()))
+    assert failure is None, failure.describe()

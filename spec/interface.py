@@ -938,7 +938,9 @@ class SchedulerView:
 
     ``requests`` holds every unfinished request; ``finished`` holds requests
     that finished since the last schedule() (their ids go into the next plan's
-    ``finished_ids``), with their final status and output.
+    ``finished_ids``), with their final status and output. ``waiting`` is in
+    service order: with a KV connector, vLLM's kv_holding_waiting (requests
+    holding blocks for a load, drained first) comes before its waiting queue.
 
     The admission gates' state: ``pause_state`` (vLLM's Scheduler.pause_state);
     ``encoder_cache`` maps each cached encoder output (mm identifier) to its

@@ -45,7 +45,16 @@ from typing import Literal, Mapping, Sequence
 
 import torch
 
-from schedspec.spec.interface import ScheduledRequest, ScheduleKind, SchedSpecError, SchedulerConfig, StepPlan, StepResult
+from schedspec.spec.interface import (
+    KVCacheGroup,
+    KVLoad,
+    ScheduledRequest,
+    ScheduleKind,
+    SchedSpecError,
+    SchedulerConfig,
+    StepPlan,
+    StepResult,
+)
 
 from schedspec.gpu_runner.model import LlamaWeights, PagedKVCache, PagedLlama, StepBatch, set_cuda_determinism
 
@@ -60,7 +69,7 @@ class PlanError(SchedSpecError, ValueError):
         self.field = field_name
 
 
-FaultKind = Literal["block_table", "position"]
+FaultKind = Literal["block_table", "position", "kv_load"]
 
 
 @dataclass
@@ -71,7 +80,10 @@ class Fault:
     ``block_table``: the entry's last block is replaced, for this step, by
     a block that no entry of the plan holds (when the pool has one), so its K/V are written to and read from
     the wrong place. ``position``: the entry's positions are shifted by +1 for
-    RoPE (the slots stay right)."""
+    RoPE (the slots stay right). ``kv_load``: the first connector load of the
+    request (``step`` does not apply) copies, into each position, the stored
+    K/V of the next position (of the one before, for the store's last): a
+    store that is off by one."""
 
     kind: FaultKind
     step: int = 0
@@ -79,8 +91,8 @@ class Fault:
     fired: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("block_table", "position"):
-            raise ValueError(f"fault kind must be 'block_table' or 'position', got {self.kind!r}")
+        if self.kind not in ("block_table", "position", "kv_load"):
+            raise ValueError(f"fault kind must be 'block_table', 'position' or 'kv_load', got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -114,8 +126,45 @@ def pick_device(device: str = "auto", *, deterministic_algorithms: bool = False)
     return torch.device(device)
 
 
+def model_kv_cache_groups(model: PagedLlama) -> tuple[KVCacheGroup, ...]:
+    """The scheduler's ``kv_cache_groups`` for the model's layers: () for a
+    model without a sliding window, else one group per layer group (a
+    full-attention group, then the sliding-window one)."""
+    if not model.is_hybrid:
+        return ()
+    return tuple(KVCacheGroup("sliding_window", sliding_window=w) if w else KVCacheGroup("full_attention")
+                 for w in model.group_windows)
+
+
+class KVStore:
+    """The KV connector's store: the K/V an earlier run computed, per request
+    and position (every layer), with the token it was computed for.
+
+    An executor given one as ``kv_record`` fills it with every position it
+    computes (the first time: a recomputation keeps the first); one given
+    as ``kv_source`` copies from it when the connector's worker loads KV
+    (``Executor.load_kv``)."""
+
+    def __init__(self) -> None:
+        #: (request id, position) -> (K, V), each [layers, kv_heads, head_dim]
+        self.kv: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        #: (request id, position) -> the token whose K/V it is
+        self.tokens: dict[tuple[str, int], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.kv)
+
+    def holds(self, request_id: str, position: int) -> bool:
+        return (request_id, position) in self.kv
+
+
 class Executor:
-    """Executes StepPlans of one scheduler configuration on one model."""
+    """Executes StepPlans of one scheduler configuration on one model.
+
+    For a hybrid model (``PagedLlama(sliding_window=W)``) the config's
+    ``kv_cache_groups`` must be the model's (``model_kv_cache_groups``): each
+    layer reads and writes its group's table of ``group_block_ids``, all
+    groups in the one pool of blocks (a plane per layer)."""
 
     def __init__(
         self,
@@ -124,6 +173,8 @@ class Executor:
         *,
         fault: Fault | None = None,
         keep_logits: bool = True,
+        kv_record: KVStore | None = None,
+        kv_source: KVStore | None = None,
     ) -> None:
         if isinstance(model, LlamaWeights):
             model = PagedLlama(model, window=config.max_model_len)
@@ -134,6 +185,23 @@ class Executor:
                 f"config.max_model_len ({config.max_model_len}) exceeds the model's attention "
                 f"window ({model.window}); build the PagedLlama with window >= max_model_len"
             )
+        want = model_kv_cache_groups(model)
+        if tuple(config.kv_cache_groups) != want and not (not want and not config.is_hybrid):
+            raise ValueError(
+                f"config.kv_cache_groups {[g.to_dict() for g in config.kv_cache_groups]} do not match the "
+                f"model's layers {[g.to_dict() for g in want]}"
+            )
+        #: the sliding window of each KV cache group (0: full attention)
+        self.group_windows: tuple[int, ...] = model.group_windows
+        self.kv_record = kv_record
+        self.kv_source = kv_source
+        #: counts of the hybrid layout: entries whose sliding-window table
+        #: held the null block (freed blocks), new entries with a prefix hit
+        self.null_block_entries = 0
+        self.hybrid_hit_entries = 0
+        #: counts of the connector: loads performed, tokens copied from the store
+        self.kv_loads = 0
+        self.kv_loaded_tokens = 0
         self.cache = PagedKVCache.allocate(model.config, config.num_blocks, config.block_size, model.device)
         self.fault = fault
         self.keep_logits = keep_logits
@@ -208,11 +276,13 @@ class Executor:
         nb = self.cache.num_blocks
         window = self.model.window
         vocab = self.model.config.vocab_size
+        ngroups = len(self.group_windows)
         toks: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        group_slots: list[list[int]] = [[] for _ in range(ngroups)]
+        slots = group_slots[0]
         token_request: list[int] = []
-        key_rows: list[list[int]] = []
+        group_key_rows: list[list[list[int]]] = [[] for _ in range(ngroups)]
         seq_start: list[int] = []
         seq_len: list[int] = []
         ctx_len: list[int] = []
@@ -243,14 +313,9 @@ class Executor:
             if s.num_computed_tokens + n > limit:
                 raise bad("num_scheduled_tokens", f"computes up to {s.num_computed_tokens + n} of {limit} "
                           "known, in-flight and draft tokens")
-            table = list(s.block_ids)
             need = (end + bs - 1) // bs
-            if len(table) < need:
-                raise bad("block_ids", f"{len(table)} blocks cannot hold {end} tokens of {bs}")
-            for b in table:
-                if not 0 < b < nb:
-                    what = "the null block 0" if b == 0 else f"block {b} outside the pool of {nb}"
-                    raise bad("block_ids", f"the table holds {what}")
+            tables = self._tables(plan, s, c, end)
+            table = tables[0]
             filled, valid = self._filled(plan, s, c)
             for t in filled:
                 if not 0 <= t < vocab:
@@ -265,7 +330,9 @@ class Executor:
                 fault.request_id is None or fault.request_id == rid
             ):
                 fault.fired.append(f"step {plan.step} request {rid}: {fault.kind}")
-                if fault.kind == "block_table":
+                if fault.kind == "kv_load":
+                    fault.fired.clear()  # a load fault fires on the load (load_kv), not here
+                elif fault.kind == "block_table":
                     used = {b for e in plan.scheduled for b in e.block_ids}
                     spare = [b for b in range(nb - 1, 0, -1) if b not in used]
                     table[need - 1] = spare[0] if spare else table[need - 2] if need > 1 else 1
@@ -276,38 +343,189 @@ class Executor:
             ctx_len.append(end)
             for p, t in zip(range(c, end), filled):
                 toks.append(t)
-                slots.append(table[p // bs] * bs + p % bs)
                 token_request.append(r)
+                for g, tab in enumerate(tables):
+                    group_slots[g].append(tab[p // bs] * bs + p % bs)
             positions.extend(pos)
-            row = [b * bs + j for b in table for j in range(bs)][:window]
-            key_rows.append(row + [0] * (window - len(row)))
+            for g, tab in enumerate(tables):
+                row = [b * bs + j for b in tab for j in range(bs)][:window]
+                group_key_rows[g].append(row + [0] * (window - len(row)))
             if s.samples:
                 last_row = len(toks) - 1 - d
                 samplers.append(_Sampler(rid, len(logit_rows), end - d - 1, tuple(filled[n - d:]), tuple(valid)))
                 logit_rows.extend(range(last_row, last_row + d + 1))
             if s.num_output_placeholders:
                 self.in_flight_entries += 1
-        if len(set(slots)) != len(slots):
-            dup = next(x for x in slots if slots.count(x) > 1)
+        all_slots = [x for g in group_slots for x in g]
+        if len(set(all_slots)) != len(all_slots):
+            dup = next(x for x in all_slots if all_slots.count(x) > 1)
             raise PlanError(plan.step, "*", "block_ids", f"two tokens write slot {dup} in one step")
         dev = self.model.device
 
         def t64(xs: list[int]) -> torch.Tensor:
             return torch.tensor(xs, dtype=torch.int64, device=dev)
 
+        def keys(rows: list[list[int]]) -> torch.Tensor:
+            return torch.tensor(rows, dtype=torch.int64, device=dev).reshape(len(rows), window)
+
         batch = StepBatch(
             token_ids=t64(toks),
             positions=t64(positions),
             slot_mapping=t64(slots),
             token_request=t64(token_request),
-            key_slots=torch.tensor(key_rows, dtype=torch.int64, device=dev).reshape(len(key_rows), window),
+            key_slots=keys(group_key_rows[0]),
             seq_start=seq_start,
             seq_len=seq_len,
             ctx_len=ctx_len,
             logit_rows=t64(logit_rows),
             window=window,
+            group_slot_mapping=tuple(t64(xs) for xs in group_slots[1:]),
+            group_key_slots=tuple(keys(rows) for rows in group_key_rows[1:]),
         )
         return batch, samplers
+
+    def _tables(self, plan: StepPlan, s: ScheduledRequest, c: int, end: int) -> list[list[int]]:
+        """The entry's block table per KV cache group (``group_block_ids``
+        for a hybrid config, else ``block_ids``), checked: each covers
+        positions up to ``end``, holds only blocks of the pool, and the null
+        block 0 only in a sliding-window group's places wholly before the
+        window the step reads (positions ``c - W + 1`` on): reading one
+        inside it is a PlanError naming the group and the position."""
+        bs, nb = self.config.block_size, self.cache.num_blocks
+        rid = s.request_id
+        need = (end + bs - 1) // bs
+        if self.config.is_hybrid:
+            if len(s.group_block_ids) != len(self.group_windows):
+                raise PlanError(plan.step, rid, "group_block_ids",
+                                f"{len(s.group_block_ids)} tables for {len(self.group_windows)} KV cache groups")
+            if tuple(s.block_ids) != tuple(s.group_block_ids[0]):
+                raise PlanError(plan.step, rid, "block_ids", "is not group 0's table of group_block_ids")
+            raw = [list(t) for t in s.group_block_ids]
+        else:
+            raw = [list(s.block_ids)]
+        hybrid = self.config.is_hybrid
+        freed = False
+        for g, (tab, w) in enumerate(zip(raw, self.group_windows)):
+            name = f"group_block_ids[{g}]" if hybrid else "block_ids"
+            what_group = f"KV cache group {g} ({'sliding window ' + str(w) if w else 'full attention'}): " if hybrid else ""
+            if len(tab) < need:
+                raise PlanError(plan.step, rid, name, f"{what_group}{len(tab)} blocks cannot hold {end} tokens of {bs}")
+            first_read = max(0, c - w + 1) if w else 0
+            for i, b in enumerate(tab):
+                if not 0 <= b < nb:
+                    raise PlanError(plan.step, rid, name, f"{what_group}the table holds block {b} outside the pool of {nb}")
+                if b != 0:
+                    continue
+                if not w:
+                    raise PlanError(plan.step, rid, name, f"{what_group}the table holds the null block 0")
+                freed = True
+                if i * bs + bs > first_read and i * bs < end:
+                    pos = max(i * bs, first_read)
+                    raise PlanError(plan.step, rid, name,
+                                    f"{what_group}position {pos} lies inside the window the step reads "
+                                    f"(from {first_read}) but its block is the null block 0 (freed)")
+        if freed:
+            self.null_block_entries += 1
+        if hybrid and s.kind is ScheduleKind.NEW and s.num_computed_tokens > 0:
+            self.hybrid_hit_entries += 1
+        return raw
+
+    # ------------------------------------------------------------------ the KV connector's worker side
+
+    def load_kv(self, load: KVLoad, tokens: Sequence[int], upto: int | None = None) -> None:
+        """Perform one connector load (the check driver's KVWorker calls it:
+        synchronous loads before the step's forward, asynchronous ones when
+        it reports them finished): copy the stored K/V of positions
+        ``load.start .. load.end - 1`` (below ``upto`` when given) from
+        ``kv_source`` into the load's blocks, each layer through its KV cache
+        group's table (``group_block_ids``; a sliding-window table's null
+        blocks take nothing). ``tokens`` is the request's prompt: the store
+        must hold K/V computed for those very tokens."""
+        rid = load.request_id
+        end = load.end if upto is None else min(load.end, upto)
+        if end <= load.start:
+            return
+        step = self.steps  # the plan the load comes with (the next one executed)
+
+        def bad(message: str) -> PlanError:
+            return PlanError(step, rid, "kv_loads", message)
+
+        if self.kv_source is None:
+            raise bad("a connector load, but the executor has no KV store (source)")
+        bs, nb = self.config.block_size, self.cache.num_blocks
+        fault = self.fault
+        shift = fault is not None and fault.kind == "kv_load" and not fault.fired and (
+            fault.request_id is None or fault.request_id == rid)
+        src: list[int] = []
+        for p in range(load.start, end):
+            if not self.kv_source.holds(rid, p):
+                raise bad(f"the store holds no K/V of position {p}")
+            if p < len(tokens) and self.kv_source.tokens[(rid, p)] != tokens[p]:
+                raise bad(f"the store's K/V of position {p} is for token {self.kv_source.tokens[(rid, p)]}, "
+                          f"the request has {tokens[p]} there")
+            q = p
+            if shift:
+                q = p + 1 if self.kv_source.holds(rid, p + 1) else p - 1
+            src.append(q)
+        if shift and fault is not None:
+            fault.fired.append(f"load of request {rid} positions {load.start}..{end - 1}: stored K/V shifted by one")
+        tables = load.group_block_ids if self.config.is_hybrid else (load.block_ids,)
+        if len(tables) != len(self.group_windows):
+            raise bad(f"{len(tables)} tables for {len(self.group_windows)} KV cache groups")
+        dev = self.model.device
+        for g, tab in enumerate(tables):
+            w = self.group_windows[g]
+            keep = []
+            for p, q in zip(range(load.start, end), src):
+                i = p // bs
+                if i >= len(tab):
+                    raise bad(f"group {g}'s table of {len(tab)} blocks cannot hold position {p}")
+                b = tab[i]
+                if not 0 <= b < nb or (b == 0 and not w):
+                    raise bad(f"group {g}'s table gives block {b} for position {p}")
+                if b != 0:
+                    keep.append((b * bs + p % bs, q))
+            if not keep:
+                continue
+            slot_t = torch.tensor([x for x, _ in keep], dtype=torch.int64, device=dev)
+            ks = torch.stack([self.kv_source.kv[(rid, q)][0] for _, q in keep], dim=1)  # [L, n, KVH, Dh]
+            vs = torch.stack([self.kv_source.kv[(rid, q)][1] for _, q in keep], dim=1)
+            for layer, lg in enumerate(self.model.layer_group):
+                if lg != g:
+                    continue
+                kc, vc = self.cache.flat(layer)
+                kc.index_copy_(0, slot_t, ks[layer].to(dev))
+                vc.index_copy_(0, slot_t, vs[layer].to(dev))
+        self.kv_loads += 1
+        self.kv_loaded_tokens += end - load.start
+
+    def _record(self, plan: StepPlan, batch: StepBatch) -> None:
+        """Keep, in ``kv_record``, the K/V this step computed for each real token
+        (drafts aside) that the store does not hold yet."""
+        store = self.kv_record
+        if store is None:
+            return
+        per_group: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for g in range(len(self.group_windows)):
+            slots = batch.slots_of(g)
+            layers = [i for i, lg in enumerate(self.model.layer_group) if lg == g]
+            k = torch.stack([self.cache.flat(i)[0].index_select(0, slots) for i in layers])
+            v = torch.stack([self.cache.flat(i)[1].index_select(0, slots) for i in layers])
+            per_group.append((k, v))
+        # layer i is the n-th layer of its group: its rows in per_group
+        nth = [self.model.layer_group[:i].count(g) for i, g in enumerate(self.model.layer_group)]
+        k_all = torch.stack([per_group[g][0][nth[i]] for i, g in enumerate(self.model.layer_group)])  # [L, N, KVH, Dh]
+        v_all = torch.stack([per_group[g][1][nth[i]] for i, g in enumerate(self.model.layer_group)])
+        toks = batch.token_ids.tolist()
+        if self.fault is not None and self.fault.kind == "position":
+            return  # a store filled by a faulty run is no store
+        for s, start, length in zip(plan.scheduled, batch.seq_start, batch.seq_len):
+            base = int(batch.positions[start])
+            for j in range(length - len(s.spec_token_ids)):
+                key = (s.request_id, base + j)
+                if key not in store.kv:
+                    store.kv[key] = (k_all[:, start + j].clone(), v_all[:, start + j].clone())
+                    store.tokens[key] = toks[start + j]
 
     # ------------------------------------------------------------------ run
 
@@ -321,6 +539,8 @@ class Executor:
             return StepOutput(StepResult({}), {}, 0, 0.0)
         batch, samplers = self._prepare(plan, known_tokens)
         logits = self.model.forward(batch, self.cache)
+        if self.kv_record is not None:
+            self._record(plan, batch)
         argmax = torch.argmax(logits, dim=-1).tolist()
         sampled: dict[str, tuple[int, ...]] = {}
         drafts: dict[str, tuple[int, ...]] = {}

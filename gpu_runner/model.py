@@ -380,10 +380,23 @@ class StepBatch:
     ctx_len: list[int]
     logit_rows: torch.Tensor  # [S] int64, rows whose logits are wanted
     window: int
+    #: hybrid KV cache groups: per group after the first, its slot mapping
+    #: ([N]) and key slots ([R, window]) through that group's block tables
+    #: (``slot_mapping`` and ``key_slots`` are group 0's)
+    group_slot_mapping: tuple[torch.Tensor, ...] = ()
+    group_key_slots: tuple[torch.Tensor, ...] = ()
 
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
+
+    def slots_of(self, group: int) -> torch.Tensor:
+        """Where the step's K/V of a layer of KV cache group ``group`` go."""
+        return self.slot_mapping if group == 0 else self.group_slot_mapping[group - 1]
+
+    def keys_of(self, group: int) -> torch.Tensor:
+        """The key slots [R, window] a layer of KV cache group ``group`` reads."""
+        return self.key_slots if group == 0 else self.group_key_slots[group - 1]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -399,14 +412,51 @@ def _mlp(x: torch.Tensor, lw: LayerWeights, i_pad: int, eps: float) -> torch.Ten
     return F.linear(act, lw.w_down)
 
 
-class PagedLlama:
-    """Runs ``LlamaWeights`` over ``StepBatch``es against a ``PagedKVCache``."""
+#: Which layers a sliding window applies to (``PagedLlama(sliding_window=W, sw_layers=...)``).
+SW_LAYERS = ("odd", "even", "all")
 
-    def __init__(self, weights: LlamaWeights, *, mode: Mode = "exact", tile_rows: int = 16, window: int = 0):
+
+def layer_groups(num_layers: int, sliding_window: int, sw_layers: str = "odd") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The KV cache group of each layer and the window of each group (0 =
+    full attention): without a sliding window one full-attention group; with
+    one, the full-attention layers (if any) make group 0 and the
+    sliding-window layers (``odd``, ``even`` or ``all`` layer indices) the
+    next group, as vLLM groups layers by their KV cache spec."""
+    if sliding_window < 0:
+        raise ModelError(f"sliding_window must be >= 0, got {sliding_window}")
+    if sw_layers not in SW_LAYERS:
+        raise ModelError(f"sw_layers must be one of {', '.join(SW_LAYERS)}, got {sw_layers!r}")
+    if not sliding_window:
+        return (0,) * num_layers, (0,)
+    sw = [sw_layers == "all" or (i % 2 == 1) == (sw_layers == "odd") for i in range(num_layers)]
+    if not any(sw):
+        raise ModelError(f"sw_layers={sw_layers} selects no layer of {num_layers}")
+    if all(sw):
+        return (0,) * num_layers, (sliding_window,)
+    return tuple(1 if x else 0 for x in sw), (0, sliding_window)
+
+
+class PagedLlama:
+    """Runs ``LlamaWeights`` over ``StepBatch``es against a ``PagedKVCache``.
+
+    ``sliding_window`` W > 0 makes the model hybrid: the layers ``sw_layers``
+    selects attend only to the last W positions (a token at position p reads
+    keys p-W+1 .. p) through their own KV cache group's block tables
+    (``layer_group``, ``group_windows``); the others attend every position.
+    In exact mode a sliding-window layer still reads the fixed window of keys
+    and masks those before its window to ``-inf`` too, so its reductions keep
+    their length and order."""
+
+    def __init__(self, weights: LlamaWeights, *, mode: Mode = "exact", tile_rows: int = 16, window: int = 0,
+                 sliding_window: int = 0, sw_layers: str = "odd"):
         if mode not in ("exact", "fast"):
             raise ModelError(f"mode must be 'exact' or 'fast', got {mode!r}")
         if tile_rows < 1:
             raise ModelError(f"tile_rows must be >= 1, got {tile_rows}")
+        #: KV cache group of each layer, and each group's window (0 = full attention)
+        self.layer_group, self.group_windows = layer_groups(weights.config.num_layers, sliding_window, sw_layers)
+        self.sliding_window = sliding_window
+        self.sw_layers = sw_layers
         self.weights = weights
         self.config = weights.config
         self.mode: Mode = mode
@@ -422,6 +472,22 @@ class PagedLlama:
             # TF32 would make fp32 matmuls shape dependent in their rounding;
             # the rest keeps cuBLAS and cuDNN run-to-run deterministic.
             set_cuda_determinism(torch.are_deterministic_algorithms_enabled())
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether any layer uses a sliding window."""
+        return bool(self.sliding_window)
+
+    def _group_masks(self, pos: torch.Tensor) -> list[torch.Tensor]:
+        """Per KV cache group, [n, 1, window]: True where a key is not
+        attended (after the query, or before a sliding window's start)."""
+        key_pos = torch.arange(self.window, device=pos.device)
+        after = key_pos[None, :] > pos[:, None]
+        out = []
+        for w in self.group_windows:
+            m = after if not w else after | (key_pos[None, :] <= pos[:, None] - w)
+            out.append(m[:, None, :])
+        return out
 
     # ------------------------------------------------------------------ forward
 
@@ -467,13 +533,16 @@ class PagedLlama:
         # null-block slots; they write nothing and their output is dropped.
         tok = torch.cat([batch.token_ids, batch.token_ids.new_zeros(pad)])
         pos = torch.cat([batch.positions, batch.positions.new_zeros(pad)])
-        key_slots = torch.cat([batch.key_slots[batch.token_request], batch.key_slots.new_zeros(pad, self.window)])
-        key_pos = torch.arange(self.window, device=dev)
-        # [n_pad, 1, window]: True where the key lies after the query.
-        masked = (key_pos[None, :] > pos[:, None])[:, None, :]
+        # Per KV cache group: [n_pad, 1, window]: True where the key lies
+        # after the query (or before the group's sliding window).
+        group_masked = self._group_masks(pos)
         cos, sin = self.cos[pos], self.sin[pos]
         tiles = [slice(i, i + T) for i in range(0, n_pad, T)]
-        tile_keys = [key_slots[t].reshape(-1) for t in tiles]
+        group_tile_keys = []
+        for g in range(len(self.group_windows)):
+            ks_g = batch.keys_of(g)
+            key_slots = torch.cat([ks_g[batch.token_request], ks_g.new_zeros(pad, self.window)])
+            group_tile_keys.append([key_slots[t].reshape(-1) for t in tiles])
         x = w.embed[tok]
         if capture is not None:
             capture("embed", x[:n])
@@ -487,9 +556,11 @@ class PagedLlama:
             qk = apply_rope(qkv[:, : nq + nkv].reshape(n_pad, H + KVH, Dh), cos, sin, c.rope_style)
             # The softmax scale goes into q (one correctly rounded multiply per element).
             q = (qk[:, :H] * self.scale).reshape(n_pad, KVH, G, Dh)
+            group = self.layer_group[layer]
+            masked, tile_keys = group_masked[group], group_tile_keys[group]
             kc, vc = cache.flat(layer)
-            kc.index_copy_(0, batch.slot_mapping, qk[:n, H:])
-            vc.index_copy_(0, batch.slot_mapping, qkv[:n, nq + nkv :].reshape(n, KVH, Dh))
+            kc.index_copy_(0, batch.slots_of(group), qk[:n, H:])
+            vc.index_copy_(0, batch.slots_of(group), qkv[:n, nq + nkv :].reshape(n, KVH, Dh))
             out = x.new_empty(x.shape)
             mixed = x.new_empty(T, KVH, G, Dh)
             for t, slots in zip(tiles, tile_keys):
@@ -542,17 +613,22 @@ class PagedLlama:
         dev = self.device
         for layer, lw in enumerate(w.layers):
             q, k, v = self._qkv(x, lw, cos, sin)
+            group = self.layer_group[layer]
+            sw = self.group_windows[group]
             kc, vc = cache.flat(layer)
-            kc.index_copy_(0, batch.slot_mapping, k)
-            vc.index_copy_(0, batch.slot_mapping, v)
+            kc.index_copy_(0, batch.slots_of(group), k)
+            vc.index_copy_(0, batch.slots_of(group), v)
             mixed = x.new_empty(x.shape[0], c.num_heads, c.head_dim)
             for r, (start, length, ctx) in enumerate(zip(batch.seq_start, batch.seq_len, batch.ctx_len)):
-                slots = batch.key_slots[r, :ctx]
+                slots = batch.keys_of(group)[r, :ctx]
                 ks = kc[slots].repeat_interleave(G, dim=1).transpose(0, 1)  # [H, ctx, Dh]
                 vs = vc[slots].repeat_interleave(G, dim=1).transpose(0, 1)
                 qr = q[start : start + length].transpose(0, 1)  # [H, len, Dh]
                 qpos = pos[start : start + length]
-                allowed = torch.arange(ctx, device=dev)[None, :] <= qpos[:, None]
+                kpos = torch.arange(ctx, device=dev)[None, :]
+                allowed = kpos <= qpos[:, None]
+                if sw:
+                    allowed = allowed & (kpos > qpos[:, None] - sw)
                 o = F.scaled_dot_product_attention(qr, ks, vs, attn_mask=allowed, scale=self.scale)
                 mixed[start : start + length] = o.transpose(0, 1)
             a = F.linear(mixed.reshape(x.shape[0], -1), lw.wo)

@@ -22,6 +22,23 @@ flight and drafts accepted.
 A negative control runs a variant with a deliberately wrong block table and
 with wrong positions (``executor.Fault``) and must see a divergence.
 
+Hybrid KV cache groups: with a model whose layers use a sliding window
+(``PagedLlama(sliding_window=W)``), every configuration of the matrix, the
+baseline's included, carries the model's ``kv_cache_groups`` (a
+full-attention group, a sliding-window group); each layer reads its group's
+table, the sliding-window layers only their last W positions. Their guards:
+sliding-window blocks were freed (the null block appeared in a table) and
+prefix hits happened across the groups.
+
+The KV connector (``connector_variants``): the baseline run records every
+request's K/V per layer and position (``executor.KVStore``); a connector
+variant gives requests ``kv_external_tokens`` (aligned to blocks or not),
+loaded synchronously or asynchronously, and asynchronous saves, and its
+executor copies the stored K/V into the plan's ``kv_loads`` blocks instead of
+computing them, as the check driver's KV worker (``KVWorker``) starts and
+reports the loads. A negative control loads K/V shifted by one position and
+must see a divergence.
+
 Any object implementing ``spec.interface.Scheduler`` can be driven; pass a
 factory ``Callable[[SchedulerConfig], Scheduler]``.
 """
@@ -39,7 +56,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from schedspec.spec.errors import ConfigError
 from schedspec.spec.interface import (
+    KVCacheGroup,
     Policy,
     RequestSpec,
     RequestStatus,
@@ -50,8 +69,8 @@ from schedspec.spec.interface import (
 
 from schedspec.check.driver import Runner
 from schedspec.check.stats import FEATURES, Stats
-from schedspec.check.workload import Workload, timed_events
-from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, PlanError
+from schedspec.check.workload import AddRequest, Event, KVLoadDone, KVSaveDone, Workload, timed_events
+from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, KVStore, PlanError, model_kv_cache_groups
 from schedspec.gpu_runner.model import PagedLlama, describe_facts, determinism_facts
 
 if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
@@ -213,29 +232,67 @@ class Variant:
     name: str
     config: SchedulerConfig
     expects: frozenset[str] = frozenset()
+    #: the KV connector's requests (``connector_workload``): "" none, "sync",
+    #: "async" or "mixed" loads
+    kv: str = ""
 
 
-def baseline_config(max_model_len: int, block_size: int = 16, max_num_seqs: int = 8) -> SchedulerConfig:
+#: Styles of a connector variant's loads (``connector_workload``).
+KV_STYLES = ("sync", "async", "mixed")
+
+
+def least_pool(config: SchedulerConfig) -> int:
+    """The fewest blocks (the null block included) a config validates with:
+    one request of max_model_len fits in every KV cache group at once (for
+    the plain layout, 1 + its blocks)."""
+    for n in range(2, config.num_blocks + 1):
+        try:
+            replace(config, num_blocks=n)
+        except ConfigError:
+            continue
+        return n
+    return config.num_blocks
+
+
+def baseline_config(max_model_len: int, block_size: int = 16, max_num_seqs: int = 8,
+                    groups: tuple[KVCacheGroup, ...] = ()) -> SchedulerConfig:
     """No chunking, no prefix caching, a pool that holds every running
-    request at max_model_len (so no preemption)."""
+    request at max_model_len in every KV cache group (so no preemption)."""
     blocks_per_seq = -(-max_model_len // block_size)
     return SchedulerConfig(
         block_size=block_size,
-        num_blocks=1 + max_num_seqs * blocks_per_seq,
+        num_blocks=1 + max_num_seqs * blocks_per_seq * max(1, len(groups)),
         max_num_batched_tokens=max(8 * max_model_len, 1024),
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         enable_chunked_prefill=False,
         enable_prefix_caching=False,
+        kv_cache_groups=groups,
     )
 
 
-def default_variants(max_model_len: int, block_size: int = 16, max_num_seqs: int = 8) -> tuple[Variant, ...]:
-    base = baseline_config(max_model_len, block_size, max_num_seqs)
-    tiny = 1 + -(-max_model_len // block_size)  # the least that holds one request at max_model_len
+def _tiny(config: SchedulerConfig) -> SchedulerConfig:
+    """``config`` with the least pool it validates with (preemption)."""
+    return replace(config, num_blocks=least_pool(config))
+
+
+def _hybrid_expects(expects: set[str], groups: tuple[KVCacheGroup, ...]) -> frozenset[str]:
+    """A hybrid variant must also free sliding-window blocks, and hit the
+    prefix cache across the groups where it must hit it at all."""
+    out = set(expects)
+    if any(g.kind == "sliding_window" for g in groups):
+        out.add("sw_freed")
+        if out & {"cache_hit", "local_hit"}:
+            out.add("hybrid_hit")
+    return frozenset(out)
+
+
+def default_variants(max_model_len: int, block_size: int = 16, max_num_seqs: int = 8,
+                     groups: tuple[KVCacheGroup, ...] = ()) -> tuple[Variant, ...]:
+    base = baseline_config(max_model_len, block_size, max_num_seqs, groups)
     small = max(max_num_seqs, 2 * block_size)
     chunk = {"chunked"}
-    return (
+    variants = (
         Variant(
             "chunked-budget",
             replace(base, enable_chunked_prefill=True, max_num_batched_tokens=max(max_num_seqs, block_size)),
@@ -252,68 +309,153 @@ def default_variants(max_model_len: int, block_size: int = 16, max_num_seqs: int
             frozenset(chunk),
         ),
         Variant("prefix-cache", replace(base, enable_prefix_caching=True), frozenset({"cache_hit"})),
-        Variant("tiny-pool", replace(base, num_blocks=tiny), frozenset({"preempted"})),
+        Variant("tiny-pool", _tiny(base), frozenset({"preempted"})),
         Variant(
             "all-fcfs",
-            replace(
+            _tiny(replace(
                 base,
                 enable_chunked_prefill=True,
                 enable_prefix_caching=True,
-                num_blocks=tiny,
                 max_num_batched_tokens=small,
                 long_prefill_token_threshold=min(block_size, max_model_len),
-            ),
+            )),
             frozenset(FEATURES),
         ),
         Variant(
             "all-priority",
-            replace(
+            _tiny(replace(
                 base,
                 enable_chunked_prefill=True,
                 enable_prefix_caching=True,
-                num_blocks=tiny,
                 max_num_batched_tokens=small,
                 long_prefill_token_threshold=min(block_size, max_model_len),
                 policy=Policy.PRIORITY,
-            ),
+            )),
             frozenset(FEATURES),
         ),
     )
+    return tuple(replace(v, expects=_hybrid_expects(set(v.expects), groups)) for v in variants)
 
 
 #: What an in-flight variant must exercise: plans made while an output of the
 #: request was in flight, drafts accepted.
 INFLIGHT_FEATURES = ("in_flight", "drafts_accepted")
+#: What a hybrid variant must exercise: entries whose sliding-window table
+#: held the null block (freed blocks), new entries with a prefix hit in a
+#: hybrid layout (a hit valid in every group).
+HYBRID_FEATURES = ("sw_freed", "hybrid_hit")
+#: What a connector variant must exercise: tokens loaded from the store,
+#: asynchronous loads reported, asynchronous saves reported, and (where it
+#: caches prefixes) admissions with a prefix-cache hit beyond what the
+#: connector loaded (Stats' hit tokens count the connector's tokens too).
+KV_FEATURES = ("kv_loaded", "kv_async_loaded", "kv_saved", "local_hit")
+#: The features the executor and the KV worker count (RunRecord.inflight).
+EXECUTOR_FEATURES = INFLIGHT_FEATURES + HYBRID_FEATURES + KV_FEATURES
 
 
 def inflight_variants(
-    max_model_len: int, block_size: int = 16, max_num_seqs: int = 8, num_speculative_tokens: int = 3
+    max_model_len: int, block_size: int = 16, max_num_seqs: int = 8, num_speculative_tokens: int = 3,
+    groups: tuple[KVCacheGroup, ...] = (),
 ) -> tuple[Variant, ...]:
     """Async scheduling, speculative decoding (k drafts by prompt lookup), both,
     and both with chunking, prefix caching and a tiny pool."""
-    base = baseline_config(max_model_len, block_size, max_num_seqs)
+    base = baseline_config(max_model_len, block_size, max_num_seqs, groups)
     k = num_speculative_tokens
-    tiny = 1 + -(-max_model_len // block_size)
-    return (
+    variants = (
         Variant("async", replace(base, async_scheduling=True), frozenset({"in_flight"})),
         Variant("spec-decode", replace(base, num_speculative_tokens=k), frozenset({"drafts_accepted"})),
         Variant("async-spec", replace(base, async_scheduling=True, num_speculative_tokens=k),
                 frozenset({"in_flight", "drafts_accepted"})),
         Variant(
             "async-spec-all",
-            replace(
+            _tiny(replace(
                 base,
                 async_scheduling=True,
                 num_speculative_tokens=k,
                 enable_chunked_prefill=True,
                 enable_prefix_caching=True,
-                num_blocks=tiny,
                 max_num_batched_tokens=max(max_num_seqs, 2 * block_size),
                 long_prefill_token_threshold=min(block_size, max_model_len),
-            ),
+            )),
             frozenset({"in_flight", "drafts_accepted", "chunked", "preempted"}),
         ),
     )
+    return tuple(replace(v, expects=_hybrid_expects(set(v.expects), groups)) for v in variants)
+
+
+def connector_variants(
+    max_model_len: int, block_size: int = 16, max_num_seqs: int = 8, num_speculative_tokens: int = 3,
+    groups: tuple[KVCacheGroup, ...] = (),
+) -> tuple[Variant, ...]:
+    """The KV connector (``config.kv_connector``) on ``connector_workload``s:
+    synchronous loads only, asynchronous loads only, both mixed with chunked
+    prefill, prefix caching and a tiny pool, and both mixed under async
+    scheduling with speculative decoding. Every one has asynchronous saves."""
+    base = replace(baseline_config(max_model_len, block_size, max_num_seqs, groups), kv_connector=True)
+    k = num_speculative_tokens
+    variants = (
+        Variant("kv-sync", base, frozenset({"kv_loaded", "kv_saved"}), kv="sync"),
+        Variant("kv-async", base, frozenset({"kv_loaded", "kv_async_loaded", "kv_saved"}), kv="async"),
+        Variant(
+            "kv-all",
+            _tiny(replace(
+                base,
+                enable_chunked_prefill=True,
+                enable_prefix_caching=True,
+                max_num_batched_tokens=max(max_num_seqs, 2 * block_size),
+                long_prefill_token_threshold=min(block_size, max_model_len),
+            )),
+            frozenset({"kv_loaded", "kv_async_loaded", "kv_saved", "chunked", "local_hit", "preempted"}),
+            kv="mixed",
+        ),
+        Variant("kv-async-spec", replace(base, async_scheduling=True, num_speculative_tokens=k),
+                frozenset({"kv_loaded", "kv_async_loaded", "kv_saved", "in_flight"}), kv="mixed"),
+    )
+    return tuple(replace(v, expects=_hybrid_expects(set(v.expects), groups)) for v in variants)
+
+
+def connector_workload(workload: Workload, style: str, block_size: int = 16) -> Workload:
+    """``workload`` for a connector variant (seeded by the workload's seed and
+    ``style``): about three requests in four get ``kv_external_tokens`` (the
+    store holds their prompt: the baseline run's K/V), half of them a whole
+    number of blocks, the others any count below the prompt's length; loads
+    are synchronous (``sync``), asynchronous (``async``) or either
+    (``mixed``); about two in five ask for an asynchronous save. Some
+    asynchronous loads and saves are reported by a KVLoadDone / KVSaveDone
+    posted right after the request's arrival (the worker delivers it in the
+    first result where it is meaningful), the others at the bounded wait."""
+    if style not in KV_STYLES:
+        raise ValueError(f"kv style must be one of {', '.join(KV_STYLES)}, got {style!r}")
+    rng = random.Random(f"kv-{workload.seed}-{workload.name}-{style}")
+    events: list[Event] = []
+    for e in workload.events:
+        if not isinstance(e, AddRequest):
+            events.append(e)
+            continue
+        r = e.request
+        plen = len(r.prompt_token_ids)
+        ext = 0
+        if plen >= 2 and rng.random() < 0.75:
+            blocks = (plen - 1) // block_size
+            if blocks and rng.random() < 0.5:
+                ext = rng.randint(1, blocks) * block_size
+            else:
+                ext = rng.randint(1, plen - 1)
+        load_async = ext > 0 and (style == "async" or style == "mixed" and rng.random() < 0.5)
+        save = rng.random() < 0.4
+        events.append(AddRequest(replace(r, kv_external_tokens=ext, kv_load_async=load_async, kv_save_async=save)))
+        if load_async and rng.random() < 0.6:
+            events.append(KVLoadDone(r.request_id))
+        if save and rng.random() < 0.5:
+            events.append(KVSaveDone(r.request_id))
+    return replace(workload, events=tuple(events), features=tuple(sorted({*workload.features, f"kv-{style}"})))
+
+
+def variant_workload(workload: Workload, variant: Variant) -> Workload:
+    """The workload a variant runs: the connector's for a connector variant."""
+    if not variant.kv:
+        return workload
+    return connector_workload(workload, variant.kv, variant.config.block_size)
 
 
 # --------------------------------------------------------------------------
@@ -367,7 +509,13 @@ def drive(
     t0 = time.perf_counter()
     runner = Runner(executor.config, {variant or "scheduler": scheduler}, check_invariants=False,
                     compare_views=False, models={variant or "scheduler": executor})
+    for worker in runner.workers.values():
+        # the KV connector's worker writes loaded KV through its model's
+        # load_kv: here the executor's, which copies it from the KV store
+        setattr(worker, "model", executor)
     failure = runner.run_to_completion(workload.events, max_steps=max_steps)
+    if failure is None and runner.workers:
+        failure = runner.quiesce()  # the pending saves reported, every block back
     if failure is not None:
         if failure.kind == "stall":
             raise StallError(f"{workload.name}/{variant}: {failure.message}")
@@ -388,7 +536,12 @@ def drive(
         counters=stats,
         fault_fired=list(executor.fault.fired) if executor.fault else [],
         inflight={"in_flight": executor.in_flight_entries, "drafts_accepted": executor.drafts_accepted,
-                  "drafts_verified": executor.drafts_verified},
+                  "drafts_verified": executor.drafts_verified,
+                  "sw_freed": executor.null_block_entries, "hybrid_hit": executor.hybrid_hit_entries,
+                  "local_hit": executor.local_hit_entries,
+                  "kv_loaded": executor.kv_loaded_tokens, "kv_loads": executor.kv_loads,
+                  "kv_async_loaded": stats.kv_loads_async, "kv_saved": stats.kv_saves,
+                  "kv_timeouts": stats.kv_timeouts},
     )
 
 
@@ -400,8 +553,13 @@ def run_one(
     *,
     variant: str = "",
     fault: Fault | None = None,
+    kv_record: KVStore | None = None,
+    kv_source: KVStore | None = None,
 ) -> RunRecord:
-    executor = Executor(model, config, fault=fault)
+    """One run of ``workload`` under ``config``. ``kv_record``: the KV store
+    this run fills (the baseline's, for connector variants); ``kv_source``:
+    the store a connector variant loads from."""
+    executor = Executor(model, config, fault=fault, kv_record=kv_record, kv_source=kv_source)
     return drive(factory, executor, workload, variant=variant)
 
 
@@ -611,6 +769,24 @@ class MatrixReport:
                     f"{v.name:<18} {counts['in_flight']} entries planned with an output in flight, "
                     f"{counts['drafts_accepted']} of {counts['drafts_verified']} drafts accepted"
                 )
+        for v in self.variants:
+            _, rows = self.totals(v.name)
+            hyb = {k: sum(r.inflight.get(k, 0) for r in rows) for k in HYBRID_FEATURES}
+            if v.config.is_hybrid:
+                lines.append(
+                    f"{v.name:<18} {hyb['sw_freed']} entries read a sliding-window table holding freed (null) blocks, "
+                    f"{hyb['hybrid_hit']} admissions hit the prefix cache in every group"
+                )
+        for v in self.variants:
+            _, rows = self.totals(v.name)
+            kv = {k: sum(r.inflight.get(k, 0) for r in rows)
+                  for k in ("kv_loads", "kv_loaded", "kv_async_loaded", "kv_saved", "kv_timeouts")}
+            if v.kv:
+                lines.append(
+                    f"{v.name:<18} {kv['kv_loads']} loads ({kv['kv_async_loaded']} asynchronous) copied "
+                    f"{kv['kv_loaded']} tokens' K/V from the store, {kv['kv_saved']} saves reported, "
+                    f"{kv['kv_timeouts']} reports at the bounded wait"
+                )
         for bad in self.divergent:
             lines.append(f"DIVERGED {bad.workload}/{bad.variant}: " + "; ".join(str(d) for d in bad.divergences[:3]))
         for g in self.guard_failures:
@@ -634,7 +810,8 @@ class MatrixReport:
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "workloads": self.workloads,
-            "variants": [{"name": v.name, "config": v.config.to_dict(), "expects": sorted(v.expects)} for v in self.variants],
+            "variants": [{"name": v.name, "config": v.config.to_dict(), "expects": sorted(v.expects), "kv": v.kv}
+                         for v in self.variants],
             "comparisons": [
                 {
                     "workload": c.workload,
@@ -711,11 +888,13 @@ MATRIX_FEATURES: tuple[tuple[str, str, str], ...] = (
     ("chunked", "C", "chunked prefill"),
     ("cache_hit", "H", "prefix-cache hit"),
     ("preempted", "P", "preempted"),
+    ("sw_freed", "W", "sliding-window blocks freed"),
+    ("kv_loaded", "L", "KV loaded by the connector"),
 )
 MATRIX_LEGEND = (
     "a row per workload, a column per variant; green: same tokens, bitwise logits; yellow: same tokens, "
     "logits within --atol; red: diverged; grey: not run; in a cell: tokens compared, then C chunked prefill, "
-    "H prefix-cache hit, P preempted"
+    "H prefix-cache hit, P preempted, W sliding-window blocks freed, L KV loaded by the connector"
 )
 
 
@@ -729,7 +908,8 @@ def _cell(c: Comparison | None) -> tuple[int, str]:
         code, head = 3, f"{c.tokens_compared} tok"
     else:
         code, head = 2, f"{c.tokens_compared} tok, |d|<={c.max_abs_diff:.0e}"
-    feats = " ".join(letter for name, letter, _ in MATRIX_FEATURES if c.counters.feature(name))
+    feats = " ".join(letter for name, letter, _ in MATRIX_FEATURES
+                     if (c.inflight.get(name, 0) if name in EXECUTOR_FEATURES else c.counters.feature(name)))
     return code, head + ("\n" + feats if feats else "")
 
 
@@ -791,6 +971,16 @@ def _fault_target(workload: Workload) -> str | None:
     return max(best, key=lambda r: (r.max_tokens, len(r.prompt_token_ids))).request_id
 
 
+def _load_target(workload: Workload) -> str | None:
+    """A request that is never aborted and has the most tokens to load from
+    the connector's store (None: no such request)."""
+    aborted = {rid for _, rid in workload.abort_steps()}
+    best = [r for r in workload.requests if r.request_id not in aborted and r.kv_external_tokens > 0]
+    if not best:
+        return None
+    return max(best, key=lambda r: (r.kv_external_tokens, r.request_id)).request_id
+
+
 def negative_control(
     factory: SchedulerFactory,
     model: PagedLlama,
@@ -801,13 +991,16 @@ def negative_control(
     *,
     mode: str = "exact",
     atol: float = 1e-3,
+    kv_source: KVStore | None = None,
 ) -> NegativeControl:
-    """Run ``variant`` with one deliberately wrong block table or position and
+    """Run ``variant`` with one deliberately wrong block table, position or
+    connector load (``kv_load``: the stored K/V shifted by one position) and
     count the divergences from ``baseline`` (they must not be zero)."""
-    target = _fault_target(workload)
+    wl = variant_workload(workload, variant)
+    target = _load_target(wl) if kind == "kv_load" else _fault_target(workload)
     fault = Fault(kind, step=0, request_id=target)
     try:
-        rec = run_one(factory, model, variant.config, workload, variant=variant.name, fault=fault)
+        rec = run_one(factory, model, variant.config, wl, variant=variant.name, fault=fault, kv_source=kv_source)
     except PlanError as exc:  # the corrupted table was refused outright: caught too
         return NegativeControl(kind, workload.name, variant.name, list(fault.fired), 1, f"executor refused: {exc}")
     cmp = compare_runs(baseline, rec, mode=mode, atol=atol)
@@ -846,15 +1039,21 @@ def run_matrix(
         environment=determinism_facts(model.device),
     )
     bases: dict[str, RunRecord] = {}
+    stores: dict[str, KVStore] = {}
+    need_store = any(v.kv for v in variants)
     for i, w in enumerate(workloads):
-        base = run_one(factory, model, baseline, w, variant="baseline")
+        store = KVStore() if need_store else None
+        if store is not None:
+            stores[w.name] = store
+        base = run_one(factory, model, baseline, w, variant="baseline", kv_record=store)
         bases[w.name] = base
         report.baselines[w.name] = base.counters
         report.baseline_outputs[w.name] = {rid: list(toks) for rid, toks in sorted(base.outputs.items())}
         report.baseline_digests[w.name] = base.digest()
         line = [f"[{i + 1}/{len(workloads)}] {w.name}: baseline {base.counters.steps} steps"]
         for v in variants:
-            rec = run_one(factory, model, v.config, w, variant=v.name)
+            rec = run_one(factory, model, v.config, variant_workload(w, v), variant=v.name,
+                          kv_source=stores.get(w.name) if v.kv else None)
             cmp = compare_runs(base, rec, mode=model.mode, atol=atol)
             report.comparisons.append(cmp)
             line.append(f"{v.name} {'ok' if cmp.ok else 'DIVERGED'}")
@@ -869,7 +1068,7 @@ def run_matrix(
     for v in variants:
         tot, rows = report.totals(v.name)
         for feat in sorted(v.expects):
-            count = sum(r.inflight.get(feat, 0) for r in rows) if feat in INFLIGHT_FEATURES else tot.feature(feat)
+            count = sum(r.inflight.get(feat, 0) for r in rows) if feat in EXECUTOR_FEATURES else tot.feature(feat)
             if not count:
                 report.guard_failures.append(f"variant {v.name} never {feat.replace('_', ' ')} in {len(workloads)} workloads")
     if negative and workloads and variants:
@@ -881,6 +1080,17 @@ def run_matrix(
             report.negative.append(nc)
             if progress:
                 progress(f"negative control {kind}: {'caught' if nc.caught else 'MISSED'}")
+        kv_variant = next((v for v in variants if v.kv), None)
+        if kv_variant is not None:
+            kw = next((w for w in workloads if _load_target(variant_workload(w, kv_variant)) is not None), None)
+            if kw is None:
+                report.guard_failures.append("no workload has a connector load to corrupt: the load control did not run")
+            else:
+                nc = negative_control(factory, model, bases[kw.name], kw, kv_variant, "kv_load", mode=model.mode,
+                                      atol=atol, kv_source=stores[kw.name])
+                report.negative.append(nc)
+                if progress:
+                    progress(f"negative control kv_load: {'caught' if nc.caught else 'MISSED'}")
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -927,9 +1137,15 @@ def run_equivalence(
     progress: Progress | None = None,
     repeat: int = 1,
     deterministic_algorithms: bool = False,
+    sliding_window: int = 0,
+    sw_layers: str = "odd",
+    connector: bool = True,
 ) -> MatrixReport:
     """Load ``model``, build workloads and variants, run the matrix
-    (``repeat`` times: see ``merge_repeats``; the negative controls run once)."""
+    (``repeat`` times: see ``merge_repeats``; the negative controls run once).
+    ``sliding_window`` W > 0 makes the model hybrid (``sw_layers`` attend the
+    last W positions) and every config carry its KV cache groups;
+    ``connector`` adds the connector variants."""
     from schedspec.gpu_runner.executor import pick_device
     from schedspec.gpu_runner.loaders import load_model
 
@@ -938,8 +1154,13 @@ def run_equivalence(
     dev = pick_device(device, deterministic_algorithms=deterministic_algorithms)
     weights = load_model(model, dev)
     mml = max_model_len or min(weights.config.max_position, 128)
-    paged = PagedLlama(weights, mode=mode, tile_rows=tile_rows, window=mml)  # type: ignore[arg-type]
+    paged = PagedLlama(weights, mode=mode, tile_rows=tile_rows, window=mml,  # type: ignore[arg-type]
+                       sliding_window=sliding_window, sw_layers=sw_layers)
+    groups = model_kv_cache_groups(paged)
     wls = make_workloads(workloads, seed=seed, vocab_size=weights.config.vocab_size, max_model_len=mml, block_size=block_size)
+    variants = default_variants(mml, block_size, groups=groups) + inflight_variants(mml, block_size, groups=groups)
+    if connector:
+        variants += connector_variants(mml, block_size, groups=groups)
     runs = []
     for i in range(repeat):
         if progress and repeat > 1:
@@ -948,12 +1169,12 @@ def run_equivalence(
             factory or spec_factory,
             paged,
             wls,
-            default_variants(mml, block_size) + inflight_variants(mml, block_size),
-            baseline=baseline_config(mml, block_size),
+            variants,
+            baseline=baseline_config(mml, block_size, groups=groups),
             atol=atol,
             negative=negative and i == 0,
             progress=progress,
-            model_name=model,
+            model_name=model + (f" (sliding window {sliding_window} on {sw_layers} layers)" if sliding_window else ""),
         ))
     return merge_repeats(runs)
 

@@ -196,9 +196,14 @@ class Executor:
         self.kv_record = kv_record
         self.kv_source = kv_source
         #: counts of the hybrid layout: entries whose sliding-window table
-        #: held the null block (freed blocks), new entries with a prefix hit
+        #: held the null block (freed blocks), admissions (new or resumed)
+        #: with a prefix-cache hit (beyond the tokens the connector loaded),
+        #: in any layout and in a hybrid one (a hit valid in every group)
         self.null_block_entries = 0
+        self.local_hit_entries = 0
         self.hybrid_hit_entries = 0
+        #: request id -> the end of its last connector load
+        self._loaded: dict[str, int] = {}
         #: counts of the connector: loads performed, tokens copied from the store
         self.kv_loads = 0
         self.kv_loaded_tokens = 0
@@ -426,8 +431,11 @@ class Executor:
                                     f"(from {first_read}) but its block is the null block 0 (freed)")
         if freed:
             self.null_block_entries += 1
-        if hybrid and s.kind is ScheduleKind.NEW and s.num_computed_tokens > 0:
-            self.hybrid_hit_entries += 1
+        if s.kind is not ScheduleKind.RUNNING and s.num_computed_tokens > self._loaded.get(rid, 0):
+            # an admission with a prefix-cache hit beyond what the connector loaded
+            self.local_hit_entries += 1
+            if hybrid:
+                self.hybrid_hit_entries += 1
         return raw
 
     # ------------------------------------------------------------------ the KV connector's worker side
@@ -498,6 +506,7 @@ class Executor:
                 vc.index_copy_(0, slot_t, vs[layer].to(dev))
         self.kv_loads += 1
         self.kv_loaded_tokens += end - load.start
+        self._loaded[rid] = load.end
 
     def _record(self, plan: StepPlan, batch: StepBatch) -> None:
         """Keep, in ``kv_record``, the K/V this step computed for each real token

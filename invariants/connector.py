@@ -229,7 +229,10 @@ def _load_findings(t: Transition, load: KVLoad, bs: int, entry: ScheduledRequest
     # a finished load promoted in this step with no valid token left (a failed
     # one) gets a fresh lookup in the same pass (_update_waiting_for_remote_kv)
     promoted = b.status == _REMOTE and rid in t.before.kv_loads_done
-    if b.status not in (_S.WAITING, _S.PREEMPTED) and not promoted:
+    # a request whose grammar compiled meanwhile is promoted to WAITING and
+    # looked up in the same pass (_handle_blocked_waiting_request)
+    grammar_ready = b.status == _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    if b.status not in (_S.WAITING, _S.PREEMPTED) and not promoted and not grammar_ready:
         yield rid, f"load started though the request was {b.status.name}"
     elif b.num_computed_tokens != 0 and not promoted:
         yield rid, f"load started though the request had {b.num_computed_tokens} computed tokens"

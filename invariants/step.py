@@ -27,6 +27,7 @@ from schedspec.invariants._util import (
     queue_key,
     running_chunk,
     defers_frees,
+    sliding_groups,
     tables,
     tables_extend,
     step_victims,
@@ -557,7 +558,9 @@ def no_admission_with_preemption(t: Transition, h: History) -> Iterator[Finding]
     "free blocks left cover cdiv(min(num_tokens, max_model_len), block_size).",
     "vllm/v1/core/kv_cache_manager.py, KVCacheManager.allocate_slots: with "
     "full_sequence_must_fit (scheduler_reserve_full_isl) an admission fails unless the blocks of the "
-    "whole sequence fit the free pool; nothing after the last admission takes a block in the step.",
+    "whole sequence fit the free pool (in every KV cache group; a layout with a sliding window, "
+    "whose groups count only their window, is left out); nothing after the last admission takes a "
+    "block in the step.",
     _SCHED,
     tags=("policy:vllm-allocation",),
 )
@@ -567,9 +570,12 @@ def full_sequence_reserved(t: Transition, h: History) -> Iterator[Finding]:
     adm = admitted(t.plan)
     if not cfg.scheduler_reserve_full_isl or not adm:
         return
+    if sliding_groups(cfg):
+        return  # a sliding window needs only its window's blocks (its admission cap), not counted here
     last = adm[-1]
-    held = len(last.block_ids)
-    need = cdiv(min(last.num_tokens, cfg.max_model_len), cfg.block_size)
+    ngroups = len(cfg.groups)
+    held = sum(len(tab) for tab in tables(last))
+    need = ngroups * cdiv(min(last.num_tokens, cfg.max_model_len), cfg.block_size)
     free = t.after.kv.num_free_blocks
     if held + free < need:
         yield last.request_id, (
@@ -793,8 +799,9 @@ def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/sched/scheduler.py, schedule(), WAITING loop: `while token_budget > 0`, "
     "break on max_num_active_reqs, on a prompt over the budget without chunked prefill, or when "
     "kv_cache_manager.allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl) returns None; "
-    "it stands aside for a head with an external prefix or while KV loads hold blocks (the load's "
-    "blocks and _inflight_prefill_reserved_blocks are not what it counts).",
+    "it stands aside for a head with an external prefix, while KV loads hold blocks (the load's "
+    "blocks and _inflight_prefill_reserved_blocks are not what it counts) and for hybrid layouts "
+    "(the coordinator's summed get_num_blocks_to_allocate and hit are not what it counts).",
     _SCHED,
     tags=("policy:vllm-step",),
 )
@@ -813,6 +820,8 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
         return  # an encoder input beyond the budget or the cache may stop it
     if kv_holds_pool(t) or t.after.requests[head].kv_external_tokens:
         return  # a load's blocks and reservation are not what admission_fits counts
+    if cfg.is_hybrid:
+        return  # admission_fits counts one full-attention group's blocks and hit
     why = admission_fits(t.after, t.after.requests[head], left, effective_threshold(t.before))
     if why is not None:
         yield head, f"admission stopped though the head of the waiting queue fits: {why}"

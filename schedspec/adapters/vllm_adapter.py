@@ -426,7 +426,7 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
     global _SPECS_REGISTERED
     with _LOCK:
         if not _SPECS_REGISTERED:  # what the engine core does once (v1/engine/core.py)
-            v.register_all_kvcache_specs(vllm_config)
+            _into_vllm(v.register_all_kvcache_specs, vllm_config)
             _SPECS_REGISTERED = True
     return vllm_config, kv_cache_config
 

@@ -105,6 +105,7 @@ def test_capabilities_travel_with_the_target() -> None:
     target = resolve("tests.support.modes_support:FcfsOnly")
     assert "policy_priority" not in target.capabilities.names()
     assert resolve("spec").capabilities.missing() == ()
-    # the default declaration leaves out the two modes and every admission gate
+    # the default declaration leaves out the two modes, every admission gate and the KV features
     assert FULL.missing() == tuple(sorted(("async_scheduling", "speculative_decoding", "lora", "structured_output",
-                                           "pause", "watermark", "prefill_cadence", "encoder")))
+                                           "pause", "watermark", "prefill_cadence", "encoder", "kv_connector",
+                                           "hybrid_kv")))

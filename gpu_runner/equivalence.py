@@ -76,6 +76,8 @@ from schedspec.gpu_runner.model import PagedLlama, describe_facts, determinism_f
 if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
     from matplotlib.figure import Figure
 
+    from schedspec.check.capabilities import Capabilities
+
 Progress = Callable[[str], None]
 
 
@@ -1076,7 +1078,8 @@ def run_matrix(
         v = next((v for v in variants if "chunked" in v.expects), variants[0])
         kinds: tuple[FaultKind, ...] = ("block_table", "position")
         for kind in kinds:
-            nc = negative_control(factory, model, bases[w.name], w, v, kind, mode=model.mode, atol=atol)
+            nc = negative_control(factory, model, bases[w.name], w, v, kind, mode=model.mode, atol=atol,
+                                  kv_source=stores.get(w.name) if v.kv else None)
             report.negative.append(nc)
             if progress:
                 progress(f"negative control {kind}: {'caught' if nc.caught else 'MISSED'}")
@@ -1140,17 +1143,28 @@ def run_equivalence(
     sliding_window: int = 0,
     sw_layers: str = "odd",
     connector: bool = True,
+    capabilities: Capabilities | None = None,
 ) -> MatrixReport:
     """Load ``model``, build workloads and variants, run the matrix
     (``repeat`` times: see ``merge_repeats``; the negative controls run once).
     ``sliding_window`` W > 0 makes the model hybrid (``sw_layers`` attend the
     last W positions) and every config carry its KV cache groups;
-    ``connector`` adds the connector variants."""
+    ``connector`` adds the connector variants. ``capabilities``: what the
+    scheduler declares (None: the spec, everything): without ``kv_connector``
+    the connector variants are left out (a progress line says so), without
+    ``hybrid_kv`` a sliding window is refused (ValueError)."""
     from schedspec.gpu_runner.executor import pick_device
     from schedspec.gpu_runner.loaders import load_model
 
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if capabilities is not None:
+        if sliding_window and not capabilities.hybrid_kv:
+            raise ValueError("--sliding-window needs a scheduler that declares hybrid_kv (hybrid KV cache groups)")
+        if connector and not capabilities.kv_connector:
+            connector = False
+            if progress:
+                progress("the connector variants are left out: the scheduler does not declare kv_connector")
     dev = pick_device(device, deterministic_algorithms=deterministic_algorithms)
     weights = load_model(model, dev)
     mml = max_model_len or min(weights.config.max_position, 128)

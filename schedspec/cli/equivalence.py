@@ -4,12 +4,13 @@
                           [--device auto|cpu|cuda] [--mode exact|fast] [--workloads N]
                           [--seed N] [--json FILE] [--png FILE] [--out DIR] [--threads N] [--quiet]
                           [--repeat N] [--deterministic-algorithms]
+                          [--sliding-window W [--sw-layers odd|even|all]] [--no-connector]
     schedspec equivalence --cross-device DEV [--device D] [--mode M] [--model M] [--workloads N] [--seed N] [--json F]
     schedspec equivalence --max-batch [--prompt-len L] [--max-batch-tokens N] [--max-step-seconds S] [--json F]
 
 Exit status: 0 every variant generated the baseline's tokens (and, in exact
-mode, bitwise the same logits), every guard held and both negative controls
-were caught; 1 otherwise (the failing workloads are written to ``--out``);
+mode, bitwise the same logits), every guard held and every negative control
+(wrong block table, wrong positions, a connector load shifted by one) was caught; 1 otherwise (the failing workloads are written to ``--out``);
 2 bad input or usage. ``--cross-device``: 0 every token equal on both devices,
 1 a token differs (explained). ``--max-batch``: 0 when at least one batch ran.
 Needs the runner extra (torch).
@@ -58,6 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", default=512, type=int, help="--max-batch: tokens per request (default 512)")
     p.add_argument("--max-batch-tokens", default=262144, type=int, help="--max-batch: cap on tokens per step (default 262144)")
     p.add_argument("--max-step-seconds", default=30.0, type=float, help="--max-batch: stop after a step this slow (default 30)")
+    p.add_argument("--sliding-window", default=0, type=int, metavar="W",
+                   help="hybrid KV cache groups: the --sw-layers attend only their last W positions, through "
+                        "their own sliding-window KV cache group; every config carries the groups (default 0: off)")
+    p.add_argument("--sw-layers", default="odd", choices=["odd", "even", "all"],
+                   help="--sliding-window: which layers use it (default odd)")
+    p.add_argument("--no-connector", action="store_true",
+                   help="skip the KV connector variants (kv-sync, kv-async, kv-all, kv-async-spec) and their control")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--threads must be >= 1", PROG)
     if args.repeat < 1:
         raise UsageError("--repeat must be >= 1", PROG)
+    if args.sliding_window < 0:
+        raise UsageError("--sliding-window must be >= 0", PROG)
     if args.cross_device is not None and args.max_batch:
         raise UsageError("--cross-device and --max-batch are separate runs: give one", PROG)
     if args.max_batch and (args.prompt_len < 1 or args.max_batch_tokens < 1 or not args.max_step_seconds > 0):
@@ -88,11 +98,13 @@ def run(args: argparse.Namespace) -> int:
         # threads, and on a busy machine spinning OpenMP workers cost 5x.
         torch.set_num_threads(1)
     factory: SchedulerFactory = spec_factory
+    capabilities = None
     if args.against != "spec":
         try:
-            factory = resolve(args.against).factory
+            target = resolve(args.against)
         except (SchedSpecError, ImportError) as exc:
             raise UsageError(str(exc), PROG) from None
+        factory, capabilities = target.factory, target.capabilities
 
     def progress(line: str) -> None:
         if not args.quiet:
@@ -116,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             repeat=args.repeat,
             deterministic_algorithms=args.deterministic_algorithms,
+            sliding_window=args.sliding_window,
+            sw_layers=args.sw_layers,
+            connector=not args.no_connector,
+            capabilities=capabilities,
         )
     except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
         raise UsageError(str(exc), PROG) from None

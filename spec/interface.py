@@ -89,7 +89,9 @@ _S = RequestStatus
 #:               scheduler.py, _handle_blocked_waiting_request), RUNNING (the
 #:               same, then admitted in that step), FINISHED_ABORTED,
 #:               FINISHED_ERROR (the grammar failed to compile; the waiting
-#:               loop records it and update_from_output finishes the request)
+#:               loop records it and update_from_output finishes the request),
+#:               WAITING_FOR_REMOTE_KVS (the grammar found compiled, then an
+#:               asynchronous load started, in one WAITING loop)
 #:  WAITING, PREEMPTED -> WAITING_FOR_REMOTE_KVS (the connector starts an
 #:               asynchronous load of the request's external prefix)
 #:  WAITING_FOR_REMOTE_KVS
@@ -127,7 +129,7 @@ LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
     _S.FINISHED_ABORTED: frozenset(),
     _S.FINISHED_IGNORED: frozenset(),
     _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: frozenset(
-        {_S.WAITING, _S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_ERROR}
+        {_S.WAITING, _S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_ERROR, _S.WAITING_FOR_REMOTE_KVS}
     ),
     _S.FINISHED_ERROR: frozenset(),
     _S.WAITING_FOR_REMOTE_KVS: frozenset(

@@ -538,3 +538,19 @@ def test_this_file_reaches_every_connector_rule() -> None:
 
 
 RULES_CONN = [n for n in __import__("schedspec.spec.rule_names", fromlist=["RULES"]).RULES if n.startswith("connector.")]
+
+
+def test_grammar_ready_then_async_load_in_one_step() -> None:
+    """_handle_blocked_waiting_request makes the request WAITING, then its
+    asynchronous load starts: one schedule() takes it from
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR to WAITING_FOR_REMOTE_KVS, a legal
+    change (LEGAL_TRANSITIONS)."""
+    from schedspec.spec.interface import is_legal_transition
+
+    s = make()
+    s.add(req("a", kv_external_tokens=10, kv_load_async=True, structured_output=True))
+    s.grammar_ready("a")
+    plan = s.schedule()
+    assert plan.kv_loads[0].asynchronous
+    assert s.view().requests["a"].status == S.WAITING_FOR_REMOTE_KVS
+    assert is_legal_transition(S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, S.WAITING_FOR_REMOTE_KVS)

@@ -160,17 +160,22 @@ def _user_class(spec: str) -> Target:
 EVERY_MODE = Capabilities(async_scheduling=True, speculative_decoding=True)
 
 #: The spec also takes every admission gate (LoRA, structured outputs, pause
-#: states, the watermark, the prefill cadence, the encoder budget).
-SPEC_CAPABILITIES = EVERY_MODE.with_gates()
+#: states, the watermark, the prefill cadence, the encoder budget), the KV
+#: connector and hybrid KV cache groups.
+SPEC_CAPABILITIES = EVERY_MODE.with_gates().with_kv()
 
 
 def impl_capabilities() -> Capabilities:
     """impl runs every mode and declares the admission gates it implements
-    (ImplScheduler.GATES, by capability name)."""
-    from schedspec.check.workload import GATE_CAPABILITIES
+    (ImplScheduler.GATES, by capability name), and the KV features it
+    implements (ImplScheduler.KV, by capability name: kv_connector,
+    hybrid_kv; none while it has no such attribute)."""
+    from schedspec.check.workload import GATE_CAPABILITIES, KV_CAPABILITIES
     from schedspec.impl import ImplScheduler
 
-    return EVERY_MODE.with_gates(g for g, cap in GATE_CAPABILITIES.items() if cap in ImplScheduler.GATES)
+    kv = getattr(ImplScheduler, "KV", ())
+    return EVERY_MODE.with_gates(g for g, cap in GATE_CAPABILITIES.items() if cap in ImplScheduler.GATES).with_kv(
+        k for k, cap in KV_CAPABILITIES.items() if cap in kv)
 
 
 def resolve(name: str) -> Target:

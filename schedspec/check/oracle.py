@@ -617,9 +617,11 @@ class KVWorker:
                     failed.append(rid)
                 else:
                     index = self._index(entry.load, event.block_index)
-                    assert index is not None
-                    invalid.append(entry.load.block_ids[index])
-                    self._write(entry.load, index * self.block_size)
+                    if index is None:  # no block of the table to name: the load failed as a whole
+                        failed.append(rid)
+                    else:
+                        invalid.append(entry.load.block_ids[index])
+                        self._write(entry.load, index * self.block_size)
             elif isinstance(event, KVSaveDone) and rid in self.saves:
                 del self.saves[rid]
                 sending.append(rid)
@@ -659,14 +661,20 @@ class KVWorker:
 
     def _index(self, load: KVLoad, block_index: int | None) -> int | None:
         """The index in the request's group-0 table of the failed block:
-        ``block_index`` taken within the loaded blocks (None: the first);
-        None when the load filled no block of that table."""
+        ``block_index`` taken within the loaded blocks (None: the first),
+        never a null block 0 (the nearest loaded block after it, else before
+        it); None when the load filled no block of that table."""
         first = load.start // self.block_size
         last = min((load.end - 1) // self.block_size, len(load.block_ids) - 1)
         if load.end <= load.start or last < first:
             return None
         i = first if block_index is None else min(max(block_index, first), last)
-        return i
+        # never the null block 0 (a sliding-window table's freed places): the
+        # nearest loaded block after it, else before it
+        for j in list(range(i, last + 1)) + list(range(i - 1, first - 1, -1)):
+            if load.block_ids[j] != 0:
+                return j
+        return None
 
     def _write(self, load: KVLoad, upto: int | None) -> None:
         if self.model is not None and load.request_id in self.prompts:

@@ -9,7 +9,11 @@ scheduler and, with more than one scheduler, plans and views must be equal.
 With admission gates among the capabilities, a run turns a subset on: its
 requests carry adapters, structured outputs and encoder inputs as the gates
 say, and rules pause and resume the scheduler and report grammars compiled
-(or failed) for requests waiting for one.
+(or failed) for requests waiting for one. With the KV features among them, a
+run may have a connector (its requests load and save, and a rule reports
+loads done or failed and saves done, the worker delivering each where it is
+meaningful) and hybrid KV cache groups; a run with either ends in
+quiescence (every request finished, every report delivered, every block free).
 
 Every event is passed to Hypothesis's ``note()`` as a line of a script
 (``add(RequestSpec(...))``, ``step()``, ``abort('r2')``), so a shrunk failure
@@ -44,6 +48,10 @@ from schedspec.check.workload import (
     Event,
     GateRequests,
     GrammarReady,
+    KVLoadDone,
+    KVLoadFailed,
+    KVRequests,
+    KVSaveDone,
     PAUSE_MODES,
     Pause,
     ResetPrefixCache,
@@ -53,7 +61,7 @@ from schedspec.check.workload import (
     describe_event,
 )
 from schedspec.spec import coverage
-from schedspec.testing.strategies import VOCAB, configs, gate_plans, prefixes, requests
+from schedspec.testing.strategies import VOCAB, configs, gate_plans, kv_plans, prefixes, requests
 
 class RunTally:
     """Counts over many state-machine runs: how often each mechanism fired.
@@ -124,6 +132,11 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         #: the gates this run turned on (None: none)
         self.gated: GateRequests | None = None
         self.paused = False
+        #: the connector's request fields of this run (None: no connector)
+        self.kv_requests: KVRequests | None = None
+        #: requests with connector fields, in order of arrival
+        self.kv_ids: list[str] = []
+        self.failed = False
 
     @initialize(
         config=configs(),
@@ -135,6 +148,8 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         if self.capabilities.gates():
             config, self.gated = data.draw(gate_plans(config, self.capabilities), label="gates")
             note(f"gate events: pause={self.gated.pause}, grammar={self.gated.grammar}")
+        if self.capabilities.kv():
+            config, self.kv_requests = data.draw(kv_plans(config, self.capabilities), label="kv")
         self.config = config
         self.prefixes = list(shared)
         note(f"config = {config!r}")
@@ -156,7 +171,11 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         note(f"{len(self.events) - 1}: {describe_event(event)}")
         failure = self.runner.apply(event)
         if failure is not None:
-            self._report(failure)
+            self._report_failure(failure)
+
+    def _report_failure(self, failure: Failure) -> None:
+        self.failed = True
+        self._report(failure)
 
     def _report(self, failure: Failure) -> None:
         assert self.config is not None
@@ -177,6 +196,11 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         )
         if self.gated is not None:
             req = self.gated.decorate(req)
+        if self.kv_requests is not None:
+            req = self.kv_requests.decorate(req)
+            self.kv_requests.due.clear()  # the kv_report rule draws the worker's events
+            if req.kv_external_tokens or req.kv_save_async:
+                self.kv_ids.append(rid)
         self._do(AddRequest(req))
         self.live.append(rid)
 
@@ -220,6 +244,26 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(self._waiting_for_grammar()))
         self._do(GrammarReady(rid, ok))
 
+    @precondition(lambda self: bool(self.kv_ids))
+    @rule(data=st.data())
+    def kv_report(self, data: st.DataObject) -> None:
+        """A worker report for a request with connector fields: its load
+        done, its load failed (as a whole or at one block), its save done.
+        The worker delivers it where it is meaningful (or drops it)."""
+        assert self.config is not None and self.runner is not None
+        rid = data.draw(st.sampled_from(self.kv_ids), label="kv request")
+        req = next(e.request for e in self.events if isinstance(e, AddRequest) and e.request.request_id == rid)
+        options: list[Event] = []
+        if req.kv_load_async:
+            options.append(KVLoadDone(rid))
+        if req.kv_external_tokens:
+            blocks = -(-req.kv_external_tokens // self.config.block_size)
+            options.append(KVLoadFailed(rid, None))
+            options.append(KVLoadFailed(rid, data.draw(st.integers(0, blocks - 1), label="block index")))
+        if req.kv_save_async:
+            options.append(KVSaveDone(rid))
+        self._do(data.draw(st.sampled_from(options), label="kv event"))
+
     def _waiting_for_grammar(self) -> list[str]:
         if self.gated is None or not self.gated.grammar or self.runner is None:
             return []
@@ -235,6 +279,13 @@ class SchedulerMachineBase(RuleBasedStateMachine):
             self.live = [r for r in self.live if r in view.requests]
 
     def teardown(self) -> None:
+        if (self.runner is not None and self.config is not None and not self.failed
+                and (self.config.kv_connector or self.config.is_hybrid)):
+            # quiescence (schedspec.check.driver.Runner.quiesce): every request
+            # finished, every worker report delivered, every block free
+            failure = self.runner.quiesce()
+            if failure is not None:
+                self._report_failure(failure)
         if self.tally is not None and self.runner is not None:
             self.runner.stats.absorb_rules(self.runner.scheds[self.runner.names[0]])  # the reference's
             self.tally.add(self.runner.stats)

@@ -10,7 +10,10 @@ within it.
 The admission gates a declaration supports are drawn too: ``configs`` turns
 a subset of them on (``gate_plans`` gives the config and the
 GateRequests that adds the gates' request fields), with every choice made
-through a Hypothesis-controlled random generator, so it shrinks.
+through a Hypothesis-controlled random generator, so it shrinks. So are
+the KV features it supports (``kv_plans``: a connector with either failure
+policy, hybrid KV cache groups, and the KVRequests that adds the connector's
+request fields).
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from schedspec.check.workload import (
     MACHINE_SPACE,
     ConfigSpace,
     GateRequests,
+    KVRequests,
     draw_config,
     draw_gate_subset,
+    draw_kv_subset,
     with_gates,
+    with_kv,
 )
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
 
@@ -60,7 +66,23 @@ def configs(
     config = capabilities.restrict_config(draw_config(space, pick, lambda p: draw(flags(p))))
     if capabilities.gates():
         config = draw(gate_plans(config, capabilities))[0]
+    if capabilities.kv():
+        config = draw(kv_plans(config, capabilities))[0]
     return config
+
+
+@st.composite
+def kv_plans(
+    draw: st.DrawFn, config: SchedulerConfig, capabilities: Capabilities
+) -> tuple[SchedulerConfig, KVRequests | None]:
+    """``config`` with a subset of the KV features ``capabilities`` supports
+    turned on (schedspec.check.workload.with_kv: a connector with either
+    load-failure policy, hybrid groups), and the KVRequests that decorates
+    requests with the connector's fields (None without a connector)."""
+    rng = draw(st.randoms(use_true_random=False), label="kv draws")
+    kv = draw_kv_subset(capabilities.kv(), rng)
+    out = with_kv(config, kv, rng)
+    return out, (KVRequests(out, rng) if out.kv_connector else None)
 
 
 @st.composite

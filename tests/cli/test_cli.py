@@ -20,7 +20,7 @@ def _support_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_check_spec_passes_and_writes_json_and_junit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["check", "--steps", "400", "--quiet", "--json", str(tmp_path / "s.json"),
+    rc = main(["check", "--steps", "400", "--kv", "none", "--quiet", "--json", str(tmp_path / "s.json"),
                "--junit", str(tmp_path / "j.xml"), "--out", str(tmp_path / "out")])
     assert rc == 0
     summary = json.loads((tmp_path / "s.json").read_text())
@@ -107,7 +107,7 @@ def test_invariants_prints_the_catalogue(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_time_budget_and_plain_progress_lines_in_ci_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # stderr is not a terminal here: progress comes as plain lines, the last one forced at the end
-    rc = main(["check", "--time", "1.5", "--workload-steps", "50", "--json", str(tmp_path / "s.json")])
+    rc = main(["check", "--time", "1.5", "--kv", "none", "--workload-steps", "50", "--json", str(tmp_path / "s.json")])
     assert rc == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "steps/s" in line]

@@ -42,11 +42,12 @@ def test_invariants_mode_says_no_comparison_ran(tmp_path: Path) -> None:
 
 
 def test_lockstep_says_what_it_compared(tmp_path: Path) -> None:
-    rc, out = run(["check", "--against", "impl", "--steps", "100", "--quiet", "--out", str(tmp_path)])
+    rc, out = run(["check", "--against", "impl", "--steps", "100", "--kv", "none", "--quiet", "--out", str(tmp_path)])
     assert rc == 0 and f"{len(IMPL_KEPT)} invariants held (all), plans and views equal to the spec" in out
-    rc, out = run(["check", "--steps", "100", "--quiet", "--out", str(tmp_path)])
+    rc, out = run(["check", "--steps", "100", "--kv", "none", "--quiet", "--out", str(tmp_path)])
     assert rc == 0 and "the spec against itself: no comparison" in out
-    rc, out = run(["check", "--against", "impl", "--plans-only", "--steps", "100", "--quiet", "--out", str(tmp_path)])
+    rc, out = run(["check", "--against", "impl", "--plans-only", "--steps", "100", "--kv", "none", "--quiet",
+                   "--out", str(tmp_path)])
     assert rc == 0 and "(no invariants)" in out
 
 

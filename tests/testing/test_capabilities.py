@@ -122,8 +122,9 @@ def test_the_state_machine_runs_the_gates_on_the_spec() -> None:
 
     target = resolve("spec")
     tally = RunTally()
-    machine = make_machine({"spec": target.factory}, capabilities=target.capabilities, tally=tally,
-                           name="GateMachine")
+    # the gates alone (the KV features have their own machine: tests/testing/test_kv_strategies.py)
+    caps = dataclasses.replace(target.capabilities, kv_connector=False, hybrid_kv=False)
+    machine = make_machine({"spec": target.factory}, capabilities=caps, tally=tally, name="GateMachine")
     run_state_machine_as_test(
         machine, settings=hsettings(max_examples=25, stateful_step_count=30, derandomize=True, deadline=None))
     total = tally.total

@@ -69,7 +69,7 @@ from schedspec.spec.interface import (
 
 from schedspec.check.driver import Runner
 from schedspec.check.stats import FEATURES, Stats
-from schedspec.check.workload import AddRequest, Event, KVLoadDone, KVSaveDone, Workload, timed_events
+from schedspec.check.workload import KV_REPORT_BOUND, AddRequest, Event, KVLoadDone, KVSaveDone, Workload, timed_events
 from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, KVStore, PlanError, model_kv_cache_groups
 from schedspec.gpu_runner.model import PagedLlama, describe_facts, determinism_facts
 
@@ -515,7 +515,12 @@ def drive(
         # the KV connector's worker writes loaded KV through its model's
         # load_kv: here the executor's, which copies it from the KV store
         setattr(worker, "model", executor)
-    failure = runner.run_to_completion(workload.events, max_steps=max_steps)
+    # the driver allows one bounded wait of idle steps with a connector; a
+    # save holding the pool's blocks (reported at the bound) and then an
+    # asynchronous load of the request it let in (again at the bound) idle
+    # for two in a row
+    idle = 3 + 2 * (KV_REPORT_BOUND + 1) if runner.workers else 3
+    failure = runner.run_to_completion(workload.events, max_steps=max_steps, max_idle_steps=idle)
     if failure is None and runner.workers:
         failure = runner.quiesce()  # the pending saves reported, every block back
     if failure is not None:

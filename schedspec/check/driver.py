@@ -714,7 +714,10 @@ class Runner:
                         return f
                 idle = 0
                 continue
-            event: Event = Update() if self.pending and not self.config.async_scheduling else Step()
+            # the events may end between a schedule and its update (two plans
+            # in flight with async scheduling): update first
+            full = len(self.pending) >= (2 if self.config.async_scheduling else 1)
+            event: Event = Update() if full else Step()
             if (f := self.apply(event)):
                 return f
             steps += 1
@@ -811,7 +814,7 @@ class Runner:
                 return self.drain()
             if self.stats.steps >= max_steps:
                 return self._fail("stall", self.names[0], f"not finished after {max_steps} steps")
-            if i >= len(events) and self.pending and not self.config.async_scheduling:
+            if i >= len(events) and len(self.pending) >= (2 if self.config.async_scheduling else 1):
                 event: Event = Update()  # the events ended between a Schedule and its Update
             else:
                 event = events[i] if i < len(events) else Step()

@@ -456,3 +456,13 @@ def test_the_report_shows_remote_kv_waits_loads_reports_and_held_blocks() -> Non
     order, grid, _ = cell_states(records)
     assert order[:2] == ["a", "s"] and grid[0][0] == "remote_kv"
     assert "[load a 0-8 async]" in step_table(records)
+
+
+def test_quiescence_updates_first_when_the_events_end_with_two_plans_in_flight() -> None:
+    from schedspec.check.workload import Schedule
+
+    cfg = dataclasses.replace(CFG, async_scheduling=True)
+    runner = Runner(cfg, {"spec": SpecScheduler})
+    assert runner.run([AddRequest(_req("a", kv_save_async=True)), Step(), Schedule()]) is None
+    assert len(runner.pending) == 2
+    assert runner.quiesce() is None and not runner.pending

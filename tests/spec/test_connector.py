@@ -554,3 +554,23 @@ def test_grammar_ready_then_async_load_in_one_step() -> None:
     assert plan.kv_loads[0].asynchronous
     assert s.view().requests["a"].status == S.WAITING_FOR_REMOTE_KVS
     assert is_legal_transition(S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, S.WAITING_FOR_REMOTE_KVS)
+
+
+def test_failed_load_can_block_its_own_reload() -> None:
+    """A vLLM 0.33 behaviour the spec keeps: a request whose asynchronous
+    load failed as a whole (recompute) frees its blocks at promotion but stays
+    in _inflight_prefills, so the reservation its next asynchronous load must
+    leave free counts its own whole need: with a pool smaller than twice that
+    it is never admitted again, although nothing runs (block_size 1, 17
+    usable blocks, a 9-token load: 9 needed + 9 reserved > 17)."""
+    s = make(block_size=1, num_blocks=18, max_model_len=16, max_num_batched_tokens=16)
+    s.add(req("a", n=9, max_tokens=1, kv_external_tokens=9, kv_load_async=True))
+    assert s.schedule().kv_loads[0].asynchronous
+    s.update(s.in_flight[0], StepResult(finished_recving=("a",), failed_recving=("a",)))
+    for _ in range(3):
+        plan = step(s)
+        assert plan.scheduled == () and plan.kv_loads == ()
+    v = s.view()
+    assert v.requests["a"].status == S.WAITING and v.requests["a"].block_ids == ()
+    assert v.kv.num_free_blocks == 17 and s.inflight_prefills == {"a"}
+    assert s.rules["connector.load_blocked_reserve"] == 3

@@ -42,10 +42,11 @@ what keeps it small:
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any, Union
+from typing import AbstractSet, Any, Union
 
 from schedspec.spec.interface import (
     BlockKey,
+    KVLoad,
     KVView,
     PauseState,
     Policy,
@@ -75,6 +76,7 @@ from schedspec.spec.protocol import (
     is_token_ids,
 )
 
+from schedspec.impl.connector import ConnectorMixin
 from schedspec.impl.encoder_cache import EncoderCache
 from schedspec.impl.free_queue import FreeBlockQueue
 from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
@@ -88,6 +90,7 @@ _LENGTH = RequestStatus.FINISHED_LENGTH_CAPPED
 _ABORTED = RequestStatus.FINISHED_ABORTED
 _ERROR = RequestStatus.FINISHED_ERROR
 _GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+_REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
 _PAUSED_NEW = PauseState.PAUSED_NEW
 _PAUSED_ALL = PauseState.PAUSED_ALL
 _K_NEW = ScheduleKind.NEW
@@ -100,6 +103,8 @@ _SR = ScheduledRequest
 _NO_DRAFTS: tuple[int, ...] = ()
 _NO_MARKS: dict[int, str] = {}  # never written to
 _NO_REJECTS: frozenset[int] = frozenset()
+_NO_FAILED: frozenset[str] = frozenset()
+_NO_GROUPS: tuple[tuple[int, ...], ...] = ()
 
 
 def _entry(
@@ -128,6 +133,7 @@ def _entry(
     d["num_output_placeholders"] = 0
     d["encoder_inputs"] = _NO_DRAFTS
     d["num_invalid_spec_tokens"] = 0
+    d["group_block_ids"] = _NO_GROUPS
     return o
 
 
@@ -185,6 +191,9 @@ class _Req:
         "rejects",
         "mm",
         "marks",
+        # the KV connector: the sched_step_seq of the last step that
+        # scheduled it (defer_block_free)
+        "last_seq",
     )
 
     def __init__(
@@ -263,6 +272,7 @@ class _Req:
                     marks = {}
                 marks[i] = spec.block_identity((i + 1) * block_size)
         self.marks = marks
+        self.last_seq = 0
 
     def copy(self) -> "_Req":
         """An independent copy (the lists copied, immutable values shared)."""
@@ -303,6 +313,7 @@ class _Req:
         n.rejects = self.rejects
         n.mm = self.mm
         n.marks = self.marks
+        n.last_seq = self.last_seq
         return n
 
     @property
@@ -351,9 +362,13 @@ class _Req:
 Waiting = Union[FcfsWaiting[_Req], PriorityWaiting[_Req]]
 
 
-class ImplScheduler:
+class ImplScheduler(ConnectorMixin["_Req"]):
     """Implements spec.interface.Scheduler, with the optional
     ``set_pause_state`` and ``grammar_ready``."""
+
+    #: The KV features implemented, by capability name (the KV connector on
+    #: the plain layout; hybrid KV cache groups are not implemented).
+    KV: tuple[str, ...] = ("kv_connector",)
 
     #: The admission gates implemented, by capability name
     #: (spec/protocol.py, gates_of_config).
@@ -409,7 +424,7 @@ class ImplScheduler:
         # for good; a pause state other than UNPAUSED or an unfinished
         # request with a grammar holds a scheduler on it, taken (and left) at
         # schedule() (_choose_path).
-        self._config_gated = config.prefill_schedule_interval > 1 or config.has_encoder
+        self._config_gated = config.prefill_schedule_interval > 1 or config.has_encoder or config.kv_connector
         self._gated = self._config_gated
         self._base_general = self._general
         if self._gated:
@@ -429,6 +444,8 @@ class ImplScheduler:
         self._grammar_errors: set[str] = set()
         self._enc: EncoderCache | None = EncoderCache(config.encoder_cache_size) if config.has_encoder else None
         self._mm_lengths: dict[str, int] = {}
+        # the KV connector (impl/connector.py); a config with one takes the gated path
+        self._init_connector(config)
 
     @property
     def config(self) -> SchedulerConfig:
@@ -469,19 +486,44 @@ class ImplScheduler:
 
     def abort(self, request_id: str) -> None:
         req = check_abort(request_id, self._requests)
+        self._finish_request(req, _ABORTED)
+
+    def _finish_request(self, req: _Req, status: RequestStatus) -> None:
+        """finish_requests for one unfinished request: it leaves its queue
+        and finishes; with a KV connector, one whose asynchronous load is not
+        reported yet keeps its blocks until it is."""
+        delay = False
         if req.status is _RUNNING:
             running = self._running
             del running[bisect_left(running, req.run_seq, key=_run_seq)]
         else:
-            self._waiting.remove(req)
-        self._finish(req, _ABORTED)
+            self._unqueue(req)
+        if req.status is _REMOTE:
+            delay = req.rid not in self._loads_done
+            self._loads_done.discard(req.rid)
+            self._loads_failed.discard(req.rid)
+        self._finish(req, status, delay)
 
-    def _finish(self, req: _Req, status: RequestStatus) -> None:
+    def _unqueue(self, req: _Req) -> None:
+        """Take a waiting request out of its queue (kv_holding_waiting or
+        the waiting queue)."""
+        if self._kvh and req in self._kvh:
+            self._kvh.remove(req)
+        else:
+            self._waiting.remove(req)
+
+    def _finish(self, req: _Req, status: RequestStatus, delay: bool = False) -> None:
         req.status = status
-        self._free(req.blocks)
-        req.blocks = []
-        req.btuple = ()
-        req.cap = 0
+        if self._conn:
+            if self._finish_keeps_blocks(req, status, delay):
+                self._held[req.rid] = req
+            else:
+                self._free_table(req)
+        else:
+            self._free(req.blocks)
+            req.blocks = []
+            req.btuple = ()
+            req.cap = 0
         if req.mm:
             self._release_encoder(req)
         if self._deferred:
@@ -493,6 +535,8 @@ class ImplScheduler:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         check_reset(self._inflight, self._config)
+        if reset_running_requests and self._conn:
+            self._check_kv_reset()
         if reset_running_requests:
             running = self._running
             while running:
@@ -627,41 +671,53 @@ class ImplScheduler:
             parent = node
         return hit
 
-    def _admit_alloc(self, req: _Req, hit: list[int], n: int, wm: int = 0) -> bool:
+    def _admit_alloc(
+        self, req: _Req, hit: list[int], n: int, wm: int = 0,
+        computed: int = -1, load_async: bool = False, reserved: int = 0,
+    ) -> bool:
         """Blocks for an admission past its prefix hit; ``wm`` blocks (the
-        watermark) must stay free besides."""
+        watermark) must stay free besides. With a KV connector: ``computed``
+        tokens counted computed before the step (the hit plus the external
+        tokens, whose blocks come right after the hit's; or a promoted load's,
+        whose blocks the request holds), an asynchronous load (``load_async``:
+        nothing cached yet) and the blocks it leaves free for the in-flight
+        prefills (``reserved``)."""
         bs = self._bs
         ref = self._ref
         free = self._fq.size - wm
         nhit = len(hit)
+        held = len(req.blocks)  # a promoted load's table (then no hit)
         evictable = 0
         for b in hit:
             if ref[b] == 0:
                 evictable += 1
         if self._config.scheduler_reserve_full_isl:
             full = min(req.num_tokens, self._mml)
-            if max(-(-full // bs) - nhit, 0) + evictable > free:
+            if max(-(-full // bs) - nhit - held, 0) + evictable > free:
                 return False
-        hit_tokens = nhit * bs
-        target = min(hit_tokens + n, self._mml)
-        need = max(-(-target // bs) - nhit, 0)
-        if need + evictable > free:
+        if computed < 0:
+            computed = nhit * bs
+        target = min(computed + n, self._mml)
+        need = max(-(-target // bs) - nhit - held, 0)
+        if need + evictable + reserved > free:
             return False
         fq = self._fq
         for b in hit:
             if ref[b] == 0:
                 fq.remove(b)
             ref[b] += 1
-        blocks = list(hit)
+        blocks = req.blocks if held else list(hit)
         if need:
             blocks.extend(self._allocate(need))
         req.blocks = blocks
         req.btuple = None
         req.cap = len(blocks) * bs
-        req.ncached = nhit
-        if self._caching:
-            req.next_full = (nhit + 1) * bs
-            self._register(req, min(hit_tokens + n, req.num_tokens))
+        if not held:
+            req.ncached = nhit
+            if self._caching:
+                req.next_full = (nhit + 1) * bs
+        if self._caching and not load_async:
+            self._register(req, min(computed + n, req.num_tokens))
         req.edge = min(req.cap + 1, req.next_full)
         return True
 
@@ -676,10 +732,14 @@ class ImplScheduler:
         req.drop_stale = drop_stale or (req.drop_stale and req.stale > 0)
         req.stale = req.inflight
         req.ph = 0
-        self._free(req.blocks)
-        req.blocks = []
-        req.btuple = ()
-        req.cap = 0
+        if self._conn:
+            self._inflight_prefills.discard(req.rid)
+            self._free_table(req)
+        else:
+            self._free(req.blocks)
+            req.blocks = []
+            req.btuple = ()
+            req.cap = 0
         req.ncached = 0
         if self._caching:
             req.next_full = self._bs
@@ -761,6 +821,7 @@ class ImplScheduler:
             d["num_output_placeholders"] = 0
             d["encoder_inputs"] = no_drafts
             d["num_invalid_spec_tokens"] = 0
+            d["group_block_ids"] = _NO_GROUPS
             ents_append(o)
             out_append(req)
             req.num_computed = e
@@ -900,7 +961,7 @@ class ImplScheduler:
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
-            if self._gated and self._sync_plain:
+            if self._gated and self._sync_plain and not self._conn:
                 self._update_sync_gated(plan, result)
             else:
                 self._update_general(plan, result)
@@ -1094,6 +1155,7 @@ class ImplScheduler:
                 d["num_output_placeholders"] = width
                 d["encoder_inputs"] = no_drafts
                 d["num_invalid_spec_tokens"] = 0
+                d["group_block_ids"] = _NO_GROUPS
                 ents_append(o)
                 out_append(req)
                 codes_append(steady_code)
@@ -1134,6 +1196,7 @@ class ImplScheduler:
                 d["num_output_placeholders"] = 0
                 d["encoder_inputs"] = no_drafts
                 d["num_invalid_spec_tokens"] = 0
+                d["group_block_ids"] = _NO_GROUPS
                 ents_append(o)
                 out_append(req)
                 codes_append(n * base + n)
@@ -1175,6 +1238,7 @@ class ImplScheduler:
                 d["num_output_placeholders"] = width
                 d["encoder_inputs"] = no_drafts
                 d["num_invalid_spec_tokens"] = 0
+                d["group_block_ids"] = _NO_GROUPS
                 ents.append(o)
                 out.append(req)
                 codes.append(steady_code)
@@ -1213,6 +1277,7 @@ class ImplScheduler:
                     d["num_output_placeholders"] = 0
                     d["encoder_inputs"] = no_drafts
                     d["num_invalid_spec_tokens"] = 0
+                    d["group_block_ids"] = _NO_GROUPS
                     ents.append(o)
                     out.append(req)
                     codes.append(n * base + n)
@@ -1303,6 +1368,7 @@ class ImplScheduler:
             d["num_output_placeholders"] = ph
             d["encoder_inputs"] = no_drafts
             d["num_invalid_spec_tokens"] = 0
+            d["group_block_ids"] = _NO_GROUPS
             ents.append(o)
             out.append(req)
             req.num_computed = e
@@ -1507,8 +1573,11 @@ class ImplScheduler:
         running = self._running
         waiting = self._waiting
         thr = cfg.long_prefill_token_threshold
-        if len(running) + len(waiting) <= 1:
+        kvh = self._kvh
+        if len(running) + len(waiting) + len(kvh) <= 1:
             thr = 0
+        conn = self._conn
+        defer_free = self._defer_free
         mml = self._mml
         priority = self._priority
         k = self._k
@@ -1577,6 +1646,7 @@ class ImplScheduler:
                     d["num_output_placeholders"] = 0
                     d["encoder_inputs"] = _NO_DRAFTS
                     d["num_invalid_spec_tokens"] = 0
+                    d["group_block_ids"] = _NO_GROUPS
                     ents.append(o)
                     out.append(req)
                     codes.append(base + 1)
@@ -1609,6 +1679,7 @@ class ImplScheduler:
                 d["num_output_placeholders"] = width
                 d["encoder_inputs"] = _NO_DRAFTS
                 d["num_invalid_spec_tokens"] = 0
+                d["group_block_ids"] = _NO_GROUPS
                 ents.append(o)
                 out.append(req)
                 codes.append(steady_code)
@@ -1636,14 +1707,19 @@ class ImplScheduler:
             e = c + n
             if (e > req.cap or (e if e < nt else nt) >= req.next_full) and not self._grow_to(req, e):
                 allocated = False
+                blocked = False
                 while True:
                     if priority:
                         victim = self._victims.top()
                         v = bisect_left(running, victim.run_seq, key=_run_seq)
-                        del running[v]
                     else:
                         v = len(running) - 1
-                        victim = running.pop()
+                        victim = running[v]
+                    if defer_free and victim.last_seq > self._processed_seq:
+                        # a deferred free will not help with immediate allocation
+                        blocked = True
+                        break
+                    del running[v]
                     if v < i:
                         i -= 1
                         j = bisect_left(out, victim.run_seq, key=_run_seq)
@@ -1657,7 +1733,7 @@ class ImplScheduler:
                             ran = enc_run.pop(victim.rid, None)
                             if ran:  # its encoder inputs give their budget back
                                 enc_budget += sum(victim.mm[x].length for x in ran)
-                    self._preempt(victim)
+                    self._preempt(victim, conn)  # kv_both: a victim's output in flight is dropped
                     preempted = True
                     if victim is req:
                         break
@@ -1665,7 +1741,7 @@ class ImplScheduler:
                         allocated = True
                         break
                 if not allocated:
-                    if priority:
+                    if priority and not blocked:
                         continue
                     break
             pchunk = req.pchunk
@@ -1707,15 +1783,25 @@ class ImplScheduler:
             loras = {r.lora for r in running if r.lora} if max_loras else set()
             deferred = self._deferred
             skipped: list[_Req] = []
-            while budget > 0 and len(waiting):
-                if pause is _PAUSED_NEW:
+            skipped_kvh: list[_Req] = []  # passed over holding KV blocks
+            while budget > 0:
+                # kv_holding_waiting first (also under PAUSED_NEW)
+                from_kvh = conn and len(kvh) > 0
+                if not from_kvh and (pause is _PAUSED_NEW or not len(waiting)):
                     break  # nothing is admitted while paused
                 if len(running) >= max_seqs:
                     break
-                req = waiting.peek()
+                req = self._kvh_head() if from_kvh else waiting.peek()
                 rid = req.rid
                 passed = False
-                if req.status is _GRAMMAR:
+                if req.status is _REMOTE:
+                    if rid not in self._loads_done:
+                        passed = True  # its load is not reported yet
+                    else:
+                        self._promote(req)
+                if passed:
+                    pass
+                elif req.status is _GRAMMAR:
                     if req.grammar is None:
                         passed = True  # still compiling
                     elif req.grammar is False:
@@ -1730,21 +1816,45 @@ class ImplScheduler:
                         passed = True  # it would exceed max_loras
                 if passed:
                     deferred.add(rid)
-                    skipped.append(waiting.pop_head())
+                    self._skip(req, from_kvh, skipped, skipped_kvh)
                     continue
-                hit = self._find_hit(req)
-                hit_tokens = len(hit) * bs
+                ext = 0
+                if req.num_computed:  # a promoted load: its blocks and computed tokens
+                    hit = []
+                    computed = req.num_computed
+                else:
+                    hit = self._find_hit(req)
+                    computed = len(hit) * bs
+                    if conn:
+                        ext, load_async = self._external_tokens(req, computed)
+                        if load_async:
+                            # an asynchronous load starts: blocks, no work; passed over
+                            if not self._admit_alloc(
+                                req, hit, 0, self._watermark if running else 0,
+                                computed + ext, True, self._async_load_reserve(),
+                            ):
+                                if req.mm:
+                                    self._release_encoder(req)
+                                break
+                            self._record_load(req, computed, ext, True)
+                            req.status = _REMOTE
+                            req.num_computed = computed + ext
+                            self._inflight_prefills.add(rid)
+                            deferred.add(rid)
+                            self._skip(req, from_kvh, skipped, skipped_kvh)
+                            continue
+                        computed += ext
                 nt = req.num_tokens
-                if defer and hit_tokens < nt - 1:
+                if defer and computed < nt - 1:
                     break  # its prefill waits for the cadence
-                n = nt - hit_tokens
+                n = nt - computed
                 drafts = _NO_DRAFTS
                 if (
                     k > 0
                     and n == 1
                     and not prefill_scheduled
-                    and (running_scheduled or hit_tokens > 0)
-                    and hit_tokens + 1 + k + 1 <= mml
+                    and (running_scheduled or computed > 0)
+                    and computed + 1 + k + 1 <= mml
                 ):
                     if 1 + k > budget:
                         break
@@ -1760,21 +1870,28 @@ class ImplScheduler:
                 run = []
                 dups = []
                 if req.mm:
-                    run, n, enc_left, dups = self._encoder_window(req, hit_tokens, n, enc_budget)
+                    run, n, enc_left, dups = self._encoder_window(req, computed, n, enc_budget)
                     if n == 0:
                         deferred.add(rid)  # no token this step: passed over
-                        skipped.append(waiting.pop_head())
+                        self._skip(req, from_kvh, skipped, skipped_kvh)
                         continue
-                if not self._admit_alloc(req, hit, n, self._watermark if running else 0):
+                if not self._admit_alloc(req, hit, n, self._watermark if running else 0, computed):
                     if req.mm:
                         self._release_encoder(req)
                     break
+                if ext:
+                    self._record_load(req, computed - ext, ext, False)
                 deferred.discard(rid)
                 if req.lora:
                     loras.add(req.lora)
-                if hit_tokens < nt - 1:
+                if computed < nt - 1:
                     prefill_admitted = True
-                waiting.pop_head()
+                if from_kvh:
+                    kvh.remove(req)
+                else:
+                    waiting.pop_head()
+                if conn and computed + n < nt:
+                    self._inflight_prefills.add(rid)
                 kind = _K_NEW if req.status is _WAITING else _K_RESUMED
                 req.status = _RUNNING
                 self._run_seq += 1
@@ -1782,9 +1899,9 @@ class ImplScheduler:
                 running.append(req)
                 if priority:
                     self._victims.push(req)
-                e = hit_tokens + n
+                e = computed + n
                 ph = req.ph
-                o = _entry(rid, kind, hit_tokens, n, nt, req.block_tuple(), req.seq(hit_tokens, e, drafts))
+                o = _entry(rid, kind, computed, n, nt, req.block_tuple(), req.seq(computed, e, drafts))
                 d = o.__dict__
                 d["spec_token_ids"] = drafts
                 d["num_output_placeholders"] = ph
@@ -1805,21 +1922,29 @@ class ImplScheduler:
                 budget -= n
             for req in reversed(skipped):
                 waiting.push_front(req)
+            if skipped_kvh:
+                kvh[:0] = skipped_kvh
             if not defer:
                 # a release step records whether it left the queue backed up
-                self._capacity_bound = len(waiting) > len(deferred)
+                self._capacity_bound = len(waiting) + len(kvh) > len(deferred)
         if priority:
             self._victims.compact(running)
         if ents:
             self._num_executed_steps += 1
         if interval > 1 and (prefill_scheduled or prefill_admitted):
             self._last_prefill_step = self._num_executed_steps
+        kv_loads: tuple[KVLoad, ...] = ()
+        if conn:
+            self._after_schedule_kv(out)
+            kv_loads = tuple(self._pending_loads)
+            self._pending_loads = []
         plan = StepPlan(
             step=self._step,
             scheduled=tuple(ents),
             preempted_ids=tuple(sorted(self._preempted)),
             finished_ids=tuple(sorted(self._finished)),
             freed_encoder_inputs=enc.take_freed() if enc is not None else (),
+            kv_loads=kv_loads,
         )
         self._preempted = set()
         self._finished = {}
@@ -1920,7 +2045,7 @@ class ImplScheduler:
         if finished is None:
             return False
         if not was_running:
-            self._waiting.remove(req)  # a stale output stopped a preempted request
+            self._unqueue(req)  # a stale output stopped a preempted request
         self._finish(req, finished)
         return was_running
 
@@ -1968,16 +2093,34 @@ class ImplScheduler:
         del self._inflight_reqs[0]
         del self._inflight_codes[0]
 
-    def _finish_grammar_errors(self) -> None:
+    @staticmethod
+    def _set_drafts(req: _Req, d: tuple[int, ...]) -> None:
+        """update_draft_token_ids for one unfinished request: none after a
+        partial prefill chunk; its grammar keeps those before the first
+        refused one."""
+        if req.pchunk:
+            req.drafts = _NO_DRAFTS
+        elif req.rejects and not req.rejects.isdisjoint(d):
+            rejects = req.rejects
+            cut = 0
+            while d[cut] not in rejects:
+                cut += 1
+            req.drafts = d[:cut]
+        else:
+            req.drafts = d
+
+    def _finish_grammar_errors(self, failed_loads: AbstractSet[str] | None = None) -> None:
         """The requests whose grammar failed, as the WAITING loops since the
-        last update found them, finish with FINISHED_ERROR."""
+        last update found them, and under kv_load_failure_policy "fail" those
+        whose KV load failed, finish with FINISHED_ERROR, in id order."""
         errors, self._grammar_errors = self._grammar_errors, set()
+        if failed_loads:
+            errors |= failed_loads
         for rid in sorted(errors):
             req = self._requests.get(rid)
             if req is None:
                 continue  # aborted meanwhile
-            self._waiting.remove(req)
-            self._finish(req, _ERROR)
+            self._finish_request(req, _ERROR)
 
     def _update_general(self, plan: StepPlan, result: StepResult) -> None:
         """update() with async scheduling or speculative decoding, for each
@@ -1993,6 +2136,9 @@ class ImplScheduler:
         codes = self._inflight_codes[0]
         if not self._result_ok(result, out, codes):
             check_sampled(plan, result, self._requests, cfg)  # raises the spec's error
+        # the KV connector's reports: the requests whose output is skipped
+        failed: AbstractSet[str] = self._kv_reports(plan, result) if self._conn else _NO_FAILED
+        late_drafts: list[_Req] = []
         base = self._k + 2
         requests = self._requests
         get_req = requests.get
@@ -2018,6 +2164,17 @@ class ImplScheduler:
         one = base + 1 if get_drafts is None else -1
         enc_on = self._enc is not None
         for r, code in zip(out, codes):
+            if failed and r.rid in failed:
+                # a failed or truncated KV load: its output of this step is skipped
+                req_f = r if r.status is _RUNNING else get_req(r.rid)
+                if req_f is not None:
+                    sn = code // base
+                    req_f.inflight -= sn
+                    if req_f.stale > 0:
+                        req_f.stale -= sn
+                    if get_drafts is not None and get_drafts(req_f.rid) is not None:
+                        late_drafts.append(req_f)  # applied after the errors finish
+                continue
             if r.status is _RUNNING:
                 if code == one and not r.stale and not (gated and (r.mm or r.rejects)):
                     toks = get_toks(r.rid, _NO_DRAFTS)
@@ -2033,6 +2190,8 @@ class ImplScheduler:
                             r.ph = ph - 1
                         if caching and (ph > 0 or spec_on):
                             upto = r.num_computed - r.inflight
+                            if upto > nt:  # only known tokens have keys (after a failed load)
+                                upto = nt
                             if upto >= r.next_full:
                                 self._register(r, upto)
                                 r.edge = min(r.cap + 1, r.next_full)
@@ -2116,6 +2275,8 @@ class ImplScheduler:
                     req.ph = ph - ntok
                 if caching and was_running and (ph > 0 or spec_on):
                     upto = req.num_computed - req.inflight
+                    if upto > nt:  # only known tokens have keys (after a failed load)
+                        upto = nt
                     if upto >= req.next_full:
                         self._register(req, upto)
                         req.edge = min(req.cap + 1, req.next_full)
@@ -2123,7 +2284,7 @@ class ImplScheduler:
                     if was_running:
                         any_stopped = True
                     else:
-                        self._waiting.remove(req)
+                        self._unqueue(req)
                     self._finish(req, finished)
                     continue
             elif enc_on and req.mm:
@@ -2131,21 +2292,18 @@ class ImplScheduler:
             if get_drafts is not None:  # (the request is unfinished here)
                 d = get_drafts(rid)
                 if d is not None:
-                    if req.pchunk:
-                        req.drafts = _NO_DRAFTS
-                    elif req.rejects and not req.rejects.isdisjoint(d):
-                        # its grammar keeps the drafts before the first refused one
-                        rejects = req.rejects
-                        cut = 0
-                        while d[cut] not in rejects:
-                            cut += 1
-                        req.drafts = d[:cut]
-                    else:
-                        req.drafts = d
+                    self._set_drafts(req, d)
         if any_stopped:
             self._running = [r for r in self._running if r.status is _RUNNING]
-        if self._grammar_errors:
+        if failed and self._fail_policy:
+            self._finish_grammar_errors(failed)
+        elif self._grammar_errors:
             self._finish_grammar_errors()
+        if self._conn:
+            self._kv_finished(result)
+            for req in late_drafts:
+                if requests.get(req.rid) is req:
+                    self._set_drafts(req, drafted[req.rid])  # type: ignore[index]
         del self._inflight[0]
         del self._inflight_reqs[0]
         del self._inflight_codes[0]
@@ -2177,14 +2335,22 @@ class ImplScheduler:
         if enc is not None:
             gates["encoder_cache"] = dict(enc.entries)
             gates["encoder_cache_free"] = enc.free
+        finished = {rid: r.view() for rid, r in self._finished.items()}
+        waiting = tuple(r.rid for r in self._waiting.order())
+        if self._conn:
+            gates.update(self._connector_view())
+            waiting = tuple(r.rid for r in self._kvh_order()) + waiting
+            for rid, v in finished.items():
+                if v.block_ids:  # kept for the connector: reported without them
+                    finished[rid] = self._finished_view_without_blocks(v)
         return SchedulerView(
             config=self._config,
             step=self._step,
             requests=requests,
-            waiting=tuple(r.rid for r in self._waiting.order()),
+            waiting=waiting,
             running=tuple(r.rid for r in self._running),
             kv=kv,
-            finished={rid: r.view() for rid, r in self._finished.items()},
+            finished=finished,
             preempted_since_plan=tuple(sorted(self._preempted)),
             pause_state=self._pause,
             **gates,
@@ -2200,7 +2366,7 @@ class ImplScheduler:
         d = new.__dict__
         d.update(self.__dict__)
         remap: dict[int, _Req] = {}
-        for reqs in (self._requests.values(), self._finished.values(), *self._inflight_reqs):
+        for reqs in (self._requests.values(), self._finished.values(), self._held.values(), *self._inflight_reqs):
             for r in reqs:
                 if id(r) not in remap:
                     remap[id(r)] = r.copy()
@@ -2221,6 +2387,8 @@ class ImplScheduler:
         d["_mm_lengths"] = self._mm_lengths.copy()
         if self._enc is not None:
             d["_enc"] = self._enc.copy()
+        if self._conn:
+            self._clone_connector(d, remap)
         return new
 
     # ------------------------------------------------------------------ introspection

@@ -72,8 +72,9 @@ def test_preemption_heavy_workloads_run_in_lockstep() -> None:
 
 
 def test_a_short_gate_run_finds_impl_in_lockstep_with_spec(tmp_path: Path) -> None:
+    # the KV connector's lockstep runs are tests/impl/test_connector_lockstep.py
     argv = ["check", "--against", "impl", "--steps", "1000", "--workload-steps", "40",
-            "--shrink-time", "0", "--quiet", "--out", str(tmp_path)]
+            "--shrink-time", "0", "--quiet", "--kv", "none", "--out", str(tmp_path)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         rc = cli_main(argv)

@@ -123,8 +123,9 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
                 cid not in adm and loaded and new in (_S.WAITING, _S.PREEMPTED)
             ) or (
                 # the connector started an asynchronous load (schedule(), load_kv_async)
+                # (a request waiting for its grammar: found compiled first)
                 cid not in adm
-                and old in (_S.WAITING, _S.PREEMPTED)
+                and old in (_S.WAITING, _S.PREEMPTED, grammar)
                 and new == remote
                 and cid in {ld.request_id for ld in t.plan.kv_loads if ld.asynchronous}
             )

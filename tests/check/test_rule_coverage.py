@@ -209,7 +209,7 @@ def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[s
     from schedspec.cli.main import main
 
     out = tmp_path / "s.json"
-    rc = main(["check", "--steps", "100", "--quiet", "--require-rules", "admit.new,stop", "--json", str(out),
+    rc = main(["check", "--steps", "100", "--kv", "none", "--quiet", "--require-rules", "admit.new,stop", "--json", str(out),
                "--out", str(tmp_path)])
     text = capsys.readouterr().out
     import json
@@ -227,7 +227,7 @@ def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "--modes: unknown mode 'warp'" in capsys.readouterr().err
     out2 = tmp_path / "r.json"
     assert main(["check", "--steps", "200", "--quiet", "--generator", "random", "--modes", "sync",
-                 "--gates", "none", "--json", str(out2)]) == 0
+                 "--gates", "none", "--kv", "none", "--json", str(out2)]) == 0
     from schedspec.check.driver import Runner
     from schedspec.check.workload import random_workload
 

@@ -34,7 +34,7 @@ def test_shards_take_disjoint_seeds(tmp_path: Path) -> None:
     seeds = []
     for k in (1, 2, 3):
         out = tmp_path / f"s{k}.json"
-        assert main(["check", "--steps", "300", "--workload-steps", "50", "--shard", f"{k}/3",
+        assert main(["check", "--steps", "300", "--kv", "none", "--workload-steps", "50", "--shard", f"{k}/3",
                      "--quiet", "--json", str(out)]) == 0
         seeds.append(set(json.loads(out.read_text())["workload_seeds"]))
     assert all(seeds)
@@ -118,7 +118,7 @@ def test_time_budget_and_plain_progress_lines_in_ci_logs(tmp_path: Path, capsys:
 
 
 def test_plans_only_lockstep_catches_a_divergence(tmp_path: Path) -> None:
-    rc = main(["check", "--against", "buggy_schedulers:LeakyAbort", "--plans-only", "--steps", "5000",
+    rc = main(["check", "--against", "buggy_schedulers:LeakyAbort", "--plans-only", "--kv", "none", "--steps", "5000",
                "--quiet", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "s.json")])
     assert rc == 1
     assert json.loads((tmp_path / "s.json").read_text())["failure"]["kind"] in ("divergence", "violation")

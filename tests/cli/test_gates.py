@@ -56,6 +56,7 @@ def test_the_spec_draws_every_gate_by_default_and_the_summary_says_so(tmp_path: 
                   "--shrink-time", "1"])
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["gates"] == list(GATES)
+    assert summary["kv"] == ["connector", "hybrid"]  # and every KV feature too
     assert f"gates: {', '.join(GATES)} (each workload a subset;" in out
     rc_none, out_none = run(["check", "--against", "spec", "--gates", "none", "--steps", "50", "--quiet",
                              "--out", str(tmp_path / "none"), "--json", str(tmp_path / "n.json")])
@@ -122,10 +123,10 @@ def test_rule_coverage_counts_the_rules_of_the_gates_the_run_drew(tmp_path: Path
 
 
 def test_rule_coverage_leaves_out_the_gates_the_run_did_not_draw(tmp_path: Path) -> None:
-    rc, out = run(["check", "--gates", "encoder", "--steps", "100", "--quiet", "--out", str(tmp_path)])
+    rc, out = run(["check", "--gates", "encoder", "--kv", "none", "--steps", "100", "--quiet", "--out", str(tmp_path)])
     assert rc == 0, out
     assert f" of the {_reachable(('encoder',))} rules reachable in sync, async, spec, async-spec with gates encoder " in out
-    rc, out = run(["check", "--gates", "none", "--steps", "100", "--quiet", "--out", str(tmp_path), "--rules"])
+    rc, out = run(["check", "--gates", "none", "--kv", "none", "--steps", "100", "--quiet", "--out", str(tmp_path), "--rules"])
     assert rc == 0, out
     assert f" of the {_reachable(())} rules reachable in sync, async, spec, async-spec reached" in out
     table = {line.split()[0]: line for line in out.splitlines() if line.startswith("    ")}

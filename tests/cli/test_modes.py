@@ -30,7 +30,7 @@ def run(argv: list[str]) -> tuple[int, str]:
 
 
 def test_invariants_mode_says_no_comparison_ran(tmp_path: Path) -> None:
-    rc, out = run(["check", "--against", "impl", "--mode", "invariants", "--steps", "200", "--quiet",
+    rc, out = run(["check", "--against", "impl", "--mode", "invariants", "--steps", "200", "--kv", "none", "--quiet",
                    "--out", str(tmp_path), "--json", str(tmp_path / "s.json")])
     assert rc == 0, out
     assert f"{IMPL_SAFETY} invariants held (safety); invariants mode: no comparison with the spec" in out

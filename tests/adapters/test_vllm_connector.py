@@ -197,6 +197,22 @@ class TestConnector:
         # _update_waiting_for_remote_kv: num_computed == num_tokens -> num_tokens - 1
         assert shape(plan) == [("b", "NEW", 7, 1)] and plan.scheduled[0].samples
 
+    def test_a_one_token_prompt_loaded_asynchronously_loads_again_and_again(self) -> None:
+        """vLLM: the promotion leaves num_tokens - 1 = 0 tokens computed, so
+        the same waiting-loop pass looks the request up again; the stateless
+        connector offers the token again and a new asynchronous load starts
+        into the block the request still holds. After every report the same:
+        the request never runs (docs/divergences.md)."""
+        s = make(block_size=8, num_blocks=9, max_num_batched_tokens=48, max_num_seqs=2, max_model_len=48)
+        s.add(req("r", (10,), 1, kv_external_tokens=1, kv_load_async=True))
+        assert step(s).kv_loads == (KVLoad("r", 0, 1, (1,), True),)
+        for _ in range(3):
+            step(s, finished_recving=("r",))
+            plan = step(s)
+            assert shape(plan) == [] and plan.kv_loads == (KVLoad("r", 0, 1, (1,), True),)
+            view = s.view()
+            assert states(view) == {"r": (S.WAITING_FOR_REMOTE_KVS, 1, (1,))} and view.kv.ref_cnt[:3] == (0, 1, 0)
+
     def test_a_synchronous_whole_prompt_load_is_refused_at_add(self) -> None:
         from schedspec.spec.interface import ProtocolError
 

@@ -893,7 +893,7 @@ MATRIX_OUTCOMES: tuple[tuple[str, str], ...] = (
 #: Feature letters written in a cell: what the variant's run exercised there.
 MATRIX_FEATURES: tuple[tuple[str, str, str], ...] = (
     ("chunked", "C", "chunked prefill"),
-    ("cache_hit", "H", "prefix-cache hit"),
+    ("local_hit", "H", "prefix-cache hit"),
     ("preempted", "P", "preempted"),
     ("sw_freed", "W", "sliding-window blocks freed"),
     ("kv_loaded", "L", "KV loaded by the connector"),

@@ -30,6 +30,13 @@ Two modes:
     over exactly its context. Tokens usually agree; logits agree within a
     tolerance that the equivalence report states.
 
+Hybrid KV cache groups: ``PagedLlama(sliding_window=W)`` gives some layers
+(``sw_layers``) a sliding window of W positions; each layer belongs to a KV
+cache group (``layer_group``: the full-attention layers, then the
+sliding-window ones) and reads and writes the cache through that group's
+block tables (``StepBatch.slots_of`` / ``keys_of``), all groups sharing the
+block ids of the one pool.
+
 torch is imported here and only inside ``schedspec.gpu_runner``.
 """
 
@@ -523,7 +530,6 @@ class PagedLlama:
         T = self.tile_rows
         n = batch.num_tokens
         n_pad = _round_up(max(n, 1), T)
-        dev = self.device
         pad = n_pad - n
         H, KVH, Dh = c.num_heads, c.num_kv_heads, c.head_dim
         G = H // KVH

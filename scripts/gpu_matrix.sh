@@ -16,6 +16,8 @@
 #   smol64         random:like=smollm2, exact and fast, 64 workloads      -> cuda-smol64-*.json
 #                  (any of these four also as NAME-exact or NAME-fast: one mode; and NAME-MODE-sSEED-nCOUNT:
 #                  one part, e.g. smol16-exact-s0-n8 then smol16-exact-s8-n8; the summary merges parts)
+#   hyb16          glassllm with hybrid KV cache groups (--sliding-window $SW, odd layers), exact and fast,
+#                  16 workloads (the connector variants included)   -> cuda-hyb16-*.json (not in the default STAGES)
 #   cross          exact mode, CUDA against the CPU, baseline tokens (glassllm 16, smollm2 $CROSS_SMOL) -> cross-*.json
 #   maxbatch       the largest prefill batch, fast mode (and exact), 512-token prompts -> maxbatch-*.json
 #   cpuwait        wait for the background CPU matrices
@@ -29,7 +31,7 @@
 # with PYTHONPATH=/tmp/site (the checkout's root is added). Environment knobs: PYTHON (python3),
 # REPEAT (3: repeats of the 16-workload glassllm CUDA matrices), SMOL_REPEAT (1: the smollm2-shape ones), CPU_JOBS (14: leave 2 of 16 cores to the
 # GPU process), GPU_THREADS (2), CPU_SETS ("glass64 smol16"), CROSS_SMOL (16), EXTRA (more
-# flags for every equivalence run, e.g. --deterministic-algorithms). A rehearsal without a GPU:
+# flags for every equivalence run, e.g. --deterministic-algorithms), SW (32: hyb16's sliding window). A rehearsal without a GPU:
 # DEVICE=cpu LIMIT=2 (every set cut to 2 workloads).
 set -u
 OUT=${1:?usage: scripts/gpu_matrix.sh OUTDIR}
@@ -53,7 +55,7 @@ EQ=("$PY" -m schedspec equivalence)
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
 
-model_of() { case "$1" in glass*) echo glassllm ;; smol*) echo "$SMOL" ;; esac; }
+model_of() { case "$1" in glass*|hyb*) echo glassllm ;; smol*) echo "$SMOL" ;; esac; }
 count_of() { local n="${1//[!0-9]/}"; [ -n "${LIMIT:-}" ] && [ "$n" -gt "$LIMIT" ] && n=$LIMIT; echo "$n"; }
 
 gpu_matrix() {  # NAME MODE [SEED COUNT]: one CUDA matrix, or one part of it
@@ -62,9 +64,11 @@ gpu_matrix() {  # NAME MODE [SEED COUNT]: one CUDA matrix, or one part of it
   [ "$(count_of "$name")" -le 16 ] && rep=$REPEAT
   case "$name" in smol*) rep=$SMOL_REPEAT ;; esac
   f="$OUT/cuda-$name-$mode"; [ -n "${3:-}" ] && f="$f-s$seed-n$n"
+  local sw=""; case "$name" in hyb*) sw="--sliding-window ${SW:-32}" ;; esac
+  # shellcheck disable=SC2086
   OMP_NUM_THREADS=$GPU_THREADS "${EQ[@]}" --device "$DEVICE" --threads "$GPU_THREADS" --model "$model" --mode "$mode" \
     --seed "$seed" --workloads "$n" --repeat "$rep" --json "$f.json" --png "$f.png" \
-    --out "$f.fail" $EXTRA > "$f.txt" 2> "$f.err"
+    --out "$f.fail" $sw $EXTRA > "$f.txt" 2> "$f.err"
   local rc=$?
   tail -n 4 "$f.txt"
   echo "rc=$rc" >> "$f.txt"
@@ -103,10 +107,10 @@ stage() {
     tests)
       "$PY" -m pytest -q -p no:cacheprovider tests/gpu_runner > "$OUT/tests.log" 2>&1
       echo "rc=$?" >> "$OUT/tests.log"; tail -n 3 "$OUT/tests.log" ;;
-    glass16|glass64|smol16|smol64) gpu_matrix "$s" exact; gpu_matrix "$s" fast ;;
-    glass16-*-s*-n*|glass64-*-s*-n*|smol16-*-s*-n*|smol64-*-s*-n*)
+    glass16|glass64|smol16|smol64|hyb16) gpu_matrix "$s" exact; gpu_matrix "$s" fast ;;
+    glass16-*-s*-n*|glass64-*-s*-n*|smol16-*-s*-n*|smol64-*-s*-n*|hyb16-*-s*-n*)
       IFS=- read -r name mode sd nn <<< "$s"; gpu_matrix "$name" "$mode" "${sd#s}" "${nn#n}" ;;
-    glass16-*|glass64-*|smol16-*|smol64-*) gpu_matrix "${s%-*}" "${s##*-}" ;;
+    glass16-*|glass64-*|smol16-*|smol64-*|hyb16-*) gpu_matrix "${s%-*}" "${s##*-}" ;;
     cpu)
       cpu_parts > "$OUT/cpu/parts.txt"
       # shellcheck disable=SC2016

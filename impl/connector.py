@@ -29,7 +29,7 @@ not implemented in impl (ImplScheduler.KV).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Generic, Iterable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from schedspec.spec.interface import (
     KVLoad,
@@ -79,6 +79,7 @@ class KVRequest(Queued, Protocol):
     arrival: int
     pchunk: bool
     wseq: int
+    inflight: int
 
     @property
     def spec(self) -> RequestSpec: ...
@@ -100,6 +101,16 @@ class ConnectorMixin(Generic[R]):
     _ref: list[int]
     _px: "PrefixIndex"
     _waiting: "FcfsWaiting[R] | PriorityWaiting[R]"
+
+    # hybrid KV cache groups (impl/kv_groups.py, GroupsMixin)
+    _hyb: bool
+    _g_free_request: Callable[[R], None]
+    _g_pop_for_free: Callable[[R], list[int]]
+    _g_held_blocks: Callable[[R], tuple[int, ...]]
+    _g_remove_skipped: Callable[[R, int], None]
+    _g_need: Callable[..., int]
+    _group_tuples: Callable[[R], tuple[tuple[int, ...], ...]]
+    _g_tables: Callable[[R], list[list[int]]]
 
     def _free(self, table: list[int]) -> None:
         raise NotImplementedError
@@ -187,12 +198,19 @@ class ConnectorMixin(Generic[R]):
         """_free_request_blocks: free the request's table now, or, with
         defer_block_free while a step it was scheduled in is unprocessed,
         behind a fence; the request keeps an empty table."""
-        blocks = req.blocks
-        if blocks:
-            if not self._defer_free or req.last_seq <= self._processed_seq:
-                self._free(blocks)
+        now = not self._defer_free or req.last_seq <= self._processed_seq
+        if self._hyb:
+            if now:
+                self._g_free_request(req)
             else:
-                self._deferred_frees.append((self._sched_seq, blocks))
+                popped = self._g_pop_for_free(req)
+                if popped:
+                    self._deferred_frees.append((self._sched_seq, popped))
+        elif req.blocks:
+            if now:
+                self._free(req.blocks)
+            else:
+                self._deferred_frees.append((self._sched_seq, req.blocks))
         req.blocks = []
         req.btuple = ()
         req.cap = 0
@@ -209,6 +227,9 @@ class ConnectorMixin(Generic[R]):
         connector's request_finished: an asynchronous save of a request that
         finished normally)."""
         self._inflight_prefills.discard(req.rid)
+        if self._hyb:
+            # the blocks out of a sliding window go before the table goes to the connector
+            self._g_remove_skipped(req, max(0, req.num_computed - req.inflight))
         return delay or (req.spec.kv_save_async and status in _SAVE_ON)
 
     # ------------------------------------------------------------ admission
@@ -230,14 +251,18 @@ class ConnectorMixin(Generic[R]):
         bs = self._bs
         mml = cfg.max_model_len
         k = cfg.num_speculative_tokens
-        total = _cdiv(1 + k, bs) if k else 0
+        hyb = self._hyb
+        total = _cdiv(1 + k, bs) * (len(cfg.groups) if hyb else 1) if k else 0
         requests = self._requests
         for rid in self._inflight_prefills:
             r = requests[rid]
             num = min(r.num_tokens, mml)
             if k:
                 num += 1 + k
-            total += max(_cdiv(num, bs) - len(r.blocks), 0)
+            if hyb:  # summed over the groups, a sliding window at its admission cap
+                total += self._g_need(r, num, None, r.num_computed, True)
+            else:
+                total += max(_cdiv(num, bs) - len(r.blocks), 0)
         return total
 
     def _record_load(self, req: R, start: int, num_external: int, asynchronous: bool) -> None:
@@ -246,7 +271,8 @@ class ConnectorMixin(Generic[R]):
             return
         end = start + num_external
         blocks = tuple(req.blocks)
-        self._pending_loads.append(KVLoad(req.rid, start, end, blocks, asynchronous, ()))
+        groups = self._group_tuples(req) if self._hyb else ()
+        self._pending_loads.append(KVLoad(req.rid, start, end, blocks, asynchronous, groups))
         if asynchronous:
             bs = self._bs
             self._loading[req.rid] = blocks[start // bs : _cdiv(end, bs)]
@@ -262,13 +288,16 @@ class ConnectorMixin(Generic[R]):
             if req.num_computed:
                 self._cache_upto(req, req.num_computed)
             else:
-                self._free(req.blocks)  # kv_cache_manager.free: never deferred
+                if self._hyb:  # kv_cache_manager.free: never deferred
+                    self._g_free_request(req)
+                else:
+                    self._free(req.blocks)
+                    req.ncached = 0
+                    if self._caching:
+                        req.next_full = self._bs
                 req.blocks = []
                 req.btuple = ()
                 req.cap = 0
-                req.ncached = 0
-                if self._caching:
-                    req.next_full = self._bs
                 req.edge = 1
         else:
             self._cache_upto(req, req.num_computed)
@@ -385,7 +414,7 @@ class ConnectorMixin(Generic[R]):
             kept = f"finished request {min(self._held)!r} keeps its blocks for the connector"
         else:
             for r in self._kvh:
-                if r.blocks:
+                if r.blocks or (self._hyb and any(self._g_tables(r))):
                     kept = f"waiting request {r.rid!r} holds blocks for a KV load"
                     break
             else:
@@ -399,7 +428,10 @@ class ConnectorMixin(Generic[R]):
         if not self._conn:
             return {}
         return {
-            "kv_held_by_finished": {rid: tuple(b for b in r.blocks if b) for rid, r in sorted(self._held.items())},
+            "kv_held_by_finished": {
+                rid: self._g_held_blocks(r) if self._hyb else tuple(b for b in r.blocks if b)
+                for rid, r in sorted(self._held.items())
+            },
             "kv_loads_done": tuple(sorted(self._loads_done)),
             "kv_loads_failed": tuple(sorted(self._loads_failed)),
         }

@@ -79,6 +79,7 @@ from schedspec.spec.protocol import (
 from schedspec.impl.connector import ConnectorMixin
 from schedspec.impl.encoder_cache import EncoderCache
 from schedspec.impl.free_queue import FreeBlockQueue
+from schedspec.impl.kv_groups import GroupsMixin, Layout
 from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
 from schedspec.impl.queues import FcfsWaiting, PriorityWaiting, VictimHeap
 
@@ -194,6 +195,12 @@ class _Req:
         # the KV connector: the sched_step_seq of the last step that
         # scheduled it (defer_block_free)
         "last_seq",
+        # hybrid KV cache groups: the tables of groups 1.. (group 0's is
+        # ``blocks``), how many leading blocks of each have a key, and the
+        # shared-prefix junction of its last prefix lookup
+        "gblocks",
+        "gncached",
+        "spb",
     )
 
     def __init__(
@@ -273,6 +280,9 @@ class _Req:
                 marks[i] = spec.block_identity((i + 1) * block_size)
         self.marks = marks
         self.last_seq = 0
+        self.gblocks: list[list[int]] = []
+        self.gncached: list[int] = []
+        self.spb = 0
 
     def copy(self) -> "_Req":
         """An independent copy (the lists copied, immutable values shared)."""
@@ -314,6 +324,9 @@ class _Req:
         n.mm = self.mm
         n.marks = self.marks
         n.last_seq = self.last_seq
+        n.gblocks = [t[:] for t in self.gblocks]
+        n.gncached = self.gncached[:]
+        n.spb = self.spb
         return n
 
     @property
@@ -335,7 +348,7 @@ class _Req:
             bt = self.btuple = tuple(self.blocks)
         return bt
 
-    def view(self, cadence: bool = False) -> RequestView:
+    def view(self, cadence: bool = False, groups: bool = False) -> RequestView:
         return RequestView.of(
             self.spec,
             status=self.status,
@@ -346,6 +359,10 @@ class _Req:
             num_output_placeholders=self.ph,
             spec_token_ids=self.drafts,
             is_prefill_chunk=cadence and self.pchunk,
+            group_block_ids=(
+                (tuple(self.blocks), *(tuple(t) for t in self.gblocks))
+                if groups and not self.status.is_finished else _NO_GROUPS
+            ),
         )
 
     def seq(self, a: int, b: int, drafts: tuple[int, ...]) -> tuple[int, ...]:
@@ -362,13 +379,13 @@ class _Req:
 Waiting = Union[FcfsWaiting[_Req], PriorityWaiting[_Req]]
 
 
-class ImplScheduler(ConnectorMixin["_Req"]):
+class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
     """Implements spec.interface.Scheduler, with the optional
     ``set_pause_state`` and ``grammar_ready``."""
 
     #: The KV features implemented, by capability name (the KV connector on
     #: the plain layout; hybrid KV cache groups are not implemented).
-    KV: tuple[str, ...] = ("kv_connector",)
+    KV: tuple[str, ...] = ("kv_connector", "hybrid_kv")
 
     #: The admission gates implemented, by capability name
     #: (spec/protocol.py, gates_of_config).
@@ -424,7 +441,12 @@ class ImplScheduler(ConnectorMixin["_Req"]):
         # for good; a pause state other than UNPAUSED or an unfinished
         # request with a grammar holds a scheduler on it, taken (and left) at
         # schedule() (_choose_path).
-        self._config_gated = config.prefill_schedule_interval > 1 or config.has_encoder or config.kv_connector
+        # hybrid KV cache groups (impl/kv_groups.py): the gated path too
+        self._hyb = config.is_hybrid
+        self._layout = Layout(config)
+        self._config_gated = (
+            config.prefill_schedule_interval > 1 or config.has_encoder or config.kv_connector or self._hyb
+        )
         self._gated = self._config_gated
         self._base_general = self._general
         if self._gated:
@@ -460,6 +482,11 @@ class ImplScheduler(ConnectorMixin["_Req"]):
             for m in request.mm_inputs:
                 self._mm_lengths[m.identifier] = m.length
         req = _Req(request, self._mml, self._bs, self._caching, self._stop_sets)
+        if self._hyb:
+            n = len(self._layout.groups) - 1
+            req.gblocks = [[] for _ in range(n)]
+            req.gncached = [0] * n
+            req.next_full = 0  # every step asks the coordinator (_register)
         if request.structured_output:
             # it waits for its grammar, passed over until grammar_ready
             req.status = _GRAMMAR
@@ -514,7 +541,9 @@ class ImplScheduler(ConnectorMixin["_Req"]):
 
     def _finish(self, req: _Req, status: RequestStatus, delay: bool = False) -> None:
         req.status = status
-        if self._conn:
+        if self._hyb and not self._conn:
+            self._free_table(req)
+        elif self._conn:
             if self._finish_keeps_blocks(req, status, delay):
                 self._held[req.rid] = req
             else:
@@ -584,6 +613,9 @@ class ImplScheduler(ConnectorMixin["_Req"]):
         """Give keys to the blocks of ``req`` that are full once ``upto`` tokens
         are computed (requires prefix caching). Both callers (_grow and
         _admit_alloc) set ``req.edge`` from the new ``next_full`` afterwards."""
+        if self._hyb:
+            self._g_cache(req, upto)
+            return
         bs = self._bs
         num_full = upto // bs
         i = req.ncached
@@ -671,6 +703,51 @@ class ImplScheduler(ConnectorMixin["_Req"]):
             parent = node
         return hit
 
+    def _g_grow_running(self, req: _Req, end: int) -> bool:
+        """allocate_slots for a running request of a hybrid layout: the
+        blocks out of a sliding window freed first (processed tokens), even
+        when the allocation then fails; the count summed over the groups."""
+        c = req.num_computed
+        mml = self._mml
+        target = end if end < mml else mml
+        self._g_remove_skipped(req, max(0, min(c, mml) - req.inflight))
+        if self._g_need(req, target, None, c) > self._fq.size:
+            return False
+        self._g_grow(req, target)
+        self._g_cache(req, min(end, req.num_tokens))
+        req.cap = len(req.blocks) * self._bs
+        req.btuple = None
+        return True
+
+    def _g_admit_alloc(
+        self, req: _Req, hit: list[list[int]], n: int, wm: int, computed: int,
+        load_async: bool = False, reserved: int = 0,
+    ) -> bool:
+        """allocate_slots for an admission of a hybrid layout (the spec's
+        _allocate_admission): the full-sequence gate with the sliding-window
+        admission caps, the skipped blocks of a promoted load freed, the
+        count summed over the groups, the hit then the external tokens'
+        blocks, then this step's."""
+        bs = self._bs
+        num_hit_tokens = len(hit[0]) * bs if hit else 0
+        num_external = 0 if req.blocks else computed - num_hit_tokens
+        if self._config.scheduler_reserve_full_isl:
+            full = min(req.num_tokens, self._mml)
+            if self._g_need(req, full, hit, computed, True) + wm > self._fq.size:
+                return False
+        self._g_remove_skipped(req, max(0, computed - req.inflight))
+        target = min(computed + n, self._mml)
+        if self._g_need(req, target, hit, computed) + wm + reserved > self._fq.size:
+            return False
+        if any(hit) or num_external > 0:
+            self._g_take_hit(req, hit, num_hit_tokens, num_external)
+        self._g_grow(req, target)
+        if not load_async:
+            self._g_cache(req, min(computed + n, req.num_tokens))
+        req.cap = len(req.blocks) * bs
+        req.btuple = None
+        return True
+
     def _admit_alloc(
         self, req: _Req, hit: list[int], n: int, wm: int = 0,
         computed: int = -1, load_async: bool = False, reserved: int = 0,
@@ -732,7 +809,7 @@ class ImplScheduler(ConnectorMixin["_Req"]):
         req.drop_stale = drop_stale or (req.drop_stale and req.stale > 0)
         req.stale = req.inflight
         req.ph = 0
-        if self._conn:
+        if self._conn or self._hyb:
             self._inflight_prefills.discard(req.rid)
             self._free_table(req)
         else:
@@ -741,7 +818,7 @@ class ImplScheduler(ConnectorMixin["_Req"]):
             req.btuple = ()
             req.cap = 0
         req.ncached = 0
-        if self._caching:
+        if self._caching and not self._hyb:
             req.next_full = self._bs
         req.edge = 1
         req.num_computed = 0
@@ -1053,6 +1130,8 @@ class ImplScheduler(ConnectorMixin["_Req"]):
         """Slots for a running request to reach ``end`` computed tokens (drafts
         and placeholders included), and keys for the blocks its known tokens
         fill. False (and nothing changed) when the pool is short."""
+        if self._hyb:
+            return self._g_grow_running(req, end)
         bs = self._bs
         blocks = req.blocks
         need = -(-end // bs) - len(blocks)
@@ -1578,6 +1657,7 @@ class ImplScheduler(ConnectorMixin["_Req"]):
             thr = 0
         conn = self._conn
         defer_free = self._defer_free
+        hyb = self._hyb
         mml = self._mml
         priority = self._priority
         k = self._k
@@ -1628,7 +1708,7 @@ class ImplScheduler(ConnectorMixin["_Req"]):
             # the cadence does not hold them), in a few lines: sync, one
             # known token; async, one step in flight with its 1 + k
             # placeholders and k placeholder drafts for this step.
-            if req.pchunk or c + width > req.cap or req.plen >= nt or thr_cuts:
+            if req.pchunk or c + width > req.cap or req.plen >= nt or thr_cuts or hyb:
                 pass
             elif not ph:
                 if not asyn and c == nt - 1 and not drafts and nt < mml and nt < req.next_full:
@@ -1705,7 +1785,7 @@ class ImplScheduler(ConnectorMixin["_Req"]):
                 i += 1
                 continue
             e = c + n
-            if (e > req.cap or (e if e < nt else nt) >= req.next_full) and not self._grow_to(req, e):
+            if (hyb or e > req.cap or (e if e < nt else nt) >= req.next_full) and not self._grow_to(req, e):
                 allocated = False
                 blocked = False
                 while True:
@@ -1752,6 +1832,8 @@ class ImplScheduler(ConnectorMixin["_Req"]):
                 drafts = drafts[:m] if m > 0 else _NO_DRAFTS
             o = _entry(req.rid, _K_RUNNING, c, n, nt, req.block_tuple(), req.seq(c, e, drafts))
             d = o.__dict__
+            if hyb:
+                d["group_block_ids"] = self._group_tuples(req)
             d["spec_token_ids"] = drafts
             d["num_output_placeholders"] = ph
             if run:
@@ -1819,19 +1901,26 @@ class ImplScheduler(ConnectorMixin["_Req"]):
                     self._skip(req, from_kvh, skipped, skipped_kvh)
                     continue
                 ext = 0
+                hit: Any
                 if req.num_computed:  # a promoted load: its blocks and computed tokens
-                    hit = []
+                    hit = [[] for _ in self._layout.groups] if hyb else []
                     computed = req.num_computed
                 else:
-                    hit = self._find_hit(req)
-                    computed = len(hit) * bs
+                    if hyb:
+                        hit, _ = self._g_find_hit(req)
+                        computed = len(hit[0]) * bs
+                    else:
+                        hit = self._find_hit(req)
+                        computed = len(hit) * bs
                     if conn:
                         ext, load_async = self._external_tokens(req, computed)
                         if load_async:
                             # an asynchronous load starts: blocks, no work; passed over
-                            if not self._admit_alloc(
-                                req, hit, 0, self._watermark if running else 0,
-                                computed + ext, True, self._async_load_reserve(),
+                            wm = self._watermark if running else 0
+                            reserve = self._async_load_reserve()
+                            if not (
+                                self._g_admit_alloc(req, hit, 0, wm, computed + ext, True, reserve) if hyb
+                                else self._admit_alloc(req, hit, 0, wm, computed + ext, True, reserve)
                             ):
                                 if req.mm:
                                     self._release_encoder(req)
@@ -1875,7 +1964,11 @@ class ImplScheduler(ConnectorMixin["_Req"]):
                         deferred.add(rid)  # no token this step: passed over
                         self._skip(req, from_kvh, skipped, skipped_kvh)
                         continue
-                if not self._admit_alloc(req, hit, n, self._watermark if running else 0, computed):
+                wm = self._watermark if running else 0
+                if not (
+                    self._g_admit_alloc(req, hit, n, wm, computed) if hyb
+                    else self._admit_alloc(req, hit, n, wm, computed)
+                ):
                     if req.mm:
                         self._release_encoder(req)
                     break
@@ -1903,6 +1996,8 @@ class ImplScheduler(ConnectorMixin["_Req"]):
                 ph = req.ph
                 o = _entry(rid, kind, computed, n, nt, req.block_tuple(), req.seq(computed, e, drafts))
                 d = o.__dict__
+                if hyb:
+                    d["group_block_ids"] = self._group_tuples(req)
                 d["spec_token_ids"] = drafts
                 d["num_output_placeholders"] = ph
                 if run:
@@ -2320,14 +2415,16 @@ class ImplScheduler(ConnectorMixin["_Req"]):
             block_keys=block_keys,
             cache_index=cache_index,
         )
-        if self._interval > 1:
+        if self._interval > 1 or self._hyb:
             # the prefill cadence reads is_prefill_chunk: reported with it on
-            requests = {rid: r.view(cadence=True) for rid, r in self._requests.items()}
+            cadence = self._interval > 1
+            hyb = self._hyb
+            requests = {rid: r.view(cadence, hyb) for rid, r in self._requests.items()}
             gates: dict[str, Any] = {
                 "num_executed_steps": self._num_executed_steps,
                 "last_prefill_step": self._last_prefill_step,
                 "prefill_capacity_bound": self._capacity_bound,
-            }
+            } if cadence else {}
         else:
             requests = {rid: r.view() for rid, r in self._requests.items()}
             gates = {}

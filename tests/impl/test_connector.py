@@ -20,8 +20,8 @@ def config(**kw: object) -> SchedulerConfig:
     return SchedulerConfig(**base)  # type: ignore[arg-type]
 
 
-def test_impl_declares_the_connector_only() -> None:
-    assert ImplScheduler.KV == ("kv_connector",)
+def test_impl_declares_the_connector_and_hybrid_groups() -> None:
+    assert ImplScheduler.KV == ("kv_connector", "hybrid_kv")
 
 
 def test_a_synchronous_load_is_computed_in_the_admitting_step() -> None:

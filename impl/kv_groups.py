@@ -1,0 +1,431 @@
+"""Hybrid KV cache groups in impl: the coordinator's per-group rules (vLLM
+0.33 vllm/v1/core/kv_cache_coordinator.py, single_type_kv_cache_manager.py),
+written from docs/spec.md ("Hybrid KV cache groups") over impl's pool: the
+free queue, the reference counts and the interned chain keys
+(impl/prefix_index.py).
+
+A hybrid layout takes the gated path for good, and its KV calls go through
+``GroupsMixin`` (the plain layout never reaches this module). Keys of group
+g >= 1 are the chain of the request's blocks rooted at its identity with
+``GROUP_KEY_SEPARATOR + g`` appended (so the view's key is
+``group_block_key(key, g)``). A sliding-window group caches only some of its
+blocks, so a chain may pass through nodes no block is registered under: they
+are interned without holders while a registered descendant keeps them
+(``refs``), and dropped with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+
+from schedspec.spec.interface import GROUP_KEY_SEPARATOR, KVCacheGroup, RequestSpec, SchedulerConfig
+
+from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
+
+NULL = 0
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def admission_cap(window: int, bs: int, in_flight: int, mml: int) -> int:
+    """SlidingWindowSpec.max_admission_blocks_per_request."""
+    return _cdiv(min(window - 1 + in_flight, mml), bs) + 1
+
+
+def skipped_tokens(group: KVCacheGroup, computed: int) -> int:
+    """get_num_skipped_tokens: all but the window's last W - 1 tokens."""
+    if group.kind != "sliding_window":
+        return 0
+    return max(0, computed - group.sliding_window + 1)
+
+
+class Layout:
+    """The groups of a config and what the coordinator derives from them."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.groups = config.groups
+        self.bs = bs = config.block_size
+        self.caching = config.enable_prefix_caching
+        in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+        self.caps: tuple[int | None, ...] = tuple(
+            admission_cap(g.sliding_window, bs, in_flight, config.max_model_len) if g.kind == "sliding_window" else None
+            for g in self.groups
+        )
+        # verify_and_split_kv_cache_groups: equal specs merged in order of
+        # first appearance, full attention first (stable)
+        merged: dict[tuple[str, int], list[int]] = {}
+        for i, g in enumerate(self.groups):
+            merged.setdefault((g.kind, g.sliding_window), []).append(i)
+        specs = [(kind == "full_attention", w, tuple(ids)) for (kind, w), ids in merged.items()]
+        specs.sort(key=lambda s: not s[0])
+        self.specs = specs
+        self.simple = len(specs) == 2 and specs[0][0]
+        self.unitary = len(self.groups) == 1
+
+    def hit(self, lookup: Callable[[int, int], int | None], max_length: int) -> tuple[list[list[int]], int, int]:
+        """find_longest_cache_hit: every group's hit blocks, the hit length,
+        the uncached common prefix (``lookup(g, i)``: group g's cached block
+        i or None)."""
+        bs = self.bs
+        n = len(self.groups)
+        if not self.caching:
+            return [[] for _ in range(n)], 0, 0
+        if self.unitary:
+            found, length = self._group_hit(self.specs[0], lookup, max_length)
+            return found, length, 0
+        blocks: list[list[int] | None] = [None] * n
+        lengths = [0] * n
+        hit_length, longest = max_length, 0
+        while True:
+            curr = hit_length
+            for spec in self.specs:
+                first = spec[2][0]
+                if spec[0] and blocks[first] is not None:
+                    curr = min(curr, lengths[first])
+                    continue
+                found, curr = self._group_hit(spec, lookup, curr)
+                for gid, got in zip(spec[2], found):
+                    blocks[gid], lengths[gid] = got, curr
+                longest = max(longest, curr)
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if self.simple:
+                break
+        for spec in self.specs:
+            if spec[0]:
+                for gid in spec[2]:
+                    kept = blocks[gid]
+                    if kept is not None:
+                        del kept[_cdiv(hit_length, bs):]
+        return [b if b is not None else [] for b in blocks], hit_length, longest - hit_length
+
+    def _group_hit(
+        self, spec: tuple[bool, int, tuple[int, ...]], lookup: Callable[[int, int], int | None], max_length: int
+    ) -> tuple[list[list[int]], int]:
+        full, window, gids = spec
+        bs = self.bs
+        max_blocks = max_length // bs
+
+        def look(i: int) -> list[int] | None:
+            out = []
+            for g in gids:
+                b = lookup(g, i)
+                if b is None:
+                    return None
+                out.append(b)
+            return out
+
+        if full:
+            computed: list[list[int]] = [[] for _ in gids]
+            for i in range(max_blocks):
+                got = look(i)
+                if got is None:
+                    break
+                for blocks, b in zip(computed, got):
+                    blocks.append(b)
+            return computed, len(computed[0]) * bs
+        need = _cdiv(window - 1, bs)
+        computed = [[NULL] * max_blocks for _ in gids]
+        run = 0
+        for i in range(max_blocks - 1, -1, -1):
+            got = look(i)
+            if got is None:
+                run = 0
+                continue
+            for blocks, b in zip(computed, got):
+                blocks[i] = b
+            run += 1
+            if run >= need:
+                for blocks in computed:
+                    del blocks[i + run:]
+                return computed, len(computed[0]) * bs
+        for blocks in computed:
+            del blocks[run:]
+        return computed, len(computed[0]) * bs
+
+
+def cache_mask(start: int, end: int, bs: int, window: int, boundaries: Sequence[int]) -> list[bool] | None:
+    """reachable_block_mask with retention 0: the contiguous_blocks_for_hit
+    blocks right before each boundary (block aligned down)."""
+    need = _cdiv(window - 1, bs)
+    mask = [False] * (end - start)
+    for boundary in boundaries:
+        stop = boundary // bs
+        for j in range(max(start, stop - need), min(end, stop)):
+            mask[j - start] = True
+    return mask
+
+
+class GroupedRequest(Protocol):
+    rid: str
+    blocks: list[int]
+    ncached: int
+    gblocks: list[list[int]]
+    gncached: list[int]
+    spb: int
+    num_tokens: int
+    plen: int
+    salt: str
+    marks: dict[int, str]
+    num_computed: int
+    inflight: int
+
+    def toks(self, a: int, b: int) -> tuple[int, ...]: ...
+
+    @property
+    def spec(self) -> RequestSpec: ...
+
+
+Q = TypeVar("Q", bound=GroupedRequest)
+
+
+class GroupsMixin(Generic[Q]):
+    """ImplScheduler's coordinator for a hybrid layout."""
+
+    _bs: int
+    _ref: list[int]
+    _fq: Any
+    _px: PrefixIndex
+    _caching: bool
+    _layout: Layout
+
+    def _allocate(self, k: int) -> list[int]:
+        raise NotImplementedError
+
+    def _free(self, table: list[int]) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ tables
+
+    @staticmethod
+    def _tables(req: Q) -> list[list[int]]:
+        return [req.blocks, *req.gblocks]
+
+    def _g_tables(self, req: Q) -> list[list[int]]:
+        return [req.blocks, *req.gblocks]
+
+    @staticmethod
+    def _group_tuples(req: Q) -> tuple[tuple[int, ...], ...]:
+        return (tuple(req.blocks), *(tuple(t) for t in req.gblocks))
+
+    def _clear_groups(self, req: Q) -> None:
+        req.blocks = []
+        req.ncached = 0
+        req.gblocks = [[] for _ in req.gblocks]
+        req.gncached = [0] * len(req.gncached)
+
+    def _g_free_request(self, req: Q) -> None:
+        """KVCacheCoordinator.free: each group's table tail first (null
+        blocks skipped), group after group."""
+        for t in self._tables(req):
+            self._free([b for b in t if b])
+        self._clear_groups(req)
+
+    def _g_pop_for_free(self, req: Q) -> list[int]:
+        """pop_blocks_for_free: every table without its leading null blocks,
+        group after group (freed later tail first)."""
+        out: list[int] = []
+        for t in self._tables(req):
+            i = 0
+            while i < len(t) and t[i] == NULL:
+                i += 1
+            out.extend(b for b in t[i:] if b)
+        self._clear_groups(req)
+        return out
+
+    def _g_held_blocks(self, req: Q) -> tuple[int, ...]:
+        return tuple(b for t in self._tables(req) for b in t if b)
+
+    # ------------------------------------------------------------ keys
+
+    def _roots(self, req: Q, g: int) -> tuple[str, dict[int, str]]:
+        if g == 0:
+            return req.salt, req.marks
+        sfx = f"{GROUP_KEY_SEPARATOR}{g}"
+        return req.salt + sfx, {i: m + sfx for i, m in req.marks.items()}
+
+    def _chain(self, req: Q, g: int, upto: int, create: bool) -> list[KeyNode | None]:
+        """The key nodes of group g's blocks 0 .. upto - 1 (None past the
+        first missing one; ``create``: interned without holders instead)."""
+        bs = self._bs
+        px = self._px
+        intern = px.intern
+        root, marks = self._roots(req, g)
+        parent: Parent = root
+        out: list[KeyNode | None] = []
+        for i in range(upto):
+            if marks and i in marks and i > 0:
+                assert isinstance(parent, KeyNode)
+                parent = (parent, marks[i])
+            ikey = (parent, req.toks(i * bs, (i + 1) * bs))
+            node = intern.get(ikey)
+            if node is None:
+                if not create:
+                    out.extend([None] * (upto - i))
+                    return out
+                node = KeyNode(ikey, 0)
+                node.holders = []
+                node.refs = 0
+                intern[ikey] = node
+                up = parent if isinstance(parent, KeyNode) else parent[0] if isinstance(parent, tuple) else None
+                if up is not None:
+                    up.refs += 1
+            out.append(node)
+            parent = node
+        return out
+
+    def _g_register_block(self, req: Q, g: int, i: int, block: int) -> None:
+        """Register ``block`` as group g's block i (its key's chain interned)."""
+        bs = self._bs
+        parent: Parent
+        if i == 0:
+            root, marks = self._roots(req, g)
+            parent = root
+        else:
+            prev = self._chain(req, g, i, True)[-1]
+            assert prev is not None
+            parent = prev
+            _, marks = self._roots(req, g)
+            if marks and i in marks:
+                parent = (prev, marks[i])
+        self._px.register(block, parent, req.toks(i * bs, (i + 1) * bs))
+
+    def _g_cache(self, req: Q, num_tokens: int) -> None:
+        """KVCacheCoordinator.cache_blocks: the blocks full at ``num_tokens``
+        (at most the known tokens) get their group's key, a sliding-window
+        group's only those its mask keeps; the null block never."""
+        if not self._caching:
+            return
+        bs = self._bs
+        num_tokens = min(num_tokens, req.num_tokens)
+        lay = self._layout
+        boundaries = [req.plen - 1] + ([req.spb] if req.spb else [])
+        for g, (group, table) in enumerate(zip(lay.groups, self._tables(req))):
+            start = req.ncached if g == 0 else req.gncached[g - 1]
+            end = num_tokens // bs
+            if start >= end:
+                continue
+            mask = cache_mask(start, end, bs, group.sliding_window, boundaries) if group.kind == "sliding_window" else None
+            for i in range(start, end):
+                if table[i] != NULL and (mask is None or mask[i - start]):
+                    self._g_register_block(req, g, i, table[i])
+            if g == 0:
+                req.ncached = end
+            else:
+                req.gncached[g - 1] = end
+
+    # ------------------------------------------------------------ hits and counts
+
+    def _g_find_hit(self, req: Q) -> tuple[list[list[int]], int]:
+        """get_computed_blocks: each group's hit and the hit length; records
+        the shared-prefix junction."""
+        req.spb = 0
+        lay = self._layout
+        if not self._caching:
+            return [[] for _ in lay.groups], 0
+        bs = self._bs
+        max_length = req.num_tokens - 1
+        max_blocks = max_length // bs
+        chains: dict[int, list[KeyNode | None]] = {}
+
+        def lookup(g: int, i: int) -> int | None:
+            chain = chains.get(g)
+            if chain is None:
+                chain = chains[g] = self._chain(req, g, max_blocks, False)
+            node = chain[i]
+            if node is None or not node.holders:
+                return None
+            return node.holders[0]
+
+        hits, length, uncached = lay.hit(lookup, max_length)
+        req.spb = length + uncached if uncached else 0
+        return hits, length
+
+    def _num_evictable(self, blocks: Sequence[int]) -> int:
+        ref = self._ref
+        return sum(1 for b in blocks if b != NULL and ref[b] == 0)
+
+    def _g_need(self, req: Q, num_tokens: int, hit: list[list[int]] | None, computed: int, cap: bool = False) -> int:
+        """get_num_blocks_to_allocate summed over the groups."""
+        lay = self._layout
+        bs = self._bs
+        total = 0
+        for g, (group, table) in enumerate(zip(lay.groups, self._tables(req))):
+            required = _cdiv(num_tokens, bs)
+            c = lay.caps[g]
+            if cap and c is not None:
+                required = min(required, c)
+            new = hit[g] if hit else ()
+            skipped = skipped_tokens(group, computed) // bs
+            total += max(required - max(skipped, len(new) + len(table)), 0)
+            total += self._num_evictable(new[max(0, skipped - len(table)):])
+        return total
+
+    # ------------------------------------------------------------ allocation
+
+    def _g_take_hit(self, req: Q, hit: list[list[int]], num_local: int, num_external: int) -> None:
+        """allocate_new_computed_blocks: every group takes its hit (the
+        blocks the window skips become null), then blocks for the external
+        tokens it keeps."""
+        bs = self._bs
+        lay = self._layout
+        tables = self._tables(req)
+        total = num_local + num_external
+        ref = self._ref
+        fq = self._fq
+        for g, group in enumerate(lay.groups):
+            skipped = skipped_tokens(group, total) // bs
+            kept = list(hit[g][skipped:]) if hit else []
+            if self._caching:
+                for b in kept:
+                    if b == NULL:
+                        continue
+                    if ref[b] == 0:
+                        fq.remove(b)
+                    ref[b] += 1
+            tables[g].extend([NULL] * skipped + kept)
+            if g == 0:
+                req.ncached = len(tables[g])
+            else:
+                req.gncached[g - 1] = len(tables[g])
+        if num_external <= 0:
+            return
+        for g, group in enumerate(lay.groups):
+            if min(total - skipped_tokens(group, total), num_external) <= 0:
+                continue
+            k = max(0, _cdiv(total, bs) - len(tables[g]))
+            if k:
+                tables[g].extend(self._allocate(k))
+
+    def _g_grow(self, req: Q, num_tokens: int) -> None:
+        """allocate_new_blocks: each group's table to cdiv(num_tokens)."""
+        bs = self._bs
+        for t in self._tables(req):
+            k = _cdiv(num_tokens, bs) - len(t)
+            if k > 0:
+                t.extend(self._allocate(k))
+
+    def _g_remove_skipped(self, req: Q, processed: int) -> None:
+        """remove_skipped_blocks: each sliding-window group frees the blocks
+        wholly before its window (last skipped first), null in their places."""
+        bs = self._bs
+        for group, table in zip(self._layout.groups, self._tables(req)):
+            skipped = skipped_tokens(group, processed)
+            if skipped <= 0:
+                continue
+            n = min(skipped // bs, len(table))
+            freed: list[int] = []
+            for i in range(n - 1, -1, -1):
+                if table[i] == NULL:
+                    break
+                freed.append(table[i])
+                table[i] = NULL
+            if freed:
+                self._free_ordered(freed)
+
+    def _free_ordered(self, ordered: list[int]) -> None:
+        """BlockPool.free_blocks of blocks already in eviction order."""
+        self._free(ordered[::-1])

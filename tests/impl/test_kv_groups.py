@@ -1,0 +1,128 @@
+"""impl's hybrid KV cache groups (impl/kv_groups.py): every group's table,
+the sliding window's freed blocks, group keys and the hit valid in every
+group, with exact values, spec and impl side by side (tests.helpers.Twin)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import pytest
+
+import schedspec.check.oracle as oracle
+from schedspec.check.gate import run_workload
+from schedspec.check.workload import AddRequest, random_workload
+from schedspec.impl import ImplScheduler
+from schedspec.spec import SchedulerConfig
+from schedspec.spec.interface import KVCacheGroup, StepResult, group_block_key
+from schedspec.spec.scheduler import SpecScheduler
+
+from tests.helpers import Twin, req
+
+FULL = KVCacheGroup()
+SW4 = KVCacheGroup(kind="sliding_window", sliding_window=4)
+
+
+def config(groups: tuple[KVCacheGroup, ...] = (FULL, SW4), **kw: object) -> SchedulerConfig:
+    base: dict[str, object] = dict(block_size=2, num_blocks=41, max_num_batched_tokens=16, max_num_seqs=4,
+                                   max_model_len=32, kv_cache_groups=groups)
+    base.update(kw)
+    return SchedulerConfig(**base)  # type: ignore[arg-type]
+
+
+def test_every_group_has_its_table_in_plans_and_views() -> None:
+    t = Twin(config())
+    t.add(req("a", 6, max_tokens=8))
+    (e,) = t.schedule().scheduled
+    assert e.group_block_ids == ((1, 2, 3), (4, 5, 6))
+    assert e.block_ids == (1, 2, 3)
+    assert t.impl.view().requests["a"].group_block_ids == ((1, 2, 3), (4, 5, 6))
+
+
+def test_a_sliding_window_frees_the_blocks_out_of_its_window() -> None:
+    t = Twin(config())
+    t.add(req("a", 6, max_tokens=8))
+    t.step()  # the prompt: 6 tokens
+    # 6 computed: the window of the next token skips 3 tokens, so block 0 of the window group goes
+    (e,) = t.step().scheduled
+    assert e.group_block_ids == ((1, 2, 3, 7), (0, 5, 6, 8))
+    assert t.impl.view().kv.ref_cnt[4] == 0
+    (e,) = t.step().scheduled  # 7 computed: 4 skipped, block 1 goes too
+    assert e.group_block_ids == ((1, 2, 3, 7), (0, 0, 6, 8))
+    v = t.impl.view()
+    assert v.requests["a"].group_block_ids[1][:2] == (0, 0)
+    assert v.kv.ref_cnt[5] == 0
+
+
+def test_group_keys_carry_the_group() -> None:
+    t = Twin(config())
+    t.add(req("a", 6, max_tokens=1))
+    t.step()
+    keys = t.impl.view().kv.block_keys
+    toks = tuple(range(6))
+    assert keys[1] == ("", toks[:2]) and keys[2] == ("", toks[:4])
+    # the window group caches only the blocks a hit can reach: the 2 before the replay boundary 5
+    assert {b: k for b, k in keys.items() if b >= 4} == {
+        4: group_block_key(("", toks[:2]), 1), 5: group_block_key(("", toks[:4]), 1)}
+    assert 3 in keys and 6 not in keys
+
+
+def test_a_hit_is_valid_in_every_group() -> None:
+    t = Twin(config())
+    t.add(req("a", 6, max_tokens=1))
+    t.step()
+    t.add(req("b", 7, max_tokens=1))
+    (e,) = t.schedule().scheduled
+    # full attention hits blocks 0, 1 (the hit leaves the last token); the window group hits its
+    # two blocks (the window of 4 reaches both)
+    assert (e.num_computed_tokens, e.group_block_ids) == (4, ((1, 2, 6, 7), (4, 5, 8, 9)))
+
+
+def test_a_lone_sliding_window_group() -> None:
+    t = Twin(config(groups=(SW4,)))
+    t.add(req("a", 9, max_tokens=3))
+    t.step()
+    plan = t.step()
+    assert plan.scheduled[0].group_block_ids[0][:3] == (0, 0, 0)
+
+
+def test_full_plus_window_with_a_connector_load() -> None:
+    t = Twin(config(kv_connector=True))
+    t.add(req("a", 9, kv_external_tokens=8, kv_load_async=True))
+    plan = t.schedule()
+    (load,) = plan.kv_loads
+    assert load.group_block_ids == ((1, 2, 3, 4), (0, 0, 5, 6))
+    t.update(plan, StepResult({}, finished_recving=("a",)))
+    (e,) = t.schedule().scheduled
+    assert (e.num_computed_tokens, e.num_scheduled_tokens) == (8, 1)
+
+
+def _lenient(monkeypatch: pytest.MonkeyPatch) -> None:
+    def execute(self: Any, plan: Any, context: Mapping[str, Sequence[int]] | None = None) -> Any:
+        truth = None if context is None else {rid: tuple(t) for rid, t in context.items()}
+        return self.run(plan, truth)[0]
+
+    monkeypatch.setattr(oracle.FakeModel, "execute", execute)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "spec", "async-spec"])
+def test_hybrid_and_connector_workloads_run_in_lockstep(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded workloads with hybrid groups and the connector (each draws a
+    subset), to quiescence; the model's context check and the spec's
+    one-token whole-prompt async load are set aside as in
+    tests/impl/test_connector_lockstep.py."""
+    _lenient(monkeypatch)
+    hybrid = 0
+    for seed in range(8):
+        w = random_workload(seed, 60, modes=(mode,), kv=("connector", "hybrid"))
+        events = [
+            AddRequest(dataclasses.replace(e.request, kv_external_tokens=0, kv_load_async=False))
+            if isinstance(e, AddRequest) and e.request.kv_load_async and len(e.request.prompt_token_ids) == 1 else e
+            for e in w.events
+        ]
+        w = dataclasses.replace(w, events=tuple(events))
+        hybrid += w.config.is_hybrid
+        _, failure = run_workload(w, {"spec": SpecScheduler, "impl": ImplScheduler}, oracle_seed=seed,
+                                  invariants=[])
+        assert failure is None, f"seed {seed}: " + failure.describe()
+    assert hybrid >= 3

@@ -55,10 +55,12 @@ from schedspec.check.workload import (
     AddRequest,
     Event,
     EventError,
-    KV_EVENTS,
     KV_REPORT_BOUND,
     GrammarReady,
     InFlight,
+    KVLoadDone,
+    KVLoadFailed,
+    KVSaveDone,
     Pause,
     ResetPrefixCache,
     Resume,
@@ -374,7 +376,7 @@ class Runner:
         elif isinstance(event, GrammarReady):
             if (f := self._grammar_ready(event)):
                 return f
-        elif isinstance(event, KV_EVENTS):
+        elif isinstance(event, (KVLoadDone, KVLoadFailed, KVSaveDone)):
             # the worker queues it: it reaches a scheduler in a later
             # StepResult (without a connector there is no worker: dropped)
             for worker in self.workers.values():

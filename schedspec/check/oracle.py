@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from schedspec.spec.interface import (
     KVCacheGroup,
@@ -55,6 +55,7 @@ from schedspec.spec.interface import (
     StepPlan,
     StepResult,
 )
+from schedspec.check.workload import KV_REPORT_BOUND, KVEvent, KVLoadDone, KVLoadFailed, KVSaveDone
 
 
 @runtime_checkable
@@ -504,15 +505,14 @@ class KVWorker:
     before is then freed, not held for a save)."""
 
     def __init__(self, config: SchedulerConfig, model: FakeModel | None = None, bound: int | None = None) -> None:
-        from schedspec.check.workload import KV_REPORT_BOUND
-
         self.config = config
         self.model = model
         self.bound = KV_REPORT_BOUND if bound is None else bound
         self.block_size = config.block_size
         self.multi_group = len(config.groups) > 1
         #: the workload's worker events not yet delivered or dropped, in order
-        self.queue: list[object] = []
+        #: (KVEvent items; typed Any so a caller may splice in other event lists it filters)
+        self.queue: list[Any] = []
         #: request id -> its asynchronous load in flight
         self.loads: dict[str, _AsyncLoad] = {}
         #: request id -> the step whose plan first saw it held for a save
@@ -532,7 +532,7 @@ class KVWorker:
     def add(self, request_id: str, prompt: Sequence[int]) -> None:
         self.prompts[request_id] = tuple(prompt)
 
-    def post(self, event: object) -> None:
+    def post(self, event: KVEvent) -> None:
         """Queue a KVLoadDone, KVLoadFailed or KVSaveDone."""
         self.queue.append(event)
 
@@ -550,8 +550,6 @@ class KVWorker:
         the KV of its synchronous loads (up to a failed block). Returns the
         requests whose synchronous load fails in this plan (their context
         is not checked and their sample is discarded)."""
-        from schedspec.check.workload import KVLoadFailed
-
         self._sync_invalid = {}
         self._affected = set()
         for load in plan.kv_loads:
@@ -585,8 +583,6 @@ class KVWorker:
 
     def after(self, plan: StepPlan, view: SchedulerView | None, result: StepResult) -> StepResult:
         """The plan's result with the worker's reports added."""
-        from schedspec.check.workload import KVLoadDone, KVLoadFailed, KVSaveDone
-
         step = plan.step
         live = set(view.requests) if view is not None else set()
         held = dict(view.kv_held_by_finished) if view is not None else {}
@@ -601,9 +597,9 @@ class KVWorker:
         failed: list[str] = []
         invalid: list[int] = list(self._sync_invalid.values())
         reported: set[str] = set(self._sync_invalid)
-        kept: list[object] = []
+        kept: list[Any] = []
         for event in self.queue:
-            rid = getattr(event, "request_id", "")
+            rid = event.request_id
             if rid in reported:
                 kept.append(event)
                 continue

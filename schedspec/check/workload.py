@@ -182,6 +182,7 @@ Event = Union[AddRequest, Abort, Step, ResetPrefixCache, Schedule, Update, Pause
 #: The KV connector's worker events (a scheduler without the kv_connector
 #: capability cannot take them).
 KV_EVENTS: tuple[type, ...] = (KVLoadDone, KVLoadFailed, KVSaveDone)
+KVEvent = Union[KVLoadDone, KVLoadFailed, KVSaveDone]
 
 #: The bounded wait: the worker reports every asynchronous load (done) and
 #: every pending save at the latest this many steps after it started (the

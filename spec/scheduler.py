@@ -917,7 +917,10 @@ class SpecScheduler(ConnectorMixin):
         computed tokens ("WAITING reqs have num_computed_tokens > 0 after
         async KV recvs are completed")."""
         if req.num_computed_tokens == 0:
-            assert not req.blocks
+            # a promoted load of a one-token prompt keeps its block with
+            # nothing computed (num_tokens - 1 = 0): it is looked up again,
+            # and the stateless connector offers the token again
+            self.rules["connector.reload_held"] += bool(req.blocks)  # pragma: no mutate
             hit, computed, ext, load_async = self._prefix_lookup(req)
         else:
             self.rules["connector.admit_loaded"] += 1  # pragma: no mutate

@@ -574,3 +574,20 @@ def test_failed_load_can_block_its_own_reload() -> None:
     assert v.requests["a"].status == S.WAITING and v.requests["a"].block_ids == ()
     assert v.kv.num_free_blocks == 17 and s.inflight_prefills == {"a"}
     assert s.rules["connector.load_blocked_reserve"] == 3
+
+
+def test_one_token_prompt_loaded_asynchronously_loads_again() -> None:
+    """connector.reload_held: vLLM cuts a promoted load covering the whole
+    sequence to num_tokens - 1 = 0 computed tokens; the same WAITING loop
+    looks the request up again and the stateless connector offers the token
+    again, loaded into the block it holds (docs/divergences.md)."""
+    s = make(block_size=8, num_blocks=9)
+    s.add(RequestSpec("r", (10,), max_tokens=1, kv_external_tokens=1, kv_load_async=True))
+    plan = s.schedule()
+    for _ in range(3):
+        assert plan.scheduled == () and plan.kv_loads == (KVLoad("r", 0, 1, (1,), True),)
+        s.update(plan, StepResult(finished_recving=("r",)))
+        plan = s.schedule()
+    v = s.view().requests["r"]
+    assert (v.status, v.num_computed_tokens, v.block_ids) == (S.WAITING_FOR_REMOTE_KVS, 1, (1,))
+    assert s.rules["connector.reload_held"] >= 1

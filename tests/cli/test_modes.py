@@ -169,7 +169,8 @@ def test_the_invariants_command_shows_tags_and_filters() -> None:
 
 
 def test_plans_only_claims_no_invariant_and_junit_names_the_mode(tmp_path: Path) -> None:
-    rc, _ = run(["check", "--against", "impl", "--plans-only", "--steps", "100", "--quiet", "--out", str(tmp_path),
+    rc, _ = run(["check", "--against", "impl", "--plans-only", "--steps", "100", "--kv", "none", "--quiet",
+                 "--out", str(tmp_path),
                  "--json", str(tmp_path / "s.json"), "--junit", str(tmp_path / "j.xml")])
     assert rc == 0
     check = json.loads((tmp_path / "s.json").read_text())["check"]

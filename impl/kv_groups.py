@@ -358,8 +358,11 @@ class GroupsMixin(Generic[Q]):
             c = lay.caps[g]
             if cap and c is not None:
                 required = min(required, c)
-            new = hit[g] if hit else ()
             skipped = skipped_tokens(group, computed) // bs
+            if not hit:  # a running request: no hit blocks to take from the free queue
+                total += max(required - max(skipped, len(table)), 0)
+                continue
+            new = hit[g]
             total += max(required - max(skipped, len(new) + len(table)), 0)
             total += self._num_evictable(new[max(0, skipped - len(table)):])
         return total

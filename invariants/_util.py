@@ -18,7 +18,7 @@ from schedspec.spec.interface import (
     StepPlan,
 )
 
-from schedspec.invariants.core import Transition
+from schedspec.invariants.core import History, Transition
 
 
 def cdiv(a: int, b: int) -> int:
@@ -158,7 +158,9 @@ def waiting_order(view: SchedulerView) -> list[str]:
     """The waiting queue in the order the WAITING loop visits it."""
     live = [rid for rid in view.waiting if rid in view.requests]
     if view.config.policy != Policy.FCFS:
-        live.sort(key=lambda rid: queue_key(view.requests[rid]))
+        # with a KV connector, kv_holding_waiting then waiting: two heaps
+        held = set(kv_holding_prefix(view)) if view.config.kv_connector else set()
+        live.sort(key=lambda rid: (rid not in held, queue_key(view.requests[rid])))
     return live
 
 
@@ -365,3 +367,34 @@ def next_invalid_blocks(t: Transition, h: Any) -> dict[int, tuple[int, frozenset
         elif b not in where and b not in held_by_finished and b not in t.after.kv.block_keys:
             del pending[b]
     return pending
+
+
+def holds_kv_blocks(view: SchedulerView, rid: str) -> bool:
+    """vLLM's Scheduler._holds_kv_blocks for a waiting request: it is loading
+    (WAITING_FOR_REMOTE_KVS) or has computed tokens (a promoted load). Such a
+    request is queued in kv_holding_waiting, which the waiting loop drains
+    before self.waiting (scheduler.py, _enqueue_waiting_request, skip_request)."""
+    r = view.requests.get(rid)
+    return r is not None and (
+        r.status == RequestStatus.WAITING_FOR_REMOTE_KVS or r.num_computed_tokens > 0
+    )
+
+
+def kv_holding_prefix(view: SchedulerView, h: History | None = None) -> list[str]:
+    """The part of ``view.waiting`` that is kv_holding_waiting (listed
+    first): up to its last request holding KV blocks or, given the history,
+    promoted from an asynchronous load (WAITING after a load a plan started:
+    one whose load failed keeps no block, but stays in kv_holding_waiting
+    until the WAITING loop admits or skips it). A request so promoted and
+    then skipped into waiting is counted here too."""
+    w = list(view.waiting)
+
+    def held(rid: str) -> bool:
+        if holds_kv_blocks(view, rid):
+            return True
+        r = view.requests.get(rid)
+        load = h.loads.get(rid) if h is not None else None
+        return r is not None and r.status == RequestStatus.WAITING and load is not None and load.asynchronous
+
+    last = max((i for i, rid in enumerate(w) if held(rid)), default=-1)
+    return w[: last + 1]

@@ -16,7 +16,7 @@ from schedspec.spec.interface import (
     StepPlan,
 )
 
-from schedspec.invariants._util import holders
+from schedspec.invariants._util import holders, kv_holding_prefix
 from schedspec.invariants.core import Finding, History, Transition, state_invariant, transition_invariant
 
 _GRAMMAR = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
@@ -181,10 +181,10 @@ def drafts_obey_grammar(t: Transition, h: History) -> Iterator[Finding]:
 @transition_invariant(
     "paused-admits-nothing",
     "While paused, a step admits nothing from the waiting queue (PAUSED_NEW: only running requests "
-    "are scheduled) or schedules nothing at all (PAUSED_ALL: an empty plan, no preemption).",
+    "and, with a KV connector, requests holding KV blocks for a load are scheduled) or schedules nothing at all (PAUSED_ALL: an empty plan, no preemption).",
     "vllm/v1/core/sched/scheduler.py, schedule(): PAUSED_ALL sets token_budget to 0 and skips the "
     "WAITING loop; under PAUSED_NEW the WAITING loop serves only kv_holding_waiting (requests "
-    "holding KV blocks, none of which a waiting request does here); set_pause_state.",
+    "holding KV blocks: a KV connector's loads, which it may admit); set_pause_state.",
     ("schedule",),
     tags=("safety",),
     requires=("pause",),
@@ -201,8 +201,9 @@ def paused_admits_nothing(t: Transition, h: History) -> Iterator[Finding]:
         if victims:
             yield None, f"PAUSED_ALL, yet step {t.plan.step} preempts {victims}"
         return
+    held = set(kv_holding_prefix(t.before, h)) if t.before.config.kv_connector else set()
     for s in t.plan.scheduled:
-        if s.kind != ScheduleKind.RUNNING:
+        if s.kind != ScheduleKind.RUNNING and s.request_id not in held:
             yield s.request_id, f"PAUSED_NEW, yet admitted as {s.kind.name} in step {t.plan.step}"
 
 
@@ -360,7 +361,8 @@ def encoder_budget(t: Transition, h: History) -> Iterator[Finding]:
 @state_invariant(
     "encoder-cache-within-size",
     "The encoder cache's entries and its free space add up to encoder_cache_size, and no "
-    "input is freed from it while a running request is in the middle of it.",
+    "input is freed from it while a running request is in the middle of it (an input the KV "
+    "connector loaded is never encoded here: a failed load may cut inside it).",
     "vllm/v1/core/encoder_cache_manager.py, EncoderCacheManager: allocate takes num_free_slots, "
     "an eviction in can_allocate gives it back, and only entries no request references "
     "(freeable) are evicted; a request drops its reference to an input only once its computed "
@@ -383,6 +385,12 @@ def encoder_cache_within_size(v: SchedulerView) -> Iterator[Finding]:
             continue
         done = r.num_computed_tokens - r.num_output_placeholders
         for i, m in enumerate(r.mm_inputs):
+            if m.offset < r.kv_external_tokens and v.config.kv_connector:
+                # loaded by the KV connector, never encoded here: a failed load
+                # can cut the computed tokens inside it, and the next schedule()
+                # encodes it again (_update_requests_with_invalid_blocks, then
+                # _try_schedule_encoder_inputs finds it neither computed nor cached)
+                continue
             if m.offset < r.num_computed_tokens and m.end > done and m.identifier not in v.encoder_cache:
                 yield rid, (
                     f"is inside encoder input {i} ({m.identifier!r} at {m.offset}..{m.end - 1}, "

@@ -9,7 +9,9 @@ from schedspec.spec.interface import Policy, RequestStatus, RequestView, is_lega
 
 from schedspec.invariants._util import (
     admitted,
+    holds_kv_blocks,
     is_prefix,
+    kv_holding_prefix,
     kv_load_failed,
     lookup,
     sliding_groups,
@@ -179,6 +181,9 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
 def waiting_queue_order(t: Transition, h: History) -> Iterator[Finding]:
     if t.after.config.policy != Policy.FCFS:
         return
+    if t.after.config.kv_connector:
+        yield from _two_queue_order(t, h)
+        return
     now = set(t.after.waiting)
     returned = [rid for rid in t.before.running if rid in now]
     stayed = [rid for rid in t.before.waiting if rid in now]
@@ -186,6 +191,32 @@ def waiting_queue_order(t: Transition, h: History) -> Iterator[Finding]:
     want = returned + stayed + new
     if list(t.after.waiting) != want:
         yield None, f"waiting queue is {list(t.after.waiting)}, FCFS order gives {want}"
+
+
+def _two_queue_order(t: Transition, h: History) -> Iterator[Finding]:
+    """waiting-queue-order with a KV connector: the view lists vLLM's
+    kv_holding_waiting, then its waiting queue, each a FCFS queue. A request
+    that starts an asynchronous load moves from waiting to the back of
+    kv_holding_waiting (skip_request, step_skipped_kv_holding); one promoted
+    from a failed load without computed tokens either stays in
+    kv_holding_waiting or, skipped, moves to the front of waiting: its place
+    is not checked."""
+    before, after = t.before, t.after
+    held_before = set(kv_holding_prefix(before, h))
+    now = list(after.waiting)
+    hold = [rid for rid in now if holds_kv_blocks(after, rid)]
+    plain = [rid for rid in now if not holds_kv_blocks(after, rid) and rid not in held_before]
+    hs, ps = set(hold), set(plain)
+    want_hold = [r for r in before.waiting if r in hs and r in held_before]
+    want_hold += [r for r in before.waiting if r in hs and r not in held_before]
+    want_plain = [r for r in before.running if r in ps] + [r for r in before.waiting if r in ps]
+    want_plain += [r for r in plain if r not in before.requests]
+    if hold != want_hold:
+        yield None, f"kv_holding_waiting is {hold}, FCFS order gives {want_hold}"
+    if plain != want_plain:
+        yield None, f"waiting queue is {plain}, FCFS order gives {want_plain}"
+    if hold and plain and now.index(hold[-1]) > now.index(plain[0]):
+        yield None, f"waiting view {now} lists {hold[-1]} (holding KV blocks) after {plain[0]}"
 
 
 @transition_invariant(

@@ -172,7 +172,8 @@ def _count_holder(
     "scheduled); a waiting or preempted request holds none and has 0 computed tokens, except with "
     "a KV connector: a request whose load is in flight (WAITING_FOR_REMOTE_KVS) holds blocks "
     "covering its computed tokens, and one promoted from it keeps them while it waits (computed "
-    "tokens > 0 exactly when it holds blocks).",
+    "tokens > 0 exactly when it holds blocks, but a promoted one-token load keeps its block at 0 "
+    "computed).",
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: a request is given cdiv(computed + new, "
     "block_size) slots' worth of blocks before its tokens are scheduled; scheduler.py, "
     "_update_after_schedule advances num_computed_tokens by the scheduled tokens; "
@@ -200,13 +201,26 @@ def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
                         f"{r.status.name} with {r.num_computed_tokens} computed tokens (a finished "
                         f"load) holds {len(r.block_ids)} blocks, needs at least {want}"
                     )
-                if not r.num_computed_tokens and r.block_ids:
+                if not r.num_computed_tokens and r.block_ids and not _promoted_one_token(v, r):
                     yield rid, f"{r.status.name} with 0 computed tokens holds blocks {list(r.block_ids)}"
                 continue
             if r.block_ids:
                 yield rid, f"{r.status.name} but holds blocks {list(r.block_ids)}"
             if r.num_computed_tokens != 0:
                 yield rid, f"{r.status.name} with {r.num_computed_tokens} computed tokens (should be 0)"
+
+
+def _promoted_one_token(v: SchedulerView, r: RequestView) -> bool:
+    """A promoted load of a one-token prompt: _update_waiting_for_remote_kv
+    sets num_computed_tokens = num_tokens - 1 = 0 and keeps the request's one
+    block (per group) for the next lookup (the stateless connector offers the
+    token again: allocate_slots loads it into the block held)."""
+    return (
+        r.status == RequestStatus.WAITING
+        and r.num_tokens == 1
+        and r.kv_external_tokens >= 1
+        and all(len(t) <= 1 for t in tables(r))
+    )
 
 
 @state_invariant(
@@ -323,7 +337,8 @@ def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
     "num_tokens_to_cache); get_new_blocks evicts the old hash before a block is reused; "
     "kv_cache_utils.py, make_block_hash_with_group_id keys each group's blocks apart. A failed KV "
     "load under \"recompute\" leaves its request's keyed blocks past its truncated computed tokens "
-    "(scheduler.py, _handle_invalid_blocks evicts only under \"fail\").",
+    "(scheduler.py, _handle_invalid_blocks evicts only under \"fail\"); a promoted load that covered "
+    "every token keeps its last block cached at num_tokens - 1 computed (_update_waiting_for_remote_kv).",
     tags=("safety",),
 )
 def cached_block_content(v: SchedulerView) -> Iterator[Finding]:
@@ -341,7 +356,11 @@ def cached_block_content(v: SchedulerView) -> Iterator[Finding]:
                         f"that differs from the request's own (salt {r.salt!r}, tokens [:{(i + 1) * bs}]"
                         f"{f', group {g}' if g else ''})"
                     )
-                elif r.num_computed_tokens < (i + 1) * bs and not _kept_after_failed_load(v, r):
+                elif (
+                    r.num_computed_tokens < (i + 1) * bs
+                    and not _kept_after_failed_load(v, r)
+                    and not _promoted_full_load(v, r, i)
+                ):
                     yield rid, (
                         f"{where} carries a key but only {r.num_computed_tokens} tokens "
                         f"are computed ({(i + 1) * bs} fill it)"
@@ -357,6 +376,21 @@ def _kept_after_failed_load(v: SchedulerView, r: RequestView) -> bool:
         v.config.kv_connector
         and v.config.kv_load_failure_policy == "recompute"
         and r.kv_external_tokens > 0
+    )
+
+
+def _promoted_full_load(v: SchedulerView, r: RequestView, i: int) -> bool:
+    """Whether block ``i`` of ``r`` is the last block of a promoted load that
+    covered every token: _update_waiting_for_remote_kv caches the loaded
+    blocks (cache_blocks(request, num_computed_tokens)) and then sets
+    num_computed_tokens = num_tokens - 1, so until the request is admitted its
+    last cached block holds one token more than it counts computed."""
+    return (
+        v.config.kv_connector
+        and r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        and r.kv_external_tokens > 0
+        and r.num_computed_tokens == r.num_tokens - 1
+        and (i + 1) * v.config.block_size <= r.num_tokens
     )
 
 

@@ -24,6 +24,7 @@ from schedspec.invariants._util import (
     cdiv,
     effective_threshold,
     is_prefix,
+    kv_holding_prefix,
     queue_key,
     running_chunk,
     defers_frees,
@@ -615,12 +616,26 @@ def kv_holds_pool(t: Transition) -> bool:
     return bool(
         (t.plan is not None and t.plan.kv_loads)
         or v.kv_held_by_finished
+        or _deferred_frees(v)
         or any(
             r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
             or (r.status != RequestStatus.RUNNING and r.num_computed_tokens)
             for r in v.requests.values()
         )
     )
+
+
+def _deferred_frees(v: SchedulerView) -> bool:
+    """Whether blocks freed behind a step in flight are still fenced (async
+    scheduling with a KV connector: scheduler.py, _free_request_blocks appends
+    to deferred_frees, _drain_deferred_frees returns them once the step is
+    processed): held by no request, yet not free."""
+    if not defers_frees(v.config):
+        return False
+    held = {b for r in v.requests.values() for t in tables(r) for b in t}
+    held |= {b for blocks in v.kv_held_by_finished.values() for b in blocks}
+    free = set(v.kv.free_queue)
+    return any(c > 0 and b not in held and b not in free for b, c in enumerate(v.kv.ref_cnt) if b)
 
 
 @transition_invariant(
@@ -642,6 +657,17 @@ def fcfs_admission_order(t: Transition, h: History) -> Iterator[Finding]:
         yield None, f"admitted {adm}, but the head of the waiting queue was {head}"
 
 
+def _priority_queues(v: SchedulerView, h: History) -> list[list[str]]:
+    """The live waiting requests as vLLM's queues in service order: without a
+    KV connector the one waiting queue; with one, kv_holding_waiting (up to
+    its last request holding blocks, kv_holding_prefix) and waiting."""
+    live = [rid for rid in v.waiting if rid in v.requests]
+    if not v.config.kv_connector:
+        return [live]
+    held = set(kv_holding_prefix(v, h))
+    return [[r for r in live if r in held], [r for r in live if r not in held]]
+
+
 @transition_invariant(
     "priority-admission-order",
     "PRIORITY: the requests admitted in a step are the waiting requests of least (priority, "
@@ -655,17 +681,20 @@ def fcfs_admission_order(t: Transition, h: History) -> Iterator[Finding]:
 def priority_admission_order(t: Transition, h: History) -> Iterator[Finding]:
     if t.after.config.policy != Policy.PRIORITY:
         return
-    live = [rid for rid in t.after.waiting if rid in t.after.requests]
-    keys = [queue_key(t.after.requests[rid]) for rid in live]
-    if keys != sorted(keys):
-        yield None, f"waiting queue {live} is not in (priority, arrival, request_id) order"
+    # With a KV connector the view lists vLLM's kv_holding_waiting (requests
+    # holding KV blocks), drained first, then its waiting queue: two heaps.
+    for part in _priority_queues(t.after, h):
+        keys = [queue_key(t.after.requests[rid]) for rid in part]
+        if keys != sorted(keys):
+            yield None, f"waiting queue {part} is not in (priority, arrival, request_id) order"
     if t.kind != "schedule" or t.plan is None:
         return
     adm = [s.request_id for s in admitted(t.plan)]
-    cands = sorted(
-        (rid for rid in t.before.waiting if rid in t.before.requests),
-        key=lambda rid: queue_key(t.before.requests[rid]),
-    )
+    cands = [
+        rid
+        for part in _priority_queues(t.before, h)
+        for rid in sorted(part, key=lambda rid: queue_key(t.before.requests[rid]))
+    ]
     if adm != cands[: len(adm)] and not in_order_past_gates(adm, cands, t.after):
         yield None, f"admitted {adm}, but in priority order the waiting queue starts {cands[: len(adm)]}"
 
@@ -727,7 +756,9 @@ def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
     "max_model_len tokens (kv_cache_planning.py, check_enough_kv_cache_memory), so some running "
     "request always fits; with none running the whole pool is free and the head's first chunk fits. "
     "With a KV connector it stands aside while loads hold blocks or requests wait for them "
-    "(WAITING_FOR_REMOTE_KVS, kv_holding_waiting, delayed frees).",
+    "(WAITING_FOR_REMOTE_KVS, kv_holding_waiting, delayed frees), and for vLLM's liveness defect "
+    "after an asynchronous load failed whole under recompute (_update_waiting_for_remote_kv leaves "
+    "the request in _inflight_prefills: docs/divergences.md).",
     _SCHED,
     tags=("safety",),
 )
@@ -755,6 +786,8 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
         return  # requests waiting for their grammar are passed over
     if kv_holds_pool(t):
         return  # KV loads in flight hold blocks and their requests wait (kv_holds_pool)
+    if not t.before.running and any(failed_load_blocks_reload(t.before, h, rid) for rid in t.before.waiting):
+        return  # vLLM's liveness defect after a failed load (failed_load_blocks_reload)
     if any(r.num_output_placeholders > 0 for r in t.before.requests.values()):
         # async scheduling: a request whose step is in flight may have nothing
         # left to schedule (max_tokens surely reached, max_model_len), and
@@ -773,7 +806,11 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
     "When nothing is running at the start of a step, it admits the head of the waiting queue.",
     "vllm/v1/core/sched/scheduler.py, schedule(): with self.running empty the whole pool is free "
     "and the WAITING loop admits the head's first chunk (the pool holds max_model_len tokens); "
-    "with a KV connector it stands aside while loads hold blocks or requests wait for them.",
+    "with a KV connector it stands aside while loads hold blocks or requests wait for them, and "
+    "for vLLM's liveness defect: a head whose asynchronous load failed whole under recompute stays "
+    "in _inflight_prefills (_update_waiting_for_remote_kv), its own need reserved against its "
+    "reload (_inflight_prefill_reserved_blocks), never admitted with under twice that need free "
+    "(docs/divergences.md).",
     _SCHED,
     tags=("policy:vllm-step",),
 )
@@ -786,8 +823,34 @@ def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     # and be admitted first (the view does not say whether it has compiled)
     ahead = waiting_order(t.before)
     ahead = ahead[: ahead.index(head) + 1] if head is not None else []
+    if head is not None and failed_load_blocks_reload(t.before, h, head):
+        return
     if not t.before.running and head is not None and not set(ahead) & set(t.plan.scheduled_ids):
         yield head, "nothing was running, yet the head of the waiting queue was not admitted"
+
+
+def failed_load_blocks_reload(v: SchedulerView, h: History, rid: str) -> bool:
+    """A vLLM 0.33 liveness defect (docs/divergences.md): a request whose
+    asynchronous load failed under the "recompute" policy with nothing usable
+    (promoted by _update_waiting_for_remote_kv with no computed token and no
+    block) stays in Scheduler._inflight_prefills, so
+    _inflight_prefill_reserved_blocks counts its own whole need in the
+    reservation its next asynchronous load must leave free: with fewer free
+    blocks than twice that need it is never admitted again."""
+    r = v.requests.get(rid)
+    load = h.loads.get(rid)
+    cfg = v.config
+    if r is None or load is None or not load.asynchronous or cfg.kv_load_failure_policy != "recompute":
+        return False
+    if r.status != RequestStatus.WAITING or r.num_computed_tokens or r.block_ids or not r.kv_load_async:
+        return False
+    if r.kv_external_tokens <= 0:
+        return False
+    n = min(len(r.prompt_token_ids) + len(r.output_token_ids), cfg.max_model_len)
+    if cfg.num_speculative_tokens:
+        n += 1 + cfg.num_speculative_tokens
+    need = cdiv(n, cfg.block_size) * len(cfg.groups)
+    return 2 * need > v.kv.num_free_blocks
 
 
 @transition_invariant(

@@ -233,8 +233,8 @@ class EvictableHitsNotCounted(Mutant):
     CAUGHT_BY = frozenset({"error"})
     _admit_alloc = patched(
         _admit_alloc,
-        ("if max(-(-full // bs) - nhit, 0) + evictable > free:", "if max(-(-full // bs) - nhit, 0) > free:"),
-        ("if need + evictable > free:", "if need > free:"),
+        ("if max(-(-full // bs) - nhit - held, 0) + evictable > free:", "if max(-(-full // bs) - nhit - held, 0) > free:"),
+        ("if need + evictable + reserved > free:", "if need + reserved > free:"),
     )
 
 

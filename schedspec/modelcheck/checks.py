@@ -32,7 +32,13 @@ class StatelessChecker:
         """The state invariants of one view (as the "after" of a no-op)."""
         return self.check(Transition("reset", view, view), True, transition=False)
 
-    def check(self, t: Transition, state_too: bool, transition: bool = True) -> list[Violation]:
+    def check(self, t: Transition, state_too: bool, transition: bool = True,
+              history: History | None = None) -> list[Violation]:
+        """The invariants of ``t`` (its kind's transition invariants, and the
+        state invariants when ``state_too``). ``history``: what a Monitor
+        would remember along the path (the KV connector's invariants read the
+        loads started and the invalid blocks awaiting recomputation, which
+        the checker carries with a state: kvworld.py); else an empty one."""
         invs = self.by_kind[t.kind] if transition else ()
         if state_too:
             invs = invs + self.state
@@ -40,7 +46,7 @@ class StatelessChecker:
         # one shared instance. The fast pass collects every finding in one
         # comprehension; if any check raises, the slow pass below reruns them
         # one by one so that the exception is reported under its invariant.
-        h = self._history
+        h = self._history if history is None else history
         try:
             return [Violation(inv.id, msg, rid) for inv in invs for rid, msg in inv.check_fn(t, h)]
         except Exception:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from schedspec.spec.interface import RequestStatus, ScheduleKind, SchedulerView, StepPlan
+from schedspec.spec.interface import RequestStatus, ScheduleKind, SchedulerView, StepPlan, StepResult
 
 #: The JSON / report label of every counter, in field order.
 LABELS: dict[str, str] = {
@@ -28,6 +28,14 @@ LABELS: dict[str, str] = {
     "pauses": "pause and resume events",
     "pause_clears": "cache clears completing a pause",
     "grammar_reports": "grammar reports (compiled or failed)",
+    "kv_sync_loads": "synchronous KV loads",
+    "kv_async_loads": "asynchronous KV loads started",
+    "kv_loads_done": "KV loads reported done",
+    "kv_loads_failed": "KV loads reported failed (whole)",
+    "kv_invalid_blocks": "invalid blocks reported",
+    "kv_saves_done": "KV saves reported done",
+    "kv_forced": "reports forced by the bounded wait",
+    "kv_resets_refused": "resets refused with blocks held for the connector",
 }
 
 #: The labels, in order (what the JSON summary's ``coverage`` maps).
@@ -35,6 +43,9 @@ COVERAGE: tuple[str, ...] = tuple(LABELS.values())
 
 #: The labels of the admission gates' events (zero in a bound without them).
 GATE_COVERAGE: tuple[str, ...] = (LABELS["pauses"], LABELS["pause_clears"], LABELS["grammar_reports"])
+
+#: The labels of the KV connector's events (zero in a bound without one).
+KV_COVERAGE: tuple[str, ...] = tuple(LABELS[n] for n in LABELS if n.startswith("kv_"))
 
 
 @dataclass(slots=True)
@@ -51,6 +62,14 @@ class Coverage:
     pauses: int = 0
     pause_clears: int = 0
     grammar_reports: int = 0
+    kv_sync_loads: int = 0
+    kv_async_loads: int = 0
+    kv_loads_done: int = 0
+    kv_loads_failed: int = 0
+    kv_invalid_blocks: int = 0
+    kv_saves_done: int = 0
+    kv_forced: int = 0
+    kv_resets_refused: int = 0
 
     def count_step(self, plan: StepPlan, before: SchedulerView, after: SchedulerView) -> None:
         """One step from ``before`` (a state between steps) through ``plan`` to ``after``."""
@@ -71,6 +90,20 @@ class Coverage:
                 self.stopped += 1
             elif v.status is RequestStatus.FINISHED_LENGTH_CAPPED:
                 self.length_capped += 1
+
+    def count_kv(self, plan: StepPlan, result: StepResult) -> None:
+        """The connector's part of one step: the loads its plan starts and
+        the worker's reports its result carries."""
+        for load in plan.kv_loads:
+            if load.asynchronous:
+                self.kv_async_loads += 1
+            else:
+                self.kv_sync_loads += 1
+        failed = set(result.failed_recving)
+        self.kv_loads_done += len([r for r in result.finished_recving if r not in failed])
+        self.kv_loads_failed += len(failed)
+        self.kv_invalid_blocks += len(result.invalid_block_ids)
+        self.kv_saves_done += len(result.finished_sending)
 
     def count_reset(self, before: SchedulerView, running_too: bool, dropped: bool) -> None:
         if dropped and before.kv.block_keys:

@@ -10,7 +10,14 @@ five pause events (``pause new``, ``pause new+clear``, ``pause all``,
 ``pause all+clear``, ``resume``: check/workload.py's Pause and Resume); then,
 in a space with structured outputs, ``grammar ok #k`` and ``grammar failed #k``
 per position (GrammarReady for the k-th unfinished request). A space without a
-gate has the codes it always had.
+gate has the codes it always had. Then, in a space with a KV connector, one
+code per worker report (``KV_OPS``) and position: a step whose result carries
+that report (check/workload.py's KVLoadDone / KVLoadFailed / KVSaveDone, then
+Step): ``load done #k``, ``load failed #k`` (the whole load, failed_recving),
+``load failed #k at block b`` (invalid_block_ids) for the k-th asynchronous
+load in flight (by arrival), ``save done #k`` for the k-th finished request
+holding its blocks for a save, and ``sync load failed #k at block b`` for the
+k-th unfinished request, whose synchronous load in this step fails.
 """
 
 from __future__ import annotations
@@ -27,6 +34,21 @@ PAUSE_EVENTS: tuple[tuple[str, str | None, bool], ...] = (
     ("pause all", "all", False),
     ("pause all+clear", "all", True),
     ("resume", None, False),
+)
+
+#: The KV connector's worker reports, in code order: (name, label, kind,
+#: block index). kind "load": the k-th asynchronous load in flight; "save":
+#: the k-th pending save; "sync": the k-th unfinished request's synchronous
+#: load of this step. The block index is KVLoadFailed.block_index (None: the
+#: whole load fails) and "done" for KVLoadDone / KVSaveDone.
+KV_OPS: tuple[tuple[str, str, str, int | None | str], ...] = (
+    ("done", "load done", "load", "done"),
+    ("failed", "load failed", "load", None),
+    ("failed@0", "load failed", "load", 0),
+    ("failed@1", "load failed", "load", 1),
+    ("save", "save done", "save", "done"),
+    ("sync-failed@0", "sync load failed", "sync", 0),
+    ("sync-failed@1", "sync load failed", "sync", 1),
 )
 
 #: The pause state (PauseState's value) a pause mode sets.
@@ -49,7 +71,7 @@ class Alphabet:
 
     def __init__(self, shapes: Sequence[Shape], max_requests: int, abort_in_step: bool = False,
                  aborts: bool = True, resets: bool = True, async_scheduling: bool = False, pauses: bool = False,
-                 grammar: bool = False) -> None:
+                 grammar: bool = False, kv_ops: Sequence[str] = ()) -> None:
         self.shapes = tuple(shapes)
         #: False: no abort events at all (a scheduler under test that takes none)
         self.aborts = aborts
@@ -77,6 +99,17 @@ class Alphabet:
         self.first_grammar = self.size
         if grammar:
             self.size += 2 * max_requests
+        #: the worker's reports explored (KV_OPS names), each for positions
+        #: 0 .. kv_positions - 1 (finished requests that hold blocks do not
+        #: count towards max_requests, so up to twice as many)
+        known = {name for name, *_ in KV_OPS}
+        bad = [op for op in kv_ops if op not in known]
+        if bad:
+            raise ValueError(f"unknown KV report {bad[0]!r} (expected one of {', '.join(sorted(known))})")
+        self.kv_ops = tuple(op for op, *_ in KV_OPS if op in kv_ops)
+        self.kv_positions = 2 * max_requests
+        self.first_kv = self.size
+        self.size += len(self.kv_ops) * self.kv_positions
 
     def add(self, i: int) -> int:
         return EventCode.FIRST_ADD + i
@@ -121,8 +154,19 @@ class Alphabet:
     def grammar_code(self, k: int, ok: bool) -> int:
         return self.first_grammar + k + (0 if ok else self.max_requests)
 
+    def is_kv(self, code: int) -> bool:
+        return self.first_kv <= code < self.size
+
+    def kv_code(self, op: str, k: int) -> int:
+        return self.first_kv + self.kv_ops.index(op) * self.kv_positions + k
+
+    def kv_event(self, code: int) -> tuple[str, int]:
+        """(KV_OPS name, position) of a worker report code."""
+        i, k = divmod(code - self.first_kv, self.kv_positions)
+        return self.kv_ops[i], k
+
     def enabled(self, known: int, unfinished: int, in_flight: int = 0, pause_state: int = 0,
-                grammar_waiting: Sequence[int] = ()) -> list[int]:
+                grammar_waiting: Sequence[int] = (), kv: Sequence[int] = ()) -> list[int]:
         """The codes enabled in a state where the scheduler knows ``known``
         requests (unfinished, or finished and not yet reported), ``unfinished``
         of them unfinished, and ``in_flight`` plans await update (async
@@ -147,6 +191,7 @@ class Alphabet:
                       if PAUSE_STATE_OF[mode] != pause_state]
         if self.grammar:
             codes += [self.grammar_code(k, ok) for ok in (True, False) for k in grammar_waiting]
+        codes += kv  # the worker's reports the state makes meaningful (expand.Expander.enabled)
         return codes
 
     def label(self, code: int) -> str:
@@ -163,6 +208,10 @@ class Alphabet:
         if self.is_grammar(code):
             k, ok = self.grammar_event(code)
             return f"grammar {'ok' if ok else 'failed'} #{k}"
+        if self.is_kv(code):
+            op, k = self.kv_event(code)
+            _, label, _, block = next(o for o in KV_OPS if o[0] == op)
+            return f"step, {label} #{k}" + (f" at block {block}" if isinstance(block, int) else "")
         if code < self.first_abort:
             return f"add {self.shapes[self.shape_index(code)].name}"
         if self.is_step_abort(code):

@@ -21,12 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
 from schedspec.check.driver import describe_difference, scheduler_has_no_work
-from schedspec.check.oracle import FakeModel
+from schedspec.check.oracle import FakeModel, KVWorker
 from schedspec.check.workload import (
     Abort,
     AddRequest,
     Event,
     GrammarReady,
+    KVLoadDone,
+    KVLoadFailed,
+    KVSaveDone,
     Pause,
     ResetPrefixCache,
     Resume,
@@ -35,17 +38,20 @@ from schedspec.check.workload import (
     Update,
     Workload,
 )
-from schedspec.invariants import CATALOGUE, Invariant, Transition, Violation
+from schedspec.invariants import CATALOGUE, History, Invariant, Transition, Violation
+from schedspec.invariants._util import next_invalid_blocks
 from schedspec.invariants.core import ALL_KINDS, TransitionKind
 from schedspec.modelcheck.checks import StatelessChecker
 from schedspec.modelcheck.coverage import Coverage
-from schedspec.modelcheck.events import PAUSE_STATE_OF, RESET, RESET_RUNNING, STEP, Alphabet
+from schedspec.modelcheck.events import KV_OPS, PAUSE_STATE_OF, RESET, RESET_RUNNING, STEP, Alphabet
+from schedspec.modelcheck.kvworld import KVWorld, forced_reports, kv_enabled, report_event
 from schedspec.modelcheck.model import MemoModel
 from schedspec.modelcheck.result import Finding
 from schedspec.modelcheck.space import Space
-from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory, hidden_gate_state
+from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory, hidden_gate_state, kv_key
 from schedspec.spec import coverage as rule_coverage
 from schedspec.modelcheck.target import PICKLE_PROTOCOL, Against, CopyMethod, copy_method, deep_copy, shared_objects
+from schedspec.spec.errors import ProtocolError
 from schedspec.spec.interface import (
     PauseState,
     Policy,
@@ -157,10 +163,12 @@ class Entry:
     #: invariants mode with async scheduling: the plans in flight of the
     #: scheduler under test and its fake model (it runs its own plans)
     tflight: Flight | None = None
+    #: a space with a KV connector: the worker's state and the model's KV (kvworld.py)
+    kv: KVWorld | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:  # compact between processes
         return (Entry, (self.idx, self.state, self.impl, self.adds, None, self.codes, self.memory, self.flight,
-                        self.clear, self.tflight))
+                        self.clear, self.tflight, self.kv))
 
 
 @dataclass(slots=True)
@@ -188,6 +196,7 @@ class Successor(NamedTuple):
     flight: Flight | None = None  # async scheduling: the plans in flight and the model
     clear: bool = False  # a cache clear waits for the engine to go idle
     tflight: Flight | None = None  # invariants mode, async: the scheduler under test's flight
+    kv: KVWorld | None = None  # a KV connector: the worker's state and the model's KV
 
 
 def plan_key(plan: StepPlan, mid: SchedulerView) -> Fingerprint:
@@ -260,19 +269,25 @@ class Expander:
         self.shapes = space.resolved_shapes()
         #: async scheduling: states hold plans in flight (Flight)
         self.is_async = space.config.async_scheduling
-        self.alphabet = Alphabet(self.shapes, space.max_requests, space.abort_in_step and not self.is_async,
+        #: a KV connector (sync scheduling): the worker's reports are events and its state part of a state
+        self.kv_on = space.config.kv_connector and not self.is_async
+        self.alphabet = Alphabet(self.shapes, space.max_requests,
+                                 space.abort_in_step and not self.is_async and not self.kv_on,
                                  aborts=against is None or against.aborts, resets=against is None or against.resets,
                                  async_scheduling=self.is_async, pauses=space.pauses,
-                                 grammar=any(sh.structured_output for sh in self.shapes))
+                                 grammar=any(sh.structured_output for sh in self.shapes),
+                                 kv_ops=self._kv_ops(space) if self.kv_on else ())
         spec_invariants = () if self.tchecker is not None else tuple(invariants)
         self.checker = StatelessChecker(spec_invariants)
         #: a space with an admission gate: its state is in the fingerprint
         self.gated = bool(space.gates())
         self.canon = Canon(len(self.shapes), space.config.policy == Policy.PRIORITY, self.gated,
-                           space.config.prefill_schedule_interval)
+                           space.config.prefill_schedule_interval, space.config.is_hybrid)
         k = space.config.num_speculative_tokens
-        self.model = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance)
-        self.tmodel = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance)
+        groups = space.config.groups if space.config.is_hybrid else ()
+        self.model = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance, groups)
+        self.tmodel = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance, groups)
+        self.kv_bound = space.kv_report_bound
         self.pickled = pickled
         self.copy: CopyMethod | None = copy if against is not None else None
         self._shared: dict[int, object] = {}
@@ -288,6 +303,20 @@ class Expander:
         self.incremental = incremental and not self.blind
         self._mids: set[Fingerprint] = set()
         self._updates: set[tuple[Fingerprint, Fingerprint]] = set()
+        #: a KV connector: the History the transition under way is checked
+        #: with (built from the state's KVWorld, folded forward by _check)
+        self._hist: History | None = None
+
+    @staticmethod
+    def _kv_ops(space: Space) -> tuple[str, ...]:
+        """The worker's reports explored: the space's (all by default); with
+        more than one KV cache group a failure is the whole load's
+        (failed_recving: vLLM raises on invalid_block_ids there) and a
+        synchronous load does not fail (check/oracle.py, KVWorker)."""
+        ops = space.kv_ops or tuple(op for op, *_ in KV_OPS)
+        if len(space.config.groups) > 1:
+            ops = tuple(op for op in ops if op in ("done", "failed", "save"))
+        return ops
 
     def request(self, shape_index: int, k: int) -> RequestSpec:
         """The k-th request of a path (1-based), of the given shape."""
@@ -307,31 +336,36 @@ class Expander:
                 memory = {}
         flight = Flight() if self.is_async else None
         tflight = Flight() if self.is_async and memory is not None else None
+        kv = KVWorld() if self.kv_on else None
         if self.pickled:
             blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
-            return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), blob, 0, None, (), memory, flight, False, tflight)
-        return Entry(0, s, impl, 0, s.view(), (), memory, flight, False, tflight)
+            return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), blob, 0, None, (), memory, flight, False, tflight, kv)
+        return Entry(0, s, impl, 0, s.view(), (), memory, flight, False, tflight, kv)
 
     def fingerprint(self, entry: Entry) -> Fingerprint:
         """The fingerprint of a state held by an entry (the root's, in practice)."""
         s: SpecScheduler = pickle.loads(entry.state) if self.pickled else entry.state
         v = entry.view if entry.view is not None else s.view()
-        return self.full_fingerprint(v, entry.flight, s, entry.clear)
+        return self.full_fingerprint(v, entry.flight, s, entry.clear, entry.kv)
 
     def full_fingerprint(self, v: SchedulerView, flight: Flight | None, s: object = None,
-                         clear: bool = False) -> Fingerprint:
+                         clear: bool = False, kv: KVWorld | None = None) -> Fingerprint:
         """The state's fingerprint: the view's, with async scheduling the
         plans in flight and the model's, and in a space with an admission
         gate what the spec ``s`` keeps of the gates beyond its view and
-        whether a cache clear is pending."""
+        whether a cache clear is pending; with a KV connector the view's
+        connector state and the worker's (state.kv_key)."""
         fp = self.canon.fingerprint(v)
         if flight is not None:
             fp += (flight.key(v),)
         if self.gated:
             fp += (hidden_gate_state(s, v), clear)
+        if kv is not None:
+            fp += (kv_key(v, kv.loads, kv.saves, kv.queue, kv.now, self.kv_bound, kv.invalid),)
         return fp
 
-    def enabled(self, v: SchedulerView, flight: Flight | None = None, s: object = None) -> list[int]:
+    def enabled(self, v: SchedulerView, flight: Flight | None = None, s: object = None,
+                kv: KVWorld | None = None) -> list[int]:
         grammar_waiting: list[int] = []
         if self.alphabet.grammar:
             requests: Any = getattr(s, "requests", {})
@@ -341,7 +375,8 @@ class Expander:
                     grammar_waiting.append(k)
         return self.alphabet.enabled(len(v.requests) + len(v.finished), len(v.requests),
                                      len(flight.pairs) if flight is not None else 0, int(v.pause_state),
-                                     grammar_waiting)
+                                     grammar_waiting,
+                                     kv_enabled(self.alphabet, v, kv, self.config.block_size) if kv else ())
 
     # -------------------------------------------------------------- checks
 
@@ -349,9 +384,19 @@ class Expander:
                **kw: Any) -> None:
         if self.blind:
             return
-        found = self.checker.check(Transition(kind=kind, before=before, after=after, **kw), state_too)
+        t = Transition(kind=kind, before=before, after=after, **kw)
+        h = self._hist
+        found = self.checker.check(t, state_too, history=h)
         if found:
             raise Finding("violation", f"{len(found)} invariant violation(s) after {kind}", found)
+        if h is not None:
+            # what a Monitor's History folds in (invariants/core.py,
+            # History._record_kv): the loads a plan starts, and the invalid
+            # blocks awaiting recomputation
+            if kind == "schedule" and t.plan is not None:
+                for load in t.plan.kv_loads:
+                    h.loads[load.request_id] = load
+            h.invalid_blocks = next_invalid_blocks(t, h)
 
     def _tcheck(self, kind: TransitionKind, before: SchedulerView, after: SchedulerView, **kw: Any) -> None:
         """The chosen invariants on a transition of the scheduler under test (invariants mode)."""
@@ -420,9 +465,9 @@ class Expander:
         except Exception as exc:  # the scheduler crashed: a finding
             out.failure = (-1, Finding("error", f"spec.view() raised {type(exc).__name__}: {exc}"))
             return out
-        memory = expected_memory(before) if entry.flight is None else {}
+        memory = expected_memory(before) if entry.flight is None and entry.kv is None else {}
         source = self._target_source(entry)
-        codes = self.enabled(before, entry.flight, s)
+        codes = self.enabled(before, entry.flight, s, entry.kv)
         last = codes[-1]
         # The spec counts the rules it takes into one counter its clones
         # share: a fresh one for this state's transitions counts each once.
@@ -431,10 +476,16 @@ class Expander:
         for code in codes:
             try:
                 impl, tmem = source(code == last)
-                succ = (self.apply(s, code, before, memory, entry.adds, impl, tmem, entry.clear)
-                        if entry.flight is None
-                        else self.apply_async(s, code, before, entry.flight, entry.adds, impl, entry.clear,
-                                              entry.tflight, tmem))
+                if entry.kv is not None:
+                    ksucc = self.apply_kv(s, code, before, entry.kv, entry.adds, impl)
+                    if ksucc is None:  # a report its step does not deliver: not explored
+                        continue
+                    succ = ksucc
+                else:
+                    succ = (self.apply(s, code, before, memory, entry.adds, impl, tmem, entry.clear)
+                            if entry.flight is None
+                            else self.apply_async(s, code, before, entry.flight, entry.adds, impl, entry.clear,
+                                                  entry.tflight, tmem))
             except Finding as f:
                 out.failure = (code, f)
                 out.rules = dict(rules)
@@ -491,13 +542,13 @@ class Expander:
         """The successor as an entry of the next level (pickled once per worker)."""
         if not self.pickled:
             return Entry(-1, succ.state, impl, succ.adds, succ.view, codes, succ.memory, succ.flight, succ.clear,
-                         succ.tflight)
+                         succ.tflight, succ.kv)
         if succ.fingerprint in self.shipped:
             return Entry(-1, None, None, succ.adds)
         self.shipped.add(succ.fingerprint)
         blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
         return Entry(-1, pickle.dumps(succ.state, PICKLE_PROTOCOL), blob, succ.adds, None, codes, succ.memory,
-                     succ.flight, succ.clear, succ.tflight)
+                     succ.flight, succ.clear, succ.tflight, succ.kv)
 
     # -------------------------------------------------------------- one transition
 
@@ -531,6 +582,90 @@ class Expander:
             after, adds, clear = self._apply_admin(s2, code, before, adds, impl, clear)
         after, clear = self._settle(s2, after, impl, clear, ())
         return Successor(s2, after, self.full_fingerprint(after, None, s2, clear), adds, tmem, None, clear)
+
+    def apply_kv(self, s: SpecScheduler, code: int, before: SchedulerView, world: KVWorld, adds: int,
+                 impl: Any = None) -> Successor | None:
+        """One event of a space with a KV connector (sync scheduling): a
+        step, with the worker's report the code names (kvworld.report_event)
+        and those the bounded wait forces, delivered by the check engine's
+        KVWorker; or an admin event (the worker learns each added prompt).
+        None for a report the step does not deliver (a synchronous failure
+        of a request the step does not load): that path is not explored."""
+        self._hist = h = History()
+        h.loads = {rid: load for rid, (load, _) in world.loads.items()}
+        h.invalid_blocks = dict(world.invalid)
+        try:
+            succ = self._apply_kv(s, code, before, world, adds, impl)
+        finally:
+            self._hist = None
+        if succ is None or self.blind:
+            return succ
+        assert succ.kv is not None
+        kv = dataclasses.replace(succ.kv, invalid=dict(h.invalid_blocks))
+        return succ._replace(fingerprint=self.full_fingerprint(succ.view, None, succ.state, False, kv), kv=kv)
+
+    def _apply_kv(self, s: SpecScheduler, code: int, before: SchedulerView, world: KVWorld, adds: int,
+                  impl: Any = None) -> Successor | None:
+        a = self.alphabet
+        if code != STEP and not a.is_kv(code):
+            if self.against is not None and not self.lockstep:
+                raise Finding("error", "invariants mode is not offered with a KV connector (lockstep only)")
+            s2 = s.clone()
+            after, adds, _ = self._apply_admin(s2, code, before, adds, impl)
+            if a.is_add(code):
+                req = list(after.requests.values())[-1]
+                world = world.added(req.request_id, req.prompt_token_ids)
+            return Successor(s2, after, self.full_fingerprint(after, None, s2, False, world), adds, None, None,
+                             False, None, world)
+        s2 = s.clone()
+        model = self.model
+        model.slots = dict(world.slots)
+        model.outputs, model.proposals, model.rejected = {}, {}, {}
+        worker = world.worker(self.config, model, self.kv_bound)
+        user = report_event(a, code, before, world) if code != STEP else None
+        if user is not None:
+            worker.post(user)
+        plan = s2.schedule()
+        mid = s2.view()
+        self._check("schedule", before, mid, self._first_mid(self._mid_fingerprint(mid, s2)), plan=plan,
+                    in_flight=(plan,))
+        lockstep = impl is not None and self.lockstep
+        if lockstep:
+            self._compare("schedule()", plan, _call(self.tname, "schedule", impl.schedule))
+            self._compare("view()", mid, _call(self.tname, "view", impl.view))
+        for event in forced_reports(worker, plan.step, self.kv_bound):
+            worker.post(event)
+            self.coverage.kv_forced += 1
+        failing = worker.before(plan)
+        _load_grammars(model, before)
+        truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()
+                 if rid not in failing}
+        result, mismatches = model.run(plan, truth)
+        if mismatches:
+            m = mismatches[0]
+            raise Finding("violation", "the model read a context that is not the request's tokens", (
+                Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
+                          f"the request's token there is {m.expected}", m.request_id),))
+        result = worker.after(plan, mid, result)
+        if user is not None and any(e is user for e in worker.queue):
+            return None
+        self.coverage.count_kv(plan, result)
+        s2.update(plan, result)
+        worker.updated(plan.step)
+        after = s2.view()
+        self.coverage.count_step(plan, before, after)
+        self._check("update", mid, after, False, plan=plan, result=result)
+        # an invalid block awaiting recomputation holds no valid KV, though
+        # under "recompute" vLLM keeps it in the prefix cache until its
+        # holder rewrites it (the invariants' History tracks it)
+        skip = set(self._hist.invalid_blocks) if self._hist is not None else set()
+        self._check_contents(after, model.slots, skip=skip)
+        if lockstep:
+            _call(self.tname, "update", impl.update, plan, result)
+            self._compare("view()", after, _call(self.tname, "view", impl.view))
+        new = KVWorld.of(worker, plan.step, model.slots, after)
+        return Successor(s2, after, self.full_fingerprint(after, None, s2, False, new), adds, None, None, False,
+                         None, new)
 
     def apply_async(self, s: SpecScheduler, code: int, before: SchedulerView, flight: Flight, adds: int,
                     impl: Any = None, clear: bool = False, tflight: Flight | None = None,
@@ -763,12 +898,16 @@ class Expander:
                           f"the request's token there is {m.expected}", m.request_id),))
         return result
 
-    def _check_contents(self, after: SchedulerView, slots: dict[int, int], who: str = "") -> None:
-        """Every slot the state vouches for holds what it says."""
+    def _check_contents(self, after: SchedulerView, slots: dict[int, int], who: str = "",
+                        skip: set[int] | frozenset[int] = frozenset()) -> None:
+        """Every slot the state vouches for holds what it says (but in the
+        blocks ``skip``)."""
         for slot, tok in expected_memory(after).items():
             got = slots.get(slot)
             if got != tok:
                 b, off = divmod(slot, self.config.block_size)
+                if b in skip:
+                    continue
                 whose = f" of {who}" if who else ""
                 raise Finding("violation", f"the KV contents{whose} are not what the state says", (
                     Violation("kv-contents", f"block {b} offset {off} holds {got}, the state says {tok}"),))
@@ -787,12 +926,28 @@ class Expander:
         if code == RESET or code == RESET_RUNNING:
             kind = "reset"
             running_too = code == RESET_RUNNING
-            ok = s2.reset_prefix_cache(running_too)
-            self.coverage.count_reset(before, running_too, ok)
+            outcome: bool | str
+            try:
+                outcome = ok = s2.reset_prefix_cache(running_too)
+                self.coverage.count_reset(before, running_too, ok)
+            except ProtocolError:
+                # with a KV connector the boundary refuses a reset that would
+                # leave blocks held (a load in flight, blocks kept for a
+                # save), the scheduler unchanged: an outcome, as the check
+                # driver takes it
+                if not self.config.kv_connector:
+                    raise
+                outcome = "refused"
+                self.coverage.kv_resets_refused += 1
             if impl is not None:
-                theirs = _call(who, "reset_prefix_cache", impl.reset_prefix_cache, running_too)
+                try:
+                    theirs: bool | str = _call(who, "reset_prefix_cache", impl.reset_prefix_cache, running_too)
+                except Finding:
+                    if not self.config.kv_connector:
+                        raise
+                    theirs = "refused"
                 if self.lockstep:
-                    self._compare("reset_prefix_cache()", ok, theirs)
+                    self._compare("reset_prefix_cache()", outcome, theirs)
         elif a.is_add(code):
             kind = "add"
             adds += 1
@@ -879,12 +1034,24 @@ class Expander:
         events: list[Event] = []
         a = self.alphabet
         adds = 0
-        replay = _Replay(sched, model)
+        worker = (KVWorker(self.config, model, self.kv_bound) if self.kv_on else None)
+        replay = _Replay(sched, model, worker)
         record = self.space.acceptance == "prefix" and self.config.num_speculative_tokens > 0
         for i, code in enumerate(codes):
             run = run_last or i < len(codes) - 1
             these: list[Event]
-            if a.async_scheduling and code == STEP:
+            if worker is not None and (code == STEP or a.is_kv(code)):
+                # a step with a connector: the report the code names, those
+                # the bounded wait forces (explicit, so that the driver's
+                # worker delivers the same), then the step
+                world = KVWorld({rid: (ld.load, ld.step) for rid, ld in worker.loads.items()},
+                                dict(worker.saves), tuple(worker.queue))
+                these = [report_event(a, code, sched.view(), world)] if code != STEP else []
+                probe = KVWorker(self.config, None, self.kv_bound)
+                probe.loads, probe.saves, probe.queue = worker.loads, worker.saves, list(worker.queue) + these
+                these += forced_reports(probe, replay.plans + 1, self.kv_bound)
+                these.append(Step())
+            elif a.async_scheduling and code == STEP:
                 these = [Schedule()] if len(replay.in_flight) < 2 else [Update()]
             elif a.async_scheduling and code == a.update:
                 these = [Update()]
@@ -922,6 +1089,8 @@ def _busy(succ: Successor) -> bool:
     resume, a compiling grammar to its report; each leads to a state
     checked as any."""
     v = succ.view
+    if succ.kv is not None and (v.kv_held_by_finished or succ.kv.loads or succ.kv.saves):
+        return True  # blocks held for the connector: the bounded wait's reports free them
     if not v.requests or v.pause_state != PauseState.UNPAUSED:
         return False
     requests: Any = getattr(succ.state, "requests", {})
@@ -960,31 +1129,53 @@ class _Replay:
     model told each request's grammar at add, and a pause's cache clear once
     the engine is idle."""
 
-    def __init__(self, sched: Scheduler, model: FakeModel) -> None:
+    def __init__(self, sched: Scheduler, model: FakeModel, worker: KVWorker | None = None) -> None:
         self.sched = sched
         self.model = model
         self.in_flight: list[tuple[StepPlan, StepResult]] = []
         self.clear = False
+        #: the KV connector's worker (sync scheduling), as the check driver runs it
+        self.worker = worker
+        #: the plans scheduled so far (the next one's step is this + 1)
+        self.plans = 0
 
     def perform(self, event: Event) -> StepResult | None:
         """One event; returns the model's result of a Schedule or Step."""
         sched, model = self.sched, self.model
         result: StepResult | None = None
+        worker = self.worker
         if isinstance(event, Step):
             plan = sched.schedule()
+            self.plans += 1
+            if worker is not None:
+                worker.before(plan)
             result, _ = model.run(plan)
+            if worker is not None:
+                result = worker.after(plan, sched.view(), result)
             sched.update(plan, result)
+            if worker is not None:
+                worker.updated(plan.step)
+        elif isinstance(event, (KVLoadDone, KVLoadFailed, KVSaveDone)):
+            if worker is not None:
+                worker.post(event)
         elif isinstance(event, Schedule):
+            self.plans += 1
             plan = sched.schedule()
             result, _ = model.run(plan)
             self.in_flight.append((plan, result))
         elif isinstance(event, Update):
             sched.update(*self.in_flight.pop(0))
         elif isinstance(event, ResetPrefixCache):
-            sched.reset_prefix_cache(event.reset_running_requests)
+            try:
+                sched.reset_prefix_cache(event.reset_running_requests)
+            except ProtocolError:
+                if worker is None:
+                    raise
         elif isinstance(event, AddRequest):
             sched.add(event.request)
             model.set_grammar(event.request.request_id, event.request.grammar_rejects)
+            if worker is not None:
+                worker.add(event.request.request_id, event.request.prompt_token_ids)
         elif isinstance(event, Abort):
             sched.abort(event.request_id)
         elif isinstance(event, Pause):

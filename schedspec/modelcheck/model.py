@@ -13,8 +13,10 @@ token), which the state holds, so equal states propose equal drafts.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 from schedspec.check.oracle import FakeModel
+from schedspec.spec.interface import KVCacheGroup
 
 
 class MemoModel(FakeModel):
@@ -23,9 +25,11 @@ class MemoModel(FakeModel):
     over and over) and the "prefix" acceptance keyed on the context."""
 
     def __init__(self, block_size: int, vocab: int, seed: int, num_speculative_tokens: int = 0,
-                 acceptance: str | None = None) -> None:
+                 acceptance: str | None = None, groups: Sequence[KVCacheGroup] = ()) -> None:
+        # ``groups``: the KV cache groups of a hybrid layout (the model
+        # reads every group's table; a sliding-window group its window)
         super().__init__(block_size, vocab, seed, num_speculative_tokens=num_speculative_tokens,
-                         acceptance=acceptance)
+                         acceptance=acceptance, groups=groups)
         self._memo: dict[tuple[int | None, ...], int] = {}
 
     def sample_token(self, context: tuple[int | None, ...]) -> int:

@@ -12,7 +12,7 @@ from schedspec.check.capabilities import Capabilities
 from schedspec.check.oracle import ACCEPTANCE_MODES, FakeModel
 from schedspec.check.workload import GATES
 from schedspec.modelcheck.model import MemoModel
-from schedspec.spec.interface import MMInput, Policy, RequestSpec, SchedSpecError, SchedulerConfig
+from schedspec.spec.interface import KVCacheGroup, MMInput, Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
 
 class ModelCheckError(SchedSpecError, ValueError):
@@ -42,6 +42,10 @@ class Shape:
     structured_output: bool = False
     grammar_rejects: tuple[int, ...] = ()
     mm_inputs: tuple[MMInput, ...] = ()
+    #: the KV connector's request fields (RequestSpec's of these names)
+    kv_external_tokens: int = 0
+    kv_load_async: bool = False
+    kv_save_async: bool = False
 
     def request(self, request_id: str, arrival: int) -> RequestSpec:
         return RequestSpec(
@@ -58,6 +62,9 @@ class Shape:
             structured_output=self.structured_output,
             grammar_rejects=self.grammar_rejects,
             mm_inputs=self.mm_inputs,
+            kv_external_tokens=self.kv_external_tokens,
+            kv_load_async=self.kv_load_async,
+            kv_save_async=self.kv_save_async,
         )
 
     def describe(self) -> str:
@@ -76,6 +83,11 @@ class Shape:
             parts.append("grammar" + (f" refusing {list(self.grammar_rejects)}" if self.grammar_rejects else ""))
         for m in self.mm_inputs:
             parts.append(f"encoder input {m.identifier!r} at {m.offset}..{m.offset + m.length - 1}")
+        if self.kv_external_tokens:
+            parts.append(f"{self.kv_external_tokens} external tokens"
+                         + (" loaded asynchronously" if self.kv_load_async else " loaded synchronously"))
+        if self.kv_save_async:
+            parts.append("saved asynchronously")
         return f"{self.name}: " + ", ".join(parts)
 
 
@@ -100,6 +112,24 @@ class Space:
     #: also explore the pause events (Pause new / all, with and without a
     #: cache clear, and Resume; the pause gate)
     pauses: bool = False
+    #: the KV connector's worker reports at the latest this many steps after
+    #: a load starts or a save is first seen pending (the bounded wait; at
+    #: most schedspec.check.KV_REPORT_BOUND, so that a counterexample, which
+    #: writes each forced report as an explicit event, replays the same)
+    kv_report_bound: int = 3
+    #: the worker's report events explored with a connector (KV_OPS names;
+    #: all of them by default)
+    kv_ops: tuple[str, ...] = ()
+
+    def kv(self) -> tuple[str, ...]:
+        """The KV features (check/workload.py KV_FEATURES: "connector",
+        "hybrid") this space exercises."""
+        out = []
+        if self.config.kv_connector:
+            out.append("connector")
+        if self.config.is_hybrid:
+            out.append("hybrid")
+        return tuple(out)
 
     def gates(self) -> tuple[str, ...]:
         """The admission gates (check/workload.py GATES) this space exercises:
@@ -132,8 +162,9 @@ class Space:
         """A fresh fake model for this space (drafts as the config and
         ``acceptance`` say; "prefix" acceptance keyed on the tokens, see
         model.py)."""
-        return MemoModel(self.config.block_size, self.vocab, self.oracle_seed, self.config.num_speculative_tokens,
-                         self.acceptance)
+        c = self.config
+        return MemoModel(c.block_size, self.vocab, self.oracle_seed, c.num_speculative_tokens, self.acceptance,
+                         c.groups if c.is_hybrid else ())
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -147,6 +178,8 @@ class Space:
             "acceptance": self.acceptance,
             "pauses": self.pauses,
             "gates": list(self.gates()),
+            "kv": list(self.kv()),
+            **({"kv_report_bound": self.kv_report_bound} if self.config.kv_connector else {}),
         }
 
 
@@ -208,13 +241,14 @@ _BASE: dict[str, Any] = dict(block_size=2, num_blocks=5, max_num_batched_tokens=
 
 
 def _space(name: str, shapes: tuple[Shape, ...], max_requests: int, abort_in_step: bool = False,
-           acceptance: str = "all", pauses: bool = False, **overrides: Any) -> Space:
+           acceptance: str = "all", pauses: bool = False, kv_report_bound: int = 3, kv_ops: tuple[str, ...] = (),
+           **overrides: Any) -> Space:
     # The oracle seed also names the acceptance mode in a trace (the fake
     # model takes ACCEPTANCE_MODES[seed % 3] when it is not told), so a
     # counterexample replays with the space's drafts.
     return Space(name, SchedulerConfig(**{**_BASE, **overrides}), shapes, max_requests,
                  oracle_seed=ACCEPTANCE_MODES.index(acceptance), abort_in_step=abort_in_step, acceptance=acceptance,
-                 pauses=pauses)
+                 pauses=pauses, kv_report_bound=kv_report_bound, kv_ops=kv_ops)
 
 
 def _small() -> Bound:
@@ -376,8 +410,96 @@ def _gates_large() -> Bound:
     ))
 
 
+# Shapes of the KV connector (block size 2): KS's first block is in the
+# connector's store and loads synchronously in the step that admits it; KW
+# has 3 external tokens (blocks 0 and 1) loaded asynchronously (the request
+# waits in WAITING_FOR_REMOTE_KVS); KV is saved asynchronously (its blocks
+# stay held after it finishes until the worker reports the save); KB loads
+# A's first block asynchronously and is saved too.
+_KS = Shape("KS", (1, 2, 3), 2, kv_external_tokens=2)
+_KW = Shape("KW", (1, 2, 0, 3), 2, kv_external_tokens=3, kv_load_async=True)
+_KV = Shape("KV", (2, 1), 2, kv_save_async=True)
+_KB = Shape("KB", (1, 2, 3), 2, kv_external_tokens=2, kv_load_async=True, kv_save_async=True)
+_KWh = Shape("KW", (1, 2, 0), 1, kv_external_tokens=2, kv_load_async=True, kv_save_async=True)
+_KSh = Shape("KS", (1, 2, 3), 1, kv_external_tokens=2)
+
+
+def _full_sw(window: int) -> tuple[KVCacheGroup, ...]:
+    return (KVCacheGroup(), KVCacheGroup("sliding_window", window))
+
+
+def _connector() -> Bound:
+    # The KV connector (sync scheduling), both failure policies: loads
+    # synchronous and asynchronous, done, failed whole or at a block, aborts
+    # during a load and a save, saves done, and the bounded wait's forced
+    # reports (2 steps), in the tight pool (3 usable blocks, max_model_len
+    # 6, 3 tokens a step). Each space explores some of the worker's reports.
+    tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3, kv_connector=True,
+                                 kv_report_bound=2)
+    return Bound("connector", (
+        _space("conn-async-fail", (_KW, _KV), 2, kv_load_failure_policy="fail",
+               kv_ops=("done", "failed", "failed@1", "save"), **tight),
+        # under "recompute" a load failing from its first block frees the
+        # request's blocks yet leaves it in _inflight_prefills, whose
+        # reservation then counts against its own retry: in this pool it is
+        # never admitted again (vLLM 0.33, docs/modelcheck.md, "A livelock");
+        # so this space fails loads only from block 1 (bound kv-livelock
+        # holds the livelock)
+        _space("conn-async-recompute", (_KW, _KV), 2, kv_load_failure_policy="recompute",
+               kv_ops=("done", "failed@1", "save"), **tight),
+        _space("conn-sync-recompute", (_KS, _A2), 2, kv_load_failure_policy="recompute",
+               kv_ops=("sync-failed@0",), **tight),
+        _space("conn-sync-fail", (_KS, _KB), 2, kv_load_failure_policy="fail",
+               kv_ops=("done", "failed", "save", "sync-failed@0"), **tight),
+    ))
+
+
+def _kv_livelock() -> Bound:
+    # vLLM 0.33's livelock under "recompute" (see _connector): one request,
+    # its asynchronous load failing whole; the step-only run never admits it
+    # again (a deadlock finding, by design).
+    return Bound("kv-livelock", (
+        _space("conn-recompute-livelock", (_KW,), 1, kv_load_failure_policy="recompute", kv_ops=("failed",),
+               num_blocks=4, max_model_len=6, max_num_batched_tokens=3, kv_connector=True, kv_report_bound=2),
+    ))
+
+
+def _hybrid() -> Bound:
+    # Hybrid KV cache groups: full attention beside a sliding window of 1
+    # block (2 tokens) or 2 blocks (4 tokens), and a lone sliding-window
+    # group, with prefix caching, in the least pool vLLM's start-up check
+    # accepts (one request of max_model_len in every group at once): hits
+    # valid in every group, blocks out of the window freed
+    # (remove_skipped_blocks), the null block in tables, preemption. Two
+    # groups double the blocks, so max_model_len is 4 there (A2 is then
+    # capped by it).
+    short: dict[str, Any] = dict(max_model_len=4, max_num_batched_tokens=3)
+    return Bound("hybrid", (
+        _space("hyb-full-sw2", (_A2, _Ps), 2, kv_cache_groups=_full_sw(2), num_blocks=6, **short),
+        _space("hyb-full-sw4", (_A2, _Ps), 2, kv_cache_groups=_full_sw(4), num_blocks=6, **short),
+        _space("hyb-sw2-alone", (_A2, _B), 2, kv_cache_groups=(KVCacheGroup("sliding_window", 2),), num_blocks=4,
+               max_model_len=6, max_num_batched_tokens=3),
+    ))
+
+
+def _connector_hybrid() -> Bound:
+    # The connector with hybrid groups (full + sliding window of 1 block):
+    # loads write every group's blocks; a failure is the whole load's (vLLM
+    # raises on invalid_block_ids with more than one group). One request at
+    # a time: KWh and KSh fit max_model_len 4.
+    short: dict[str, Any] = dict(max_model_len=4, max_num_batched_tokens=3, kv_connector=True, kv_report_bound=2)
+    return Bound("connector-hybrid", (
+        _space("conn-hyb-async-fail", (_KWh, _KV), 1, kv_load_failure_policy="fail",
+               kv_cache_groups=_full_sw(2), num_blocks=6, **short),
+        _space("conn-hyb-sync-recompute", (_KSh, _KV), 1, kv_load_failure_policy="recompute",
+               kv_cache_groups=_full_sw(2), num_blocks=6, **short),
+    ))
+
+
 BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "large": _large, "modes": _modes,
-                                          "modes-large": _modes_large, "gates": _gates, "gates-large": _gates_large}
+                                          "modes-large": _modes_large, "gates": _gates, "gates-large": _gates_large,
+                                          "connector": _connector, "hybrid": _hybrid,
+                                          "connector-hybrid": _connector_hybrid, "kv-livelock": _kv_livelock}
 
 
 def bound(name: str) -> Bound:

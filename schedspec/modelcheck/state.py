@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedspec.spec.interface import SchedulerView
+from schedspec.spec.interface import RequestStatus, SchedulerView
 
 #: A canonical fingerprint: a nested tuple of ints, strings and None.
 Fingerprint = tuple[Any, ...]
@@ -31,9 +31,13 @@ class Canon:
     is ``num_computed_tokens // block_size`` with prefix caching on and 0
     with it off (docs/modelcheck.md, "Fingerprints")."""
 
-    def __init__(self, num_shapes: int, priority: bool, gated: bool = False, interval: int = 1) -> None:
+    def __init__(self, num_shapes: int, priority: bool, gated: bool = False, interval: int = 1,
+                 hybrid: bool = False) -> None:
         self.num_shapes = num_shapes
         self.priority = priority
+        #: a hybrid layout: each request's row adds every group's table
+        #: (RequestView.group_block_ids; group 0's is ``block_ids``)
+        self.hybrid = hybrid
         #: a space with an admission gate: the view's gate state is part of
         #: the fingerprint (the pause state, the encoder cache, the prefill
         #: cadence's counters); without one it is constant and left out
@@ -55,8 +59,9 @@ class Canon:
         rows = []
         for rid in ids:
             r = reqs.get(rid) or fin[rid]
-            rows.append((r.arrival % ns, r.status._value_, r.output_token_ids, r.num_computed_tokens,
-                         r.block_ids, r.num_preemptions > 0, r.num_output_placeholders, r.spec_token_ids))
+            row = (r.arrival % ns, r.status._value_, r.output_token_ids, r.num_computed_tokens,
+                   r.block_ids, r.num_preemptions > 0, r.num_output_placeholders, r.spec_token_ids)
+            rows.append(row + (r.group_block_ids,) if self.hybrid else row)
         if self.priority:
             # The PRIORITY waiting list is unordered (the head is the least
             # key); only the service order is observable.
@@ -140,10 +145,49 @@ def hidden_gate_state(s: object, v: SchedulerView) -> Fingerprint:
     return (grammar, tuple(sorted(rank[r] for r in deferred)), tuple(sorted(rank[r] for r in errors)), enc_part)
 
 
+def kv_key(v: SchedulerView, loads: Any, saves: Any, queue: Any, now: int, bound: int,
+           invalid: Any = None) -> Fingerprint:
+    """The KV connector's part of a fingerprint: the view's connector state
+    (the blocks finished requests hold, the loads reported done or failed
+    and not yet promoted) and the worker's (each asynchronous load in flight:
+    its range and blocks and its age in steps, capped at the report bound,
+    which forces its report; each save first seen pending and its age; the
+    reports queued and not yet meaningful), ids renamed by arrival rank (the
+    checker's ids ``r{k}`` sort by arrival), with the ranks of the requests
+    the view knows (tying it to the view's part). ``loads``: request id ->
+    (KVLoad, start step); ``saves``: request id -> first step; ``queue``:
+    the worker's events; ``now``: the last plan's step; ``invalid``: the
+    invalid blocks awaiting recomputation, as the invariants' History keeps
+    them (block -> (index, the requests excused)): what
+    invalid-block-not-computed judges a later transition by."""
+    ids: set[str] = set(v.requests) | set(v.finished) | set(v.kv_held_by_finished)
+    ids |= set(loads) | set(saves)
+    ids.update(e.request_id for e in queue)
+    for _, excused in (invalid or {}).values():
+        ids |= excused
+    rank = _ranks(ids)
+    known = sorted(set(v.requests) | set(v.finished), key=lambda r: (len(r), r))
+    return (
+        tuple(rank[x] for x in known),
+        tuple(sorted((rank[x], b) for x, b in v.kv_held_by_finished.items())),
+        tuple(rank[x] for x in v.kv_loads_done),
+        tuple(rank[x] for x in v.kv_loads_failed),
+        tuple(sorted((rank[x], ld.start, ld.end, ld.block_ids, ld.group_block_ids, ld.asynchronous,
+                      min(now - start, bound)) for x, (ld, start) in loads.items())),
+        tuple(sorted((rank[x], min(now - start, bound)) for x, start in saves.items())),
+        tuple((type(e).__name__, rank[e.request_id], getattr(e, "block_index", None)) for e in queue),
+        tuple(sorted((b, i, tuple(sorted(rank[x] for x in ex))) for b, (i, ex) in (invalid or {}).items())),
+    )
+
+
 def expected_memory(v: SchedulerView) -> dict[int, int]:
     """What the KV slots hold if the state tells the truth: every computed
-    position of an unfinished request holds its token, every keyed block
-    holds the last block of its key's tokens."""
+    position of an unfinished request holds its token (in every KV cache
+    group's table of a hybrid layout, but where a sliding-window group holds
+    the null block 0), every keyed block holds the last block of its key's
+    tokens. A request waiting for remote KV vouches for nothing: its
+    computed tokens are those its load will write (the worker writes them
+    when it reports the load)."""
     bs = v.kv.block_size
     mem: dict[int, int] = {}
     for b, (_, toks) in v.kv.block_keys.items():
@@ -153,9 +197,16 @@ def expected_memory(v: SchedulerView) -> dict[int, int]:
             mem[base + off] = tail[off]
     for r in v.requests.values():
         n = r.num_computed_tokens
-        if not n:
+        if not n or r.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
             continue
         toks = r.prompt_token_ids + r.output_token_ids
+        if r.group_block_ids:
+            for blocks in r.group_block_ids:
+                for pos in range(min(n, len(blocks) * bs, len(toks))):
+                    b = blocks[pos // bs]
+                    if b:
+                        mem[b * bs + pos % bs] = toks[pos]
+            continue
         blocks = r.block_ids
         for pos in range(min(n, len(blocks) * bs, len(toks))):
             mem[blocks[pos // bs] * bs + pos % bs] = toks[pos]

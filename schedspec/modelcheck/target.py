@@ -86,7 +86,16 @@ SHARED_MODULES: tuple[str, ...] = (
 
 
 def _is_shared(o: object) -> bool:
-    if isinstance(o, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+    if isinstance(o, types.MethodType):
+        # a bound method is shared only where its object is: one bound to
+        # the scheduler (an instance attribute wrapping one of its methods,
+        # as the vLLM adapter pins finish_requests) is copied with it
+        return _is_shared(o.__self__)
+    if isinstance(o, types.FunctionType) and o.__closure__:
+        # a closure is copied with what it captured (the vLLM adapter wraps
+        # the scheduler's finish_requests in one: deep_copy)
+        return False
+    if isinstance(o, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
         return True
     mod = type(o).__module__ or ""
     return mod.startswith(SHARED_MODULES)
@@ -106,7 +115,13 @@ def shared_objects(root: object, limit: int = 200_000) -> dict[int, object]:
         if _is_shared(o):
             shared[id(o)] = o
             continue
-        if isinstance(o, dict):
+        if isinstance(o, types.FunctionType):
+            for cell in o.__closure__ or ():
+                try:
+                    stack.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
+        elif isinstance(o, dict):
             stack.extend(o.keys())
             stack.extend(o.values())
         elif isinstance(o, (list, tuple, set, frozenset)):
@@ -160,7 +175,33 @@ def deep_copy(sched: object, shared: dict[int, object]) -> Any:
     Future copied in its state: _future_copy)."""
     if copyreg.dispatch_table.get(Future) is None:
         copyreg.pickle(Future, _future_copy)
-    return copy.deepcopy(sched, dict(shared))
+    dispatch: Any = getattr(copy, "_deepcopy_dispatch")
+    atomic = dispatch[types.FunctionType]
+    dispatch[types.FunctionType] = _closure_copy
+    try:
+        return copy.deepcopy(sched, dict(shared))
+    finally:
+        dispatch[types.FunctionType] = atomic
+
+
+def _closure_copy(f: types.FunctionType, memo: dict[int, Any]) -> types.FunctionType:
+    """A function for a deepcopy: a closure gets a new function whose cells
+    hold copies of what it captured (a closure over the scheduler copied
+    would still call the original's methods), any other function is itself
+    (copy's default)."""
+    if not f.__closure__:
+        return f
+    cells = []
+    for cell in f.__closure__:
+        try:
+            cells.append(types.CellType(copy.deepcopy(cell.cell_contents, memo)))
+        except ValueError:  # an empty cell
+            cells.append(cell)
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, tuple(cells))
+    g.__kwdefaults__ = f.__kwdefaults__
+    g.__dict__.update(f.__dict__)
+    memo[id(f)] = g
+    return g
 
 
 def copy_method(sched: object) -> CopyMethod:

@@ -145,7 +145,19 @@ def group_tables_cover(t: Transition, h: History) -> Iterator[Finding]:
                 yield rid, f"sliding-window group {g}'s null places {list(table)} are not a prefix"
             if r.status == _REMOTE:
                 continue  # its tokens are not computed until its load is reported
-            most = _skipped_blocks(r.num_computed_tokens, grp.sliding_window, bs)
+            computed = r.num_computed_tokens
+            if (
+                v.config.kv_connector
+                and r.status == RequestStatus.WAITING
+                and r.kv_external_tokens
+                and computed == r.num_tokens - 1
+            ):
+                # a promoted load of every token: its window was cut at the
+                # load's end (allocate_slots' remove_skipped_blocks at
+                # num_tokens), before _update_waiting_for_remote_kv set
+                # num_computed_tokens = num_tokens - 1
+                computed += 1
+            most = _skipped_blocks(computed, grp.sliding_window, bs)
             if k > most:
                 yield rid, (
                     f"sliding-window group {g} (window {grp.sliding_window}) freed {k} blocks, but with "

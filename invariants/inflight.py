@@ -292,6 +292,17 @@ def verified_frontier(t: Transition, h: History) -> Iterator[Finding]:
             continue  # finished, aborted, or preempted since: nothing verified to compare
         if any((x := p.get(a.request_id)) is not None and x.kind != ScheduleKind.RUNNING for p in t.in_flight):
             continue  # re-admitted since the step was scheduled: its output was stale
+        if (
+            t.after.config.kv_connector
+            and e.request_id in h.loads
+            and b.num_computed_tokens < e.num_computed_tokens + e.num_scheduled_tokens
+        ):
+            # async scheduling: an earlier update found this request's KV load
+            # failed and truncated its computed tokens after this step was
+            # scheduled (_update_requests_with_invalid_blocks); vLLM still
+            # appends this step's sample (failed_kv_load_req_ids is that
+            # update's own), ahead of the tokens it recomputes
+            continue
         frontier = a.num_computed_tokens - a.num_output_placeholders
         if frontier != a.num_tokens - 1:
             yield a.request_id, (

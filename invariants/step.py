@@ -823,7 +823,8 @@ def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     # and be admitted first (the view does not say whether it has compiled)
     ahead = waiting_order(t.before)
     ahead = ahead[: ahead.index(head) + 1] if head is not None else []
-    if head is not None and failed_load_blocks_reload(t.before, h, head):
+    if any(failed_load_blocks_reload(t.before, h, rid) for rid in t.before.waiting):
+        # served first (kv_holding_waiting), it stops the WAITING loop
         return
     if not t.before.running and head is not None and not set(ahead) & set(t.plan.scheduled_ids):
         yield head, "nothing was running, yet the head of the waiting queue was not admitted"

@@ -611,15 +611,22 @@ class Runner:
         if (f := self._compare("model output", dict(results))):
             return f
         failed: dict[str, int] = {}
+        own: set[str] = set()
         if self.workers:
             worker = self.workers[self.names[0]]
             self._count_kv(worker, plan)
-            # a request whose synchronous load failed in this plan: the
-            # scheduler discards its sample (vLLM skips it in update_from_output)
+            # a request whose synchronous load failed in this plan (and the
+            # plan's readers of its block): the scheduler discards its sample
+            # (vLLM skips it in update_from_output: failed_kv_load_req_ids)
             failed = dict(worker.last.sync_blocks)
-            tainted |= set(worker.last.sync_failed)
+            own = set(worker.last.sync_failed)
+            tainted |= own
         affected = tainted & set(plan.scheduled_ids)
-        self.pending.append(_Pending(step, plans, results, set(affected), failed, affected))
+        # a plan made before the update that reports the failure reads the
+        # unfilled block too (its context is not checked), but vLLM keeps its
+        # sample: failed_kv_load_req_ids is the reporting update's own
+        dropped = own & set(plan.scheduled_ids)
+        self.pending.append(_Pending(step, plans, results, dropped, failed, affected))
         if self.history is not None:
             self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]], results[self.names[0]],
                                            self.in_flight))

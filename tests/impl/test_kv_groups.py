@@ -4,14 +4,13 @@ group, with exact values, spec and impl side by side (tests.helpers.Twin)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping, Sequence
 
 import pytest
 
 import schedspec.check.oracle as oracle
 from schedspec.check.gate import run_workload
-from schedspec.check.workload import AddRequest, random_workload
+from schedspec.check.workload import random_workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec import SchedulerConfig
 from schedspec.spec.interface import KVCacheGroup, StepResult, group_block_key
@@ -108,19 +107,12 @@ def _lenient(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("mode", ["sync", "async", "spec", "async-spec"])
 def test_hybrid_and_connector_workloads_run_in_lockstep(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded workloads with hybrid groups and the connector (each draws a
-    subset), to quiescence; the model's context check and the spec's
-    one-token whole-prompt async load are set aside as in
+    subset), to quiescence; the model's context check is set aside as in
     tests/impl/test_connector_lockstep.py."""
     _lenient(monkeypatch)
     hybrid = 0
     for seed in range(8):
         w = random_workload(seed, 60, modes=(mode,), kv=("connector", "hybrid"))
-        events = [
-            AddRequest(dataclasses.replace(e.request, kv_external_tokens=0, kv_load_async=False))
-            if isinstance(e, AddRequest) and e.request.kv_load_async and len(e.request.prompt_token_ids) == 1 else e
-            for e in w.events
-        ]
-        w = dataclasses.replace(w, events=tuple(events))
         hybrid += w.config.is_hybrid
         _, failure = run_workload(w, {"spec": SpecScheduler, "impl": ImplScheduler}, oracle_seed=seed,
                                   invariants=[])

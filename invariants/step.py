@@ -23,6 +23,7 @@ from schedspec.invariants._util import (
     block_key,
     cdiv,
     effective_threshold,
+    holds_kv_blocks,
     is_prefix,
     kv_holding_prefix,
     queue_key,
@@ -659,13 +660,22 @@ def fcfs_admission_order(t: Transition, h: History) -> Iterator[Finding]:
 
 def _priority_queues(v: SchedulerView, h: History) -> list[list[str]]:
     """The live waiting requests as vLLM's queues in service order: without a
-    KV connector the one waiting queue; with one, kv_holding_waiting (up to
-    its last request holding blocks, kv_holding_prefix) and waiting."""
+    KV connector the one waiting queue; with one, kv_holding_waiting then
+    waiting, each a heap listed in order. Every request holding blocks
+    (holds_kv_blocks) is in the first; one promoted from an asynchronous load
+    with nothing computed (in the history's loads) may be in either, so the
+    split is put where the order restarts, if it can be."""
     live = [rid for rid in v.waiting if rid in v.requests]
     if not v.config.kv_connector:
         return [live]
-    held = set(kv_holding_prefix(v, h))
-    return [[r for r in live if r in held], [r for r in live if r not in held]]
+    strict = [i for i, rid in enumerate(live) if holds_kv_blocks(v, rid)]
+    maybe = set(kv_holding_prefix(v, h))
+    lo = strict[-1] + 1 if strict else 0
+    hi = next((i for i, rid in enumerate(live) if rid not in maybe), len(live))
+    keys = [queue_key(v.requests[rid]) for rid in live]
+    d = next((i for i in range(1, len(live)) if keys[i] < keys[i - 1]), None)
+    k = d if d is not None and lo <= d <= max(lo, hi) else lo
+    return [live[:k], live[k:]]
 
 
 @transition_invariant(
@@ -826,8 +836,27 @@ def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     if any(failed_load_blocks_reload(t.before, h, rid) for rid in t.before.waiting):
         # served first (kv_holding_waiting), it stops the WAITING loop
         return
+    if head is not None and _async_load_over_reserve(t.before, head):
+        return
     if not t.before.running and head is not None and not set(ahead) & set(t.plan.scheduled_ids):
         yield head, "nothing was running, yet the head of the waiting queue was not admitted"
+
+
+def _async_load_over_reserve(v: SchedulerView, rid: str) -> bool:
+    """Whether ``rid``'s asynchronous load, with speculative decoding, may
+    not fit the pool at all: vLLM admits a load only if it fits beside
+    reserved_blocks = _inflight_prefill_reserved_blocks() +
+    _spec_decode_step_blocks (scheduler.py, schedule()), which the pool's
+    max_model_len guarantee does not cover."""
+    cfg = v.config
+    r = v.requests.get(rid)
+    if r is None or not cfg.kv_connector or not cfg.num_speculative_tokens:
+        return False
+    if not r.kv_load_async or r.kv_external_tokens <= 0 or r.num_computed_tokens or r.block_ids:
+        return False
+    k, bs, g = cfg.num_speculative_tokens, cfg.block_size, len(cfg.groups)
+    need = cdiv(min(r.num_tokens, cfg.max_model_len) + 1 + k, bs) * g + cdiv(k, bs) * g
+    return need > v.kv.num_free_blocks
 
 
 def failed_load_blocks_reload(v: SchedulerView, h: History, rid: str) -> bool:
@@ -954,7 +983,10 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
     if cfg.policy == Policy.PRIORITY and preempted:
         return
     if entry is None:
-        if want > 0 and not defers_frees(cfg):
+        if want > 0 and not defers_frees(cfg) and not (preempted and kv_holds_pool(t)):
+            # (nor when it preempts itself while a KV connector holds blocks
+            # outside the running queue: a finished request's pending save, a
+            # load in flight; the pool then need not hold its whole sequence)
             # (with async scheduling and a KV connector, the head's allocation
             # may fail with the victim's free deferred: scheduler.py, schedule(),
             # "A deferred free will not help with immediate allocation")

@@ -434,11 +434,21 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     cap = 64 if "rising_priority" in f else 32 if "bursts" in f else 16
     steps = 0
 
-    def emit(event: Event) -> None:
-        events.append(event)
-        sim.apply(event)
+    stopped = False
 
-    while steps < num_steps:
+    def emit(event: Event) -> None:
+        # the simulation found a failure (the spec alone, no invariants: a
+        # crash or the fake model's kv-context): the workload ends with the
+        # event that shows it, so the check reports it (events after it could
+        # break the in-flight protocol the failed step left)
+        nonlocal stopped
+        if stopped:
+            return
+        events.append(event)
+        if sim.apply(event) is not None:
+            stopped = True
+
+    while steps < num_steps and not stopped:
         r = rng.random()
         if draining == 0 and (r < p_add or not spec.requests) and len(spec.requests) < cap:
             for _ in range(rng.choice([1, 2, 4, 8] if "bursts" in f else [1, 1, 2, 3])):

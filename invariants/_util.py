@@ -18,7 +18,7 @@ from schedspec.spec.interface import (
     StepPlan,
 )
 
-from schedspec.invariants.core import History, Transition
+from schedspec.invariants.transition import Transition
 
 
 def cdiv(a: int, b: int) -> int:
@@ -380,7 +380,7 @@ def holds_kv_blocks(view: SchedulerView, rid: str) -> bool:
     )
 
 
-def kv_holding_prefix(view: SchedulerView, h: History | None = None) -> list[str]:
+def kv_holding_prefix(view: SchedulerView, h: Any = None) -> list[str]:
     """The part of ``view.waiting`` that is kv_holding_waiting (listed
     first): up to its last request holding KV blocks or, given the history,
     promoted from an asynchronous load (WAITING after a load a plan started:

@@ -16,13 +16,9 @@ from typing import Callable, Iterable, Literal
 
 from schedspec.spec.interface import KVLoad, RequestSpec, RequestStatus, SchedulerView, StepPlan, StepResult
 
-#: The operations a transition can be: the five calls of the Scheduler
-#: protocol that change state, and the two optional gate calls, "pause"
-#: (set_pause_state, UNPAUSED included) and "grammar" (grammar_ready).
-TransitionKind = Literal["add", "abort", "schedule", "update", "reset", "pause", "grammar"]
-ALL_KINDS: frozenset[TransitionKind] = frozenset(
-    {"add", "abort", "schedule", "update", "reset", "pause", "grammar"}
-)
+from schedspec.invariants.transition import ALL_KINDS as ALL_KINDS
+from schedspec.invariants.transition import Transition as Transition
+from schedspec.invariants.transition import TransitionKind as TransitionKind
 
 #: What a check yields: the request it is about (or None) and what is wrong.
 Finding = tuple[str | None, str]
@@ -37,22 +33,6 @@ class Violation:
     def __str__(self) -> str:
         who = f" [{self.request_id}]" if self.request_id is not None else ""
         return f"{self.invariant_id}{who}: {self.message}"
-
-
-@dataclass(frozen=True)
-class Transition:
-    """One operation of a scheduler, as a driver observed it."""
-
-    kind: TransitionKind
-    before: SchedulerView  # view() before the operation
-    after: SchedulerView  # view() after it
-    plan: StepPlan | None = None  # "schedule": the plan returned; "update": the plan completed
-    result: StepResult | None = None  # "update" only
-    request: RequestSpec | None = None  # "add" only
-    request_id: str | None = None  # "abort" and "grammar" only
-    #: the plans awaiting update() after the operation, oldest first (with
-    #: async scheduling one may stay in flight across operations)
-    in_flight: tuple[StepPlan, ...] = ()
 
 
 @dataclass

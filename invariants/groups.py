@@ -34,7 +34,7 @@ from schedspec.invariants._util import (
     tables,
 )
 from schedspec.invariants.core import Finding, History, Transition, transition_invariant
-from schedspec.invariants.step import _own_live_entries, promoted_blocks
+from schedspec.invariants.step import own_live_entries, promoted_blocks
 
 _REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
 _NEEDS = ("hybrid_kv",)
@@ -215,7 +215,7 @@ def groups_prefix_hit_valid(t: Transition, h: History) -> Iterator[Finding]:
         e.request_id: {
             x
             for tab in tables(e)
-            for f in _own_live_entries(e, t)
+            for f in own_live_entries(e, t)
             for j, x in enumerate(tab)
             if f.num_computed_tokens < (j + 1) * bs <= f.num_computed_tokens + f.num_scheduled_tokens
         }

@@ -428,7 +428,7 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
             e.block_ids[j]
             for e in t.plan.scheduled
             if e.request_id != rid
-            for f in _own_live_entries(e, t)
+            for f in own_live_entries(e, t)
             for j in range(len(e.block_ids))
             if f.num_computed_tokens < (j + 1) * bs <= f.num_computed_tokens + f.num_scheduled_tokens
         }
@@ -470,7 +470,7 @@ def promoted_blocks(t: Transition) -> set[int]:
     return out
 
 
-def _own_live_entries(e: ScheduledRequest, t: Transition) -> list[ScheduledRequest]:
+def own_live_entries(e: ScheduledRequest, t: Transition) -> list[ScheduledRequest]:
     """The entry ``e`` of this step's plan and the entries of the same
     request in the plans still in flight from its current admission on (the
     stale ones, from before a preemption, left out)."""

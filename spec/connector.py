@@ -38,7 +38,7 @@ from schedspec.spec.kv_cache import KVPool
 from schedspec.spec.rules import blocks_for_tokens
 
 if TYPE_CHECKING:
-    from schedspec.spec.scheduler import _Request
+    from schedspec.spec.request_state import RequestState as _Request
 
 
 # ---------------------------------------------------------------- the modelled connector

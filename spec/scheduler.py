@@ -91,6 +91,7 @@ from schedspec.spec.connector import (
     request_finished_delays_free,
 )
 from schedspec.spec.kv_cache import EncoderCache, KVPool
+from schedspec.spec.request_state import RequestState as _Request
 from schedspec.spec.kv_groups import GroupLayout
 from schedspec.spec.protocol import (
     check_abort,
@@ -121,107 +122,6 @@ from schedspec.spec.rules import (
 )
 
 _new = object.__new__
-
-
-@dataclass
-class _Request:
-    """One unfinished request, with vLLM's field names (vllm/v1/request.py,
-    Request)."""
-
-    spec: RequestSpec
-    status: RequestStatus = RequestStatus.WAITING
-    output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    blocks: list[int] = field(default_factory=list)  # the block table
-    num_cached_blocks: int = 0  # blocks of the table already given a key
-    num_preemptions: int = 0
-    # Speculative decoding: the drafts for the next step (-1 = a placeholder
-    # whose id only the model runner knows).
-    spec_token_ids: list[int] = field(default_factory=list)
-    # Async scheduling: output tokens in flight, already in num_computed_tokens.
-    num_output_placeholders: int = 0
-    # Tokens scheduled in steps not yet updated (every plan in flight).
-    num_in_flight_tokens: int = 0
-    # Of those, the tokens of steps scheduled before the last preemption:
-    # their output is stale (delivered, or dropped if drop_stale_output).
-    num_stale_output_tokens: int = 0
-    drop_stale_output: bool = False
-    # Whether the last step scheduled for it stopped short of its known and
-    # in-flight tokens (vLLM's is_prefill_chunk, set after each schedule).
-    is_prefill_chunk: bool = False
-    # Structured outputs: None while the grammar compiles, then whether it
-    # compiled (vLLM: structured_output_request.grammar, or an Exception).
-    grammar: bool | None = None
-    # defer_block_free: the sched_step_seq of the last step that scheduled it
-    last_sched_seq: int = 0
-    # Hybrid KV cache groups (spec/kv_groups.py): the tables of groups 1.. (group
-    # 0's is ``blocks``), how many leading blocks of each have a key, whether
-    # the layout is hybrid (views carry every table), and the shared-prefix
-    # junction of its last prefix lookup (Request.shared_prefix_boundary).
-    group_blocks: list[list[int]] = field(default_factory=list)
-    group_num_cached: list[int] = field(default_factory=list)
-    hybrid: bool = False
-    shared_prefix_boundary: int = 0
-
-    @property
-    def request_id(self) -> str:
-        return self.spec.request_id
-
-    @property
-    def all_token_ids(self) -> tuple[int, ...]:
-        return self.spec.prompt_token_ids + tuple(self.output_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
-
-    def block_key(self, block_index: int, block_size: int) -> BlockKey:
-        """The content key of this request's block ``block_index`` (vLLM:
-        ``request.block_hashes[block_index]``, a chained hash of the same
-        tokens)."""
-        end = (block_index + 1) * block_size
-        return (self.spec.block_identity(end), self.all_token_ids[:end])
-
-    def set_status(self, new: RequestStatus) -> None:
-        assert is_legal_transition(self.status, new), f"{self.request_id}: {self.status} -> {new}"
-        self.status = new
-
-    def copy(self) -> _Request:
-        """An independent copy: the lists are copied, the frozen spec shared."""
-        new: _Request = _new(_Request)
-        d = new.__dict__
-        d.update(self.__dict__)
-        d["output_token_ids"] = self.output_token_ids[:]
-        d["blocks"] = self.blocks[:]
-        d["spec_token_ids"] = self.spec_token_ids[:]
-        d["group_blocks"] = [t[:] for t in self.group_blocks]
-        d["group_num_cached"] = self.group_num_cached[:]
-        return new
-
-    def group_block_ids(self) -> tuple[tuple[int, ...], ...]:
-        """Every group's table in group order for a hybrid layout, () otherwise
-        (ScheduledRequest.group_block_ids, RequestView.group_block_ids); a
-        finished request has none."""
-        if not self.hybrid or self.status.is_finished:
-            return ()
-        return (tuple(self.blocks), *(tuple(t) for t in self.group_blocks))
-
-    def view(self) -> RequestView:
-        return RequestView.of(
-            self.spec,
-            status=self.status,
-            output_token_ids=tuple(self.output_token_ids),
-            num_computed_tokens=self.num_computed_tokens,
-            block_ids=tuple(self.blocks),
-            num_preemptions=self.num_preemptions,
-            num_output_placeholders=self.num_output_placeholders,
-            spec_token_ids=tuple(self.spec_token_ids),
-            group_block_ids=self.group_block_ids(),
-        )
-
-    def view_with_cadence(self) -> RequestView:
-        """The view, with is_prefill_chunk as the prefill cadence reads it."""
-        return dataclasses.replace(self.view(), is_prefill_chunk=self.is_prefill_chunk)
 
 
 @dataclass

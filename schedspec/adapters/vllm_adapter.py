@@ -1148,7 +1148,9 @@ class VllmScheduler:
         for r in sched.kv_holding_waiting:
             if any(self._group_tables(r.request_id)):
                 return f"waiting request {r.request_id!r} holds blocks for a KV load"
-        if sched.deferred_frees or not all(sched._request_blocks_can_be_freed(r) for r in sched.running):
+        # Scheduler._request_blocks_can_be_freed, read through its public fields
+        fenced = sched.defer_block_free and any(r.last_sched_seq > sched.processed_step_seq for r in sched.running)
+        if sched.deferred_frees or fenced:
             return "a step in flight still writes blocks whose free is deferred (defer_block_free)"
         return None
 

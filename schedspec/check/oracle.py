@@ -442,7 +442,7 @@ class FakeModel:
 
 
 @dataclass
-class _AsyncLoad:
+class AsyncLoad:
     """An asynchronous load the worker has started and not reported."""
 
     load: KVLoad
@@ -514,7 +514,7 @@ class KVWorker:
         #: (KVEvent items; typed Any so a caller may splice in other event lists it filters)
         self.queue: list[Any] = []
         #: request id -> its asynchronous load in flight
-        self.loads: dict[str, _AsyncLoad] = {}
+        self.loads: dict[str, AsyncLoad] = {}
         #: request id -> the step whose plan first saw it held for a save
         self.saves: dict[str, int] = {}
         #: step -> the requests its result reported (loads and saves), until updated
@@ -555,7 +555,7 @@ class KVWorker:
         for load in plan.kv_loads:
             rid = load.request_id
             if load.asynchronous:
-                self.loads[rid] = _AsyncLoad(load, plan.step)
+                self.loads[rid] = AsyncLoad(load, plan.step)
                 continue
             failed = next((e for e in self.queue if isinstance(e, KVLoadFailed) and e.request_id == rid), None)
             upto: int | None = None

@@ -602,7 +602,8 @@ class Expander:
             return succ
         assert succ.kv is not None
         kv = dataclasses.replace(succ.kv, invalid=dict(h.invalid_blocks))
-        return succ._replace(fingerprint=self.full_fingerprint(succ.view, None, succ.state, False, kv), kv=kv)
+        fp = self.full_fingerprint(succ.view, None, succ.state, False, kv)
+        return Successor(succ.state, succ.view, fp, succ.adds, succ.memory, succ.flight, succ.clear, succ.tflight, kv)
 
     def _apply_kv(self, s: SpecScheduler, code: int, before: SchedulerView, world: KVWorld, adds: int,
                   impl: Any = None) -> Successor | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedspec.check.oracle import FakeModel, KVWorker, _AsyncLoad
+from schedspec.check.oracle import FakeModel, KVWorker, AsyncLoad
 from schedspec.check.workload import KVLoadDone, KVLoadFailed, KVSaveDone
 from schedspec.modelcheck.events import KV_OPS, Alphabet
 from schedspec.spec.interface import KVLoad, RequestStatus, SchedulerConfig, SchedulerView
@@ -65,7 +65,7 @@ class KVWorld:
     def worker(self, config: SchedulerConfig, model: FakeModel | None, bound: int) -> KVWorker:
         """A worker in this state (its own copies), writing into ``model``."""
         w = KVWorker(config, model, bound)
-        w.loads = {rid: _AsyncLoad(load, start) for rid, (load, start) in self.loads.items()}
+        w.loads = {rid: AsyncLoad(load, start) for rid, (load, start) in self.loads.items()}
         w.saves = dict(self.saves)
         w.queue = list(self.queue)
         w.prompts = dict(self.prompts)

@@ -1147,7 +1147,13 @@ class KVRequests:
                 elif r < 0.8:
                     self.due.append((rng.choice((0, 1, 2)), Abort(rid)))
                 # else: the bounded wait reports it
-            elif r < 0.3:
+            elif r < 0.3 and not self.config.async_scheduling:
+                # With async scheduling vLLM never gives back the output
+                # placeholder of a request whose output it skipped after a
+                # failed synchronous load: later plans carry a -1 that no
+                # output fills (docs/divergences.md). The generator leaves
+                # that combination out so the default check stays on what a
+                # model runner can execute; replayed traces may still hold it.
                 self.due.append((0, KVLoadFailed(rid, rng.choice((None, rng.randrange(blocks))))))
         if out.kv_save_async and rng.random() < 0.5:
             self.due.append((rng.randint(1, 12), KVSaveDone(rid)))

@@ -867,20 +867,29 @@ def failed_load_blocks_reload(v: SchedulerView, h: History, rid: str) -> bool:
     _inflight_prefill_reserved_blocks counts its own whole need in the
     reservation its next asynchronous load must leave free: with fewer free
     blocks than twice that need it is never admitted again."""
+    need = failed_load_reservation(v, h, rid)
+    return need > 0 and 2 * need > v.kv.num_free_blocks
+
+
+def failed_load_reservation(v: SchedulerView, h: History, rid: str) -> int:
+    """The blocks vLLM 0.33 keeps reserved for request ``rid`` whose
+    asynchronous load failed whole under "recompute" (it lingers in
+    _inflight_prefills with no computed token and no block:
+    failed_load_blocks_reload), or 0 when ``rid`` is not such a request.
+    The reservation holds back every admission, not only its own reload."""
     r = v.requests.get(rid)
     load = h.loads.get(rid)
     cfg = v.config
     if r is None or load is None or not load.asynchronous or cfg.kv_load_failure_policy != "recompute":
-        return False
+        return 0
     if r.status != RequestStatus.WAITING or r.num_computed_tokens or r.block_ids or not r.kv_load_async:
-        return False
+        return 0
     if r.kv_external_tokens <= 0:
-        return False
+        return 0
     n = min(len(r.prompt_token_ids) + len(r.output_token_ids), cfg.max_model_len)
     if cfg.num_speculative_tokens:
         n += 1 + cfg.num_speculative_tokens
-    need = cdiv(n, cfg.block_size) * len(cfg.groups)
-    return 2 * need > v.kv.num_free_blocks
+    return cdiv(n, cfg.block_size) * len(cfg.groups)
 
 
 @transition_invariant(
@@ -893,7 +902,9 @@ def failed_load_blocks_reload(v: SchedulerView, h: History, rid: str) -> bool:
     "break on max_num_active_reqs, on a prompt over the budget without chunked prefill, or when "
     "kv_cache_manager.allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl) returns None; "
     "it stands aside for a head with an external prefix, while KV loads hold blocks (the load's "
-    "blocks and _inflight_prefill_reserved_blocks are not what it counts) and for hybrid layouts "
+    "blocks and _inflight_prefill_reserved_blocks are not what it counts), while a request whose "
+    "asynchronous load failed whole under \"recompute\" lingers in _inflight_prefills (vLLM 0.33's "
+    "stale reservation, docs/divergences.md) and for hybrid layouts "
     "(the coordinator's summed get_num_blocks_to_allocate and hit are not what it counts).",
     _SCHED,
     tags=("policy:vllm-step",),
@@ -913,6 +924,8 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
         return  # an encoder input beyond the budget or the cache may stop it
     if kv_holds_pool(t) or t.after.requests[head].kv_external_tokens:
         return  # a load's blocks and reservation are not what admission_fits counts
+    if any(failed_load_reservation(t.after, h, rid) for rid in t.after.waiting):
+        return  # vLLM's stale reservation of a failed load holds admissions back (failed_load_blocks_reload)
     if cfg.is_hybrid:
         return  # admission_fits counts one full-attention group's blocks and hit
     why = admission_fits(t.after, t.after.requests[head], left, effective_threshold(t.before))

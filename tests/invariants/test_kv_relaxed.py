@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -316,3 +317,21 @@ def test_vllm_agrees_on_the_shrunk_counterexamples(name: str) -> None:
 
     load_vllm()
     assert _replay(name, {"spec": SpecScheduler, "vllm": VllmScheduler}) is None
+
+
+VLLM_DEFECTS = sorted((Path(__file__).resolve().parents[2] / "vectors" / "vllm-defects").glob("*.jsonl"))
+
+
+@pytest.mark.parametrize("path", VLLM_DEFECTS, ids=[p.stem for p in VLLM_DEFECTS])
+@pytest.mark.parametrize("against", ["spec", "impl"])
+def test_vllm_defect_traces_replay_with_every_invariant(path: Path, against: str) -> None:
+    """The traces of vLLM 0.33 defects the check found (docs/divergences.md)
+    replay with every invariant on: the invariants name the defect's
+    situation rather than fail the gate on it. The reservation trace is the
+    main job's seed 25: a whole failed asynchronous load under "recompute"
+    lingers in _inflight_prefills and its reservation holds back the
+    admission of another request (work-conserving-admission fired on it)."""
+    from schedspec.cli.main import main
+
+    assert main(["replay", str(path), "--against", against, "--invariants", "all"]) == 0
+

@@ -536,28 +536,25 @@ def _parse_kv_event(where: tuple[str, int], op: str, obj: dict[str, Any], state:
     return KVLoadFailed(rid, index)
 
 
-def _check_kv(path: str, line: int, declared: object, workload: Workload) -> None:
-    """The header's kv (when given) must name every KV feature the workload uses."""
+def _check_declared(path: str, line: int, field: str, declared: object, used: list[str], what: str) -> None:
+    """The header's ``field`` (when given) must name every ``what`` the
+    workload uses (``used``): the gates, or the KV features."""
     if declared is None:
         return
     assert isinstance(declared, list)
-    missing = [k for k in kv_of(workload.config, workload.events) if k not in declared]
+    missing = [u for u in used if u not in declared]
     if missing:
-        raise TraceError(path, line, "kv",
-                         f"the trace uses the KV feature(s) {', '.join(missing)}, which the header does not list "
+        raise TraceError(path, line, field,
+                         f"the trace uses the {what} {', '.join(missing)}, which the header does not list "
                          f"(it lists {', '.join(declared) or 'none'})")
+
+
+def _check_kv(path: str, line: int, declared: object, workload: Workload) -> None:
+    _check_declared(path, line, "kv", declared, list(kv_of(workload.config, workload.events)), "KV feature(s)")
 
 
 def _check_gates(path: str, line: int, declared: object, workload: Workload) -> None:
-    """The header's gates (when given) must name every gate the workload uses."""
-    if declared is None:
-        return
-    assert isinstance(declared, list)
-    missing = [g for g in gates_of(workload.config, workload.events) if g not in declared]
-    if missing:
-        raise TraceError(path, line, "gates",
-                         f"the trace uses the gate(s) {', '.join(missing)}, which the header does not list "
-                         f"(it lists {', '.join(declared) or 'none'})")
+    _check_declared(path, line, "gates", declared, list(gates_of(workload.config, workload.events)), "gate(s)")
 
 
 def loads(text: str, path: str = "<trace>") -> Trace:

@@ -21,6 +21,7 @@ from schedspec.spec.errors import ConfigError as ConfigError
 from schedspec.spec.errors import ProtocolError as ProtocolError
 from schedspec.spec.errors import RequestError as RequestError
 from schedspec.spec.errors import SchedSpecError as SchedSpecError
+from schedspec.spec.validate import KV_GROUP_KINDS as KV_GROUP_KINDS
 from schedspec.spec.validate import validate_config, validate_request
 
 # --------------------------------------------------------------------------
@@ -173,11 +174,6 @@ class ScheduleKind(enum.Enum):
 # --------------------------------------------------------------------------
 
 
-#: The attention kinds a KV cache group may have (vllm/v1/kv_cache_interface.py:
-#: FullAttentionSpec, SlidingWindowSpec).
-KV_GROUP_KINDS = ("full_attention", "sliding_window")
-
-
 @dataclass(frozen=True)
 class KVCacheGroup:
     """One KV cache group of a hybrid model (vLLM's KVCacheGroupSpec with its
@@ -187,7 +183,12 @@ class KVCacheGroup:
     FullAttentionManager) or ``"sliding_window"`` (a token attends the last
     ``sliding_window`` positions; blocks wholly before that window are freed
     and replaced by the null block 0 in the request's table:
-    SlidingWindowManager, remove_skipped_blocks). ``block_size`` 0 means the
+    SlidingWindowManager, remove_skipped_blocks) or ``"chunked_local"``
+    (chunked local attention: positions are cut into chunks of
+    ``attention_chunk_size`` tokens and a token attends only the earlier
+    positions of its own chunk; blocks wholly before the chunk of the next
+    token are freed and nulled: ChunkedLocalAttentionManager,
+    get_num_skipped_tokens). ``block_size`` 0 means the
     config's ``block_size``; the modelled layouts give every group the
     config's block size (vLLM requires each cacheable group's block size to be
     a multiple of the hash block size, HybridKVCacheCoordinator.__init__), so
@@ -199,11 +200,14 @@ class KVCacheGroup:
     kind: str = "full_attention"
     sliding_window: int = 0
     block_size: int = 0
+    attention_chunk_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
         if self.sliding_window:
             out["sliding_window"] = self.sliding_window
+        if self.attention_chunk_size:
+            out["attention_chunk_size"] = self.attention_chunk_size
         if self.block_size:
             out["block_size"] = self.block_size
         return out
@@ -214,13 +218,14 @@ class KVCacheGroup:
             return data
         if not isinstance(data, Mapping):
             raise ConfigError(where, f"must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"kind", "sliding_window", "block_size"})
+        unknown = sorted(set(data) - {"kind", "sliding_window", "block_size", "attention_chunk_size"})
         if unknown:
             raise ConfigError(f"{where}.{unknown[0]}", "unknown field")
         return cls(
             kind=data.get("kind", "full_attention"),
             sliding_window=data.get("sliding_window", 0),
             block_size=data.get("block_size", 0),
+            attention_chunk_size=data.get("attention_chunk_size", 0),
         )
 
 

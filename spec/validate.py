@@ -191,6 +191,11 @@ _NON_NEGATIVE_FIELDS = (
 #: The most KV cache groups a modelled layout has.
 MAX_KV_CACHE_GROUPS = 4
 
+#: The attention kinds a KV cache group may have (spec/interface.py re-exports
+#: it): vllm/v1/kv_cache_interface.py, FullAttentionSpec, SlidingWindowSpec,
+#: ChunkedLocalAttentionSpec.
+KV_GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local")
+
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
 
@@ -226,6 +231,10 @@ def _check_groups_fit(config: ConfigFields) -> None:
         window = getattr(g, "sliding_window", 0)
         if getattr(g, "kind", None) == "sliding_window":
             need.append(-(-min(window - 1 + in_flight, mml) // bs) + 1)
+        elif getattr(g, "kind", None) == "chunked_local":
+            # ChunkedLocalAttentionSpec.max_admission_blocks_per_request: one
+            # chunk and every token in flight, at most max_model_len.
+            need.append(-(-min(getattr(g, "attention_chunk_size", 0) + in_flight, mml) // bs))
         else:
             need.append(-(-mml // bs))
     if sum(need) > config.num_blocks - 1:
@@ -257,11 +266,27 @@ def _check_kv_fields(config: ConfigFields, group_type: type | None) -> None:
         kind = getattr(g, "kind", None)
         window = getattr(g, "sliding_window", None)
         bs = getattr(g, "block_size", None)
-        if kind not in ("full_attention", "sliding_window"):
-            raise ConfigError(f"{name}.kind", f"must be 'full_attention' or 'sliding_window', got {kind!r}")
-        if not is_int(window) or not is_int(bs):
-            raise ConfigError(name, f"sliding_window and block_size must be integers, got {window!r}, {bs!r}")
-        assert isinstance(window, int) and isinstance(bs, int)
+        chunk = getattr(g, "attention_chunk_size", 0)
+        if kind not in KV_GROUP_KINDS:
+            raise ConfigError(
+                f"{name}.kind", f"must be one of {', '.join(repr(k) for k in KV_GROUP_KINDS)}, got {kind!r}"
+            )
+        if not is_int(window) or not is_int(bs) or not is_int(chunk):
+            raise ConfigError(
+                name,
+                f"sliding_window, attention_chunk_size and block_size must be integers, got {window!r}, {chunk!r}, {bs!r}",
+            )
+        assert isinstance(window, int) and isinstance(bs, int) and isinstance(chunk, int)
+        # vllm/v1/kv_cache_interface.py, ChunkedLocalAttentionSpec: a chunk of
+        # at least one token; only a chunked-local group has one.
+        if kind == "chunked_local" and chunk < 1:
+            raise ConfigError(
+                f"{name}.attention_chunk_size", f"a chunked-local group needs a chunk >= 1 token, got {chunk}"
+            )
+        if kind != "chunked_local" and chunk != 0:
+            raise ConfigError(f"{name}.attention_chunk_size", f"a {kind} group has no attention chunk, got {chunk}")
+        if kind == "chunked_local" and window != 0:
+            raise ConfigError(f"{name}.sliding_window", f"a chunked-local group has no window, got {window}")
         # vllm/v1/kv_cache_interface.py, SlidingWindowSpec: a window of at
         # least one token; a full-attention group has none.
         if kind == "sliding_window" and window < 1:

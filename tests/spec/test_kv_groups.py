@@ -410,7 +410,7 @@ def test_a_finished_request_has_no_group_tables() -> None:
     [
         ((SW(0),), "kv_cache_groups[0].sliding_window", "needs a window >= 1"),
         ((KVCacheGroup(sliding_window=3),), "kv_cache_groups[0].sliding_window", "has no window"),
-        ((KVCacheGroup(kind="mamba"),), "kv_cache_groups[0].kind", "must be 'full_attention' or 'sliding_window'"),
+        ((KVCacheGroup(kind="mamba"),), "kv_cache_groups[0].kind", "must be one of 'full_attention', 'sliding_window', 'chunked_local'"),
         ((KVCacheGroup(block_size=6),), "kv_cache_groups[0].block_size", "multiple of the hash block size"),
         ((KVCacheGroup(block_size=8),), "kv_cache_groups[0].block_size", "differs from block_size"),
         ((FA,) * 5, "kv_cache_groups", "beyond the supported maximum 4"),

@@ -225,7 +225,8 @@ class KVPool:
         self, key_of: Callable[[int], BlockKey], max_length: int
     ) -> tuple[list[list[int]], int, int]:
         """The coordinator's find_longest_cache_hit: each group's hit blocks
-        (a sliding-window group's with the null block before its run), the
+        (a sliding-window group's with the null block before its run, a
+        chunked-local group's with it before the chunk start), the
         hit length in tokens, valid in every group, and the uncached common
         prefix (HybridKVCacheCoordinator; 0 for UnitaryKVCacheCoordinator).
         With caching off (KVCacheCoordinatorNoPrefixCache) nothing hits."""
@@ -255,9 +256,9 @@ class KVPool:
         total = 0
         for g, (group, table) in enumerate(zip(lay.groups, self.tables(req))):
             cap = lay.admission_caps[g]
-            self.rules["kv_groups.admission_capped"] += (  # pragma: no mutate
-                apply_admission_cap and cap is not None and cdiv(num_tokens, lay.block_size) > cap
-            )
+            capped = apply_admission_cap and cap is not None and cdiv(num_tokens, lay.block_size) > cap
+            self.rules["kv_groups.admission_capped"] += capped and group.kind == "sliding_window"  # pragma: no mutate
+            self.rules["kv_groups.chunk_admission_capped"] += capped and group.kind == "chunked_local"  # pragma: no mutate
             total += blocks_to_allocate(
                 group, lay.block_size, lay.admission_caps[g], len(table), num_tokens,
                 new_computed[g] if new_computed else (), self._num_evictable,
@@ -281,7 +282,8 @@ class KVPool:
             assert not tables[g], "a request takes its hit before it has blocks"
             skipped = num_skipped_tokens(group, total) // bs
             kept = list(new_computed[g][skipped:]) if new_computed else []
-            self.rules["kv_groups.hit_skipped_in_window"] += skipped > 0  # pragma: no mutate
+            self.rules["kv_groups.hit_skipped_in_window"] += skipped > 0 and group.kind == "sliding_window"  # pragma: no mutate
+            self.rules["kv_groups.hit_skipped_in_chunk"] += skipped > 0 and group.kind == "chunked_local"  # pragma: no mutate
             if self.enable_caching:
                 self.touch(kept)
             tables[g].extend([NULL_BLOCK] * skipped + kept)
@@ -304,7 +306,8 @@ class KVPool:
 
     def remove_skipped_blocks(self, req: GroupTables, processed_computed_tokens: int) -> None:
         """KVCacheCoordinator.remove_skipped_blocks: each sliding-window group
-        frees the blocks wholly before the window of its next token
+        frees the blocks wholly before the window of its next token, each
+        chunked-local group those wholly before the chunk of its next token
         (kv_groups.skipped_blocks_to_free), null block in their places;
         BlockPool.free_blocks gets them last skipped first."""
         lay = self.layout
@@ -313,7 +316,8 @@ class KVPool:
             if skipped <= 0:
                 continue
             freed = skipped_blocks_to_free(table, skipped, lay.block_size)
-            self.rules["kv_groups.window_freed"] += len(freed) > 0  # pragma: no mutate
+            self.rules["kv_groups.window_freed"] += len(freed) > 0 and group.kind == "sliding_window"  # pragma: no mutate
+            self.rules["kv_groups.chunk_freed"] += len(freed) > 0 and group.kind == "chunked_local"  # pragma: no mutate
             if freed:
                 self.free_blocks(freed)
 
@@ -325,7 +329,8 @@ class KVPool:
         key (block i: ``group_block_key(key_of(i), g)``), in table order; the
         null block never; a sliding-window group only the blocks its mask
         keeps (kv_groups.sliding_window_cache_mask, with the replay boundary
-        num_prompt_tokens - 1 and the request's shared-prefix junction)."""
+        num_prompt_tokens - 1 and the request's shared-prefix junction); a
+        chunked-local group every one (the base reachable_block_mask: None)."""
         if not self.enable_caching:
             return
         lay, bs = self.layout, self.layout.block_size

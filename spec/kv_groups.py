@@ -14,13 +14,18 @@ vLLM sources (paths under vllm/v1/core/):
   allocate_external_computed_blocks, allocate_new_blocks, cache_blocks,
   _remove_blocks_in_range, remove_skipped_blocks, pop_blocks_for_free),
   FullAttentionManager and SlidingWindowManager (find_longest_cache_hit,
-  get_num_skipped_tokens, reachable_block_mask);
-- vllm/v1/kv_cache_interface.py: SlidingWindowSpec.max_admission_blocks_per_request.
+  get_num_skipped_tokens, reachable_block_mask), ChunkedLocalAttentionManager
+  (find_longest_cache_hit, get_num_skipped_tokens; everything else is the
+  base class's: it caches every full block and frees like a sliding window),
+  get_manager_for_kv_cache_spec (the admission caps);
+- vllm/v1/kv_cache_interface.py: SlidingWindowSpec and
+  ChunkedLocalAttentionSpec, max_admission_blocks_per_request.
 
 The pool they all draw from is spec/kv_cache.py's KVPool (vLLM's one
 BlockPool); KVPool's coordinator methods call these functions, and the
 request's tables live on the request (group 0's is its ``blocks``). The
-null block 0 stands in a sliding-window table for every block it freed.
+null block 0 stands in a sliding-window or chunked-local table for every
+block it freed (or a hit skipped).
 
 The modelled layouts: every group has the config's block size (so the hash
 block size, the scheduler block size and each group's block size are one
@@ -39,7 +44,7 @@ from schedspec.spec.interface import KVCacheGroup, SchedulerConfig
 from schedspec.spec.rules import cdiv
 
 #: The null block: never pooled, stands for a freed (skipped) block in a
-#: sliding-window table (BlockPool.null_block).
+#: sliding-window or chunked-local table (BlockPool.null_block).
 NULL_BLOCK = 0
 
 #: CacheConfig.prefix_cache_retention_interval's default (vllm/config/cache.py),
@@ -56,11 +61,13 @@ Lookup = Callable[[int], "list[int] | None"]
 @dataclass(frozen=True)
 class SpecGroup:
     """Groups with one spec, looked up together (kv_cache_coordinator.py,
-    SpecGroup): their kind, window, and group ids in group order."""
+    SpecGroup): their kind, window, group ids in group order, and attention
+    chunk (0 unless chunked local)."""
 
     kind: str
     window: int
     group_ids: tuple[int, ...]
+    chunk: int = 0
 
     @property
     def is_full(self) -> bool:
@@ -75,8 +82,8 @@ class GroupLayout:
     groups: tuple[KVCacheGroup, ...]
     block_size: int
     enable_caching: bool
-    #: per group, SlidingWindowSpec.max_admission_blocks_per_request (None
-    #: for full attention: no cap)
+    #: per group, SlidingWindowSpec's or ChunkedLocalAttentionSpec's
+    #: max_admission_blocks_per_request (None for full attention: no cap)
     admission_caps: tuple[int | None, ...]
 
     @classmethod
@@ -86,13 +93,10 @@ class GroupLayout:
     @classmethod
     def of(cls, config: SchedulerConfig) -> GroupLayout:
         """vllm/config/vllm.py, VllmConfig.max_in_flight_tokens: one batch per
-        concurrent step, two with async scheduling."""
+        concurrent step, two with async scheduling; get_manager_for_kv_cache_spec
+        gives a sliding-window and a chunked-local manager their spec's cap."""
         in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
-        caps = tuple(
-            admission_cap(g.sliding_window, config.block_size, in_flight, config.max_model_len)
-            if g.kind == "sliding_window" else None
-            for g in config.groups
-        )
+        caps = tuple(group_admission_cap(g, config.block_size, in_flight, config.max_model_len) for g in config.groups)
         return cls(config.groups, config.block_size, config.enable_prefix_caching, caps)
 
     @property
@@ -110,12 +114,12 @@ class GroupLayout:
     @property
     def spec_groups(self) -> tuple[SpecGroup, ...]:
         """HybridKVCacheCoordinator.verify_and_split_kv_cache_groups: groups
-        of equal spec merged in order of first appearance, then full
-        attention first (a stable sort)."""
-        merged: dict[tuple[str, int], list[int]] = {}
+        of equal spec (kind, window, chunk) merged in order of first
+        appearance, then full attention first (a stable sort)."""
+        merged: dict[tuple[str, int, int], list[int]] = {}
         for i, g in enumerate(self.groups):
-            merged.setdefault((g.kind, g.sliding_window), []).append(i)
-        out = [SpecGroup(kind, w, tuple(ids)) for (kind, w), ids in merged.items()]
+            merged.setdefault((g.kind, g.sliding_window, g.attention_chunk_size), []).append(i)
+        out = [SpecGroup(kind, w, tuple(ids), chunk) for (kind, w, chunk), ids in merged.items()]
         out.sort(key=lambda s: not s.is_full)
         return tuple(out)
 
@@ -134,15 +138,44 @@ def admission_cap(window: int, block_size: int, max_in_flight_tokens: int, max_m
     return cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1
 
 
+def chunked_local_admission_cap(chunk: int, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int:
+    """ChunkedLocalAttentionSpec.max_admission_blocks_per_request: the blocks
+    a chunked-local request holds at most (one chunk plus every token in
+    flight, never more than max_model_len; no extra block).
+
+    pre: chunk >= 1 and block_size >= 1
+    pre: max_in_flight_tokens >= 0 and max_model_len >= 1
+    post: __return__ >= 1
+    post: (__return__ - 1) * block_size < max_model_len
+    """
+    return cdiv(min(chunk + max_in_flight_tokens, max_model_len), block_size)
+
+
+def group_admission_cap(group: KVCacheGroup, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int | None:
+    """get_manager_for_kv_cache_spec: the admission cap of a group's manager
+    (SlidingWindowSpec or ChunkedLocalAttentionSpec); None for full
+    attention, which holds every block to the end."""
+    if group.kind == "sliding_window":
+        return admission_cap(group.sliding_window, block_size, max_in_flight_tokens, max_model_len)
+    if group.kind == "chunked_local":
+        return chunked_local_admission_cap(group.attention_chunk_size, block_size, max_in_flight_tokens, max_model_len)
+    return None
+
+
 def num_skipped_tokens(group: KVCacheGroup, num_computed_tokens: int) -> int:
     """get_num_skipped_tokens: the leading tokens no later token attends.
     Full attention skips none; a window of W skips all but the last W - 1
     computed tokens (SlidingWindowManager.get_num_skipped_tokens, no extra
-    retained tokens).
+    retained tokens); chunked local with chunk C skips every token before the
+    chunk of the next token, ``(n // C) * C``
+    (ChunkedLocalAttentionManager.get_num_skipped_tokens).
 
     pre: group.kind != "sliding_window" or group.sliding_window >= 1
+    pre: group.kind != "chunked_local" or group.attention_chunk_size >= 1
     post: 0 <= __return__ <= max(num_computed_tokens, 0)
     """
+    if group.kind == "chunked_local":
+        return max(0, num_computed_tokens // group.attention_chunk_size * group.attention_chunk_size)
     if group.kind != "sliding_window":
         return 0
     return max(0, num_computed_tokens - group.sliding_window + 1)
@@ -201,10 +234,34 @@ def find_sliding_window_hit(
     return computed, len(computed[0]) * block_size
 
 
+def find_chunked_local_hit(
+    lookup: Lookup, num_ids: int, max_length: int, block_size: int, chunk: int
+) -> tuple[list[list[int]], int]:
+    """ChunkedLocalAttentionManager.find_longest_cache_hit: every block
+    before the block of the chunk start of the next token (``(max_length //
+    chunk) * chunk``, 0 for max_length 0) is the null block, never looked
+    up; then the cached blocks from there forward, up to block
+    ``max_length // block_size - 1``, until the first miss. The hit is every
+    block returned, nulls included. E.g. chunk 8, block 4: max_length 15
+    gives [null, null] and block 2 when it is cached; max_length 16 gives
+    four nulls, looking nothing up."""
+    start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
+    computed = [[NULL_BLOCK] * start_block for _ in range(num_ids)]
+    for i in range(start_block, max_length // block_size):
+        cached = lookup(i)
+        if cached is None:
+            break
+        for blocks, b in zip(computed, cached):
+            blocks.append(b)
+    return computed, len(computed[0]) * block_size
+
+
 def find_group_hit(spec: SpecGroup, lookup: Lookup, max_length: int, block_size: int) -> tuple[list[list[int]], int]:
     """One spec group's lookup (the manager class's find_longest_cache_hit)."""
     if spec.is_full:
         return find_full_attention_hit(lookup, len(spec.group_ids), max_length, block_size)
+    if spec.kind == "chunked_local":
+        return find_chunked_local_hit(lookup, len(spec.group_ids), max_length, block_size, spec.chunk)
     return find_sliding_window_hit(lookup, len(spec.group_ids), max_length, block_size, spec.window)
 
 
@@ -264,11 +321,11 @@ def blocks_to_allocate(
 ) -> int:
     """SingleTypeKVCacheManager.get_num_blocks_to_allocate for one group: the
     blocks to reach ``num_tokens`` slots past the blocks the table has or
-    the hit brings, or past the blocks the window skips when those are more
+    the hit brings, or past the blocks the window or chunk skips when those are more
     (their places hold the null block, which costs nothing); plus each hit
     block, past the skipped ones, that is free now (touching it takes it
     from the free queue). ``apply_admission_cap`` (the full-sequence gate)
-    caps a sliding-window group at its admission cap. A running request has
+    caps a sliding-window or chunked-local group at its admission cap. A running request has
     no hit, and the table already covers its skipped blocks, so this is
     vLLM's fast path for it too (``max(required - table_len, 0)``)."""
     required = cdiv(num_tokens, block_size)
@@ -282,7 +339,8 @@ def blocks_to_allocate(
 
 def skipped_blocks_to_free(table: list[int], num_skipped: int, block_size: int) -> list[int]:
     """remove_skipped_blocks -> _remove_blocks_in_range(0, n) with n the
-    whole blocks before the window (at most the table's length): walk back
+    whole blocks before the window or chunk of the next token
+    (``num_skipped_tokens``; at most the table's length): walk back
     from block n - 1, stop at the first null block (everything before it was
     freed by an earlier call), put the null block in each place. Returns the
     blocks taken out, in the order BlockPool.free_blocks gets them."""

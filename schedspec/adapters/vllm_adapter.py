@@ -220,6 +220,7 @@ class _Vllm:
     VPauseState: Any
     KVTransferConfig: Any
     SlidingWindowSpec: Any
+    ChunkedLocalAttentionSpec: Any
     KVConnectorOutput: Any
     torch: Any
     get_block_hash: Any
@@ -292,6 +293,7 @@ def load_vllm() -> _Vllm:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.kv_cache_interface import (
+            ChunkedLocalAttentionSpec,
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
@@ -346,6 +348,7 @@ def load_vllm() -> _Vllm:
             VPauseState=VPauseState,
             KVTransferConfig=KVTransferConfig,
             SlidingWindowSpec=SlidingWindowSpec,
+            ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
             KVConnectorOutput=KVConnectorOutput,
             torch=torch,
             get_block_hash=get_block_hash,
@@ -433,8 +436,9 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
 
 def _kv_cache_groups(v: _Vllm, config: SchedulerConfig) -> list[Any]:
     """One KVCacheGroupSpec per KV cache group of ``config`` (config.groups),
-    each with the config's block size: a FullAttentionSpec, or a
-    SlidingWindowSpec of the group's window. The plain layout is the one
+    each with the config's block size: a FullAttentionSpec, a
+    SlidingWindowSpec of the group's window or a ChunkedLocalAttentionSpec
+    of the group's attention chunk. The plain layout is the one
     full-attention group named ``layer``, as always; a hybrid layout's
     groups are named ``layer.G``. vLLM's engine derives these groups from the
     model's layers (vllm/v1/core/kv_cache_planning.py); its own scheduler
@@ -449,6 +453,8 @@ def _kv_cache_groups(v: _Vllm, config: SchedulerConfig) -> list[Any]:
     for g, group in enumerate(config.groups):
         if group.kind == "sliding_window":
             spec = v.SlidingWindowSpec(sliding_window=group.sliding_window, **common)
+        elif group.kind == "chunked_local":
+            spec = v.ChunkedLocalAttentionSpec(attention_chunk_size=group.attention_chunk_size, **common)
         else:
             spec = v.FullAttentionSpec(**common)
         groups.append(v.KVCacheGroupSpec([f"layer.{g}"], spec))
@@ -583,7 +589,11 @@ _STATUS_NAMES = {
 
 #: The single-type manager vLLM must build for each kind of KV cache group
 #: (vllm/v1/core/single_type_kv_cache_manager.py, spec_manager_map).
-_MANAGER_NAMES = {"full_attention": "FullAttentionManager", "sliding_window": "SlidingWindowManager"}
+_MANAGER_NAMES = {
+    "full_attention": "FullAttentionManager",
+    "sliding_window": "SlidingWindowManager",
+    "chunked_local": "ChunkedLocalAttentionManager",
+}
 
 
 class _Grammar:
@@ -1119,11 +1129,11 @@ class VllmScheduler:
     def _check_tables(self, rid: str, tables: list[list[int]]) -> list[list[int]]:
         """The request's tables as vLLM's KV manager keeps them, after checking
         that they are the ones vLLM sent (the model runner's copy, rebuilt
-        from the messages). A sliding-window group's manager replaces a block
-        that left the window by the null block 0 in place
-        (SlidingWindowManager.remove_skipped_blocks) without telling the
-        worker, which nulls such entries itself: there the sent table may
-        still name the freed block."""
+        from the messages). A sliding-window or chunked-local group's
+        manager replaces a block that left the window (the chunk) by the null
+        block 0 in place (remove_skipped_blocks) without telling the worker,
+        which nulls such entries itself: there the sent table may still name
+        the freed block."""
         kept = self._group_tables(rid)
         ok = len(tables) == len(kept) and all(
             len(sent) == len(own) and all(s == k or k == 0 for s, k in zip(sent, own))
@@ -1313,7 +1323,8 @@ class VllmScheduler:
 
     def _group_tables(self, rid: str) -> list[list[int]]:
         """Every group's block table of the request, in group order (a
-        sliding-window group's with the null block 0 where it freed one)."""
+        sliding-window or chunked-local group's with the null block 0 where
+        it freed one)."""
         out = []
         for blocks_of in self._group_blocks_of:
             blocks = blocks_of.get(rid)

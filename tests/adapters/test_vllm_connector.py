@@ -7,8 +7,9 @@ load, a load beyond a local prefix hit, an asynchronous load and its
 promotion, a whole-prompt asynchronous load, an abort during a load, an
 asynchronous save, failed loads and invalid blocks under both policies, async
 scheduling's deferred frees), then the hybrid layouts (the coordinator vLLM
-builds for each, sliding-window tables with the null block, group-suffixed
-keys, a hit cut by the window) and the connector with hybrid groups.
+builds for each, sliding-window and chunked-local tables with the null
+block, group-suffixed keys, a hit cut by the window, a chunked-local hit)
+and the connector with hybrid groups.
 
 Needs vLLM 0.33.0 (scripts/install_vllm.sh); skipped without it unless
 SCHEDSPEC_REQUIRE_VLLM=1.
@@ -49,6 +50,7 @@ pytestmark = [
 
 S = RequestStatus
 SW = KVCacheGroup("sliding_window", 8)
+CL = KVCacheGroup("chunked_local", attention_chunk_size=8)
 FULL = KVCacheGroup()
 
 
@@ -370,6 +372,12 @@ class TestHybrid:
              ["FullAttentionManager", "SlidingWindowManager", "SlidingWindowManager"]),
             ((FULL, SW), False, "KVCacheCoordinatorNoPrefixCache",
              ["FullAttentionManager", "SlidingWindowManager"]),
+            ((CL,), True, "UnitaryKVCacheCoordinator", ["ChunkedLocalAttentionManager"]),
+            ((FULL, CL), True, "HybridKVCacheCoordinator", ["FullAttentionManager", "ChunkedLocalAttentionManager"]),
+            ((FULL, SW, CL), True, "HybridKVCacheCoordinator",
+             ["FullAttentionManager", "SlidingWindowManager", "ChunkedLocalAttentionManager"]),
+            ((FULL, CL), False, "KVCacheCoordinatorNoPrefixCache",
+             ["FullAttentionManager", "ChunkedLocalAttentionManager"]),
         ],
     )
     def test_vllm_builds_the_coordinator_of_each_layout(self, groups: Any, caching: bool, coordinator: str,
@@ -426,6 +434,62 @@ class TestHybrid:
         # before are the null block
         assert (b.num_computed_tokens, b.num_scheduled_tokens) == (16, 4)
         assert b.group_block_ids == ((1, 2, 5, 6, 12), (0, 0, 7, 8, 10))
+
+    def test_a_chunked_local_group_frees_the_blocks_before_the_chunk(self) -> None:
+        s = make(kv_connector=False, kv_cache_groups=(FULL, CL), max_num_batched_tokens=8)
+        s.add(req("a", range(1, 21), max_tokens=6))
+        tables = [step(s).scheduled[0].group_block_ids for _ in range(8)]
+        # ChunkedLocalAttentionManager.get_num_skipped_tokens: (n // 8) * 8 of
+        # the n tokens processed; remove_skipped_blocks in allocate_slots
+        # nulls the two blocks of each chunk the next token no longer sees
+        # (at 8, 16 and 24 tokens processed), and the freed ones come back
+        assert tables == [
+            ((1, 2), (3, 4)),
+            ((1, 2, 5, 6), (0, 0, 7, 8)),
+            ((1, 2, 5, 6, 9), (0, 0, 0, 0, 10)),
+            ((1, 2, 5, 6, 9, 11), (0, 0, 0, 0, 10, 12)),
+            ((1, 2, 5, 6, 9, 11), (0, 0, 0, 0, 10, 12)),
+            ((1, 2, 5, 6, 9, 11), (0, 0, 0, 0, 10, 12)),
+            ((1, 2, 5, 6, 9, 11), (0, 0, 0, 0, 10, 12)),
+            ((1, 2, 5, 6, 9, 11, 13), (0, 0, 0, 0, 0, 0, 14)),
+        ]
+        view = s.view()
+        assert view.finished["a"].group_block_ids == () and view.kv.ref_cnt == (0,) * 32
+        # every block was cached (no retention for chunked local groups):
+        # the chunk's blocks carry group 1's keys
+        keys = view.kv.block_keys
+        assert keys[7] == group_block_key(("", tuple(range(1, 13))), 1)
+
+    def test_a_hit_in_a_chunked_local_group_needs_only_the_last_chunk(self) -> None:
+        s = make(kv_connector=False, kv_cache_groups=(FULL, CL), max_num_batched_tokens=8, num_blocks=24)
+        s.add(req("a", range(1, 21), max_tokens=2))
+        for _ in range(4):
+            step(s)
+        s.add(req("b", range(1, 16), max_tokens=2))
+        (b,) = step(s).scheduled
+        # full attention hits 3 blocks (12 of the 14 tokens a hit may take);
+        # ChunkedLocalAttentionManager.find_longest_cache_hit puts nulls
+        # before the chunk start 8 and finds block 2 (tokens 8-11) cached
+        assert (b.num_computed_tokens, b.num_scheduled_tokens) == (12, 3)
+        assert b.group_block_ids[1][:3] == (0, 0, 7)
+        # at a chunk boundary no block of the group is needed at all
+        s.add(req("c", range(1, 18), max_tokens=1))
+        (c,) = [x for x in step(s).scheduled if x.request_id == "c"]
+        assert c.num_computed_tokens == 16 and c.group_block_ids[1][:4] == (0, 0, 0, 0)
+
+    def test_a_lone_chunked_local_group_takes_the_tokens_before_the_last_chunk_as_a_hit(self) -> None:
+        # with one chunked-local group (UnitaryKVCacheCoordinator) the null
+        # blocks before the prompt's last chunk are a hit on an empty cache:
+        # vLLM never computes tokens no later token attends to
+        s = make(kv_connector=False, kv_cache_groups=(CL,), max_num_batched_tokens=8)
+        s.add(req("a", range(1, 21), max_tokens=2))
+        (a,) = step(s).scheduled
+        assert (a.num_computed_tokens, a.num_scheduled_tokens, a.block_ids) == (16, 4, (0, 0, 0, 0, 1))
+        # without prefix caching every token is computed
+        s = make(kv_connector=False, kv_cache_groups=(CL,), max_num_batched_tokens=8, enable_prefix_caching=False)
+        s.add(req("a", range(1, 21), max_tokens=2))
+        (a,) = step(s).scheduled
+        assert (a.num_computed_tokens, a.num_scheduled_tokens) == (0, 8)
 
     def test_a_plain_layout_carries_no_group_tables(self) -> None:
         s = make(kv_connector=False)

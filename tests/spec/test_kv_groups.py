@@ -18,8 +18,11 @@ from schedspec.spec.kv_groups import (
     admission_cap,
     blocks_for_free,
     blocks_to_allocate,
+    chunked_local_admission_cap,
     contiguous_blocks_for_hit,
+    find_chunked_local_hit,
     find_full_attention_hit,
+    find_group_hit,
     find_sliding_window_hit,
     hybrid_cache_hit,
     num_skipped_tokens,
@@ -34,6 +37,10 @@ FA = KVCacheGroup()
 
 def SW(window: int) -> KVCacheGroup:
     return KVCacheGroup(kind="sliding_window", sliding_window=window)
+
+
+def CL(chunk: int) -> KVCacheGroup:
+    return KVCacheGroup(kind="chunked_local", attention_chunk_size=chunk)
 
 
 def tables(plan_entry: object) -> tuple[tuple[int, ...], ...]:
@@ -440,3 +447,231 @@ def test_kv_groups_contracts_hold() -> None:
         cwd=root, capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- chunked local attention
+# single_type_kv_cache_manager.py, ChunkedLocalAttentionManager; the worked
+# examples are those of its docstrings (chunk 8, block size 4).
+
+
+def recording_lookup(cached: dict[int, int], asked: list[int]):  # type: ignore[no-untyped-def]
+    """cached_lookup that records every block index it is asked for."""
+    def lookup(i: int) -> list[int] | None:
+        asked.append(i)
+        return [cached[i]] if i in cached else None
+    return lookup
+
+
+def test_chunked_local_skips_every_token_before_the_chunk_of_the_next_one() -> None:
+    # get_num_skipped_tokens: (n // C) * C; the docstring's examples 13 -> 8,
+    # 8 -> 8, 7 -> 0
+    assert [num_skipped_tokens(CL(8), n) for n in (13, 8, 7, 0, 16, 23)] == [8, 8, 0, 0, 16, 16]
+    # a chunk that is not a multiple of the block size
+    assert [num_skipped_tokens(CL(6), n) for n in (5, 6, 11, 12)] == [0, 6, 6, 12]
+    # the whole blocks among them are the ones freed
+    table = [5, 6, 7, 8]
+    assert skipped_blocks_to_free(table, num_skipped_tokens(CL(8), 13), 4) == [6, 5]
+    assert table == [0, 0, 7, 8]
+    assert skipped_blocks_to_free(table, num_skipped_tokens(CL(8), 15), 4) == []  # stops at a null block
+    assert skipped_blocks_to_free(table, num_skipped_tokens(CL(8), 16), 4) == [8, 7]
+
+
+def test_chunked_local_hit_docstring_examples() -> None:
+    # example 1: max_length 15, the next token is 15: tokens 0 .. 7 lie wholly
+    # before its chunk (nulls, never looked up); block 2 (tokens 8 .. 11) is
+    # looked up, block 3 is past max_length // block_size
+    asked: list[int] = []
+    assert find_chunked_local_hit(recording_lookup({2: 33, 3: 34}, asked), 1, 15, 4, 8) == ([[0, 0, 33]], 12)
+    assert asked == [2]
+    assert find_chunked_local_hit(cached_lookup({}), 1, 15, 4, 8) == ([[0, 0]], 8)
+    # example 2: max_length 16: every token lies before the next token's chunk:
+    # four nulls, nothing looked up
+    asked = []
+    assert find_chunked_local_hit(recording_lookup({0: 1, 1: 2}, asked), 1, 16, 4, 8) == ([[0, 0, 0, 0]], 16)
+    assert asked == []
+    # the forward search stops at the first miss; each group of the spec group gets its blocks
+    look = lambda i: {2: [32, 42], 3: [33, 43], 5: [35, 45]}.get(i)  # noqa: E731
+    assert find_chunked_local_hit(look, 2, 23, 4, 8) == ([[0, 0, 0, 0], [0, 0, 0, 0]], 16)
+    assert find_chunked_local_hit(look, 2, 15, 4, 8) == ([[0, 0, 32], [0, 0, 42]], 12)
+    assert find_chunked_local_hit(cached_lookup({}), 1, 0, 4, 8) == ([[]], 0)
+    # a chunk start inside a block: the nulls stop at the block holding it
+    assert find_chunked_local_hit(cached_lookup({1: 21}), 1, 11, 4, 6) == ([[0, 21]], 8)
+    # the spec group's kind picks the lookup
+    assert find_group_hit(SpecGroup("chunked_local", 0, (1,), 8), cached_lookup({2: 33}), 15, 4) == ([[0, 0, 33]], 12)
+
+
+def test_chunked_local_groups_merge_by_chunk_size() -> None:
+    lay = layout(CL(8), FA, CL(16), CL(8), SW(8))
+    assert lay.spec_groups == (
+        SpecGroup("full_attention", 0, (1,)),
+        SpecGroup("chunked_local", 0, (0, 3), 8),
+        SpecGroup("chunked_local", 0, (2,), 16),
+        SpecGroup("sliding_window", 8, (4,)),
+    )
+
+
+def test_hybrid_hit_with_a_chunked_local_group() -> None:
+    # the simple hybrid: full attention hits 3 blocks (12 tokens of max 15);
+    # chunked local with max_length 12 nulls blocks 0, 1 and finds block 2
+    lay = layout(FA, CL(8))
+    fa = cached_lookup({0: 1, 1: 2, 2: 3})
+    cl = cached_lookup({2: 13})
+    assert hybrid_cache_hit(lay, lambda s: fa if s.is_full else cl, 15) == ([[1, 2, 3], [0, 0, 13]], 12, 0)
+    # full attention hits 16 tokens, chunked local's chunk start is past them:
+    # four nulls, the hit stands in both groups
+    fa = cached_lookup({i: 1 + i for i in range(4)})
+    assert hybrid_cache_hit(lay, lambda s: fa if s.is_full else cl, 19) == ([[1, 2, 3, 4], [0, 0, 0, 0]], 16, 0)
+    # a miss at chunked local's first block in the chunk cuts the full-attention hit
+    fa = cached_lookup({0: 1, 1: 2, 2: 3})
+    assert hybrid_cache_hit(lay, lambda s: fa if s.is_full else cached_lookup({}), 15) == ([[1, 2], [0, 0]], 8, 4)
+
+
+def test_hybrid_fixed_point_restarts_for_a_chunked_local_group() -> None:
+    # FA + CL(8) + SW(5), block 4: three spec groups, so every cut restarts the pass.
+    # pass 1: FA 20 (blocks 0 .. 4); CL from 20 looks up block 4: 20; SW from 20
+    # finds block 1 only: 8. pass 2: CL from 8 gives two nulls (8); SW keeps 8.
+    lay = layout(FA, CL(8), SW(5))
+    looks = {
+        "full_attention": cached_lookup({i: 1 + i for i in range(5)}),
+        "chunked_local": cached_lookup({4: 24}),
+        "sliding_window": cached_lookup({1: 31}),
+    }
+    blocks, hit, uncached = hybrid_cache_hit(lay, lambda s: looks[s.kind], 23)
+    assert blocks == [[1, 2], [0, 0], [0, 31]]
+    assert (hit, uncached) == (8, 12)
+
+
+def test_admission_cap_of_a_chunked_local_group() -> None:
+    # ChunkedLocalAttentionSpec.max_admission_blocks_per_request: cdiv(min(C +
+    # in-flight tokens, max_model_len), block_size), no extra block
+    assert chunked_local_admission_cap(8, 4, 16, 64) == 6
+    assert chunked_local_admission_cap(8, 4, 64, 32) == 8
+    assert chunked_local_admission_cap(6, 4, 1, 64) == 2
+    lay = GroupLayout.of(cfg(kv_cache_groups=(FA, CL(8), SW(5)), max_num_batched_tokens=8, max_model_len=64,
+                             num_blocks=40))
+    assert lay.admission_caps == (None, 4, 4)  # cdiv(8 + 8, 4); cdiv(4 + 8, 4) + 1
+    lay = GroupLayout.of(cfg(kv_cache_groups=(FA, CL(8)), max_num_batched_tokens=8, max_model_len=64,
+                             num_blocks=40, async_scheduling=True))
+    assert lay.admission_caps == (None, 6)  # cdiv(8 + 16, 4)
+
+
+def test_blocks_to_allocate_for_a_chunked_local_group() -> None:
+    free = lambda blocks: sum(1 for b in blocks if b in {7, 9})  # noqa: E731  (ref_cnt 0)
+    # a 16-token target with a hit [null, null, 7] (12 tokens): 8 tokens
+    # skipped (2 blocks), one new block, block 7 taken from the free queue
+    assert blocks_to_allocate(CL(8), 4, None, 0, 16, [0, 0, 7], free, 12, False) == 1 + 1
+    # external tokens reach the next chunk: its skipped blocks dominate
+    assert blocks_to_allocate(CL(8), 4, None, 0, 24, [0, 0, 7], free, 16, False) == 2 + 0
+    # the full-sequence gate caps the group; a running request counts past its table
+    assert blocks_to_allocate(CL(8), 4, 4, 0, 64, [], free, 0, True) == 4
+    assert blocks_to_allocate(CL(8), 4, 4, 0, 64, [], free, 0, False) == 16
+    assert blocks_to_allocate(CL(8), 4, None, 4, 17, [], free, 16, False) == 1
+
+
+def test_a_chunked_local_request_frees_each_chunk_as_it_passes() -> None:
+    # FA + CL(8), block 4: allocate_slots frees the blocks before the chunk of
+    # the next processed token (remove_skipped_blocks) before it allocates
+    s = SpecScheduler(cfg(num_blocks=17, max_model_len=32, max_num_batched_tokens=16, kv_cache_groups=(FA, CL(8))))
+    s.add(req("a", 10, max_tokens=8))
+    got = []
+    for _ in range(9):
+        plan = step(s)
+        got.append(tables(plan.scheduled[0]) if plan.scheduled else plan.finished_ids)
+    assert got == [
+        ((1, 2, 3), (4, 5, 6)),
+        ((1, 2, 3), (0, 0, 6)),  # 10 computed: chunk 1 starts at 8, blocks 0, 1 go
+        ((1, 2, 3), (0, 0, 6)),
+        ((1, 2, 3, 7), (0, 0, 6, 8)),
+        ((1, 2, 3, 7), (0, 0, 6, 8)),
+        ((1, 2, 3, 7), (0, 0, 6, 8)),
+        ((1, 2, 3, 7), (0, 0, 6, 8)),
+        ((1, 2, 3, 7, 9), (0, 0, 0, 0, 10)),  # 16 computed: blocks 2, 3 go
+        ("a",),  # finished at max_tokens
+    ]
+    assert s.rules["kv_groups.chunk_freed"] == 2
+    # every full block of the chunked-local group was keyed (the base
+    # reachable_block_mask: no mask), so freed ones went to the back, last
+    # skipped first (5, 4 then 8, 6); at a's finish each group's table went
+    # tail first, group 0 then group 1 without its null head: keyless 9 then
+    # 10 to the front, keyed 7, 3, 2, 1 to the back
+    assert s.view().kv.free_queue == (10, 9, 11, 12, 13, 14, 15, 16, 5, 4, 8, 6, 7, 3, 2, 1)
+    assert s.rules["kv_groups.cache_masked"] == 0
+
+
+def test_a_chunked_local_group_caches_every_full_block() -> None:
+    s = SpecScheduler(cfg(num_blocks=17, max_model_len=32, max_num_batched_tokens=16, kv_cache_groups=(FA, CL(8))))
+    s.add(req("a", 14, max_tokens=1))
+    step(s)
+    keys = s.view().kv.block_keys
+    assert {b: (block_key_group(k), len(k[1])) for b, k in keys.items()} == {
+        1: (0, 4), 2: (0, 8), 3: (0, 12), 5: (1, 4), 6: (1, 8), 7: (1, 12)}
+
+
+def test_a_chunked_local_hit_nulls_the_blocks_before_the_chunk_start() -> None:
+    s = SpecScheduler(cfg(num_blocks=17, max_model_len=32, max_num_batched_tokens=16, kv_cache_groups=(FA, CL(8))))
+    s.add(req("a", 17, max_tokens=1))
+    step(s)
+    # b (the same 17 tokens) hits 16: full attention blocks 1 .. 4; the
+    # chunked-local group four nulls (its chunk start of max_length 16 is 16)
+    s.add(req("b", 17, max_tokens=1))
+    plan = step(s)
+    assert entries(plan) == [("a", "running", 16, 1), ("b", "new", 16, 1)]
+    assert tables(plan.scheduled[1]) == ((1, 2, 3, 4, 11), (0, 0, 0, 0, 12))
+    # c (16 tokens: max_length 15, the docstring's first example): two
+    # nulls, then a's block 7 of chunk 1 (freed and keyed, still cached)
+    s.add(req("c", 16, max_tokens=1))
+    plan = step(s)
+    assert entries(plan) == [("c", "new", 12, 4)]
+    assert tables(plan.scheduled[0]) == ((1, 2, 3, 12), (0, 0, 7, 11))
+    assert s.rules["kv_groups.hit_skipped_in_chunk"] == 2
+
+
+def test_a_lone_chunked_local_group_skips_to_the_last_chunk() -> None:
+    # UnitaryKVCacheCoordinator: the lookup marks every block before the chunk
+    # start of max_length (39 -> 32) computed as the null block, so a fresh
+    # 40-token prompt computes only its last chunk; the group never holds more
+    # than its admission cap (cdiv(8 + 8, 4) = 4)
+    s = SpecScheduler(SchedulerConfig(block_size=4, num_blocks=7, max_model_len=64, max_num_batched_tokens=8,
+                                      max_num_seqs=4, kv_cache_groups=(CL(8),)))
+    s.add(req("a", 40, max_tokens=3))
+    plan = step(s)
+    assert entries(plan) == [("a", "new", 32, 8)]
+    assert tables(plan.scheduled[0]) == ((0,) * 8 + (1, 2),)
+    assert s.rules["kv_groups.chunk_admission_capped"] == 1  # 11 blocks for 41 tokens, capped at 4
+    plan = step(s)  # 40 computed: chunk 5 starts, blocks 8, 9 go (keyed: back, last first)
+    assert tables(plan.scheduled[0]) == ((0,) * 10 + (3,),)
+    assert s.view().kv.free_queue == (4, 5, 6, 2, 1)
+
+
+def test_the_full_sequence_gate_caps_the_chunked_local_group() -> None:
+    # 39 tokens: full attention needs 10 blocks; the chunked-local group is
+    # capped at cdiv(min(8 + 8, 40), 4) = 4: 14 blocks fit 15 free ones
+    s = SpecScheduler(cfg(num_blocks=16, max_model_len=40, max_num_batched_tokens=8,
+                          kv_cache_groups=(FA, CL(8))))
+    s.add(req("a", 39, max_tokens=1))
+    plan = s.schedule()
+    assert entries(plan) == [("a", "new", 0, 8)]
+    assert s.rules["kv_groups.chunk_admission_capped"] >= 1
+    assert s.rules["kv_groups.admission_capped"] == 0
+
+
+@pytest.mark.parametrize(
+    ("groups", "field", "text"),
+    [
+        ((CL(0),), "kv_cache_groups[0].attention_chunk_size", "needs a chunk >= 1 token"),
+        ((KVCacheGroup(attention_chunk_size=8),), "kv_cache_groups[0].attention_chunk_size", "has no attention chunk"),
+        ((KVCacheGroup(kind="sliding_window", sliding_window=4, attention_chunk_size=8),),
+         "kv_cache_groups[0].attention_chunk_size", "has no attention chunk"),
+        ((KVCacheGroup(kind="chunked_local", attention_chunk_size=8, sliding_window=4),),
+         "kv_cache_groups[0].sliding_window", "has no window"),
+        # the pool-fit check with ChunkedLocalAttentionSpec's cap: 8 blocks for
+        # full attention, cdiv(min(8 + 64, 32), 4) = 8 for the chunked-local group
+        ((FA, CL(8)), "num_blocks", "it needs 16 (8 + 8, one term per group)"),
+    ],
+)
+def test_chunked_local_layouts_vllm_would_refuse_are_refused(
+    groups: tuple[KVCacheGroup, ...], field: str, text: str
+) -> None:
+    msg = message(lambda: SchedulerConfig(block_size=4, num_blocks=9, max_model_len=32, kv_cache_groups=groups),
+                  ConfigError)
+    assert field in msg and text in msg

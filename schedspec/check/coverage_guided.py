@@ -49,6 +49,7 @@ from schedspec.check.workload import (
     Step,
     Update,
     Workload,
+    chunk_rng,
     draw_gate_subset,
     draw_kv_subset,
     gate_rng,
@@ -364,6 +365,11 @@ def pick_gates(gates: Sequence[str], focus: Sequence[str], rng: random.Random) -
     return tuple(g for g in GATES if g in chosen)
 
 
+#: The rules only a chunked-local group reaches: a focus on one of them
+#: draws a hybrid layout with one (workload.draw_kv_groups, chunked).
+CHUNKED_LOCAL_RULES = frozenset(r for r in RULES if r.startswith("kv_groups.") and "chunk" in r)
+
+
 def pick_kv(kv: Sequence[str], focus: Sequence[str], rng: random.Random) -> tuple[str, ...]:
     """The KV features a guided workload turns on: a random subset of
     ``kv`` (workload.draw_kv_subset), plus every feature a focus rule needs
@@ -406,7 +412,8 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     kv_chosen: tuple[str, ...] = ()
     if kv:
         krng = kv_rng(f"guided-{seed}")
-        config = with_kv(config, pick_kv(kv, focus, krng), krng)
+        config = with_kv(config, pick_kv(kv, focus, krng), krng, chunk_rng(f"guided-{seed}"),
+                         chunked=True if any(rule in CHUNKED_LOCAL_RULES for rule in focus) else None)
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     f = plan.features

@@ -148,17 +148,20 @@ class FakeModel:
         self.rejected: dict[str, int] = {}
         #: request id -> the token ids its structured-output grammar refuses
         self.grammars: dict[str, frozenset[int]] = {}
-        #: the sliding window of each KV cache group (0: full attention), for
-        #: the entries that carry group tables (a hybrid layout)
+        #: the sliding window of each KV cache group (0: none), for the
+        #: entries that carry group tables (a hybrid layout)
         self.windows: tuple[int, ...] = tuple(
             g.sliding_window if g.kind == "sliding_window" else 0 for g in groups)
+        #: the attention chunk of each KV cache group (0: none)
+        self.chunks: tuple[int, ...] = tuple(
+            g.attention_chunk_size if g.kind == "chunked_local" else 0 for g in groups)
         #: False (the default): a position of a sliding-window group's window
-        #: whose block the table holds as the null block is not checked, as
-        #: vLLM 0.33 reads the null block there after rewinding into the
-        #: window (an asynchronous load promoted with its last token to
-        #: recompute, whose block remove_skipped_blocks freed at the load's
-        #: count; a failed load recomputed from its first invalid block);
-        #: True: such a read is a context mismatch too
+        #: (a chunked-local group's chunk) whose block the table holds as the
+        #: null block is not checked, as vLLM 0.33 reads the null block there
+        #: after rewinding into the window (an asynchronous load promoted
+        #: with its last token to recompute, whose block remove_skipped_blocks
+        #: freed at the load's count; a failed load recomputed from its first
+        #: invalid block); True: such a read is a context mismatch too
         self.strict_windows = False
 
     def set_grammar(self, request_id: str, rejects: Sequence[int]) -> None:
@@ -207,26 +210,42 @@ class FakeModel:
         group's for a hybrid layout, else the one table."""
         return s.group_block_ids or (s.block_ids,)
 
-    def _window(self, group: int) -> int:
-        return self.windows[group] if group < len(self.windows) else 0
+    def _local(self, group: int) -> bool:
+        """Whether the group reads only part of the context (a window or a
+        chunk), so that its manager frees the blocks before that part."""
+        return bool(self.windows[group] or self.chunks[group]) if group < len(self.windows) else False
+
+    def _first_read(self, group: int, end: int) -> int:
+        """The first position the query at position end-1 reads in the
+        group: 0 for full attention, the last W positions for a sliding
+        window of W, the start of its chunk for a chunked-local group of C
+        (vLLM's get_num_skipped_tokens of SlidingWindowManager and
+        ChunkedLocalAttentionManager, for end-1 tokens computed)."""
+        if group >= len(self.windows):
+            return 0
+        if self.windows[group]:
+            return max(0, end - self.windows[group])
+        if self.chunks[group]:
+            return max(0, end - 1) // self.chunks[group] * self.chunks[group]
+        return 0
 
     def _groups_read(self, s: ScheduledRequest, end: int) -> list[tuple[int, tuple[int | None, ...]]]:
         """Per KV cache group, (first position, positions first .. end-1 as
         read back through the group's table): a full-attention group reads
         the whole context, a sliding-window group of W tokens the last W
-        positions (what vLLM's SlidingWindowManager keeps:
-        get_num_skipped_tokens)."""
+        positions, a chunked-local group the positions of the last one's
+        chunk (_first_read)."""
         out: list[tuple[int, tuple[int | None, ...]]] = []
         for g, table in enumerate(s.group_block_ids):
-            w = self._window(g)
-            lo = max(0, end - w) if w else 0
+            lo = self._first_read(g, end)
             out.append((lo, self._read(table, end)[lo:]))
         return out
 
     def _ctx(self, s: ScheduledRequest, end: int) -> tuple[int | None, ...]:
         """What a token sampled after positions 0 .. end-1 depends on: the
         context read back through the block table; for a hybrid layout every
-        group's read, one after another (a sliding-window group's window only)."""
+        group's read, one after another (a sliding-window group's window, a
+        chunked-local group's chunk only)."""
         if not s.group_block_ids:
             return self._read(s.block_ids, end)
         return tuple(tok for _, part in self._groups_read(s, end) for tok in part)
@@ -240,9 +259,9 @@ class FakeModel:
             for j, found in enumerate(ctx):
                 pos = lo + j
                 want = truth[pos] if pos < len(truth) else None
-                if (found is None and self._window(g) and not self.strict_windows
+                if (found is None and self._local(g) and not self.strict_windows
                         and pos // self.block_size < len(table) and table[pos // self.block_size] == 0):
-                    # a sliding-window position whose block was freed: vLLM
+                    # a sliding-window (chunk) position whose block was freed: vLLM
                     # reads the null block there after a rewind into the
                     # window (a promoted load's last token, a failed load's
                     # recompute); see strict_windows

@@ -28,12 +28,12 @@ _SUMMED = (
     "pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed", "encoder_inputs",
     "encoder_freed", "invalid_spec_tokens", "lora_steps",
     "kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts", "held_block_steps",
-    "sliding_window_frees",
+    "sliding_window_frees", "chunked_local_frees",
 )
 
 #: The KV connector and hybrid-group counters (reported only when a run has them).
 KV_COUNTERS = ("kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts",
-               "held_block_steps", "sliding_window_frees")
+               "held_block_steps", "sliding_window_frees", "chunked_local_frees")
 
 #: The admission-gate counters (reported only when a run has gates on).
 GATE_COUNTERS = ("pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed",
@@ -74,8 +74,14 @@ class Stats:
     kv_timeouts: int = 0  # reports the bounded wait forced (loads and saves)
     held_block_steps: int = 0  # blocks held by finished requests, summed over the steps
     sliding_window_frees: int = 0  # sliding-window table entries that became the null block
-    #: request id -> null blocks last seen in its sliding-window tables (for sliding_window_frees)
-    _sw_nulls: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    chunked_local_frees: int = 0  # chunked-local table entries that became the null block
+    #: the kind of each KV cache group (KVCacheGroup.kind), where the driver
+    #: tells it: the null entries of a "chunked_local" group's table count
+    #: as chunked_local_frees, every other group's (and all of them while
+    #: the kinds are unknown) as sliding_window_frees
+    group_kinds: tuple[str, ...] = ()
+    #: request id -> null blocks last seen in each of its group tables (for the frees)
+    _nulls: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def absorb(self, plan: StepPlan) -> None:
         """Count one scheduled step."""
@@ -101,13 +107,24 @@ class Stats:
             if s.is_prefill_chunk:
                 self.chunks += 1
             if s.group_block_ids:
-                # the null block 0 only stands in a sliding-window table, for
-                # a block it freed (remove_skipped_blocks)
-                nulls = sum(table.count(0) for table in s.group_block_ids)
-                before = self._sw_nulls.get(s.request_id, 0)
-                if nulls > before:
-                    self.sliding_window_frees += nulls - before
-                self._sw_nulls[s.request_id] = nulls
+                self._count_frees(s.request_id, s.group_block_ids)
+
+    def _count_frees(self, request_id: str, tables: tuple[tuple[int, ...], ...]) -> None:
+        """Count the null entries new in each group table of a request since
+        its last entry: the null block 0 only stands in a sliding-window or
+        chunked-local table, for a block it freed (remove_skipped_blocks) or
+        a hit's block it skipped."""
+        nulls = tuple(table.count(0) for table in tables)
+        before = self._nulls.get(request_id, ())
+        for g, n in enumerate(nulls):
+            new = n - (before[g] if g < len(before) else 0)
+            if new <= 0:
+                continue
+            if g < len(self.group_kinds) and self.group_kinds[g] == "chunked_local":
+                self.chunked_local_frees += new
+            else:
+                self.sliding_window_frees += new
+        self._nulls[request_id] = nulls
 
     def merge(self, other: Stats) -> None:
         """Add ``other``'s counts to these."""
@@ -183,4 +200,4 @@ class Stats:
     def kv_line(self) -> str:
         """The KV connector and hybrid-group counters in one line (those above zero)."""
         parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in KV_COUNTERS if getattr(self, name)]
-        return ", ".join(parts) if parts else "no KV load, save or sliding-window free"
+        return ", ".join(parts) if parts else "no KV load, save or sliding-window or chunked-local free"

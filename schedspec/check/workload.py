@@ -733,8 +733,8 @@ def random_workload(
 
     ``kv`` (KV_FEATURES) are the KV features it may use, drawn the same way
     on a generator of their own (``kv_rng``, ``draw_kv_subset``,
-    ``with_kv``, ``KVRequests``); they are among its features as
-    ``kv:NAME``."""
+    ``with_kv``, ``KVRequests``; a hybrid layout's chunked-local group on
+    ``chunk_rng``'s); they are among its features as ``kv:NAME``."""
     rng = random.Random(seed)
     config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
     modes = tuple(modes)
@@ -762,7 +762,7 @@ def random_workload(
     if kv:
         krng = kv_rng(seed)
         kv_chosen = draw_kv_subset(kv, krng)
-        config = with_kv(config, kv_chosen, krng)
+        config = with_kv(config, kv_chosen, krng, chunk_rng(seed))
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     factory = RequestFactory(rng, config, vocab)
@@ -992,12 +992,15 @@ class GateRequests:
 #: The KV features a workload can turn on: the KV connector (external prefix
 #: loads, synchronous and asynchronous, asynchronous saves, the worker's
 #: reports) and hybrid KV cache groups (full attention beside sliding-window
-#: groups, or a lone sliding-window group).
+#: and chunked-local groups, or a lone sliding-window or chunked-local group).
 KV_FEATURES: tuple[str, ...] = ("connector", "hybrid")
 
 #: KV feature -> the capability name (schedspec.check.capabilities) a
 #: scheduler declares to take it
 KV_CAPABILITIES: Mapping[str, str] = {"connector": "kv_connector", "hybrid": "hybrid_kv"}
+
+#: How often a hybrid layout holds a chunked-local group (draw_kv_groups).
+CHUNKED_LOCAL_RATE = 0.5
 
 
 def parse_kv(text: str) -> tuple[str, ...]:
@@ -1040,38 +1043,68 @@ def kv_rng(seed: int | str) -> random.Random:
     return random.Random(f"schedspec-kv-{seed}")
 
 
+def chunk_rng(seed: int | str) -> random.Random:
+    """The generator of a workload's chunked-local draws (draw_kv_groups),
+    apart from kv_rng's so that every other KV draw of a seed stays the one
+    it gave before chunked-local groups were drawn."""
+    return random.Random(f"schedspec-kv-chunk-{seed}")
+
+
 def draw_kv_subset(kv: Sequence[str], rng: random.Random) -> tuple[str, ...]:
     """The KV features one workload turns on: each of ``kv`` with
     probability 0.6 (a workload may draw none), in KV_FEATURES order."""
     return tuple(k for k in KV_FEATURES if k in kv and rng.random() < 0.6)
 
 
-def draw_kv_groups(block_size: int, rng: random.Random) -> tuple[Any, ...]:
+def _local_span(block_size: int, rng: random.Random) -> int:
+    """A sliding window or attention chunk of 1 to 4 blocks, block-aligned
+    half the time, else ending inside its last block."""
+    k = rng.randint(1, 4)
+    return k * block_size if rng.random() < 0.5 else rng.randint((k - 1) * block_size + 1, k * block_size)
+
+
+def draw_kv_groups(block_size: int, rng: random.Random, chunks: random.Random | None = None,
+                   chunked: bool | None = None) -> tuple[Any, ...]:
     """A hybrid layout: full attention beside one or two sliding-window
     groups, or a lone sliding-window group (at most 3 groups), each window
-    1 to 4 blocks long (block-aligned or not)."""
+    1 to 4 blocks long (block-aligned or not), drawn from ``rng``; then, with
+    probability CHUNKED_LOCAL_RATE drawn from ``chunks`` (``rng`` when None)
+    or when ``chunked`` says so, a chunked-local group of 1 to 4 blocks takes
+    the place of the last sliding-window group: full + chunked local, full +
+    sliding window + chunked local, a lone chunked-local group, full +
+    chunked local + full. Short chunks, so that a few hundred steps free
+    blocks before the chunk (ChunkedLocalAttentionManager)."""
     from schedspec.spec.interface import KVCacheGroup
 
     def window() -> KVCacheGroup:
-        k = rng.randint(1, 4)
-        w = k * block_size if rng.random() < 0.5 else rng.randint((k - 1) * block_size + 1, k * block_size)
-        return KVCacheGroup("sliding_window", sliding_window=w)
+        return KVCacheGroup("sliding_window", sliding_window=_local_span(block_size, rng))
 
     layout = rng.choice(("full+sw", "full+sw", "full+sw+sw", "sw", "full+sw+full"))
     if layout == "sw":
-        return (window(),)
-    if layout == "full+sw":
-        return (KVCacheGroup(), window())
-    if layout == "full+sw+sw":
-        return (KVCacheGroup(), window(), window())
-    return (KVCacheGroup(), window(), KVCacheGroup())
+        groups: tuple[KVCacheGroup, ...] = (window(),)
+    elif layout == "full+sw":
+        groups = (KVCacheGroup(), window())
+    elif layout == "full+sw+sw":
+        groups = (KVCacheGroup(), window(), window())
+    else:
+        groups = (KVCacheGroup(), window(), KVCacheGroup())
+    crng = rng if chunks is None else chunks
+    if chunked is None:
+        chunked = crng.random() < CHUNKED_LOCAL_RATE
+    if not chunked:
+        return groups
+    last = max(g for g, group in enumerate(groups) if group.kind == "sliding_window")
+    chunk = KVCacheGroup("chunked_local", attention_chunk_size=_local_span(block_size, crng))
+    return groups[:last] + (chunk,) + groups[last + 1:]
 
 
-def with_kv(config: SchedulerConfig, kv: Sequence[str], rng: random.Random) -> SchedulerConfig:
+def with_kv(config: SchedulerConfig, kv: Sequence[str], rng: random.Random,
+            chunks: random.Random | None = None, chunked: bool | None = None) -> SchedulerConfig:
     """``config`` with the KV features ``kv``: a connector with either load
-    failure policy; hybrid groups (draw_kv_groups) with the pool grown so
-    each group holds what the plain layout's one group held. A draw the
-    config cannot take leaves that feature off."""
+    failure policy; hybrid groups (draw_kv_groups, with ``chunks`` and
+    ``chunked``) with the pool grown so each group holds what the plain
+    layout's one group held. A draw the config cannot take leaves that
+    feature off."""
     out = config
     if "connector" in kv:
         try:
@@ -1080,7 +1113,7 @@ def with_kv(config: SchedulerConfig, kv: Sequence[str], rng: random.Random) -> S
         except SchedSpecError:
             pass
     if "hybrid" in kv:
-        groups = draw_kv_groups(out.block_size, rng)
+        groups = draw_kv_groups(out.block_size, rng, chunks, chunked)
         try:
             out = dataclasses.replace(out, kv_cache_groups=groups,
                                       num_blocks=1 + (out.num_blocks - 1) * len(groups))

@@ -30,6 +30,7 @@ from schedspec.check.workload import (
     KVSaveDone,
     Step,
     describe_event,
+    chunk_rng,
     draw_kv_groups,
     kv_of,
     kv_rng,
@@ -234,6 +235,37 @@ def test_the_fake_model_reads_a_sliding_window_group_only_within_its_window() ->
     assert mismatches and mismatches[0].position == 0 and "KV cache group 0" in mismatches[0].reason
 
 
+def test_the_fake_model_reads_a_chunked_local_group_only_within_the_chunk() -> None:
+    groups = (KVCacheGroup(), KVCacheGroup("chunked_local", attention_chunk_size=3))
+    model = FakeModel(2, groups=groups)
+    toks = (3, 1, 4, 1, 5)
+    entry = _entry("r", ScheduleKind.NEW, toks, 0, 5, (1, 2, 3), groups=((1, 2, 3), (4, 5, 6)))
+    result, mismatches = model.run(StepPlan(1, (entry,), (), ()), {"r": toks})
+    assert mismatches == [] and len(result.sampled["r"]) == 1
+    # the query at position 4 reads positions 3, 4 of group 1 (its chunk
+    # starts at 3): block 4 (positions 0, 1) freed is no loss
+    toks6 = toks + result.sampled["r"]
+    nxt = _entry("r", ScheduleKind.RUNNING, toks6, 5, 1, (1, 2, 3), ((1, 2, 3), (0, 5, 6)))
+    _, mismatches = model.run(StepPlan(2, (nxt,), (), ()), {"r": toks6})
+    assert mismatches == []
+    # positions 0-2 lie before the chunk (3-5) of the query at 5: a wrong
+    # block there is not read; a wrong block in the chunk is caught, naming
+    # the group
+    assert model._first_read(1, 6) == 3 and model._first_read(1, 3) == 0 and model._first_read(0, 6) == 0
+    fresh = FakeModel(2, groups=groups)
+    fresh.run(StepPlan(1, (entry,), (), ()), {"r": toks})
+    before_chunk = _entry("r", ScheduleKind.RUNNING, toks6, 5, 1, (1, 2, 3), ((1, 2, 3), (2, 5, 6)))
+    assert fresh.run(StepPlan(2, (before_chunk,), (), ()), {"r": toks6})[1] == []
+    fresh = FakeModel(2, groups=groups)
+    fresh.run(StepPlan(1, (entry,), (), ()), {"r": toks})
+    bad = _entry("r", ScheduleKind.RUNNING, toks6, 5, 1, (1, 2, 3), ((1, 2, 3), (0, 9, 6)))
+    _, mismatches = fresh.run(StepPlan(2, (bad,), (), ()), {"r": toks6})
+    assert mismatches and mismatches[0].position == 3 and "KV cache group 1" in mismatches[0].reason
+    # the sampled token depends on the chunk only: a different token before it changes nothing
+    ctx = fresh._ctx(nxt, 5)
+    assert ctx[-2:] == (1, 5) and len(ctx) == 5 + 2
+
+
 # ----------------------------------------------------------------- generator
 
 
@@ -268,17 +300,57 @@ def test_a_workload_draws_a_subset_of_the_kv_features_on_its_own_generator() -> 
     assert all(r.kv_load_async or r.kv_external_tokens < len(r.prompt_token_ids) for r in reqs)
 
 
-def test_hybrid_layouts_hold_one_to_three_groups_with_windows_of_one_to_four_blocks() -> None:
+def test_hybrid_layouts_hold_one_to_three_groups_with_windows_and_chunks_of_one_to_four_blocks() -> None:
     seen = set()
+    chunks = set()
     for s in range(200):
-        groups = draw_kv_groups(4, kv_rng(s))
+        groups = draw_kv_groups(4, kv_rng(s), chunk_rng(s))
         assert 1 <= len(groups) <= 3
-        seen.add(tuple(g.kind for g in groups))
+        seen.add(tuple(g.kind[0] for g in groups))
         for g in groups:
             if g.kind == "sliding_window":
                 assert 1 <= g.sliding_window <= 16
-    assert ("sliding_window",) in seen and ("full_attention", "sliding_window") in seen
-    assert ("full_attention", "sliding_window", "sliding_window") in seen
+            if g.kind == "chunked_local":
+                assert 1 <= g.attention_chunk_size <= 16
+                chunks.add(g.attention_chunk_size)
+    # f: full attention, s: sliding window, c: chunked local
+    assert seen == {("s",), ("f", "s"), ("f", "s", "s"), ("f", "s", "f"),
+                    ("c",), ("f", "c"), ("f", "s", "c"), ("f", "c", "f")}
+    # chunks of one block and less (block-aligned or not) up to four blocks
+    assert {1, 4, 16} <= chunks and any(c % 4 for c in chunks)
+
+
+def test_the_chunked_local_draw_leaves_every_other_kv_draw_as_it_was() -> None:
+    """The chunk is drawn on a generator of its own (chunk_rng): the KV
+    generator ends where it ended before chunked-local groups existed (so
+    the connector's draws after it are the same), and a layout without one
+    is the one the seed always gave."""
+    chunked = 0
+    for s in range(60):
+        a, b = kv_rng(s), kv_rng(s)
+        drawn = draw_kv_groups(4, a, chunk_rng(s))
+        before = draw_kv_groups(4, b, chunked=False)
+        assert a.getstate() == b.getstate()
+        if any(g.kind == "chunked_local" for g in drawn):
+            chunked += 1
+            # the chunked-local group took the last sliding window's place
+            swapped = [i for i, (x, y) in enumerate(zip(drawn, before)) if x != y]
+            assert len(drawn) == len(before) and len(swapped) == 1
+            assert before[swapped[0]].kind == "sliding_window"
+            assert all(g.kind != "sliding_window" for g in before[swapped[0] + 1:])
+        else:
+            assert drawn == before
+    assert 15 <= chunked <= 45
+
+
+def test_a_focus_on_a_chunked_local_rule_draws_a_chunked_local_group() -> None:
+    from schedspec.check.coverage_guided import CHUNKED_LOCAL_RULES, guided_workload
+
+    assert CHUNKED_LOCAL_RULES == {"kv_groups.hit_skipped_in_chunk", "kv_groups.chunk_freed",
+                                   "kv_groups.chunk_admission_capped"}
+    for s in range(6):
+        w = guided_workload(s, 30, focus=["kv_groups.chunk_freed"], kv=("hybrid",))
+        assert any(g.kind == "chunked_local" for g in w.config.kv_cache_groups), s
 
 
 def test_describe_kv_events() -> None:
@@ -445,6 +517,24 @@ def test_stats_count_loads_failures_saves_held_blocks_and_sliding_window_frees()
     assert d["kv_loads_async"] == 1 and d["sliding_window_frees"] == 2 and "kv_saves" not in d
     assert stats.kv_line() == "1 kv loads sync, 1 kv loads async, 2 sliding window frees"
     assert "kv_loads_sync" not in Stats().as_dict()
+    assert Stats().kv_line() == "no KV load, save or sliding-window or chunked-local free"
+
+
+def test_stats_count_the_frees_of_each_local_kind_in_its_own_counter() -> None:
+    stats = Stats(group_kinds=("full_attention", "sliding_window", "chunked_local"))
+    entry = _entry("r", ScheduleKind.RUNNING, PROMPT, 8, 1, (1, 2, 3), ((1, 2, 3), (0, 5, 6), (7, 8, 9)))
+    stats.absorb(StepPlan(1, (entry,), (), ()))
+    stats.absorb(StepPlan(2, (dataclasses.replace(entry, group_block_ids=((1, 2, 3), (0, 5, 6), (0, 0, 9))),), (), ()))
+    assert (stats.sliding_window_frees, stats.chunked_local_frees) == (1, 2)
+    # the counts are per group: the window's table growing back while the
+    # chunk's loses another block is still one more chunk free
+    stats.absorb(StepPlan(3, (dataclasses.replace(entry, group_block_ids=((1, 2, 3), (4, 5, 6), (0, 0, 0))),), (), ()))
+    assert (stats.sliding_window_frees, stats.chunked_local_frees) == (1, 3)
+    assert stats.as_dict()["chunked_local_frees"] == 3
+    assert "3 chunked local frees" in stats.kv_line()
+    total = Stats()
+    total.merge(stats)
+    assert total.chunked_local_frees == 3
 
 
 def test_the_report_shows_remote_kv_waits_loads_reports_and_held_blocks() -> None:

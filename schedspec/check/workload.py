@@ -1150,7 +1150,7 @@ class KVRequests:
             # leaves no token computed, so vLLM asks the stateless connector
             # again and loads it after every report, never finishing
             # (docs/divergences.md): the run would only stall
-            asynchronous = rng.random() < 0.5 and n > 1
+            asynchronous = rng.random() < 0.5 and n > 1 and self._async_load_can_fit(n)
             if not asynchronous:
                 # a synchronous load leaves at least one token to compute
                 # (vLLM asserts num_new_tokens > 0; the spec refuses it at add)
@@ -1191,6 +1191,23 @@ class KVRequests:
         if out.kv_save_async and rng.random() < 0.5:
             self.due.append((rng.randint(1, 12), KVSaveDone(rid)))
         return out
+
+    def _async_load_can_fit(self, n: int) -> bool:
+        """Whether an asynchronous load of a prompt of ``n`` tokens can ever
+        be admitted. vLLM admits one only if its blocks fit beside
+        ``_spec_decode_step_blocks`` (scheduler.py, schedule(): reserved_blocks
+        of a load_kv_async admission), a reservation it makes even with
+        nothing running: with speculative decoding, a prompt within that
+        reservation of the whole pool waits forever (docs/divergences.md), so
+        the generator loads such a prompt synchronously (counted per group,
+        without a sliding window's cap: on the safe side)."""
+        cfg = self.config
+        if not cfg.num_speculative_tokens:
+            return True
+        bs, groups = cfg.block_size, len(cfg.groups)
+        step = 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
+        need = groups * (-(-min(n, cfg.max_model_len) // bs) + -(-step // bs))
+        return need <= cfg.num_blocks - 1
 
     def before_step(self) -> list[Event]:
         """The worker's events (and aborts during loads) due before the next step."""

@@ -23,6 +23,8 @@ from schedspec.spec.interface import GROUP_KEY_SEPARATOR, KVCacheGroup, RequestS
 from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
 
 NULL = 0
+#: a token count no request reaches ("never")
+NEVER = 1 << 62
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -34,11 +36,41 @@ def admission_cap(window: int, bs: int, in_flight: int, mml: int) -> int:
     return _cdiv(min(window - 1 + in_flight, mml), bs) + 1
 
 
+def group_cap(group: KVCacheGroup, bs: int, in_flight: int, mml: int) -> int | None:
+    """max_admission_blocks_per_request of the group's spec: a sliding
+    window's, a chunked-local group's (one chunk plus the tokens in flight,
+    ChunkedLocalAttentionSpec), none for full attention."""
+    if group.kind == "sliding_window":
+        return admission_cap(group.sliding_window, bs, in_flight, mml)
+    if group.kind == "chunked_local":
+        return _cdiv(min(group.attention_chunk_size + in_flight, mml), bs)
+    return None
+
+
 def skipped_tokens(group: KVCacheGroup, computed: int) -> int:
-    """get_num_skipped_tokens: all but the window's last W - 1 tokens."""
-    if group.kind != "sliding_window":
-        return 0
-    return max(0, computed - group.sliding_window + 1)
+    """get_num_skipped_tokens: a sliding window skips all but its last W - 1
+    tokens, a chunked-local group every token before the chunk of the next
+    one, full attention none."""
+    kind = group.kind
+    if kind == "sliding_window":
+        return max(0, computed - group.sliding_window + 1)
+    if kind == "chunked_local":
+        c = group.attention_chunk_size
+        return max(0, computed // c * c)
+    return 0
+
+
+def next_skip(group: KVCacheGroup, nulled: int, bs: int) -> int:
+    """The fewest processed tokens at which ``remove_skipped_blocks`` frees
+    a block of a table whose first ``nulled`` blocks are null: the least p
+    with skipped_tokens(p) // bs > nulled (NEVER when the group skips none).
+    Below it the call changes nothing."""
+    if group.kind == "sliding_window":
+        return (nulled + 1) * bs + group.sliding_window - 1
+    if group.kind == "chunked_local":
+        c = group.attention_chunk_size
+        return _cdiv((nulled + 1) * bs, c) * c
+    return NEVER
 
 
 class Layout:
@@ -50,15 +82,15 @@ class Layout:
         self.caching = config.enable_prefix_caching
         in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
         self.caps: tuple[int | None, ...] = tuple(
-            admission_cap(g.sliding_window, bs, in_flight, config.max_model_len) if g.kind == "sliding_window" else None
-            for g in self.groups
+            group_cap(g, bs, in_flight, config.max_model_len) for g in self.groups
         )
-        # verify_and_split_kv_cache_groups: equal specs merged in order of
-        # first appearance, full attention first (stable)
-        merged: dict[tuple[str, int], list[int]] = {}
+        # verify_and_split_kv_cache_groups: equal specs (kind, window,
+        # chunk) merged in order of first appearance, full attention first
+        # (stable); a spec is (full, window, group ids, chunk)
+        merged: dict[tuple[str, int, int], list[int]] = {}
         for i, g in enumerate(self.groups):
-            merged.setdefault((g.kind, g.sliding_window), []).append(i)
-        specs = [(kind == "full_attention", w, tuple(ids)) for (kind, w), ids in merged.items()]
+            merged.setdefault((g.kind, g.sliding_window, g.attention_chunk_size), []).append(i)
+        specs = [(kind == "full_attention", w, tuple(ids), chunk) for (kind, w, chunk), ids in merged.items()]
         specs.sort(key=lambda s: not s[0])
         self.specs = specs
         self.simple = len(specs) == 2 and specs[0][0]
@@ -103,9 +135,9 @@ class Layout:
         return [b if b is not None else [] for b in blocks], hit_length, longest - hit_length
 
     def _group_hit(
-        self, spec: tuple[bool, int, tuple[int, ...]], lookup: Callable[[int, int], int | None], max_length: int
+        self, spec: tuple[bool, int, tuple[int, ...], int], lookup: Callable[[int, int], int | None], max_length: int
     ) -> tuple[list[list[int]], int]:
-        full, window, gids = spec
+        full, window, gids, chunk = spec
         bs = self.bs
         max_blocks = max_length // bs
 
@@ -121,6 +153,18 @@ class Layout:
         if full:
             computed: list[list[int]] = [[] for _ in gids]
             for i in range(max_blocks):
+                got = look(i)
+                if got is None:
+                    break
+                for blocks, b in zip(computed, got):
+                    blocks.append(b)
+            return computed, len(computed[0]) * bs
+        if chunk:
+            # ChunkedLocalAttentionManager: null before the block of the
+            # chunk start of the next token, then forward to the first miss
+            start = (max_length // chunk * chunk if max_length > 0 else 0) // bs
+            computed = [[NULL] * start for _ in gids]
+            for i in range(start, max_blocks):
                 got = look(i)
                 if got is None:
                     break
@@ -172,6 +216,11 @@ class GroupedRequest(Protocol):
     marks: dict[int, str]
     num_computed: int
     inflight: int
+    next_full: int
+    cap: int
+    gskip: int
+    gtuple: tuple[tuple[int, ...], ...] | None
+    btuple: tuple[int, ...] | None
 
     def toks(self, a: int, b: int) -> tuple[int, ...]: ...
 
@@ -209,13 +258,32 @@ class GroupsMixin(Generic[Q]):
 
     @staticmethod
     def _group_tuples(req: Q) -> tuple[tuple[int, ...], ...]:
-        return (tuple(req.blocks), *(tuple(t) for t in req.gblocks))
+        """The plan's group_block_ids, cached on the request until a table
+        changes (every change sets ``gtuple`` to None)."""
+        gt = req.gtuple
+        if gt is None:
+            gt = req.gtuple = (tuple(req.blocks), *(tuple(t) for t in req.gblocks))
+        return gt
+
+    def _g_slots(self, req: Q) -> int:
+        """The token slots every group's table has (the shortest table's): a
+        running request's step up to there allocates nothing."""
+        n = len(req.blocks)
+        for t in req.gblocks:
+            if len(t) < n:
+                n = len(t)
+        return n * self._bs
 
     def _clear_groups(self, req: Q) -> None:
         req.blocks = []
         req.ncached = 0
         req.gblocks = [[] for _ in req.gblocks]
         req.gncached = [0] * len(req.gncached)
+        req.gtuple = None
+        req.gskip = 0
+        req.cap = 0
+        if self._caching:
+            req.next_full = 0  # the next cache call sets it
 
     def _g_free_request(self, req: Q) -> None:
         """KVCacheCoordinator.free: each group's table tail first (null
@@ -316,6 +384,12 @@ class GroupsMixin(Generic[Q]):
                 req.ncached = end
             else:
                 req.gncached[g - 1] = end
+        # the least token count at which a group has a new full block to key
+        least = req.ncached
+        for c in req.gncached:
+            if c < least:
+                least = c
+        req.next_full = (least + 1) * bs
 
     # ------------------------------------------------------------ hits and counts
 
@@ -390,6 +464,7 @@ class GroupsMixin(Generic[Q]):
                         fq.remove(b)
                     ref[b] += 1
             tables[g].extend([NULL] * skipped + kept)
+            req.gtuple = None
             if g == 0:
                 req.ncached = len(tables[g])
             else:
@@ -403,23 +478,36 @@ class GroupsMixin(Generic[Q]):
             if k:
                 tables[g].extend(self._allocate(k))
 
-    def _g_grow(self, req: Q, num_tokens: int) -> None:
-        """allocate_new_blocks: each group's table to cdiv(num_tokens)."""
+    def _g_grow(self, req: Q, num_tokens: int) -> bool:
+        """allocate_new_blocks: each group's table to cdiv(num_tokens).
+        Whether a table grew."""
         bs = self._bs
+        grew = False
         for t in self._tables(req):
             k = _cdiv(num_tokens, bs) - len(t)
             if k > 0:
                 t.extend(self._allocate(k))
+                grew = True
+        if grew:
+            req.gtuple = None
+        return grew
 
     def _g_remove_skipped(self, req: Q, processed: int) -> None:
         """remove_skipped_blocks: each sliding-window group frees the blocks
         wholly before its window (last skipped first), null in their places."""
         bs = self._bs
+        gskip = NEVER
         for group, table in zip(self._layout.groups, self._tables(req)):
             skipped = skipped_tokens(group, processed)
-            if skipped <= 0:
+            n = min(skipped // bs, len(table)) if skipped > 0 else 0
+            # blocks 0 .. n - 1 are null once this call is done (the null
+            # blocks are a prefix of the table), so until skipped_tokens
+            # passes block n, calling again changes nothing
+            nxt = next_skip(group, n, bs)
+            if nxt < gskip:
+                gskip = nxt
+            if n <= 0:
                 continue
-            n = min(skipped // bs, len(table))
             freed: list[int] = []
             for i in range(n - 1, -1, -1):
                 if table[i] == NULL:
@@ -427,7 +515,10 @@ class GroupsMixin(Generic[Q]):
                 freed.append(table[i])
                 table[i] = NULL
             if freed:
+                req.gtuple = None
+                req.btuple = None  # group 0 may be the window's (a lone sliding-window group)
                 self._free_ordered(freed)
+        req.gskip = gskip
 
     def _free_ordered(self, ordered: list[int]) -> None:
         """BlockPool.free_blocks of blocks already in eviction order."""

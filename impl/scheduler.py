@@ -201,6 +201,11 @@ class _Req:
         "gblocks",
         "gncached",
         "spb",
+        # hybrid: the processed-token count from which a step may free
+        # blocks out of a window or chunk (_NEVER for the plain layout), and
+        # the group tables as the plan's tuple (cached; None after a change)
+        "gskip",
+        "gtuple",
     )
 
     def __init__(
@@ -283,6 +288,8 @@ class _Req:
         self.gblocks: list[list[int]] = []
         self.gncached: list[int] = []
         self.spb = 0
+        self.gskip = _NEVER
+        self.gtuple: tuple[tuple[int, ...], ...] | None = _NO_GROUPS
 
     def copy(self) -> "_Req":
         """An independent copy (the lists copied, immutable values shared)."""
@@ -327,6 +334,8 @@ class _Req:
         n.gblocks = [t[:] for t in self.gblocks]
         n.gncached = self.gncached[:]
         n.spb = self.spb
+        n.gskip = self.gskip
+        n.gtuple = self.gtuple
         return n
 
     @property
@@ -486,7 +495,8 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
             n = len(self._layout.groups) - 1
             req.gblocks = [[] for _ in range(n)]
             req.gncached = [0] * n
-            req.next_full = 0  # every step asks the coordinator (_register)
+            req.gskip = 0  # its first step asks the coordinator
+            req.gtuple = None
         if request.structured_output:
             # it waits for its grammar, passed over until grammar_ready
             req.status = _GRAMMAR
@@ -713,10 +723,10 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
         self._g_remove_skipped(req, max(0, min(c, mml) - req.inflight))
         if self._g_need(req, target, None, c) > self._fq.size:
             return False
-        self._g_grow(req, target)
+        if self._g_grow(req, target):
+            req.btuple = None
         self._g_cache(req, min(end, req.num_tokens))
-        req.cap = len(req.blocks) * self._bs
-        req.btuple = None
+        req.cap = self._g_slots(req)
         return True
 
     def _g_admit_alloc(
@@ -744,7 +754,7 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
         self._g_grow(req, target)
         if not load_async:
             self._g_cache(req, min(computed + n, req.num_tokens))
-        req.cap = len(req.blocks) * bs
+        req.cap = self._g_slots(req)
         req.btuple = None
         return True
 
@@ -1708,7 +1718,7 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
             # the cadence does not hold them), in a few lines: sync, one
             # known token; async, one step in flight with its 1 + k
             # placeholders and k placeholder drafts for this step.
-            if req.pchunk or c + width > req.cap or req.plen >= nt or thr_cuts or hyb:
+            if req.pchunk or c + width > req.cap or req.plen >= nt or thr_cuts or c - req.inflight >= req.gskip:
                 pass
             elif not ph:
                 if not asyn and c == nt - 1 and not drafts and nt < mml and nt < req.next_full:
@@ -1726,7 +1736,8 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
                     d["num_output_placeholders"] = 0
                     d["encoder_inputs"] = _NO_DRAFTS
                     d["num_invalid_spec_tokens"] = 0
-                    d["group_block_ids"] = _NO_GROUPS
+                    gt = req.gtuple
+                    d["group_block_ids"] = gt if gt is not None else self._group_tuples(req)
                     ents.append(o)
                     out.append(req)
                     codes.append(base + 1)
@@ -1759,7 +1770,8 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
                 d["num_output_placeholders"] = width
                 d["encoder_inputs"] = _NO_DRAFTS
                 d["num_invalid_spec_tokens"] = 0
-                d["group_block_ids"] = _NO_GROUPS
+                gt = req.gtuple
+                d["group_block_ids"] = gt if gt is not None else self._group_tuples(req)
                 ents.append(o)
                 out.append(req)
                 codes.append(steady_code)
@@ -1785,7 +1797,9 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
                 i += 1
                 continue
             e = c + n
-            if (hyb or e > req.cap or (e if e < nt else nt) >= req.next_full) and not self._grow_to(req, e):
+            if (
+                e > req.cap or (e if e < nt else nt) >= req.next_full or c - req.inflight >= req.gskip
+            ) and not self._grow_to(req, e):
                 allocated = False
                 blocked = False
                 while True:

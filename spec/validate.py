@@ -287,6 +287,17 @@ def _check_kv_fields(config: ConfigFields, group_type: type | None) -> None:
             raise ConfigError(f"{name}.attention_chunk_size", f"a {kind} group has no attention chunk, got {chunk}")
         if kind == "chunked_local" and window != 0:
             raise ConfigError(f"{name}.sliding_window", f"a chunked-local group has no window, got {window}")
+        # vllm/v1/attention/backends/utils.py, make_local_attention_virtual_batches:
+        # the chunked-local attention backend asserts that the chunk is a
+        # whole number of blocks (the scheduler does not check it, and with
+        # any other chunk ChunkedLocalAttentionManager.find_longest_cache_hit
+        # can null a block the hit's next token still attends).
+        if kind == "chunked_local" and chunk % config.block_size:
+            raise ConfigError(
+                f"{name}.attention_chunk_size",
+                f"({chunk}) must be a multiple of block_size ({config.block_size}): vLLM's chunked local "
+                "attention backend refuses any other chunk",
+            )
         # vllm/v1/kv_cache_interface.py, SlidingWindowSpec: a window of at
         # least one token; a full-attention group has none.
         if kind == "sliding_window" and window < 1:

@@ -1056,9 +1056,9 @@ def draw_kv_subset(kv: Sequence[str], rng: random.Random) -> tuple[str, ...]:
     return tuple(k for k in KV_FEATURES if k in kv and rng.random() < 0.6)
 
 
-def _local_span(block_size: int, rng: random.Random) -> int:
-    """A sliding window or attention chunk of 1 to 4 blocks, block-aligned
-    half the time, else ending inside its last block."""
+def _window_span(block_size: int, rng: random.Random) -> int:
+    """A sliding window of 1 to 4 blocks, block-aligned half the time, else
+    ending inside its last block."""
     k = rng.randint(1, 4)
     return k * block_size if rng.random() < 0.5 else rng.randint((k - 1) * block_size + 1, k * block_size)
 
@@ -1073,11 +1073,13 @@ def draw_kv_groups(block_size: int, rng: random.Random, chunks: random.Random | 
     the place of the last sliding-window group: full + chunked local, full +
     sliding window + chunked local, a lone chunked-local group, full +
     chunked local + full. Short chunks, so that a few hundred steps free
-    blocks before the chunk (ChunkedLocalAttentionManager)."""
+    blocks before the chunk (ChunkedLocalAttentionManager), and whole
+    blocks, as vLLM's chunked local attention backend requires
+    (spec/validate.py)."""
     from schedspec.spec.interface import KVCacheGroup
 
     def window() -> KVCacheGroup:
-        return KVCacheGroup("sliding_window", sliding_window=_local_span(block_size, rng))
+        return KVCacheGroup("sliding_window", sliding_window=_window_span(block_size, rng))
 
     layout = rng.choice(("full+sw", "full+sw", "full+sw+sw", "sw", "full+sw+full"))
     if layout == "sw":
@@ -1094,7 +1096,7 @@ def draw_kv_groups(block_size: int, rng: random.Random, chunks: random.Random | 
     if not chunked:
         return groups
     last = max(g for g, group in enumerate(groups) if group.kind == "sliding_window")
-    chunk = KVCacheGroup("chunked_local", attention_chunk_size=_local_span(block_size, crng))
+    chunk = KVCacheGroup("chunked_local", attention_chunk_size=crng.randint(1, 4) * block_size)
     return groups[:last] + (chunk,) + groups[last + 1:]
 
 

@@ -491,6 +491,26 @@ class TestHybrid:
         (a,) = step(s).scheduled
         assert (a.num_computed_tokens, a.num_scheduled_tokens) == (0, 8)
 
+    def test_a_chunk_vllm_refuses_is_refused_at_the_config(self) -> None:
+        # vLLM's scheduler takes any chunk, but its chunked local attention
+        # backend asserts a whole number of blocks; with any other chunk the
+        # scheduler's hit nulls a block the next token attends (chunk 3,
+        # block 2: a hit of 2 tokens with block 0 null, position 2 in the
+        # chunk 0-2), so the config refuses it, naming the field
+        import inspect
+
+        from vllm.v1.attention.backends.utils import make_local_attention_virtual_batches
+
+        from schedspec.spec.interface import ConfigError
+
+        assert "attn_chunk_size % block_size == 0" in inspect.getsource(make_local_attention_virtual_batches)
+        for chunk in (3, 2, 5):
+            with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.attention_chunk_size.*multiple of block_size"):
+                SchedulerConfig(block_size=4, num_blocks=40, max_model_len=64,
+                                kv_cache_groups=(FULL, KVCacheGroup("chunked_local", attention_chunk_size=chunk)))
+        assert SchedulerConfig(block_size=4, num_blocks=40, max_model_len=64,
+                               kv_cache_groups=(FULL, KVCacheGroup("chunked_local", attention_chunk_size=12)))
+
     def test_a_plain_layout_carries_no_group_tables(self) -> None:
         s = make(kv_connector=False)
         s.add(req("a", range(1, 11)))

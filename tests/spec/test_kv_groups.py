@@ -659,6 +659,11 @@ def test_the_full_sequence_gate_caps_the_chunked_local_group() -> None:
     ("groups", "field", "text"),
     [
         ((CL(0),), "kv_cache_groups[0].attention_chunk_size", "needs a chunk >= 1 token"),
+        # vLLM's chunked local attention backend asserts a chunk of whole blocks
+        # (make_local_attention_virtual_batches); with chunk 6 and block 4 the
+        # hit of an 8-token prompt would be [null] (4 tokens), though token 4
+        # attends tokens 0 .. 3 of its chunk
+        ((CL(6),), "kv_cache_groups[0].attention_chunk_size", "must be a multiple of block_size (4)"),
         ((KVCacheGroup(attention_chunk_size=8),), "kv_cache_groups[0].attention_chunk_size", "has no attention chunk"),
         ((KVCacheGroup(kind="sliding_window", sliding_window=4, attention_chunk_size=8),),
          "kv_cache_groups[0].attention_chunk_size", "has no attention chunk"),

@@ -28,7 +28,16 @@ baseline's included, carries the model's ``kv_cache_groups`` (a
 full-attention group, a sliding-window group); each layer reads its group's
 table, the sliding-window layers only their last W positions. Their guards:
 sliding-window blocks were freed (the null block appeared in a table) and
-prefix hits happened across the groups.
+prefix hits happened across the groups. With chunked local attention
+(``PagedLlama(chunked_local=C)``) the chunked-local layers read, through their
+group's table, only the earlier positions of their own chunk of C, and the
+guard asks for chunked-local blocks freed (nulled before the current chunk).
+A hybrid matrix also checks each workload's baseline against a dense,
+non-paged reference (``reference.py``: every request recomputed in one batch
+with masks built from the attention rule), which sees a mask that is wrong in
+baseline and variants alike; its negative controls are a chunked-local table
+with a block of the current chunk nulled (the executor must refuse it) and
+a chunk mask off by one (the reference must see it).
 
 The KV connector (``connector_variants``): the baseline run records every
 request's K/V per layer and position (``executor.KVStore``); a connector
@@ -72,6 +81,7 @@ from schedspec.check.stats import FEATURES, Stats
 from schedspec.check.workload import KV_REPORT_BOUND, AddRequest, Event, KVLoadDone, KVSaveDone, Workload, timed_events
 from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, KVStore, PlanError, model_kv_cache_groups
 from schedspec.gpu_runner.model import PagedLlama, describe_facts, determinism_facts
+from schedspec.gpu_runner.reference import reference_divergences
 
 if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
     from matplotlib.figure import Figure
@@ -279,13 +289,17 @@ def _tiny(config: SchedulerConfig) -> SchedulerConfig:
 
 
 def _hybrid_expects(expects: set[str], groups: tuple[KVCacheGroup, ...]) -> frozenset[str]:
-    """A hybrid variant must also free sliding-window blocks, and hit the
-    prefix cache across the groups where it must hit it at all."""
+    """A hybrid variant must also free sliding-window blocks and
+    chunked-local blocks (those groups it has), and hit the prefix cache
+    across the groups where it must hit it at all."""
     out = set(expects)
-    if any(g.kind == "sliding_window" for g in groups):
+    kinds = {g.kind for g in groups}
+    if "sliding_window" in kinds:
         out.add("sw_freed")
-        if out & {"cache_hit", "local_hit"}:
-            out.add("hybrid_hit")
+    if "chunked_local" in kinds:
+        out.add("cl_freed")
+    if kinds - {"full_attention"} and out & {"cache_hit", "local_hit"}:
+        out.add("hybrid_hit")
     return frozenset(out)
 
 
@@ -343,9 +357,10 @@ def default_variants(max_model_len: int, block_size: int = 16, max_num_seqs: int
 #: request was in flight, drafts accepted.
 INFLIGHT_FEATURES = ("in_flight", "drafts_accepted")
 #: What a hybrid variant must exercise: entries whose sliding-window table
-#: held the null block (freed blocks), new entries with a prefix hit in a
-#: hybrid layout (a hit valid in every group).
-HYBRID_FEATURES = ("sw_freed", "hybrid_hit")
+#: held the null block (freed blocks), the same for a chunked-local table,
+#: new entries with a prefix hit in a hybrid layout (a hit valid in every
+#: group).
+HYBRID_FEATURES = ("sw_freed", "cl_freed", "hybrid_hit")
 #: What a connector variant must exercise: tokens loaded from the store,
 #: asynchronous loads reported, asynchronous saves reported, and (where it
 #: caches prefixes) admissions with a prefix-cache hit beyond what the
@@ -544,7 +559,8 @@ def drive(
         fault_fired=list(executor.fault.fired) if executor.fault else [],
         inflight={"in_flight": executor.in_flight_entries, "drafts_accepted": executor.drafts_accepted,
                   "drafts_verified": executor.drafts_verified,
-                  "sw_freed": executor.null_block_entries, "hybrid_hit": executor.hybrid_hit_entries,
+                  "sw_freed": executor.null_block_entries, "cl_freed": executor.cl_null_entries,
+                  "hybrid_hit": executor.hybrid_hit_entries,
                   "local_hit": executor.local_hit_entries,
                   "kv_loaded": executor.kv_loaded_tokens, "kv_loads": executor.kv_loads,
                   "kv_async_loaded": stats.kv_loads_async, "kv_saved": stats.kv_saves,
@@ -653,6 +669,19 @@ def compare_runs(base: RunRecord, other: RunRecord, *, mode: str = "exact", atol
     return cmp
 
 
+def check_reference(model: PagedLlama, baseline: RunRecord, workload: Workload, *, atol: float = 1e-3) -> Comparison:
+    """A run (the baseline's) against the dense, non-paged reference
+    (``reference.reference_divergences``): every generated token the
+    reference's argmax at its position, every sampled logits row bitwise the
+    reference's (exact mode; fast mode: within ``atol``)."""
+    prompts = {r.request_id: r.prompt_token_ids for r in workload.requests}
+    found, toks, rows, bitwise, worst = reference_divergences(model, prompts, baseline.outputs, baseline.logits,
+                                                              atol=atol)
+    return Comparison(workload.name, "reference", model.mode, divergences=[Divergence(*d) for d in found],
+                      tokens_compared=toks, logits_compared=rows, logits_bitwise=bitwise, max_abs_diff=worst,
+                      counters=baseline.counters, tokens_generated=baseline.tokens_generated)
+
+
 # --------------------------------------------------------------------------
 # The matrix
 # --------------------------------------------------------------------------
@@ -696,6 +725,8 @@ class MatrixReport:
     repeat_rates: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: a repeat whose tokens or logits differ from the first run's, or that failed itself
     repeat_failures: list[str] = field(default_factory=list)
+    #: each workload's baseline against the dense, non-paged reference (``check_reference``)
+    reference: list[Comparison] = field(default_factory=list)
 
     @property
     def divergent(self) -> list[Comparison]:
@@ -704,7 +735,7 @@ class MatrixReport:
     @property
     def ok(self) -> bool:
         return (not self.divergent and not self.guard_failures and all(n.caught for n in self.negative)
-                and not self.repeat_failures)
+                and not self.repeat_failures and all(r.ok for r in self.reference))
 
     def baseline_tokens(self) -> int:
         return sum(len(t) for outs in self.baseline_outputs.values() for t in outs.values())
@@ -779,11 +810,15 @@ class MatrixReport:
         for v in self.variants:
             _, rows = self.totals(v.name)
             hyb = {k: sum(r.inflight.get(k, 0) for r in rows) for k in HYBRID_FEATURES}
+            kinds = {g.kind for g in v.config.groups}
             if v.config.is_hybrid:
-                lines.append(
-                    f"{v.name:<18} {hyb['sw_freed']} entries read a sliding-window table holding freed (null) blocks, "
-                    f"{hyb['hybrid_hit']} admissions hit the prefix cache in every group"
-                )
+                tables = [f"a sliding-window table ({hyb['sw_freed']})"] * ("sliding_window" in kinds)
+                tables += [f"a chunked-local table ({hyb['cl_freed']})"] * ("chunked_local" in kinds)
+                if "chunked_local" not in kinds:  # the wording the sliding-window reports have used
+                    freed = f"{hyb['sw_freed']} entries read a sliding-window table holding freed (null) blocks"
+                else:
+                    freed = f"entries that read {' and '.join(tables)} holding freed (null) blocks"
+                lines.append(f"{v.name:<18} {freed}, {hyb['hybrid_hit']} admissions hit the prefix cache in every group")
         for v in self.variants:
             _, rows = self.totals(v.name)
             kv = {k: sum(r.inflight.get(k, 0) for r in rows)
@@ -794,7 +829,15 @@ class MatrixReport:
                     f"{kv['kv_loaded']} tokens' K/V from the store, {kv['kv_saved']} saves reported, "
                     f"{kv['kv_timeouts']} reports at the bounded wait"
                 )
-        for bad in self.divergent:
+        if self.reference:
+            ref = self.reference
+            lines.append(
+                f"{'reference':<18} {sum(r.ok for r in ref)}/{len(ref)} baselines equal the dense, non-paged reference: "
+                f"{sum(r.tokens_compared for r in ref)} tokens its argmax, {sum(r.logits_bitwise for r in ref)} of "
+                f"{sum(r.logits_compared for r in ref)} logits rows bitwise"
+                + (f" (max |diff| {max(r.max_abs_diff for r in ref):.2g})" if self.mode != "exact" else "")
+            )
+        for bad in self.divergent + [r for r in self.reference if not r.ok]:
             lines.append(f"DIVERGED {bad.workload}/{bad.variant}: " + "; ".join(str(d) for d in bad.divergences[:3]))
         for g in self.guard_failures:
             lines.append(f"GUARD {g}")
@@ -861,6 +904,12 @@ class MatrixReport:
                 for name in ["baseline", *(v.name for v in self.variants)]
             },
             "repeat_failures": self.repeat_failures,
+            "reference": [
+                {"workload": r.workload, "ok": r.ok, "tokens_compared": r.tokens_compared,
+                 "logits_compared": r.logits_compared, "logits_bitwise": r.logits_bitwise,
+                 "max_abs_diff": r.max_abs_diff, "divergences": [str(d) for d in r.divergences]}
+                for r in self.reference
+            ],
             "guard_failures": self.guard_failures,
             "negative_controls": [
                 {"fault": n.fault, "workload": n.workload, "variant": n.variant, "caught": n.caught, "fired": n.fired, "divergences": n.divergences}
@@ -896,12 +945,14 @@ MATRIX_FEATURES: tuple[tuple[str, str, str], ...] = (
     ("local_hit", "H", "prefix-cache hit"),
     ("preempted", "P", "preempted"),
     ("sw_freed", "W", "sliding-window blocks freed"),
+    ("cl_freed", "K", "chunked-local blocks freed"),
     ("kv_loaded", "L", "KV loaded by the connector"),
 )
 MATRIX_LEGEND = (
     "a row per workload, a column per variant; green: same tokens, bitwise logits; yellow: same tokens, "
     "logits within --atol; red: diverged; grey: not run; in a cell: tokens compared, then C chunked prefill, "
-    "H prefix-cache hit, P preempted, W sliding-window blocks freed, L KV loaded by the connector"
+    "H prefix-cache hit, P preempted, W sliding-window blocks freed, K chunked-local blocks freed, "
+    "L KV loaded by the connector"
 )
 
 
@@ -978,6 +1029,22 @@ def _fault_target(workload: Workload) -> str | None:
     return max(best, key=lambda r: (r.max_tokens, len(r.prompt_token_ids))).request_id
 
 
+def _chunk_size(model: PagedLlama) -> int:
+    """The model's chunked-local chunk (0: it has no chunked-local layer)."""
+    return next((a.size for a in model.group_attn if a.kind == "chunked_local"), 0)
+
+
+def _chunk_target(workload: Workload, chunk: int) -> str | None:
+    """A request that is never aborted and runs past its first chunk of
+    ``chunk`` positions (the longest such), so a step reads a later chunk."""
+    aborted = {rid for _, rid in workload.abort_steps()}
+    best = [r for r in workload.requests
+            if r.request_id not in aborted and len(r.prompt_token_ids) + r.max_tokens > chunk + 1]
+    if not best:
+        return None
+    return max(best, key=lambda r: (len(r.prompt_token_ids) + r.max_tokens, r.request_id)).request_id
+
+
 def _load_target(workload: Workload) -> str | None:
     """A request that is never aborted and has the most tokens to load from
     the connector's store (None: no such request)."""
@@ -1000,11 +1067,18 @@ def negative_control(
     atol: float = 1e-3,
     kv_source: KVStore | None = None,
 ) -> NegativeControl:
-    """Run ``variant`` with one deliberately wrong block table, position or
-    connector load (``kv_load``: the stored K/V shifted by one position) and
-    count the divergences from ``baseline`` (they must not be zero)."""
+    """Run ``variant`` with one deliberately wrong block table, position,
+    connector load (``kv_load``: the stored K/V shifted by one position) or
+    chunked-local table (``chunk_null``: a block of the current chunk nulled)
+    and count the divergences from ``baseline`` (they must not be zero; a
+    plan the executor refuses counts as caught)."""
     wl = variant_workload(workload, variant)
-    target = _load_target(wl) if kind == "kv_load" else _fault_target(workload)
+    if kind == "kv_load":
+        target = _load_target(wl)
+    elif kind == "chunk_null":
+        target = _chunk_target(workload, _chunk_size(model))
+    else:
+        target = _fault_target(workload)
     fault = Fault(kind, step=0, request_id=target)
     try:
         rec = run_one(factory, model, variant.config, wl, variant=variant.name, fault=fault, kv_source=kv_source)
@@ -1021,6 +1095,30 @@ def negative_control(
     )
 
 
+def _refused(workload: str, variant: str, mode: str, exc: PlanError) -> Comparison:
+    """A run the executor stopped: its scheduler planned a step no model
+    runner could execute (a divergence of kind ``plan``)."""
+    return Comparison(workload, variant, mode, divergences=[Divergence(exc.request_id, "plan", exc.step, str(exc))])
+
+
+def mask_control(factory: SchedulerFactory, model: PagedLlama, workload: Workload, baseline: SchedulerConfig,
+                 *, atol: float = 1e-3) -> NegativeControl:
+    """Run ``workload``'s baseline on the model with every chunk of its
+    chunked-local mask starting one position early (each token also attends
+    the last position of the chunk before its own), and count its divergences
+    from the dense reference of the correct model (they must not be zero:
+    the mask is wrong in baseline and variants alike, so only the reference
+    can see it)."""
+    chunk = _chunk_size(model)
+    if not chunk:
+        raise ValueError("the chunk mask control needs a model with chunked-local layers")
+    rec = run_one(factory, model.with_chunk_start_shift(-1), baseline, workload, variant="baseline")
+    cmp = check_reference(model, rec, workload, atol=atol)
+    fired = [f"every chunk of {chunk} in the chunked-local layers' mask starts one position early"]
+    return NegativeControl("chunk_mask", workload.name, "baseline", fired, len(cmp.divergences),
+                           str(cmp.divergences[0]) if cmp.divergences else "")
+
+
 def run_matrix(
     factory: SchedulerFactory,
     model: PagedLlama,
@@ -1032,9 +1130,14 @@ def run_matrix(
     negative: bool = True,
     progress: Progress | None = None,
     model_name: str = "",
+    reference: bool = False,
 ) -> MatrixReport:
     """Run the baseline and every variant on every workload, compare, check
-    the guards, and (``negative``) run the two negative controls."""
+    the guards, and (``negative``) run the negative controls: a wrong block
+    table and wrong positions, with connector variants a shifted load, with
+    chunked-local layers a nulled block of the current chunk and (with
+    ``reference``) a chunk mask off by one. ``reference``: check every
+    baseline against the dense, non-paged reference too."""
     t0 = time.perf_counter()
     report = MatrixReport(
         model=model_name or model.config.name,
@@ -1052,16 +1155,29 @@ def run_matrix(
         store = KVStore() if need_store else None
         if store is not None:
             stores[w.name] = store
-        base = run_one(factory, model, baseline, w, variant="baseline", kv_record=store)
+        try:
+            base = run_one(factory, model, baseline, w, variant="baseline", kv_record=store)
+        except PlanError as exc:  # the baseline's own plan could not run: nothing to compare with
+            report.comparisons.append(_refused(w.name, "baseline", model.mode, exc))
+            if progress:
+                progress(f"[{i + 1}/{len(workloads)}] {w.name}: baseline REFUSED: {exc}")
+            continue
         bases[w.name] = base
         report.baselines[w.name] = base.counters
         report.baseline_outputs[w.name] = {rid: list(toks) for rid, toks in sorted(base.outputs.items())}
         report.baseline_digests[w.name] = base.digest()
         line = [f"[{i + 1}/{len(workloads)}] {w.name}: baseline {base.counters.steps} steps"]
+        if reference:
+            ref = check_reference(model, base, w, atol=atol)
+            report.reference.append(ref)
+            line.append(f"reference {'ok' if ref.ok else 'DIVERGED'}")
         for v in variants:
-            rec = run_one(factory, model, v.config, variant_workload(w, v), variant=v.name,
-                          kv_source=stores.get(w.name) if v.kv else None)
-            cmp = compare_runs(base, rec, mode=model.mode, atol=atol)
+            try:
+                rec = run_one(factory, model, v.config, variant_workload(w, v), variant=v.name,
+                              kv_source=stores.get(w.name) if v.kv else None)
+                cmp = compare_runs(base, rec, mode=model.mode, atol=atol)
+            except PlanError as exc:
+                cmp = _refused(w.name, v.name, model.mode, exc)
             report.comparisons.append(cmp)
             line.append(f"{v.name} {'ok' if cmp.ok else 'DIVERGED'}")
         if progress:
@@ -1078,16 +1194,29 @@ def run_matrix(
             count = sum(r.inflight.get(feat, 0) for r in rows) if feat in EXECUTOR_FEATURES else tot.feature(feat)
             if not count:
                 report.guard_failures.append(f"variant {v.name} never {feat.replace('_', ' ')} in {len(workloads)} workloads")
+    workloads = [w for w in workloads if w.name in bases]
     if negative and workloads and variants:
         w = next((w for w in workloads if _fault_target(w) is not None), workloads[0])
         v = next((v for v in variants if "chunked" in v.expects), variants[0])
         kinds: tuple[FaultKind, ...] = ("block_table", "position")
+        chunk = _chunk_size(model)
+        if chunk:
+            kinds += ("chunk_null",)
         for kind in kinds:
-            nc = negative_control(factory, model, bases[w.name], w, v, kind, mode=model.mode, atol=atol,
-                                  kv_source=stores.get(w.name) if v.kv else None)
+            fw = w
+            if kind == "chunk_null":
+                fw = next((x for x in workloads if _chunk_target(x, chunk) is not None), w)
+            nc = negative_control(factory, model, bases[fw.name], fw, v, kind, mode=model.mode, atol=atol,
+                                  kv_source=stores.get(fw.name) if v.kv else None)
             report.negative.append(nc)
             if progress:
                 progress(f"negative control {kind}: {'caught' if nc.caught else 'MISSED'}")
+        if chunk and reference:
+            mw = next((x for x in workloads if _chunk_target(x, chunk) is not None), w)
+            nc = mask_control(factory, model, mw, baseline, atol=atol)
+            report.negative.append(nc)
+            if progress:
+                progress(f"negative control chunk_mask: {'caught' if nc.caught else 'MISSED'}")
         kv_variant = next((v for v in variants if v.kv), None)
         if kv_variant is not None:
             kw = next((w for w in workloads if _load_target(variant_workload(w, kv_variant)) is not None), None)
@@ -1129,6 +1258,15 @@ def merge_repeats(runs: Sequence[MatrixReport]) -> MatrixReport:
     return first
 
 
+def _layout_words(model: PagedLlama) -> str:
+    """The model's hybrid layout for the report's title ("" for none)."""
+    if not model.is_hybrid:
+        return ""
+    if model.sliding_window and not model.chunked_local and not model.layer_pattern:
+        return f" (sliding window {model.sliding_window} on {model.sw_layers} layers)"
+    return f" (layers {model.describe_layout()})"
+
+
 def run_equivalence(
     factory: SchedulerFactory | None = None,
     *,
@@ -1149,23 +1287,34 @@ def run_equivalence(
     sw_layers: str = "odd",
     connector: bool = True,
     capabilities: Capabilities | None = None,
+    chunked_local: int = 0,
+    cl_layers: str = "odd",
+    layer_pattern: str = "",
+    reference: bool | None = None,
 ) -> MatrixReport:
     """Load ``model``, build workloads and variants, run the matrix
     (``repeat`` times: see ``merge_repeats``; the negative controls run once).
     ``sliding_window`` W > 0 makes the model hybrid (``sw_layers`` attend the
     last W positions) and every config carry its KV cache groups;
-    ``connector`` adds the connector variants. ``capabilities``: what the
+    ``chunked_local`` C > 0 does the same with chunked local attention
+    (``cl_layers``; with both, or ``layer_pattern``, a layout of full,
+    sliding-window and chunked-local layers: ``PagedLlama``).
+    ``connector`` adds the connector variants. ``reference`` checks every
+    baseline against the dense, non-paged reference (None: for a hybrid
+    model). ``capabilities``: what the
     scheduler declares (None: the spec, everything): without ``kv_connector``
     the connector variants are left out (a progress line says so), without
-    ``hybrid_kv`` a sliding window is refused (ValueError)."""
+    ``hybrid_kv`` a sliding window or chunked local attention is refused
+    (ValueError)."""
     from schedspec.gpu_runner.executor import pick_device
     from schedspec.gpu_runner.loaders import load_model
 
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     if capabilities is not None:
-        if sliding_window and not capabilities.hybrid_kv:
-            raise ValueError("--sliding-window needs a scheduler that declares hybrid_kv (hybrid KV cache groups)")
+        if (sliding_window or chunked_local) and not capabilities.hybrid_kv:
+            flag = "--sliding-window" if sliding_window else "--chunked-local"
+            raise ValueError(f"{flag} needs a scheduler that declares hybrid_kv (hybrid KV cache groups)")
         if connector and not capabilities.kv_connector:
             connector = False
             if progress:
@@ -1174,8 +1323,11 @@ def run_equivalence(
     weights = load_model(model, dev)
     mml = max_model_len or min(weights.config.max_position, 128)
     paged = PagedLlama(weights, mode=mode, tile_rows=tile_rows, window=mml,  # type: ignore[arg-type]
-                       sliding_window=sliding_window, sw_layers=sw_layers)
+                       sliding_window=sliding_window, sw_layers=sw_layers, chunked_local=chunked_local,
+                       cl_layers=cl_layers, layer_pattern=layer_pattern)
     groups = model_kv_cache_groups(paged)
+    if reference is None:
+        reference = paged.is_hybrid
     wls = make_workloads(workloads, seed=seed, vocab_size=weights.config.vocab_size, max_model_len=mml, block_size=block_size)
     variants = default_variants(mml, block_size, groups=groups) + inflight_variants(mml, block_size, groups=groups)
     if connector:
@@ -1193,7 +1345,8 @@ def run_equivalence(
             atol=atol,
             negative=negative and i == 0,
             progress=progress,
-            model_name=model + (f" (sliding window {sliding_window} on {sw_layers} layers)" if sliding_window else ""),
+            model_name=model + _layout_words(paged),
+            reference=reference,
         ))
     return merge_repeats(runs)
 

@@ -13,8 +13,9 @@ by request and the position of the token it sampled, so the check driver can
 step it like the fake model.
 
 A ``Fault`` deliberately corrupts one entry of one step (a wrong block in the
-table, or shifted positions); the equivalence matrix's negative control uses
-it to show that a wrong KV address is caught.
+table, or shifted positions, or a chunked-local table with a block of the
+current chunk nulled); the equivalence matrix's negative control uses it to
+show that a wrong KV address is caught.
 
 Speculative decoding and async scheduling, as vLLM's worker runs them:
 
@@ -56,7 +57,14 @@ from schedspec.spec.interface import (
     StepResult,
 )
 
-from schedspec.gpu_runner.model import LlamaWeights, PagedKVCache, PagedLlama, StepBatch, set_cuda_determinism
+from schedspec.gpu_runner.model import (
+    GroupAttention,
+    LlamaWeights,
+    PagedKVCache,
+    PagedLlama,
+    StepBatch,
+    set_cuda_determinism,
+)
 
 
 class PlanError(SchedSpecError, ValueError):
@@ -69,7 +77,8 @@ class PlanError(SchedSpecError, ValueError):
         self.field = field_name
 
 
-FaultKind = Literal["block_table", "position", "kv_load"]
+FaultKind = Literal["block_table", "position", "kv_load", "chunk_null"]
+FAULT_KINDS = ("block_table", "position", "kv_load", "chunk_null")
 
 
 @dataclass
@@ -83,7 +92,11 @@ class Fault:
     RoPE (the slots stay right). ``kv_load``: the first connector load of the
     request (``step`` does not apply) copies, into each position, the stored
     K/V of the next position (of the one before, for the store's last): a
-    store that is off by one."""
+    store that is off by one. ``chunk_null``: the entry's chunked-local
+    table gets the null block 0 in place of the block holding its current
+    chunk's first position (a scheduler that frees the chunk it is in; the
+    executor must refuse the plan). It fires only on an entry past its
+    first chunk, of a config with a chunked-local group."""
 
     kind: FaultKind
     step: int = 0
@@ -91,8 +104,8 @@ class Fault:
     fired: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("block_table", "position", "kv_load"):
-            raise ValueError(f"fault kind must be 'block_table', 'position' or 'kv_load', got {self.kind!r}")
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind must be one of {', '.join(FAULT_KINDS)}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -128,12 +141,20 @@ def pick_device(device: str = "auto", *, deterministic_algorithms: bool = False)
 
 def model_kv_cache_groups(model: PagedLlama) -> tuple[KVCacheGroup, ...]:
     """The scheduler's ``kv_cache_groups`` for the model's layers: () for a
-    model without a sliding window, else one group per layer group (a
-    full-attention group, then the sliding-window one)."""
+    model whose layers all attend fully, else one group per layer group (a
+    full-attention group, then the sliding-window one, then the
+    chunked-local one, those the model has)."""
     if not model.is_hybrid:
         return ()
-    return tuple(KVCacheGroup("sliding_window", sliding_window=w) if w else KVCacheGroup("full_attention")
-                 for w in model.group_windows)
+    return tuple(_kv_group(a) for a in model.group_attn)
+
+
+def _kv_group(a: GroupAttention) -> KVCacheGroup:
+    if a.kind == "sliding_window":
+        return KVCacheGroup("sliding_window", sliding_window=a.size)
+    if a.kind == "chunked_local":
+        return KVCacheGroup("chunked_local", attention_chunk_size=a.size)
+    return KVCacheGroup("full_attention")
 
 
 class KVStore:
@@ -161,10 +182,11 @@ class KVStore:
 class Executor:
     """Executes StepPlans of one scheduler configuration on one model.
 
-    For a hybrid model (``PagedLlama(sliding_window=W)``) the config's
-    ``kv_cache_groups`` must be the model's (``model_kv_cache_groups``): each
-    layer reads and writes its group's table of ``group_block_ids``, all
-    groups in the one pool of blocks (a plane per layer)."""
+    For a hybrid model (``PagedLlama(sliding_window=W)``,
+    ``PagedLlama(chunked_local=C)``) the config's ``kv_cache_groups`` must be
+    the model's (``model_kv_cache_groups``): each layer reads and writes its
+    group's table of ``group_block_ids``, all groups in the one pool of
+    blocks (a plane per layer)."""
 
     def __init__(
         self,
@@ -191,15 +213,19 @@ class Executor:
                 f"config.kv_cache_groups {[g.to_dict() for g in config.kv_cache_groups]} do not match the "
                 f"model's layers {[g.to_dict() for g in want]}"
             )
-        #: the sliding window of each KV cache group (0: full attention)
+        #: the sliding window of each KV cache group (0: none)
         self.group_windows: tuple[int, ...] = model.group_windows
+        #: how each KV cache group attends
+        self.group_attn: tuple[GroupAttention, ...] = model.group_attn
         self.kv_record = kv_record
         self.kv_source = kv_source
         #: counts of the hybrid layout: entries whose sliding-window table
-        #: held the null block (freed blocks), admissions (new or resumed)
+        #: held the null block (freed blocks), the same for a chunked-local
+        #: table (``cl_null_entries``), admissions (new or resumed)
         #: with a prefix-cache hit (beyond the tokens the connector loaded),
         #: in any layout and in a hybrid one (a hit valid in every group)
         self.null_block_entries = 0
+        self.cl_null_entries = 0
         self.local_hit_entries = 0
         self.hybrid_hit_entries = 0
         #: request id -> the end of its last connector load
@@ -281,7 +307,7 @@ class Executor:
         nb = self.cache.num_blocks
         window = self.model.window
         vocab = self.model.config.vocab_size
-        ngroups = len(self.group_windows)
+        ngroups = len(self.group_attn)
         toks: list[int] = []
         positions: list[int] = []
         group_slots: list[list[int]] = [[] for _ in range(ngroups)]
@@ -331,7 +357,7 @@ class Executor:
                     raise bad("token_ids", f"scheduled {tuple(filled[: n - d])!r}, the request has {want!r} there")
             pos = list(range(c, end))
             fault = self.fault
-            if fault is not None and not fault.fired and plan.step >= fault.step and (
+            if fault is not None and fault.kind != "chunk_null" and not fault.fired and plan.step >= fault.step and (
                 fault.request_id is None or fault.request_id == rid
             ):
                 fault.fired.append(f"step {plan.step} request {rid}: {fault.kind}")
@@ -393,50 +419,71 @@ class Executor:
         """The entry's block table per KV cache group (``group_block_ids``
         for a hybrid config, else ``block_ids``), checked: each covers
         positions up to ``end``, holds only blocks of the pool, and the null
-        block 0 only in a sliding-window group's places wholly before the
-        window the step reads (positions ``c - W + 1`` on): reading one
-        inside it is a PlanError naming the group and the position."""
+        block 0 only in a sliding-window or chunked-local group's places
+        wholly before the first key the step reads (position ``c - W + 1``
+        for a window of W, ``(c // C) * C`` for chunks of C: the current
+        chunk's start): reading one at or after it is a PlanError naming the
+        group and the position."""
         bs, nb = self.config.block_size, self.cache.num_blocks
         rid = s.request_id
         need = (end + bs - 1) // bs
         if self.config.is_hybrid:
-            if len(s.group_block_ids) != len(self.group_windows):
+            if len(s.group_block_ids) != len(self.group_attn):
                 raise PlanError(plan.step, rid, "group_block_ids",
-                                f"{len(s.group_block_ids)} tables for {len(self.group_windows)} KV cache groups")
+                                f"{len(s.group_block_ids)} tables for {len(self.group_attn)} KV cache groups")
             if tuple(s.block_ids) != tuple(s.group_block_ids[0]):
                 raise PlanError(plan.step, rid, "block_ids", "is not group 0's table of group_block_ids")
             raw = [list(t) for t in s.group_block_ids]
         else:
             raw = [list(s.block_ids)]
         hybrid = self.config.is_hybrid
-        freed = False
-        for g, (tab, w) in enumerate(zip(raw, self.group_windows)):
+        self._chunk_null_fault(plan, s, c, raw)
+        freed = {"sliding_window": False, "chunked_local": False}
+        for g, (tab, attn) in enumerate(zip(raw, self.group_attn)):
             name = f"group_block_ids[{g}]" if hybrid else "block_ids"
-            what_group = f"KV cache group {g} ({'sliding window ' + str(w) if w else 'full attention'}): " if hybrid else ""
+            what_group = f"KV cache group {g} ({attn.describe()}): " if hybrid else ""
             if len(tab) < need:
                 raise PlanError(plan.step, rid, name, f"{what_group}{len(tab)} blocks cannot hold {end} tokens of {bs}")
-            first_read = max(0, c - w + 1) if w else 0
+            first_read = attn.first_key(c)
+            inside = "the current chunk" if attn.kind == "chunked_local" else "the window the step reads"
             for i, b in enumerate(tab):
                 if not 0 <= b < nb:
                     raise PlanError(plan.step, rid, name, f"{what_group}the table holds block {b} outside the pool of {nb}")
                 if b != 0:
                     continue
-                if not w:
+                if attn.kind == "full_attention":
                     raise PlanError(plan.step, rid, name, f"{what_group}the table holds the null block 0")
-                freed = True
+                freed[attn.kind] = True
                 if i * bs + bs > first_read and i * bs < end:
                     pos = max(i * bs, first_read)
                     raise PlanError(plan.step, rid, name,
-                                    f"{what_group}position {pos} lies inside the window the step reads "
+                                    f"{what_group}position {pos} lies inside {inside} "
                                     f"(from {first_read}) but its block is the null block 0 (freed)")
-        if freed:
-            self.null_block_entries += 1
+        self.null_block_entries += freed["sliding_window"]
+        self.cl_null_entries += freed["chunked_local"]
         if s.kind is not ScheduleKind.RUNNING and s.num_computed_tokens > self._loaded.get(rid, 0):
             # an admission with a prefix-cache hit beyond what the connector loaded
             self.local_hit_entries += 1
             if hybrid:
                 self.hybrid_hit_entries += 1
         return raw
+
+    def _chunk_null_fault(self, plan: StepPlan, s: ScheduledRequest, c: int, raw: list[list[int]]) -> None:
+        """``Fault("chunk_null")``: null the block of the current chunk's
+        first position in the entry's chunked-local table (once)."""
+        fault = self.fault
+        if fault is None or fault.kind != "chunk_null" or fault.fired or plan.step < fault.step or (
+                fault.request_id is not None and fault.request_id != s.request_id):
+            return
+        for g, attn in enumerate(self.group_attn):
+            # past its first chunk: a scheduler that frees one chunk too many
+            if attn.kind == "chunked_local" and g < len(raw) and attn.first_key(c) >= attn.size:
+                i = attn.first_key(c) // self.config.block_size
+                if i < len(raw[g]) and raw[g][i] != 0:
+                    raw[g][i] = 0
+                    fault.fired.append(f"step {plan.step} request {s.request_id}: chunk_null "
+                                       f"(group {g}'s block {i}, position {attn.first_key(c)}, nulled)")
+                    return
 
     # ------------------------------------------------------------------ the KV connector's worker side
 
@@ -446,8 +493,8 @@ class Executor:
         it reports them finished): copy the stored K/V of positions
         ``load.start .. load.end - 1`` (below ``upto`` when given) from
         ``kv_source`` into the load's blocks, each layer through its KV cache
-        group's table (``group_block_ids``; a sliding-window table's null
-        blocks take nothing). ``tokens`` is the request's prompt: the store
+        group's table (``group_block_ids``; a sliding-window or chunked-local
+        table's null blocks take nothing). ``tokens`` is the request's prompt: the store
         must hold K/V computed for those very tokens."""
         rid = load.request_id
         end = load.end if upto is None else min(load.end, upto)
@@ -478,11 +525,11 @@ class Executor:
         if shift and fault is not None:
             fault.fired.append(f"load of request {rid} positions {load.start}..{end - 1}: stored K/V shifted by one")
         tables = load.group_block_ids if self.config.is_hybrid else (load.block_ids,)
-        if len(tables) != len(self.group_windows):
-            raise bad(f"{len(tables)} tables for {len(self.group_windows)} KV cache groups")
+        if len(tables) != len(self.group_attn):
+            raise bad(f"{len(tables)} tables for {len(self.group_attn)} KV cache groups")
         dev = self.model.device
         for g, tab in enumerate(tables):
-            w = self.group_windows[g]
+            w = self.group_attn[g].kind != "full_attention"  # a group whose freed blocks are nulls
             keep = []
             for p, q in zip(range(load.start, end), src):
                 i = p // bs
@@ -515,7 +562,7 @@ class Executor:
         if store is None:
             return
         per_group: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for g in range(len(self.group_windows)):
+        for g in range(len(self.group_attn)):
             slots = batch.slots_of(g)
             layers = [i for i, lg in enumerate(self.model.layer_group) if lg == g]
             k = torch.stack([self.cache.flat(i)[0].index_select(0, slots) for i in layers])

@@ -31,11 +31,15 @@ Two modes:
     tolerance that the equivalence report states.
 
 Hybrid KV cache groups: ``PagedLlama(sliding_window=W)`` gives some layers
-(``sw_layers``) a sliding window of W positions; each layer belongs to a KV
-cache group (``layer_group``: the full-attention layers, then the
-sliding-window ones) and reads and writes the cache through that group's
-block tables (``StepBatch.slots_of`` / ``keys_of``), all groups sharing the
-block ids of the one pool.
+(``sw_layers``) a sliding window of W positions, ``PagedLlama(chunked_local=C)``
+some layers (``cl_layers``) chunked local attention (a token attends only the
+earlier positions of its own chunk of C positions), both together a layout of
+full, sliding-window and chunked-local layers (``layer_pattern``); each layer
+belongs to a KV cache group (``layer_group``: the full-attention layers, then
+the sliding-window ones, then the chunked-local ones; ``group_attn`` says how
+each group attends) and reads and writes the cache through that group's block
+tables (``StepBatch.slots_of`` / ``keys_of``), all groups sharing the block
+ids of the one pool.
 
 torch is imported here and only inside ``schedspec.gpu_runner``.
 """
@@ -412,15 +416,110 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x / torch.sqrt(ms + eps) * weight
 
 
-def _mlp(x: torch.Tensor, lw: LayerWeights, i_pad: int, eps: float) -> torch.Tensor:
+def mlp(x: torch.Tensor, lw: LayerWeights, i_pad: int, eps: float) -> torch.Tensor:
+    """A layer's MLP block: RMSNorm, then SwiGLU over the zero-padded hidden size."""
     h = rms_norm(x, lw.mlp_norm, eps)
     gu = F.linear(h, lw.w_gate_up)
     act = F.silu(gu[:, :i_pad]) * gu[:, i_pad:]
     return F.linear(act, lw.w_down)
 
 
-#: Which layers a sliding window applies to (``PagedLlama(sliding_window=W, sw_layers=...)``).
+#: Which layers a sliding window (``sw_layers``) or chunked local attention
+#: (``cl_layers``) applies to, when one of the two is on alone.
 SW_LAYERS = ("odd", "even", "all")
+#: The attention of a layer, by its letter in a ``layer_pattern``: vLLM's
+#: FullAttentionSpec, SlidingWindowSpec and ChunkedLocalAttentionSpec.
+LAYER_LETTERS = {"F": "full_attention", "S": "sliding_window", "C": "chunked_local"}
+#: The group order: full attention, then sliding window, then chunked local.
+ATTENTION_KINDS = ("full_attention", "sliding_window", "chunked_local")
+#: The layout when both a sliding window and a chunked-local chunk are on and
+#: no pattern is given: layer i is F, S, C by i mod 3 (4 layers: F S C F).
+DEFAULT_MIXED_PATTERN = "FSC"
+
+
+@dataclass(frozen=True)
+class GroupAttention:
+    """How the layers of one KV cache group attend: ``full_attention`` (every
+    earlier position), ``sliding_window`` (the last ``size`` positions) or
+    ``chunked_local`` (positions are cut into chunks of ``size``; a token
+    attends the earlier positions of its own chunk)."""
+
+    kind: str = "full_attention"
+    size: int = 0
+
+    def first_key(self, pos: int) -> int:
+        """The first position a token at ``pos`` attends (it attends
+        ``first_key(pos) .. pos``)."""
+        if self.kind == "sliding_window":
+            return max(0, pos - self.size + 1)
+        if self.kind == "chunked_local":
+            return pos // self.size * self.size
+        return 0
+
+    def first_keys(self, pos: torch.Tensor, chunk_shift: int = 0) -> torch.Tensor:
+        """``first_key`` of every position of ``pos`` (a tensor);
+        ``chunk_shift`` moves a chunk's start (negative controls only)."""
+        if self.kind == "sliding_window":
+            return pos - self.size + 1
+        if self.kind == "chunked_local":
+            return torch.div(pos, self.size, rounding_mode="floor") * self.size + chunk_shift
+        return torch.zeros_like(pos)
+
+    def describe(self) -> str:
+        if self.kind == "sliding_window":
+            return f"sliding window {self.size}"
+        if self.kind == "chunked_local":
+            return f"chunked local {self.size}"
+        return "full attention"
+
+
+def _select(num_layers: int, which: str, what: str) -> list[bool]:
+    if which not in SW_LAYERS:
+        raise ModelError(f"{what} must be one of {', '.join(SW_LAYERS)}, got {which!r}")
+    return [which == "all" or (i % 2 == 1) == (which == "odd") for i in range(num_layers)]
+
+
+def layer_kinds(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd", chunked_local: int = 0,
+                cl_layers: str = "odd", layer_pattern: str = "") -> tuple[str, ...]:
+    """The attention kind of each layer. ``layer_pattern`` (letters F, S, C,
+    repeated over the layers) when given; else a sliding window alone on
+    ``sw_layers``, chunked local attention alone on ``cl_layers``, both by
+    ``DEFAULT_MIXED_PATTERN``; else full attention everywhere."""
+    for name, v in (("sliding_window", sliding_window), ("chunked_local", chunked_local)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ModelError(f"{name} must be an integer >= 0, got {v!r}")
+    pattern = layer_pattern or (DEFAULT_MIXED_PATTERN if sliding_window and chunked_local else "")
+    if pattern:
+        bad = sorted(set(pattern) - set(LAYER_LETTERS))
+        if bad:
+            raise ModelError(f"layer_pattern takes the letters F, S, C, got {bad[0]!r} in {pattern!r}")
+        kinds = tuple(LAYER_LETTERS[pattern[i % len(pattern)]] for i in range(num_layers))
+        for kind, size, flag in (("sliding_window", sliding_window, "sliding_window"),
+                                 ("chunked_local", chunked_local, "chunked_local")):
+            if (kind in kinds) != bool(size):
+                raise ModelError(f"layer_pattern {pattern!r} over {num_layers} layers "
+                                 f"{'has' if kind in kinds else 'has no'} {kind} layers but {flag} is {size}")
+        return kinds
+    if sliding_window:
+        sel, kind, what = _select(num_layers, sw_layers, "sw_layers"), "sliding_window", "sw_layers"
+    elif chunked_local:
+        sel, kind, what = _select(num_layers, cl_layers, "cl_layers"), "chunked_local", "cl_layers"
+    else:
+        return ("full_attention",) * num_layers
+    if not any(sel):
+        raise ModelError(f"{what}={sw_layers if sliding_window else cl_layers} selects no layer of {num_layers}")
+    return tuple(kind if x else "full_attention" for x in sel)
+
+
+def layer_layout(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd", chunked_local: int = 0,
+                 cl_layers: str = "odd", layer_pattern: str = "") -> tuple[tuple[int, ...], tuple[GroupAttention, ...]]:
+    """The KV cache group of each layer and how each group attends: the
+    layers of one kind make one group, in ``ATTENTION_KINDS`` order, as vLLM
+    groups layers by their KV cache spec (``layer_kinds`` picks the kinds)."""
+    kinds = layer_kinds(num_layers, sliding_window, sw_layers, chunked_local, cl_layers, layer_pattern)
+    size = {"full_attention": 0, "sliding_window": sliding_window, "chunked_local": chunked_local}
+    present = [k for k in ATTENTION_KINDS if k in kinds]
+    return tuple(present.index(k) for k in kinds), tuple(GroupAttention(k, size[k]) for k in present)
 
 
 def layer_groups(num_layers: int, sliding_window: int, sw_layers: str = "odd") -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -431,16 +530,8 @@ def layer_groups(num_layers: int, sliding_window: int, sw_layers: str = "odd") -
     next group, as vLLM groups layers by their KV cache spec."""
     if sliding_window < 0:
         raise ModelError(f"sliding_window must be >= 0, got {sliding_window}")
-    if sw_layers not in SW_LAYERS:
-        raise ModelError(f"sw_layers must be one of {', '.join(SW_LAYERS)}, got {sw_layers!r}")
-    if not sliding_window:
-        return (0,) * num_layers, (0,)
-    sw = [sw_layers == "all" or (i % 2 == 1) == (sw_layers == "odd") for i in range(num_layers)]
-    if not any(sw):
-        raise ModelError(f"sw_layers={sw_layers} selects no layer of {num_layers}")
-    if all(sw):
-        return (0,) * num_layers, (sliding_window,)
-    return tuple(1 if x else 0 for x in sw), (0, sliding_window)
+    groups, attn = layer_layout(num_layers, sliding_window, sw_layers)
+    return groups, tuple(a.size for a in attn)
 
 
 class PagedLlama:
@@ -449,21 +540,39 @@ class PagedLlama:
     ``sliding_window`` W > 0 makes the model hybrid: the layers ``sw_layers``
     selects attend only to the last W positions (a token at position p reads
     keys p-W+1 .. p) through their own KV cache group's block tables
-    (``layer_group``, ``group_windows``); the others attend every position.
-    In exact mode a sliding-window layer still reads the fixed window of keys
-    and masks those before its window to ``-inf`` too, so its reductions keep
-    their length and order."""
+    (``layer_group``, ``group_attn``); the others attend every position.
+    ``chunked_local`` C > 0 does the same for chunked local attention on
+    ``cl_layers`` (a token at p reads keys (p // C) * C .. p); with both, or
+    with ``layer_pattern``, the layers mix full, sliding-window and
+    chunked-local attention. In exact mode such a layer still reads the fixed
+    window of keys and masks those before its first key to ``-inf`` too, so
+    its reductions keep their length and order.
+
+    ``chunk_start_shift`` (0; negative controls only) moves every chunk's
+    start by that many positions in the mask: -1 makes each token also attend
+    the last position of the chunk before its own, a mask off by one that the
+    dense reference (``schedspec.gpu_runner.reference``) must catch."""
 
     def __init__(self, weights: LlamaWeights, *, mode: Mode = "exact", tile_rows: int = 16, window: int = 0,
-                 sliding_window: int = 0, sw_layers: str = "odd"):
+                 sliding_window: int = 0, sw_layers: str = "odd", chunked_local: int = 0, cl_layers: str = "odd",
+                 layer_pattern: str = "", chunk_start_shift: int = 0):
         if mode not in ("exact", "fast"):
             raise ModelError(f"mode must be 'exact' or 'fast', got {mode!r}")
         if tile_rows < 1:
             raise ModelError(f"tile_rows must be >= 1, got {tile_rows}")
-        #: KV cache group of each layer, and each group's window (0 = full attention)
-        self.layer_group, self.group_windows = layer_groups(weights.config.num_layers, sliding_window, sw_layers)
+        if sliding_window < 0:
+            raise ModelError(f"sliding_window must be >= 0, got {sliding_window}")
+        #: KV cache group of each layer, and how each group attends
+        self.layer_group, self.group_attn = layer_layout(
+            weights.config.num_layers, sliding_window, sw_layers, chunked_local, cl_layers, layer_pattern)
+        #: each group's sliding window (0: none)
+        self.group_windows = tuple(a.size if a.kind == "sliding_window" else 0 for a in self.group_attn)
         self.sliding_window = sliding_window
         self.sw_layers = sw_layers
+        self.chunked_local = chunked_local
+        self.cl_layers = cl_layers
+        self.layer_pattern = layer_pattern
+        self.chunk_start_shift = chunk_start_shift
         self.weights = weights
         self.config = weights.config
         self.mode: Mode = mode
@@ -482,17 +591,39 @@ class PagedLlama:
 
     @property
     def is_hybrid(self) -> bool:
-        """Whether any layer uses a sliding window."""
-        return bool(self.sliding_window)
+        """Whether any layer attends other than fully (a sliding window or
+        chunked local attention)."""
+        return any(a.kind != "full_attention" for a in self.group_attn)
+
+    @property
+    def layer_attn(self) -> tuple[GroupAttention, ...]:
+        """How each layer attends."""
+        return tuple(self.group_attn[g] for g in self.layer_group)
+
+    def describe_layout(self) -> str:
+        """The layers' attention in words, e.g. ``F S C F (sliding window 32, chunked local 48)``."""
+        letters = {v: k for k, v in LAYER_LETTERS.items()}
+        sizes = ", ".join(a.describe() for a in self.group_attn if a.kind != "full_attention")
+        return " ".join(letters[a.kind] for a in self.layer_attn) + (f" ({sizes})" if sizes else "")
+
+    def with_chunk_start_shift(self, shift: int) -> PagedLlama:
+        """The same model (same weights, layout, mode) with the chunked-local
+        mask's chunk start moved by ``shift`` (a negative control)."""
+        return PagedLlama(self.weights, mode=self.mode, tile_rows=self.tile_rows, window=self.window,
+                          sliding_window=self.sliding_window, sw_layers=self.sw_layers,
+                          chunked_local=self.chunked_local, cl_layers=self.cl_layers,
+                          layer_pattern=self.layer_pattern, chunk_start_shift=shift)
 
     def _group_masks(self, pos: torch.Tensor) -> list[torch.Tensor]:
         """Per KV cache group, [n, 1, window]: True where a key is not
-        attended (after the query, or before a sliding window's start)."""
+        attended (after the query, or before its group's first key: the
+        sliding window's start, the chunk's start)."""
         key_pos = torch.arange(self.window, device=pos.device)
         after = key_pos[None, :] > pos[:, None]
         out = []
-        for w in self.group_windows:
-            m = after if not w else after | (key_pos[None, :] <= pos[:, None] - w)
+        for a in self.group_attn:
+            m = after if a.kind == "full_attention" else after | (
+                key_pos[None, :] < a.first_keys(pos, self.chunk_start_shift)[:, None])
             out.append(m[:, None, :])
         return out
 
@@ -581,11 +712,11 @@ class PagedLlama:
                     torch.bmm(probs, vs[:, :, g], out=mixed[:, g])
                 if capture is None:
                     h = x[t] + F.linear(mixed.view(T, nq), lw.wo)
-                    out[t] = h + _mlp(h, lw, w.intermediate_padded, eps)
+                    out[t] = h + mlp(h, lw, w.intermediate_padded, eps)
                     continue
                 a = F.linear(mixed.view(T, nq), lw.wo)
                 h = x[t] + a
-                m = _mlp(h, lw, w.intermediate_padded, eps)
+                m = mlp(h, lw, w.intermediate_padded, eps)
                 out[t] = h + m
                 attn_out[t], attn_res[t], mlp_out[t] = a, h, m
             x = out
@@ -620,7 +751,7 @@ class PagedLlama:
         for layer, lw in enumerate(w.layers):
             q, k, v = self._qkv(x, lw, cos, sin)
             group = self.layer_group[layer]
-            sw = self.group_windows[group]
+            attn = self.group_attn[group]
             kc, vc = cache.flat(layer)
             kc.index_copy_(0, batch.slots_of(group), k)
             vc.index_copy_(0, batch.slots_of(group), v)
@@ -633,13 +764,13 @@ class PagedLlama:
                 qpos = pos[start : start + length]
                 kpos = torch.arange(ctx, device=dev)[None, :]
                 allowed = kpos <= qpos[:, None]
-                if sw:
-                    allowed = allowed & (kpos > qpos[:, None] - sw)
+                if attn.kind != "full_attention":
+                    allowed = allowed & (kpos >= attn.first_keys(qpos, self.chunk_start_shift)[:, None])
                 o = F.scaled_dot_product_attention(qr, ks, vs, attn_mask=allowed, scale=self.scale)
                 mixed[start : start + length] = o.transpose(0, 1)
             a = F.linear(mixed.reshape(x.shape[0], -1), lw.wo)
             h = x + a
-            m = _mlp(h, lw, w.intermediate_padded, c.rms_norm_eps)
+            m = mlp(h, lw, w.intermediate_padded, c.rms_norm_eps)
             x = h + m
             if capture is not None:
                 for name, tensor in (("attn", a), ("attn_residual", h), ("mlp", m), ("residual", x)):

@@ -4,13 +4,18 @@
                           [--device auto|cpu|cuda] [--mode exact|fast] [--workloads N]
                           [--seed N] [--json FILE] [--png FILE] [--out DIR] [--threads N] [--quiet]
                           [--repeat N] [--deterministic-algorithms]
-                          [--sliding-window W [--sw-layers odd|even|all]] [--no-connector]
+                          [--sliding-window W [--sw-layers odd|even|all]]
+                          [--chunked-local C [--cl-layers odd|even|all]] [--layer-pattern FSC]
+                          [--no-reference] [--no-connector]
     schedspec equivalence --cross-device DEV [--device D] [--mode M] [--model M] [--workloads N] [--seed N] [--json F]
     schedspec equivalence --max-batch [--prompt-len L] [--max-batch-tokens N] [--max-step-seconds S] [--json F]
 
 Exit status: 0 every variant generated the baseline's tokens (and, in exact
 mode, bitwise the same logits), every guard held and every negative control
-(wrong block table, wrong positions, a connector load shifted by one) was caught; 1 otherwise (the failing workloads are written to ``--out``);
+(wrong block table, wrong positions, a connector load shifted by one; with
+chunked local attention a nulled block of the current chunk and a chunk mask
+off by one) was caught, and a hybrid model's baselines equal the dense,
+non-paged reference; 1 otherwise (the failing workloads are written to ``--out``);
 2 bad input or usage. ``--cross-device``: 0 every token equal on both devices,
 1 a token differs (explained). ``--max-batch``: 0 when at least one batch ran.
 Needs the runner extra (torch).
@@ -64,6 +69,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "their own sliding-window KV cache group; every config carries the groups (default 0: off)")
     p.add_argument("--sw-layers", default="odd", choices=["odd", "even", "all"],
                    help="--sliding-window: which layers use it (default odd)")
+    p.add_argument("--chunked-local", default=0, type=int, metavar="C",
+                   help="hybrid KV cache groups: the --cl-layers attend only the earlier positions of their own "
+                        "chunk of C positions, through their own chunked-local KV cache group (default 0: off)")
+    p.add_argument("--cl-layers", default="odd", choices=["odd", "even", "all"],
+                   help="--chunked-local alone: which layers use it (default odd)")
+    p.add_argument("--layer-pattern", default="", metavar="LETTERS",
+                   help="each layer's attention, F full, S sliding window, C chunked local, repeated over the "
+                        "layers (default with both --sliding-window and --chunked-local: FSC)")
+    p.add_argument("--no-reference", action="store_true",
+                   help="a hybrid model: skip the check of each baseline against the dense, non-paged reference")
     p.add_argument("--no-connector", action="store_true",
                    help="skip the KV connector variants (kv-sync, kv-async, kv-all, kv-async-spec) and their control")
 
@@ -77,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--repeat must be >= 1", PROG)
     if args.sliding_window < 0:
         raise UsageError("--sliding-window must be >= 0", PROG)
+    if args.chunked_local < 0:
+        raise UsageError("--chunked-local must be >= 0", PROG)
+    if args.layer_pattern and not (args.sliding_window or args.chunked_local):
+        raise UsageError("--layer-pattern needs --sliding-window or --chunked-local", PROG)
     if args.cross_device is not None and args.max_batch:
         raise UsageError("--cross-device and --max-batch are separate runs: give one", PROG)
     if args.max_batch and (args.prompt_len < 1 or args.max_batch_tokens < 1 or not args.max_step_seconds > 0):
@@ -132,6 +151,10 @@ def run(args: argparse.Namespace) -> int:
             sw_layers=args.sw_layers,
             connector=not args.no_connector,
             capabilities=capabilities,
+            chunked_local=args.chunked_local,
+            cl_layers=args.cl_layers,
+            layer_pattern=args.layer_pattern,
+            reference=False if args.no_reference else None,
         )
     except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
         raise UsageError(str(exc), PROG) from None

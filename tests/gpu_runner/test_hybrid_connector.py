@@ -133,7 +133,7 @@ def test_sliding_window_layers_attend_only_the_last_w_positions(small: LlamaWeig
 
 def _dense_reference(weights: LlamaWeights, prompt: list[int], window: int) -> torch.Tensor:
     """A plain dense forward (no paging, no tiles): layer 1 with a sliding window."""
-    from schedspec.gpu_runner.model import _mlp, apply_rope, rms_norm, rope_tables
+    from schedspec.gpu_runner.model import mlp, apply_rope, rms_norm, rope_tables
 
     c = weights.config
     n = len(prompt)
@@ -153,7 +153,7 @@ def _dense_reference(weights: LlamaWeights, prompt: list[int], window: int) -> t
         probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
         mixed = torch.einsum("hqk,khd->qhd", probs, v).reshape(n, H * Dh)
         h = x + torch.nn.functional.linear(mixed, lw.wo)
-        x = h + _mlp(h, lw, weights.intermediate_padded, c.rms_norm_eps)
+        x = h + mlp(h, lw, weights.intermediate_padded, c.rms_norm_eps)
     return torch.nn.functional.linear(rms_norm(x, weights.norm, c.rms_norm_eps), weights.lm_head)
 
 

@@ -287,18 +287,48 @@ def kv_load_failed(t: Transition) -> dict[str, int | None]:
         return {}
     if not (res.failed_recving or res.invalid_block_ids):
         return {}
-    bs = t.before.config.block_size
-    bad = set(res.invalid_block_ids)
-    scheduled = {e.request_id: e.num_scheduled_tokens for e in t.plan.scheduled} if t.plan is not None else {}
     out: dict[str, int | None] = {}
     for rid, b in t.before.requests.items():
         if b.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid in res.failed_recving:
             out[rid] = None
-        if bad and b.status in (RequestStatus.RUNNING, RequestStatus.WAITING_FOR_REMOTE_KVS):
+    for rid, (first, _) in invalid_block_walk(t).items():
+        out.setdefault(rid, first)
+    return out
+
+
+def invalid_block_walk(t: Transition) -> dict[str, tuple[int, bool]]:
+    """For an update whose result names invalid blocks: vLLM's walk
+    (scheduler.py, _handle_invalid_blocks calls
+    _update_requests_with_invalid_blocks on the loading requests of
+    kv_holding_waiting, then on self.running, each call with its own
+    marked_invalid_block_ids): request id -> (the index of the first invalid
+    block within the tokens it had computed before the step that no request
+    before it in the walk marked, or of its first invalid block when every
+    one was marked; whether every one was marked). A request truncates its
+    computed tokens at that first unmarked block; when every invalid block it
+    holds is marked, another request recomputes them and it keeps what it had
+    computed before the step."""
+    res = t.result
+    if t.kind != "update" or res is None or not res.invalid_block_ids:
+        return {}
+    bs = t.before.config.block_size
+    bad = set(res.invalid_block_ids)
+    scheduled = {e.request_id: e.num_scheduled_tokens for e in t.plan.scheduled} if t.plan is not None else {}
+    view = t.before
+    loading = [r for r in view.waiting if r in view.requests and view.requests[r].status == RequestStatus.WAITING_FOR_REMOTE_KVS]
+    running = [r for r in view.running if r in view.requests and view.requests[r].status == RequestStatus.RUNNING]
+    out: dict[str, tuple[int, bool]] = {}
+    for walk in (loading, running):
+        marked: set[int] = set()
+        for rid in walk:
+            b = view.requests[rid]
             c = b.num_computed_tokens - scheduled.get(rid, 0)
-            first = next((i for i, x in enumerate(b.block_ids[: cdiv(c, bs)]) if x in bad), None)
-            if first is not None and rid not in out:
-                out[rid] = first
+            found = [(i, x) for i, x in enumerate(b.block_ids[: cdiv(c, bs)]) if x in bad]
+            if not found:
+                continue
+            fresh = [i for i, x in found if x not in marked]
+            marked.update(x for _, x in found)
+            out[rid] = (fresh[0], False) if fresh else (found[0][0], True)
     return out
 
 
@@ -314,8 +344,13 @@ def reported_invalid(t: Transition, loads: Mapping[str, KVLoad]) -> dict[int, in
     if not failed:
         return {}
     bs = t.before.config.block_size
+    # a request whose invalid blocks another one recomputes keeps its blocks
+    # computed (the recomputing request's table names them)
+    shared = {rid for rid, (_, all_marked) in invalid_block_walk(t).items() if all_marked}
     out: dict[int, int] = {}
     for rid, first in failed.items():
+        if rid in shared:
+            continue
         r = t.before.requests[rid]
         if first is None:
             load = loads.get(rid)

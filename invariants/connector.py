@@ -28,6 +28,7 @@ from schedspec.invariants._util import (
     block_key,
     cdiv,
     lookup,
+    invalid_block_walk,
     kv_load_failed,
     next_invalid_blocks,
     tables,
@@ -315,8 +316,9 @@ def kv_load_follows_request(t: Transition, h: History) -> Iterator[Finding]:
     "request it affects (waiting for a load named in failed_recving, or holding a block named in "
     "invalid_block_ids within the tokens it had computed before the step) finishes with "
     "FINISHED_ERROR under \"fail\"; under \"recompute\" it stays unfinished with its computed "
-    "tokens cut: to 0 for a failed load, else to the start of its first invalid block (or, when "
-    "another request recomputes that block, to what it had before the step).",
+    "tokens cut: to 0 for a failed load, else to the start of its first invalid block that no "
+    "request before it in vLLM's walk (the loading requests, then the running ones) marked for "
+    "recomputation, or, when every invalid block it holds was marked, to what it had before the step.",
     "vllm/v1/core/sched/scheduler.py, update_from_output: _handle_failed_recving (num_computed_tokens "
     "= 0 under recompute), _handle_invalid_blocks / _update_requests_with_invalid_blocks (truncate at "
     "the first invalid block; marked_invalid_block_ids for a shared one), and "
@@ -329,6 +331,7 @@ def kv_load_failure_policy(t: Transition, h: History) -> Iterator[Finding]:
     cfg = t.after.config
     bs = cfg.block_size
     scheduled = {e.request_id: e.num_scheduled_tokens for e in t.plan.scheduled} if t.plan is not None else {}
+    walk = invalid_block_walk(t)
     for rid, first in sorted(kv_load_failed(t).items()):
         b = t.before.requests[rid]
         a = lookup(t.after, rid)
@@ -341,11 +344,15 @@ def kv_load_failure_policy(t: Transition, h: History) -> Iterator[Finding]:
         elif first is None:
             if a.num_computed_tokens != 0:
                 yield rid, f"its load failed as a whole but it keeps {a.num_computed_tokens} computed tokens"
-        elif a.num_computed_tokens not in (first * bs, b.num_computed_tokens - scheduled.get(rid, 0)):
-            yield rid, (
-                f"holds invalid block {b.block_ids[first]} at index {first} and has {a.num_computed_tokens} "
-                f"computed tokens after the report, want {first * bs}"
-            )
+        else:
+            want = first * bs
+            if walk.get(rid, (first, False))[1]:
+                want = b.num_computed_tokens - scheduled.get(rid, 0)  # every invalid block marked by another
+            if a.num_computed_tokens != want:
+                yield rid, (
+                    f"holds invalid block {b.block_ids[first]} at index {first} and has {a.num_computed_tokens} "
+                    f"computed tokens after the report, want {want}"
+                )
 
 
 @transition_invariant(

@@ -766,9 +766,10 @@ def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
     "max_model_len tokens (kv_cache_planning.py, check_enough_kv_cache_memory), so some running "
     "request always fits; with none running the whole pool is free and the head's first chunk fits. "
     "With a KV connector it stands aside while loads hold blocks or requests wait for them "
-    "(WAITING_FOR_REMOTE_KVS, kv_holding_waiting, delayed frees), and for vLLM's liveness defect "
+    "(WAITING_FOR_REMOTE_KVS, kv_holding_waiting, delayed frees), and for two vLLM liveness defects: "
     "after an asynchronous load failed whole under recompute (_update_waiting_for_remote_kv leaves "
-    "the request in _inflight_prefills: docs/divergences.md).",
+    "the request in _inflight_prefills), and a head whose asynchronous load cannot fit beside "
+    "_spec_decode_step_blocks even in an empty pool (docs/divergences.md).",
     _SCHED,
     tags=("safety",),
 )
@@ -798,6 +799,9 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
         return  # KV loads in flight hold blocks and their requests wait (kv_holds_pool)
     if not t.before.running and any(failed_load_blocks_reload(t.before, h, rid) for rid in t.before.waiting):
         return  # vLLM's liveness defect after a failed load (failed_load_blocks_reload)
+    head = admission_candidate(t.before)
+    if not t.before.running and head is not None and _async_load_over_reserve(t.before, head):
+        return  # an asynchronous load that never fits beside the speculative-step reservation
     if any(r.num_output_placeholders > 0 for r in t.before.requests.values()):
         # async scheduling: a request whose step is in flight may have nothing
         # left to schedule (max_tokens surely reached, max_model_len), and

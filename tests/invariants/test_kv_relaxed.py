@@ -335,3 +335,44 @@ def test_vllm_defect_traces_replay_with_every_invariant(path: Path, against: str
 
     assert main(["replay", str(path), "--against", against, "--invariants", "all"]) == 0
 
+
+
+# ------------------------------------------------------------ a shared invalid block
+
+
+def _shared_invalid_update() -> Transition:
+    """The shrunk counterexample of `check --against vllm --kv all --modes sync
+    --steps 20000` (seed 20): r70 and r74 share block 1 (r74's prefix hit on
+    the block r70's synchronous load filled in the same step); the worker
+    reports blocks 1 and 3 invalid. vLLM's walk over self.running marks block
+    1 for r70 (cut to 0), so r74 skips it and is cut at its own invalid block
+    3 (index 2): 4 computed tokens, not 0 and not the 5 it had."""
+    from schedspec.check import trace as tracefile
+    from schedspec.spec.scheduler import SpecScheduler
+
+    t = tracefile.read(DATA / "invalid-block-shared-recomputed-by-first.jsonl")
+    s = SpecScheduler(t.workload.config)
+    for e in t.workload.events[:2]:
+        s.add(e.request)
+    p = s.schedule()
+    assert {e.request_id: e.num_computed_tokens for e in p.scheduled} == {"r70": 1, "r74": 5}
+    res = StepResult(
+        sampled={"r70": (9,), "r74": (9,)}, invalid_block_ids=(1, 3),
+    )
+    before = s.view()
+    assert before.requests["r74"].block_ids[:3] == (1, 2, 3)
+    s.update(p, res)
+    return Transition("update", before, s.view(), plan=p, result=res, in_flight=(p,))
+
+
+def test_shared_invalid_block_is_recomputed_by_the_first_holder_only() -> None:
+    t = _shared_invalid_update()
+    assert t.after.requests["r70"].num_computed_tokens == 0
+    assert t.after.requests["r74"].num_computed_tokens == 4
+    assert fires("kv-load-failure-policy", t) == []
+    assert fires("invalid-block-not-computed", t, History()) == []
+    for wrong in (0, 5):  # the first invalid block's start; what it had before the step
+        bad_r74 = dataclasses.replace(t.after.requests["r74"], num_computed_tokens=wrong)
+        after = dataclasses.replace(t.after, requests={**t.after.requests, "r74": bad_r74})
+        found = fires("kv-load-failure-policy", dataclasses.replace(t, after=after))
+        assert found and "want 4" in found[0], found

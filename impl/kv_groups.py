@@ -353,11 +353,18 @@ class GroupsMixin(Generic[Q]):
             root, marks = self._roots(req, g)
             parent = root
         else:
-            prev = self._chain(req, g, i, True)[-1]
+            # the node of block i - 1 when this group keyed it (the block is
+            # held, so its key stays); else (a window's block left unkeyed, a
+            # null block) the chain from block 0
+            before = self._tables(req)[g][i - 1]
+            prev = self._px.block_node[before] if before != NULL else None
+            if prev is None:
+                prev = self._chain(req, g, i, True)[-1]
             assert prev is not None
             parent = prev
-            _, marks = self._roots(req, g)
+            marks = req.marks
             if marks and i in marks:
+                _, marks = self._roots(req, g)
                 parent = (prev, marks[i])
         self._px.register(block, parent, req.toks(i * bs, (i + 1) * bs))
 

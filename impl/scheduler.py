@@ -720,13 +720,20 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
         c = req.num_computed
         mml = self._mml
         target = end if end < mml else mml
-        self._g_remove_skipped(req, max(0, min(c, mml) - req.inflight))
-        if self._g_need(req, target, None, c) > self._fq.size:
-            return False
-        if self._g_grow(req, target):
-            req.btuple = None
-        self._g_cache(req, min(end, req.num_tokens))
-        req.cap = self._g_slots(req)
+        # each part only where it may change something (req.gskip, req.cap,
+        # req.next_full: below them it is a no-op)
+        processed = max(0, min(c, mml) - req.inflight)
+        if processed >= req.gskip:
+            self._g_remove_skipped(req, processed)
+        if target > req.cap:
+            if self._g_need(req, target, None, c) > self._fq.size:
+                return False
+            if self._g_grow(req, target):
+                req.btuple = None
+            req.cap = self._g_slots(req)
+        upto = min(end, req.num_tokens)
+        if upto >= req.next_full:
+            self._g_cache(req, upto)
         return True
 
     def _g_admit_alloc(

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from schedspec.spec.interface import (
     BlockKey,
+    KVCacheGroup,
     KVLoad,
     Policy,
     RequestStatus,
@@ -73,8 +74,8 @@ def step_victims(t: Transition) -> list[str]:
 
 def holders(view: SchedulerView) -> dict[int, list[tuple[str, int]]]:
     """block id -> [(request id, index in its table)] over live requests, in
-    every KV cache group's table (the null block 0 of a sliding-window
-    group's skipped places left out)."""
+    every KV cache group's table (the null block 0 of a sliding-window or
+    chunked-local group's skipped places left out)."""
     out: dict[int, list[tuple[str, int]]] = {}
     for rid, r in view.requests.items():
         for table in tables(r):
@@ -85,8 +86,10 @@ def holders(view: SchedulerView) -> dict[int, list[tuple[str, int]]]:
 
 
 #: vLLM's null block (block_pool.py, BlockPool.__init__: block 0 is taken out
-#: of the free queue); a sliding-window group's table holds it in the places
-#: of the blocks it freed (single_type_kv_cache_manager.py, remove_skipped_blocks).
+#: of the free queue); a sliding-window or chunked-local group's table holds it
+#: in the places of the blocks it freed or a hit skipped
+#: (single_type_kv_cache_manager.py, remove_skipped_blocks,
+#: add_local_computed_blocks).
 NULL_BLOCK = 0
 
 
@@ -96,9 +99,58 @@ def tables(r: RequestView | ScheduledRequest) -> tuple[tuple[int, ...], ...]:
     return r.group_block_ids if r.group_block_ids else (r.block_ids,)
 
 
-def sliding_groups(config: SchedulerConfig) -> frozenset[int]:
-    """The indexes of the sliding-window groups among ``config.groups``."""
-    return frozenset(g for g, grp in enumerate(config.groups) if grp.kind == "sliding_window")
+#: The group kinds whose tables free the blocks no later token attends and
+#: hold the null block in their places (single_type_kv_cache_manager.py:
+#: SlidingWindowManager, ChunkedLocalAttentionManager, whose
+#: get_num_skipped_tokens is not 0).
+SKIPPING_KINDS = ("sliding_window", "chunked_local")
+
+
+def skipping_groups(config: SchedulerConfig) -> frozenset[int]:
+    """The indexes of the sliding-window and chunked-local groups among
+    ``config.groups``: those that free skipped blocks into the null block."""
+    return frozenset(g for g, grp in enumerate(config.groups) if grp.kind in SKIPPING_KINDS)
+
+
+#: The older name, kept for the invariants written when sliding window was
+#: the only kind that frees: every use means "a group that may hold the null
+#: block and frees before it allocates", which chunked local is too.
+sliding_groups = skipping_groups
+
+
+def skipped_tokens(group: KVCacheGroup, tokens: int) -> int:
+    """The leading tokens that the token after ``tokens`` computed ones does
+    not attend: a window of W reads the W - 1 before it
+    (SlidingWindowManager.get_num_skipped_tokens: max(0, tokens - W + 1)); a
+    chunk of C reads only its own chunk's earlier positions
+    (ChunkedLocalAttentionManager.get_num_skipped_tokens: (tokens // C) * C);
+    full attention reads every one."""
+    if group.kind == "sliding_window":
+        return max(0, tokens - group.sliding_window + 1)
+    if group.kind == "chunked_local" and group.attention_chunk_size > 0:
+        return max(0, tokens) // group.attention_chunk_size * group.attention_chunk_size
+    return 0
+
+
+def skipped_blocks(group: KVCacheGroup, tokens: int, block_size: int) -> int:
+    """The whole blocks among ``skipped_tokens``: the places a table may (and
+    vLLM does) hold the null block after ``tokens`` processed tokens."""
+    return skipped_tokens(group, tokens) // block_size
+
+
+def describe_group(group: KVCacheGroup, g: int) -> str:
+    """How a finding names group ``g``: "sliding-window group 1 (window 4)",
+    "chunked-local group 1 (chunk 8)", "full-attention group 0"."""
+    if group.kind == "sliding_window":
+        return f"sliding-window group {g} (window {group.sliding_window})"
+    if group.kind == "chunked_local":
+        return f"chunked-local group {g} (chunk {group.attention_chunk_size})"
+    return f"full-attention group {g}"
+
+
+def attended_span(group: KVCacheGroup) -> str:
+    """What a skipping group's next token reads: "the window" or "its chunk"."""
+    return "its chunk" if group.kind == "chunked_local" else "the window"
 
 
 def defers_frees(config: SchedulerConfig) -> bool:
@@ -116,8 +168,8 @@ def held_blocks(r: RequestView | ScheduledRequest) -> list[int]:
 
 def table_extends(old: tuple[int, ...], new: tuple[int, ...], sliding: bool) -> bool:
     """Whether ``new`` keeps ``old`` and appends: each old place holds the
-    same block, or, in a sliding-window group (``sliding``), the null block
-    that replaced a block freed outside the window."""
+    same block, or, in a sliding-window or chunked-local group (``sliding``),
+    the null block that replaced a block freed outside the window or chunk."""
     if len(new) < len(old):
         return False
     return all(n == o or (sliding and n == NULL_BLOCK) for o, n in zip(old, new))
@@ -127,7 +179,7 @@ def tables_extend(
     config: SchedulerConfig, old: RequestView | ScheduledRequest, new: RequestView | ScheduledRequest
 ) -> bool:
     """table_extends for every group's table of a request."""
-    sw = sliding_groups(config)
+    sw = skipping_groups(config)
     a, b = tables(old), tables(new)
     if len(a) != len(b):
         return not old.block_ids and is_prefix(old.block_ids, new.block_ids)

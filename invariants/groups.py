@@ -1,7 +1,8 @@
 """Invariants of hybrid KV cache groups: every group's block table per
-request (full attention beside sliding window), block conservation per
-group, tables that keep exactly what their group keeps, prefix hits valid in
-every group, and vLLM's freeing of blocks that slid out of the window. Each
+request (full attention beside sliding window and chunked local attention),
+block conservation per group, tables that keep exactly what their group
+keeps, prefix hits valid in every group, and vLLM's freeing of blocks that
+slid out of the window or lie before the current chunk. Each
 requires the ``hybrid_kv`` capability (schedspec.check.capabilities); on the
 plain layout (one full-attention group) each is silent but for the check that
 no view or plan carries group tables.
@@ -9,7 +10,9 @@ no view or plan carries group tables.
 The vLLM behaviour is that of vllm/v1/core/kv_cache_coordinator.py
 (UnitaryKVCacheCoordinator, HybridKVCacheCoordinator) and
 vllm/v1/core/single_type_kv_cache_manager.py (FullAttentionManager,
-SlidingWindowManager) over the one BlockPool."""
+SlidingWindowManager, ChunkedLocalAttentionManager) over the one BlockPool.
+A sliding-window and a chunked-local group differ only in which leading
+tokens the next token skips (invariants/_util.py, skipped_tokens)."""
 
 from __future__ import annotations
 
@@ -28,9 +31,12 @@ from schedspec.spec.interface import (
 from schedspec.invariants._util import (
     NULL_BLOCK,
     admitted,
+    attended_span,
     block_key,
+    describe_group,
     inflight_tokens,
-    sliding_groups,
+    skipped_blocks,
+    skipping_groups,
     tables,
 )
 from schedspec.invariants.core import Finding, History, Transition, transition_invariant
@@ -46,13 +52,6 @@ def _nulls(table: tuple[int, ...]) -> int:
     while n < len(table) and table[n] == NULL_BLOCK:
         n += 1
     return n
-
-
-def _skipped_blocks(tokens: int, window: int, bs: int) -> int:
-    """The blocks wholly before the window of the token after ``tokens``
-    computed ones (single_type_kv_cache_manager.py, SlidingWindowManager.
-    get_num_skipped_tokens: max(0, tokens - window + 1), in whole blocks)."""
-    return max(0, tokens - window + 1) // bs
 
 
 def _shape_findings(v: SchedulerView, rid: str, r: RequestView | ScheduledRequest, what: str) -> Iterator[Finding]:
@@ -75,12 +74,13 @@ def _shape_findings(v: SchedulerView, rid: str, r: RequestView | ScheduledReques
     "group-block-conservation",
     "Per KV cache group: a hybrid layout's requests and plan entries carry one table per group "
     "(group 0's is block_ids), a plain layout's none; every held block is in exactly one group's "
-    "tables, the null block 0 only in a sliding-window group's, and a held block's prefix-cache "
-    "key is its group's (block_key_group).",
+    "tables, the null block 0 only in a sliding-window or chunked-local group's, and a held "
+    "block's prefix-cache key is its group's (block_key_group).",
     "vllm/v1/core/kv_cache_coordinator.py: each SingleTypeKVCacheManager keeps req_to_blocks per "
     "group and draws from the one BlockPool (get_new_blocks hands a block to one group); "
     "single_type_kv_cache_manager.py, remove_skipped_blocks puts the null block in a sliding "
-    "window's table; kv_cache_utils.py, make_block_hash_with_group_id / BlockHashWithGroupId.",
+    "window's or a chunked-local group's table; kv_cache_utils.py, make_block_hash_with_group_id "
+    "/ BlockHashWithGroupId.",
     tags=("safety",),
     requires=_NEEDS,
 )
@@ -93,7 +93,7 @@ def group_block_conservation(t: Transition, h: History) -> Iterator[Finding]:
             yield from _shape_findings(v, s.request_id, s, "plan entry")
     if not v.config.is_hybrid:
         return
-    sw = sliding_groups(v.config)
+    sw = skipping_groups(v.config)
     group_of: dict[int, int] = {}
     for rid, r in sorted(v.requests.items()):
         for g, table in enumerate(tables(r)):
@@ -114,14 +114,16 @@ def group_block_conservation(t: Transition, h: History) -> Iterator[Finding]:
     "group-tables-cover",
     "Each group's table keeps exactly what its group keeps: every group's table of a request has "
     "group 0's length (slots for the same tokens); a full-attention table holds a real block in "
-    "every place; a sliding-window table's null places are a prefix and only blocks wholly "
-    "before the window of the next token (fewer than max(0, computed - window + 1) tokens' worth "
-    "of whole blocks), so every token the next one attends keeps its block.",
+    "every place; a sliding-window or chunked-local table's null places are a prefix and only "
+    "blocks wholly before what the next token attends (the whole blocks among max(0, computed - "
+    "window + 1) tokens for a window, among (computed // chunk) * chunk for a chunk), so every "
+    "token the next one attends keeps its block.",
     "vllm/v1/core/single_type_kv_cache_manager.py: allocate_new_blocks grows every group's table "
     "to cdiv(num_tokens, block_size); SlidingWindowManager.get_num_skipped_tokens (computed - "
-    "sliding_window + 1) and remove_skipped_blocks / _remove_blocks_in_range (backward from the last "
-    "skipped block, stopping at a null one) null only the skipped prefix; add_local_computed_blocks "
-    "pads a hit's skipped blocks with nulls.",
+    "sliding_window + 1), ChunkedLocalAttentionManager.get_num_skipped_tokens ((computed // "
+    "attention_chunk_size) * attention_chunk_size) and remove_skipped_blocks / "
+    "_remove_blocks_in_range (backward from the last skipped block, stopping at a null one) null "
+    "only the skipped prefix; add_local_computed_blocks pads a hit's skipped blocks with nulls.",
     tags=("safety",),
     requires=_NEEDS,
 )
@@ -131,6 +133,7 @@ def group_tables_cover(t: Transition, h: History) -> Iterator[Finding]:
         return
     bs = v.config.block_size
     groups = v.config.groups
+    skipping = skipping_groups(v.config)
     for rid, r in sorted(v.requests.items()):
         tabs = tables(r)
         if len(tabs) != len(groups):
@@ -138,11 +141,11 @@ def group_tables_cover(t: Transition, h: History) -> Iterator[Finding]:
         for g, (grp, table) in enumerate(zip(groups, tabs)):
             if len(table) != len(tabs[0]):
                 yield rid, f"group {g}'s table has {len(table)} places, group 0's {len(tabs[0])}"
-            if grp.kind != "sliding_window":
+            if g not in skipping:
                 continue
             k = _nulls(table)
             if NULL_BLOCK in table[k:]:
-                yield rid, f"sliding-window group {g}'s null places {list(table)} are not a prefix"
+                yield rid, f"{describe_group(grp, g).split(' (')[0]}'s null places {list(table)} are not a prefix"
             if r.status == _REMOTE:
                 continue  # its tokens are not computed until its load is reported
             computed = r.num_computed_tokens
@@ -152,16 +155,16 @@ def group_tables_cover(t: Transition, h: History) -> Iterator[Finding]:
                 and r.kv_external_tokens
                 and computed == r.num_tokens - 1
             ):
-                # a promoted load of every token: its window was cut at the
+                # a promoted load of every token: its window (or chunk) was cut at the
                 # load's end (allocate_slots' remove_skipped_blocks at
                 # num_tokens), before _update_waiting_for_remote_kv set
                 # num_computed_tokens = num_tokens - 1
                 computed += 1
-            most = _skipped_blocks(computed, grp.sliding_window, bs)
+            most = skipped_blocks(grp, computed, bs)
             if k > most:
                 yield rid, (
-                    f"sliding-window group {g} (window {grp.sliding_window}) freed {k} blocks, but with "
-                    f"{r.num_computed_tokens} computed tokens only {most} lie wholly before the window"
+                    f"{describe_group(grp, g)} freed {k} blocks, but with "
+                    f"{r.num_computed_tokens} computed tokens only {most} lie wholly before {attended_span(grp)}"
                 )
 
 
@@ -181,14 +184,17 @@ def _hit_length(t: Transition, s: ScheduledRequest) -> int | None:
 @transition_invariant(
     "groups-prefix-hit-valid",
     "A prefix hit is valid in every group: each block an admission (or an asynchronous load) takes "
-    "from the cache is, in every group's table, either a sliding-window group's null place or a "
-    "block cached under that group's key for the request's content (group_block_key of its salt "
-    "and token prefix), before the step or filled by another request scheduled in it.",
+    "from the cache is, in every group's table, either a block cached under that group's key for "
+    "the request's content (group_block_key of its salt and token prefix), before the step or "
+    "filled by another request scheduled in it, or a sliding-window or chunked-local group's null "
+    "place wholly before what the token after the admission's computed tokens attends (its "
+    "window, its chunk).",
     "vllm/v1/core/kv_cache_coordinator.py, HybridKVCacheCoordinator.find_longest_cache_hit: the "
     "hit length is the fixed point over the groups' find_longest_cache_hit (full attention left "
     "to right, sliding window right to left needing cdiv(window - 1, block_size) contiguous "
-    "blocks), each looking up BlockHashWithGroupId of its own group; kv_cache_manager.py, "
-    "get_computed_blocks.",
+    "blocks, chunked local null blocks before the chunk start of the candidate length then left "
+    "to right), each looking up BlockHashWithGroupId of its own group; kv_cache_manager.py, "
+    "get_computed_blocks; single_type_kv_cache_manager.py, add_local_computed_blocks.",
     ("schedule",),
     tags=("safety",),
     requires=_NEEDS,
@@ -199,16 +205,18 @@ def groups_prefix_hit_valid(t: Transition, h: History) -> Iterator[Finding]:
     if not cfg.is_hybrid:
         return
     bs = cfg.block_size
-    sw = sliding_groups(cfg)
-    taking: list[tuple[str, tuple[tuple[int, ...], ...], int]] = []
+    sw = skipping_groups(cfg)
+    # (request, its tables, the hit, the computed tokens the hit's skipped
+    # places follow: local and external, add_local_computed_blocks)
+    taking: list[tuple[str, tuple[tuple[int, ...], ...], int, int]] = []
     for s in admitted(t.plan):
         hit = _hit_length(t, s)
         if hit:
-            taking.append((s.request_id, tables(s), hit))
+            taking.append((s.request_id, tables(s), hit, s.num_computed_tokens))
     for load in t.plan.kv_loads:
         a = t.after.requests.get(load.request_id)
         if load.asynchronous and a is not None and load.start:
-            taking.append((load.request_id, tables(a), load.start))
+            taking.append((load.request_id, tables(a), load.start, load.end))
     if not taking:
         return
     others = {
@@ -222,15 +230,22 @@ def groups_prefix_hit_valid(t: Transition, h: History) -> Iterator[Finding]:
         for e in t.plan.scheduled
     }
     promoted = promoted_blocks(t)
-    for rid, tabs, hit in taking:
+    for rid, tabs, hit, total in taking:
         b = t.before.requests[rid]
         filled = {x for oid, xs in others.items() if oid != rid for x in xs} | promoted
         for g, table in enumerate(tabs):
+            grp = cfg.groups[g] if g < len(cfg.groups) else None
             for i in range(min(hit // bs, len(table))):
                 x = table[i]
                 if x == NULL_BLOCK:
-                    if g not in sw:
+                    if g not in sw or grp is None:
                         yield rid, f"hit place {i} of full-attention group {g} is the null block"
+                    elif i >= skipped_blocks(grp, total, bs):
+                        yield rid, (
+                            f"hit place {i} of {describe_group(grp, g)} is the null block, but with {total} "
+                            f"computed tokens only {skipped_blocks(grp, total, bs)} blocks lie wholly before "
+                            f"{attended_span(grp)}"
+                        )
                     continue
                 want = group_block_key(block_key(b, i, bs), g)
                 if t.after.kv.block_keys.get(x) != want:
@@ -244,14 +259,16 @@ def groups_prefix_hit_valid(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "sliding-window-frees",
-    "A sliding-window group holds no block wholly outside its window beyond what vLLM keeps: after "
-    "a step, each scheduled request's sliding-window table has nulls exactly for the blocks wholly "
-    "before the window of its processed tokens (its computed tokens before the step less those of "
-    "steps in flight; for a fresh admission its hit with any loaded tokens, as for a request "
-    "starting an asynchronous load), or for more only where an earlier step had freed them.",
+    "A sliding-window or chunked-local group holds no block wholly before what the next token "
+    "attends beyond what vLLM keeps: after a step, each scheduled request's table in such a group "
+    "has nulls exactly for the blocks wholly before the window (or the chunk) of its processed "
+    "tokens (its computed tokens before the step less those of steps in flight; for a fresh "
+    "admission its hit with any loaded tokens, as for a request starting an asynchronous load), "
+    "or for more only where an earlier step had freed them.",
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: coordinator.remove_skipped_blocks(request, "
     "max(0, total_computed_tokens - num_in_flight_tokens)) before allocating (freeing on the "
     "processed-token basis, the lag vLLM keeps); single_type_kv_cache_manager.py, "
+    "get_num_skipped_tokens of SlidingWindowManager and ChunkedLocalAttentionManager, "
     "add_local_computed_blocks pads a hit's skipped blocks (local + external) with nulls.",
     ("schedule",),
     tags=("policy:vllm-sliding-window",),
@@ -260,7 +277,7 @@ def groups_prefix_hit_valid(t: Transition, h: History) -> Iterator[Finding]:
 def sliding_window_frees(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
     cfg = t.after.config
-    sw = sliding_groups(cfg)
+    sw = skipping_groups(cfg)
     if not sw:
         return
     bs = cfg.block_size
@@ -283,10 +300,10 @@ def sliding_window_frees(t: Transition, h: History) -> Iterator[Finding]:
             grp = cfg.groups[g]
             table = tabs[g]
             before = _nulls(old[g]) if g < len(old) else 0
-            want = max(before, min(len(table), _skipped_blocks(processed, grp.sliding_window, bs)))
+            want = max(before, min(len(table), skipped_blocks(grp, processed, bs)))
             k = _nulls(table)
             if k != want:
                 yield rid, (
-                    f"sliding-window group {g} (window {grp.sliding_window}) has {k} null places after the "
+                    f"{describe_group(grp, g)} has {k} null places after the "
                     f"step; with {processed} processed tokens vLLM has freed {want}"
                 )

@@ -8,13 +8,15 @@ from typing import Iterator
 from schedspec.spec.interface import Policy, RequestStatus, RequestView, is_legal_transition
 
 from schedspec.invariants._util import (
+    SKIPPING_KINDS,
     admitted,
     holds_kv_blocks,
     is_prefix,
     kv_holding_prefix,
     kv_load_failed,
     lookup,
-    sliding_groups,
+    skipped_blocks,
+    skipping_groups,
     status_of,
     step_victims,
     tables,
@@ -450,8 +452,8 @@ def finished_reported_once(t: Transition, h: History) -> Iterator[Finding]:
     "vllm/v1/core/block_pool.py, free_blocks (prepend_n keyless, append_n keyed, fed "
     "reversed(table) by single_type_kv_cache_manager.py, free, one call per KV cache group: "
     "kv_cache_coordinator.py, free), get_new_blocks (popleft_n), touch "
-    "(remove); kv_cache_utils.py, FreeKVCacheBlockQueue. With a sliding-window group or a KV "
-    "connector, schedule() also frees (remove_skipped_blocks, a failed load's promotion), and "
+    "(remove); kv_cache_utils.py, FreeKVCacheBlockQueue. With a sliding-window or chunked-local "
+    "group or a KV connector, schedule() also frees (remove_skipped_blocks, a failed load's promotion), and "
     "the schedule() check is left out.",
     tags=("policy:vllm-free-order",),
 )
@@ -498,11 +500,11 @@ def free_queue_lru(t: Transition, h: History) -> Iterator[Finding]:
                     )
         return
     cfg = t.before.config
-    # a sliding-window group frees skipped blocks in schedule() and a failed KV
+    # a sliding-window or chunked-local group frees skipped blocks in schedule() and a failed KV
     # load's blocks are freed when the waiting loop promotes its request
     # (remove_skipped_blocks, _update_waiting_for_remote_kv): the check below
     # models allocation only
-    frees_in_schedule = bool(sliding_groups(cfg)) or cfg.kv_connector
+    frees_in_schedule = bool(skipping_groups(cfg)) or cfg.kv_connector
     if t.kind == "schedule" and t.plan is not None and not step_victims(t) and not frees_in_schedule:
         bs = t.before.config.block_size
         hits = {
@@ -520,8 +522,9 @@ def free_queue_lru(t: Transition, h: History) -> Iterator[Finding]:
 
 def _abort_free_calls(t: Transition, r: RequestView) -> list[list[int]]:
     """The blocks an abort frees, one list per BlockPool.free_blocks call in
-    vLLM's order: with a KV connector, first each sliding-window group's
-    blocks newly outside the window of its processed tokens, backward
+    vLLM's order: with a KV connector, first each sliding-window (or
+    chunked-local) group's blocks newly outside the window (or before the
+    chunk) of its processed tokens, backward
     (scheduler.py, _connector_finished -> remove_skipped_blocks,
     _remove_blocks_in_range); then each group's table tail first
     (kv_cache_coordinator.py, free, one call per group)."""
@@ -532,9 +535,9 @@ def _abort_free_calls(t: Transition, r: RequestView) -> list[list[int]]:
         inflight = sum(e.num_scheduled_tokens for p in t.in_flight for e in p.scheduled if e.request_id == r.request_id)
         processed = max(0, r.num_computed_tokens - inflight)
         for g, grp in enumerate(cfg.groups):
-            if grp.kind != "sliding_window" or g >= len(tabs):
+            if grp.kind not in SKIPPING_KINDS or g >= len(tabs):
                 continue
-            k = min(max(0, processed - grp.sliding_window + 1) // cfg.block_size, len(tabs[g]))
+            k = min(skipped_blocks(grp, processed, cfg.block_size), len(tabs[g]))
             freed = []
             for i in range(k - 1, -1, -1):
                 if tabs[g][i] == 0:

@@ -680,3 +680,56 @@ def test_chunked_local_layouts_vllm_would_refuse_are_refused(
     msg = message(lambda: SchedulerConfig(block_size=4, num_blocks=9, max_model_len=32, kv_cache_groups=groups),
                   ConfigError)
     assert field in msg and text in msg
+
+
+CHUNKED_SCENARIOS = (
+    "test_a_chunked_local_request_frees_each_chunk_as_it_passes",
+    "test_a_chunked_local_group_caches_every_full_block",
+    "test_a_chunked_local_hit_nulls_the_blocks_before_the_chunk_start",
+    "test_a_lone_chunked_local_group_skips_to_the_last_chunk",
+    "test_the_full_sequence_gate_caps_the_chunked_local_group",
+)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", CHUNKED_SCENARIOS)
+def test_chunked_local_scenarios_in_lockstep_with_vllm(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each chunked-local scheduler scenario above, run on the spec and on
+    vLLM's scheduler (ChunkedLocalAttentionManager through the adapter) side
+    by side: the same plans and, after every operation, the same free queue,
+    group tables and keys; the scenario's own asserts read the spec."""
+    pytest.importorskip("vllm")
+    from typing import Any
+
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+
+    spec_class = SpecScheduler
+
+    class Both:
+        def __init__(self, config: SchedulerConfig) -> None:
+            self.spec, self.vllm = spec_class(config), VllmScheduler(config)
+            self.rules = self.spec.rules
+
+        def _same(self, a: Any, b: Any) -> Any:
+            assert a == b
+            va, vb = self.spec.view(), self.vllm.view()
+            assert va.kv.free_queue == vb.kv.free_queue
+            assert {k: r.group_block_ids for k, r in va.requests.items()} == {
+                k: r.group_block_ids for k, r in vb.requests.items()}
+            assert dict(va.kv.block_keys) == dict(vb.kv.block_keys)
+            return a
+
+        def add(self, r: Any) -> Any:
+            return self._same(self.spec.add(r), self.vllm.add(r))
+
+        def schedule(self) -> Any:
+            return self._same(self.spec.schedule(), self.vllm.schedule())
+
+        def update(self, plan: Any, result: Any) -> Any:
+            return self._same(self.spec.update(plan, result), self.vllm.update(plan, result))
+
+        def view(self) -> Any:
+            return self.spec.view()
+
+    monkeypatch.setitem(globals(), "SpecScheduler", Both)
+    globals()[name]()

@@ -52,10 +52,11 @@ import time
 import tracemalloc
 import re
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from schedspec.spec.interface import (
+    KVCacheGroup,
     Policy,
     RequestSpec,
     Scheduler,
@@ -130,6 +131,78 @@ def parse_modes(text: str) -> tuple[Mode, ...]:
     return tuple(out)
 
 
+#: The sliding window and the attention chunk of the hybrid layouts, in tokens.
+HYBRID_WINDOW = 128
+HYBRID_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """The KV cache layout a workload runs under: ``plain`` (one
+    full-attention group, no connector: what the bench always ran),
+    ``connector`` (the same pool with a KV connector: vLLM's kv_both
+    connector that offers no external tokens and saves nothing, so every
+    decision is the plain one, made by the connector-aware code),
+    ``hybrid`` (a full-attention group and a sliding-window group of
+    HYBRID_WINDOW tokens, one pool) and ``chunked`` (a full-attention group
+    and a chunked-local group of HYBRID_CHUNK tokens)."""
+
+    name: str = "plain"
+
+    @property
+    def suffix(self) -> str:
+        """What a row's workload name gains: nothing for the plain layout."""
+        return "" if self.name == "plain" else f" {self.name}"
+
+    @property
+    def groups(self) -> tuple[KVCacheGroup, ...]:
+        if self.name == "hybrid":
+            return (KVCacheGroup(), KVCacheGroup("sliding_window", sliding_window=HYBRID_WINDOW))
+        if self.name == "chunked":
+            return (KVCacheGroup(), KVCacheGroup("chunked_local", attention_chunk_size=HYBRID_CHUNK))
+        return ()
+
+    def extra_blocks_per_request(self, block_size: int) -> int:
+        """The most blocks a decoding request holds in its groups past the
+        first: a window's (or a chunk's) worth and the partial blocks at
+        both ends."""
+        span = {"hybrid": HYBRID_WINDOW, "chunked": HYBRID_CHUNK}.get(self.name, 0)
+        return -(-span // block_size) + 2 if span else 0
+
+    def apply(self, config: SchedulerConfig, requests: int = 0) -> SchedulerConfig:
+        """``config`` under this layout; ``requests`` decoding requests get
+        pool room for their extra groups' blocks."""
+        if self.name == "plain":
+            return config
+        if self.name == "connector":
+            return replace(config, kv_connector=True)
+        extra = requests * self.extra_blocks_per_request(config.block_size)
+        return replace(config, kv_cache_groups=self.groups, num_blocks=config.num_blocks + extra)
+
+
+PLAIN = KvLayout()
+#: Every layout ``--kv`` knows, in table order.
+KV_LAYOUTS: tuple[str, ...] = ("plain", "connector", "hybrid", "chunked")
+
+
+def parse_kv_layouts(text: str) -> tuple[KvLayout, ...]:
+    """``plain,connector,hybrid,chunked`` (``all``: every one) to layouts;
+    ValueError naming the part that is not one."""
+    if text.strip() == "all":
+        return tuple(KvLayout(n) for n in KV_LAYOUTS)
+    out: list[KvLayout] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part not in KV_LAYOUTS:
+            raise ValueError(f"{part!r} is not a KV layout ({', '.join(KV_LAYOUTS)}, all)")
+        if KvLayout(part) not in out:
+            out.append(KvLayout(part))
+    if not out:
+        raise ValueError("no KV layout given")
+    return tuple(out)
+
+
 @dataclass
 class Row:
     workload: str
@@ -144,6 +217,11 @@ class Row:
     peak_mb: float | None = None
     note: str = ""
     mode: str = "sync"
+    layout: str = "plain"
+    runs: int = 1  # interleaved runs behind the medians (the median of their medians)
+    #: on the first scheduler's row (impl's, when it runs): its CPU median
+    #: over each other scheduler's, by name ("spec": impl/spec)
+    ratios: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +237,9 @@ class Row:
             "peak_mb": None if self.peak_mb is None else round(self.peak_mb, 1),
             "note": self.note,
             "mode": self.mode,
+            "layout": self.layout,
+            "runs": self.runs,
+            "ratios": {f"{self.scheduler}/{k}": round(v, 4) for k, v in self.ratios.items()},
         }
 
 
@@ -278,6 +359,8 @@ class _Driver:
         self.propose = self.k > 0 and not mode.async_scheduling
         self.depth = 2 if mode.async_scheduling else 1
         self.in_flight: deque[StepPlan] = deque()
+        #: every plan scheduled, when a list (``workload_plans``); None while timing
+        self.plans: list[StepPlan] | None = None
 
     def add(self, req: RequestSpec) -> None:
         self.sched.add(req)
@@ -293,6 +376,8 @@ class _Driver:
         t1, c1 = wall(), cpu()
         in_flight = self.in_flight
         in_flight.append(plan)
+        if self.plans is not None:
+            self.plans.append(plan)
         w = t1 - t0
         c = c1 - c0
         if len(in_flight) >= self.depth:
@@ -449,9 +534,10 @@ def _warm_to_decode(drv: _Driver, reqs: Sequence[RequestSpec], limit: int = 10_0
 
 
 def bench_decode(
-    factory: SchedulerFactory, n: int, steps: int, max_seconds: float, mode: Mode = SYNC
+    factory: SchedulerFactory, n: int, steps: int, max_seconds: float, mode: Mode = SYNC,
+    layout: KvLayout = PLAIN,
 ) -> tuple[list[tuple[float, float]], str]:
-    drv = _driver(factory(decode_config(n, mode=mode)), mode)
+    drv = _driver(factory(layout.apply(decode_config(n, mode=mode), n)), mode)
     _warm_to_decode(drv, decode_requests(n))
     return _timed_steps(drv, steps, max_seconds), drv.note
 
@@ -504,9 +590,10 @@ def mixed_arrivals(steps: int, seed: int = 1) -> list[list[RequestSpec]]:
 
 
 def bench_mixed(
-    factory: SchedulerFactory, steps: int, max_seconds: float, mode: Mode = SYNC
+    factory: SchedulerFactory, steps: int, max_seconds: float, mode: Mode = SYNC,
+    layout: KvLayout = PLAIN,
 ) -> tuple[list[tuple[float, float]], str]:
-    drv = _driver(factory(mixed_config(mode)), mode)
+    drv = _driver(factory(layout.apply(mixed_config(mode))), mode)
     arrivals = mixed_arrivals(steps)
 
     def before(k: int) -> None:
@@ -514,6 +601,30 @@ def bench_mixed(
             drv.add(r)
 
     return _timed_steps(drv, steps, max_seconds, before_step=before, min_steps=steps), drv.note
+
+
+def workload_plans(
+    factory: SchedulerFactory, workload: str, steps: int, mode: Mode = SYNC, layout: KvLayout = PLAIN,
+    running: int = 8,
+) -> list[StepPlan]:
+    """The plans a scheduler makes on a bench workload ("decode": ``running``
+    requests from their prefill on; "mixed": the mixed trace), driven
+    through the Scheduler protocol (vLLM through its adapter, not the raw
+    calls), ``steps`` steps: what lets a test hold the schedulers of a row
+    to the same decisions."""
+    if workload == "decode":
+        config = layout.apply(decode_config(running, mode=mode), running)
+        arrivals: list[list[RequestSpec]] = [decode_requests(running)] + [[] for _ in range(steps - 1)]
+    else:
+        config = layout.apply(mixed_config(mode))
+        arrivals = mixed_arrivals(steps)
+    drv = _Driver(factory(config), mode)
+    drv.plans = []
+    for batch in arrivals:
+        for r in batch:
+            drv.add(r)
+        drv.step()
+    return drv.plans
 
 
 def memory_peak_mb(
@@ -548,19 +659,22 @@ def memory_peak_mb(
 # --------------------------------------------------------------------------
 
 
-def _row(workload: str, name: str, times: list[tuple[float, float]], note: str = "") -> Row:
-    ms = [w * 1000 for w, _ in times]
-    cpu_ms = [c * 1000 for _, c in times]
+def _row(workload: str, name: str, runs: Sequence[list[tuple[float, float]]], note: str = "") -> Row:
+    """One row from one or more runs of a cell: the medians are the median
+    of the runs' medians (a run that a loaded moment slowed moves it
+    little), the mean and 90th percentile are over every step."""
+    ms = [w * 1000 for times in runs for w, _ in times]
     ms_sorted = sorted(ms)
     return Row(
         workload=workload,
         scheduler=name,
         steps=len(ms),
-        median_ms=statistics.median(ms),
-        cpu_median_ms=statistics.median(cpu_ms),
+        median_ms=statistics.median([statistics.median([w * 1000 for w, _ in t]) for t in runs]),
+        cpu_median_ms=statistics.median([statistics.median([c * 1000 for _, c in t]) for t in runs]),
         mean_ms=statistics.fmean(ms),
         p90_ms=ms_sorted[min(len(ms_sorted) - 1, int(0.9 * len(ms_sorted)))],
         note=note,
+        runs=len(runs),
     )
 
 
@@ -578,49 +692,75 @@ def run_bench(
     baseline: str | None = None,
     progress: Callable[[str], None] | None = None,
     modes: Sequence[Mode] = (SYNC,),
+    layouts: Sequence[KvLayout] = (PLAIN,),
+    repeat: int = 1,
 ) -> list[Row]:
-    """Time every scheduler on every workload in every mode; return (and
-    optionally write as JSON) one row per (workload, mode, scheduler).
-    ``baseline`` defaults to "vllm" when present, else "spec", else the first
-    scheduler. A scheduler that cannot run a mode (it refuses the config or
-    breaks on the way) gets a row with no times and the reason as its note."""
+    """Time every scheduler on every workload in every mode and KV layout;
+    return (and optionally write as JSON) one row per (workload, mode,
+    layout, scheduler). ``baseline`` defaults to "vllm" when present, else
+    "spec", else the first scheduler. A scheduler that cannot run a cell
+    (it refuses the config or breaks on the way) gets a row with no times
+    and the reason as its note. ``repeat`` runs every cell that many times,
+    the schedulers of a cell back to back in each round, and reports the
+    median of the runs' medians. The first scheduler's rows (impl's, when it
+    runs) carry its CPU median over each other scheduler's (``ratios``)."""
     names = list(schedulers)
     if baseline is None:
         baseline = "vllm" if "vllm" in names else ("spec" if "spec" in names else names[0])
     say = progress or (lambda _msg: None)
-    rows: list[Row] = []
+    cells: dict[tuple[str, str], tuple[Mode, KvLayout, list[list[tuple[float, float]]], str]] = {}
+    failed: dict[tuple[str, str], str] = {}
 
-    def cell(workload: str, mode: Mode, name: str, run: Callable[[], tuple[list[tuple[float, float]], str]]) -> None:
-        label = workload + mode.suffix
-        say(f"{label} {name}")
+    def cell(workload: str, mode: Mode, layout: KvLayout, name: str,
+             run: Callable[[], tuple[list[tuple[float, float]], str]], rnd: int) -> None:
+        label = workload + mode.suffix + layout.suffix
+        key = (label, name)
+        if key in failed:
+            return
+        say(f"{label} {name}" + (f" (run {rnd + 1}/{repeat})" if repeat > 1 else ""))
         try:
             times, note = run()
         except Exception as exc:  # noqa: BLE001 - reported in the table, the others still run
-            if mode == SYNC:
+            if mode == SYNC and layout == PLAIN:
                 raise
-            nan = float("nan")
-            reason = f"n/a: {type(exc).__name__}: {exc}".splitlines()[0][:160]
-            rows.append(Row(label, name, 0, nan, nan, nan, nan, note=reason, mode=mode.label))
+            failed[key] = f"n/a: {type(exc).__name__}: {exc}".splitlines()[0][:160]
+            cells[key] = (mode, layout, [], "")
             return
-        row = _row(label, name, times, note)
-        row.mode = mode.label
-        rows.append(row)
+        got = cells.setdefault(key, (mode, layout, [], note))
+        got[2].append(times)
 
-    for mode in modes:
-        for n in running:
-            for name in names:
-                cell(f"decode-{n}", mode, name,
-                     lambda: bench_decode(schedulers[name], n, steps, max_seconds, mode))
-        if mixed_steps > 0:
-            for name in names:
-                cell("mixed", mode, name,
-                     lambda: bench_mixed(schedulers[name], mixed_steps, max_seconds * 10, mode))
+    for rnd in range(max(1, repeat)):
+        for mode in modes:
+            for layout in layouts:
+                for n in running:
+                    for name in names:
+                        cell(f"decode-{n}", mode, layout, name,
+                             lambda: bench_decode(schedulers[name], n, steps, max_seconds, mode, layout), rnd)
+                if mixed_steps > 0:
+                    for name in names:
+                        cell("mixed", mode, layout, name,
+                             lambda: bench_mixed(schedulers[name], mixed_steps, max_seconds * 10, mode, layout),
+                             rnd)
+    rows: list[Row] = []
+    nan = float("nan")
+    for (label, name), (mode, layout, runs, note) in cells.items():
+        reason = failed.get((label, name))
+        row = (Row(label, name, 0, nan, nan, nan, nan, note=reason) if reason is not None
+               else _row(label, name, runs, note))
+        row.mode = mode.label
+        row.layout = layout.name
+        rows.append(row)
     by_key = {(r.workload, r.scheduler): r for r in rows}
     for r in rows:
         base = by_key.get((r.workload, baseline))
         if base is not None and base.steps and r.steps and r.cpu_median_ms > 0:
             r.speedup = base.cpu_median_ms / r.cpu_median_ms
             r.baseline = baseline
+        if r.scheduler == names[0] and r.steps:
+            for other in names[1:]:
+                o = by_key.get((r.workload, other))
+                if o is not None and o.steps and o.cpu_median_ms > 0:
+                    r.ratios[other] = r.cpu_median_ms / o.cpu_median_ms
     if memory:
         label = f"memory {memory_running}+{memory_waiting}w"
         for name in names:
@@ -659,9 +799,17 @@ TABLE_COLUMNS: tuple[tuple[str, int, str], ...] = (
 )
 
 
-def table_cells(rows: Sequence[Row]) -> list[list[str]]:
+#: The ratio columns (``table_cells(..., ratios=...)``): the first
+#: scheduler's CPU median over the named one's (below 1: the first is faster).
+def ratio_columns(others: Sequence[str], first: str = "impl") -> tuple[tuple[str, int, str], ...]:
+    return tuple((f"{first}/{o}", max(9, len(first) + len(o) + 1), ">") for o in others)
+
+
+def table_cells(rows: Sequence[Row], ratios: Sequence[str] = ()) -> list[list[str]]:
     """One list of cell texts per row, in TABLE_COLUMNS order (blank where a
-    row has no such figure: the memory rows are not timed)."""
+    row has no such figure: the memory rows are not timed), then one cell
+    per name in ``ratios`` (the row's CPU-median ratio against it, blank
+    on rows that carry none)."""
     out = []
     for r in rows:
         timed = r.median_ms == r.median_ms  # not NaN
@@ -671,8 +819,23 @@ def table_cells(rows: Sequence[Row]) -> list[list[str]]:
         peak = f"{r.peak_mb:.1f}" if r.peak_mb is not None else ""
         if not r.steps and r.note:  # not run: the reason is in not_run_notes()
             times = ["n/a", "", "", ""]
-        out.append([r.workload, r.scheduler, str(r.steps), *times, sp, peak])
+        extra = [f"{r.ratios[o]:.3f}" if o in r.ratios else "" for o in ratios]
+        out.append([r.workload, r.scheduler, str(r.steps), *times, sp, peak, *extra])
     return out
+
+
+def ratio_names(rows: Sequence[Row]) -> tuple[str, list[str]]:
+    """The scheduler whose rows carry ratios and the names they are against,
+    in first-seen order."""
+    first = ""
+    others: list[str] = []
+    for r in rows:
+        if r.ratios:
+            first = r.scheduler
+            for o in r.ratios:
+                if o not in others:
+                    others.append(o)
+    return first, others
 
 
 def not_run_notes(rows: Sequence[Row]) -> list[str]:
@@ -680,12 +843,20 @@ def not_run_notes(rows: Sequence[Row]) -> list[str]:
     return [f"{r.workload} {r.scheduler}: {r.note}" for r in rows if not r.steps and r.note]
 
 
-def format_table(rows: Sequence[Row]) -> str:
+def format_table(rows: Sequence[Row], ratios: bool = False) -> str:
     """The rows as a plain fixed-width table (what ``schedspec bench`` prints
-    when stdout is not a terminal)."""
+    when stdout is not a terminal); with ``ratios``, the ratio columns too
+    (``ratio_columns``). A column widens to its longest cell."""
+    columns = TABLE_COLUMNS
+    others: list[str] = []
+    if ratios:
+        first, others = ratio_names(rows)
+        columns = columns + ratio_columns(others, first)
+    cells = table_cells(rows, others)
+    widths = [max([width, *(len(c[i]) for c in cells)]) for i, (_, width, _) in enumerate(columns)]
 
-    def line(cells: Sequence[str]) -> str:
-        return " ".join(f"{cell:{align}{width}}" for cell, (_, width, align) in zip(cells, TABLE_COLUMNS))
+    def line(row: Sequence[str]) -> str:
+        return " ".join(f"{cell:{align}{w}}" for cell, (_, _, align), w in zip(row, columns, widths))
 
-    head = line([name for name, _, _ in TABLE_COLUMNS])
-    return "\n".join([head, "-" * len(head), *(line(cells) for cells in table_cells(rows))])
+    head = line([name for name, _, _ in columns])
+    return "\n".join([head, "-" * len(head), *(line(c) for c in cells)])

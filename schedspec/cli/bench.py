@@ -10,10 +10,14 @@ from typing import Sequence
 
 from schedspec.adapters.registry import resolve
 from schedspec.bench.scheduler import (
+    PLAIN,
     TABLE_COLUMNS,
     format_table,
     not_run_notes,
+    parse_kv_layouts,
     parse_modes,
+    ratio_columns,
+    ratio_names,
     run_bench,
     table_cells,
 )
@@ -32,6 +36,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated: sync, async, sync+specK, async+specK (K speculative tokens, 1-8); "
         "every workload runs in each",
     )
+    p.add_argument(
+        "--kv",
+        default="plain",
+        help="comma-separated KV layouts: plain, connector (a KV connector), hybrid (full attention + "
+        "sliding window), chunked (full attention + chunked local attention), all; every workload runs "
+        "in each (default plain); with another layout the table adds the first scheduler's CPU-median "
+        "ratio against each other one",
+    )
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run every cell this many times, the schedulers of a cell back to back in each "
+                   "round; rows report the median of the runs' medians (default 1)")
     p.add_argument("--steps", type=int, default=200, help="timed decode steps per cell (default 200)")
     p.add_argument("--mixed-steps", type=int, default=400, help="steps of the mixed trace (0: skip)")
     p.add_argument("--max-seconds", type=float, default=20.0, help="time cap per decode cell (at least 5 steps)")
@@ -72,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
         modes = parse_modes(args.modes)
     except ValueError as exc:
         raise UsageError(f"--modes: {exc}", PROG) from None
+    try:
+        layouts = parse_kv_layouts(args.kv)
+    except ValueError as exc:
+        raise UsageError(f"--kv: {exc}", PROG) from None
+    if args.repeat < 1:
+        raise UsageError(f"--repeat: expected a positive integer, got {args.repeat}", PROG)
     names = [x.strip() for x in args.against.split(",") if x.strip()]
     try:
         factories, notes = resolve_factories(names)
@@ -91,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
             max_seconds=2.0,
             memory=False,
             modes=modes,
+            layouts=layouts,
+            repeat=args.repeat,
         )
     else:
         status = StatusLine()
@@ -106,10 +129,16 @@ def run(args: argparse.Namespace) -> int:
                 memory_waiting=args.memory_waiting,
                 progress=status,
                 modes=modes,
+                layouts=layouts,
+                repeat=args.repeat,
             )
         finally:
             status.close()
-    print_table([(name, align) for name, _, align in TABLE_COLUMNS], table_cells(rows), format_table(rows))
+    ratios = layouts != (PLAIN,)
+    first, others = ratio_names(rows) if ratios else ("", [])
+    columns = TABLE_COLUMNS + ratio_columns(others, first)
+    print_table([(name, align) for name, _, align in columns], table_cells(rows, others),
+                format_table(rows, ratios=ratios))
     for note in not_run_notes(rows):
         print(f"not run: {note}")
     return EXIT_OK

@@ -12,21 +12,27 @@ import pytest
 from schedspec.impl import ImplScheduler
 from schedspec.bench.scheduler import (
     DEFAULT_MODES,
+    KV_LAYOUTS,
+    PLAIN,
     SYNC,
+    KvLayout,
     TABLE_COLUMNS,
     Mode,
     Row,
     fake_result,
     accepted_drafts,
+    decode_config,
     format_table,
     not_run_notes,
+    parse_kv_layouts,
     parse_modes,
     run_bench,
     sampled_tokens,
     table_cells,
+    workload_plans,
 )
 from schedspec.cli.main import main as schedspec_main
-from schedspec.spec.interface import ScheduledRequest, ScheduleKind, SchedulerConfig, StepPlan
+from schedspec.spec.interface import ScheduledRequest, ScheduleKind, SchedulerConfig, SchedulerFactory, StepPlan
 from schedspec.spec.scheduler import SpecScheduler
 
 
@@ -198,3 +204,86 @@ def test_quick_bench_runs_each_size_once(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["--against", "impl", "--quick", "--modes", "sync"]) == 0
     rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[2:]]
     assert rows == [["decode-32", "impl"], ["mixed", "impl"]]
+
+
+def test_kv_layouts_parse_and_shape_the_config() -> None:
+    assert parse_kv_layouts("plain") == (PLAIN,)
+    assert [x.name for x in parse_kv_layouts("all")] == list(KV_LAYOUTS)
+    assert [x.name for x in parse_kv_layouts(" hybrid,connector,hybrid ")] == ["hybrid", "connector"]
+    for bad, needle in (("plain,turbo", "'turbo' is not a KV layout"), (",", "no KV layout given")):
+        with pytest.raises(ValueError, match=needle):
+            parse_kv_layouts(bad)
+    base = decode_config(8)
+    assert PLAIN.apply(base, 8) is base and PLAIN.suffix == ""
+    conn = KvLayout("connector").apply(base, 8)
+    assert conn.kv_connector and not conn.is_hybrid and conn.num_blocks == base.num_blocks
+    hyb = KvLayout("hybrid").apply(base, 8)
+    assert [g.kind for g in hyb.groups] == ["full_attention", "sliding_window"]
+    assert hyb.num_blocks > base.num_blocks and not hyb.kv_connector
+    assert [g.kind for g in KvLayout("chunked").apply(base, 8).groups] == ["full_attention", "chunked_local"]
+    assert KvLayout("chunked").suffix == " chunked"
+
+
+def test_kv_layout_rows_carry_the_layout_and_the_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    layouts = parse_kv_layouts("plain,connector,hybrid,chunked")
+    rows = run_bench({"impl": ImplScheduler, "spec": SpecScheduler}, running=(8,), steps=3, json_path=str(out),
+                     mixed_steps=12, max_seconds=1.0, memory=False, modes=(SYNC, Mode(True, 0)),
+                     layouts=layouts, repeat=2)
+    got = [(r.workload, r.scheduler, r.mode, r.layout) for r in rows]
+    want = [(f"{w}{m.suffix}{x.suffix}", name, m.label, x.name)
+            for m in (SYNC, Mode(True, 0)) for x in layouts for w in ("decode-8", "mixed")
+            for name in ("impl", "spec")]
+    assert got == want
+    for r in rows:
+        assert r.runs == 2 and r.steps >= 2 * 3 and math.isfinite(r.cpu_median_ms)
+        if r.scheduler == "impl":
+            assert set(r.ratios) == {"spec"} and r.ratios["spec"] > 0
+        else:
+            assert r.ratios == {}
+    data = json.loads(out.read_text())["rows"]
+    assert {d["layout"] for d in data} == {"plain", "connector", "hybrid", "chunked"}
+    assert all(("impl/spec" in d["ratios"]) == (d["scheduler"] == "impl") for d in data)
+    # the table gains the ratio column only when asked
+    plain = format_table(rows).splitlines()
+    with_ratios = format_table(rows, ratios=True).splitlines()
+    assert "impl/spec" not in plain[0] and with_ratios[0].rstrip().endswith("impl/spec")
+    assert len({len(line) for line in with_ratios}) == 1  # the workload column widened, every line alike
+
+
+def test_bench_cli_kv_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--against", "impl,spec", "--running", "16", "--quick", "--modes", "async",
+                 "--kv", "hybrid,chunked"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "impl/spec"
+    assert [line.split()[:4] for line in lines[2:]] == [
+        ["decode-16", "async", "hybrid", "impl"], ["decode-16", "async", "hybrid", "spec"],
+        ["mixed", "async", "hybrid", "impl"], ["mixed", "async", "hybrid", "spec"],
+        ["decode-16", "async", "chunked", "impl"], ["decode-16", "async", "chunked", "spec"],
+        ["mixed", "async", "chunked", "impl"], ["mixed", "async", "chunked", "spec"]]
+    assert main(["--against", "impl", "--kv", "paged"]) == 2
+    assert "--kv: 'paged' is not a KV layout" in capsys.readouterr().err
+    assert main(["--against", "impl", "--repeat", "0"]) == 2
+
+
+@pytest.mark.parametrize("mode", [SYNC, Mode(True, 0)], ids=["sync", "async"])
+@pytest.mark.parametrize("layout", ["connector", "hybrid", "chunked"])
+def test_the_schedulers_of_a_layout_row_make_the_same_decisions(layout: str, mode: Mode) -> None:
+    """impl, the spec and vLLM (through its adapter, when installed) make
+    equal plans (block tables and group tables included) on the bench's
+    decode and mixed workloads under each KV layout: a row's schedulers do
+    the same work."""
+    kv = KvLayout(layout)
+    factories: dict[str, SchedulerFactory] = {"spec": SpecScheduler, "impl": ImplScheduler}
+    if importlib.util.find_spec("vllm") is not None:
+        from schedspec.adapters.registry import resolve
+
+        factories["vllm"] = resolve("vllm").factory
+    for workload, steps in (("decode", 24), ("mixed", 40)):
+        plans = {name: workload_plans(f, workload, steps, mode, kv, running=8) for name, f in factories.items()}
+        assert plans["impl"] == plans["spec"], (workload, layout)
+        assert any(p.scheduled for p in plans["spec"])
+        if "vllm" in plans:
+            assert plans["vllm"] == plans["spec"], (workload, layout, "vllm")
+        if kv.groups:  # every entry carries both groups' tables
+            assert all(len(e.group_block_ids) == 2 for p in plans["spec"] for e in p.scheduled)

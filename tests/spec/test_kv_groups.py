@@ -737,3 +737,34 @@ def test_chunked_local_scenarios_in_lockstep_with_vllm(name: str, monkeypatch: p
 
     monkeypatch.setitem(globals(), "SpecScheduler", Both)
     globals()[name]()
+
+
+def test_a_chunk_of_part_blocks_would_null_a_block_the_next_token_attends() -> None:
+    # why validation refuses a chunk that is not a whole number of blocks
+    # (docs/divergences.md, boundary behaviour): chunk 6, block 4, max_length
+    # 7 (an 8-token prompt, nothing cached): the chunk start 6 lies in block 1,
+    # so block 0 is a null place and the hit is 4 tokens, though token 4 is in
+    # chunk 0 and attends tokens 0 .. 3 (nothing of them is skipped)
+    assert find_chunked_local_hit(cached_lookup({}), 1, 7, 4, 6) == ([[0]], 4)
+    assert num_skipped_tokens(CL(6), 4) == 0
+
+
+@pytest.mark.vllm
+def test_vllm_nulls_a_block_the_next_token_attends_with_a_chunk_of_part_blocks() -> None:
+    # the same lookup in vLLM 0.33's own ChunkedLocalAttentionManager: the
+    # scheduler does not refuse such a chunk, its attention backend does
+    # (make_local_attention_virtual_batches asserts chunk % block_size == 0)
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_utils import BlockHash
+    from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+    pool = BlockPool(16, True, 4)
+    spec = ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                                     attention_chunk_size=6)
+    blocks, hit = ChunkedLocalAttentionManager.find_longest_cache_hit(
+        block_hashes=[BlockHash(b"\x00" * 32), BlockHash(b"\x01" * 32)], max_length=7, kv_cache_group_ids=[0], block_pool=pool,
+        kv_cache_spec=spec, drop_eagle_block=False, alignment_tokens=4)
+    assert ([[b.block_id for b in blocks[0]]], hit) == find_chunked_local_hit(cached_lookup({}), 1, 7, 4, 6)

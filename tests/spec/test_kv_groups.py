@@ -629,8 +629,8 @@ def test_a_chunked_local_hit_nulls_the_blocks_before_the_chunk_start() -> None:
 def test_a_lone_chunked_local_group_skips_to_the_last_chunk() -> None:
     # UnitaryKVCacheCoordinator: the lookup marks every block before the chunk
     # start of max_length (39 -> 32) computed as the null block, so a fresh
-    # 40-token prompt computes only its last chunk; the group never holds more
-    # than its admission cap (cdiv(8 + 8, 4) = 4)
+    # 40-token prompt computes only its last chunk; the full-sequence gate
+    # counts the group at its admission cap (cdiv(8 + 8, 4) = 4), not 11 blocks
     s = SpecScheduler(SchedulerConfig(block_size=4, num_blocks=7, max_model_len=64, max_num_batched_tokens=8,
                                       max_num_seqs=4, kv_cache_groups=(CL(8),)))
     s.add(req("a", 40, max_tokens=3))

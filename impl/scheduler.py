@@ -1055,7 +1055,7 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
-            if self._gated and self._sync_plain and not self._conn:
+            if self._gated and self._sync_plain:
                 self._update_sync_gated(plan, result)
             else:
                 self._update_general(plan, result)
@@ -2175,6 +2175,13 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
         out = self._inflight_reqs[0]
         if not self._result_ok(result, out, self._inflight_codes[0]):
             check_sampled(plan, result, self._requests, self._config)  # raises the spec's error
+        if self._conn:
+            # the connector's reports; a failed or truncated load skips
+            # entries: the general update applies the step then
+            failed = self._kv_reports(plan, result)
+            if failed:
+                self._update_general(plan, result, failed)
+                return
         get_toks = result.sampled.get
         enc_on = self._enc is not None
         any_stopped = False
@@ -2205,6 +2212,8 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
             self._running = [r for r in self._running if r.status is _RUNNING]
         if self._grammar_errors:
             self._finish_grammar_errors()
+        if self._conn:
+            self._kv_finished(result)
         del self._inflight[0]
         del self._inflight_reqs[0]
         del self._inflight_codes[0]
@@ -2238,22 +2247,30 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
                 continue  # aborted meanwhile
             self._finish_request(req, _ERROR)
 
-    def _update_general(self, plan: StepPlan, result: StepResult) -> None:
+    def _update_general(self, plan: StepPlan, result: StepResult, reported: AbstractSet[str] | None = None) -> None:
         """update() with async scheduling or speculative decoding, for each
         entry in plan order: drain its in-flight (and stale) tokens, roll back
         the rejected drafts, append the tokens one by one with a stop check
         after each (a stop inside an accepted run drops the rest), consume the
         placeholders, key the blocks the verified tokens filled; a stale
         output that stops a preempted request finishes it. Then, without async
-        scheduling, the drafts proposed after the step."""
+        scheduling, the drafts proposed after the step. ``reported``: the
+        checks and the connector's reports were made (by
+        _update_sync_gated), these are the requests whose output is
+        skipped."""
         cfg = self._config
-        check_update(plan, self._inflight, result)
+        if reported is None:
+            check_update(plan, self._inflight, result)
         out = self._inflight_reqs[0]
         codes = self._inflight_codes[0]
-        if not self._result_ok(result, out, codes):
-            check_sampled(plan, result, self._requests, cfg)  # raises the spec's error
-        # the KV connector's reports: the requests whose output is skipped
-        failed: AbstractSet[str] = self._kv_reports(plan, result) if self._conn else _NO_FAILED
+        failed: AbstractSet[str]
+        if reported is None:
+            if not self._result_ok(result, out, codes):
+                check_sampled(plan, result, self._requests, cfg)  # raises the spec's error
+            # the KV connector's reports: the requests whose output is skipped
+            failed = self._kv_reports(plan, result) if self._conn else _NO_FAILED
+        else:
+            failed = reported
         late_drafts: list[_Req] = []
         base = self._k + 2
         requests = self._requests

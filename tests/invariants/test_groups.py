@@ -406,6 +406,33 @@ def test_groups_prefix_hit_valid_with_a_chunked_local_group() -> None:
     ]
 
 
+def chunk_abort(freed_front: tuple[int, ...], freed_back: tuple[int, ...]) -> Transition:
+    """With a KV connector, a (18 computed, none in flight) is aborted:
+    vLLM's _connector_finished first frees the chunked-local blocks before
+    the chunk of token 18 that are still held (remove_skipped_blocks: blocks
+    3, 2, walking back: 8 then 6, keyed), then each group's table tail first
+    (group 0: 9 keyless, then 7, 3, 2, 1 keyed; group 1: 10 keyless)."""
+    config = dataclasses.replace(HYB_CL, kv_connector=True)
+    a = creq("a", R, 18, (1, 2, 3, 7, 9), (0, 0, 6, 8, 10))
+    before = hview([a], step=2, config=config)
+    kv = dataclasses.replace(before.kv, ref_cnt=(0,) * config.num_blocks,
+                             free_queue=freed_front + before.kv.free_queue + freed_back)
+    after = dataclasses.replace(before, requests={}, running=(), kv=kv)
+    return Transition("abort", before, after, request_id="a")
+
+
+def test_free_queue_lru_frees_the_chunk_first_on_an_abort_with_a_connector() -> None:
+    good = chunk_abort((10, 9), (8, 6, 7, 3, 2, 1))
+    assert fires("free-queue-lru", good) == []
+    # the table's blocks freed group after group without the chunk's free first
+    # (what a group-by-group free of the tables alone would give)
+    plain = chunk_abort((10, 9), (7, 3, 2, 1, 8, 6))
+    assert fires("free-queue-lru", plain) == [
+        "freed blocks went front [10, 9] / back [7, 3, 2, 1, 8, 6]; table [[1, 2, 3, 7, 9], [0, 0, 6, 8, 10]] "
+        "tail first gives front [10, 9] / back [8, 6, 7, 3, 2, 1]"
+    ]
+
+
 # Real runs with chunked-local layouts (chunks a multiple of the block size,
 # as vLLM's attention backend requires: see docs/divergences.md). The lone
 # chunked-local group runs without a connector: a request whose processed

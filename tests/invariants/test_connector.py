@@ -17,6 +17,7 @@ from schedspec.invariants import BY_ID, CATALOGUE, Monitor, Transition
 from schedspec.invariants.core import History
 from schedspec.spec.interface import (
     BlockKey,
+    KVCacheGroup,
     KVLoad,
     KVView,
     RequestStatus,
@@ -393,6 +394,13 @@ def test_finished_holds_only_pending() -> None:
     assert fires("finished-holds-only-pending", early) == ["stopped holding its blocks in update without a report naming it"]
     late = Transition("update", v, v, plan=plan(4), result=StepResult(finished_sending=("d",)))
     assert fires("finished-holds-only-pending", late) == ["its report came in this update but it still holds its blocks"]
+    # only null places: wrong in a full-attention layout, what a chunked-local
+    # or sliding-window table may be left with (every block before it freed)
+    nulls = dataclasses.replace(t, after=dataclasses.replace(t.after, kv_held_by_finished={"d": (0, 0)}))
+    assert "is listed in kv_held_by_finished with no block" in fires("finished-holds-only-pending", nulls)
+    cl = cfg(num_blocks=17, kv_cache_groups=(KVCacheGroup(), KVCacheGroup(kind="chunked_local", attention_chunk_size=4)))
+    nulls_cl = dataclasses.replace(nulls, after=dataclasses.replace(nulls.after, config=cl))
+    assert "is listed in kv_held_by_finished with no block" not in fires("finished-holds-only-pending", nulls_cl)
 
 
 def test_abort_during_a_load_holds_its_blocks_until_the_report() -> None:

@@ -479,9 +479,6 @@ def test_no_false_alarms_on_chunked_local_vllm_runs(layout: str, policy: str, as
     assert seen["chunk_nulls"]  # the chunked-local group freed or skipped blocks
 
 
-@pytest.mark.xfail(strict=True, reason="finished-holds-only-pending (invariants/connector.py) expects a held "
-                   "finished request to hold a real block; a lone chunked-local group's request whose processed "
-                   "tokens end a chunk holds none, and vLLM still delays its free for the save")
 def test_a_lone_chunked_local_group_with_a_connector() -> None:
     config = kv_config("plain", policy="recompute", kv_cache_groups=(CL8,))
     found = [str(v) for seed in range(3) for v in violations(kv_run(SpecScheduler, config, seed))]

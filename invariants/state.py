@@ -397,10 +397,12 @@ def _promoted_full_load(v: SchedulerView, r: RequestView, i: int) -> bool:
 @state_invariant(
     "full-blocks-cached",
     "With prefix caching on, every full computed block of a running request carries a key in "
-    "every full-attention group; with it off, no block does.",
+    "every full-attention group and every block a chunked-local group still holds; with it off, "
+    "no block does.",
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: cache_blocks(request, min(computed + new, "
     "num_tokens)) hashes every block that becomes full (single_type_kv_cache_manager.py, "
-    "cache_blocks); with enable_caching False nothing is cached. A sliding-window group caches "
+    "cache_blocks; a chunked-local group keeps the base reachable_block_mask: every full block); "
+    "with enable_caching False nothing is cached. A sliding-window group caches "
     "only the blocks a hit can reach (SlidingWindowManager.reachable_block_mask), which this "
     "invariant leaves to the lockstep comparison.",
     tags=("policy:vllm-caching",),
@@ -414,7 +416,7 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
                 f"cache_index has {len(v.kv.cache_index)} keys"
             )
         return
-    sw = sliding_groups(v.config)
+    sw = {g for g, grp in enumerate(v.config.groups) if grp.kind == "sliding_window"}
     for rid in v.running:
         r = v.requests.get(rid)
         if r is None:
@@ -427,7 +429,9 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
             if g in sw:
                 continue  # a sliding window caches only the blocks a hit can reach
             for i in range(min(known // bs, len(table))):
-                if table[i] not in v.kv.block_keys:
+                # a chunked-local group caches every full block (the base
+                # reachable_block_mask) but frees those before the chunk
+                if table[i] not in v.kv.block_keys and table[i] != NULL_BLOCK:
                     yield rid, (
                         f"block {table[i]} (index {i}{f', group {g}' if g else ''}) is full "
                         f"({r.num_computed_tokens} computed tokens) but carries no key"

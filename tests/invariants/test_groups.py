@@ -483,3 +483,29 @@ def test_a_lone_chunked_local_group_with_a_connector() -> None:
     config = kv_config("plain", policy="recompute", kv_cache_groups=(CL8,))
     found = [str(v) for seed in range(3) for v in violations(kv_run(SpecScheduler, config, seed))]
     assert found == []
+
+
+def test_full_blocks_cached_holds_a_chunked_local_group_to_every_full_block() -> None:
+    """vLLM keys every full block of a chunked-local group (the base
+    reachable_block_mask), so full-blocks-cached reads those tables too,
+    leaving out only the null places of the blocks before the chunk."""
+    config = kv_config("plain", connector=False, kv_cache_groups=(KVCacheGroup(), CL8))
+    run = kv_run(SpecScheduler, config, 0)
+    inv = BY_ID["full-blocks-cached"]
+    checked = 0
+    for t in run.transitions:
+        v = t.after
+        assert list(inv.check(Transition("schedule", v, v))) == []
+        for rid in v.running:
+            r = v.requests[rid]
+            known = min(r.num_computed_tokens - r.num_output_placeholders, r.num_tokens)
+            cl = r.group_block_ids[1]
+            full = [b for b in cl[: known // config.block_size] if b != 0]
+            if not full:
+                continue
+            keys = {b: k for b, k in v.kv.block_keys.items() if b != full[-1]}
+            broken = dataclasses.replace(v, kv=dataclasses.replace(v.kv, block_keys=keys))
+            found = [f.message for f in inv.check(Transition("schedule", broken, broken))]
+            assert any(f"block {full[-1]} (index" in m and "group 1" in m for m in found), found
+            checked += 1
+    assert checked

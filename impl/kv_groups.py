@@ -11,7 +11,15 @@ g >= 1 are the chain of the request's blocks rooted at its identity with
 ``group_block_key(key, g)``). A sliding-window group caches only some of its
 blocks, so a chain may pass through nodes no block is registered under: they
 are interned without holders while a registered descendant keeps them
-(``refs``), and dropped with it.
+(``refs``), and dropped with it. A chunked-local group (ChunkedLocalAttentionManager)
+frees the blocks before the chunk of the next token and keys every full
+block, as full attention does.
+
+A running request calls the coordinator only when a step may change
+something (docs/impl.md, "The hybrid steady path"): past ``cap`` (the
+shortest table's slots), at ``next_full`` (a group's next full block to key)
+or at ``gskip`` (a window or chunk boundary that frees a block). Every change
+to a table resets the marks it moves.
 """
 
 from __future__ import annotations
@@ -501,7 +509,10 @@ class GroupsMixin(Generic[Q]):
 
     def _g_remove_skipped(self, req: Q, processed: int) -> None:
         """remove_skipped_blocks: each sliding-window group frees the blocks
-        wholly before its window (last skipped first), null in their places."""
+        wholly before its window, each chunked-local group those wholly
+        before the chunk of the next token (last skipped first), null in
+        their places; ``req.gskip`` becomes the processed-token count at
+        which the next call would free a block."""
         bs = self._bs
         gskip = NEVER
         for group, table in zip(self._layout.groups, self._tables(req)):

@@ -392,8 +392,9 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
     """Implements spec.interface.Scheduler, with the optional
     ``set_pause_state`` and ``grammar_ready``."""
 
-    #: The KV features implemented, by capability name (the KV connector on
-    #: the plain layout; hybrid KV cache groups are not implemented).
+    #: The KV features implemented, by capability name: the KV connector,
+    #: and hybrid KV cache groups (full attention, sliding window, chunked
+    #: local; impl/kv_groups.py).
     KV: tuple[str, ...] = ("kv_connector", "hybrid_kv")
 
     #: The admission gates implemented, by capability name

@@ -428,6 +428,10 @@ def _full_sw(window: int) -> tuple[KVCacheGroup, ...]:
     return (KVCacheGroup(), KVCacheGroup("sliding_window", window))
 
 
+def _full_cl(chunk: int) -> tuple[KVCacheGroup, ...]:
+    return (KVCacheGroup(), KVCacheGroup("chunked_local", attention_chunk_size=chunk))
+
+
 def _connector() -> Bound:
     # The KV connector (sync scheduling), both failure policies: loads
     # synchronous and asynchronous, done, failed whole or at a block, aborts
@@ -473,12 +477,23 @@ def _hybrid() -> Bound:
     # (remove_skipped_blocks), the null block in tables, preemption. Two
     # groups double the blocks, so max_model_len is 4 there (A2 is then
     # capped by it).
+    #
+    # Chunked-local groups (chunks of 1 block, the least vLLM's backend
+    # takes): beside full attention in the least pool (2 blocks a request in
+    # each group), a hit's blocks before the chunk null, the chunk's blocks
+    # freed as it passes; a lone chunked-local group, whose hit on an empty
+    # cache already skips to the prompt's last chunk, with 2 tokens a step so
+    # that the full-sequence gate counts it at its admission cap (3 blocks
+    # for a sequence, 2 for one chunk and a step in flight).
     short: dict[str, Any] = dict(max_model_len=4, max_num_batched_tokens=3)
     return Bound("hybrid", (
         _space("hyb-full-sw2", (_A2, _Ps), 2, kv_cache_groups=_full_sw(2), num_blocks=6, **short),
         _space("hyb-full-sw4", (_A2, _Ps), 2, kv_cache_groups=_full_sw(4), num_blocks=6, **short),
         _space("hyb-sw2-alone", (_A2, _B), 2, kv_cache_groups=(KVCacheGroup("sliding_window", 2),), num_blocks=4,
                max_model_len=6, max_num_batched_tokens=3),
+        _space("hyb-full-cl2", (_A2, _Ps), 2, kv_cache_groups=_full_cl(2), num_blocks=5, **short),
+        _space("hyb-cl2-alone", (_A2, _B), 2, kv_cache_groups=(KVCacheGroup("chunked_local", attention_chunk_size=2),),
+               num_blocks=4, max_model_len=6, max_num_batched_tokens=2),
     ))
 
 

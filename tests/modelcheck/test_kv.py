@@ -25,7 +25,7 @@ from schedspec.modelcheck.space import Space
 from schedspec.modelcheck.state import Canon, expected_memory
 from schedspec.spec.interface import KVCacheGroup, RequestStatus, StepResult
 from schedspec.spec.kv_cache import KVPool
-from schedspec.spec.kv_groups import NULL_BLOCK, find_group_hit
+from schedspec.spec.kv_groups import NULL_BLOCK, find_group_hit, skipped_blocks_to_free
 from schedspec.spec.scheduler import SpecScheduler
 
 HERE = Path(__file__).resolve().parent
@@ -96,6 +96,33 @@ class WindowBlindHit(SpecScheduler):
         self.kv.__class__ = _WindowBlindPool
 
 
+class _ChunkEagerPool(KVPool):
+    """Frees a chunked-local group's blocks up to the end of the next
+    token's chunk instead of up to its start: the blocks of the chunk the
+    next token attends are gone (the skipped-token formula one chunk ahead)."""
+
+    def remove_skipped_blocks(self, req, processed_computed_tokens):  # type: ignore[no-untyped-def]
+        super().remove_skipped_blocks(req, processed_computed_tokens)
+        lay = self.layout
+        for group, table in zip(lay.groups, self.tables(req)):
+            if group.kind == "chunked_local":
+                chunk = group.attention_chunk_size
+                ahead = (processed_computed_tokens // chunk + 1) * chunk
+                freed = skipped_blocks_to_free(table, min(ahead, len(table) * lay.block_size), lay.block_size)
+                if freed:
+                    self.free_blocks(freed)
+
+
+class ChunkEagerFree(SpecScheduler):
+    """Frees the chunk a chunked-local group still attends."""
+
+    CAPABILITIES = Capabilities().with_kv()
+
+    def __init__(self, config):  # type: ignore[no-untyped-def]
+        super().__init__(config)
+        self.kv.__class__ = _ChunkEagerPool
+
+
 def test_bounds_spaces_and_alphabet() -> None:
     conn = bound("connector")
     assert {s.config.kv_load_failure_policy for s in conn.spaces} == {"fail", "recompute"}
@@ -107,6 +134,9 @@ def test_bounds_spaces_and_alphabet() -> None:
     assert (("sliding_window", 2),) in kinds  # a lone sliding-window group
     assert (("full_attention", 0), ("sliding_window", 2)) in kinds  # a window of 1 block
     assert (("full_attention", 0), ("sliding_window", 4)) in kinds  # of 2 blocks
+    chunks = {tuple((g.kind, g.attention_chunk_size) for g in s.config.kv_cache_groups) for s in hyb.spaces}
+    assert (("full_attention", 0), ("chunked_local", 2)) in chunks  # a chunk of 1 block beside full attention
+    assert (("chunked_local", 2),) in chunks  # a lone chunked-local group
     assert all(s.kv() == ("connector", "hybrid") for s in bound("connector-hybrid").spaces)
     shapes = {sh.name: sh for s in conn.spaces for sh in s.shapes}
     assert shapes["KW"].kv_load_async and shapes["KV"].kv_save_async and shapes["KS"].kv_external_tokens
@@ -239,3 +269,32 @@ def test_hybrid_groups_explore_clean() -> None:
     assert r.complete and r.failure is None, r.failure and r.failure.describe()
     assert r.liveness_bound is not None
     assert KVCacheGroup().kind == "full_attention"
+
+
+@pytest.mark.parametrize("name", ["hyb-full-cl2", "hyb-cl2-alone"])
+def test_chunked_local_groups_explore_clean_with_impl_in_lockstep(name: str) -> None:
+    """Every state of the chunked-local spaces, every invariant, and
+    ImplScheduler taking every transition in lockstep (equal plans and
+    views); the chunked-local rules all reached: a hit's blocks before the
+    chunk nulled, the chunk's blocks freed as it passes, and (the lone group
+    with 2 tokens a step) the full-sequence gate counting the group at its
+    admission cap."""
+    from schedspec.impl.scheduler import ImplScheduler
+
+    r = Explorer(_space("hybrid", name), invariants=INVARIANTS, impl_cls=ImplScheduler).run()
+    assert r.complete and r.failure is None, r.failure and r.failure.describe()
+    assert r.impl_transitions == r.transitions > 0 and r.liveness_bound is not None
+    assert r.rules["kv_groups.hit_skipped_in_chunk"] > 0 and r.rules["kv_groups.chunk_freed"] > 0
+    if name == "hyb-cl2-alone":
+        assert r.rules["kv_groups.chunk_admission_capped"] > 0
+
+
+def test_a_chunk_freed_while_attended_is_caught(tmp_path: Path) -> None:
+    r = Explorer(_space("hybrid", "hyb-full-cl2"), scheduler_cls=ChunkEagerFree, invariants=INVARIANTS).run()
+    assert r.failure is not None, "the eager free went unnoticed"
+    trace = r.failure.write_trace(tmp_path / "chunk.jsonl")
+    assert tracefile.read(trace).kv == ("hybrid",)
+    assert main(["replay", str(trace), "--against", "test_kv:ChunkEagerFree"]) == 1
+    assert main(["replay", str(trace), "--against", "spec"]) == 0
+    if HAVE_VLLM:
+        assert main(["replay", str(trace), "--against", "vllm"]) == 0

@@ -115,17 +115,16 @@ FUNCTION_TARGETS: tuple[tuple[str, str, float], ...] = (
 )
 
 #: The KV cache managers of kinds the spec does not model (vLLM 0.33's
-#: single_type_kv_cache_manager.py beyond full attention and sliding window),
-#: each with the feature its unreached lines are put under: a function of one
-#: of these classes is about that feature as a whole, whatever its words say.
+#: single_type_kv_cache_manager.py beyond full attention, sliding window and
+#: chunked local attention), each with the feature its unreached lines are
+#: put under: a function of one of these classes is about that feature as a
+#: whole, whatever its words say.
+_OTHER_KINDS = "KV cache kinds not modelled (RSWA, circular buffer, sink, cross attention)"
 UNMODELLED_CLASSES: dict[str, str] = {
-    "RSWAManager": "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
-    "CircularBufferManager": "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
-    "ChunkedLocalAttentionManager":
-        "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
-    "CrossAttentionManager": "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
-    "SinkFullAttentionManager":
-        "KV cache kinds not modelled (RSWA, circular buffer, chunked local, sink, cross attention)",
+    "RSWAManager": _OTHER_KINDS,
+    "CircularBufferManager": _OTHER_KINDS,
+    "CrossAttentionManager": _OTHER_KINDS,
+    "SinkFullAttentionManager": _OTHER_KINDS,
     "MambaManager": "Mamba / hybrid models",
     "HiSparseSourceManager": "HiSparse",
     "_HiSparseAuxiliaryManager": "HiSparse",

@@ -456,3 +456,39 @@ def test_the_connector_and_hybrid_groups_reach_their_vllm_functions() -> None:
     for name in ("HybridKVCacheCoordinator.find_longest_cache_hit", "UnitaryKVCacheCoordinator.find_longest_cache_hit"):
         fn = coordinator.function(name)
         assert fn is not None and fn.reached > 0, name
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
+def test_chunked_local_attention_is_modelled_and_its_manager_reached() -> None:
+    """ChunkedLocalAttentionManager is a kind the spec models: its lines
+    count in the modelled share of single_type_kv_cache_manager.py, and a
+    chunked-local layout (a prompt past two chunks, then a hit on it) runs
+    its hit search and its skipped-token rule."""
+    from schedspec.adapters.fidelity import UNMODELLED_CLASSES
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.spec.interface import KVCacheGroup, RequestSpec, SchedulerConfig, StepResult
+
+    assert "ChunkedLocalAttentionManager" not in UNMODELLED_CLASSES
+    assert all("chunked local" not in feature for feature in UNMODELLED_CLASSES.values())
+    config = SchedulerConfig(block_size=4, num_blocks=40, max_model_len=64, max_num_batched_tokens=8, max_num_seqs=4,
+                             kv_cache_groups=(KVCacheGroup(), KVCacheGroup("chunked_local", attention_chunk_size=8)))
+    with LineCollector() as collector:
+        sched = VllmScheduler(config)
+        for rid in ("a", "b"):
+            sched.add(RequestSpec(rid, tuple(range(1, 21)), max_tokens=2))
+            for _ in range(4):
+                plan = sched.schedule()
+                sched.update(plan, StepResult({e.request_id: (9,) for e in plan.scheduled if e.samples}))
+    report = fidelity_report(collector.hits)
+    managers = report.file("v1/core/single_type_kv_cache_manager.py")
+    assert managers is not None
+    for name in ("ChunkedLocalAttentionManager.find_longest_cache_hit",
+                 "ChunkedLocalAttentionManager.get_num_skipped_tokens"):
+        fn = managers.function(name)
+        assert fn is not None and fn.reached > 0, name
+        assert all(not feature.startswith("KV cache kinds not modelled") for feature in fn.missed_by_feature)
+    reached, lines = report.modelled_share("v1/core/single_type_kv_cache_manager.py")
+    chunked = [fn for fn in managers.functions if fn.qualname.startswith("ChunkedLocalAttentionManager.")]
+    assert chunked and sum(fn.lines for fn in chunked) <= lines
+    assert sum(fn.reached for fn in chunked) <= reached

@@ -367,7 +367,23 @@ def pick_gates(gates: Sequence[str], focus: Sequence[str], rng: random.Random) -
 
 #: The rules only a chunked-local group reaches: a focus on one of them
 #: draws a hybrid layout with one (workload.draw_kv_groups, chunked).
-CHUNKED_LOCAL_RULES = frozenset(r for r in RULES if r.startswith("kv_groups.") and "chunk" in r)
+CHUNKED_LOCAL_RULES = frozenset(("kv_groups.hit_skipped_in_chunk", "kv_groups.chunk_freed",
+                                 "kv_groups.chunk_admission_capped"))
+#: The rules only a sliding-window group reaches: a focus on one of them
+#: (and none of CHUNKED_LOCAL_RULES) keeps every window of the layout.
+SLIDING_WINDOW_RULES = frozenset(("kv_groups.hit_skipped_in_window", "kv_groups.window_freed",
+                                  "kv_groups.cache_masked", "kv_groups.admission_capped"))
+
+
+def pick_chunked(focus: Sequence[str]) -> bool | None:
+    """Whether a guided workload's hybrid layout holds a chunked-local group
+    (workload.draw_kv_groups): yes for a focus on a chunked-local rule, no
+    for one on a sliding-window rule, else None (the generator draws it)."""
+    if any(rule in CHUNKED_LOCAL_RULES for rule in focus):
+        return True
+    if any(rule in SLIDING_WINDOW_RULES for rule in focus):
+        return False
+    return None
 
 
 def pick_kv(kv: Sequence[str], focus: Sequence[str], rng: random.Random) -> tuple[str, ...]:
@@ -412,8 +428,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     kv_chosen: tuple[str, ...] = ()
     if kv:
         krng = kv_rng(f"guided-{seed}")
-        config = with_kv(config, pick_kv(kv, focus, krng), krng, chunk_rng(f"guided-{seed}"),
-                         chunked=True if any(rule in CHUNKED_LOCAL_RULES for rule in focus) else None)
+        config = with_kv(config, pick_kv(kv, focus, krng), krng, chunk_rng(f"guided-{seed}"), pick_chunked(focus))
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     f = plan.features

@@ -343,14 +343,24 @@ def test_the_chunked_local_draw_leaves_every_other_kv_draw_as_it_was() -> None:
     assert 15 <= chunked <= 45
 
 
-def test_a_focus_on_a_chunked_local_rule_draws_a_chunked_local_group() -> None:
-    from schedspec.check.coverage_guided import CHUNKED_LOCAL_RULES, guided_workload
+def test_a_focus_on_a_chunked_local_rule_draws_a_chunked_local_group_and_one_on_a_window_rule_none() -> None:
+    from schedspec.check.coverage_guided import CHUNKED_LOCAL_RULES, SLIDING_WINDOW_RULES, guided_workload
+    from schedspec.spec.rule_names import RULES
 
-    assert CHUNKED_LOCAL_RULES == {"kv_groups.hit_skipped_in_chunk", "kv_groups.chunk_freed",
-                                   "kv_groups.chunk_admission_capped"}
-    for s in range(6):
-        w = guided_workload(s, 30, focus=["kv_groups.chunk_freed"], kv=("hybrid",))
-        assert any(g.kind == "chunked_local" for g in w.config.kv_cache_groups), s
+    assert CHUNKED_LOCAL_RULES | SLIDING_WINDOW_RULES <= set(RULES)
+    assert all(RULES[r].gates == ("hybrid_kv",) for r in CHUNKED_LOCAL_RULES | SLIDING_WINDOW_RULES)
+    kinds = {}
+    for focus in ("kv_groups.chunk_freed", "kv_groups.window_freed", "kv.miss"):
+        kinds[focus] = [tuple(g.kind for g in guided_workload(s, 30, focus=[focus], kv=("hybrid",)).config.groups)
+                        for s in range(8)]
+    # (a config whose pool cannot take the groups stays plain: with_kv)
+    hybrid = {f: [k for k in ks if k != ("full_attention",)] for f, ks in kinds.items()}
+    assert len(hybrid["kv_groups.chunk_freed"]) >= 5 and len(hybrid["kv_groups.window_freed"]) >= 5
+    assert all("chunked_local" in k for k in hybrid["kv_groups.chunk_freed"])
+    assert all("chunked_local" not in k and "sliding_window" in k for k in hybrid["kv_groups.window_freed"])
+    # any other focus: drawn (the same seeds give both)
+    assert any("chunked_local" in k for k in hybrid["kv.miss"])
+    assert any("chunked_local" not in k for k in hybrid["kv.miss"])
 
 
 def test_describe_kv_events() -> None:

@@ -141,8 +141,9 @@ class KvLayout:
     """The KV cache layout a workload runs under: ``plain`` (one
     full-attention group, no connector: what the bench always ran),
     ``connector`` (the same pool with a KV connector: vLLM's kv_both
-    connector that offers no external tokens and saves nothing, so every
-    decision is the plain one, made by the connector-aware code),
+    connector, modelled; every third request finds the first half of its
+    prompt in the connector's store and loads it within the step that
+    admits it (``requests``), nothing is saved),
     ``hybrid`` (a full-attention group and a sliding-window group of
     HYBRID_WINDOW tokens, one pool) and ``chunked`` (a full-attention group
     and a chunked-local group of HYBRID_CHUNK tokens)."""
@@ -168,6 +169,15 @@ class KvLayout:
         both ends."""
         span = {"hybrid": HYBRID_WINDOW, "chunked": HYBRID_CHUNK}.get(self.name, 0)
         return -(-span // block_size) + 2 if span else 0
+
+    def requests(self, reqs: Sequence[RequestSpec]) -> list[RequestSpec]:
+        """The workload's requests under this layout: with the connector,
+        every third one (by position) offers the first half of its prompt
+        as external tokens, loaded synchronously."""
+        if self.name != "connector":
+            return list(reqs)
+        return [replace(r, kv_external_tokens=(len(r.prompt_token_ids) - 1) // 2) if i % 3 == 2 else r
+                for i, r in enumerate(reqs)]
 
     def apply(self, config: SchedulerConfig, requests: int = 0) -> SchedulerConfig:
         """``config`` under this layout; ``requests`` decoding requests get
@@ -538,7 +548,7 @@ def bench_decode(
     layout: KvLayout = PLAIN,
 ) -> tuple[list[tuple[float, float]], str]:
     drv = _driver(factory(layout.apply(decode_config(n, mode=mode), n)), mode)
-    _warm_to_decode(drv, decode_requests(n))
+    _warm_to_decode(drv, layout.requests(decode_requests(n)))
     return _timed_steps(drv, steps, max_seconds), drv.note
 
 
@@ -556,8 +566,9 @@ def mixed_config(mode: Mode = SYNC) -> SchedulerConfig:
     ))
 
 
-def mixed_arrivals(steps: int, seed: int = 1) -> list[list[RequestSpec]]:
-    """Per step, the requests that arrive before it."""
+def mixed_arrivals(steps: int, seed: int = 1, layout: KvLayout | None = None) -> list[list[RequestSpec]]:
+    """Per step, the requests that arrive before it (under ``layout``: its
+    ``KvLayout.requests`` of them all, in arrival order)."""
     rng = random.Random(seed)
     systems = [_prompt(rng, rng.choice([64, 256, 512])) for _ in range(4)]
     out: list[list[RequestSpec]] = []
@@ -586,6 +597,9 @@ def mixed_arrivals(steps: int, seed: int = 1) -> list[list[RequestSpec]]:
                 )
             )
         out.append(batch)
+    if layout is not None:
+        flat = iter(layout.requests([r for b in out for r in b]))
+        out = [[next(flat) for _ in b] for b in out]
     return out
 
 
@@ -594,7 +608,7 @@ def bench_mixed(
     layout: KvLayout = PLAIN,
 ) -> tuple[list[tuple[float, float]], str]:
     drv = _driver(factory(layout.apply(mixed_config(mode))), mode)
-    arrivals = mixed_arrivals(steps)
+    arrivals = mixed_arrivals(steps, layout=layout)
 
     def before(k: int) -> None:
         for r in arrivals[k]:
@@ -614,10 +628,11 @@ def workload_plans(
     to the same decisions."""
     if workload == "decode":
         config = layout.apply(decode_config(running, mode=mode), running)
-        arrivals: list[list[RequestSpec]] = [decode_requests(running)] + [[] for _ in range(steps - 1)]
+        arrivals: list[list[RequestSpec]] = [layout.requests(decode_requests(running))]
+        arrivals += [[] for _ in range(steps - 1)]
     else:
         config = layout.apply(mixed_config(mode))
-        arrivals = mixed_arrivals(steps)
+        arrivals = mixed_arrivals(steps, layout=layout)
     drv = _Driver(factory(config), mode)
     drv.plans = []
     for batch in arrivals:

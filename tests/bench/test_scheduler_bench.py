@@ -22,6 +22,7 @@ from schedspec.bench.scheduler import (
     fake_result,
     accepted_drafts,
     decode_config,
+    decode_requests,
     format_table,
     not_run_notes,
     parse_kv_layouts,
@@ -222,6 +223,10 @@ def test_kv_layouts_parse_and_shape_the_config() -> None:
     assert hyb.num_blocks > base.num_blocks and not hyb.kv_connector
     assert [g.kind for g in KvLayout("chunked").apply(base, 8).groups] == ["full_attention", "chunked_local"]
     assert KvLayout("chunked").suffix == " chunked"
+    reqs = decode_requests(6)
+    assert KvLayout("hybrid").requests(reqs) == reqs
+    ext = [r.kv_external_tokens for r in KvLayout("connector").requests(reqs)]
+    assert ext == [0, 0, (len(reqs[2].prompt_token_ids) - 1) // 2, 0, 0, (len(reqs[5].prompt_token_ids) - 1) // 2]
 
 
 def test_kv_layout_rows_carry_the_layout_and_the_ratios(tmp_path: Path) -> None:
@@ -285,5 +290,7 @@ def test_the_schedulers_of_a_layout_row_make_the_same_decisions(layout: str, mod
         assert any(p.scheduled for p in plans["spec"])
         if "vllm" in plans:
             assert plans["vllm"] == plans["spec"], (workload, layout, "vllm")
+        if layout == "connector":  # the connector loads external tokens for every third request
+            assert any(p.kv_loads for p in plans["spec"])
         if kv.groups:  # every entry carries both groups' tables
             assert all(len(e.group_block_ids) == 2 for p in plans["spec"] for e in p.scheduled)

@@ -1726,7 +1726,10 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
             # the cadence does not hold them), in a few lines: sync, one
             # known token; async, one step in flight with its 1 + k
             # placeholders and k placeholder drafts for this step.
-            if req.pchunk or c + width > req.cap or req.plen >= nt or thr_cuts or c - req.inflight >= req.gskip:
+            if (
+                req.pchunk or c + width > req.cap or req.plen >= nt or thr_cuts
+                or (hyb and c - req.inflight >= req.gskip)
+            ):
                 pass
             elif not ph:
                 if not asyn and c == nt - 1 and not drafts and nt < mml and nt < req.next_full:
@@ -1806,7 +1809,7 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
                 continue
             e = c + n
             if (
-                e > req.cap or (e if e < nt else nt) >= req.next_full or c - req.inflight >= req.gskip
+                e > req.cap or (e if e < nt else nt) >= req.next_full or (hyb and c - req.inflight >= req.gskip)
             ) and not self._grow_to(req, e):
                 allocated = False
                 blocked = False

@@ -205,7 +205,7 @@ class Runner:
                 break
         self.truth: dict[str, list[int]] = {}  # request id -> prompt + delivered sampled tokens
         self.aborted: set[str] = set()
-        self.stats = Stats()
+        self.stats = Stats(group_kinds=tuple(g.kind for g in config.groups) if config.is_hybrid else ())
         self.event_index = -1
         self.history: list[StepRecord] | None = [] if keep_history else None
         self.step_in_progress = 0  # the step being run, 0 between steps

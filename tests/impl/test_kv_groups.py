@@ -193,3 +193,45 @@ def test_chunked_local_layouts_run_in_lockstep(mode: str, monkeypatch: pytest.Mo
         assert failure is None, f"seed {seed}, layout {layout}: " + failure.describe()
         ran += 1
     assert ran >= 6
+
+
+@pytest.mark.parametrize("asyn", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("local", [KVCacheGroup(kind="sliding_window", sliding_window=8),
+                                   KVCacheGroup(kind="chunked_local", attention_chunk_size=8)],
+                         ids=["window", "chunk"])
+def test_a_steady_hybrid_decode_asks_the_coordinator_only_at_boundaries(
+    asyn: bool, local: KVCacheGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hybrid steady path (cap, next_full, gskip): a decoding request
+    calls the coordinator (_g_grow_running) only at a step that needs a
+    block, fills one to key or passes a window or chunk boundary, here one
+    step in four to one in two with blocks of 4 (every step before); the
+    plans and views stay the spec's at every call, frees and keys included."""
+    calls: list[str] = []
+    grow = ImplScheduler._g_grow_running
+
+    def counted(self: ImplScheduler, req: Any, end: int) -> bool:
+        calls.append(req.rid)
+        return grow(self, req, end)
+
+    monkeypatch.setattr(ImplScheduler, "_g_grow_running", counted)
+    t = Twin(config(groups=(FULL, local), block_size=4, num_blocks=81, max_model_len=96,
+                    max_num_batched_tokens=64, async_scheduling=asyn))
+    for rid, n in (("a", 9), ("b", 14)):
+        t.add(req(rid, n, max_tokens=60))
+    in_flight: list[Any] = []
+    entries = 0
+    for step in range(50):
+        plan = t.schedule()
+        if step >= 2:  # past the prefills
+            entries += len(plan.scheduled)
+        in_flight.append(plan)
+        if len(in_flight) >= (2 if asyn else 1):
+            old = in_flight.pop(0)
+            t.update(old, StepResult({e.request_id: (7,) for e in old.scheduled if e.samples}))
+        if step == 2:
+            calls.clear()
+    tables = t.impl.view().requests["a"].group_block_ids
+    assert tables[1][:4] == (0, 0, 0, 0) and tables[0][0] != 0  # the local group freed, full attention kept
+    # sync: 47 (window) and 36 (chunk) calls in 96 entries; async: 24 and 24 (every step asked before)
+    assert entries >= 90 and 0.15 * entries <= len(calls) <= 0.6 * entries, (len(calls), entries)

@@ -453,7 +453,25 @@ def next_invalid_blocks(t: Transition, h: Any) -> dict[int, tuple[int, frozenset
             del pending[b]
         elif b not in where and b not in held_by_finished and b not in t.after.kv.block_keys:
             del pending[b]
+        elif pending[b][1] and not _owes_recompute(t.after, b, pending[b][0], pending[b][1]):
+            # the holder that was to recompute it is gone (aborted, preempted)
+            # or counts it computed itself: the excuse lapses (a vLLM 0.33
+            # defect, docs/divergences.md)
+            pending[b] = (pending[b][0], frozenset())
     return pending
+
+
+def _owes_recompute(v: SchedulerView, b: int, i: int, excused: frozenset[str]) -> bool:
+    """Whether some unexcused request still holds block ``b`` at index ``i``
+    without counting it computed, so its next step recomputes it: the
+    premise on which vLLM lets the other holders count it computed
+    (scheduler.py, _update_requests_with_invalid_blocks,
+    marked_invalid_block_ids)."""
+    bs = v.config.block_size
+    return any(
+        rid not in excused and i < len(r.block_ids) and r.block_ids[i] == b and r.num_computed_tokens <= i * bs
+        for rid, r in v.requests.items()
+    )
 
 
 def holds_kv_blocks(view: SchedulerView, rid: str) -> bool:

@@ -363,7 +363,8 @@ def kv_load_failure_policy(t: Transition, h: History) -> Iterator[Finding]:
     "blocks of a load in failed_recving) until a plan rewrites it (an entry computes from at or "
     "before its start through it, or a load fills it) or it leaves the cache (held by nobody, no "
     "key), no request counts a token of it computed, save those vLLM lets keep it while another "
-    "holder recomputes it.",
+    "holder recomputes it, and only while that holder still holds it uncomputed (an abort of the "
+    "recomputing holder leaves the others reading invalid KV: docs/divergences.md).",
     "vllm/v1/core/sched/scheduler.py, _update_requests_with_invalid_blocks truncates "
     "num_computed_tokens at the first invalid block (marked_invalid_block_ids: a shared block is "
     "recomputed by its first holder), _handle_invalid_blocks evicts sync-loaded blocks under "

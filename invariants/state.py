@@ -230,8 +230,9 @@ def _promoted_one_token(v: SchedulerView, r: RequestView) -> bool:
     "vllm/v1/core/single_type_kv_cache_manager.py, get_num_blocks_to_allocate / "
     "allocate_new_blocks: the table grows to cdiv(num_computed_tokens + num_new_tokens, "
     "block_size) blocks (no lookahead without speculative decoding); a request with a KV "
-    "connector load keeps the table of its load after a failure truncates its computed tokens "
-    "(scheduler.py, _update_requests_with_invalid_blocks), so only the lower bound holds for it.",
+    "connector load keeps the table of its load after a failure truncates its computed tokens, "
+    "and under \"recompute\" so does a request that shared an invalid block another holder "
+    "recomputes (scheduler.py, _update_requests_with_invalid_blocks): only the lower bound holds.",
     tags=("policy:vllm-allocation",),
 )
 def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
@@ -245,10 +246,13 @@ def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
         if r.status == RequestStatus.RUNNING:
             want = cdiv(r.num_computed_tokens, bs)
             most = cdiv(min(r.num_computed_tokens + slack, v.config.max_model_len), bs)
-            if v.config.kv_connector and r.kv_external_tokens:
+            if v.config.kv_connector and (r.kv_external_tokens or v.config.kv_load_failure_policy == "recompute"):
                 # a failed load truncates the computed tokens at its first
                 # invalid block and keeps the table (scheduler.py,
-                # _update_requests_with_invalid_blocks)
+                # _update_requests_with_invalid_blocks); under "recompute" a
+                # request sharing an invalid block that another holder
+                # recomputes goes back to what it had before the step, its
+                # table kept
                 most = len(r.block_ids)
             if not want <= len(r.block_ids) <= max(most, want):
                 yield rid, (
@@ -336,7 +340,8 @@ def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
     "block_hashes[i] only once its tokens are all scheduled (kv_cache_manager.py, allocate_slots, "
     "num_tokens_to_cache); get_new_blocks evicts the old hash before a block is reused; "
     "kv_cache_utils.py, make_block_hash_with_group_id keys each group's blocks apart. A failed KV "
-    "load under \"recompute\" leaves its request's keyed blocks past its truncated computed tokens "
+    "load under \"recompute\" leaves keyed blocks past the truncated computed tokens of its request "
+    "and of a request that shared an invalid block "
     "(scheduler.py, _handle_invalid_blocks evicts only under \"fail\"); a promoted load that covered "
     "every token keeps its last block cached at num_tokens - 1 computed (_update_waiting_for_remote_kv).",
     tags=("safety",),
@@ -371,12 +376,12 @@ def _kept_after_failed_load(v: SchedulerView, r: RequestView) -> bool:
     """Whether ``r`` may hold keyed blocks beyond its computed tokens because
     a failed KV load truncated them under the "recompute" policy, which
     leaves the blocks cached for the recompute to refill (scheduler.py,
-    _handle_invalid_blocks evicts only under "fail")."""
-    return (
-        v.config.kv_connector
-        and v.config.kv_load_failure_policy == "recompute"
-        and r.kv_external_tokens > 0
-    )
+    _handle_invalid_blocks evicts only under "fail"): its own load, or an
+    invalid block it shared with the request that recomputes it, after
+    which vLLM puts its computed tokens back to what they were before the
+    step and keeps the blocks that step keyed
+    (_update_requests_with_invalid_blocks, marked_invalid_block_ids)."""
+    return v.config.kv_connector and v.config.kv_load_failure_policy == "recompute"
 
 
 def _promoted_full_load(v: SchedulerView, r: RequestView, i: int) -> bool:

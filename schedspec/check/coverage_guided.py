@@ -44,6 +44,7 @@ from schedspec.check.workload import (
     Event,
     GateRequests,
     KVRequests,
+    keep_failed_sync_loads_alive,
     ResetPrefixCache,
     Schedule,
     Step,
@@ -520,6 +521,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     if kv_requests is not None:
         for event in kv_requests.finish():
             emit(event)
+        events = keep_failed_sync_loads_alive(events)
     return Workload(config=config, events=tuple(events), seed=seed, name="guided",
                     features=plan.labels() + tuple(f"gate:{g}" for g in chosen)
                     + tuple(f"kv:{k}" for k in kv_chosen))

@@ -819,6 +819,7 @@ def random_workload(
         events.extend(gated.finish())
     if kv_requests is not None:
         events.extend(kv_requests.finish())
+        events = keep_failed_sync_loads_alive(events)
     return Workload(config=config, events=tuple(events), seed=seed,
                     features=tuple(f"gate:{g}" for g in chosen) + tuple(f"kv:{k}" for k in kv_chosen))
 
@@ -1124,6 +1125,28 @@ def with_kv(config: SchedulerConfig, kv: Sequence[str], rng: random.Random,
     return out
 
 
+def keep_failed_sync_loads_alive(events: list[Event]) -> list[Event]:
+    """``events`` less the aborts of a request after the worker reported its
+    synchronous load failed. Under "recompute", vLLM lets a request that
+    shares an invalid block count it computed because the first holder will
+    recompute it (scheduler.py, _update_requests_with_invalid_blocks,
+    marked_invalid_block_ids); if that holder is aborted first, the other
+    reads the invalid KV (a vLLM 0.33 defect, docs/divergences.md, which
+    invalid-block-not-computed reports). The generator keeps that holder
+    alive so the default check stays on what vLLM computes correctly;
+    replayed traces may still hold the combination."""
+    sync = {e.request.request_id for e in events if isinstance(e, AddRequest) and not e.request.kv_load_async}
+    failed: set[str] = set()
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, KVLoadFailed) and e.request_id in sync:
+            failed.add(e.request_id)
+        if isinstance(e, Abort) and e.request_id in failed:
+            continue
+        out.append(e)
+    return out
+
+
 class KVRequests:
     """Adds the connector's request fields to generated requests, and the
     worker's events to a workload: external prefixes of 0 tokens up to the
@@ -1182,13 +1205,17 @@ class KVRequests:
                 elif r < 0.8:
                     self.due.append((rng.choice((0, 1, 2)), Abort(rid)))
                 # else: the bounded wait reports it
-            elif r < 0.3 and not self.config.async_scheduling:
+            elif r < 0.3 and not self.config.async_scheduling and not out.mm_inputs:
                 # With async scheduling vLLM never gives back the output
                 # placeholder of a request whose output it skipped after a
                 # failed synchronous load: later plans carry a -1 that no
                 # output fills (docs/divergences.md). The generator leaves
                 # that combination out so the default check stays on what a
                 # model runner can execute; replayed traces may still hold it.
+                # Nor does it fail the synchronous load of a request with
+                # encoder inputs: the recompute can rewind it before an input
+                # it never encoded while its own later input fills the encoder
+                # cache, and vLLM never schedules it again (docs/divergences.md).
                 self.due.append((0, KVLoadFailed(rid, rng.choice((None, rng.randrange(blocks))))))
         if out.kv_save_async and rng.random() < 0.5:
             self.due.append((rng.randint(1, 12), KVSaveDone(rid)))

@@ -1,0 +1,103 @@
+"""Two vLLM 0.33 defects around a failed synchronous KV load under
+"recompute", found by `schedspec check --kv connector --modes sync --seed 300`
+(docs/divergences.md). Spec and vLLM agree on both step by step; the check
+names each, and its generator leaves the combination out
+(schedspec/check/workload.py) so the default check stays on what vLLM
+computes correctly.
+
+- A shared invalid block whose recomputing holder is aborted: vLLM lets the
+  second holder count the block computed because the first one will
+  recompute it (_update_requests_with_invalid_blocks,
+  marked_invalid_block_ids); once the first is aborted nobody does, and the
+  second reads the invalid KV. `invalid-block-not-computed` fires at the
+  abort, and the fake model finds the context wrong at the next step.
+- A recompute that rewinds a request before an encoder input it never
+  encoded, while its own later input (scheduled in the failed step) fills the
+  encoder cache: the input cannot be scheduled until that entry is freed,
+  which needs the request to pass it; vLLM never schedules it again."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import pytest
+
+from schedspec.check.driver import Failure, Runner
+from schedspec.check.workload import Abort, AddRequest, Event, KVLoadFailed, Step, keep_failed_sync_loads_alive
+from schedspec.spec.interface import MMInput, Policy, RequestSpec, SchedulerConfig
+from schedspec.spec.scheduler import SpecScheduler
+
+REQUIRE = os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1"
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+SHARED_CFG = SchedulerConfig(block_size=1, num_blocks=42, max_model_len=32, max_num_batched_tokens=32, max_num_seqs=8,
+                             enable_chunked_prefill=False, policy=Policy.PRIORITY, scheduler_reserve_full_isl=False,
+                             kv_connector=True, kv_load_failure_policy="recompute")
+SHARED: list[Event] = [
+    AddRequest(RequestSpec("r46", (12, 11), 1, ignore_eos=True, priority=954, arrival=46)),
+    AddRequest(RequestSpec("r47", (12, 11), 1, ignore_eos=True, arrival=47, kv_external_tokens=1)),
+    KVLoadFailed("r47", 0), Step(), Abort("r47"), Step(),
+]
+
+ENCODER_CFG = SchedulerConfig(block_size=2, num_blocks=17, max_model_len=32, max_num_batched_tokens=40, max_num_seqs=1,
+                              enable_chunked_prefill=False, scheduler_reserve_full_isl=False,
+                              max_num_encoder_input_tokens=4, encoder_cache_size=4,
+                              kv_connector=True, kv_load_failure_policy="recompute")
+ENCODER: list[Event] = [
+    AddRequest(RequestSpec("r91", (8, 7, 15, 9, 15, 3, 10, 14, 13, 3), 1, ignore_eos=True, arrival=91,
+                           kv_external_tokens=6, mm_inputs=(MMInput(1, 4, "mm2"), MMInput(6, 4, "mm3")))),
+    KVLoadFailed("r91"),
+]
+
+
+def _run(cfg: SchedulerConfig, events: list[Event], factories: dict[str, Any]) -> Failure | None:
+    r = Runner(cfg, factories, vocab=64, check_invariants=True)
+    return r.run_to_completion(events)
+
+
+def test_an_aborted_recomputing_holder_leaves_the_shared_invalid_block_read_as_computed() -> None:
+    failure = _run(SHARED_CFG, SHARED, {"spec": SpecScheduler})
+    assert failure is not None
+    found = {v.invariant_id: v.message for v in failure.violations}
+    assert "invalid-block-not-computed" in found, found
+    assert failure.kind == "violation" and "r46" in str(failure.violations) and "invalid block 1 (index 0)" in found["invalid-block-not-computed"]
+
+
+def test_without_the_abort_the_first_holder_recomputes_and_nothing_fires() -> None:
+    assert _run(SHARED_CFG, [e for e in SHARED if not isinstance(e, Abort)], {"spec": SpecScheduler}) is None
+
+
+def test_a_rewind_before_an_unencoded_input_never_progresses() -> None:
+    failure = _run(ENCODER_CFG, ENCODER, {"spec": SpecScheduler})
+    assert failure is not None
+    ids = {v.invariant_id for v in failure.violations}
+    assert "progress" in ids, failure
+
+
+def test_the_generator_keeps_a_failed_sync_load_alive() -> None:
+    assert keep_failed_sync_loads_alive(list(SHARED)) == [e for e in SHARED if not isinstance(e, Abort)]
+    # an asynchronous load's request may still be aborted (aborts during loads)
+    async_req = AddRequest(RequestSpec("a", (1, 2, 3), 1, kv_external_tokens=2, kv_load_async=True))
+    kept: list[Event] = [async_req, KVLoadFailed("a"), Abort("a")]
+    assert keep_failed_sync_loads_alive(list(kept)) == kept
+    # an abort before the failure is reported stays
+    early: list[Event] = [SHARED[1], Abort("r47"), KVLoadFailed("r47", 0)]
+    assert keep_failed_sync_loads_alive(list(early)) == early
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
+@pytest.mark.parametrize("case", ["shared", "encoder"])
+def test_vllm_agrees_up_to_the_same_finding(case: str) -> None:
+    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+
+    load_vllm()
+    cfg, events = (SHARED_CFG, SHARED) if case == "shared" else (ENCODER_CFG, ENCODER)
+    failure = _run(cfg, events, {"spec": SpecScheduler, "vllm": VllmScheduler})
+    assert failure is not None
+    ids = {v.invariant_id for v in failure.violations}
+    # a violation the spec and vLLM share, not a divergence between them
+    assert failure.kind == "violation", failure.describe()
+    assert ids & {"invalid-block-not-computed", "progress"}, failure.describe()

@@ -158,20 +158,12 @@ class Layout:
                 out.append(b)
             return out
 
-        if full:
-            computed: list[list[int]] = [[] for _ in gids]
-            for i in range(max_blocks):
-                got = look(i)
-                if got is None:
-                    break
-                for blocks, b in zip(computed, got):
-                    blocks.append(b)
-            return computed, len(computed[0]) * bs
-        if chunk:
+        if full or chunk:
+            # full attention: forward from block 0 to the first miss;
             # ChunkedLocalAttentionManager: null before the block of the
             # chunk start of the next token, then forward to the first miss
-            start = (max_length // chunk * chunk if max_length > 0 else 0) // bs
-            computed = [[NULL] * start for _ in gids]
+            start = 0 if full else (max_length // chunk * chunk if max_length > 0 else 0) // bs
+            computed: list[list[int]] = [[NULL] * start for _ in gids]
             for i in range(start, max_blocks):
                 got = look(i)
                 if got is None:

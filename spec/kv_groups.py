@@ -195,8 +195,17 @@ def find_full_attention_hit(lookup: Lookup, num_ids: int, max_length: int, block
     """FullAttentionManager.find_longest_cache_hit: the longest run of cached
     blocks from the start, at most ``max_length // block_size`` of them;
     chained keys make every block after a miss a miss too."""
-    computed: list[list[int]] = [[] for _ in range(num_ids)]
-    for i in range(max_length // block_size):
+    return _forward_hit(lookup, num_ids, 0, max_length // block_size, block_size)
+
+
+def _forward_hit(
+    lookup: Lookup, num_ids: int, start_block: int, end_block: int, block_size: int
+) -> tuple[list[list[int]], int]:
+    """The null block in places ``[0, start_block)``, then the cached blocks
+    from ``start_block`` forward until the first miss (at most up to
+    ``end_block``): the hit and its length in tokens."""
+    computed: list[list[int]] = [[NULL_BLOCK] * start_block for _ in range(num_ids)]
+    for i in range(start_block, end_block):
         cached = lookup(i)
         if cached is None:
             break
@@ -246,14 +255,7 @@ def find_chunked_local_hit(
     gives [null, null] and block 2 when it is cached; max_length 16 gives
     four nulls, looking nothing up."""
     start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
-    computed = [[NULL_BLOCK] * start_block for _ in range(num_ids)]
-    for i in range(start_block, max_length // block_size):
-        cached = lookup(i)
-        if cached is None:
-            break
-        for blocks, b in zip(computed, cached):
-            blocks.append(b)
-    return computed, len(computed[0]) * block_size
+    return _forward_hit(lookup, num_ids, start_block, max_length // block_size, block_size)
 
 
 def find_group_hit(spec: SpecGroup, lookup: Lookup, max_length: int, block_size: int) -> tuple[list[list[int]], int]:

@@ -766,7 +766,8 @@ def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
     "max_model_len tokens (kv_cache_planning.py, check_enough_kv_cache_memory), so some running "
     "request always fits; with none running the whole pool is free and the head's first chunk fits. "
     "With a KV connector it stands aside while loads hold blocks or requests wait for them "
-    "(WAITING_FOR_REMOTE_KVS, kv_holding_waiting, delayed frees), and for two vLLM liveness defects: "
+    "(WAITING_FOR_REMOTE_KVS, kv_holding_waiting, delayed frees, and with async scheduling a "
+    "victim whose step is in flight, which stops the RUNNING loop), and for two vLLM liveness defects: "
     "after an asynchronous load failed whole under recompute (_update_waiting_for_remote_kv leaves "
     "the request in _inflight_prefills), and a head whose asynchronous load cannot fit beside "
     "_spec_decode_step_blocks even in an empty pool (docs/divergences.md).",
@@ -797,6 +798,11 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
         return  # requests waiting for their grammar are passed over
     if kv_holds_pool(t):
         return  # KV loads in flight hold blocks and their requests wait (kv_holds_pool)
+    if defers_frees(t.before.config) and len(t.in_flight) > 1:
+        # the RUNNING loop stops rather than preempt a victim whose step is in
+        # flight (scheduler.py, _request_blocks_can_be_freed: "A deferred free
+        # will not help with immediate allocation."); that step's update frees
+        return
     if not t.before.running and any(failed_load_blocks_reload(t.before, h, rid) for rid in t.before.waiting):
         return  # vLLM's liveness defect after a failed load (failed_load_blocks_reload)
     head = admission_candidate(t.before)

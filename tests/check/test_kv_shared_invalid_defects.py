@@ -26,7 +26,7 @@ import pytest
 
 from schedspec.check.driver import Failure, Runner
 from schedspec.check.workload import Abort, AddRequest, Event, KVLoadFailed, Step, keep_failed_sync_loads_alive
-from schedspec.spec.interface import MMInput, Policy, RequestSpec, SchedulerConfig
+from schedspec.spec.interface import KVCacheGroup, MMInput, Policy, RequestSpec, SchedulerConfig
 from schedspec.spec.scheduler import SpecScheduler
 
 REQUIRE = os.environ.get("SCHEDSPEC_REQUIRE_VLLM") == "1"
@@ -101,3 +101,42 @@ def test_vllm_agrees_up_to_the_same_finding(case: str) -> None:
     # a violation the spec and vLLM share, not a divergence between them
     assert failure.kind == "violation", failure.describe()
     assert ids & {"invalid-block-not-computed", "progress"}, failure.describe()
+
+
+# The same defect through a preemption (`check --against spec --kv all --seed 2000`, seed 2001,
+# shrunk): under "recompute" vLLM keeps a failed synchronous load's invalid blocks in the prefix
+# cache for the recompute (_handle_invalid_blocks evicts only under "fail"); r51 is preempted
+# before it recomputes them, and its own resumption hits them: 3 tokens counted computed through
+# invalid block 7. The generator cannot leave this out (any request may be preempted), so the
+# default check meets it, rarely, as a violation in the spec itself.
+PREEMPT_CFG = SchedulerConfig(block_size=1, num_blocks=17, max_model_len=16, max_num_batched_tokens=48, max_num_seqs=4,
+                              enable_chunked_prefill=False, policy=Policy.PRIORITY, scheduler_reserve_full_isl=False,
+                              num_speculative_tokens=4,
+                              kv_cache_groups=(KVCacheGroup("chunked_local", attention_chunk_size=4),),
+                              kv_connector=True, kv_load_failure_policy="recompute")
+PREEMPT: list[Event] = [
+    AddRequest(RequestSpec("r51", (3, 7, 2, 4), 1, priority=1, arrival=51, kv_external_tokens=3)),
+    KVLoadFailed("r51", 2),
+    AddRequest(RequestSpec("r140", (12, 0, 5, 2, 5, 8, 6, 9, 3, 3), 1, arrival=140, kv_external_tokens=10,
+                           kv_load_async=True)),
+    AddRequest(RequestSpec("r171", (13, 10, 15, 12, 13, 2, 9, 12, 14, 13), 2, ignore_eos=True, arrival=171)),
+]
+
+
+def test_a_preempted_recompute_leaves_its_invalid_blocks_cached_for_its_own_resumption() -> None:
+    failure = _run(PREEMPT_CFG, PREEMPT, {"spec": SpecScheduler})
+    assert failure is not None and failure.kind == "violation", failure
+    (v,) = failure.violations
+    assert v.invariant_id == "invalid-block-not-computed" and "invalid block 7 (index 2)" in v.message, v
+    assert failure.step == 3
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
+def test_vllm_resumes_the_preempted_request_through_the_invalid_block_too() -> None:
+    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+
+    load_vllm()
+    failure = _run(PREEMPT_CFG, PREEMPT, {"spec": SpecScheduler, "vllm": VllmScheduler})
+    assert failure is not None and failure.kind == "violation", failure
+    assert {v.invariant_id for v in failure.violations} == {"invalid-block-not-computed"}

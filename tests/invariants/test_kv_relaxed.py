@@ -376,3 +376,30 @@ def test_shared_invalid_block_is_recomputed_by_the_first_holder_only() -> None:
         after = dataclasses.replace(t.after, requests={**t.after.requests, "r74": bad_r74})
         found = fires("kv-load-failure-policy", dataclasses.replace(t, after=after))
         assert found and "want 4" in found[0], found
+
+
+def test_progress_stands_aside_for_a_victim_in_flight_only_when_frees_are_deferred() -> None:
+    """Async scheduling with a connector (`check --against spec --kv all --seed 4000`, seed
+    4023): step 3 finds the pool full, and the only victim has step 2 in flight, so vLLM's
+    RUNNING loop stops (_request_blocks_can_be_freed) and the step is empty; step 2's update
+    frees the way. Without deferred frees (no connector) the same empty step is a violation."""
+    from schedspec.check import trace as tracefile
+    from schedspec.spec.scheduler import SpecScheduler
+
+    t = tracefile.read(DATA / "async-connector-victim-in-flight-empty-step.jsonl")
+    s = SpecScheduler(t.workload.config)
+    for e in t.workload.events:
+        s.add(e.request)
+    p1 = s.schedule()
+    p2 = s.schedule()
+    s.update(p1, StepResult())
+    before = s.view()
+    p3 = s.schedule()
+    assert p3.scheduled == () and s.rules["connector.victim_in_flight"]
+    step3 = Transition("schedule", before, s.view(), plan=p3, in_flight=(p2, p3))
+    assert fires("progress", step3) == []
+    plain = dataclasses.replace(before.config, kv_connector=False)
+    no_defer = dataclasses.replace(
+        step3, before=dataclasses.replace(before, config=plain), after=dataclasses.replace(step3.after, config=plain)
+    )
+    assert fires("progress", no_defer) == ["step 3 scheduled nothing with 2 running and 0 waiting"]

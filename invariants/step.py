@@ -875,10 +875,19 @@ def failed_load_blocks_reload(v: SchedulerView, h: History, rid: str) -> bool:
     (promoted by _update_waiting_for_remote_kv with no computed token and no
     block) stays in Scheduler._inflight_prefills, so
     _inflight_prefill_reserved_blocks counts its own whole need in the
-    reservation its next asynchronous load must leave free: with fewer free
-    blocks than twice that need it is never admitted again."""
+    reservation its next asynchronous load must leave free, beside the stale
+    reservations of every other such request and one speculative step
+    (_spec_decode_step_blocks): with fewer free blocks than that it is never
+    admitted again."""
     need = failed_load_reservation(v, h, rid)
-    return need > 0 and 2 * need > v.kv.num_free_blocks
+    if need <= 0:
+        return False
+    stale = sum(failed_load_reservation(v, h, x) for x in v.waiting)
+    cfg = v.config
+    spec_step = 0
+    if cfg.num_speculative_tokens:
+        spec_step = len(cfg.groups) * cdiv(1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens, cfg.block_size)
+    return need + stale + spec_step > v.kv.num_free_blocks
 
 
 def failed_load_reservation(v: SchedulerView, h: History, rid: str) -> int:

@@ -1201,11 +1201,14 @@ class KVRequests:
                     self.due.append((delay, KVLoadDone(rid)))
                 elif r < 0.7:
                     index = None if rng.random() < 0.5 else rng.randrange(blocks)
+                    if self._rewind_reads_freed_window():
+                        index = None
                     self.due.append((delay, KVLoadFailed(rid, index)))
                 elif r < 0.8:
                     self.due.append((rng.choice((0, 1, 2)), Abort(rid)))
                 # else: the bounded wait reports it
-            elif r < 0.3 and not self.config.async_scheduling and not out.mm_inputs:
+            elif r < 0.3 and not self.config.async_scheduling and not out.mm_inputs \
+                    and not self._rewind_reads_freed_window():
                 # With async scheduling vLLM never gives back the output
                 # placeholder of a request whose output it skipped after a
                 # failed synchronous load: later plans carry a -1 that no
@@ -1220,6 +1223,21 @@ class KVRequests:
         if out.kv_save_async and rng.random() < 0.5:
             self.due.append((rng.randint(1, 12), KVSaveDone(rid)))
         return out
+
+    def _rewind_reads_freed_window(self) -> bool:
+        """Whether a load failure that leaves tokens to recompute after the
+        load's first block would rewind the request below blocks a sliding
+        window or chunk already nulled: under "recompute" with a skipping
+        group (a lone one: invalid blocks with several groups are refused),
+        vLLM recomputes those tokens through null blocks (docs/divergences.md,
+        "Recompute into a freed sliding window", which group-tables-cover
+        reports). The generator then fails asynchronous loads only as a whole
+        (their blocks are freed and the request starts again) and fails no
+        synchronous load."""
+        cfg = self.config
+        return cfg.kv_load_failure_policy == "recompute" and any(
+            g.kind in ("sliding_window", "chunked_local") for g in cfg.kv_cache_groups
+        )
 
     def _async_load_can_fit(self, n: int) -> bool:
         """Whether an asynchronous load of a prompt of ``n`` tokens can ever

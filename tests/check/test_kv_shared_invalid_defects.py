@@ -18,6 +18,7 @@ computes correctly.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from typing import Any
@@ -140,3 +141,49 @@ def test_vllm_resumes_the_preempted_request_through_the_invalid_block_too() -> N
     failure = _run(PREEMPT_CFG, PREEMPT, {"spec": SpecScheduler, "vllm": VllmScheduler})
     assert failure is not None and failure.kind == "violation", failure
     assert {v.invariant_id for v in failure.violations} == {"invalid-block-not-computed"}
+
+
+# Recompute into a freed sliding window through an asynchronous load (`check --against spec
+# --kv all --seed 7000`, seed 7009): a lone window of 9 tokens, a 16-token load failing at block
+# 0 under "recompute"; the promotion keeps 8 computed tokens whose window block was already
+# nulled at the load's end, and the recompute attends it (docs/divergences.md).
+WINDOW_CFG = SchedulerConfig(block_size=8, num_blocks=8, max_model_len=48, max_num_batched_tokens=4, max_num_seqs=2,
+                             policy=Policy.PRIORITY, scheduler_reserve_full_isl=False, async_scheduling=True,
+                             num_speculative_tokens=3,
+                             kv_cache_groups=(KVCacheGroup("sliding_window", sliding_window=9),),
+                             kv_connector=True, kv_load_failure_policy="recompute")
+WINDOW: list[Event] = [
+    AddRequest(RequestSpec("r126", (10, 3, 8, 11, 12, 9, 11, 7, 4, 10, 15, 13, 13, 13, 0, 1), 1, arrival=126,
+                           kv_external_tokens=16, kv_load_async=True)),
+    KVLoadFailed("r126", 0),
+]
+
+
+def test_a_failed_async_load_recomputes_into_its_freed_window() -> None:
+    failure = _run(WINDOW_CFG, WINDOW, {"spec": SpecScheduler})
+    assert failure is not None and failure.kind == "violation", failure
+    assert {v.invariant_id for v in failure.violations} == {"group-tables-cover"}, failure.describe()
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
+def test_vllm_recomputes_into_the_freed_window_too() -> None:
+    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+
+    load_vllm()
+    failure = _run(WINDOW_CFG, WINDOW, {"spec": SpecScheduler, "vllm": VllmScheduler})
+    assert failure is not None and failure.kind == "violation", failure
+    assert {v.invariant_id for v in failure.violations} == {"group-tables-cover"}
+
+
+def test_the_generator_fails_no_load_into_a_window_under_recompute() -> None:
+    import random
+
+    from schedspec.check.workload import KVRequests
+
+    kv = KVRequests(WINDOW_CFG, random.Random(0))
+    req = RequestSpec("x", tuple(range(1, 17)), 1)
+    for i in range(400):
+        kv.decorate(dataclasses.replace(req, request_id=f"x{i}"))
+    drawn = [e for _, e in kv.due if isinstance(e, KVLoadFailed)]
+    assert drawn and all(e.block_index is None for e in drawn)

@@ -260,64 +260,75 @@ def _check_kv_fields(config: ConfigFields, group_type: type | None) -> None:
     if len(groups) > MAX_KV_CACHE_GROUPS:
         raise ConfigError("kv_cache_groups", f"{len(groups)} groups is beyond the supported maximum {MAX_KV_CACHE_GROUPS}")
     for i, g in enumerate(groups):
-        name = f"kv_cache_groups[{i}]"
-        if group_type is not None and not isinstance(g, group_type):
-            raise ConfigError(name, f"must be a KVCacheGroup, got {type(g).__name__}")
-        kind = getattr(g, "kind", None)
-        window = getattr(g, "sliding_window", None)
-        bs = getattr(g, "block_size", None)
-        chunk = getattr(g, "attention_chunk_size", 0)
-        if kind not in KV_GROUP_KINDS:
-            raise ConfigError(
-                f"{name}.kind", f"must be one of {', '.join(repr(k) for k in KV_GROUP_KINDS)}, got {kind!r}"
-            )
-        if not is_int(window) or not is_int(bs) or not is_int(chunk):
-            raise ConfigError(
-                name,
-                f"sliding_window, attention_chunk_size and block_size must be integers, got {window!r}, {chunk!r}, {bs!r}",
-            )
-        assert isinstance(window, int) and isinstance(bs, int) and isinstance(chunk, int)
-        # vllm/v1/kv_cache_interface.py, ChunkedLocalAttentionSpec: a chunk of
-        # at least one token; only a chunked-local group has one.
-        if kind == "chunked_local" and chunk < 1:
-            raise ConfigError(
-                f"{name}.attention_chunk_size", f"a chunked-local group needs a chunk >= 1 token, got {chunk}"
-            )
-        if kind != "chunked_local" and chunk != 0:
-            raise ConfigError(f"{name}.attention_chunk_size", f"a {kind} group has no attention chunk, got {chunk}")
-        if kind == "chunked_local" and window != 0:
-            raise ConfigError(f"{name}.sliding_window", f"a chunked-local group has no window, got {window}")
-        # vllm/v1/attention/backends/utils.py, make_local_attention_virtual_batches:
-        # the chunked-local attention backend asserts that the chunk is a
-        # whole number of blocks (the scheduler does not check it, and with
-        # any other chunk ChunkedLocalAttentionManager.find_longest_cache_hit
-        # can null a block the hit's next token still attends).
-        if kind == "chunked_local" and chunk % config.block_size:
-            raise ConfigError(
-                f"{name}.attention_chunk_size",
-                f"({chunk}) must be a multiple of block_size ({config.block_size}): vLLM's chunked local "
-                "attention backend refuses any other chunk",
-            )
-        # vllm/v1/kv_cache_interface.py, SlidingWindowSpec: a window of at
-        # least one token; a full-attention group has none.
-        if kind == "sliding_window" and window < 1:
-            raise ConfigError(f"{name}.sliding_window", f"a sliding-window group needs a window >= 1, got {window}")
-        if kind == "full_attention" and window != 0:
-            raise ConfigError(f"{name}.sliding_window", f"a full-attention group has no window, got {window}")
-        # HybridKVCacheCoordinator.__init__: every cacheable group's block
-        # size is a multiple of the hash block size (the config's block_size).
-        if bs < 0 or (bs and bs % config.block_size):
-            raise ConfigError(
-                f"{name}.block_size",
-                f"({bs}) must be a multiple of the hash block size block_size ({config.block_size}), "
-                "as vLLM's hybrid coordinator requires",
-            )
-        if bs and bs != config.block_size:
-            raise ConfigError(
-                f"{name}.block_size",
-                f"({bs}) differs from block_size ({config.block_size}): the modelled layouts "
-                "give every group the config's block size (0 = the config's)",
-            )
+        _check_group(config, f"kv_cache_groups[{i}]", g, group_type)
+
+
+def _check_group(config: ConfigFields, name: str, g: object, group_type: type | None) -> None:
+    """One KV cache group's fields (vllm/v1/kv_cache_interface.py, its
+    KVCacheSpec), ``name`` the field path for the error."""
+    if group_type is not None and not isinstance(g, group_type):
+        raise ConfigError(name, f"must be a KVCacheGroup, got {type(g).__name__}")
+    kind = getattr(g, "kind", None)
+    window = getattr(g, "sliding_window", None)
+    bs = getattr(g, "block_size", None)
+    chunk = getattr(g, "attention_chunk_size", 0)
+    if kind not in KV_GROUP_KINDS:
+        raise ConfigError(
+            f"{name}.kind", f"must be one of {', '.join(repr(k) for k in KV_GROUP_KINDS)}, got {kind!r}"
+        )
+    if not is_int(window) or not is_int(bs) or not is_int(chunk):
+        raise ConfigError(
+            name,
+            f"sliding_window, attention_chunk_size and block_size must be integers, got {window!r}, {chunk!r}, {bs!r}",
+        )
+    assert isinstance(window, int) and isinstance(bs, int) and isinstance(chunk, int)
+    # vllm/v1/kv_cache_interface.py, ChunkedLocalAttentionSpec: a chunk of
+    # at least one token; only a chunked-local group has one.
+    if kind == "chunked_local" and chunk < 1:
+        raise ConfigError(
+            f"{name}.attention_chunk_size", f"a chunked-local group needs a chunk >= 1 token, got {chunk}"
+        )
+    if kind != "chunked_local" and chunk != 0:
+        raise ConfigError(f"{name}.attention_chunk_size", f"a {kind} group has no attention chunk, got {chunk}")
+    if kind == "chunked_local" and window != 0:
+        raise ConfigError(f"{name}.sliding_window", f"a chunked-local group has no window, got {window}")
+    # vllm/v1/attention/backends/utils.py, make_local_attention_virtual_batches:
+    # the chunked-local attention backend asserts that the chunk is a
+    # whole number of blocks (the scheduler does not check it, and with
+    # any other chunk ChunkedLocalAttentionManager.find_longest_cache_hit
+    # can null a block the hit's next token still attends).
+    if kind == "chunked_local" and chunk % config.block_size:
+        raise ConfigError(
+            f"{name}.attention_chunk_size",
+            f"({chunk}) must be a multiple of block_size ({config.block_size}): vLLM's chunked local "
+            "attention backend refuses any other chunk",
+        )
+    # vllm/v1/kv_cache_interface.py, SlidingWindowSpec: a window of at
+    # least one token; a full-attention group has none.
+    if kind == "sliding_window" and window < 1:
+        raise ConfigError(f"{name}.sliding_window", f"a sliding-window group needs a window >= 1, got {window}")
+    if kind == "full_attention" and window != 0:
+        raise ConfigError(f"{name}.sliding_window", f"a full-attention group has no window, got {window}")
+    _check_group_block_size(config, name, bs)
+
+
+def _check_group_block_size(config: ConfigFields, name: str, bs: int) -> None:
+    """A group's own block size: 0 (the config's), else what the modelled
+    layouts and vLLM's hybrid coordinator accept."""
+    # HybridKVCacheCoordinator.__init__: every cacheable group's block
+    # size is a multiple of the hash block size (the config's block_size).
+    if bs < 0 or (bs and bs % config.block_size):
+        raise ConfigError(
+            f"{name}.block_size",
+            f"({bs}) must be a multiple of the hash block size block_size ({config.block_size}), "
+            "as vLLM's hybrid coordinator requires",
+        )
+    if bs and bs != config.block_size:
+        raise ConfigError(
+            f"{name}.block_size",
+            f"({bs}) differs from block_size ({config.block_size}): the modelled layouts "
+            "give every group the config's block size (0 = the config's)",
+        )
 
 
 def _check_config_types(config: ConfigFields, policy_type: type) -> None:

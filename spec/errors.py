@@ -14,6 +14,7 @@ class ConfigError(SchedSpecError, ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"config.{field_name}: {message}")
         self.field = field_name
+        self.message = message
 
 
 class RequestError(SchedSpecError, ValueError):

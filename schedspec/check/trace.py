@@ -359,7 +359,7 @@ def _parse_header(
     try:  # the cross-field rules the schema cannot express
         config = SchedulerConfig.from_dict(obj["config"])
     except ConfigError as exc:
-        raise TraceError(path, line, f"config.{exc.field}", str(exc)) from None
+        raise TraceError(path, line, f"config.{exc.field}", exc.message) from None
     except TypeError as exc:
         raise TraceError(path, line, "config", str(exc)) from None
     check = obj.get("check")

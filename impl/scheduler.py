@@ -550,6 +550,14 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
         else:
             self._waiting.remove(req)
 
+    def _free_own_table(self, req: _Req) -> None:
+        """The plain layout without a connector: free the request's blocks
+        now (tail first, kv_cache_manager.free) and leave it an empty table."""
+        self._free(req.blocks)
+        req.blocks = []
+        req.btuple = ()
+        req.cap = 0
+
     def _finish(self, req: _Req, status: RequestStatus, delay: bool = False) -> None:
         req.status = status
         if self._hyb and not self._conn:
@@ -560,10 +568,7 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
             else:
                 self._free_table(req)
         else:
-            self._free(req.blocks)
-            req.blocks = []
-            req.btuple = ()
-            req.cap = 0
+            self._free_own_table(req)
         if req.mm:
             self._release_encoder(req)
         if self._deferred:
@@ -831,10 +836,7 @@ class ImplScheduler(ConnectorMixin["_Req"], GroupsMixin["_Req"]):
             self._inflight_prefills.discard(req.rid)
             self._free_table(req)
         else:
-            self._free(req.blocks)
-            req.blocks = []
-            req.btuple = ()
-            req.cap = 0
+            self._free_own_table(req)
         req.ncached = 0
         if self._caching and not self._hyb:
             req.next_full = self._bs

@@ -641,12 +641,7 @@ class Expander:
         _load_grammars(model, before)
         truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()
                  if rid not in failing}
-        result, mismatches = model.run(plan, truth)
-        if mismatches:
-            m = mismatches[0]
-            raise Finding("violation", "the model read a context that is not the request's tokens", (
-                Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
-                          f"the request's token there is {m.expected}", m.request_id),))
+        result = _execute_plan(model, plan, truth)
         result = worker.after(plan, mid, result)
         if user is not None and any(e is user for e in worker.queue):
             return None
@@ -700,12 +695,7 @@ class Expander:
             flight.load(model)
             _load_grammars(model, before)
             truth = self._async_truth(before, pairs)
-            result, mismatches = model.run(plan, truth)
-            if mismatches:
-                m = mismatches[0]
-                raise Finding("violation", "the model read a context that is not the request's tokens", (
-                    Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
-                              f"the request's token there is {m.expected}", m.request_id),))
+            result = _execute_plan(model, plan, truth)
             new = Flight.of(model, pairs + ((plan, result),))
             if target:
                 assert tb is not None and tflight is not None
@@ -748,12 +738,7 @@ class Expander:
         model = self.tmodel
         tflight.load(model)
         _load_grammars(model, tb)
-        result, mismatches = model.run(plan, self._async_truth(tb, tflight.pairs))
-        if mismatches:
-            m = mismatches[0]
-            raise Finding("violation", f"the model read a context of {who} that is not the request's tokens", (
-                Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
-                          f"the request's token there is {m.expected}", m.request_id),))
+        result = _execute_plan(model, plan, self._async_truth(tb, tflight.pairs), who)
         return Flight.of(model, tflight.pairs + ((plan, result),))
 
     def _target_update(self, t: Any, tb: SchedulerView, tflight: Flight) -> Flight:
@@ -868,12 +853,7 @@ class Expander:
         model.outputs, model.proposals, model.rejected = {}, {}, {}
         _load_grammars(model, tb)
         truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
-        result, mismatches = model.run(plan, truth)
-        if mismatches:
-            m = mismatches[0]
-            raise Finding("violation", f"the model read a context of {who} that is not the request's tokens", (
-                Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
-                          f"the request's token there is {m.expected}", m.request_id),))
+        result = _execute_plan(model, plan, truth, who)
         _call(who, "update", t.update, plan, result)
         ta = _call(who, "view", t.view)
         self._tcheck("update", tm, ta, plan=plan, result=result)
@@ -891,12 +871,7 @@ class Expander:
         model.outputs, model.proposals, model.rejected = {}, {}, {}
         _load_grammars(model, before)
         truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()}
-        result, mismatches = model.run(plan, truth)
-        if mismatches:
-            m = mismatches[0]
-            raise Finding("violation", "the model read a context that is not the request's tokens", (
-                Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
-                          f"the request's token there is {m.expected}", m.request_id),))
+        result = _execute_plan(model, plan, truth)
         return result
 
     def _check_contents(self, after: SchedulerView, slots: dict[int, int], who: str = "",
@@ -1108,6 +1083,20 @@ def engine_idle(v: SchedulerView, in_flight: int) -> bool:
     blocks)."""
     return not in_flight and scheduler_has_no_work(v)
 
+
+
+def _execute_plan(model: FakeModel, plan: StepPlan, truth: Any, who: str | None = None) -> StepResult:
+    """The fake model executes ``plan`` against ``truth`` (request id -> its
+    tokens); a context it reads that is not the request's tokens is a
+    kv-context violation (of scheduler ``who`` when named)."""
+    result, mismatches = model.run(plan, truth)
+    if mismatches:
+        m = mismatches[0]
+        of = f" of {who}" if who else ""
+        raise Finding("violation", f"the model read a context{of} that is not the request's tokens", (
+            Violation("kv-context", f"{m.request_id}: position {m.position} holds {m.found}, "
+                      f"the request's token there is {m.expected}", m.request_id),))
+    return result
 
 def _load_grammars(model: FakeModel, v: SchedulerView) -> None:
     """The model samples each request of ``v`` under its grammar (the check

@@ -21,6 +21,7 @@ from schedspec.spec.errors import ConfigError as ConfigError
 from schedspec.spec.errors import ProtocolError as ProtocolError
 from schedspec.spec.errors import RequestError as RequestError
 from schedspec.spec.errors import SchedSpecError as SchedSpecError
+from schedspec.spec.kv_kinds import FullAttention
 from schedspec.spec.validate import KV_GROUP_KINDS as KV_GROUP_KINDS
 from schedspec.spec.validate import validate_config, validate_request
 
@@ -195,9 +196,10 @@ class KVCacheGroup:
     another value is refused.
 
     All groups draw their blocks from the one pool of ``num_blocks`` blocks
-    (vLLM's single BlockPool); a block belongs to one group at a time."""
+    (vLLM's single BlockPool); a block belongs to one group at a time. The
+    rules of each kind are its class in spec/kv_kinds.py (``kind_of``)."""
 
-    kind: str = "full_attention"
+    kind: str = FullAttention.name
     sliding_window: int = 0
     block_size: int = 0
     attention_chunk_size: int = 0
@@ -222,7 +224,7 @@ class KVCacheGroup:
         if unknown:
             raise ConfigError(f"{where}.{unknown[0]}", "unknown field")
         return cls(
-            kind=data.get("kind", "full_attention"),
+            kind=data.get("kind", FullAttention.name),
             sliding_window=data.get("sliding_window", 0),
             block_size=data.get("block_size", 0),
             attention_chunk_size=data.get("attention_chunk_size", 0),

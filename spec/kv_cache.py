@@ -31,9 +31,9 @@ from schedspec.spec.kv_groups import (
     blocks_to_allocate,
     find_group_hit,
     hybrid_cache_hit,
+    kind_of,
     num_skipped_tokens,
     skipped_blocks_to_free,
-    sliding_window_cache_mask,
 )
 from schedspec.spec.rules import cdiv, split_freed_blocks
 
@@ -257,8 +257,9 @@ class KVPool:
         for g, (group, table) in enumerate(zip(lay.groups, self.tables(req))):
             cap = lay.admission_caps[g]
             capped = apply_admission_cap and cap is not None and cdiv(num_tokens, lay.block_size) > cap
-            self.rules["kv_groups.admission_capped"] += capped and group.kind == "sliding_window"  # pragma: no mutate
-            self.rules["kv_groups.chunk_admission_capped"] += capped and group.kind == "chunked_local"  # pragma: no mutate
+            kind = kind_of(group)
+            self.rules["kv_groups.admission_capped"] += capped and kind.capped_rule == "kv_groups.admission_capped"  # pragma: no mutate
+            self.rules["kv_groups.chunk_admission_capped"] += capped and kind.capped_rule == "kv_groups.chunk_admission_capped"  # pragma: no mutate
             total += blocks_to_allocate(
                 group, lay.block_size, lay.admission_caps[g], len(table), num_tokens,
                 new_computed[g] if new_computed else (), self._num_evictable,
@@ -282,8 +283,9 @@ class KVPool:
             assert not tables[g], "a request takes its hit before it has blocks"
             skipped = num_skipped_tokens(group, total) // bs
             kept = list(new_computed[g][skipped:]) if new_computed else []
-            self.rules["kv_groups.hit_skipped_in_window"] += skipped > 0 and group.kind == "sliding_window"  # pragma: no mutate
-            self.rules["kv_groups.hit_skipped_in_chunk"] += skipped > 0 and group.kind == "chunked_local"  # pragma: no mutate
+            kind = kind_of(group)
+            self.rules["kv_groups.hit_skipped_in_window"] += skipped > 0 and kind.hit_skipped_rule == "kv_groups.hit_skipped_in_window"  # pragma: no mutate
+            self.rules["kv_groups.hit_skipped_in_chunk"] += skipped > 0 and kind.hit_skipped_rule == "kv_groups.hit_skipped_in_chunk"  # pragma: no mutate
             if self.enable_caching:
                 self.touch(kept)
             tables[g].extend([NULL_BLOCK] * skipped + kept)
@@ -316,8 +318,9 @@ class KVPool:
             if skipped <= 0:
                 continue
             freed = skipped_blocks_to_free(table, skipped, lay.block_size)
-            self.rules["kv_groups.window_freed"] += len(freed) > 0 and group.kind == "sliding_window"  # pragma: no mutate
-            self.rules["kv_groups.chunk_freed"] += len(freed) > 0 and group.kind == "chunked_local"  # pragma: no mutate
+            kind = kind_of(group)
+            self.rules["kv_groups.window_freed"] += len(freed) > 0 and kind.freed_rule == "kv_groups.window_freed"  # pragma: no mutate
+            self.rules["kv_groups.chunk_freed"] += len(freed) > 0 and kind.freed_rule == "kv_groups.chunk_freed"  # pragma: no mutate
             if freed:
                 self.free_blocks(freed)
 
@@ -327,10 +330,11 @@ class KVPool:
         """KVCacheCoordinator.cache_blocks -> each manager's cache_blocks: the
         blocks full once ``num_tokens`` tokens are computed get their group's
         key (block i: ``group_block_key(key_of(i), g)``), in table order; the
-        null block never; a sliding-window group only the blocks its mask
-        keeps (kv_groups.sliding_window_cache_mask, with the replay boundary
-        num_prompt_tokens - 1 and the request's shared-prefix junction); a
-        chunked-local group every one (the base reachable_block_mask: None)."""
+        null block never; only the blocks the group kind's cache_mask keeps
+        (spec/kv_kinds.py: a sliding-window group's reachable_block_mask, with
+        the replay boundary num_prompt_tokens - 1 and the request's
+        shared-prefix junction; every one for the other kinds, the base
+        reachable_block_mask: None)."""
         if not self.enable_caching:
             return
         lay, bs = self.layout, self.layout.block_size
@@ -339,9 +343,7 @@ class KVPool:
             start, end = self._num_cached(req, g), num_tokens // bs
             if start >= end:
                 continue
-            mask = None
-            if group.kind == "sliding_window":
-                mask = sliding_window_cache_mask(start, end, bs, group.sliding_window, boundaries)
+            mask = kind_of(group).cache_mask(group, start, end, bs, boundaries)
             keep = [i for i in range(start, end) if table[i] != NULL_BLOCK and (mask is None or mask[i - start])]
             self.rules["kv_groups.cache_masked"] += len(keep) < end - start  # pragma: no mutate
             self.cache_full_blocks([table[i] for i in keep], [group_block_key(key_of(i), g) for i in keep])

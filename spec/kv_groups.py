@@ -21,6 +21,12 @@ vLLM sources (paths under vllm/v1/core/):
 - vllm/v1/kv_cache_interface.py: SlidingWindowSpec and
   ChunkedLocalAttentionSpec, max_admission_blocks_per_request.
 
+What differs by kind (FullAttentionManager, SlidingWindowManager,
+ChunkedLocalAttentionManager: the hit search, the skipped tokens, the
+admission cap, the cache mask) is the kind's class in spec/kv_kinds.py,
+found through ``kind_of``; this module is the coordinator's part, which
+never asks a kind's name (its pure helpers are re-exported from there).
+
 The pool they all draw from is spec/kv_cache.py's KVPool (vLLM's one
 BlockPool); KVPool's coordinator methods call these functions, and the
 request's tables live on the request (group 0's is its ``blocks``). The
@@ -41,21 +47,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from schedspec.spec.interface import KVCacheGroup, SchedulerConfig
+from schedspec.spec.kv_kinds import NULL_BLOCK as NULL_BLOCK
+from schedspec.spec.kv_kinds import RETENTION_INTERVAL as RETENTION_INTERVAL
+from schedspec.spec.kv_kinds import GroupKind
+from schedspec.spec.kv_kinds import kind_of as kind_of
+from schedspec.spec.kv_kinds import Lookup as Lookup
+from schedspec.spec.kv_kinds import admission_cap as admission_cap
+from schedspec.spec.kv_kinds import chunked_local_admission_cap as chunked_local_admission_cap
+from schedspec.spec.kv_kinds import contiguous_blocks_for_hit as contiguous_blocks_for_hit
+from schedspec.spec.kv_kinds import find_chunked_local_hit as find_chunked_local_hit
+from schedspec.spec.kv_kinds import find_full_attention_hit as find_full_attention_hit
+from schedspec.spec.kv_kinds import find_sliding_window_hit as find_sliding_window_hit
+from schedspec.spec.kv_kinds import sliding_window_cache_mask as sliding_window_cache_mask
 from schedspec.spec.rules import cdiv
-
-#: The null block: never pooled, stands for a freed (skipped) block in a
-#: sliding-window or chunked-local table (BlockPool.null_block).
-NULL_BLOCK = 0
-
-#: CacheConfig.prefix_cache_retention_interval's default (vllm/config/cache.py),
-#: which the engine copies into KVCacheConfig (kv_cache_planning.py): 0 keeps
-#: only the semantic checkpoints of a sliding-window group (the replay
-#: boundary and a shared-prefix junction); None would cache densely.
-RETENTION_INTERVAL: int | None = 0
-
-#: A lookup of one block index: the cached block of each group asked, or
-#: None when any of them misses (BlockPool.get_cached_block).
-Lookup = Callable[[int], "list[int] | None"]
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,20 @@ class SpecGroup:
     chunk: int = 0
 
     @property
+    def group(self) -> KVCacheGroup:
+        """The spec's group (the fields the merged groups share)."""
+        return KVCacheGroup(self.kind, sliding_window=self.window, attention_chunk_size=self.chunk)
+
+    @property
+    def rules(self) -> GroupKind:
+        """The spec's kind (spec/kv_kinds.py)."""
+        return kind_of(self.group)
+
+    @property
     def is_full(self) -> bool:
-        return self.kind == "full_attention"
+        """Whether its hit is downward closed (FullAttentionSpec): looked up
+        once, sorted first, cut to the final hit."""
+        return self.rules.downward_closed
 
 
 @dataclass(frozen=True)
@@ -124,147 +140,24 @@ class GroupLayout:
         return tuple(out)
 
 
-def admission_cap(window: int, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int:
-    """SlidingWindowSpec.max_admission_blocks_per_request: the blocks a
-    sliding-window request holds at most (the window's last W - 1 tokens plus
-    every token in flight, one block more for a window that starts inside a
-    block).
-
-    pre: window >= 1 and block_size >= 1
-    pre: max_in_flight_tokens >= 0 and max_model_len >= 1
-    post: __return__ >= 1
-    post: (__return__ - 2) * block_size < max_model_len
-    """
-    return cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1
-
-
-def chunked_local_admission_cap(chunk: int, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int:
-    """ChunkedLocalAttentionSpec.max_admission_blocks_per_request: the blocks
-    a chunked-local request holds at most (one chunk plus every token in
-    flight, never more than max_model_len; no extra block).
-
-    pre: chunk >= 1 and block_size >= 1
-    pre: max_in_flight_tokens >= 0 and max_model_len >= 1
-    post: __return__ >= 1
-    post: (__return__ - 1) * block_size < max_model_len
-    """
-    return cdiv(min(chunk + max_in_flight_tokens, max_model_len), block_size)
-
-
 def group_admission_cap(group: KVCacheGroup, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int | None:
     """get_manager_for_kv_cache_spec: the admission cap of a group's manager
-    (SlidingWindowSpec or ChunkedLocalAttentionSpec); None for full
-    attention, which holds every block to the end."""
-    if group.kind == "sliding_window":
-        return admission_cap(group.sliding_window, block_size, max_in_flight_tokens, max_model_len)
-    if group.kind == "chunked_local":
-        return chunked_local_admission_cap(group.attention_chunk_size, block_size, max_in_flight_tokens, max_model_len)
-    return None
+    (its kind's max_admission_blocks_per_request, spec/kv_kinds.py); None for
+    full attention, which holds every block to the end."""
+    return kind_of(group).admission_cap(group, block_size, max_in_flight_tokens, max_model_len)
 
 
 def num_skipped_tokens(group: KVCacheGroup, num_computed_tokens: int) -> int:
-    """get_num_skipped_tokens: the leading tokens no later token attends.
-    Full attention skips none; a window of W skips all but the last W - 1
-    computed tokens (SlidingWindowManager.get_num_skipped_tokens, no extra
-    retained tokens); chunked local with chunk C skips every token before the
-    chunk of the next token, ``(n // C) * C``
-    (ChunkedLocalAttentionManager.get_num_skipped_tokens).
-
-    pre: group.kind != "sliding_window" or group.sliding_window >= 1
-    pre: group.kind != "chunked_local" or group.attention_chunk_size >= 1
-    post: 0 <= __return__ <= max(num_computed_tokens, 0)
-    """
-    if group.kind == "chunked_local":
-        return max(0, num_computed_tokens // group.attention_chunk_size * group.attention_chunk_size)
-    if group.kind != "sliding_window":
-        return 0
-    return max(0, num_computed_tokens - group.sliding_window + 1)
-
-
-def contiguous_blocks_for_hit(window: int, block_size: int) -> int:
-    """SlidingWindowManager._contiguous_blocks_for_hit (no EAGLE): the cached
-    blocks right before a hit's end that the window of the next token reads.
-
-    pre: window >= 1 and block_size >= 1
-    post: __return__ * block_size >= window - 1
-    """
-    return cdiv(window - 1, block_size)
-
-
-def find_full_attention_hit(lookup: Lookup, num_ids: int, max_length: int, block_size: int) -> tuple[list[list[int]], int]:
-    """FullAttentionManager.find_longest_cache_hit: the longest run of cached
-    blocks from the start, at most ``max_length // block_size`` of them;
-    chained keys make every block after a miss a miss too."""
-    return _forward_hit(lookup, num_ids, 0, max_length // block_size, block_size)
-
-
-def _forward_hit(
-    lookup: Lookup, num_ids: int, start_block: int, end_block: int, block_size: int
-) -> tuple[list[list[int]], int]:
-    """The null block in places ``[0, start_block)``, then the cached blocks
-    from ``start_block`` forward until the first miss (at most up to
-    ``end_block``): the hit and its length in tokens."""
-    computed: list[list[int]] = [[NULL_BLOCK] * start_block for _ in range(num_ids)]
-    for i in range(start_block, end_block):
-        cached = lookup(i)
-        if cached is None:
-            break
-        for blocks, b in zip(computed, cached):
-            blocks.append(b)
-    return computed, len(computed[0]) * block_size
-
-
-def find_sliding_window_hit(
-    lookup: Lookup, num_ids: int, max_length: int, block_size: int, window: int
-) -> tuple[list[list[int]], int]:
-    """SlidingWindowManager.find_longest_cache_hit: scan right to left from
-    block ``max_length // block_size - 1`` for ``contiguous_blocks_for_hit``
-    cached blocks in a row; the hit ends with that run and every block
-    before it is the null block. With no such run, the run of cached blocks
-    from block 0 is the hit (possibly empty)."""
-    need = contiguous_blocks_for_hit(window, block_size)
-    max_blocks = max_length // block_size
-    computed = [[NULL_BLOCK] * max_blocks for _ in range(num_ids)]
-    run = 0
-    for i in range(max_blocks - 1, -1, -1):
-        cached = lookup(i)
-        if cached is None:
-            run = 0
-            continue
-        for blocks, b in zip(computed, cached):
-            blocks[i] = b
-        run += 1
-        if run >= need:
-            for blocks in computed:
-                del blocks[i + run:]
-            return computed, len(computed[0]) * block_size
-    for blocks in computed:
-        del blocks[run:]
-    return computed, len(computed[0]) * block_size
-
-
-def find_chunked_local_hit(
-    lookup: Lookup, num_ids: int, max_length: int, block_size: int, chunk: int
-) -> tuple[list[list[int]], int]:
-    """ChunkedLocalAttentionManager.find_longest_cache_hit: every block
-    before the block of the chunk start of the next token (``(max_length //
-    chunk) * chunk``, 0 for max_length 0) is the null block, never looked
-    up; then the cached blocks from there forward, up to block
-    ``max_length // block_size - 1``, until the first miss. The hit is every
-    block returned, nulls included. E.g. chunk 8, block 4: max_length 15
-    gives [null, null] and block 2 when it is cached; max_length 16 gives
-    four nulls, looking nothing up."""
-    start_block = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
-    return _forward_hit(lookup, num_ids, start_block, max_length // block_size, block_size)
+    """get_num_skipped_tokens of the group's manager: the leading tokens no
+    later token attends. Full attention skips none; a window of W skips all
+    but the last W - 1 computed tokens; chunked local with chunk C skips
+    every token before the chunk of the next token (spec/kv_kinds.py)."""
+    return kind_of(group).num_skipped_tokens(group, num_computed_tokens)
 
 
 def find_group_hit(spec: SpecGroup, lookup: Lookup, max_length: int, block_size: int) -> tuple[list[list[int]], int]:
     """One spec group's lookup (the manager class's find_longest_cache_hit)."""
-    if spec.is_full:
-        return find_full_attention_hit(lookup, len(spec.group_ids), max_length, block_size)
-    if spec.kind == "chunked_local":
-        return find_chunked_local_hit(lookup, len(spec.group_ids), max_length, block_size, spec.chunk)
-    return find_sliding_window_hit(lookup, len(spec.group_ids), max_length, block_size, spec.window)
+    return spec.rules.find_hit(spec.group, lookup, len(spec.group_ids), max_length, block_size)
 
 
 def hybrid_cache_hit(
@@ -354,35 +247,6 @@ def skipped_blocks_to_free(table: list[int], num_skipped: int, block_size: int) 
         freed.append(table[i])
         table[i] = NULL_BLOCK
     return freed
-
-
-def sliding_window_cache_mask(
-    start: int, end: int, block_size: int, window: int, boundaries: Sequence[int],
-    retention: int | None = RETENTION_INTERVAL,
-) -> list[bool] | None:
-    """SlidingWindowManager.reachable_block_mask (no EAGLE, alignment = the
-    block size): which of blocks ``start .. end - 1`` a sliding-window group
-    caches. Dense retention (None) caches every block once a hit needs at
-    least one; otherwise only the ``contiguous_blocks_for_hit`` blocks right
-    before each reachable boundary (the replay boundary num_prompt_tokens - 1
-    and a shared-prefix junction, block aligned down), plus, for a positive
-    interval, the same tail of every segment of that many tokens. None = all."""
-    need = contiguous_blocks_for_hit(window, block_size)
-    segment = block_size if retention is None else (retention or None)
-    mask = [False] * (end - start)
-    if segment is not None:
-        per_segment = segment // block_size
-        if need >= per_segment:
-            return None
-        for i in range(start, end):
-            if i % per_segment >= per_segment - need:
-                mask[i - start] = True
-    if retention is not None:
-        for boundary in boundaries:
-            stop = boundary // block_size
-            for j in range(max(start, stop - need), min(end, stop)):
-                mask[j - start] = True
-    return mask
 
 
 def blocks_for_free(tables: Sequence[Sequence[int]]) -> list[int]:

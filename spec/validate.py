@@ -10,9 +10,10 @@ the interface can depend on it and not the other way round.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, cast
 
 from schedspec.spec.errors import ConfigError, RequestError
+from schedspec.spec.kv_kinds import KINDS, GroupFields
 
 
 class ConfigFields(Protocol):
@@ -192,9 +193,9 @@ _NON_NEGATIVE_FIELDS = (
 MAX_KV_CACHE_GROUPS = 4
 
 #: The attention kinds a KV cache group may have (spec/interface.py re-exports
-#: it): vllm/v1/kv_cache_interface.py, FullAttentionSpec, SlidingWindowSpec,
-#: ChunkedLocalAttentionSpec.
-KV_GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local")
+#: it): the registry of spec/kv_kinds.py (vllm/v1/kv_cache_interface.py,
+#: FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec).
+KV_GROUP_KINDS = tuple(KINDS)
 
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
@@ -228,15 +229,11 @@ def _check_groups_fit(config: ConfigFields) -> None:
     in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
     need = []
     for g in config.kv_cache_groups:
-        window = getattr(g, "sliding_window", 0)
-        if getattr(g, "kind", None) == "sliding_window":
-            need.append(-(-min(window - 1 + in_flight, mml) // bs) + 1)
-        elif getattr(g, "kind", None) == "chunked_local":
-            # ChunkedLocalAttentionSpec.max_admission_blocks_per_request: one
-            # chunk and every token in flight, at most max_model_len.
-            need.append(-(-min(getattr(g, "attention_chunk_size", 0) + in_flight, mml) // bs))
-        else:
-            need.append(-(-mml // bs))
+        # the group kind's max_admission_blocks_per_request (spec/kv_kinds.py);
+        # a kind with no cap (full attention) holds the whole sequence
+        group = cast(GroupFields, g)  # validated by _check_kv_fields
+        cap = KINDS[group.kind].admission_cap(group, bs, in_flight, mml)
+        need.append(-(-mml // bs) if cap is None else cap)
     if sum(need) > config.num_blocks - 1:
         raise ConfigError(
             "num_blocks",
@@ -282,33 +279,9 @@ def _check_group(config: ConfigFields, name: str, g: object, group_type: type | 
             f"sliding_window, attention_chunk_size and block_size must be integers, got {window!r}, {chunk!r}, {bs!r}",
         )
     assert isinstance(window, int) and isinstance(bs, int) and isinstance(chunk, int)
-    # vllm/v1/kv_cache_interface.py, ChunkedLocalAttentionSpec: a chunk of
-    # at least one token; only a chunked-local group has one.
-    if kind == "chunked_local" and chunk < 1:
-        raise ConfigError(
-            f"{name}.attention_chunk_size", f"a chunked-local group needs a chunk >= 1 token, got {chunk}"
-        )
-    if kind != "chunked_local" and chunk != 0:
-        raise ConfigError(f"{name}.attention_chunk_size", f"a {kind} group has no attention chunk, got {chunk}")
-    if kind == "chunked_local" and window != 0:
-        raise ConfigError(f"{name}.sliding_window", f"a chunked-local group has no window, got {window}")
-    # vllm/v1/attention/backends/utils.py, make_local_attention_virtual_batches:
-    # the chunked-local attention backend asserts that the chunk is a
-    # whole number of blocks (the scheduler does not check it, and with
-    # any other chunk ChunkedLocalAttentionManager.find_longest_cache_hit
-    # can null a block the hit's next token still attends).
-    if kind == "chunked_local" and chunk % config.block_size:
-        raise ConfigError(
-            f"{name}.attention_chunk_size",
-            f"({chunk}) must be a multiple of block_size ({config.block_size}): vLLM's chunked local "
-            "attention backend refuses any other chunk",
-        )
-    # vllm/v1/kv_cache_interface.py, SlidingWindowSpec: a window of at
-    # least one token; a full-attention group has none.
-    if kind == "sliding_window" and window < 1:
-        raise ConfigError(f"{name}.sliding_window", f"a sliding-window group needs a window >= 1, got {window}")
-    if kind == "full_attention" and window != 0:
-        raise ConfigError(f"{name}.sliding_window", f"a full-attention group has no window, got {window}")
+    # the kind's own fields and their ranges, every other kind's fields 0
+    # (spec/kv_kinds.py, GroupKind.validate)
+    KINDS[kind].validate(cast(GroupFields, g), config.block_size, name)
     _check_group_block_size(config, name, bs)
 
 

@@ -432,9 +432,10 @@ def test_layouts_vllm_would_refuse_are_refused(groups: tuple[KVCacheGroup, ...],
 
 
 def test_kv_groups_contracts_hold() -> None:
-    # the PEP 316 contracts of spec/kv_groups.py (admission_cap,
-    # num_skipped_tokens, contiguous_blocks_for_hit), as tests/spec/test_contracts.py
-    # checks spec/rules.py's
+    # the PEP 316 contracts of spec/kv_groups.py and of the kinds' pure rules
+    # in spec/kv_kinds.py (admission_cap, chunked_local_admission_cap,
+    # sliding_window_skipped, chunked_local_skipped, contiguous_blocks_for_hit),
+    # as tests/spec/test_contracts.py checks spec/rules.py's
     pytest.importorskip("crosshair")
     import subprocess
     import sys
@@ -443,7 +444,7 @@ def test_kv_groups_contracts_hold() -> None:
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316", "--per_condition_timeout=4",
-         "schedspec/spec/kv_groups.py"],
+         "schedspec/spec/kv_groups.py", "schedspec/spec/kv_kinds.py"],
         cwd=root, capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

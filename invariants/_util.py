@@ -1,5 +1,6 @@
-"""Small helpers the checkers share. They read views only; none of them
-imports the spec's logic (spec.interface holds plain types)."""
+"""Small helpers the checkers share. They read views only; of the spec they
+import the plain types (spec.interface) and the KV group kinds' rules
+(spec/kv_kinds.py), never the scheduler's logic."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from schedspec.spec.interface import (
     SchedulerView,
     StepPlan,
 )
+
+from schedspec.spec.kv_kinds import kind_of
 
 from schedspec.invariants.transition import Transition
 
@@ -99,17 +102,12 @@ def tables(r: RequestView | ScheduledRequest) -> tuple[tuple[int, ...], ...]:
     return r.group_block_ids if r.group_block_ids else (r.block_ids,)
 
 
-#: The group kinds whose tables free the blocks no later token attends and
-#: hold the null block in their places (single_type_kv_cache_manager.py:
-#: SlidingWindowManager, ChunkedLocalAttentionManager, whose
-#: get_num_skipped_tokens is not 0).
-SKIPPING_KINDS = ("sliding_window", "chunked_local")
-
-
 def skipping_groups(config: SchedulerConfig) -> frozenset[int]:
-    """The indexes of the sliding-window and chunked-local groups among
-    ``config.groups``: those that free skipped blocks into the null block."""
-    return frozenset(g for g, grp in enumerate(config.groups) if grp.kind in SKIPPING_KINDS)
+    """The indexes of the groups among ``config.groups`` whose tables free
+    the blocks no later token attends into the null block (their kind
+    skips: SlidingWindowManager, ChunkedLocalAttentionManager, whose
+    get_num_skipped_tokens is not 0; spec/kv_kinds.py)."""
+    return frozenset(g for g, grp in enumerate(config.groups) if kind_of(grp).skips)
 
 
 #: The older name, kept for the invariants written when sliding window was
@@ -120,16 +118,13 @@ sliding_groups = skipping_groups
 
 def skipped_tokens(group: KVCacheGroup, tokens: int) -> int:
     """The leading tokens that the token after ``tokens`` computed ones does
-    not attend: a window of W reads the W - 1 before it
+    not attend, by the group's kind (spec/kv_kinds.py, num_skipped_tokens): a
+    window of W reads the W - 1 before it
     (SlidingWindowManager.get_num_skipped_tokens: max(0, tokens - W + 1)); a
     chunk of C reads only its own chunk's earlier positions
     (ChunkedLocalAttentionManager.get_num_skipped_tokens: (tokens // C) * C);
     full attention reads every one."""
-    if group.kind == "sliding_window":
-        return max(0, tokens - group.sliding_window + 1)
-    if group.kind == "chunked_local" and group.attention_chunk_size > 0:
-        return max(0, tokens) // group.attention_chunk_size * group.attention_chunk_size
-    return 0
+    return kind_of(group).num_skipped_tokens(group, tokens)
 
 
 def skipped_blocks(group: KVCacheGroup, tokens: int, block_size: int) -> int:
@@ -141,16 +136,14 @@ def skipped_blocks(group: KVCacheGroup, tokens: int, block_size: int) -> int:
 def describe_group(group: KVCacheGroup, g: int) -> str:
     """How a finding names group ``g``: "sliding-window group 1 (window 4)",
     "chunked-local group 1 (chunk 8)", "full-attention group 0"."""
-    if group.kind == "sliding_window":
-        return f"sliding-window group {g} (window {group.sliding_window})"
-    if group.kind == "chunked_local":
-        return f"chunked-local group {g} (chunk {group.attention_chunk_size})"
-    return f"full-attention group {g}"
+    kind = kind_of(group)
+    params = kind.describe(group)
+    return f"{kind.label} group {g}" + (f" ({params})" if params else "")
 
 
 def attended_span(group: KVCacheGroup) -> str:
     """What a skipping group's next token reads: "the window" or "its chunk"."""
-    return "its chunk" if group.kind == "chunked_local" else "the window"
+    return kind_of(group).attended
 
 
 def defers_frees(config: SchedulerConfig) -> bool:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Iterator
 
 from schedspec.spec.interface import Policy, RequestStatus, RequestView, is_legal_transition
+from schedspec.spec.kv_kinds import kind_of
 
 from schedspec.invariants._util import (
-    SKIPPING_KINDS,
     admitted,
     holds_kv_blocks,
     is_prefix,
@@ -535,7 +535,7 @@ def _abort_free_calls(t: Transition, r: RequestView) -> list[list[int]]:
         inflight = sum(e.num_scheduled_tokens for p in t.in_flight for e in p.scheduled if e.request_id == r.request_id)
         processed = max(0, r.num_computed_tokens - inflight)
         for g, grp in enumerate(cfg.groups):
-            if grp.kind not in SKIPPING_KINDS or g >= len(tabs):
+            if not kind_of(grp).skips or g >= len(tabs):
                 continue
             k = min(skipped_blocks(grp, processed, cfg.block_size), len(tabs[g]))
             freed = []

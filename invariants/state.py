@@ -9,6 +9,7 @@ from typing import Iterator
 from schedspec.spec.interface import RequestStatus, RequestView, SchedulerView
 
 from schedspec.spec.interface import group_block_key
+from schedspec.spec.kv_kinds import kind_of
 
 from schedspec.invariants._util import NULL_BLOCK, block_key, cdiv, defers_frees, holders, sliding_groups, tables
 from schedspec.invariants.core import Finding, state_invariant
@@ -421,7 +422,7 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
                 f"cache_index has {len(v.kv.cache_index)} keys"
             )
         return
-    sw = {g for g, grp in enumerate(v.config.groups) if grp.kind == "sliding_window"}
+    sw = {g for g, grp in enumerate(v.config.groups) if not kind_of(grp).caches_every_block}
     for rid in v.running:
         r = v.requests.get(rid)
         if r is None:

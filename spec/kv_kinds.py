@@ -91,6 +91,9 @@ class GroupKind:
     #: hit): the hybrid coordinator sorts such groups first, looks them up
     #: once and cuts their tables to the final hit (FullAttentionSpec)
     downward_closed: ClassVar[bool] = False
+    #: whether cache_blocks keys every full block of its tables (False: only
+    #: those its cache_mask keeps, so an invariant cannot expect each one)
+    caches_every_block: ClassVar[bool] = True
     #: what the next token of a skipping group reads, as findings say it
     attended: ClassVar[str] = "every earlier position"
     #: the rule names its branches count in spec/kv_cache.py (None: none):
@@ -169,6 +172,7 @@ class SlidingWindow(GroupKind):
     label = "sliding-window"
     fields = ("sliding_window",)
     skips = True
+    caches_every_block = False
     attended = "the window"
     capped_rule = "kv_groups.admission_capped"
     hit_skipped_rule = "kv_groups.hit_skipped_in_window"

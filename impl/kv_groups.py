@@ -13,7 +13,8 @@ blocks, so a chain may pass through nodes no block is registered under: they
 are interned without holders while a registered descendant keeps them
 (``refs``), and dropped with it. A chunked-local group (ChunkedLocalAttentionManager)
 frees the blocks before the chunk of the next token and keys every full
-block, as full attention does.
+block, as full attention does. What differs by kind is the group's class in
+impl/kv_kinds.py (``Layout.rules``); this module never asks a kind's name.
 
 A running request calls the coordinator only when a step may change
 something (docs/impl.md, "The hybrid steady path"): past ``cap`` (the
@@ -26,82 +27,37 @@ from __future__ import annotations
 
 from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
-from schedspec.spec.interface import GROUP_KEY_SEPARATOR, KVCacheGroup, RequestSpec, SchedulerConfig
+from schedspec.spec.interface import GROUP_KEY_SEPARATOR, RequestSpec, SchedulerConfig
 
+from schedspec.impl.kv_kinds import NEVER, NULL, GroupRules, rules_of
 from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
-
-NULL = 0
-#: a token count no request reaches ("never")
-NEVER = 1 << 62
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
-
-def admission_cap(window: int, bs: int, in_flight: int, mml: int) -> int:
-    """SlidingWindowSpec.max_admission_blocks_per_request."""
-    return _cdiv(min(window - 1 + in_flight, mml), bs) + 1
-
-
-def group_cap(group: KVCacheGroup, bs: int, in_flight: int, mml: int) -> int | None:
-    """max_admission_blocks_per_request of the group's spec: a sliding
-    window's, a chunked-local group's (one chunk plus the tokens in flight,
-    ChunkedLocalAttentionSpec), none for full attention."""
-    if group.kind == "sliding_window":
-        return admission_cap(group.sliding_window, bs, in_flight, mml)
-    if group.kind == "chunked_local":
-        return _cdiv(min(group.attention_chunk_size + in_flight, mml), bs)
-    return None
-
-
-def skipped_tokens(group: KVCacheGroup, computed: int) -> int:
-    """get_num_skipped_tokens: a sliding window skips all but its last W - 1
-    tokens, a chunked-local group every token before the chunk of the next
-    one, full attention none."""
-    kind = group.kind
-    if kind == "sliding_window":
-        return max(0, computed - group.sliding_window + 1)
-    if kind == "chunked_local":
-        c = group.attention_chunk_size
-        return max(0, computed // c * c)
-    return 0
-
-
-def next_skip(group: KVCacheGroup, nulled: int, bs: int) -> int:
-    """The fewest processed tokens at which ``remove_skipped_blocks`` frees
-    a block of a table whose first ``nulled`` blocks are null: the least p
-    with skipped_tokens(p) // bs > nulled (NEVER when the group skips none).
-    Below it the call changes nothing."""
-    if group.kind == "sliding_window":
-        return (nulled + 1) * bs + group.sliding_window - 1
-    if group.kind == "chunked_local":
-        c = group.attention_chunk_size
-        return _cdiv((nulled + 1) * bs, c) * c
-    return NEVER
-
-
 class Layout:
-    """The groups of a config and what the coordinator derives from them."""
+    """The groups of a config and what the coordinator derives from them;
+    each group's kind rules (impl/kv_kinds.py) in ``rules``."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.groups = config.groups
         self.bs = bs = config.block_size
         self.caching = config.enable_prefix_caching
+        #: each group's kind with its parameters
+        self.rules: tuple[GroupRules, ...] = tuple(rules_of(g) for g in self.groups)
         in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
-        self.caps: tuple[int | None, ...] = tuple(
-            group_cap(g, bs, in_flight, config.max_model_len) for g in self.groups
-        )
+        self.caps: tuple[int | None, ...] = tuple(r.cap(bs, in_flight, config.max_model_len) for r in self.rules)
         # verify_and_split_kv_cache_groups: equal specs (kind, window,
-        # chunk) merged in order of first appearance, full attention first
-        # (stable); a spec is (full, window, group ids, chunk)
+        # chunk) merged in order of first appearance, the downward-closed
+        # ones (full attention) first (stable); a spec is (its rules, group ids)
         merged: dict[tuple[str, int, int], list[int]] = {}
         for i, g in enumerate(self.groups):
             merged.setdefault((g.kind, g.sliding_window, g.attention_chunk_size), []).append(i)
-        specs = [(kind == "full_attention", w, tuple(ids), chunk) for (kind, w, chunk), ids in merged.items()]
-        specs.sort(key=lambda s: not s[0])
+        specs = [(self.rules[ids[0]], tuple(ids)) for ids in merged.values()]
+        specs.sort(key=lambda s: not s[0].downward_closed)
         self.specs = specs
-        self.simple = len(specs) == 2 and specs[0][0]
+        self.simple = len(specs) == 2 and specs[0][0].downward_closed
         self.unitary = len(self.groups) == 1
 
     def hit(self, lookup: Callable[[int, int], int | None], max_length: int) -> tuple[list[list[int]], int, int]:
@@ -121,12 +77,12 @@ class Layout:
         while True:
             curr = hit_length
             for spec in self.specs:
-                first = spec[2][0]
-                if spec[0] and blocks[first] is not None:
+                first = spec[1][0]
+                if spec[0].downward_closed and blocks[first] is not None:
                     curr = min(curr, lengths[first])
                     continue
                 found, curr = self._group_hit(spec, lookup, curr)
-                for gid, got in zip(spec[2], found):
+                for gid, got in zip(spec[1], found):
                     blocks[gid], lengths[gid] = got, curr
                 longest = max(longest, curr)
             if curr >= hit_length:
@@ -135,19 +91,17 @@ class Layout:
             if self.simple:
                 break
         for spec in self.specs:
-            if spec[0]:
-                for gid in spec[2]:
+            if spec[0].downward_closed:
+                for gid in spec[1]:
                     kept = blocks[gid]
                     if kept is not None:
                         del kept[_cdiv(hit_length, bs):]
         return [b if b is not None else [] for b in blocks], hit_length, longest - hit_length
 
     def _group_hit(
-        self, spec: tuple[bool, int, tuple[int, ...], int], lookup: Callable[[int, int], int | None], max_length: int
+        self, spec: tuple[GroupRules, tuple[int, ...]], lookup: Callable[[int, int], int | None], max_length: int
     ) -> tuple[list[list[int]], int]:
-        full, window, gids, chunk = spec
-        bs = self.bs
-        max_blocks = max_length // bs
+        rules, gids = spec
 
         def look(i: int) -> list[int] | None:
             out = []
@@ -158,49 +112,7 @@ class Layout:
                 out.append(b)
             return out
 
-        if full or chunk:
-            # full attention: forward from block 0 to the first miss;
-            # ChunkedLocalAttentionManager: null before the block of the
-            # chunk start of the next token, then forward to the first miss
-            start = 0 if full else (max_length // chunk * chunk if max_length > 0 else 0) // bs
-            computed: list[list[int]] = [[NULL] * start for _ in gids]
-            for i in range(start, max_blocks):
-                got = look(i)
-                if got is None:
-                    break
-                for blocks, b in zip(computed, got):
-                    blocks.append(b)
-            return computed, len(computed[0]) * bs
-        need = _cdiv(window - 1, bs)
-        computed = [[NULL] * max_blocks for _ in gids]
-        run = 0
-        for i in range(max_blocks - 1, -1, -1):
-            got = look(i)
-            if got is None:
-                run = 0
-                continue
-            for blocks, b in zip(computed, got):
-                blocks[i] = b
-            run += 1
-            if run >= need:
-                for blocks in computed:
-                    del blocks[i + run:]
-                return computed, len(computed[0]) * bs
-        for blocks in computed:
-            del blocks[run:]
-        return computed, len(computed[0]) * bs
-
-
-def cache_mask(start: int, end: int, bs: int, window: int, boundaries: Sequence[int]) -> list[bool] | None:
-    """reachable_block_mask with retention 0: the contiguous_blocks_for_hit
-    blocks right before each boundary (block aligned down)."""
-    need = _cdiv(window - 1, bs)
-    mask = [False] * (end - start)
-    for boundary in boundaries:
-        stop = boundary // bs
-        for j in range(max(start, stop - need), min(end, stop)):
-            mask[j - start] = True
-    return mask
+        return rules.hit(look, len(gids), max_length, self.bs)
 
 
 class GroupedRequest(Protocol):
@@ -378,12 +290,12 @@ class GroupsMixin(Generic[Q]):
         num_tokens = min(num_tokens, req.num_tokens)
         lay = self._layout
         boundaries = [req.plen - 1] + ([req.spb] if req.spb else [])
-        for g, (group, table) in enumerate(zip(lay.groups, self._tables(req))):
+        for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
             start = req.ncached if g == 0 else req.gncached[g - 1]
             end = num_tokens // bs
             if start >= end:
                 continue
-            mask = cache_mask(start, end, bs, group.sliding_window, boundaries) if group.kind == "sliding_window" else None
+            mask = rules.cache_mask(start, end, bs, boundaries)
             for i in range(start, end):
                 if table[i] != NULL and (mask is None or mask[i - start]):
                     self._g_register_block(req, g, i, table[i])
@@ -434,12 +346,12 @@ class GroupsMixin(Generic[Q]):
         lay = self._layout
         bs = self._bs
         total = 0
-        for g, (group, table) in enumerate(zip(lay.groups, self._tables(req))):
+        for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
             required = _cdiv(num_tokens, bs)
             c = lay.caps[g]
             if cap and c is not None:
                 required = min(required, c)
-            skipped = skipped_tokens(group, computed) // bs
+            skipped = rules.skipped_tokens(computed) // bs
             if not hit:  # a running request: no hit blocks to take from the free queue
                 total += max(required - max(skipped, len(table)), 0)
                 continue
@@ -460,8 +372,8 @@ class GroupsMixin(Generic[Q]):
         total = num_local + num_external
         ref = self._ref
         fq = self._fq
-        for g, group in enumerate(lay.groups):
-            skipped = skipped_tokens(group, total) // bs
+        for g, rules in enumerate(lay.rules):
+            skipped = rules.skipped_tokens(total) // bs
             kept = list(hit[g][skipped:]) if hit else []
             if self._caching:
                 for b in kept:
@@ -478,8 +390,8 @@ class GroupsMixin(Generic[Q]):
                 req.gncached[g - 1] = len(tables[g])
         if num_external <= 0:
             return
-        for g, group in enumerate(lay.groups):
-            if min(total - skipped_tokens(group, total), num_external) <= 0:
+        for g, rules in enumerate(lay.rules):
+            if min(total - rules.skipped_tokens(total), num_external) <= 0:
                 continue
             k = max(0, _cdiv(total, bs) - len(tables[g]))
             if k:
@@ -507,13 +419,13 @@ class GroupsMixin(Generic[Q]):
         which the next call would free a block."""
         bs = self._bs
         gskip = NEVER
-        for group, table in zip(self._layout.groups, self._tables(req)):
-            skipped = skipped_tokens(group, processed)
+        for rules, table in zip(self._layout.rules, self._tables(req)):
+            skipped = rules.skipped_tokens(processed)
             n = min(skipped // bs, len(table)) if skipped > 0 else 0
             # blocks 0 .. n - 1 are null once this call is done (the null
             # blocks are a prefix of the table), so until skipped_tokens
             # passes block n, calling again changes nothing
-            nxt = next_skip(group, n, bs)
+            nxt = rules.next_skip(n, bs)
             if nxt < gskip:
                 gskip = nxt
             if n <= 0:

@@ -55,6 +55,7 @@ from schedspec.spec.interface import (
     StepPlan,
     StepResult,
 )
+from schedspec.check.kv_kinds import CheckKind, check_kind
 from schedspec.check.workload import KV_REPORT_BOUND, KVEvent, KVLoadDone, KVLoadFailed, KVSaveDone
 
 
@@ -148,13 +149,10 @@ class FakeModel:
         self.rejected: dict[str, int] = {}
         #: request id -> the token ids its structured-output grammar refuses
         self.grammars: dict[str, frozenset[int]] = {}
-        #: the sliding window of each KV cache group (0: none), for the
-        #: entries that carry group tables (a hybrid layout)
-        self.windows: tuple[int, ...] = tuple(
-            g.sliding_window if g.kind == "sliding_window" else 0 for g in groups)
-        #: the attention chunk of each KV cache group (0: none)
-        self.chunks: tuple[int, ...] = tuple(
-            g.attention_chunk_size if g.kind == "chunked_local" else 0 for g in groups)
+        #: the KV cache groups, for the entries that carry group tables (a
+        #: hybrid layout), and each one's attention rule (check/kv_kinds.py)
+        self.groups: tuple[KVCacheGroup, ...] = tuple(groups)
+        self.kinds: tuple[CheckKind, ...] = tuple(check_kind(g.kind) for g in groups)
         #: False (the default): a position of a sliding-window group's window
         #: (a chunked-local group's chunk) whose block the table holds as the
         #: null block is not checked, as vLLM 0.33 reads the null block there
@@ -213,7 +211,7 @@ class FakeModel:
     def _local(self, group: int) -> bool:
         """Whether the group reads only part of the context (a window or a
         chunk), so that its manager frees the blocks before that part."""
-        return bool(self.windows[group] or self.chunks[group]) if group < len(self.windows) else False
+        return self.kinds[group].local(self.groups[group]) if group < len(self.kinds) else False
 
     def _first_read(self, group: int, end: int) -> int:
         """The first position the query at position end-1 reads in the
@@ -221,13 +219,9 @@ class FakeModel:
         window of W, the start of its chunk for a chunked-local group of C
         (vLLM's get_num_skipped_tokens of SlidingWindowManager and
         ChunkedLocalAttentionManager, for end-1 tokens computed)."""
-        if group >= len(self.windows):
+        if group >= len(self.kinds):
             return 0
-        if self.windows[group]:
-            return max(0, end - self.windows[group])
-        if self.chunks[group]:
-            return max(0, end - 1) // self.chunks[group] * self.chunks[group]
-        return 0
+        return self.kinds[group].first_read(self.groups[group], end)
 
     def _groups_read(self, s: ScheduledRequest, end: int) -> list[tuple[int, tuple[int | None, ...]]]:
         """Per KV cache group, (first position, positions first .. end-1 as

@@ -19,6 +19,8 @@ from schedspec.spec import coverage
 from schedspec.spec.rule_names import ALL_MODES, RULE_NAMES, reachable_in
 from schedspec.spec.interface import ScheduleKind, StepPlan
 
+from schedspec.check.kv_kinds import check_kind
+
 #: The mechanisms a run can be asked to have exercised (see ``Stats.feature``).
 FEATURES = ("chunked", "cache_hit", "preempted")
 
@@ -76,9 +78,10 @@ class Stats:
     sliding_window_frees: int = 0  # sliding-window table entries that became the null block
     chunked_local_frees: int = 0  # chunked-local table entries that became the null block
     #: the kind of each KV cache group (KVCacheGroup.kind), where the driver
-    #: tells it: the null entries of a "chunked_local" group's table count
-    #: as chunked_local_frees, every other group's (and all of them while
-    #: the kinds are unknown) as sliding_window_frees
+    #: tells it: the null entries of a group's table count to its kind's
+    #: counter (check/kv_kinds.py, frees_stat: chunked_local_frees for a
+    #: chunked-local group), all of them as sliding_window_frees while the
+    #: kinds are unknown
     group_kinds: tuple[str, ...] = ()
     #: request id -> null blocks last seen in each of its group tables (for the frees)
     _nulls: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
@@ -120,10 +123,8 @@ class Stats:
             new = n - (before[g] if g < len(before) else 0)
             if new <= 0:
                 continue
-            if g < len(self.group_kinds) and self.group_kinds[g] == "chunked_local":
-                self.chunked_local_frees += new
-            else:
-                self.sliding_window_frees += new
+            stat = check_kind(self.group_kinds[g]).frees_stat if g < len(self.group_kinds) else "sliding_window_frees"
+            setattr(self, stat, getattr(self, stat) + new)
         self._nulls[request_id] = nulls
 
     def merge(self, other: Stats) -> None:

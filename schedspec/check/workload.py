@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, Union
 
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig, StepResult
+from schedspec.spec.kv_kinds import kind_of
+
+from schedspec.check import kv_kinds
 
 _T = TypeVar("_T")
 
@@ -1057,13 +1060,6 @@ def draw_kv_subset(kv: Sequence[str], rng: random.Random) -> tuple[str, ...]:
     return tuple(k for k in KV_FEATURES if k in kv and rng.random() < 0.6)
 
 
-def _window_span(block_size: int, rng: random.Random) -> int:
-    """A sliding window of 1 to 4 blocks, block-aligned half the time, else
-    ending inside its last block."""
-    k = rng.randint(1, 4)
-    return k * block_size if rng.random() < 0.5 else rng.randint((k - 1) * block_size + 1, k * block_size)
-
-
 def draw_kv_groups(block_size: int, rng: random.Random, chunks: random.Random | None = None,
                    chunked: bool | None = None) -> tuple[Any, ...]:
     """A hybrid layout: full attention beside one or two sliding-window
@@ -1080,7 +1076,7 @@ def draw_kv_groups(block_size: int, rng: random.Random, chunks: random.Random | 
     from schedspec.spec.interface import KVCacheGroup
 
     def window() -> KVCacheGroup:
-        return KVCacheGroup("sliding_window", sliding_window=_window_span(block_size, rng))
+        return kv_kinds.SLIDING_WINDOW.draw(block_size, rng)
 
     layout = rng.choice(("full+sw", "full+sw", "full+sw+sw", "sw", "full+sw+full"))
     if layout == "sw":
@@ -1096,8 +1092,8 @@ def draw_kv_groups(block_size: int, rng: random.Random, chunks: random.Random | 
         chunked = crng.random() < CHUNKED_LOCAL_RATE
     if not chunked:
         return groups
-    last = max(g for g, group in enumerate(groups) if group.kind == "sliding_window")
-    chunk = KVCacheGroup("chunked_local", attention_chunk_size=crng.randint(1, 4) * block_size)
+    last = max(g for g, group in enumerate(groups) if kind_of(group).skips)  # the last sliding-window group
+    chunk = kv_kinds.CHUNKED_LOCAL.draw(block_size, crng)
     return groups[:last] + (chunk,) + groups[last + 1:]
 
 
@@ -1236,7 +1232,7 @@ class KVRequests:
         synchronous load."""
         cfg = self.config
         return cfg.kv_load_failure_policy == "recompute" and any(
-            g.kind in ("sliding_window", "chunked_local") for g in cfg.kv_cache_groups
+            kind_of(g).skips for g in cfg.kv_cache_groups
         )
 
     def _async_load_can_fit(self, n: int) -> bool:

@@ -96,6 +96,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from schedspec.adapters.vllm_kinds import vllm_kind
 from schedspec.check.capabilities import Capabilities
 from schedspec.spec.interface import (
     BlockKey,
@@ -436,9 +437,10 @@ def build_vllm_config(v: _Vllm, config: SchedulerConfig) -> tuple[Any, Any]:
 
 def _kv_cache_groups(v: _Vllm, config: SchedulerConfig) -> list[Any]:
     """One KVCacheGroupSpec per KV cache group of ``config`` (config.groups),
-    each with the config's block size: a FullAttentionSpec, a
-    SlidingWindowSpec of the group's window or a ChunkedLocalAttentionSpec
-    of the group's attention chunk. The plain layout is the one
+    each with the config's block size and its kind's KVCacheSpec
+    (adapters/vllm_kinds.py: a FullAttentionSpec, a SlidingWindowSpec of the
+    group's window or a ChunkedLocalAttentionSpec of the group's attention
+    chunk). The plain layout is the one
     full-attention group named ``layer``, as always; a hybrid layout's
     groups are named ``layer.G``. vLLM's engine derives these groups from the
     model's layers (vllm/v1/core/kv_cache_planning.py); its own scheduler
@@ -451,12 +453,7 @@ def _kv_cache_groups(v: _Vllm, config: SchedulerConfig) -> list[Any]:
         return [v.KVCacheGroupSpec(["layer"], v.FullAttentionSpec(**common))]
     groups = []
     for g, group in enumerate(config.groups):
-        if group.kind == "sliding_window":
-            spec = v.SlidingWindowSpec(sliding_window=group.sliding_window, **common)
-        elif group.kind == "chunked_local":
-            spec = v.ChunkedLocalAttentionSpec(attention_chunk_size=group.attention_chunk_size, **common)
-        else:
-            spec = v.FullAttentionSpec(**common)
+        spec = vllm_kind(group).kv_cache_spec(v, group, common)
         groups.append(v.KVCacheGroupSpec([f"layer.{g}"], spec))
     return groups
 
@@ -586,15 +583,6 @@ _STATUS_NAMES = {
     "FINISHED_ERROR": RequestStatus.FINISHED_ERROR,
     "WAITING_FOR_REMOTE_KVS": RequestStatus.WAITING_FOR_REMOTE_KVS,
 }
-
-#: The single-type manager vLLM must build for each kind of KV cache group
-#: (vllm/v1/core/single_type_kv_cache_manager.py, spec_manager_map).
-_MANAGER_NAMES = {
-    "full_attention": "FullAttentionManager",
-    "sliding_window": "SlidingWindowManager",
-    "chunked_local": "ChunkedLocalAttentionManager",
-}
-
 
 class _Grammar:
     """The modelled grammar of a structured-output request, in the place of a
@@ -802,7 +790,7 @@ class VllmScheduler:
             raise VllmAdapterError(
                 f"vLLM built {len(managers)} KV cache groups; the config has {len(groups)}")
         for g, (manager, group) in enumerate(zip(managers, groups)):
-            if type(manager).__name__ != _MANAGER_NAMES[group.kind]:
+            if type(manager).__name__ != vllm_kind(group).manager_name:  # adapters/vllm_kinds.py
                 raise VllmAdapterError(
                     f"vLLM built a {type(manager).__name__} for KV cache group {g} ({group.kind})")
         if self._config.kv_connector:

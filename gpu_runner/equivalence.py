@@ -79,6 +79,7 @@ from schedspec.spec.interface import (
 from schedspec.check.driver import Runner
 from schedspec.check.stats import FEATURES, Stats
 from schedspec.check.workload import KV_REPORT_BOUND, AddRequest, Event, KVLoadDone, KVSaveDone, Workload, timed_events
+from schedspec.gpu_runner.attention_kinds import attention_of, freed_report
 from schedspec.gpu_runner.executor import Executor, Fault, FaultKind, KVStore, PlanError, model_kv_cache_groups
 from schedspec.gpu_runner.model import PagedLlama, describe_facts, determinism_facts
 from schedspec.gpu_runner.reference import reference_divergences
@@ -293,12 +294,9 @@ def _hybrid_expects(expects: set[str], groups: tuple[KVCacheGroup, ...]) -> froz
     chunked-local blocks (those groups it has), and hit the prefix cache
     across the groups where it must hit it at all."""
     out = set(expects)
-    kinds = {g.kind for g in groups}
-    if "sliding_window" in kinds:
-        out.add("sw_freed")
-    if "chunked_local" in kinds:
-        out.add("cl_freed")
-    if kinds - {"full_attention"} and out & {"cache_hit", "local_hit"}:
+    kinds = [attention_of(g.kind) for g in groups]  # gpu_runner/attention_kinds.py
+    out.update(k.freed_feature for k in kinds if k.freed_feature)
+    if any(k.local for k in kinds) and out & {"cache_hit", "local_hit"}:
         out.add("hybrid_hit")
     return frozenset(out)
 
@@ -812,12 +810,7 @@ class MatrixReport:
             hyb = {k: sum(r.inflight.get(k, 0) for r in rows) for k in HYBRID_FEATURES}
             kinds = {g.kind for g in v.config.groups}
             if v.config.is_hybrid:
-                tables = [f"a sliding-window table ({hyb['sw_freed']})"] * ("sliding_window" in kinds)
-                tables += [f"a chunked-local table ({hyb['cl_freed']})"] * ("chunked_local" in kinds)
-                if "chunked_local" not in kinds:  # the wording the sliding-window reports have used
-                    freed = f"{hyb['sw_freed']} entries read a sliding-window table holding freed (null) blocks"
-                else:
-                    freed = f"entries that read {' and '.join(tables)} holding freed (null) blocks"
+                freed = freed_report(kinds, hyb)
                 lines.append(f"{v.name:<18} {freed}, {hyb['hybrid_hit']} admissions hit the prefix cache in every group")
         for v in self.variants:
             _, rows = self.totals(v.name)
@@ -1031,7 +1024,7 @@ def _fault_target(workload: Workload) -> str | None:
 
 def _chunk_size(model: PagedLlama) -> int:
     """The model's chunked-local chunk (0: it has no chunked-local layer)."""
-    return next((a.size for a in model.group_attn if a.kind == "chunked_local"), 0)
+    return next((a.size for a in model.group_attn if a.rule.chunked), 0)
 
 
 def _chunk_target(workload: Workload, chunk: int) -> str | None:

@@ -146,15 +146,7 @@ def model_kv_cache_groups(model: PagedLlama) -> tuple[KVCacheGroup, ...]:
     chunked-local one, those the model has)."""
     if not model.is_hybrid:
         return ()
-    return tuple(_kv_group(a) for a in model.group_attn)
-
-
-def _kv_group(a: GroupAttention) -> KVCacheGroup:
-    if a.kind == "sliding_window":
-        return KVCacheGroup("sliding_window", sliding_window=a.size)
-    if a.kind == "chunked_local":
-        return KVCacheGroup("chunked_local", attention_chunk_size=a.size)
-    return KVCacheGroup("full_attention")
+    return tuple(a.rule.kv_group(a.size) for a in model.group_attn)
 
 
 class KVStore:
@@ -438,29 +430,29 @@ class Executor:
             raw = [list(s.block_ids)]
         hybrid = self.config.is_hybrid
         self._chunk_null_fault(plan, s, c, raw)
-        freed = {"sliding_window": False, "chunked_local": False}
+        freed: set[str] = set()  # the counters of the kinds whose tables hold a null block
         for g, (tab, attn) in enumerate(zip(raw, self.group_attn)):
             name = f"group_block_ids[{g}]" if hybrid else "block_ids"
             what_group = f"KV cache group {g} ({attn.describe()}): " if hybrid else ""
             if len(tab) < need:
                 raise PlanError(plan.step, rid, name, f"{what_group}{len(tab)} blocks cannot hold {end} tokens of {bs}")
             first_read = attn.first_key(c)
-            inside = "the current chunk" if attn.kind == "chunked_local" else "the window the step reads"
+            inside = attn.rule.inside
             for i, b in enumerate(tab):
                 if not 0 <= b < nb:
                     raise PlanError(plan.step, rid, name, f"{what_group}the table holds block {b} outside the pool of {nb}")
                 if b != 0:
                     continue
-                if attn.kind == "full_attention":
+                if not attn.rule.local:
                     raise PlanError(plan.step, rid, name, f"{what_group}the table holds the null block 0")
-                freed[attn.kind] = True
+                freed.add(attn.rule.entries_counter)
                 if i * bs + bs > first_read and i * bs < end:
                     pos = max(i * bs, first_read)
                     raise PlanError(plan.step, rid, name,
                                     f"{what_group}position {pos} lies inside {inside} "
                                     f"(from {first_read}) but its block is the null block 0 (freed)")
-        self.null_block_entries += freed["sliding_window"]
-        self.cl_null_entries += freed["chunked_local"]
+        for counter in freed:  # null_block_entries, cl_null_entries (gpu_runner/attention_kinds.py)
+            setattr(self, counter, getattr(self, counter) + 1)
         if s.kind is not ScheduleKind.RUNNING and s.num_computed_tokens > self._loaded.get(rid, 0):
             # an admission with a prefix-cache hit beyond what the connector loaded
             self.local_hit_entries += 1
@@ -477,7 +469,7 @@ class Executor:
             return
         for g, attn in enumerate(self.group_attn):
             # past its first chunk: a scheduler that frees one chunk too many
-            if attn.kind == "chunked_local" and g < len(raw) and attn.first_key(c) >= attn.size:
+            if attn.rule.chunked and g < len(raw) and attn.first_key(c) >= attn.size:
                 i = attn.first_key(c) // self.config.block_size
                 if i < len(raw[g]) and raw[g][i] != 0:
                     raw[g][i] = 0
@@ -529,7 +521,7 @@ class Executor:
             raise bad(f"{len(tables)} tables for {len(self.group_attn)} KV cache groups")
         dev = self.model.device
         for g, tab in enumerate(tables):
-            w = self.group_attn[g].kind != "full_attention"  # a group whose freed blocks are nulls
+            w = self.group_attn[g].rule.local  # a group whose freed blocks are nulls
             keep = []
             for p, q in zip(range(load.start, end), src):
                 i = p // bs

@@ -54,6 +54,15 @@ from typing import Any, Callable, Literal
 import torch
 import torch.nn.functional as F
 
+from schedspec.gpu_runner.attention_kinds import (
+    ATTENTION,
+    CHUNKED_LOCAL,
+    FULL_ATTENTION,
+    SLIDING_WINDOW,
+    AttentionKind,
+    attention_of,
+)
+
 Mode = Literal["exact", "fast"]
 RopeStyle = Literal["half", "interleaved"]
 
@@ -428,10 +437,11 @@ def mlp(x: torch.Tensor, lw: LayerWeights, i_pad: int, eps: float) -> torch.Tens
 #: (``cl_layers``) applies to, when one of the two is on alone.
 SW_LAYERS = ("odd", "even", "all")
 #: The attention of a layer, by its letter in a ``layer_pattern``: vLLM's
-#: FullAttentionSpec, SlidingWindowSpec and ChunkedLocalAttentionSpec.
-LAYER_LETTERS = {"F": "full_attention", "S": "sliding_window", "C": "chunked_local"}
+#: FullAttentionSpec, SlidingWindowSpec and ChunkedLocalAttentionSpec
+#: (gpu_runner/attention_kinds.py).
+LAYER_LETTERS = {k.letter: k.name for k in ATTENTION.values()}
 #: The group order: full attention, then sliding window, then chunked local.
-ATTENTION_KINDS = ("full_attention", "sliding_window", "chunked_local")
+ATTENTION_KINDS = tuple(ATTENTION)
 #: The layout when both a sliding window and a chunked-local chunk are on and
 #: no pattern is given: layer i is F, S, C by i mod 3 (4 layers: F S C F).
 DEFAULT_MIXED_PATTERN = "FSC"
@@ -442,35 +452,29 @@ class GroupAttention:
     """How the layers of one KV cache group attend: ``full_attention`` (every
     earlier position), ``sliding_window`` (the last ``size`` positions) or
     ``chunked_local`` (positions are cut into chunks of ``size``; a token
-    attends the earlier positions of its own chunk)."""
+    attends the earlier positions of its own chunk). The rule of each kind
+    is its class in gpu_runner/attention_kinds.py (``rule``)."""
 
-    kind: str = "full_attention"
+    kind: str = FULL_ATTENTION.name
     size: int = 0
+
+    @property
+    def rule(self) -> AttentionKind:
+        """The kind's attention rule."""
+        return attention_of(self.kind)
 
     def first_key(self, pos: int) -> int:
         """The first position a token at ``pos`` attends (it attends
         ``first_key(pos) .. pos``)."""
-        if self.kind == "sliding_window":
-            return max(0, pos - self.size + 1)
-        if self.kind == "chunked_local":
-            return pos // self.size * self.size
-        return 0
+        return self.rule.first_key(self.size, pos)
 
     def first_keys(self, pos: torch.Tensor, chunk_shift: int = 0) -> torch.Tensor:
         """``first_key`` of every position of ``pos`` (a tensor);
         ``chunk_shift`` moves a chunk's start (negative controls only)."""
-        if self.kind == "sliding_window":
-            return pos - self.size + 1
-        if self.kind == "chunked_local":
-            return torch.div(pos, self.size, rounding_mode="floor") * self.size + chunk_shift
-        return torch.zeros_like(pos)
+        return self.rule.first_keys(self.size, pos, chunk_shift)
 
     def describe(self) -> str:
-        if self.kind == "sliding_window":
-            return f"sliding window {self.size}"
-        if self.kind == "chunked_local":
-            return f"chunked local {self.size}"
-        return "full attention"
+        return self.rule.describe(self.size)
 
 
 def _select(num_layers: int, which: str, what: str) -> list[bool]:
@@ -485,7 +489,8 @@ def layer_kinds(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd"
     repeated over the layers) when given; else a sliding window alone on
     ``sw_layers``, chunked local attention alone on ``cl_layers``, both by
     ``DEFAULT_MIXED_PATTERN``; else full attention everywhere."""
-    for name, v in (("sliding_window", sliding_window), ("chunked_local", chunked_local)):
+    sizes = dict(sliding_window=sliding_window, chunked_local=chunked_local)  # by the kinds' flags
+    for name, v in sizes.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ModelError(f"{name} must be an integer >= 0, got {v!r}")
     pattern = layer_pattern or (DEFAULT_MIXED_PATTERN if sliding_window and chunked_local else "")
@@ -494,21 +499,23 @@ def layer_kinds(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd"
         if bad:
             raise ModelError(f"layer_pattern takes the letters F, S, C, got {bad[0]!r} in {pattern!r}")
         kinds = tuple(LAYER_LETTERS[pattern[i % len(pattern)]] for i in range(num_layers))
-        for kind, size, flag in (("sliding_window", sliding_window, "sliding_window"),
-                                 ("chunked_local", chunked_local, "chunked_local")):
-            if (kind in kinds) != bool(size):
+        for k in ATTENTION.values():
+            if not k.flag:
+                continue
+            size = sizes[k.flag]
+            if (k.name in kinds) != bool(size):
                 raise ModelError(f"layer_pattern {pattern!r} over {num_layers} layers "
-                                 f"{'has' if kind in kinds else 'has no'} {kind} layers but {flag} is {size}")
+                                 f"{'has' if k.name in kinds else 'has no'} {k.name} layers but {k.flag} is {size}")
         return kinds
     if sliding_window:
-        sel, kind, what = _select(num_layers, sw_layers, "sw_layers"), "sliding_window", "sw_layers"
+        sel, kind, what = _select(num_layers, sw_layers, "sw_layers"), SLIDING_WINDOW.name, "sw_layers"
     elif chunked_local:
-        sel, kind, what = _select(num_layers, cl_layers, "cl_layers"), "chunked_local", "cl_layers"
+        sel, kind, what = _select(num_layers, cl_layers, "cl_layers"), CHUNKED_LOCAL.name, "cl_layers"
     else:
-        return ("full_attention",) * num_layers
+        return (FULL_ATTENTION.name,) * num_layers
     if not any(sel):
         raise ModelError(f"{what}={sw_layers if sliding_window else cl_layers} selects no layer of {num_layers}")
-    return tuple(kind if x else "full_attention" for x in sel)
+    return tuple(kind if x else FULL_ATTENTION.name for x in sel)
 
 
 def layer_layout(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd", chunked_local: int = 0,
@@ -517,7 +524,8 @@ def layer_layout(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd
     layers of one kind make one group, in ``ATTENTION_KINDS`` order, as vLLM
     groups layers by their KV cache spec (``layer_kinds`` picks the kinds)."""
     kinds = layer_kinds(num_layers, sliding_window, sw_layers, chunked_local, cl_layers, layer_pattern)
-    size = {"full_attention": 0, "sliding_window": sliding_window, "chunked_local": chunked_local}
+    sizes = dict(sliding_window=sliding_window, chunked_local=chunked_local)  # by the kinds' flags
+    size = {k.name: sizes.get(k.flag, 0) for k in ATTENTION.values()}
     present = [k for k in ATTENTION_KINDS if k in kinds]
     return tuple(present.index(k) for k in kinds), tuple(GroupAttention(k, size[k]) for k in present)
 
@@ -566,7 +574,7 @@ class PagedLlama:
         self.layer_group, self.group_attn = layer_layout(
             weights.config.num_layers, sliding_window, sw_layers, chunked_local, cl_layers, layer_pattern)
         #: each group's sliding window (0: none)
-        self.group_windows = tuple(a.size if a.kind == "sliding_window" else 0 for a in self.group_attn)
+        self.group_windows = tuple(a.rule.window(a.size) for a in self.group_attn)
         self.sliding_window = sliding_window
         self.sw_layers = sw_layers
         self.chunked_local = chunked_local
@@ -593,7 +601,7 @@ class PagedLlama:
     def is_hybrid(self) -> bool:
         """Whether any layer attends other than fully (a sliding window or
         chunked local attention)."""
-        return any(a.kind != "full_attention" for a in self.group_attn)
+        return any(a.rule.local for a in self.group_attn)
 
     @property
     def layer_attn(self) -> tuple[GroupAttention, ...]:
@@ -602,9 +610,8 @@ class PagedLlama:
 
     def describe_layout(self) -> str:
         """The layers' attention in words, e.g. ``F S C F (sliding window 32, chunked local 48)``."""
-        letters = {v: k for k, v in LAYER_LETTERS.items()}
-        sizes = ", ".join(a.describe() for a in self.group_attn if a.kind != "full_attention")
-        return " ".join(letters[a.kind] for a in self.layer_attn) + (f" ({sizes})" if sizes else "")
+        sizes = ", ".join(a.describe() for a in self.group_attn if a.rule.local)
+        return " ".join(a.rule.letter for a in self.layer_attn) + (f" ({sizes})" if sizes else "")
 
     def with_chunk_start_shift(self, shift: int) -> PagedLlama:
         """The same model (same weights, layout, mode) with the chunked-local
@@ -622,7 +629,7 @@ class PagedLlama:
         after = key_pos[None, :] > pos[:, None]
         out = []
         for a in self.group_attn:
-            m = after if a.kind == "full_attention" else after | (
+            m = after if not a.rule.local else after | (
                 key_pos[None, :] < a.first_keys(pos, self.chunk_start_shift)[:, None])
             out.append(m[:, None, :])
         return out
@@ -764,7 +771,7 @@ class PagedLlama:
                 qpos = pos[start : start + length]
                 kpos = torch.arange(ctx, device=dev)[None, :]
                 allowed = kpos <= qpos[:, None]
-                if attn.kind != "full_attention":
+                if attn.rule.local:
                     allowed = allowed & (kpos >= attn.first_keys(qpos, self.chunk_start_shift)[:, None])
                 o = F.scaled_dot_product_attention(qr, ks, vs, attn_mask=allowed, scale=self.scale)
                 mixed[start : start + length] = o.transpose(0, 1)

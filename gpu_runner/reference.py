@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from schedspec.gpu_runner.attention_kinds import attention_of
 from schedspec.gpu_runner.model import GroupAttention, PagedLlama, mlp, apply_rope, rms_norm
 
 
@@ -38,14 +39,8 @@ def reference_allowed(attn: GroupAttention, n: int, width: int, device: torch.de
     at position k (column), from the rule itself."""
     q = torch.arange(n, device=device)[:, None]
     k = torch.arange(width, device=device)[None, :]
-    allowed = k <= q
-    if attn.kind == "sliding_window":
-        allowed = allowed & (q - k < attn.size)
-    elif attn.kind == "chunked_local":
-        allowed = allowed & (k // attn.size == q // attn.size)
-    elif attn.kind != "full_attention":
-        raise ValueError(f"unknown attention kind {attn.kind!r}")
-    return allowed
+    rule = attention_of(attn.kind)  # gpu_runner/attention_kinds.py; ValueError for an unknown kind
+    return (k <= q) & rule.reference_allowed(attn.size, q, k)
 
 
 @torch.no_grad()

@@ -220,7 +220,7 @@ class KVCacheGroup:
             return data
         if not isinstance(data, Mapping):
             raise ConfigError(where, f"must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"kind", "sliding_window", "block_size", "attention_chunk_size"})
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ConfigError(f"{where}.{unknown[0]}", "unknown field")
         return cls(

@@ -25,9 +25,10 @@ to a table resets the marks it moves.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
-from schedspec.spec.interface import GROUP_KEY_SEPARATOR, RequestSpec, SchedulerConfig
+from schedspec.spec.interface import GROUP_KEY_SEPARATOR, KVCacheGroup, RequestSpec, SchedulerConfig
 
 from schedspec.impl.kv_kinds import NEVER, NULL, GroupRules, rules_of
 from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
@@ -48,12 +49,13 @@ class Layout:
         self.rules: tuple[GroupRules, ...] = tuple(rules_of(g) for g in self.groups)
         in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
         self.caps: tuple[int | None, ...] = tuple(r.cap(bs, in_flight, config.max_model_len) for r in self.rules)
-        # verify_and_split_kv_cache_groups: equal specs (kind, window,
-        # chunk) merged in order of first appearance, the downward-closed
-        # ones (full attention) first (stable); a spec is (its rules, group ids)
-        merged: dict[tuple[str, int, int], list[int]] = {}
+        # verify_and_split_kv_cache_groups: equal specs (the kind and its
+        # fields; one block size) merged in order of first appearance, the
+        # downward-closed ones (full attention) first (stable); a spec is
+        # (its rules, group ids)
+        merged: dict[KVCacheGroup, list[int]] = {}
         for i, g in enumerate(self.groups):
-            merged.setdefault((g.kind, g.sliding_window, g.attention_chunk_size), []).append(i)
+            merged.setdefault(replace(g, block_size=0), []).append(i)
         specs = [(self.rules[ids[0]], tuple(ids)) for ids in merged.values()]
         specs.sort(key=lambda s: not s[0].downward_closed)
         self.specs = specs

@@ -44,7 +44,7 @@ a later hit can use, at the replay boundary and at a shared-prefix junction).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from schedspec.spec.interface import KVCacheGroup, SchedulerConfig
 from schedspec.spec.kv_kinds import NULL_BLOCK as NULL_BLOCK
@@ -72,10 +72,15 @@ class SpecGroup:
     window: int
     group_ids: tuple[int, ...]
     chunk: int = 0
+    #: the merged groups' shared spec, every kind-specific field of it
+    #: (None: the one ``kind``, ``window`` and ``chunk`` give)
+    spec: KVCacheGroup | None = field(default=None, compare=False, repr=False)
 
     @property
     def group(self) -> KVCacheGroup:
         """The spec's group (the fields the merged groups share)."""
+        if self.spec is not None:
+            return self.spec
         return KVCacheGroup(self.kind, sliding_window=self.window, attention_chunk_size=self.chunk)
 
     @property
@@ -130,12 +135,13 @@ class GroupLayout:
     @property
     def spec_groups(self) -> tuple[SpecGroup, ...]:
         """HybridKVCacheCoordinator.verify_and_split_kv_cache_groups: groups
-        of equal spec (kind, window, chunk) merged in order of first
-        appearance, then full attention first (a stable sort)."""
-        merged: dict[tuple[str, int, int], list[int]] = {}
+        of equal spec (the kind and its fields; every group has the
+        config's block size) merged in order of first appearance, then the
+        downward-closed kinds (full attention) first (a stable sort)."""
+        merged: dict[KVCacheGroup, list[int]] = {}
         for i, g in enumerate(self.groups):
-            merged.setdefault((g.kind, g.sliding_window, g.attention_chunk_size), []).append(i)
-        out = [SpecGroup(kind, w, tuple(ids), chunk) for (kind, w, chunk), ids in merged.items()]
+            merged.setdefault(replace(g, block_size=0), []).append(i)
+        out = [SpecGroup(g.kind, g.sliding_window, tuple(ids), g.attention_chunk_size, g) for g, ids in merged.items()]
         out.sort(key=lambda s: not s.is_full)
         return tuple(out)
 

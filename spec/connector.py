@@ -11,6 +11,20 @@ an unfinished load, and the deferred frees of async scheduling. Unless said
 otherwise every function cited is in vllm/v1/core/sched/scheduler.py
 (Scheduler).
 
+Where the connector enters the base path (spec/scheduler.py): the WAITING
+loop serves kv_holding_waiting first, passes over a request whose load is
+not reported yet and promotes a reported one (_pass_over,
+``_update_waiting_for_remote_kv``); the prefix lookup adds the external
+tokens (_prefix_lookup: ``get_num_new_matched_tokens``, ``external_hit``);
+an admission records its load (``_record_load``) or starts an asynchronous
+one (_start_async_load, leaving ``_async_load_reserve`` free); the RUNNING
+loop stops at a victim whose free is deferred (``_blocks_can_be_freed``);
+finishing keeps the blocks of a request loading or saving (_finish_request,
+_finish: ``request_finished_delays_free``, ``held``); update() drains the
+deferred frees, handles the failed loads and invalid blocks before the
+output and the finished transfers after it; reset_prefix_cache refuses while
+blocks stay held (``_blocks_kept_after_reset``).
+
 The modelled configuration: kv_role "kv_both" (so the scheduler is both a KV
 producer and a KV consumer: ``requires_kv_delivery`` is True, and with async
 scheduling ``defer_block_free`` is on), no aux-output or EC connector, no
@@ -245,7 +259,8 @@ class ConnectorMixin(CountsRules):
         num_tokens = min(req.num_tokens, cfg.max_model_len)
         if cfg.num_speculative_tokens:
             num_tokens += 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
-        # summed over the KV cache groups, a sliding-window group at its admission cap
+        # summed over the KV cache groups, a sliding-window or chunked-local
+        # group at its admission cap
         return self.kv.get_num_blocks_to_allocate(req, num_tokens, None, req.num_computed_tokens, True)
 
     def _async_load_reserve(self) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from schedspec.spec.coverage import CountsRules
 from schedspec.spec.interface import BlockKey, KVView, group_block_key
@@ -51,6 +51,16 @@ class GroupTables(Protocol):
     group_blocks: list[list[int]]
     group_num_cached: list[int]
     shared_prefix_boundary: int
+
+
+class CacheHit(NamedTuple):
+    """A prefix lookup's hit, valid in every KV cache group."""
+
+    blocks: list[list[int]]  # each group's hit blocks (a sliding-window group's
+    # with the null block before its run, a chunked-local group's with it
+    # before the chunk start)
+    num_tokens: int  # the hit length in tokens
+    num_uncached_tokens: int  # the uncached common prefix past it (0 with one group)
 
 
 class KVPool(CountsRules):
@@ -224,23 +234,20 @@ class KVPool(CountsRules):
 
     def find_longest_cache_hit(
         self, key_of: Callable[[int], BlockKey], max_length: int
-    ) -> tuple[list[list[int]], int, int]:
-        """The coordinator's find_longest_cache_hit: each group's hit blocks
-        (a sliding-window group's with the null block before its run, a
-        chunked-local group's with it before the chunk start), the
-        hit length in tokens, valid in every group, and the uncached common
-        prefix (HybridKVCacheCoordinator; 0 for UnitaryKVCacheCoordinator).
-        With caching off (KVCacheCoordinatorNoPrefixCache) nothing hits."""
+    ) -> CacheHit:
+        """The coordinator's find_longest_cache_hit (HybridKVCacheCoordinator
+        for several groups, UnitaryKVCacheCoordinator for one). With caching
+        off (KVCacheCoordinatorNoPrefixCache) nothing hits."""
         lay = self.layout
         if lay.coordinator == "no_prefix_cache":
-            return [[] for _ in lay.groups], 0, 0
+            return CacheHit([[] for _ in lay.groups], 0, 0)
         if lay.coordinator == "unitary":
             spec = lay.spec_groups[0]
             found, length = find_group_hit(spec, self._lookup(key_of, spec), max_length, lay.block_size)
-            return found, length, 0
+            return CacheHit(found, length, 0)
         blocks, length, uncached = hybrid_cache_hit(lay, lambda spec: self._lookup(key_of, spec), max_length)
         self._rule("kv_groups.hit_cut_by_group", uncached > 0)  # pragma: no mutate
-        return blocks, length, uncached
+        return CacheHit(blocks, length, uncached)
 
     def _num_evictable(self, blocks: Sequence[int]) -> int:
         """_get_num_evictable_blocks: hit blocks now free (ref_cnt 0), not null."""

@@ -265,8 +265,9 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         rid = req.request_id
         self.inflight_prefills.discard(rid)
         if self._config.kv_connector:
-            # _connector_finished: blocks out of a sliding window are freed
-            # before the table goes to the connector (processed-token basis)
+            # _connector_finished: blocks out of a sliding window or before a
+            # local-attention chunk are freed before the table goes to the
+            # connector (processed-token basis)
             self.kv.remove_skipped_blocks(req, max(0, req.num_computed_tokens - req.num_in_flight_tokens))
         if self._config.kv_connector and request_finished_delays_free(req.spec.kv_save_async, status):
             self._rule("connector.save_delays_free")  # pragma: no mutate
@@ -344,7 +345,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         ``num_lookahead_tokens`` (``num_tokens_need_slot``), at most
         max_model_len; only known tokens are cached (drafts and placeholders
         are not: ``min(..., request.num_tokens)``). First the blocks wholly
-        outside a sliding window are freed, on the processed-token basis
+        outside a sliding window, or wholly before the current chunk of a
+        chunked-local attention group, are freed, on the processed-token basis
         (computed tokens not in flight: remove_skipped_blocks), even when the
         allocation then fails; the blocks needed are summed over the KV cache
         groups (KVCacheCoordinator.get_num_blocks_to_allocate)."""
@@ -371,12 +373,11 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         if not self.kv.enable_caching:
             return [[] for _ in self._config.groups]
         bs = self._config.block_size
-        hits, num_hit_tokens, uncached = self.kv.find_longest_cache_hit(
-            lambda i: req.block_key(i, bs), req.num_tokens - 1
-        )
-        req.shared_prefix_boundary = num_hit_tokens + uncached if uncached else 0
-        self._rules(prefix_hit_rules(num_hit_tokens, req.num_tokens, bs))  # pragma: no mutate
-        return hits
+        hit = self.kv.find_longest_cache_hit(lambda i: req.block_key(i, bs), req.num_tokens - 1)
+        if hit.num_uncached_tokens:
+            req.shared_prefix_boundary = hit.num_tokens + hit.num_uncached_tokens
+        self._rules(prefix_hit_rules(hit.num_tokens, req.num_tokens, bs))  # pragma: no mutate
+        return hit.blocks
 
     def _allocate_admission(
         self, req: _Request, hit: list[list[int]], n: int, computed: int, load_async: bool = False, reserved: int = 0
@@ -403,7 +404,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
 
         def fits(target_tokens: int, headroom: int, cap: bool = False) -> bool:
             # summed over the KV cache groups; the full-sequence gate caps a
-            # sliding-window group at its admission cap (apply_admission_cap)
+            # sliding-window or chunked-local group at its admission cap
+            # (apply_admission_cap)
             need = self.kv.get_num_blocks_to_allocate(req, target_tokens, hit, computed, cap)
             return need + headroom <= self.kv.num_free
 
@@ -412,18 +414,16 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
 
         full = min(req.num_tokens, cfg.max_model_len)
         if cfg.scheduler_reserve_full_isl and not fits(full, watermark, True):
-            self._rule("admit.blocked_full_sequence")  # pragma: no mutate
-            self._rule("watermark.blocked_full_sequence", held_by_watermark(full, True))  # pragma: no mutate
+            self._rules(blocked_admission_rules(True, held_by_watermark(full, True)))  # pragma: no mutate
             return False
-        # blocks wholly outside a sliding window (a promoted load's) are freed
-        # before the count (allocate_slots -> remove_skipped_blocks)
+        # blocks wholly outside a sliding window or before a local-attention
+        # chunk (a promoted load's) are freed before the count
+        # (allocate_slots -> remove_skipped_blocks)
         self.kv.remove_skipped_blocks(req, max(0, computed - req.num_in_flight_tokens))
         lookahead = 0 if load_async else cfg.num_lookahead_tokens
         target = min(computed + n + lookahead, cfg.max_model_len)
         if not fits(target, watermark + reserved):
-            self._rule("admit.blocked_blocks")  # pragma: no mutate
-            self._rule("watermark.blocked", held_by_watermark(target))  # pragma: no mutate
-            self._rule("connector.load_blocked_reserve", reserved > 0 and fits(target, watermark))  # pragma: no mutate
+            self._rules(blocked_admission_rules(False, held_by_watermark(target), reserved > 0 and fits(target, watermark)))  # pragma: no mutate
             return False
         self._rule("watermark.admitted", watermark > 0)  # pragma: no mutate
         if any(hit) or num_external > 0:
@@ -514,8 +514,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                     continue  # it preempted itself; later requests may still fit
                 self._rule("running.self_preempted_break")  # pragma: no mutate
                 return  # vLLM: break out of the RUNNING loop
-            self._rule("running.scheduled")  # pragma: no mutate
-            self._rule("running.prefill_chunk", req.num_computed_tokens + n < req.num_tokens + req.num_output_placeholders)  # pragma: no mutate
+            self._rules(running_scheduled_rules(req.num_computed_tokens + n, req.num_tokens + req.num_output_placeholders))  # pragma: no mutate
             st.prefill_scheduled |= req.is_prefill_chunk
             drafts = self._take_drafts(req, n)
             st.scheduled[req.request_id] = Scheduled(ScheduleKind.RUNNING, req.num_computed_tokens, n, drafts)
@@ -663,8 +662,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         aligned = local - local % cfg.block_size
         offer = get_num_new_matched_tokens(req.spec.kv_external_tokens, req.spec.kv_load_async, aligned)
         taken = external_hit(local, cfg.block_size, offer.num_external_tokens, offer.load_async)
-        self._rule("connector.external_hit", taken.num_external_tokens > 0)  # pragma: no mutate
-        self._rule("connector.external_within_local", 0 < req.spec.kv_external_tokens <= aligned)  # pragma: no mutate
+        self._rules(external_tokens_rules(taken.num_external_tokens, req.spec.kv_external_tokens, aligned))  # pragma: no mutate
         assert taken.num_local_tokens + taken.num_external_tokens <= req.num_tokens
         return PrefixHit(hit, taken.num_local_tokens + taken.num_external_tokens, taken.num_external_tokens,
                          taken.load_async)
@@ -726,8 +724,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         queue.remove(rid)
         self.running.append(rid)
         kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
-        self._rule("admit.new" if kind == ScheduleKind.NEW else "admit.resumed")  # pragma: no mutate
-        self._rule("admit.prefill_chunk", computed + n < req.num_tokens)  # pragma: no mutate
+        self._rules(admission_rules(kind, computed + n, req.num_tokens))  # pragma: no mutate
         if self._config.kv_connector and computed + n < req.num_tokens:
             self.inflight_prefills.add(rid)
         req.set_status(RequestStatus.RUNNING)
@@ -941,8 +938,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             req = self.requests.get(rid)
             if req is None:
                 continue
-            self._rule("grammar.finished_error", rid in errors)  # pragma: no mutate
-            self._rule("connector.failed_load_error", rid in failed_loads)  # pragma: no mutate
+            self._rules(finished_error_rules(rid in errors, rid in failed_loads))  # pragma: no mutate
             self._finish_request(req, RequestStatus.FINISHED_ERROR)
 
     def _update_request_with_output(
@@ -1042,6 +1038,60 @@ def prefix_hit_rules(num_hit_tokens: int, num_tokens: int, block_size: int) -> I
         yield "kv.hit_full"
     if 0 < hit == full and num_tokens % block_size == 0:
         yield "kv.hit_capped"
+
+
+def blocked_admission_rules(full_sequence: bool, by_watermark: bool,
+                            by_reserve: bool = False) -> Iterator[str]:  # pragma: no mutate block
+    """_allocate_admission refused the blocks, for the whole sequence
+    (scheduler_reserve_full_isl) or for this step; ``by_watermark``: they
+    would fit without the watermark; ``by_reserve``: without an asynchronous
+    load's reservation."""
+    if full_sequence:
+        yield "admit.blocked_full_sequence"
+    else:
+        yield "admit.blocked_blocks"
+    if full_sequence and by_watermark:
+        yield "watermark.blocked_full_sequence"
+    if not full_sequence and by_watermark:
+        yield "watermark.blocked"
+    if by_reserve:
+        yield "connector.load_blocked_reserve"
+
+
+def running_scheduled_rules(num_computed_after: int, num_known: int) -> Iterator[str]:  # pragma: no mutate block
+    """The RUNNING loop scheduled a request, to ``num_computed_after`` tokens
+    of its ``num_known`` (known and in flight): short of them, a prefill chunk."""
+    yield "running.scheduled"
+    if num_computed_after < num_known:
+        yield "running.prefill_chunk"
+
+
+def admission_rules(kind: ScheduleKind, num_computed_after: int, num_tokens: int) -> Iterator[str]:  # pragma: no mutate block
+    """The WAITING loop admitted a request as ``kind``, to
+    ``num_computed_after`` of its ``num_tokens``: short of them, a chunk."""
+    if kind == ScheduleKind.NEW:
+        yield "admit.new"
+    else:
+        yield "admit.resumed"
+    if num_computed_after < num_tokens:
+        yield "admit.prefill_chunk"
+
+
+def external_tokens_rules(num_external: int, kv_external_tokens: int, aligned: int) -> Iterator[str]:  # pragma: no mutate block
+    """_prefix_lookup with a KV connector: it took ``num_external`` tokens of
+    the request's ``kv_external_tokens``, past the block-aligned local hit."""
+    if num_external > 0:
+        yield "connector.external_hit"
+    if 0 < kv_external_tokens <= aligned:
+        yield "connector.external_within_local"
+
+
+def finished_error_rules(grammar_failed: bool, load_failed: bool) -> Iterator[str]:  # pragma: no mutate block
+    """_finish_errors: why a request finishes with FINISHED_ERROR."""
+    if grammar_failed:
+        yield "grammar.finished_error"
+    if load_failed:
+        yield "connector.failed_load_error"
 
 
 def stop_rules(reason: str, token: int, spec: RequestSpec, num_tokens: int,

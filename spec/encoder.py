@@ -63,9 +63,7 @@ class EncoderMixin(CountsRules):
         encoder budget or the cache (can_allocate, which evicts freeable
         entries to make room) stops the scan and cuts the chunk just before
         it, or to nothing when the chunk starts inside it."""
-        mm = req.spec.mm_inputs
-        if n == 0 or not mm:
-            return EncoderPlan([], n, budget, [])
+        mm = req.spec.mm_inputs if n > 0 else ()  # no tokens: no input runs
         rid = req.request_id
         to_run: list[int] = []
         duplicates: list[int] = []

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from schedspec.spec.coverage import CountsRules
 from schedspec.spec.interface import PauseState, SchedulerConfig
 from schedspec.spec.protocol import check_grammar_ready, check_pause_state
+from schedspec.spec.request_state import GrammarState
 from schedspec.spec.step_state import StepState
 
 if TYPE_CHECKING:
@@ -74,10 +75,10 @@ class GatesMixin(CountsRules):
         req = self.requests.get(request_id) if isinstance(request_id, str) else None
         check_grammar_ready(
             request_id, ok, None if req is None else req.status,
-            reported=req is not None and req.grammar is not None,
+            reported=req is not None and req.grammar is not GrammarState.COMPILING,
         )
         assert req is not None
-        req.grammar = ok
+        req.grammar = GrammarState.READY if ok else GrammarState.FAILED
 
     def _defer_prefills(self) -> bool:
         """The local prefill cadence (schedule(), "Local prefill cadence"):

@@ -81,7 +81,7 @@ from schedspec.spec.protocol import (
     check_result,
     check_schedule,
 )
-from schedspec.spec.request_state import RequestState as _Request
+from schedspec.spec.request_state import GrammarState, RequestState as _Request
 from schedspec.spec.rules import (
     admission_chunk,
     choose_victim,
@@ -625,10 +625,10 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 return True
             self._update_waiting_for_remote_kv(req)
         if req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
-            if req.grammar is None:
+            if req.grammar is GrammarState.COMPILING:
                 self._rule("grammar.skip_compiling")  # pragma: no mutate
                 return True
-            if req.grammar is False:
+            if req.grammar is GrammarState.FAILED:
                 # grammar_compile_error_reqs: finished at the next update
                 self._rule("grammar.compile_error")  # pragma: no mutate
                 self.grammar_errors.add(req.request_id)

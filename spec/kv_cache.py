@@ -60,7 +60,7 @@ class CacheHit(NamedTuple):
     # with the null block before its run, a chunked-local group's with it
     # before the chunk start)
     num_tokens: int  # the hit length in tokens
-    num_uncached_tokens: int  # the uncached common prefix past it (0 with one group)
+    num_uncached_tokens: int = 0  # the uncached common prefix past it (0 with one group)
 
 
 class KVPool(CountsRules):
@@ -240,11 +240,11 @@ class KVPool(CountsRules):
         off (KVCacheCoordinatorNoPrefixCache) nothing hits."""
         lay = self.layout
         if lay.coordinator == "no_prefix_cache":
-            return CacheHit([[] for _ in lay.groups], 0, 0)
+            return CacheHit([[] for _ in lay.groups], 0)
         if lay.coordinator == "unitary":
             spec = lay.spec_groups[0]
             found, length = find_group_hit(spec, self._lookup(key_of, spec), max_length, lay.block_size)
-            return CacheHit(found, length, 0)
+            return CacheHit(found, length)
         blocks, length, uncached = hybrid_cache_hit(lay, lambda spec: self._lookup(key_of, spec), max_length)
         self._rule("kv_groups.hit_cut_by_group", uncached > 0)  # pragma: no mutate
         return CacheHit(blocks, length, uncached)

@@ -658,7 +658,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         hit = self._get_computed_blocks(req)
         local = len(hit[0]) * cfg.block_size
         if not cfg.kv_connector:
-            return PrefixHit(hit, local, 0, False)
+            return PrefixHit(hit, local)
         aligned = local - local % cfg.block_size
         offer = get_num_new_matched_tokens(req.spec.kv_external_tokens, req.spec.kv_load_async, aligned)
         taken = external_hit(local, cfg.block_size, offer.num_external_tokens, offer.load_async)
@@ -685,7 +685,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             hit = self._prefix_lookup(req)
         else:
             self._rule("connector.admit_loaded")  # pragma: no mutate
-            hit = PrefixHit([[] for _ in self._config.groups], req.num_computed_tokens, 0, False)
+            hit = PrefixHit([[] for _ in self._config.groups], req.num_computed_tokens)
         if hit.load_async:
             return self._start_async_load(req, hit)
         computed = hit.num_computed_tokens

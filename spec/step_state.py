@@ -82,8 +82,8 @@ class PrefixHit:
 
     blocks: list[list[int]]  # the hit blocks, one list per KV cache group
     num_computed_tokens: int  # the tokens counted computed: the local hit plus the external ones
-    num_external_tokens: int  # of those, the connector's (loaded into new blocks)
-    load_async: bool  # the external tokens load asynchronously (the request waits for them)
+    num_external_tokens: int = 0  # of those, the connector's (loaded into new blocks)
+    load_async: bool = False  # the external tokens load asynchronously (the request waits for them)
 
 
 @dataclass(frozen=True)

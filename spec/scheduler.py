@@ -410,7 +410,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             return need + headroom <= self.kv.num_free
 
         def held_by_watermark(target_tokens: int, cap: bool = False) -> bool:
-            return watermark > 0 and fits(target_tokens, 0, cap)
+            # rule coverage only: the blocks would fit but for the watermark
+            return watermark > 0 and fits(target_tokens, 0, cap)  # pragma: no mutate
 
         full = min(req.num_tokens, cfg.max_model_len)
         if cfg.scheduler_reserve_full_isl and not fits(full, watermark, True):

@@ -11,6 +11,20 @@ an unfinished load, and the deferred frees of async scheduling. Unless said
 otherwise every function cited is in vllm/v1/core/sched/scheduler.py
 (Scheduler).
 
+Where the connector enters the base path (spec/scheduler.py): the WAITING
+loop serves kv_holding_waiting first, passes over a request whose load is
+not reported yet and promotes a reported one (_pass_over,
+``_update_waiting_for_remote_kv``); the prefix lookup adds the external
+tokens (_prefix_lookup: ``get_num_new_matched_tokens``, ``external_hit``);
+an admission records its load (``_record_load``) or starts an asynchronous
+one (_start_async_load, leaving ``_async_load_reserve`` free); the RUNNING
+loop stops at a victim whose free is deferred (``_blocks_can_be_freed``);
+finishing keeps the blocks of a request loading or saving (_finish_request,
+_finish: ``request_finished_delays_free``, ``held``); update() drains the
+deferred frees, handles the failed loads and invalid blocks before the
+output and the finished transfers after it; reset_prefix_cache refuses while
+blocks stay held (``_blocks_kept_after_reset``).
+
 The modelled configuration: kv_role "kv_both" (so the scheduler is both a KV
 producer and a KV consumer: ``requires_kv_delivery`` is True, and with async
 scheduling ``defer_block_free`` is on), no aux-output or EC connector, no
@@ -25,7 +39,7 @@ returns False from ``has_pending_block_frees`` and
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 
 from schedspec.spec.interface import (
     KVLoad,
@@ -34,6 +48,7 @@ from schedspec.spec.interface import (
     StepPlan,
     StepResult,
 )
+from schedspec.spec.coverage import CountsRules
 from schedspec.spec.kv_cache import KVPool
 from schedspec.spec.rules import blocks_for_tokens
 
@@ -44,41 +59,58 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- the modelled connector
 
 
+class MatchedTokens(NamedTuple):
+    """What get_num_new_matched_tokens returns: the external tokens offered,
+    and whether they load asynchronously."""
+
+    num_external_tokens: int
+    load_async: bool
+
+
+class ExternalHit(NamedTuple):
+    """The WAITING loop's split of a prefix hit after the partial-tail rules:
+    the local tokens kept, the external tokens taken, and whether those load
+    asynchronously."""
+
+    num_local_tokens: int
+    num_external_tokens: int
+    load_async: bool
+
+
 def get_num_new_matched_tokens(
     kv_external_tokens: int, kv_load_async: bool, num_computed_tokens: int
-) -> tuple[int, bool]:
+) -> MatchedTokens:
     """KVConnectorBase_V1.get_num_new_matched_tokens of the modelled
     connector: the external tokens beyond ``num_computed_tokens`` (the
     block-aligned local hit vLLM presents), and whether they load
     asynchronously. Stateless: asked at every admission.
 
-    post: __return__[0] >= 0
-    post: __return__[1] == (kv_load_async and __return__[0] > 0)
+    post: __return__.num_external_tokens >= 0
+    post: __return__.load_async == (kv_load_async and __return__.num_external_tokens > 0)
     """
     n = max(0, kv_external_tokens - num_computed_tokens)
-    return n, kv_load_async and n > 0
+    return MatchedTokens(n, kv_load_async and n > 0)
 
 
 def external_hit(
     num_local_tokens: int, block_size: int, offered: int, load_async: bool
-) -> tuple[int, int, bool]:
+) -> ExternalHit:
     """The WAITING loop's partial-tail rules (schedule(), "Present a
     block-aligned local hit to the connector"): with a local hit ending inside
     a block, a strictly longer remote hit drops the sub-block tail; a remote
-    hit no longer than it loads nothing. Returns (local tokens kept,
-    external tokens, asynchronous). The modelled local hit is whole blocks
+    hit no longer than it loads nothing. The modelled local hit is whole blocks
     (partial hash hits are off), so the tail is always 0 and the offer is
     taken as it is.
 
     pre: num_local_tokens >= 0 and block_size > 0 and offered >= 0
-    post: __return__[0] + __return__[1] >= num_local_tokens - num_local_tokens % block_size
+    post: __return__.num_local_tokens + __return__.num_external_tokens >= num_local_tokens - num_local_tokens % block_size
     """
     tail = num_local_tokens % block_size
     if tail and offered > tail:
-        return num_local_tokens - tail, offered, load_async
+        return ExternalHit(num_local_tokens - tail, offered, load_async)
     if tail:
-        return num_local_tokens, 0, False
-    return num_local_tokens, offered, load_async
+        return ExternalHit(num_local_tokens, 0, False)
+    return ExternalHit(num_local_tokens, offered, load_async)
 
 
 def request_finished_delays_free(kv_save_async: bool, status: RequestStatus) -> bool:
@@ -120,7 +152,22 @@ def truncate_at_invalid(
 # ---------------------------------------------------------------- the scheduler's part
 
 
-class ConnectorMixin:
+class DeferredFree(NamedTuple):
+    """A table whose free is deferred (defer_block_free): its blocks go back
+    to the pool once the step ``fence`` has been processed."""
+
+    fence: int  # sched_step_seq when the free was deferred
+    blocks: list[int]
+
+
+class InvalidBlocks(NamedTuple):
+    """_update_requests_with_invalid_blocks's result for a set of requests."""
+
+    affected: set[str]  # the requests truncated at an invalid block
+    evict: list[int]  # the blocks to evict: each truncation's from there on
+
+
+class ConnectorMixin(CountsRules):
     """The connector's state and handlers of SpecScheduler (vLLM Scheduler's
     fields of the same meaning are named at each)."""
 
@@ -155,7 +202,7 @@ class ConnectorMixin:
         self.defer_block_free = self._config.kv_connector and self._config.async_scheduling
         self.sched_step_seq = 0
         self.processed_step_seq = 0
-        self.deferred_frees: list[tuple[int, list[int]]] = []
+        self.deferred_frees: list[DeferredFree] = []
 
     def _clone_connector(self, d: dict[str, object]) -> None:
         """SpecScheduler.clone's share for the connector's containers."""
@@ -166,7 +213,7 @@ class ConnectorMixin:
         d["kv_loading"] = self.kv_loading.copy()
         d["inflight_prefills"] = self.inflight_prefills.copy()
         d["pending_loads"] = self.pending_loads[:]
-        d["deferred_frees"] = [(f, b[:]) for f, b in self.deferred_frees]
+        d["deferred_frees"] = [DeferredFree(f.fence, f.blocks[:]) for f in self.deferred_frees]
 
     # ------------------------------------------------------------ freeing
 
@@ -184,8 +231,8 @@ class ConnectorMixin:
             return
         blocks = self.kv.pop_blocks_for_free(req)  # every group's (pop_blocks_for_free)
         if blocks:
-            self.rules["connector.free_deferred"] += 1  # pragma: no mutate
-            self.deferred_frees.append((self.sched_step_seq, blocks))
+            self._rule("connector.free_deferred")  # pragma: no mutate
+            self.deferred_frees.append(DeferredFree(self.sched_step_seq, blocks))
 
     def _drain_deferred_frees(self) -> None:
         """update_from_output, first (a step with scheduled tokens):
@@ -193,9 +240,9 @@ class ConnectorMixin:
         deferred table whose fence has passed, oldest first, tail first
         (``free_blocks(reversed(blocks))``)."""
         self.processed_step_seq += 1
-        while self.deferred_frees and self.deferred_frees[0][0] <= self.processed_step_seq:
-            self.rules["connector.deferred_drained"] += 1  # pragma: no mutate
-            self.kv.free(self.deferred_frees.pop(0)[1])
+        while self.deferred_frees and self.deferred_frees[0].fence <= self.processed_step_seq:
+            self._rule("connector.deferred_drained")  # pragma: no mutate
+            self.kv.free(self.deferred_frees.pop(0).blocks)
 
     def _free_blocks(self, rid: str) -> None:
         """_free_blocks: a held finished request's blocks go (freed, or
@@ -212,7 +259,8 @@ class ConnectorMixin:
         num_tokens = min(req.num_tokens, cfg.max_model_len)
         if cfg.num_speculative_tokens:
             num_tokens += 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
-        # summed over the KV cache groups, a sliding-window group at its admission cap
+        # summed over the KV cache groups, a sliding-window or chunked-local
+        # group at its admission cap
         return self.kv.get_num_blocks_to_allocate(req, num_tokens, None, req.num_computed_tokens, True)
 
     def _async_load_reserve(self) -> int:
@@ -232,8 +280,7 @@ class ConnectorMixin:
         if num_external <= 0:
             return
         end = start + num_external
-        self.rules["connector.load_async"] += asynchronous  # pragma: no mutate
-        self.rules["connector.load_sync"] += not asynchronous  # pragma: no mutate
+        self._rule("connector.load_async" if asynchronous else "connector.load_sync")  # pragma: no mutate
         self.pending_loads.append(
             KVLoad(req.request_id, start, end, tuple(req.blocks), asynchronous, req.group_block_ids())
         )
@@ -252,16 +299,16 @@ class ConnectorMixin:
         if rid in self.kv_loads_failed:
             self.kv_loads_failed.remove(rid)
             if req.num_computed_tokens:
-                self.rules["connector.failed_load_kept"] += 1  # pragma: no mutate
+                self._rule("connector.failed_load_kept")  # pragma: no mutate
                 self._cache_loaded(req)
             else:
-                self.rules["connector.failed_load_freed"] += 1  # pragma: no mutate
+                self._rule("connector.failed_load_freed")  # pragma: no mutate
                 self.kv.free_request(req)  # kv_cache_manager.free: never deferred
         else:
-            self.rules["connector.load_promoted"] += 1  # pragma: no mutate
+            self._rule("connector.load_promoted")  # pragma: no mutate
             self._cache_loaded(req)
         if req.num_computed_tokens == req.num_tokens:
-            self.rules["connector.load_last_token"] += 1  # pragma: no mutate
+            self._rule("connector.load_last_token")  # pragma: no mutate
             req.num_computed_tokens = req.num_tokens - 1
         self.kv_loads_done.remove(rid)
         req.set_status(RequestStatus.PREEMPTED if req.num_preemptions else RequestStatus.WAITING)
@@ -284,11 +331,11 @@ class ConnectorMixin:
         for rid in sorted(failed):
             req = self.requests.get(rid)
             if req is None or req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
-                self.rules["connector.failed_ignored"] += 1  # pragma: no mutate
+                self._rule("connector.failed_ignored")  # pragma: no mutate
                 continue
             affected.add(rid)
             if self._config.kv_load_failure_policy == "recompute":
-                self.rules["connector.failed_recompute"] += 1  # pragma: no mutate
+                self._rule("connector.failed_recompute")  # pragma: no mutate
                 req.num_computed_tokens = 0
                 self.kv_loads_failed.add(rid)
         return set() if self._config.kv_load_failure_policy == "recompute" else affected
@@ -303,26 +350,25 @@ class ConnectorMixin:
         the running ones returned (their output of this step is skipped)."""
         scheduled = {s.request_id: s.num_scheduled_tokens for s in plan.scheduled}
         loading = [r for r in self.kv_holding if self.requests[r].status == RequestStatus.WAITING_FOR_REMOTE_KVS]
-        async_ids, _ = self._update_requests_with_invalid_blocks(loading, invalid, scheduled)
-        sync_ids, evict = self._update_requests_with_invalid_blocks(self.running, invalid, scheduled)
-        if not async_ids and not sync_ids:
+        loads = self._update_requests_with_invalid_blocks(loading, invalid, scheduled)
+        running = self._update_requests_with_invalid_blocks(self.running, invalid, scheduled)
+        if not loads.affected and not running.affected:
             return set()
         if self._config.kv_load_failure_policy == "fail":
-            self.rules["connector.invalid_fail"] += 1  # pragma: no mutate
-            self.kv.evict_blocks(evict)
-            return async_ids | sync_ids
-        self.rules["connector.invalid_recompute"] += 1  # pragma: no mutate
-        self.kv_loads_failed |= async_ids
-        return sync_ids
+            self._rule("connector.invalid_fail")  # pragma: no mutate
+            self.kv.evict_blocks(running.evict)
+            return loads.affected | running.affected
+        self._rule("connector.invalid_recompute")  # pragma: no mutate
+        self.kv_loads_failed |= loads.affected
+        return running.affected
 
     def _update_requests_with_invalid_blocks(
         self, rids: list[str], invalid: set[int], scheduled: Mapping[str, int]
-    ) -> tuple[set[str], list[int]]:
+    ) -> InvalidBlocks:
         """_update_requests_with_invalid_blocks: each request's computed
         tokens (less this plan's) are truncated at its first invalid block;
         a block already marked by an earlier request leaves a later one its
-        computed tokens (the first recomputes it). Returns the affected
-        requests and the blocks to evict (from each truncation on)."""
+        computed tokens (the first recomputes it)."""
         bs = self._config.block_size
         affected: set[str] = set()
         evict: list[int] = []
@@ -338,13 +384,13 @@ class ConnectorMixin:
             fresh = [i for i in hits if table[i] not in marked]
             marked.update(table[i] for i in hits)
             if fresh:
-                self.rules["connector.invalid_truncated"] += 1  # pragma: no mutate
+                self._rule("connector.invalid_truncated")  # pragma: no mutate
                 req.num_computed_tokens = fresh[0] * bs
                 evict.extend(b for b in req.blocks[fresh[0]:] if b not in evict)
             else:
-                self.rules["connector.invalid_shared"] += 1  # pragma: no mutate
+                self._rule("connector.invalid_shared")  # pragma: no mutate
                 req.num_computed_tokens = computed
-        return affected, evict
+        return InvalidBlocks(affected, evict)
 
     def _update_from_kv_xfer_finished(self, result: StepResult) -> None:
         """_update_from_kv_xfer_finished, last in update_from_output: a
@@ -354,13 +400,13 @@ class ConnectorMixin:
         for rid in sorted(result.finished_recving):
             self.kv_loading.pop(rid, None)
             if rid in self.requests:
-                self.rules["connector.load_done"] += 1  # pragma: no mutate
+                self._rule("connector.load_done")  # pragma: no mutate
                 self.kv_loads_done.add(rid)
             else:
-                self.rules["connector.load_done_after_finish"] += 1  # pragma: no mutate
+                self._rule("connector.load_done_after_finish")  # pragma: no mutate
                 self._free_blocks(rid)
         for rid in sorted(result.finished_sending):
-            self.rules["connector.save_done"] += 1  # pragma: no mutate
+            self._rule("connector.save_done")  # pragma: no mutate
             self._free_blocks(rid)
 
     # ------------------------------------------------------------ view

@@ -2,10 +2,13 @@
 
 The spec scheduler keeps one ``collections.Counter`` in ``scheduler.rules``
 (its KV pool holds the same object as ``kv.rules``); every decision branch
-adds to it with a one-line marker ``self.rules["NAME"] += 1`` (or
-``+= <condition>``). Counting is always on: a dict increment per branch
-taken, lost in the cost of a step. The names and their meaning are in
-spec/rule_names.py.
+names itself through one call, ``self._rule("NAME")`` (``CountsRules``
+below; ``self._rule("NAME", condition)`` for a condition on a line that runs
+anyway), and a decision with several named outcomes hands the names its
+classifier yields (a small generator function whose name ends in
+``_rules``, next to the decision) to ``self._rules``. Counting is always on:
+a dict increment per branch taken, lost in the cost of a step. The names and
+their meaning are in spec/rule_names.py.
 
 Clones share their original's counter (``SpecScheduler.clone`` copies the
 reference), so a search over cloned states counts every transition once, in
@@ -41,6 +44,26 @@ def kv_capabilities(config: object) -> tuple[str, ...]:
     if getattr(config, "is_hybrid", False):
         out.append("hybrid_kv")
     return tuple(out)
+
+
+class CountsRules:
+    """The one way the spec counts its named branches (spec/rule_names.py),
+    shared by SpecScheduler, its parts and its KV pool. Each call is a whole
+    line marked ``# pragma: no mutate``: counting decides nothing, so mutation
+    testing leaves it alone (tests/check/test_rule_coverage.py holds every
+    call to a catalogued name, each name counted in one place)."""
+
+    rules: RuleCounts
+
+    def _rule(self, name: str, times: int = 1) -> None:  # pragma: no mutate block
+        """The branch ``name`` was taken ``times`` times (a condition counts
+        1 when it holds, 0 when not)."""
+        self.rules[name] += times
+
+    def _rules(self, names: Iterable[str]) -> None:  # pragma: no mutate block
+        """Each branch a classifier says a decision took, once."""
+        for name in names:
+            self.rules[name] += 1
 
 
 def new_counts() -> RuleCounts:

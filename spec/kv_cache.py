@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
+from schedspec.spec.coverage import CountsRules
 from schedspec.spec.interface import BlockKey, KVView, group_block_key
 from schedspec.spec.kv_groups import (
     NULL_BLOCK,
@@ -52,7 +53,17 @@ class GroupTables(Protocol):
     shared_prefix_boundary: int
 
 
-class KVPool:
+class CacheHit(NamedTuple):
+    """A prefix lookup's hit, valid in every KV cache group."""
+
+    blocks: list[list[int]]  # each group's hit blocks (a sliding-window group's
+    # with the null block before its run, a chunked-local group's with it
+    # before the chunk start)
+    num_tokens: int  # the hit length in tokens
+    num_uncached_tokens: int = 0  # the uncached common prefix past it (0 with one group)
+
+
+class KVPool(CountsRules):
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
                  rules: Counter[str] | None = None, layout: GroupLayout | None = None) -> None:
         self.num_blocks = num_blocks
@@ -103,9 +114,9 @@ class KVPool:
         for b in blocks:
             if b == NULL_BLOCK:
                 continue
-            self.rules["kv.touch_shared"] += self.ref_cnt[b] > 0  # pragma: no mutate
+            self._rule("kv.touch_shared", self.ref_cnt[b] > 0)  # pragma: no mutate
             if self.ref_cnt[b] == 0:
-                self.rules["kv.touch_free"] += 1  # pragma: no mutate
+                self._rule("kv.touch_free")  # pragma: no mutate
                 self.free_queue.remove(b)
             self.ref_cnt[b] += 1
 
@@ -139,13 +150,13 @@ class KVPool:
             self.ref_cnt[b] -= 1
             assert self.ref_cnt[b] >= 0
             newly_free.append(self.ref_cnt[b] == 0)
-            self.rules["kv.free_shared"] += self.ref_cnt[b] > 0  # pragma: no mutate
+            self._rule("kv.free_shared", self.ref_cnt[b] > 0)  # pragma: no mutate
         has_key = [b in self.block_key for b in ordered]
         front, back = split_freed_blocks(
             blocks_tail_first=ordered, newly_free=newly_free, has_key=has_key, caching=self.enable_caching
         )
-        self.rules["kv.free_front"] += len(front)  # pragma: no mutate
-        self.rules["kv.free_back"] += len(back)  # pragma: no mutate
+        self._rule("kv.free_front", len(front))  # pragma: no mutate
+        self._rule("kv.free_back", len(back))  # pragma: no mutate
         self.free_queue = front + self.free_queue + back
 
     def cache_full_blocks(self, blocks: list[int], keys: list[BlockKey]) -> None:
@@ -153,7 +164,7 @@ class KVPool:
         (BlockPool.cache_full_blocks, one ``_insert_block_hash`` per block)."""
         for block, key in zip(blocks, keys, strict=True):
             assert block not in self.block_key, "a newly full block has no key yet"
-            self.rules["kv.cache_duplicate_key"] += key in self.index  # pragma: no mutate
+            self._rule("kv.cache_duplicate_key", key in self.index)  # pragma: no mutate
             self.block_key[block] = key
             self.index.setdefault(key, []).append(block)
 
@@ -163,10 +174,10 @@ class KVPool:
         key = self.block_key.pop(block, None)
         if key is None:
             return
-        self.rules["kv.evict_cached"] += 1  # pragma: no mutate
+        self._rule("kv.evict_cached")  # pragma: no mutate
         holders = self.index[key]
         holders.remove(block)
-        self.rules["kv.evict_keeps_duplicate"] += len(holders) > 0  # pragma: no mutate
+        self._rule("kv.evict_keeps_duplicate", len(holders) > 0)  # pragma: no mutate
         if not holders:
             del self.index[key]
 
@@ -181,9 +192,9 @@ class KVPool:
     def reset_prefix_cache(self) -> bool:
         """Drop every key, only when no block is held (BlockPool.reset_prefix_cache)."""
         if self.num_free != self.num_blocks - 1:
-            self.rules["kv.reset_refused"] += 1  # pragma: no mutate
+            self._rule("kv.reset_refused")  # pragma: no mutate
             return False
-        self.rules["kv.reset_ok"] += 1  # pragma: no mutate
+        self._rule("kv.reset_ok")  # pragma: no mutate
         self.block_key.clear()
         self.index.clear()
         return True
@@ -223,23 +234,20 @@ class KVPool:
 
     def find_longest_cache_hit(
         self, key_of: Callable[[int], BlockKey], max_length: int
-    ) -> tuple[list[list[int]], int, int]:
-        """The coordinator's find_longest_cache_hit: each group's hit blocks
-        (a sliding-window group's with the null block before its run, a
-        chunked-local group's with it before the chunk start), the
-        hit length in tokens, valid in every group, and the uncached common
-        prefix (HybridKVCacheCoordinator; 0 for UnitaryKVCacheCoordinator).
-        With caching off (KVCacheCoordinatorNoPrefixCache) nothing hits."""
+    ) -> CacheHit:
+        """The coordinator's find_longest_cache_hit (HybridKVCacheCoordinator
+        for several groups, UnitaryKVCacheCoordinator for one). With caching
+        off (KVCacheCoordinatorNoPrefixCache) nothing hits."""
         lay = self.layout
         if lay.coordinator == "no_prefix_cache":
-            return [[] for _ in lay.groups], 0, 0
+            return CacheHit([[] for _ in lay.groups], 0)
         if lay.coordinator == "unitary":
             spec = lay.spec_groups[0]
             found, length = find_group_hit(spec, self._lookup(key_of, spec), max_length, lay.block_size)
-            return found, length, 0
+            return CacheHit(found, length)
         blocks, length, uncached = hybrid_cache_hit(lay, lambda spec: self._lookup(key_of, spec), max_length)
-        self.rules["kv_groups.hit_cut_by_group"] += uncached > 0  # pragma: no mutate
-        return blocks, length, uncached
+        self._rule("kv_groups.hit_cut_by_group", uncached > 0)  # pragma: no mutate
+        return CacheHit(blocks, length, uncached)
 
     def _num_evictable(self, blocks: Sequence[int]) -> int:
         """_get_num_evictable_blocks: hit blocks now free (ref_cnt 0), not null."""

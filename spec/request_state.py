@@ -5,12 +5,23 @@ module of its own so the scheduler and the connector's rules
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from schedspec.spec.interface import BlockKey, RequestSpec, RequestStatus, RequestView, is_legal_transition
 
 _new = object.__new__
+
+
+class GrammarState(enum.Enum):
+    """A structured-output request's grammar (vLLM:
+    structured_output_request.grammar: unset while it compiles, then the
+    grammar or the Exception of a failed compile)."""
+
+    COMPILING = "compiling"
+    READY = "ready"
+    FAILED = "failed"
 
 
 @dataclass
@@ -39,9 +50,9 @@ class RequestState:
     # Whether the last step scheduled for it stopped short of its known and
     # in-flight tokens (vLLM's is_prefill_chunk, set after each schedule).
     is_prefill_chunk: bool = False
-    # Structured outputs: None while the grammar compiles, then whether it
-    # compiled (vLLM: structured_output_request.grammar, or an Exception).
-    grammar: bool | None = None
+    # Structured outputs: the grammar's state (read while the request waits
+    # for it: WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR).
+    grammar: GrammarState = GrammarState.COMPILING
     # defer_block_free: the sched_step_seq of the last step that scheduled it
     last_sched_seq: int = 0
     # Hybrid KV cache groups (spec/kv_groups.py): the tables of groups 1.. (group

@@ -1,76 +1,61 @@
 """The reference scheduler: vLLM 0.33.0's v1 Scheduler, written to be read.
 
 Each rule names the vLLM function whose behaviour it captures; unless said
-otherwise the file is vllm/v1/core/sched/scheduler.py (Scheduler) and the KV
-side lives in spec/kv_cache.py. Speed is no concern here.
+otherwise the file is vllm/v1/core/sched/scheduler.py (Scheduler). Speed is
+no concern here.
 
-schedule() follows vLLM's Scheduler.schedule phase by phase: the RUNNING loop
-(``_schedule_running``), the WAITING loop (``_schedule_waiting``), then the
-plan and the advance of computed tokens (``_make_plan``, vLLM's
-SchedulerOutput and ``_update_after_schedule``).
+This module is the base path, what every configuration runs: the queues, the
+request events (add, abort, finish), schedule() phase by phase as vLLM's
+Scheduler.schedule runs it (the RUNNING loop ``_schedule_running``, the
+WAITING loop ``_schedule_waiting``, then the plan and the advance of
+computed tokens ``_make_plan``: vLLM's SchedulerOutput and
+``_update_after_schedule``), and update() (vLLM's update_from_output). What a
+feature adds to it lives in a part of its own, each a mixin of SpecScheduler
+whose module docstring says where it enters the base path:
 
-Two options of SchedulerConfig change the rules, one spec for all four
-modes:
+- spec/gates.py: the admission gates (the pause state, the prefill cadence,
+  the watermark, LoRA, structured outputs), each off by default;
+- spec/encoder.py: the multimodal encoder, its budget and its cache;
+- spec/async_drafts.py: speculative decoding (``num_speculative_tokens``)
+  and async scheduling (``async_scheduling``, vLLM's AsyncScheduler), one
+  spec for all four modes;
+- spec/connector.py: the KV connector (``kv_connector``): external prefix
+  hits loaded within the admitting step or asynchronously
+  (WAITING_FOR_REMOTE_KVS, kv_holding_waiting), the worker's reports, blocks
+  kept by finished requests, and with async scheduling the deferred frees of
+  defer_block_free;
+- spec/kv_cache.py and spec/kv_groups.py: the paged KV pool with prefix
+  caching, and the KV cache groups (``kv_cache_groups``): one full-attention
+  group by default, or full-attention, sliding-window and chunked-local
+  attention groups drawing from one pool, each request with a table per
+  group (KVPool's coordinator methods: vLLM's KV cache coordinator).
 
-- ``num_speculative_tokens`` (k > 0): speculative decoding with the ngram
-  method, drafts supplied through StepResult.draft_token_ids. Drafts count in
-  ``num_tokens_with_spec`` and the token budget, rejected drafts roll
-  ``num_computed_tokens`` back, drafts are dropped on preemption, new decodes
-  are padded to 1 + k tokens.
-- ``async_scheduling``: vLLM's AsyncScheduler
-  (vllm/v1/core/sched/async_scheduler.py). One plan may be in flight when the
-  next is scheduled; its output tokens are counted as
-  ``num_output_placeholders`` (already in ``num_computed_tokens``) until its
-  update; a request preempted with a step in flight gets that step's output
-  as stale output (``num_stale_output_tokens``) and is not resumed before it
-  has drained.
+The named results the decisions hand each other are in spec/step_state.py.
+Rule coverage (spec/coverage.py): a branch names itself through one
+``self._rule("NAME")`` call, a decision with several named outcomes through
+a ``*_rules`` classifier next to it.
 
-The admission gates, each off by default (SchedulerConfig, RequestSpec):
-
-- the watermark: a waiting request is admitted only if ``watermark_blocks``
-  stay free (kv_cache_manager.py, KVCacheManager.allocate_slots);
-- the prefill cadence (``prefill_schedule_interval``): prefill is held until
-  the interval since the last prefill-carrying step has passed;
-- the pause state (``set_pause_state``): PAUSED_NEW admits nothing from the
-  waiting queue, PAUSED_ALL schedules nothing;
-- LoRA (``max_loras``): a waiting request whose adapter would exceed
-  max_loras distinct adapters is passed over; the adapter is part of its
-  blocks' prefix-cache keys;
-- structured outputs: a request waits for its grammar (``grammar_ready``)
-  and is passed over until it compiles; a failed compile finishes it with
-  FINISHED_ERROR; drafts are cut at the first token its grammar refuses;
-- the multimodal encoder (``max_num_encoder_input_tokens``,
-  ``encoder_cache_size``): which encoder inputs run in a step, the chunk cut
-  before an input that does not fit, and the encoder cache (KVPool's sibling
-  EncoderCache in spec/kv_cache.py).
-
-The KV cache groups (``kv_cache_groups``): one full-attention group by
-default, or full-attention and sliding-window groups drawing from one pool,
-each request with a table per group (spec/kv_groups.py, KVPool's coordinator
-methods in spec/kv_cache.py: vLLM's KV cache coordinator).
-
-The KV connector (``kv_connector``, spec/connector.py): external prefix hits
-loaded within the admitting step or asynchronously (WAITING_FOR_REMOTE_KVS,
-kv_holding_waiting), the worker's reports (loads done or failed, invalid
-blocks, saves done), blocks kept by finished requests, and with async
-scheduling the deferred frees of defer_block_free.
-
-The modelled configuration: no
-streaming (resumable) requests, no pipeline parallelism, no data
-parallelism, chunked multimodal inputs allowed (disable_chunked_mm_input
-off), every encoder placeholder an embedding, the V1 model runner.
+The modelled configuration: no streaming (resumable) requests, no pipeline
+parallelism, no data parallelism, the V1 model runner.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
 
+from schedspec.spec.async_drafts import AsyncDraftsMixin
+from schedspec.spec.connector import (
+    ConnectorMixin,
+    external_hit,
+    get_num_new_matched_tokens,
+    request_finished_delays_free,
+)
+from schedspec.spec.encoder import EncoderMixin, EncoderPlan
+from schedspec.spec.gates import GatesMixin
 from schedspec.spec.interface import (
-    BlockKey,
-    KVLoad,
     PauseState,
     Policy,
     RequestSpec,
@@ -82,76 +67,45 @@ from schedspec.spec.interface import (
     SchedulerView,
     StepPlan,
     StepResult,
-    is_legal_transition,
-)
-from schedspec.spec.connector import (
-    ConnectorMixin,
-    external_hit,
-    get_num_new_matched_tokens,
-    request_finished_delays_free,
 )
 from schedspec.spec.kv_cache import EncoderCache, KVPool
-from schedspec.spec.request_state import RequestState as _Request
 from schedspec.spec.kv_groups import GroupLayout
 from schedspec.spec.protocol import (
     check_abort,
     check_add,
     check_config,
-    check_grammar_ready,
     check_kv_reports,
     check_kv_reset,
     check_mm_lengths,
-    check_pause_state,
     check_reset,
     check_result,
     check_schedule,
 )
+from schedspec.spec.request_state import GrammarState, RequestState as _Request
 from schedspec.spec.rules import (
-    admission_blocks_needed,
     admission_chunk,
-    blocks_for_tokens,
     choose_victim,
     decode_padding,
     effective_threshold,
     max_hit_blocks,
-    num_scheduled_drafts,
     priority_key,
     running_chunk,
     stop_reason,
     surely_reaches_max_tokens,
 )
+from schedspec.spec.step_state import (
+    Admission,
+    AdmissionChunk,
+    PrefixHit,
+    RunningAllocation,
+    Scheduled,
+    StepState,
+)
 
 _new = object.__new__
 
 
-@dataclass
-class _StepState:
-    """What one schedule() call has decided so far (vLLM's locals of
-    Scheduler.schedule: ``token_budget``, ``num_scheduled_tokens``,
-    ``preempted_reqs``)."""
-
-    token_budget: int
-    threshold: int  # the long-prefill threshold in force this step (0 = off)
-    # request id -> (kind, computed before, scheduled, drafts verified);
-    # dict order = scheduling order
-    scheduled: dict[str, tuple[ScheduleKind, int, int, tuple[int, ...]]] = field(default_factory=dict)
-    preempted: list[str] = field(default_factory=list)
-    # vLLM's prefill_scheduled: a running request scheduled this step was
-    # continuing a prefill (its is_prefill_chunk from the previous schedule).
-    prefill_scheduled: bool = False
-    # The prefill cadence: hold prefill this step (defer_prefills); whether a
-    # waiting request was admitted with prompt left to compute.
-    defer_prefills: bool = False
-    prefill_admitted: bool = False
-    # LoRA: the adapters of the running queue and this step's admissions.
-    loras: set[int] = field(default_factory=set)
-    # The encoder: its compute budget left, and the inputs each scheduled
-    # request runs this step.
-    encoder_budget: int = 0
-    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
-
-
-class SpecScheduler(ConnectorMixin):
+class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
     """Implements spec.interface.Scheduler."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -270,42 +224,17 @@ class SpecScheduler(ConnectorMixin):
         if request.structured_output:
             # Request.__init__: a request with structured output starts
             # waiting for its grammar; _enqueue_waiting_request defers it
-            self.rules["grammar.wait_at_add"] += 1  # pragma: no mutate
+            self._rule("grammar.wait_at_add")  # pragma: no mutate
             req.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
             self.deferred.add(request.request_id)
         self.requests[request.request_id] = req
         self.waiting.append(request.request_id)
 
-    def set_pause_state(self, state: PauseState) -> None:
-        """set_pause_state: PAUSED_NEW stops admissions from the waiting queue
-        (only requests holding KV blocks for a KV connector's load, in
-        kv_holding_waiting, may be admitted), PAUSED_ALL schedules nothing;
-        UNPAUSED resumes."""
-        self.pause_state = check_pause_state(state)
-
-    def grammar_ready(self, request_id: str, ok: bool = True) -> None:
-        """The structured-output manager finished compiling the request's
-        grammar (vllm/v1/structured_output/__init__.py, StructuredOutputManager
-        grammar_init: ``structured_output_request.grammar`` is set, or an
-        Exception for a failed compile). The request stays waiting for its
-        grammar until the WAITING loop looks at it
-        (_handle_blocked_waiting_request)."""
-        req = self.requests.get(request_id) if isinstance(request_id, str) else None
-        check_grammar_ready(
-            request_id, ok, None if req is None else req.status,
-            reported=req is not None and req.grammar is not None,
-        )
-        assert req is not None
-        req.grammar = ok
-
     def abort(self, request_id: str) -> None:
         """finish_requests(request_id, FINISHED_ABORTED): any unfinished request,
         in any state; its blocks are freed at once."""
         req = check_abort(request_id, self.requests)
-        self.rules["abort.running"] += req.status == RequestStatus.RUNNING  # pragma: no mutate
-        self.rules["abort.waiting"] += req.status == RequestStatus.WAITING  # pragma: no mutate
-        self.rules["abort.preempted"] += req.status == RequestStatus.PREEMPTED  # pragma: no mutate
-        self.rules["grammar.abort_waiting"] += req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR  # pragma: no mutate
+        self._rules(abort_rules(req.status))  # pragma: no mutate
         self._finish_request(req, RequestStatus.FINISHED_ABORTED)
 
     def _finish_request(self, req: _Request, status: RequestStatus) -> None:
@@ -321,8 +250,7 @@ class SpecScheduler(ConnectorMixin):
             self._remove_waiting(rid)
         if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             delay = rid not in self.kv_loads_done
-            self.rules["connector.finish_during_load"] += delay  # pragma: no mutate
-            self.rules["connector.finish_after_load"] += not delay  # pragma: no mutate
+            self._rule("connector.finish_during_load" if delay else "connector.finish_after_load")  # pragma: no mutate
             self.kv_loads_done.discard(rid)
             self.kv_loads_failed.discard(rid)
         self._finish(req, status, delay)
@@ -337,11 +265,12 @@ class SpecScheduler(ConnectorMixin):
         rid = req.request_id
         self.inflight_prefills.discard(rid)
         if self._config.kv_connector:
-            # _connector_finished: blocks out of a sliding window are freed
-            # before the table goes to the connector (processed-token basis)
+            # _connector_finished: blocks out of a sliding window or before a
+            # local-attention chunk are freed before the table goes to the
+            # connector (processed-token basis)
             self.kv.remove_skipped_blocks(req, max(0, req.num_computed_tokens - req.num_in_flight_tokens))
         if self._config.kv_connector and request_finished_delays_free(req.spec.kv_save_async, status):
-            self.rules["connector.save_delays_free"] += 1  # pragma: no mutate
+            self._rule("connector.save_delays_free")  # pragma: no mutate
             delay_free_blocks = True
         self._free_encoder_refs(req)
         self.deferred.discard(rid)
@@ -352,12 +281,6 @@ class SpecScheduler(ConnectorMixin):
         else:
             self._free_request_blocks(req)
             self.finished[rid] = req.view()
-
-    def _free_encoder_refs(self, req: _Request) -> None:
-        """encoder_cache_manager.free(request): drop every encoder-cache
-        reference the request holds."""
-        if req.spec.mm_inputs:
-            self.encoder.free(req.request_id, [m.identifier for m in req.spec.mm_inputs])
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """reset_prefix_cache. With reset_running_requests, every running request
@@ -371,7 +294,7 @@ class SpecScheduler(ConnectorMixin):
             check_kv_reset(self._blocks_kept_after_reset())
         if reset_running_requests:
             while self.running:
-                self.rules["preempt.reset_running"] += 1  # pragma: no mutate
+                self._rule("preempt.reset_running")  # pragma: no mutate
                 self._preempt_request(self.requests[self.running.pop()], drop_stale_output=True)
         return self.kv.reset_prefix_cache()
 
@@ -422,7 +345,8 @@ class SpecScheduler(ConnectorMixin):
         ``num_lookahead_tokens`` (``num_tokens_need_slot``), at most
         max_model_len; only known tokens are cached (drafts and placeholders
         are not: ``min(..., request.num_tokens)``). First the blocks wholly
-        outside a sliding window are freed, on the processed-token basis
+        outside a sliding window, or wholly before the current chunk of a
+        chunked-local attention group, are freed, on the processed-token basis
         (computed tokens not in flight: remove_skipped_blocks), even when the
         allocation then fails; the blocks needed are summed over the KV cache
         groups (KVCacheCoordinator.get_num_blocks_to_allocate)."""
@@ -449,17 +373,11 @@ class SpecScheduler(ConnectorMixin):
         if not self.kv.enable_caching:
             return [[] for _ in self._config.groups]
         bs = self._config.block_size
-        hits, num_hit_tokens, uncached = self.kv.find_longest_cache_hit(
-            lambda i: req.block_key(i, bs), req.num_tokens - 1
-        )
-        req.shared_prefix_boundary = num_hit_tokens + uncached if uncached else 0
-        hit = num_hit_tokens // bs
-        full = max_hit_blocks(num_tokens=req.num_tokens, block_size=bs)
-        self.rules["kv.miss"] += full > 0 and not hit  # pragma: no mutate
-        self.rules["kv.hit_partial"] += 0 < hit < full  # pragma: no mutate
-        self.rules["kv.hit_full"] += 0 < hit == full  # pragma: no mutate
-        self.rules["kv.hit_capped"] += 0 < hit == full and req.num_tokens % bs == 0  # pragma: no mutate
-        return hits
+        hit = self.kv.find_longest_cache_hit(lambda i: req.block_key(i, bs), req.num_tokens - 1)
+        if hit.num_uncached_tokens:
+            req.shared_prefix_boundary = hit.num_tokens + hit.num_uncached_tokens
+        self._rules(prefix_hit_rules(hit.num_tokens, req.num_tokens, bs))  # pragma: no mutate
+        return hit.blocks
 
     def _allocate_admission(
         self, req: _Request, hit: list[list[int]], n: int, computed: int, load_async: bool = False, reserved: int = 0
@@ -486,29 +404,29 @@ class SpecScheduler(ConnectorMixin):
 
         def fits(target_tokens: int, headroom: int, cap: bool = False) -> bool:
             # summed over the KV cache groups; the full-sequence gate caps a
-            # sliding-window group at its admission cap (apply_admission_cap)
+            # sliding-window or chunked-local group at its admission cap
+            # (apply_admission_cap)
             need = self.kv.get_num_blocks_to_allocate(req, target_tokens, hit, computed, cap)
             return need + headroom <= self.kv.num_free
 
         def held_by_watermark(target_tokens: int, cap: bool = False) -> bool:
-            return watermark > 0 and fits(target_tokens, 0, cap)
+            # rule coverage only: the blocks would fit but for the watermark
+            return watermark > 0 and fits(target_tokens, 0, cap)  # pragma: no mutate
 
         full = min(req.num_tokens, cfg.max_model_len)
         if cfg.scheduler_reserve_full_isl and not fits(full, watermark, True):
-            self.rules["admit.blocked_full_sequence"] += 1  # pragma: no mutate
-            self.rules["watermark.blocked_full_sequence"] += held_by_watermark(full, True)  # pragma: no mutate
+            self._rules(blocked_admission_rules(True, held_by_watermark(full, True)))  # pragma: no mutate
             return False
-        # blocks wholly outside a sliding window (a promoted load's) are freed
-        # before the count (allocate_slots -> remove_skipped_blocks)
+        # blocks wholly outside a sliding window or before a local-attention
+        # chunk (a promoted load's) are freed before the count
+        # (allocate_slots -> remove_skipped_blocks)
         self.kv.remove_skipped_blocks(req, max(0, computed - req.num_in_flight_tokens))
         lookahead = 0 if load_async else cfg.num_lookahead_tokens
         target = min(computed + n + lookahead, cfg.max_model_len)
         if not fits(target, watermark + reserved):
-            self.rules["admit.blocked_blocks"] += 1  # pragma: no mutate
-            self.rules["watermark.blocked"] += held_by_watermark(target)  # pragma: no mutate
-            self.rules["connector.load_blocked_reserve"] += reserved > 0 and fits(target, watermark)  # pragma: no mutate
+            self._rules(blocked_admission_rules(False, held_by_watermark(target), reserved > 0 and fits(target, watermark)))  # pragma: no mutate
             return False
-        self.rules["watermark.admitted"] += watermark > 0  # pragma: no mutate
+        self._rule("watermark.admitted", watermark > 0)  # pragma: no mutate
         if any(hit) or num_external > 0:
             # every group takes its hit, then the external tokens' blocks
             # (KVCacheCoordinator.allocate_new_computed_blocks)
@@ -531,55 +449,28 @@ class SpecScheduler(ConnectorMixin):
             num_running=len(self.running),
             num_waiting=len(self.waiting) + len(self.kv_holding),  # get_request_counts
         )
-        st = _StepState(
+        st = StepState(
             token_budget=cfg.max_num_batched_tokens,
             threshold=threshold,
             encoder_budget=cfg.max_num_encoder_input_tokens,
             defer_prefills=self._defer_prefills(),
         )
         if self.pause_state == PauseState.PAUSED_ALL:
-            self.rules["pause.all_empty_step"] += 1  # pragma: no mutate
+            self._rule("pause.all_empty_step")  # pragma: no mutate
             st.token_budget = 0  # "Do not schedule any requests when paused."
-        self.rules["schedule.threshold_active"] += threshold > 0  # pragma: no mutate
+        self._rule("schedule.threshold_active", threshold > 0)  # pragma: no mutate
         self._schedule_running(st)
         # The LoRA adapters of every running request, scheduled this step or not
         st.loras = {r.spec.lora_id for r in map(self.requests.__getitem__, self.running) if r.spec.lora_id > 0}
         assert not cfg.max_loras or len(st.loras) <= cfg.max_loras
-        self.rules["schedule.waiting_skipped"] += len(st.preempted) > 0 and len(self.waiting) + len(self.kv_holding) > 0  # pragma: no mutate
+        self._rule("schedule.waiting_skipped", len(st.preempted) > 0 and len(self.waiting) + len(self.kv_holding) > 0)  # pragma: no mutate
         if not st.preempted and self.pause_state != PauseState.PAUSED_ALL:
             self._schedule_waiting(st)
         assert len(self.running) <= cfg.max_num_seqs
         self._advance_cadence(st)
         return self._make_plan(st)
 
-    def _defer_prefills(self) -> bool:
-        """The local prefill cadence (schedule(), "Local prefill cadence"):
-        with prefill_schedule_interval > 1, hold prefill in this step when
-        fewer than the interval executed steps have passed since the last
-        prefill-carrying step (counting this one), some running request is
-        decoding, and the last release did not leave the waiting queue
-        backed up (prefill_capacity_bound)."""
-        interval = self._config.prefill_schedule_interval
-        hold = (
-            interval > 1
-            and not self.prefill_capacity_bound
-            and (self.num_executed_steps + 1) - self.last_prefill_step < interval
-            and any(not self.requests[r].is_prefill_chunk for r in self.running)
-        )
-        self.rules["cadence.hold"] += hold  # pragma: no mutate
-        return hold
-
-    def _advance_cadence(self, st: _StepState) -> None:
-        """The end of schedule(): a step that scheduled tokens counts as
-        executed; one that carried prefill (a running chunk or an admission
-        with prompt left) restarts the cadence interval."""
-        if st.scheduled:
-            self.num_executed_steps += 1
-        if self._config.prefill_schedule_interval > 1 and (st.prefill_scheduled or st.prefill_admitted):
-            self.rules["cadence.restart"] += 1  # pragma: no mutate
-            self.last_prefill_step = self.num_executed_steps
-
-    def _schedule_running(self, st: _StepState) -> None:
+    def _schedule_running(self, st: StepState) -> None:
         """Phase 1, the RUNNING loop: each running request in queue order gets
         its next chunk, preempting others (or itself) when the pool is short."""
         cfg = self._config
@@ -592,11 +483,11 @@ class SpecScheduler(ConnectorMixin):
                 num_prompt_tokens=len(req.spec.prompt_token_ids),
                 max_tokens=req.spec.max_tokens,
             ):
-                self.rules["running.skip_max_tokens_in_flight"] += 1  # pragma: no mutate
+                self._rule("running.skip_max_tokens_in_flight")  # pragma: no mutate
                 i += 1  # async: the steps in flight finish it ("continue" in vLLM)
                 continue
             if st.defer_prefills and req.is_prefill_chunk:
-                self.rules["cadence.running_chunk_held"] += 1  # pragma: no mutate
+                self._rule("cadence.running_chunk_held")  # pragma: no mutate
                 i += 1  # a prefill chunk waits for a cadence-aligned step
                 continue
             n = running_chunk(
@@ -608,98 +499,70 @@ class SpecScheduler(ConnectorMixin):
                 num_spec_tokens=len(req.spec_token_ids),
                 num_output_placeholders=req.num_output_placeholders,
             )
-            wanted = n
-            enc_inputs, n, enc_budget, enc_dups = self._schedule_encoder_inputs(
-                req, req.num_computed_tokens, n, st.encoder_budget
-            )
-            if n == 0:
-                self.rules["running.skip_no_tokens"] += wanted == 0  # pragma: no mutate
-                self.rules["encoder.running_no_token"] += wanted > 0  # pragma: no mutate
+            enc = self._schedule_encoder_inputs(req, req.num_computed_tokens, n, st.encoder_budget)
+            if enc.num_tokens == 0:
+                # nothing to compute, or an encoder input that does not fit
+                # starts the chunk (running_chunk: n >= 0)
+                self._rule("running.skip_no_tokens" if n == 0 else "encoder.running_no_token")  # pragma: no mutate
                 i += 1  # skipped, not a stop ("continue" in vLLM)
                 continue
-            allocated, i = self._allocate_or_preempt(st, req, n, i)
-            if not allocated:
+            n = enc.num_tokens
+            allocation = self._allocate_or_preempt(st, req, n, i)
+            i = allocation.index
+            if not allocation.allocated:
                 if cfg.policy == Policy.PRIORITY and req.status == RequestStatus.PREEMPTED:
-                    self.rules["running.self_preempted_continue"] += 1  # pragma: no mutate
+                    self._rule("running.self_preempted_continue")  # pragma: no mutate
                     continue  # it preempted itself; later requests may still fit
-                self.rules["running.self_preempted_break"] += 1  # pragma: no mutate
+                self._rule("running.self_preempted_break")  # pragma: no mutate
                 return  # vLLM: break out of the RUNNING loop
-            self.rules["running.scheduled"] += 1  # pragma: no mutate
-            self.rules["running.prefill_chunk"] += (  # pragma: no mutate
-                req.num_computed_tokens + n < req.num_tokens + req.num_output_placeholders
-            )
+            self._rules(running_scheduled_rules(req.num_computed_tokens + n, req.num_tokens + req.num_output_placeholders))  # pragma: no mutate
             st.prefill_scheduled |= req.is_prefill_chunk
             drafts = self._take_drafts(req, n)
-            st.scheduled[req.request_id] = (ScheduleKind.RUNNING, req.num_computed_tokens, n, drafts)
+            st.scheduled[req.request_id] = Scheduled(ScheduleKind.RUNNING, req.num_computed_tokens, n, drafts)
             st.token_budget -= n
-            self._commit_encoder_inputs(st, req, enc_inputs, enc_budget, enc_dups)
+            self._commit_encoder_inputs(st, req, enc)
             i += 1
-        self.rules["running.stop_budget"] += i < len(self.running)  # pragma: no mutate
+        self._rule("running.stop_budget", i < len(self.running))  # pragma: no mutate
 
-    def _take_drafts(self, req: _Request, n: int) -> tuple[int, ...]:
-        """The drafts a running request verifies in a step of ``n`` tokens: as
-        many of its drafts as the step reaches past its known and in-flight
-        tokens (``scheduled_spec_decode_tokens``). Scheduling consumes them
-        all (``request.spec_token_ids = []``): the next ones come from
-        update_draft_token_ids, or, with async scheduling, as placeholders
-        after this schedule (scheduler.py, schedule(), the RUNNING loop,
-        "Speculative decode related")."""
-        if not req.spec_token_ids:
-            return ()
-        m = num_scheduled_drafts(
-            num_new_tokens=n,
-            num_computed=req.num_computed_tokens,
-            num_tokens=req.num_tokens,
-            num_output_placeholders=req.num_output_placeholders,
-            num_drafts=len(req.spec_token_ids),
-        )
-        self.rules["spec.drafts_scheduled"] += m > 0  # pragma: no mutate
-        self.rules["spec.drafts_cut"] += 0 < m < len(req.spec_token_ids)  # pragma: no mutate
-        self.rules["spec.drafts_unscheduled"] += m == 0  # pragma: no mutate
-        drafts = tuple(req.spec_token_ids[:m])
-        req.spec_token_ids = []
-        return drafts
-
-    def _allocate_or_preempt(self, st: _StepState, req: _Request, n: int, i: int) -> tuple[bool, int]:
+    def _allocate_or_preempt(self, st: StepState, req: _Request, n: int, i: int) -> RunningAllocation:
         """allocate_slots for ``req`` (at index ``i`` of the running queue); while
         it fails, preempt the lowest-priority running request and retry. A
         victim already scheduled this step gives its budget back (PRIORITY
-        only). Returns whether ``req`` got its blocks (False once it preempted
-        itself) and its index after the victims left the queue. Such a victim's
+        only). ``req`` may end up preempting itself, or stop at a victim whose
+        blocks cannot be freed yet (defer_block_free). Such a victim's
         blocks keep the keys its allocate_slots gave them this step although
         no step computes their KV, so its resume can hit them: vLLM 0.33 does
         the same (docs/divergences.md, "vLLM behaviours found")."""
         while not self._allocate_running(req, n):
-            keys = [self._priority_key(r)[:2] for r in self.running]
+            keys = [(r.spec.priority, r.spec.arrival) for r in map(self.requests.__getitem__, self.running)]
             v = choose_victim(policy=self._config.policy, running_keys=keys)
             if not self._blocks_can_be_freed(self.requests[self.running[v]]):
                 # defer_block_free: "A deferred free will not help with
                 # immediate allocation." (break)
-                self.rules["connector.victim_in_flight"] += 1  # pragma: no mutate
-                return False, i
-            self.rules["preempt.fcfs_tail"] += self._config.policy == Policy.FCFS  # pragma: no mutate
-            self.rules["preempt.priority_victim"] += self._config.policy == Policy.PRIORITY  # pragma: no mutate
+                self._rule("connector.victim_in_flight")  # pragma: no mutate
+                return RunningAllocation(allocated=False, index=i)
+            self._rule("preempt.fcfs_tail" if self._config.policy == Policy.FCFS else "preempt.priority_victim")  # pragma: no mutate
             victim = self.requests[self.running.pop(v)]
             if v < i:
-                self.rules["preempt.victim_ahead"] += 1  # pragma: no mutate
+                self._rule("preempt.victim_ahead")  # pragma: no mutate
                 i -= 1
             if victim.request_id in st.scheduled:
-                self.rules["preempt.budget_give_back"] += 1  # pragma: no mutate
-                st.token_budget += st.scheduled.pop(victim.request_id)[2]
+                self._rule("preempt.budget_give_back")  # pragma: no mutate
+                st.token_budget += st.scheduled.pop(victim.request_id).num_scheduled_tokens
                 given_back = st.encoder_inputs.pop(victim.request_id, [])
                 # its encoder inputs give their embeddings back to the budget
-                self.rules["encoder.budget_given_back"] += len(given_back) > 0  # pragma: no mutate
+                self._rule("encoder.budget_given_back", len(given_back) > 0)  # pragma: no mutate
                 st.encoder_budget += sum(victim.spec.mm_inputs[j].length for j in given_back)
             # requires_kv_delivery (kv_both is a producer): the victim's
             # in-flight output is dropped, not delivered
             self._preempt_request(victim, drop_stale_output=self._config.kv_connector)
             st.preempted.append(victim.request_id)
             if victim is req:
-                self.rules["preempt.self"] += 1  # pragma: no mutate
-                return False, i
-        return True, i
+                self._rule("preempt.self")  # pragma: no mutate
+                return RunningAllocation(allocated=False, index=i)
+        return RunningAllocation(allocated=True, index=i)
 
-    def _schedule_waiting(self, st: _StepState) -> None:
+    def _schedule_waiting(self, st: StepState) -> None:
         """Phase 2, the WAITING loop (only in a step that preempted nobody):
         admit from the head of kv_holding_waiting (requests holding KV blocks,
         drained first and the only ones admitted under PAUSED_NEW), then of
@@ -708,7 +571,8 @@ class SpecScheduler(ConnectorMixin):
         (head-of-line). A request passed over (skip_request) leaves its queue
         for the step and is put back at its head after the loop, into
         kv_holding_waiting if it now holds blocks."""
-        skipped: tuple[list[str], list[str]] = ([], [])  # step_skipped_kv_holding, step_skipped_waiting
+        skipped_holding: list[str] = []  # step_skipped_kv_holding
+        skipped_waiting: list[str] = []  # step_skipped_waiting
         stopped = False
         while st.token_budget > 0:
             queue = self.kv_holding
@@ -716,28 +580,28 @@ class SpecScheduler(ConnectorMixin):
                 queue = self.waiting
             if not queue:
                 # PAUSED_NEW: nothing but requests holding KV blocks is admitted
-                self.rules["pause.new_no_admission"] += bool(self.waiting)  # pragma: no mutate
+                self._rule("pause.new_no_admission", bool(self.waiting))  # pragma: no mutate
                 stopped = bool(self.waiting)
                 break
             if len(self.running) >= self._config.max_num_seqs:
-                self.rules["waiting.stop_max_num_seqs"] += 1  # pragma: no mutate
+                self._rule("waiting.stop_max_num_seqs")  # pragma: no mutate
                 stopped = True
                 break
             req = self.requests[self._queue_order(queue)[0]]
-            admitted = None if self._pass_over(st, req) else self._admit(st, req, queue)
-            if admitted is None:
+            outcome = Admission.PASSED_OVER if self._pass_over(st, req) else self._admit(st, req, queue)
+            if outcome is Admission.PASSED_OVER:
                 # skip_request: it stays deferred until admitted
                 queue.remove(req.request_id)
                 self.deferred.add(req.request_id)
-                skipped[0 if self._holds_kv_blocks(req) else 1].append(req.request_id)
+                (skipped_holding if self._holds_kv_blocks(req) else skipped_waiting).append(req.request_id)
                 continue
-            if not admitted:
+            if outcome is Admission.STOPS_LOOP:
                 stopped = True
                 break  # head-of-line: nothing behind it is tried
         if not stopped:
-            self.rules["waiting.stop_budget"] += bool(self.waiting or self.kv_holding)  # pragma: no mutate
-        self.kv_holding[:0] = skipped[0]
-        self.waiting[:0] = skipped[1]
+            self._rule("waiting.stop_budget", bool(self.waiting or self.kv_holding))  # pragma: no mutate
+        self.kv_holding[:0] = skipped_holding
+        self.waiting[:0] = skipped_waiting
         if not st.defer_prefills:
             # a release step records whether it left the queue backed up
             self.prefill_capacity_bound = len(self.waiting) + len(self.kv_holding) > len(self.deferred)
@@ -748,7 +612,7 @@ class SpecScheduler(ConnectorMixin):
         promoted load) or loading holds blocks."""
         return req.num_computed_tokens > 0 or req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
-    def _pass_over(self, st: _StepState, req: _Request) -> bool:
+    def _pass_over(self, st: StepState, req: _Request) -> bool:
         """The WAITING loop's checks before the prefix lookup that pass the
         request over (skip_request) instead of stopping the loop: a load not
         reported yet, a grammar still compiling or failed
@@ -758,90 +622,102 @@ class SpecScheduler(ConnectorMixin):
         cfg = self._config
         if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             if req.request_id not in self.kv_loads_done:
-                self.rules["connector.skip_loading"] += 1  # pragma: no mutate
+                self._rule("connector.skip_loading")  # pragma: no mutate
                 return True
             self._update_waiting_for_remote_kv(req)
         if req.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
-            if req.grammar is None:
-                self.rules["grammar.skip_compiling"] += 1  # pragma: no mutate
+            if req.grammar is GrammarState.COMPILING:
+                self._rule("grammar.skip_compiling")  # pragma: no mutate
                 return True
-            if req.grammar is False:
+            if req.grammar is GrammarState.FAILED:
                 # grammar_compile_error_reqs: finished at the next update
-                self.rules["grammar.compile_error"] += 1  # pragma: no mutate
+                self._rule("grammar.compile_error")  # pragma: no mutate
                 self.grammar_errors.add(req.request_id)
                 return True
-            self.rules["grammar.ready"] += 1  # pragma: no mutate
+            self._rule("grammar.ready")  # pragma: no mutate
             req.set_status(RequestStatus.WAITING)
         if req.num_stale_output_tokens and not req.drop_stale_output:
             # Async scheduling: output of a step in flight when it was
             # preempted will still be delivered; resuming now could resample
             # a position that output fills.
-            self.rules["waiting.skip_stale_output"] += 1  # pragma: no mutate
+            self._rule("waiting.skip_stale_output")  # pragma: no mutate
             return True
         lora = req.spec.lora_id
         if cfg.max_loras and lora and len(st.loras) == cfg.max_loras and lora not in st.loras:
             # "Scheduling would exceed max_loras, skip."
-            self.rules["lora.skip_max_loras"] += 1  # pragma: no mutate
+            self._rule("lora.skip_max_loras")  # pragma: no mutate
             return True
-        self.rules["lora.admitted_adapter"] += lora > 0  # pragma: no mutate
+        self._rule("lora.admitted_adapter", lora > 0)  # pragma: no mutate
         return False
 
-    def _prefix_lookup(self, req: _Request) -> tuple[list[list[int]], int, int, bool]:
+    def _prefix_lookup(self, req: _Request) -> PrefixHit:
         """The WAITING loop's lookup for a request with nothing computed: the
         local prefix hit (_get_local_prefix_cache_hit), then, with a KV
         connector, the external tokens it offers beyond the block-aligned
-        local hit (get_num_new_matched_tokens) under the partial-tail rules.
-        Returns the hit blocks, the tokens computed (local + external), the
-        external tokens, and whether they load asynchronously."""
+        local hit (get_num_new_matched_tokens) under the partial-tail rules."""
         cfg = self._config
         hit = self._get_computed_blocks(req)
         local = len(hit[0]) * cfg.block_size
         if not cfg.kv_connector:
-            return hit, local, 0, False
+            return PrefixHit(hit, local)
         aligned = local - local % cfg.block_size
-        offered, load_async = get_num_new_matched_tokens(req.spec.kv_external_tokens, req.spec.kv_load_async, aligned)
-        local, ext, load_async = external_hit(local, cfg.block_size, offered, load_async)
-        self.rules["connector.external_hit"] += ext > 0  # pragma: no mutate
-        self.rules["connector.external_within_local"] += 0 < req.spec.kv_external_tokens <= aligned  # pragma: no mutate
-        assert local + ext <= req.num_tokens
-        return hit, local + ext, ext, load_async
+        offer = get_num_new_matched_tokens(req.spec.kv_external_tokens, req.spec.kv_load_async, aligned)
+        taken = external_hit(local, cfg.block_size, offer.num_external_tokens, offer.load_async)
+        self._rules(external_tokens_rules(taken.num_external_tokens, req.spec.kv_external_tokens, aligned))  # pragma: no mutate
+        assert taken.num_local_tokens + taken.num_external_tokens <= req.num_tokens
+        return PrefixHit(hit, taken.num_local_tokens + taken.num_external_tokens, taken.num_external_tokens,
+                         taken.load_async)
 
-    def _admit(self, st: _StepState, req: _Request, queue: list[str]) -> bool | None:
+    def _admit(self, st: StepState, req: _Request, queue: list[str]) -> Admission:
         """One admission of the WAITING loop: the prefix hit (local and
         external), the chunk past it, the encoder inputs, the blocks; then the
-        request moves to the running queue as NEW or RESUMED. False when it
-        cannot be admitted and the loop stops, None when it is passed over (an
-        encoder input leaves it no token this step, or an asynchronous load
-        starts); nothing else changes then, but for the encoder cache as vLLM
-        leaves it. A request whose load was promoted keeps its blocks and
-        computed tokens ("WAITING reqs have num_computed_tokens > 0 after
-        async KV recvs are completed")."""
+        request starts running (``_start_running``). It stops the loop when it
+        cannot be admitted, and is passed over when an encoder input leaves it
+        no token this step or an asynchronous load starts; nothing else
+        changes then, but for the encoder cache as vLLM leaves it. A request
+        whose load was promoted keeps its blocks and computed tokens
+        ("WAITING reqs have num_computed_tokens > 0 after async KV recvs are
+        completed")."""
         if req.num_computed_tokens == 0:
             # a promoted load of a one-token prompt keeps its block with
             # nothing computed (num_tokens - 1 = 0): it is looked up again,
             # and the stateless connector offers the token again
-            self.rules["connector.reload_held"] += bool(req.blocks)  # pragma: no mutate
-            hit, computed, ext, load_async = self._prefix_lookup(req)
+            self._rule("connector.reload_held", bool(req.blocks))  # pragma: no mutate
+            hit = self._prefix_lookup(req)
         else:
-            self.rules["connector.admit_loaded"] += 1  # pragma: no mutate
-            hit, computed, ext, load_async = [[] for _ in self._config.groups], req.num_computed_tokens, 0, False
-        if load_async:
-            return self._start_async_load(req, hit, computed, ext)
+            self._rule("connector.admit_loaded")  # pragma: no mutate
+            hit = PrefixHit([[] for _ in self._config.groups], req.num_computed_tokens)
+        if hit.load_async:
+            return self._start_async_load(req, hit)
+        computed = hit.num_computed_tokens
         if st.defer_prefills and computed < req.num_tokens - 1:
-            self.rules["cadence.admission_held"] += 1  # pragma: no mutate
-            return False  # "defer this step's local prefill compute" (break)
-        n, drafts = self._admission_tokens(st, req, computed)
-        if n == 0:
-            return False
-        enc_inputs, n, enc_budget, enc_dups = self._schedule_encoder_inputs(req, computed, n, st.encoder_budget)
-        if n == 0:
-            self.rules["encoder.admission_passed_over"] += 1  # pragma: no mutate
-            return None  # "Requeue it so it does not stall the requests behind it."
-        if not self._allocate_admission(req, hit, n, computed):
+            self._rule("cadence.admission_held")  # pragma: no mutate
+            return Admission.STOPS_LOOP  # "defer this step's local prefill compute" (break)
+        chunk = self._admission_tokens(st, req, computed)
+        if chunk.num_tokens == 0:
+            return Admission.STOPS_LOOP
+        enc = self._schedule_encoder_inputs(req, computed, chunk.num_tokens, st.encoder_budget)
+        if enc.num_tokens == 0:
+            self._rule("encoder.admission_passed_over")  # pragma: no mutate
+            return Admission.PASSED_OVER  # "Requeue it so it does not stall the requests behind it."
+        if not self._allocate_admission(req, hit.blocks, enc.num_tokens, computed):
             self._free_encoder_refs(req)  # "untouch the request from the encode cache manager"
-            return False  # head-of-line: nothing behind it is tried
-        self._record_load(req, computed - ext, ext, asynchronous=False)
-        rid = req.request_id
+            return Admission.STOPS_LOOP  # head-of-line: nothing behind it is tried
+        self._start_running(st, req, queue, hit, enc, chunk.spec_token_ids)
+        return Admission.ADMITTED
+
+    def _start_running(
+        self, st: StepState, req: _Request, queue: list[str], hit: PrefixHit, enc: EncoderPlan,
+        drafts: tuple[int, ...],
+    ) -> None:
+        """An admitted request leaves its waiting queue for the running queue,
+        NEW or RESUMED (after a preemption), scheduled this step for the
+        chunk ``enc`` left it past its hit; its adapter joins the step's
+        LoRA adapters, a synchronous load of the connector's tokens is
+        recorded, and a request with prompt left joins the in-flight
+        prefills (schedule(), the end of the WAITING loop's body)."""
+        computed, n, rid = hit.num_computed_tokens, enc.num_tokens, req.request_id
+        self._record_load(req, computed - hit.num_external_tokens, hit.num_external_tokens, asynchronous=False)
         self.deferred.discard(rid)
         if req.spec.lora_id:
             st.loras.add(req.spec.lora_id)
@@ -849,43 +725,40 @@ class SpecScheduler(ConnectorMixin):
         queue.remove(rid)
         self.running.append(rid)
         kind = ScheduleKind.NEW if req.status == RequestStatus.WAITING else ScheduleKind.RESUMED
-        self.rules["admit.new"] += kind == ScheduleKind.NEW  # pragma: no mutate
-        self.rules["admit.resumed"] += kind == ScheduleKind.RESUMED  # pragma: no mutate
-        self.rules["admit.prefill_chunk"] += computed + n < req.num_tokens  # pragma: no mutate
+        self._rules(admission_rules(kind, computed + n, req.num_tokens))  # pragma: no mutate
         if self._config.kv_connector and computed + n < req.num_tokens:
             self.inflight_prefills.add(rid)
         req.set_status(RequestStatus.RUNNING)
         req.num_computed_tokens = computed
-        st.scheduled[rid] = (kind, computed, n, drafts)
+        st.scheduled[rid] = Scheduled(kind, computed, n, drafts)
         st.token_budget -= n
-        self._commit_encoder_inputs(st, req, enc_inputs, enc_budget, enc_dups)
-        return True
+        self._commit_encoder_inputs(st, req, enc)
 
-    def _start_async_load(self, req: _Request, hit: list[list[int]], computed: int, ext: int) -> bool | None:
+    def _start_async_load(self, req: _Request, hit: PrefixHit) -> Admission:
         """An asynchronous load starts (schedule(), ``load_kv_async``):
         blocks for the local hit and the external tokens, no new work and no
         lookahead slots, leaving the in-flight prefills' reservation free;
         the request becomes WAITING_FOR_REMOTE_KVS with the loaded tokens
         counted computed, joins the in-flight prefills, and is passed over
-        (skip_request, into kv_holding_waiting). False when the blocks do not
-        fit (the loop stops)."""
-        if not self._allocate_admission(req, hit, 0, computed, load_async=True, reserved=self._async_load_reserve()):
+        (skip_request, into kv_holding_waiting). It stops the loop when the
+        blocks do not fit."""
+        computed = hit.num_computed_tokens
+        if not self._allocate_admission(req, hit.blocks, 0, computed, load_async=True,
+                                        reserved=self._async_load_reserve()):
             self._free_encoder_refs(req)
-            return False
-        self._record_load(req, computed - ext, ext, asynchronous=True)
+            return Admission.STOPS_LOOP
+        self._record_load(req, computed - hit.num_external_tokens, hit.num_external_tokens, asynchronous=True)
         req.set_status(RequestStatus.WAITING_FOR_REMOTE_KVS)
         req.num_computed_tokens = computed
         self.inflight_prefills.add(req.request_id)
-        return None
+        return Admission.PASSED_OVER
 
-    def _admission_tokens(
-        self, st: _StepState, req: _Request, num_hit_tokens: int
-    ) -> tuple[int, tuple[int, ...]]:
+    def _admission_tokens(self, st: StepState, req: _Request, num_hit_tokens: int) -> AdmissionChunk:
         """The tokens an admission schedules past its prefix hit, and its
         drafts: a padded decode of 1 + k tokens with k placeholder drafts, or
-        the prompt chunk the threshold and the budget allow. 0 when the loop
-        stops (the padding or, with chunked prefill off, the prompt does not
-        fit the budget)."""
+        the prompt chunk the threshold and the budget allow. 0 tokens when
+        the loop stops (the padding or, with chunked prefill off, the prompt
+        does not fit the budget)."""
         cfg = self._config
         padded: int | None = req.num_tokens - num_hit_tokens
         if cfg.num_speculative_tokens and padded == 1:
@@ -894,110 +767,29 @@ class SpecScheduler(ConnectorMixin):
                 num_computed=num_hit_tokens,
                 num_spec_tokens=cfg.num_speculative_tokens,
                 prefill_scheduled=st.prefill_scheduled,
-                running_scheduled=any(e[0] == ScheduleKind.RUNNING for e in st.scheduled.values()),
+                running_scheduled=st.running_scheduled(),
                 max_model_len=cfg.max_model_len,
                 token_budget=st.token_budget,
             )
         if padded is None:
-            self.rules["admit.blocked_padding"] += 1  # pragma: no mutate
-            return 0, ()  # vLLM: "Prefer to not schedule than schedule un-padded" (break)
-        drafts: tuple[int, ...] = ()
+            self._rule("admit.blocked_padding")  # pragma: no mutate
+            return AdmissionChunk(0)  # vLLM: "Prefer to not schedule than schedule un-padded" (break)
         if padded > req.num_tokens - num_hit_tokens:
             # a padded decode: 1 + k tokens, the k drafts placeholders (-1)
-            self.rules["admit.padded_decode"] += 1  # pragma: no mutate
-            n = padded
-            drafts = (-1,) * cfg.num_speculative_tokens
-        else:
-            n = admission_chunk(
-                num_tokens=req.num_tokens,
-                num_hit_tokens=num_hit_tokens,
-                threshold=st.threshold,
-                token_budget=st.token_budget,
-                chunked_prefill=cfg.enable_chunked_prefill,
-            )
-        if n == 0:
-            self.rules["admit.blocked_chunking_off"] += 1  # pragma: no mutate
-        return n, drafts  # 0: chunked prefill off and the prompt does not fit the budget
+            self._rule("admit.padded_decode")  # pragma: no mutate
+            return AdmissionChunk(padded, (-1,) * cfg.num_speculative_tokens)
+        n = admission_chunk(
+            num_tokens=req.num_tokens,
+            num_hit_tokens=num_hit_tokens,
+            threshold=st.threshold,
+            token_budget=st.token_budget,
+            chunked_prefill=cfg.enable_chunked_prefill,
+        )
+        # 0: chunked prefill off and the prompt does not fit the budget
+        self._rule("admit.blocked_chunking_off", n == 0)  # pragma: no mutate
+        return AdmissionChunk(n)
 
-    # ------------------------------------------------------------------ encoder
-
-    def _schedule_encoder_inputs(
-        self, req: _Request, num_computed: int, n: int, budget: int
-    ) -> tuple[list[int], int, int, list[int]]:
-        """_try_schedule_encoder_inputs: of the request's encoder inputs that
-        overlap this step's tokens ``num_computed .. num_computed + n - 1``
-        (get_mm_features_in_window), in order: one whose identifier this step
-        already runs for the request is a duplicate; a cached one is reused
-        (the request takes a reference); the first that does not fit the
-        encoder budget or the cache (can_allocate, which evicts freeable
-        entries to make room) stops the scan and cuts the chunk just before
-        it, or to nothing when the chunk starts inside it. Returns the inputs
-        to run, the chunk, the budget left after them, the duplicates."""
-        mm = req.spec.mm_inputs
-        if n == 0 or not mm:
-            return [], n, budget, []
-        rid = req.request_id
-        to_run: list[int] = []
-        duplicates: list[int] = []
-        running_now: set[str] = set()
-        num_embeds = 0
-        end = num_computed + n
-        for i, m in enumerate(mm):
-            if m.end <= num_computed or m.offset >= end:
-                continue  # outside the window
-            if m.identifier in running_now:
-                self.rules["encoder.duplicate_input"] += 1  # pragma: no mutate
-                duplicates.append(i)
-                continue
-            if self.encoder.check_and_update_cache(rid, i, m.identifier):
-                self.rules["encoder.cache_hit"] += 1  # pragma: no mutate
-                continue
-            num_freed = len(self.encoder.freed)
-            fits = self.encoder.can_allocate(m.length, budget, num_embeds)
-            self.rules["encoder.evicted"] += len(self.encoder.freed) > num_freed  # pragma: no mutate
-            if not fits:
-                if num_computed < m.offset:
-                    self.rules["encoder.chunk_cut"] += 1  # pragma: no mutate
-                    n = min(n, m.offset - num_computed)
-                else:
-                    self.rules["encoder.blocked_inside"] += 1  # pragma: no mutate
-                    n = 0
-                break
-            num_embeds += m.length
-            budget -= m.length
-            running_now.add(m.identifier)
-            to_run.append(i)
-        return to_run, n, budget, duplicates
-
-    def _commit_encoder_inputs(
-        self, st: _StepState, req: _Request, inputs: list[int], budget: int, duplicates: list[int]
-    ) -> None:
-        """A scheduled request's encoder inputs run: the budget is spent and
-        each takes its cache space (_allocate_encoder_inputs); a duplicate
-        takes a reference to the entry its twin allocates."""
-        if not inputs:
-            return
-        self.rules["encoder.scheduled"] += 1  # pragma: no mutate
-        st.encoder_inputs[req.request_id] = inputs
-        st.encoder_budget = budget
-        mm = req.spec.mm_inputs
-        for i in inputs:
-            self.encoder.allocate(req.request_id, i, mm[i].identifier, mm[i].length)
-        for i in duplicates:
-            self.encoder.check_and_update_cache(req.request_id, i, mm[i].identifier)
-
-    def _free_encoder_inputs(self, req: _Request) -> None:
-        """update_from_output, _free_encoder_inputs: after a step has run, the
-        request drops its reference to every input wholly inside its computed
-        tokens past the placeholders (no rejection can roll back into it)."""
-        done = req.num_computed_tokens - req.num_output_placeholders
-        mm = req.spec.mm_inputs
-        for i in self.encoder.cached_input_ids(req.request_id):
-            if mm[i].end <= done:
-                self.rules["encoder.input_done"] += 1  # pragma: no mutate
-                self.encoder.free_encoder_input(req.request_id, i, mm[i].identifier)
-
-    def _make_plan(self, st: _StepState) -> StepPlan:
+    def _make_plan(self, st: StepState) -> StepPlan:
         """Phase 3: the plan in scheduling order (vLLM's SchedulerOutput), then
         each scheduled request's computed tokens advance
         (_update_after_schedule) and the finished and preempted ids since the
@@ -1015,25 +807,26 @@ class SpecScheduler(ConnectorMixin):
         if self.defer_block_free and st.scheduled:
             # the fence advances only for a step with scheduled tokens
             self.sched_step_seq += 1
-        for rid, (kind, computed, n, drafts) in st.scheduled.items():
+        for rid, e in st.scheduled.items():
             req = self.requests[rid]
             entries.append(
-                ScheduledRequest.of(rid, kind, num_computed_tokens=computed, num_scheduled_tokens=n,
+                ScheduledRequest.of(rid, e.kind, num_computed_tokens=e.num_computed_tokens,
+                                    num_scheduled_tokens=e.num_scheduled_tokens,
                                     all_token_ids=req.all_token_ids, block_ids=tuple(req.blocks),
                                     group_block_ids=req.group_block_ids(),
-                                    spec_token_ids=drafts,
+                                    spec_token_ids=e.spec_token_ids,
                                     num_output_placeholders=req.num_output_placeholders,
                                     encoder_inputs=tuple(st.encoder_inputs.get(rid, ())))
             )
-            req.num_computed_tokens = computed + n
-            req.num_in_flight_tokens += n
+            req.num_computed_tokens = e.num_computed_tokens + e.num_scheduled_tokens
+            req.num_in_flight_tokens += e.num_scheduled_tokens
             req.last_sched_seq = self.sched_step_seq
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
             if not req.is_prefill_chunk:
                 self.inflight_prefills.discard(rid)
             if cfg.async_scheduling and not req.is_prefill_chunk:
-                self.rules["async.placeholders_added"] += 1  # pragma: no mutate
-                req.num_output_placeholders += 1 + len(drafts)
+                self._rule("async.placeholders_added")  # pragma: no mutate
+                req.num_output_placeholders += 1 + len(e.spec_token_ids)
                 req.spec_token_ids = [-1] * cfg.num_speculative_tokens
         plan = StepPlan(
             step=self.step,
@@ -1079,18 +872,18 @@ class SpecScheduler(ConnectorMixin):
         for s in plan.scheduled:
             req = self.requests.get(s.request_id)
             toks = result.sampled.get(s.request_id, ())
-            self.rules["update.no_token"] += not toks  # pragma: no mutate
+            self._rule("update.no_token", not toks)  # pragma: no mutate
             if req is None:
                 # aborted, or finished by an earlier step, while this one ran
-                self.rules["update.request_gone"] += 1  # pragma: no mutate
+                self._rule("update.request_gone")  # pragma: no mutate
                 continue
             stale = self._drain_in_flight(req, s.num_scheduled_tokens)
             if s.request_id in failed:
                 # "skip failed or rescheduled requests from KV load failure"
-                self.rules["connector.output_skipped"] += 1  # pragma: no mutate
+                self._rule("connector.output_skipped")  # pragma: no mutate
                 continue
             if stale and req.drop_stale_output:
-                self.rules["async.stale_dropped"] += 1  # pragma: no mutate
+                self._rule("async.stale_dropped")  # pragma: no mutate
                 continue  # drop-mode stale output is discarded entirely
             if s.spec_token_ids and toks:
                 self._roll_back_rejected(req, len(s.spec_token_ids) - (len(toks) - 1), stale)
@@ -1118,7 +911,7 @@ class SpecScheduler(ConnectorMixin):
         status = self._update_request_with_output(req, toks, stale)
         if set(req.output_token_ids[num_output:]) & set(req.spec.grammar_rejects):
             # structured_output_manager.accept_tokens fails: "Terminating request."
-            self.rules["grammar.refused_sample"] += 1  # pragma: no mutate
+            self._rule("grammar.refused_sample")  # pragma: no mutate
             status = RequestStatus.FINISHED_ERROR
         if not stale and was_running and (had_placeholders or self._config.num_speculative_tokens > 0):
             # KVCacheManager.cache_blocks(request, num_computed_tokens -
@@ -1131,7 +924,7 @@ class SpecScheduler(ConnectorMixin):
         else:
             # stale output stopped a preempted request: it leaves the
             # waiting queue (update_from_output, stopped_preempted_reqs)
-            self.rules["async.stale_output_stopped"] += 1  # pragma: no mutate
+            self._rule("async.stale_output_stopped")  # pragma: no mutate
             self._remove_waiting(req.request_id)
         self._finish(req, status)
 
@@ -1146,36 +939,8 @@ class SpecScheduler(ConnectorMixin):
             req = self.requests.get(rid)
             if req is None:
                 continue
-            self.rules["grammar.finished_error"] += rid in errors  # pragma: no mutate
-            self.rules["connector.failed_load_error"] += rid in failed_loads  # pragma: no mutate
+            self._rules(finished_error_rules(rid in errors, rid in failed_loads))  # pragma: no mutate
             self._finish_request(req, RequestStatus.FINISHED_ERROR)
-
-    def _drain_in_flight(self, req: _Request, n: int) -> bool:
-        """This step's tokens are no longer in flight; if the request was
-        preempted after the step was scheduled, they are drained from its
-        stale share and the output is stale (update_from_output). Returns
-        whether it is."""
-        req.num_in_flight_tokens -= n
-        if req.num_stale_output_tokens > 0:
-            self.rules["async.stale_output"] += 1  # pragma: no mutate
-            req.num_stale_output_tokens -= n
-            assert req.num_stale_output_tokens >= 0
-            return True
-        return False
-
-    def _roll_back_rejected(self, req: _Request, num_rejected: int, stale: bool) -> None:
-        """Rejected drafts were counted as computed (and, with async
-        scheduling, as placeholders): take them back (update_from_output,
-        ``num_computed_tokens -= num_rejected``). A stale rejection count
-        predates the preemption's reset and does not apply."""
-        self.rules["spec.all_accepted"] += num_rejected == 0  # pragma: no mutate
-        self.rules["spec.some_rejected"] += num_rejected > 0  # pragma: no mutate
-        if stale:
-            return
-        if req.num_computed_tokens > 0:
-            req.num_computed_tokens -= num_rejected
-        if req.num_output_placeholders > 0:
-            req.num_output_placeholders -= num_rejected
 
     def _update_request_with_output(
         self, req: _Request, toks: tuple[int, ...], stale: bool
@@ -1189,7 +954,7 @@ class SpecScheduler(ConnectorMixin):
         for num_new, token in enumerate(toks, 1):
             status = self._append_and_check_stop(req, token)
             if status is not None:
-                self.rules["spec.stop_inside_run"] += num_new < len(toks)  # pragma: no mutate
+                self._rule("spec.stop_inside_run", num_new < len(toks))  # pragma: no mutate
                 if not stale:
                     req.num_computed_tokens -= len(toks) - num_new
                 break
@@ -1214,42 +979,8 @@ class SpecScheduler(ConnectorMixin):
         )
         if reason is None:
             return None
-        eos = token == req.spec.eos_token_id and not req.spec.ignore_eos
-        self.rules["stop.eos"] += eos  # pragma: no mutate
-        self.rules["stop.stop_token"] += reason == "stop" and not eos  # pragma: no mutate
-        self.rules["stop.max_model_len"] += reason == "length" and req.num_tokens >= self._config.max_model_len  # pragma: no mutate
-        self.rules["stop.max_tokens"] += reason == "length" and req.num_tokens < self._config.max_model_len  # pragma: no mutate
+        self._rules(stop_rules(reason, token, req.spec, req.num_tokens, self._config.max_model_len))  # pragma: no mutate
         return RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_LENGTH_CAPPED
-
-    def _update_draft_token_ids(self, result: StepResult) -> None:
-        """update_draft_token_ids (sync scheduling only: with async
-        scheduling the drafts stay in the model runner and the scheduler holds
-        placeholders). Drafts for a finished request are ignored; drafts after
-        a partial prefill chunk are dropped; otherwise they replace the
-        request's drafts."""
-        for rid, drafts in result.draft_token_ids.items():
-            req = self.requests.get(rid)
-            if req is None:
-                self.rules["spec.drafts_for_finished"] += 1  # pragma: no mutate
-                continue
-            if req.is_prefill_chunk:
-                req.spec_token_ids = []
-                continue
-            self.rules["spec.drafts_set"] += len(drafts) > 0  # pragma: no mutate
-            req.spec_token_ids = self._validate_drafts(req, list(drafts))
-
-    def _validate_drafts(self, req: _Request, drafts: list[int]) -> list[int]:
-        """StructuredOutputManager.validate_tokens
-        (vllm/v1/structured_output/__init__.py): for a request with a grammar,
-        the longest prefix of the drafts its grammar accepts; the modelled
-        grammar refuses the tokens of ``grammar_rejects`` wherever they come."""
-        if not req.spec.structured_output:
-            return drafts
-        for i, tok in enumerate(drafts):
-            if tok in req.spec.grammar_rejects:
-                self.rules["grammar.drafts_cut"] += 1  # pragma: no mutate
-                return drafts[:i]
-        return drafts
 
     # ------------------------------------------------------------------ view
 
@@ -1275,12 +1006,105 @@ class SpecScheduler(ConnectorMixin):
             return req.view()
         return req.view_with_cadence()
 
-    def _cadence_view(self) -> dict[str, Any]:
-        """The prefill cadence's counters, when the cadence is on."""
-        if self._config.prefill_schedule_interval == 1:
-            return {}
-        return {
-            "num_executed_steps": self.num_executed_steps,
-            "last_prefill_step": self.last_prefill_step,
-            "prefill_capacity_bound": self.prefill_capacity_bound,
-        }
+
+# ---------------------------------------------------------------- rule coverage
+# The named branches (spec/rule_names.py) a decision with several outcomes
+# took, from the values at hand: SpecScheduler counts what these yield.
+
+
+def abort_rules(status: RequestStatus) -> Iterator[str]:  # pragma: no mutate block
+    """abort(): the status the aborted request had."""
+    if status == RequestStatus.RUNNING:
+        yield "abort.running"
+    if status == RequestStatus.WAITING:
+        yield "abort.waiting"
+    if status == RequestStatus.PREEMPTED:
+        yield "abort.preempted"
+    if status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+        yield "grammar.abort_waiting"
+
+
+def prefix_hit_rules(num_hit_tokens: int, num_tokens: int, block_size: int) -> Iterator[str]:  # pragma: no mutate block
+    """_get_computed_blocks: a request of ``num_tokens`` tokens hit
+    ``num_hit_tokens`` (whole blocks) of the at most ``full`` blocks a hit
+    may cover (max_hit_blocks: never the last token); a capped hit is a full
+    one of a block-aligned prompt, whose last block is recomputed."""
+    hit = num_hit_tokens // block_size
+    full = max_hit_blocks(num_tokens=num_tokens, block_size=block_size)
+    if full > 0 and not hit:
+        yield "kv.miss"
+    if 0 < hit < full:
+        yield "kv.hit_partial"
+    if 0 < hit == full:
+        yield "kv.hit_full"
+    if 0 < hit == full and num_tokens % block_size == 0:
+        yield "kv.hit_capped"
+
+
+def blocked_admission_rules(full_sequence: bool, by_watermark: bool,
+                            by_reserve: bool = False) -> Iterator[str]:  # pragma: no mutate block
+    """_allocate_admission refused the blocks, for the whole sequence
+    (scheduler_reserve_full_isl) or for this step; ``by_watermark``: they
+    would fit without the watermark; ``by_reserve``: without an asynchronous
+    load's reservation."""
+    if full_sequence:
+        yield "admit.blocked_full_sequence"
+    else:
+        yield "admit.blocked_blocks"
+    if full_sequence and by_watermark:
+        yield "watermark.blocked_full_sequence"
+    if not full_sequence and by_watermark:
+        yield "watermark.blocked"
+    if by_reserve:
+        yield "connector.load_blocked_reserve"
+
+
+def running_scheduled_rules(num_computed_after: int, num_known: int) -> Iterator[str]:  # pragma: no mutate block
+    """The RUNNING loop scheduled a request, to ``num_computed_after`` tokens
+    of its ``num_known`` (known and in flight): short of them, a prefill chunk."""
+    yield "running.scheduled"
+    if num_computed_after < num_known:
+        yield "running.prefill_chunk"
+
+
+def admission_rules(kind: ScheduleKind, num_computed_after: int, num_tokens: int) -> Iterator[str]:  # pragma: no mutate block
+    """The WAITING loop admitted a request as ``kind``, to
+    ``num_computed_after`` of its ``num_tokens``: short of them, a chunk."""
+    if kind == ScheduleKind.NEW:
+        yield "admit.new"
+    else:
+        yield "admit.resumed"
+    if num_computed_after < num_tokens:
+        yield "admit.prefill_chunk"
+
+
+def external_tokens_rules(num_external: int, kv_external_tokens: int, aligned: int) -> Iterator[str]:  # pragma: no mutate block
+    """_prefix_lookup with a KV connector: it took ``num_external`` tokens of
+    the request's ``kv_external_tokens``, past the block-aligned local hit."""
+    if num_external > 0:
+        yield "connector.external_hit"
+    if 0 < kv_external_tokens <= aligned:
+        yield "connector.external_within_local"
+
+
+def finished_error_rules(grammar_failed: bool, load_failed: bool) -> Iterator[str]:  # pragma: no mutate block
+    """_finish_errors: why a request finishes with FINISHED_ERROR."""
+    if grammar_failed:
+        yield "grammar.finished_error"
+    if load_failed:
+        yield "connector.failed_load_error"
+
+
+def stop_rules(reason: str, token: int, spec: RequestSpec, num_tokens: int,
+               max_model_len: int) -> Iterator[str]:  # pragma: no mutate block
+    """_append_and_check_stop: why ``token`` stopped the request (check_stop's
+    ``reason`` "stop" or "length")."""
+    eos = token == spec.eos_token_id and not spec.ignore_eos
+    if eos:
+        yield "stop.eos"
+    if reason == "stop" and not eos:
+        yield "stop.stop_token"
+    if reason == "length" and num_tokens >= max_model_len:
+        yield "stop.max_model_len"
+    if reason == "length" and num_tokens < max_model_len:
+        yield "stop.max_tokens"

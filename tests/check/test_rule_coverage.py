@@ -15,13 +15,27 @@ from schedspec.spec.rule_names import RULE_NAMES, RULES, describe
 from schedspec.spec.scheduler import SpecScheduler
 
 SPEC = Path(__file__).resolve().parents[2] / "spec"
-MARKED_FILES = ("scheduler.py", "kv_cache.py", "connector.py")
+MARKED_FILES = ("scheduler.py", "kv_cache.py", "connector.py", "gates.py", "encoder.py", "async_drafts.py")
+NO_MUTATE_BLOCK = "# pragma: no mutate block"
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
 
 
 def _markers(path: Path) -> list[tuple[str, int]]:
-    """(name, line) of every ``self.rules["NAME"] += ...`` in ``path``."""
+    """(name, line) of every rule a file counts (spec/coverage.py,
+    CountsRules): each string in the arguments of a ``self._rule(...)`` call,
+    each string a ``*_rules`` classifier yields, and the older
+    ``self.rules["NAME"] += ...``."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_rule":
+            names = [c for a in node.args for c in ast.walk(a) if isinstance(c, ast.Constant)
+                     and isinstance(c.value, str)]
+            assert names, f"{path.name}:{node.lineno}: a marker names its rule with a string literal"
+            found.extend((c.value, c.lineno) for c in names)
         if not isinstance(node, ast.AugAssign) or not isinstance(node.target, ast.Subscript):
             continue
         t = node.target
@@ -30,7 +44,28 @@ def _markers(path: Path) -> list[tuple[str, int]]:
             assert isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str), (
                 f"{path.name}:{node.lineno}: a marker names its rule with a string literal")
             found.append((t.slice.value, node.lineno))
-    return found
+    for fn in _functions(tree):
+        if not fn.name.endswith("_rules"):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Yield, ast.YieldFrom)):
+                assert isinstance(node.value, ast.Constant) and isinstance(node.value.value, str), (
+                    f"{path.name}:{node.lineno}: a classifier yields rule names as string literals")
+                found.append((node.value.value, node.lineno))
+    return sorted(found, key=lambda m: m[1])
+
+
+def _unmutated_lines(path: Path) -> set[int]:
+    """The lines mutmut leaves alone: those marked ``# pragma: no mutate``,
+    and every line of a function whose header says ``# pragma: no mutate
+    block``."""
+    lines = path.read_text().splitlines()
+    out = {i for i, line in enumerate(lines, 1) if "# pragma: no mutate" in line}
+    for fn in _functions(ast.parse(path.read_text())):
+        header = fn.body[0].lineno - 1  # the line before the body (a docstring or the first statement)
+        if any(NO_MUTATE_BLOCK in lines[i - 1] for i in range(fn.lineno, header + 1)):
+            out.update(range(fn.lineno, (fn.end_lineno or fn.lineno) + 1))
+    return out
 
 
 def _all_markers() -> dict[str, list[str]]:
@@ -58,11 +93,27 @@ def test_each_marker_appears_once() -> None:
 
 
 def test_markers_are_left_alone_by_mutation_testing() -> None:
-    """A marker counts, it decides nothing: mutmut skips its line."""
+    """A marker counts, it decides nothing: mutmut skips its line, and every
+    line that hands a classifier's names to the counter."""
     for fname in MARKED_FILES:
-        lines = (SPEC / fname).read_text().splitlines()
-        bare = [f"{fname}:{line}" for _, line in _markers(SPEC / fname) if "# pragma: no mutate" not in lines[line - 1]]
+        path = SPEC / fname
+        skipped = _unmutated_lines(path)
+        bare = [f"{fname}:{line}" for _, line in _markers(path) if line not in skipped]
         assert not bare, f"marker lines without '# pragma: no mutate': {bare}"
+        counting = [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute) and n.func.attr in ("_rule", "_rules")]
+        bare = [f"{fname}:{line}" for line in counting if line not in skipped]
+        assert not bare, f"counting calls without '# pragma: no mutate': {bare}"
+
+
+def test_classifiers_are_left_alone_by_mutation_testing() -> None:
+    """A ``*_rules`` classifier computes rule names only: mutmut skips it whole."""
+    for fname in MARKED_FILES:
+        path = SPEC / fname
+        skipped = _unmutated_lines(path)
+        for fn in _functions(ast.parse(path.read_text())):
+            if fn.name.endswith("_rules"):
+                assert fn.lineno in skipped, f"{fname}:{fn.lineno}: {fn.name} without '{NO_MUTATE_BLOCK}'"
 
 
 def test_catalogue_entries_say_what_and_where() -> None:
@@ -74,8 +125,12 @@ def test_catalogue_entries_say_what_and_where() -> None:
 
 def test_the_scan_sees_a_marker_it_is_given(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
-    src.write_text('class A:\n    def f(self):\n        self.rules["x.y"] += 1\n        self.rules["x.z"] += 2 > 1\n')
-    assert _markers(src) == [("x.y", 3), ("x.z", 4)]
+    src.write_text('class A:\n    def f(self):\n        self.rules["x.y"] += 1\n        self.rules["x.z"] += 2 > 1\n'
+                   '        self._rule("x.a")\n        self._rule("x.b" if 1 else "x.c", 2 > 1)\n'
+                   '        self._rules(f_rules())\n'
+                   'def f_rules():  # pragma: no mutate block\n    yield "x.d"\n')
+    assert _markers(src) == [("x.y", 3), ("x.z", 4), ("x.a", 5), ("x.b", 6), ("x.c", 6), ("x.d", 9)]
+    assert _unmutated_lines(src) == {8, 9}
 
 
 # ---------------------------------------------------------------- counting

@@ -13,6 +13,7 @@ from schedspec.spec import (
     StepResult,
 )
 from schedspec.spec.interface import MMInput, PauseState
+from schedspec.spec.request_state import GrammarState
 
 from tests.helpers import cfg, entries, req, step
 
@@ -366,7 +367,7 @@ def test_a_clone_copies_the_gate_state() -> None:
     step(c)
     assert s.view() == before
     assert c.view() != before
-    assert s.requests["g"].grammar is None and not s.grammar_errors
+    assert s.requests["g"].grammar is GrammarState.COMPILING and not s.grammar_errors
 
 
 def test_a_running_request_at_an_input_that_does_not_fit_is_skipped() -> None:

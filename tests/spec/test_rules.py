@@ -76,3 +76,19 @@ def test_stop_reason_says_stop_or_length_or_nothing() -> None:
     assert sr(3, 4, 8, 4, 32, None, False, ()) == "length"
     assert sr(3, 1, 32, 4, 32, None, False, ()) == "length"
     assert sr(3, 3, 31, 4, 32, None, False, ()) is None
+
+
+def test_the_connector_offers_and_the_partial_tail_rules_are_read_by_name() -> None:
+    """spec/connector.py's pure rules (they run here, in the fast selection
+    that mutation testing uses, as well as in tests/spec/test_connector.py):
+    the offer beyond the local hit, and the partial-tail split of a hit."""
+    from schedspec.spec.connector import ExternalHit, MatchedTokens, external_hit, get_num_new_matched_tokens
+
+    assert get_num_new_matched_tokens(10, True, 4) == MatchedTokens(num_external_tokens=6, load_async=True)
+    assert get_num_new_matched_tokens(4, True, 8) == MatchedTokens(num_external_tokens=0, load_async=False)
+    assert external_hit(8, 4, 6, True) == ExternalHit(num_local_tokens=8, num_external_tokens=6, load_async=True)
+    # a local hit ending inside a block: a longer remote hit drops the tail ...
+    assert external_hit(10, 4, 5, True) == ExternalHit(num_local_tokens=8, num_external_tokens=5, load_async=True)
+    # ... one no longer loads nothing
+    assert external_hit(10, 4, 2, True) == ExternalHit(num_local_tokens=10, num_external_tokens=0, load_async=False)
+    assert external_hit(10, 4, 2, False).load_async is False

@@ -98,14 +98,16 @@ def _table(table: dict[str, Any]) -> list[str]:
 
 def _record(rec: dict[str, Any]) -> list[str]:
     v = rec["versions"]
-    commit = f"commit {rec['commit']}" if rec["commit"] else "commit unknown"
-    machine = rec["machine"] + (f" (load {rec['load']})" if rec.get("load") else "")
-    lines = [f"### {rec['title']}", "", rec["result"] + ".", ""]
+    commit = rec["commit"] or "commit unknown"
+    if rec["commit_note"] != RECORDED:
+        commit += f" ({rec['commit_note']})"
+    machine = rec["machine"] + (f", load {rec['load']}" if rec.get("load") else "")
+    lines = [f"### {rec['title']}", "", f"{rec['result']}. (`{rec['id']}`)", ""]
     if "table" in rec:
         lines += _table(rec["table"]) + [""]
     lines += [
-        f"`{rec['command']}` · {machine} · {rec['date']} · {commit} ({rec['commit_note']}) · "
-        f"Python {v['python']}, torch {v['torch']}, vLLM {v['vllm']} · `data/results/{rec['id']}.json`",
+        f"`{rec['command']}` · {machine} · {rec['date']} · {commit} · "
+        f"Python {v['python']}, torch {v['torch']}, vLLM {v['vllm']}" + (" · per-case data in the record" if "detail" in rec else ""),
         "",
     ]
     return lines
@@ -126,10 +128,11 @@ def render(records: list[dict[str, Any]], counts: dict[str, int]) -> str:
         f"{counts['spec_vectors']} spec vectors and {counts['zoo_vectors']} bug-zoo counterexamples) "
         "are those of that commit.",
         "",
-        "Under each figure: the command · the machine · the date · the commit · the versions · the record. "
-        f"Machines: `dev` is {MACHINES['dev']}; `h100` is {MACHINES['h100']}. A commit marked "
-        f"`{RECORDED}` is the one that wrote the figure into the docs (found with `git log -S` on its text): "
-        "the run was made on that tree or just before it; other notes say what is known.",
+        "Under each figure: the command · the machine · the date · the commit · the versions; the record is "
+        "`data/results/ID.json`, ID given after the result. "
+        f"Machines: `dev` is {MACHINES['dev']}; `h100` is {MACHINES['h100']}. A bare commit is the one "
+        "that wrote the figure into the docs (found with `git log -S` on its text): the run was made on that "
+        "tree or just before it; a note beside a commit says what else is known.",
         "",
     ]
     for topic, (heading, doc) in TOPICS.items():

@@ -96,6 +96,11 @@ def _table(table: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _v(version: str) -> str:
+    """A version as the page writes it: "-" for a package the run did not import."""
+    return "-" if version == "not imported" else version
+
+
 def _record(rec: dict[str, Any]) -> list[str]:
     v = rec["versions"]
     commit = rec["commit"] or "commit unknown"
@@ -107,7 +112,7 @@ def _record(rec: dict[str, Any]) -> list[str]:
         lines += _table(rec["table"]) + [""]
     lines += [
         f"`{rec['command']}` · {machine} · {rec['date']} · {commit} · "
-        f"Python {v['python']}, torch {v['torch']}, vLLM {v['vllm']}" + (" · per-case data in the record" if "detail" in rec else ""),
+        f"Python {v['python']}, torch {_v(v['torch'])}, vLLM {_v(v['vllm'])}" + (" · per-case data in the record" if "detail" in rec else ""),
         "",
     ]
     return lines

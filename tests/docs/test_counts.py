@@ -3,6 +3,8 @@ check fails when one goes stale: run on a doctored text it names the number."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tests.docs import counts
@@ -23,7 +25,7 @@ def test_every_count_in_the_docs_is_the_codes() -> None:
     ("docs/trace-format.md", "{} spec vectors", counts.vectors("spec")),
     ("docs/modelcheck.md", "small | {} spaces", counts.spaces("small")),
 ])
-def test_a_changed_count_is_caught(doc: str, stated: str, value: counts.Callable[[], int]) -> None:
+def test_a_changed_count_is_caught(doc: str, stated: str, value: Callable[[], int]) -> None:
     text = " ".join((counts.ROOT / doc).read_text().split())  # one line: a count may sit at a line break
     right = stated.format(value())
     assert right in text, f"{doc} no longer says {right!r}: change the case"

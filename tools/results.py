@@ -41,8 +41,8 @@ TOPICS: dict[str, tuple[str, str]] = {
 
 #: The machines the records name.
 MACHINES: dict[str, str] = {
-    "dev": "the development machine: a 2-vCPU virtual machine (its vCPUs behave as one core under load), "
-    "no GPU, shared with other jobs, so wall times are pessimistic and CPU times are the cost",
+    "dev": "the development machine, 2 vCPUs (one core under load), no GPU, shared with other jobs: wall "
+    "times are pessimistic, CPU times the cost",
     "h100": "a lent machine with one NVIDIA H100 80GB HBM3 (driver 580.159.04) and 16 CPU cores",
 }
 #: ``commit_note`` "recorded" (or starting so): the commit is the one that wrote the figure into the
@@ -131,9 +131,10 @@ def render(records: list[dict[str, Any]], counts: dict[str, int]) -> str:
         f"with every feature, {counts['spec_vectors']} spec vectors, {counts['zoo_vectors']} bug-zoo "
         "counterexamples). Under each: the command · machine · date · commit · versions; its record is "
         "`data/results/ID.json`, ID given after the result. "
-        f"Machines: `dev` is {MACHINES['dev']}; `h100` is {MACHINES['h100']}. A bare commit is the one "
-        "that wrote the figure into the docs (found with `git log -S` on its text): the run was made on that "
-        "tree or just before it; a note beside a commit says what else is known.",
+        f"Machines: `dev` is {MACHINES['dev']}; `h100` is {MACHINES['h100']}. A bare commit: the one that "
+        "wrote the figure into the docs (found with `git log -S` on its text), the run made on that tree or "
+        "just before it; a note beside a commit says what else is known. Version `-`: not imported. Records "
+        "also keep per-case tables, raw outputs and notes; superseded runs stay as data, unshown.",
         "",
     ]
     for topic, (heading, doc) in TOPICS.items():

@@ -29,7 +29,7 @@ from schedspec.check import trace as tracefile
 from schedspec.check.driver import Failure, StepRecord
 from schedspec.check.capabilities import Capabilities, CapabilityError
 from schedspec.check.gate import run_workload, selection_of_trace
-from schedspec.check.workload import parse_gates, parse_kv
+from schedspec.check.features import parse_gates, parse_kv
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,

@@ -42,15 +42,15 @@ from schedspec.invariants import Invariant
 from schedspec.check.driver import Failure, Runner
 from schedspec.check.stats import Stats
 from schedspec.spec.interface import SchedulerFactory
+from schedspec.check.gate_requests import GateRequests
+from schedspec.check.kv_requests import KVRequests
 from schedspec.check.workload import (
     Abort,
     AddRequest,
     Event,
-    GateRequests,
     GrammarReady,
     KVLoadDone,
     KVLoadFailed,
-    KVRequests,
     KVSaveDone,
     PAUSE_MODES,
     Pause,

@@ -29,7 +29,8 @@ from typing import Any, Callable
 import pytest
 
 from schedspec.check.driver import Runner
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, random_workload
+from schedspec.check.random_workloads import random_workload
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step
 from schedspec.spec.interface import (
     Policy,
     ProtocolError,
@@ -1015,7 +1016,7 @@ class TestGates:
     def test_vllm_and_its_scheduler_classes_declare_every_gate(self, vllm_loaded: Any) -> None:
         from schedspec.adapters.registry import resolve
         from schedspec.adapters.vllm_adapter import capabilities_of_class
-        from schedspec.check.workload import GATES
+        from schedspec.check.features import GATES
 
         assert resolve("vllm").capabilities.gates() == GATES
         assert capabilities_of_class(vllm_loaded.Scheduler).gates() == GATES

@@ -20,9 +20,10 @@ from schedspec.check.driver import Failure, Runner
 from schedspec.check.oracle import FakeModel
 from schedspec.check.shrink import _consistent, shrink
 from schedspec.check.trace import TraceError
+from schedspec.check.features import GATES, MODES, gates_of, parse_gates
+from schedspec.check.gate_requests import gate_rng, with_gates
+from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import (
-    GATES,
-    MODES,
     Abort,
     AddRequest,
     Event,
@@ -33,11 +34,6 @@ from schedspec.check.workload import (
     Step,
     Workload,
     describe_event,
-    gate_rng,
-    gates_of,
-    parse_gates,
-    random_workload,
-    with_gates,
 )
 from schedspec.spec.interface import (
     MMInput,

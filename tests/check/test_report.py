@@ -12,7 +12,7 @@ import pytest
 
 from schedspec.check import report
 from schedspec.check.driver import Failure, Runner, StepRecord
-from schedspec.check.workload import random_workload
+from schedspec.check.random_workloads import random_workload
 from schedspec.spec.scheduler import SpecScheduler
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import schedspec.check.oracle as oracle
 from schedspec.check.gate import run_workload
-from schedspec.check.workload import random_workload
+from schedspec.check.random_workloads import random_workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec.scheduler import SpecScheduler
 

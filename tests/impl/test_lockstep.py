@@ -36,7 +36,7 @@ from schedspec.spec.interface import (
     StepResult,
 )
 from schedspec.spec.scheduler import SpecScheduler
-from schedspec.check.workload import LOCKSTEP_SPACE
+from schedspec.check.config_space import LOCKSTEP_SPACE
 from schedspec.testing.strategies import configs
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")

@@ -25,7 +25,8 @@ from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities, CapabilityError
 from schedspec.check.conformance import check_conformance
-from schedspec.check.driver import Failure, Runner
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, guided_workload

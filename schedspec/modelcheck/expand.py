@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
-from schedspec.check.driver import describe_difference, scheduler_has_no_work
+from schedspec.check.driver import scheduler_has_no_work
+from schedspec.check.records import describe_difference
 from schedspec.check.oracle import FakeModel, KVWorker
 from schedspec.check.workload import (
     Abort,

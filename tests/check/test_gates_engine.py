@@ -16,7 +16,8 @@ from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities
 from schedspec.check.coverage_guided import guided_workload
-from schedspec.check.driver import Failure, Runner
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
 from schedspec.check.oracle import FakeModel
 from schedspec.check.shrink import _consistent, shrink
 from schedspec.check.trace import TraceError
@@ -472,7 +473,7 @@ def test_a_class_declaring_a_gate_without_its_method_does_not_conform() -> None:
 
 
 def test_a_view_difference_names_the_gate_fields_and_the_request_fields() -> None:
-    from schedspec.check.driver import describe_difference
+    from schedspec.check.records import describe_difference
 
     runner = Runner(CFG, {"spec": SpecScheduler})
     assert runner.run([AddRequest(_req("a", lora_id=0)), Step()]) is None

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from schedspec.check.driver import Failure, Runner
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
 from schedspec.check.defects import keep_failed_sync_loads_alive
 from schedspec.check.workload import Abort, AddRequest, Event, KVLoadFailed, Step
 from schedspec.spec.interface import KVCacheGroup, MMInput, Policy, RequestSpec, SchedulerConfig

@@ -21,7 +21,8 @@ from typing import Callable
 
 import pytest
 
-from schedspec.check.driver import Failure, Runner
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import AddRequest, Event, Step
 from schedspec.impl.scheduler import ImplScheduler

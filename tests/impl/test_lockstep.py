@@ -97,7 +97,7 @@ class Lockstep(RuleBasedStateMachine):
         assert self.spec is not None and self.impl is not None
         va, vb = self.spec.view(), self.impl.view()
         if va != vb:
-            from schedspec.check.driver import describe_difference
+            from schedspec.check.records import describe_difference
 
             raise AssertionError(describe_difference("view()", "spec", va, "impl", vb))
 

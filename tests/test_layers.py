@@ -56,7 +56,7 @@ IMPL_MAY_USE = frozenset({"schedspec.spec.interface", "schedspec.spec.errors", "
                           "schedspec.spec.validate"})
 #: private attributes of a third party's objects that a module must read, with why.
 FOREIGN_PRIVATE: dict[tuple[str, str], str] = {
-    ("schedspec.adapters.vllm_adapter", "_cache"):
+    ("schedspec.adapters.vllm_views", "_cache"):
         "vLLM 0.33's BlockPool keeps its prefix-cache index (BlockHashToBlockMap) in a private dict;"
         " the adapter reads it to report the KV view",
 }

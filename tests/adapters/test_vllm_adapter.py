@@ -68,7 +68,7 @@ needs_vllm = [
 def vllm_loaded() -> Any:
     """Import vLLM once (15-30 s); with SCHEDSPEC_REQUIRE_VLLM=1 a missing or
     wrong vLLM fails here, loudly."""
-    from schedspec.adapters.vllm_adapter import load_vllm
+    from schedspec.adapters.vllm_load import load_vllm
 
     return load_vllm()
 
@@ -687,7 +687,8 @@ class TestModes:
 
     def test_user_async_scheduler_class(self, vllm_loaded: Any) -> None:
         from schedspec.adapters.registry import factory_of
-        from schedspec.adapters.vllm_adapter import VllmAdapterError, VllmScheduler, capabilities_of_class
+        from schedspec.adapters.vllm_adapter import VllmScheduler, capabilities_of_class
+        from schedspec.adapters.vllm_load import VllmAdapterError
 
         class MyAsync(vllm_loaded.AsyncScheduler):  # type: ignore[misc, name-defined]
             pass
@@ -1023,9 +1024,9 @@ class TestGates:
         assert capabilities_of_class(vllm_loaded.AsyncScheduler).gates() == GATES
 
     def test_the_modelled_grammar(self, vllm_loaded: Any) -> None:
-        from schedspec.adapters.vllm_adapter import _Grammar
+        from schedspec.adapters.vllm_requests import Grammar
 
-        g = _Grammar((5, 40, 95, 10**6))
+        g = Grammar((5, 40, 95, 10**6))
         assert g.validate_tokens([1, 2, 40, 3]) == [1, 2] and g.validate_tokens([1, 2]) == [1, 2]
         assert g.accept_tokens("r", [1, 2]) and not g.accept_tokens("r", [2, 5])
         bitmask = vllm_loaded.torch.full((2, 3), -1, dtype=vllm_loaded.torch.int32)

@@ -94,7 +94,8 @@ def test_the_generator_keeps_a_failed_sync_load_alive() -> None:
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
 @pytest.mark.parametrize("case", ["shared", "encoder"])
 def test_vllm_agrees_up_to_the_same_finding(case: str) -> None:
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     cfg, events = (SHARED_CFG, SHARED) if case == "shared" else (ENCODER_CFG, ENCODER)
@@ -137,7 +138,8 @@ def test_a_preempted_recompute_leaves_its_invalid_blocks_cached_for_its_own_resu
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
 def test_vllm_resumes_the_preempted_request_through_the_invalid_block_too() -> None:
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     failure = _run(PREEMPT_CFG, PREEMPT, {"spec": SpecScheduler, "vllm": VllmScheduler})
@@ -170,7 +172,8 @@ def test_a_failed_async_load_recomputes_into_its_freed_window() -> None:
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
 def test_vllm_recomputes_into_the_freed_window_too() -> None:
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     failure = _run(WINDOW_CFG, WINDOW, {"spec": SpecScheduler, "vllm": VllmScheduler})

@@ -14,19 +14,20 @@ callbacks, so it imports neither the adapters nor the command line.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 from xml.sax.saxutils import escape, quoteattr
 
 from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities, CapabilityError
 from schedspec.check.conformance import check_conformance
-from schedspec.check.driver import Runner
 from schedspec.check.records import Failure
+from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, guided_workload
@@ -35,8 +36,7 @@ from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
 from schedspec.spec.rule_names import reachable_in
-from schedspec.spec.scheduler import SpecScheduler
-from schedspec.invariants import DEFAULT_SELECTOR, Invariant, Mode, Selection, SelectionError, select
+from schedspec.invariants import DEFAULT_SELECTOR, Mode, Selection, SelectionError, select
 from schedspec.invariants.selection import named_ids
 from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory
 
@@ -222,34 +222,6 @@ def replay_command(trace_path: Path | str, against: str) -> str:
     return f"schedspec replay {trace_path} --against {against}"
 
 
-def needs_quiescence(config: SchedulerConfig) -> bool:
-    """Whether a workload of ``config`` ends with the run to quiescence (a
-    KV connector or hybrid KV cache groups: Runner.quiesce)."""
-    return config.kv_connector or config.is_hybrid
-
-
-def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
-                 oracle_seed: int = 0, keep_history: bool = False,
-                 plans_only: bool = False,
-                 invariants: Sequence[Invariant] | None = None) -> tuple[Runner, Failure | None]:
-    """Run one workload. ``plans_only``: compare plans (and model outputs) at
-    every step but views only once, at the end, with no invariants: the fast
-    lockstep; a failure it finds is re-run with everything on. ``invariants``:
-    the ones to check (None: the whole catalogue). With one factory nothing is
-    compared: the invariants alone judge it. A workload with a KV connector
-    or hybrid groups then runs to quiescence (``needs_quiescence``): every
-    request finished, every worker report delivered, every block free."""
-    runner = Runner(workload.config, factories, vocab=vocab, oracle_seed=oracle_seed,
-                    keep_history=keep_history, check_invariants=not plans_only,
-                    compare_views=not plans_only, invariants=invariants)
-    failure = runner.run(workload.events)
-    if failure is None and needs_quiescence(workload.config):
-        failure = runner.quiesce()
-    if failure is None and plans_only and len(factories) > 1:
-        failure = runner.compare_final_views()
-    return runner, failure
-
-
 def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
                          factories: dict[str, SchedulerFactory], against: str, vocab: int, oracle_seed: int,
                          notice: Callable[[str], None] | None = None,
@@ -358,9 +330,8 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             say(f"FAILED on workload seed {seed}{workload_label(workload)}: {failure.describe()}")
             say("shrinking...")
 
-            def check(w: Workload, seed: int = seed) -> Failure | None:
-                return run_workload(w, factories, settings.vocab, oracle_seed=seed, invariants=invariants)[1]
-
+            check = functools.partial(failure_of, factories=factories, vocab=settings.vocab, oracle_seed=seed,
+                                      invariants=invariants)
             small, small_failure = shrink(workload, failure, check, budget_s=settings.shrink_time)
             out_dir = settings.out_dir / f"seed-{seed}"
             trace_path = write_counterexample(out_dir, small, small_failure, factories, settings.against,
@@ -462,15 +433,3 @@ def required_rules(settings: CheckSettings) -> tuple[str, ...]:
     reachable = reachable_in(settings.drawn_modes, settings.drawn_capabilities)
     names = settings.require_rules + (reachable if settings.require_all else ())
     return tuple(dict.fromkeys(names))
-
-
-def count_rules(runner: Runner, workload: Workload, seed: int, vocab: int) -> None:
-    """Add the spec's rule counts for ``workload`` to ``runner.stats``: the
-    reference's (the first scheduler), or, when it keeps none (invariants
-    mode against another scheduler), a run of the spec alone on the same events."""
-    if runner.stats.absorb_rules(runner.scheds[runner.names[0]]):
-        return
-    spec = Runner(workload.config, {"spec": SpecScheduler}, vocab=vocab, oracle_seed=seed,
-                  check_invariants=False, compare_views=False)
-    spec.run(workload.events)
-    runner.stats.absorb_rules(spec.primary)

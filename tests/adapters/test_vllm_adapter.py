@@ -492,7 +492,7 @@ def test_forgetting_unreachable_block_keys_changes_nothing() -> None:
 
     def pruning(config: SchedulerConfig) -> Scheduler:
         sched = VllmScheduler(config)
-        sched._prune_at = 0
+        sched._keys._prune_at = 0
         built.append(sched)
         return sched
 
@@ -501,7 +501,7 @@ def test_forgetting_unreachable_block_keys_changes_nothing() -> None:
         runner = Runner(w.config, {"spec": spec_factory, "vllm": pruning})
         failure = runner.run(w.events)
         assert failure is None, failure.describe()
-    assert all(s._prune_at == 4096 for s in built)
+    assert all(s._keys._prune_at == 4096 for s in built)
 
 
 @pytest.mark.usefixtures("vllm_loaded")

@@ -14,7 +14,7 @@ import pytest
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import Capabilities
 from schedspec.check.driver import Runner
-from schedspec.check.gate import needs_quiescence, run_workload
+from schedspec.check.run import needs_quiescence, run_workload
 from schedspec.check.oracle import FakeModel, KVWorker
 from schedspec.check.report import cell_states, kv_text, step_table
 from schedspec.check.shrink import _consistent, _config_options, _kv_options

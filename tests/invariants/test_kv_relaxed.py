@@ -296,7 +296,7 @@ TRACES = sorted(p.name for p in DATA.glob("*.jsonl"))
 
 def _replay(name: str, factories: dict[str, Any]) -> Any:
     from schedspec.check import trace as tracefile
-    from schedspec.check.gate import run_workload
+    from schedspec.check.run import run_workload
 
     t = tracefile.read(DATA / name)
     return run_workload(t.workload, factories, vocab=t.vocab, oracle_seed=t.oracle_seed)[1]

@@ -37,7 +37,6 @@ def parse_modes(text: str) -> tuple[str, ...]:
     return tuple(m for m in MODES if m in names)
 
 
-
 #: The admission gates of vLLM 0.33's waiting loop a workload can turn on:
 #: LoRA adapters (max_loras), structured outputs (grammar readiness, grammar-
 #: rejected drafts), pause states, the KV watermark, the prefill cadence
@@ -98,7 +97,6 @@ def gates_of(config: SchedulerConfig, events: Sequence["Event"] = ()) -> tuple[s
             if r.mm_inputs:
                 on.add("encoder")
     return tuple(g for g in GATES if g in on)
-
 
 
 #: The KV features a workload can turn on: the KV connector (external prefix

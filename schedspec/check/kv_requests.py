@@ -108,7 +108,6 @@ def with_kv(config: SchedulerConfig, kv: Sequence[str], rng: random.Random,
     return out
 
 
-
 class KVRequests:
     """Adds the connector's request fields to generated requests, and the
     worker's events to a workload: external prefixes of 0 tokens up to the

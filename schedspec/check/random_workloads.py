@@ -30,8 +30,6 @@ from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache,
 ALPHABET = 16
 
 
-
-
 class RequestFactory:
     """Makes requests rich in shared prefixes, stop tokens and priorities."""
 

@@ -84,8 +84,6 @@ class History:
     def _record_kv(self, t: Transition) -> None:
         if not (t.after.config.kv_connector or t.before.config.kv_connector):
             return
-        from schedspec.invariants._util import next_invalid_blocks  # no import cycle at load
-
         for rid, r in t.after.finished.items():
             b = t.before.requests.get(rid)
             if b is not None:
@@ -93,6 +91,14 @@ class History:
         for rid in list(self.finished_status):
             if rid not in t.after.kv_held_by_finished and rid not in t.after.finished:
                 del self.finished_status[rid]
+        self.record_loads_and_invalid_blocks(t)
+
+    def record_loads_and_invalid_blocks(self, t: Transition) -> None:
+        """Fold in the KV connector's loads a plan starts and the invalid
+        blocks awaiting recomputation after ``t`` (what the model checker
+        keeps of the History, schedspec/modelcheck/expand.py)."""
+        from schedspec.invariants._util import next_invalid_blocks  # no import cycle at load
+
         if t.kind == "schedule" and t.plan is not None:
             for load in t.plan.kv_loads:
                 self.loads[load.request_id] = load

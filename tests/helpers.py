@@ -16,8 +16,9 @@ from typing import Any, Callable
 
 import pytest
 
-from schedspec.check.driver import Failure, Runner
-from schedspec.check.gate import run_workload
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
+from schedspec.check.run import run_workload
 from schedspec.check.workload import Workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec import (

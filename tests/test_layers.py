@@ -13,6 +13,8 @@ namespace is read with ``ast``, function bodies included, and so is every
 - a cycle among modules (however deep, however hidden in function bodies);
 - a module reading another module's private (``_underscore``) name, by
   ``from m import _x`` or by ``m._x`` on an imported module;
+- a module importing a private module (``_x``) of another package, or any
+  name from one, public or not;
 - a generic top-level name (``spec``, ``impl``, ``harness`` ...): installed,
   everything lives under ``schedspec``.
 
@@ -56,7 +58,7 @@ IMPL_MAY_USE = frozenset({"schedspec.spec.interface", "schedspec.spec.errors", "
                           "schedspec.spec.validate"})
 #: private attributes of a third party's objects that a module must read, with why.
 FOREIGN_PRIVATE: dict[tuple[str, str], str] = {
-    ("schedspec.adapters.vllm_adapter", "_cache"):
+    ("schedspec.adapters.vllm_views", "_cache"):
         "vLLM 0.33's BlockPool keeps its prefix-cache index (BlockHashToBlockMap) in a private dict;"
         " the adapter reads it to report the KV view",
 }
@@ -113,6 +115,8 @@ def walk(top: Path, name: str = "schedspec") -> Walk:
                     _note(w, mod, alias.name, node.lineno)
                     if alias.name.split(".")[0] == name:
                         module_aliases.add(alias.asname or alias.name.split(".")[0])
+                    if _foreign_private_module(mod, alias.name, name):
+                        w.problems.append(f"{mod}:{node.lineno} imports the private module {alias.name}")
             elif isinstance(node, ast.ImportFrom):
                 target = _resolve(w.modules, mod, node)
                 if target == "__future__":
@@ -122,10 +126,15 @@ def walk(top: Path, name: str = "schedspec") -> Walk:
                     if sub in w.modules:  # ``from pkg import submodule``
                         _note(w, mod, sub, node.lineno)
                         module_aliases.add(alias.asname or alias.name)
+                        if _foreign_private_module(mod, sub, name):
+                            w.problems.append(f"{mod}:{node.lineno} imports the private module {sub}")
                     else:
                         _note(w, mod, target, node.lineno)
                         if _private(alias.name) and target.split(".")[0] == name and target != mod:
                             w.problems.append(f"{mod}:{node.lineno} reads the private name {alias.name} of {target}")
+                        elif _foreign_private_module(mod, target, name):
+                            w.problems.append(f"{mod}:{node.lineno} imports {alias.name} from the private module"
+                                              f" {target}")
             elif isinstance(node, ast.Call) and _is_import_module(node):
                 arg = node.args[0]
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
@@ -159,6 +168,17 @@ def _own_private_names(tree: ast.Module) -> set[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
             own.add(node.value)  # __slots__ entries
     return {n for n in own if _private(n)}
+
+
+def _foreign_private_module(importer: str, target: str, name: str = "schedspec") -> bool:
+    """Whether ``target`` is a private module (a ``_x`` part below the root)
+    of a package other than ``importer``'s: its names, public or not, are
+    that package's own business (a name another package needs is made public
+    in a public module)."""
+    parts = target.split(".")
+    if parts[0] != name or len(parts) < 3 or not any(_private(p) for p in parts[1:]):
+        return False
+    return layer(target)[0] != layer(importer)[0]
 
 
 def _private(attr: str) -> bool:
@@ -342,6 +362,17 @@ HISTORY = {
         {"bench/scheduler.py": "def time_vllm(adapter):\n    return adapter._v, adapter.sched\n",
          "adapters/vllm_adapter.py": "class VllmScheduler:\n    def __init__(self):\n        self._v = 1\n"},
         "schedspec.bench.scheduler:2 reads the private attribute _v of an object another module defines"),
+    "the model checker imported a public name from the invariants' private module": (
+        {"modelcheck/expand.py": "from schedspec.invariants._util import next_invalid_blocks\n",
+         "invariants/_util.py": "def next_invalid_blocks(): pass\n"},
+        "schedspec.modelcheck.expand:1 imports next_invalid_blocks from the private module schedspec.invariants._util"),
+    "a module imported another package's private module": (
+        {"modelcheck/expand.py": "def f():\n    from schedspec.invariants import _util\n    return _util.x\n",
+         "invariants/_util.py": "x = 1\n"},
+        "schedspec.modelcheck.expand:2 imports the private module schedspec.invariants._util"),
+    "a module imported another package's private module by name": (
+        {"check/driver.py": "import schedspec.invariants._util\n", "invariants/_util.py": ""},
+        "schedspec.check.driver:1 imports the private module schedspec.invariants._util"),
     "a module imported a generic top-level name": (
         {"check/driver.py": "from spec.interface import StepPlan\n"},
         "schedspec.check.driver:1 imports the generic top-level name 'spec.interface'"),
@@ -382,6 +413,9 @@ def test_the_checker_accepts_downward_imports_and_allowed_peers(tmp_path: Path) 
         "cli/main.py": "import schedspec.check.driver as d\nd.public\n",
         "bench/costs.py": "from schedspec.modelcheck import explore\n",
         "modelcheck/explore.py": "",
+        # a package's own private module is its own business
+        "invariants/_util.py": "def helper(): pass\n",
+        "invariants/core.py": "from schedspec.invariants._util import helper\n",
     })
     assert report(walk(top)) == []
 

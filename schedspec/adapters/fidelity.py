@@ -15,7 +15,7 @@ that into reached / executable lines per file and per function, and
 The collector is a ``sys.settrace`` hook that asks for line events only in
 frames whose code lives in those files. By default it is installed only
 around the calls the vLLM adapter makes into vLLM's scheduler
-(``vllm_adapter.trace_vllm_calls``), so the spec, the invariants and the
+(``vllm_load.trace_vllm_calls``), so the spec, the invariants and the
 driver of a lockstep run pay nothing; ``scope="process"`` installs it for the
 whole process and every thread started meanwhile (``threading.settrace``),
 for vLLM driven some other way. (coverage.py's C tracer fails while vLLM
@@ -138,7 +138,7 @@ _TraceFn = Callable[[FrameType, str, Any], Any]
 def vllm_root() -> Path:
     """The folder of the installed vllm package (imports vLLM the way the
     adapter does, with its environment pinned)."""
-    from schedspec.adapters.vllm_adapter import load_vllm
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     import vllm
@@ -193,7 +193,7 @@ class LineCollector:
             threading.settrace(self.trace_function)
             sys.settrace(self.trace_function)
         else:
-            from schedspec.adapters.vllm_adapter import trace_vllm_calls
+            from schedspec.adapters.vllm_load import trace_vllm_calls
 
             self._saved = (trace_vllm_calls(self.trace_function), None)
 
@@ -206,7 +206,7 @@ class LineCollector:
             sys.settrace(previous)
             threading.settrace(previous_threads)
         else:
-            from schedspec.adapters.vllm_adapter import trace_vllm_calls
+            from schedspec.adapters.vllm_load import trace_vllm_calls
 
             trace_vllm_calls(previous)
 

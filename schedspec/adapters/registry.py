@@ -170,7 +170,7 @@ def impl_capabilities() -> Capabilities:
     (ImplScheduler.GATES, by capability name), and the KV features it
     implements (ImplScheduler.KV, by capability name: kv_connector,
     hybrid_kv; none while it has no such attribute)."""
-    from schedspec.check.workload import GATE_CAPABILITIES, KV_CAPABILITIES
+    from schedspec.check.features import GATE_CAPABILITIES, KV_CAPABILITIES
     from schedspec.impl import ImplScheduler
 
     kv = getattr(ImplScheduler, "KV", ())

@@ -5,7 +5,8 @@ What the adapter knows of a kind: the KVCacheSpec it hands vLLM for a group
 (vllm/v1/kv_cache_interface.py) and the single-type manager vLLM must build
 for it (vllm/v1/core/single_type_kv_cache_manager.py, spec_manager_map). A
 new kind is one class here and its entry in ``KINDS``. Importing this module
-imports no vLLM: the spec classes come from the adapter's import bag ``v``.
+imports no vLLM: the spec classes come from ``v``, the adapter's module of vLLM's names
+(adapters/vllm_names.py).
 """
 
 from __future__ import annotations

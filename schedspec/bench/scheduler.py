@@ -65,7 +65,8 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
-from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+from schedspec.adapters.vllm_adapter import VllmScheduler
+from schedspec.adapters.vllm_load import load_vllm
 
 BLOCK_SIZE = 16
 #: Token ids are drawn from this list so prompts share int objects (8 bytes a

@@ -27,12 +27,9 @@ from typing import Any, Iterable
 from schedspec.invariants.core import Invariant
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
+from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES
 from schedspec.check.workload import (
-    GATE_CAPABILITIES,
-    GATES,
-    KV_CAPABILITIES,
     KV_EVENTS,
-    KV_FEATURES,
     Abort,
     AddRequest,
     Event,
@@ -58,20 +55,20 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
         "reset_prefix_cache",
         "async_scheduling",
         "speculative_decoding",
-        # the admission gates (schedspec.check.workload.GATES)
+        # the admission gates (schedspec.check.features.GATES)
         "lora",
         "structured_output",
         "pause",
         "watermark",
         "prefill_cadence",
         "encoder",
-        # the KV connector and hybrid KV cache groups (workload.KV_FEATURES)
+        # the KV connector and hybrid KV cache groups (features.KV_FEATURES)
         "kv_connector",
         "hybrid_kv",
     }
 )
 
-#: The capability names of the admission gates, in workload.GATES order.
+#: The capability names of the admission gates, in features.GATES order.
 GATE_CAPABILITY_NAMES: tuple[str, ...] = tuple(GATE_CAPABILITIES[g] for g in GATES)
 
 
@@ -145,11 +142,11 @@ class Capabilities:
         return self == FULL or plain == FULL
 
     def gates(self) -> tuple[str, ...]:
-        """The admission gates (workload.GATES) this declaration supports."""
+        """The admission gates (features.GATES) this declaration supports."""
         return tuple(g for g in GATES if getattr(self, GATE_CAPABILITIES[g]))
 
     def with_gates(self, gates: Iterable[str] = GATES) -> "Capabilities":
-        """This declaration with the admission gates ``gates`` (workload.GATES
+        """This declaration with the admission gates ``gates`` (features.GATES
         names; default all of them) supported too."""
         changes: dict[str, Any] = {}
         for g in gates:
@@ -159,11 +156,11 @@ class Capabilities:
         return dataclasses.replace(self, **changes)
 
     def kv(self) -> tuple[str, ...]:
-        """The KV features (workload.KV_FEATURES) this declaration supports."""
+        """The KV features (features.KV_FEATURES) this declaration supports."""
         return tuple(k for k in KV_FEATURES if getattr(self, KV_CAPABILITIES[k]))
 
     def with_kv(self, kv: Iterable[str] = KV_FEATURES) -> "Capabilities":
-        """This declaration with the KV features ``kv`` (workload.KV_FEATURES
+        """This declaration with the KV features ``kv`` (features.KV_FEATURES
         names; default both) supported too."""
         changes: dict[str, Any] = {}
         for k in kv:
@@ -171,6 +168,25 @@ class Capabilities:
                 raise CapabilityError(f"unknown KV feature {k!r} (choose from {', '.join(KV_FEATURES)})")
             changes[KV_CAPABILITIES[k]] = True
         return dataclasses.replace(self, **changes)
+
+    def drawable_modes(self, modes: Iterable[str]) -> tuple[str, ...]:
+        """``modes`` (features.MODES) less those this declaration does not
+        support, in the order given; sync when none is left."""
+        kept = tuple(m for m in modes
+                     if not (m.startswith("async") and not self.async_scheduling)
+                     and not (m.endswith("spec") and not self.speculative_decoding))
+        return kept or ("sync",)
+
+    def drawable_gates(self, gates: Iterable[str]) -> tuple[str, ...]:
+        """``gates`` less those this declaration does not support, in GATES order."""
+        wanted, have = set(gates), self.gates()
+        return tuple(g for g in GATES if g in wanted and g in have)
+
+    def drawable_kv(self, kv: Iterable[str]) -> tuple[str, ...]:
+        """``kv`` less the KV features this declaration does not support, in
+        KV_FEATURES order."""
+        wanted, have = set(kv), self.kv()
+        return tuple(k for k in KV_FEATURES if k in wanted and k in have)
 
     def names(self) -> frozenset[str]:
         """The capability names (CAPABILITY_NAMES) this declaration supports."""

@@ -32,32 +32,21 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from schedspec.check.driver import Runner
+from schedspec.check.config_space import CHECK_SPACE
+from schedspec.check.defects import keep_failed_sync_loads_alive
+from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES, kv_of
+from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_rng, with_gates
+from schedspec.check.kv_requests import KVRequests, chunk_rng, draw_kv_subset, kv_rng, with_kv
+from schedspec.check.random_workloads import ALPHABET
 from schedspec.check.workload import (
-    ALPHABET,
-    CHECK_SPACE,
-    GATE_CAPABILITIES,
-    GATES,
-    KV_CAPABILITIES,
-    KV_FEATURES,
     Abort,
     AddRequest,
     Event,
-    GateRequests,
-    KVRequests,
-    keep_failed_sync_loads_alive,
     ResetPrefixCache,
     Schedule,
     Step,
     Update,
     Workload,
-    chunk_rng,
-    draw_gate_subset,
-    draw_kv_subset,
-    gate_rng,
-    kv_of,
-    kv_rng,
-    with_gates,
-    with_kv,
 )
 from schedspec.spec.interface import Policy, RequestSpec, RequestStatus, SchedulerConfig
 from schedspec.spec.errors import ConfigError
@@ -354,7 +343,7 @@ def with_mode(config: SchedulerConfig, mode_k: tuple[str, int]) -> SchedulerConf
 
 def pick_gates(gates: Sequence[str], focus: Sequence[str], rng: random.Random) -> tuple[str, ...]:
     """The admission gates a guided workload turns on: a random subset of
-    ``gates`` (workload.draw_gate_subset), plus every gate a focus rule needs
+    ``gates`` (gate_requests.draw_gate_subset), plus every gate a focus rule needs
     (spec/rule_names.py, Rule.gates) that ``gates`` holds."""
     chosen = set(draw_gate_subset(gates, rng))
     by_capability = {cap: g for g, cap in GATE_CAPABILITIES.items()}
@@ -367,7 +356,7 @@ def pick_gates(gates: Sequence[str], focus: Sequence[str], rng: random.Random) -
 
 
 #: The rules only a chunked-local group reaches: a focus on one of them
-#: draws a hybrid layout with one (workload.draw_kv_groups, chunked).
+#: draws a hybrid layout with one (kv_requests.draw_kv_groups, chunked).
 CHUNKED_LOCAL_RULES = frozenset(("kv_groups.hit_skipped_in_chunk", "kv_groups.chunk_freed",
                                  "kv_groups.chunk_admission_capped"))
 #: The rules only a sliding-window group reaches: a focus on one of them
@@ -378,7 +367,7 @@ SLIDING_WINDOW_RULES = frozenset(("kv_groups.hit_skipped_in_window", "kv_groups.
 
 def pick_chunked(focus: Sequence[str]) -> bool | None:
     """Whether a guided workload's hybrid layout holds a chunked-local group
-    (workload.draw_kv_groups): yes for a focus on a chunked-local rule, no
+    (kv_requests.draw_kv_groups): yes for a focus on a chunked-local rule, no
     for one on a sliding-window rule, else None (the generator draws it)."""
     if any(rule in CHUNKED_LOCAL_RULES for rule in focus):
         return True
@@ -389,7 +378,7 @@ def pick_chunked(focus: Sequence[str]) -> bool | None:
 
 def pick_kv(kv: Sequence[str], focus: Sequence[str], rng: random.Random) -> tuple[str, ...]:
     """The KV features a guided workload turns on: a random subset of
-    ``kv`` (workload.draw_kv_subset), plus every feature a focus rule needs
+    ``kv`` (kv_requests.draw_kv_subset), plus every feature a focus rule needs
     (its Rule.gates naming kv_connector or hybrid_kv) that ``kv`` holds."""
     chosen = set(draw_kv_subset(kv, rng))
     by_capability = {cap: k for k, cap in KV_CAPABILITIES.items()}
@@ -408,11 +397,11 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     aimed at ``focus`` (rule names). The spec runs beside the generator (the
     fake model seeded with ``oracle_seed``, default ``seed``, as the gate
     runs it) so aborts and resets land in the states that reach rare
-    branches. ``gates`` (workload.GATES): the admission gates it may turn
+    branches. ``gates`` (features.GATES): the admission gates it may turn
     on, drawn on a generator of their own (``pick_gates``; a focus rule of a
     gate turns that gate on), so a workload with none is the one its seed
     always gave; they are among its features as ``gate:NAME``. ``kv``
-    (workload.KV_FEATURES): the KV features it may turn on, the same way
+    (features.KV_FEATURES): the KV features it may turn on, the same way
     (``pick_kv``, ``with_kv``, ``KVRequests``; ``kv:NAME`` features)."""
     rng = random.Random(f"schedspec-guided-{seed}")
     plan = draw_plan(rng, focus)
@@ -521,7 +510,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     if kv_requests is not None:
         for event in kv_requests.finish():
             emit(event)
-        events = keep_failed_sync_loads_alive(events)
+        events = keep_failed_sync_loads_alive(events, config)
     return Workload(config=config, events=tuple(events), seed=seed, name="guided",
                     features=plan.labels() + tuple(f"gate:{g}" for g in chosen)
                     + tuple(f"kv:{k}" for k in kv_chosen))

@@ -14,33 +14,29 @@ callbacks, so it imports neither the adapters nor the command line.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 from xml.sax.saxutils import escape, quoteattr
 
 from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities, CapabilityError
 from schedspec.check.conformance import check_conformance
-from schedspec.check.driver import Failure, Runner
+from schedspec.check.records import Failure
+from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, guided_workload
-from schedspec.check.workload import (
-    GATE_CAPABILITIES,
-    GATES,
-    KV_CAPABILITIES,
-    KV_FEATURES,
-    Workload,
-    random_workload,
-)
+from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_capabilities
+from schedspec.check.random_workloads import random_workload
+from schedspec.check.workload import Workload
 from schedspec.spec import coverage
 from schedspec.spec.rule_names import reachable_in
-from schedspec.spec.scheduler import SpecScheduler
-from schedspec.invariants import DEFAULT_SELECTOR, Invariant, Mode, Selection, SelectionError, select
+from schedspec.invariants import DEFAULT_SELECTOR, Mode, Selection, SelectionError, select
 from schedspec.invariants.selection import named_ids
 from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory
 
@@ -77,15 +73,15 @@ class CheckSettings:
     #: also require every rule the supported modes can reach (``--require-rules all``)
     require_all: bool = False
     #: "guided": swarm workloads aimed at the rules the run has reached least
-    #: (schedspec.check.coverage_guided); "random": workload.random_workload
+    #: (schedspec.check.coverage_guided); "random": random_workloads.random_workload
     generator: str = "guided"
-    #: the modes the workloads run in (workload.MODES)
+    #: the modes the workloads run in (features.MODES)
     modes: tuple[str, ...] = ("sync",)
-    #: the admission gates the workloads may turn on (workload.GATES), each
+    #: the admission gates the workloads may turn on (features.GATES), each
     #: workload a subset; only those the scheduler under test supports (its
     #: capabilities) are drawn, so the default draws every gate it supports
     gates: tuple[str, ...] = GATES
-    #: the KV features (workload.KV_FEATURES: the connector, hybrid groups)
+    #: the KV features (features.KV_FEATURES: the connector, hybrid groups)
     #: the workloads may turn on, each workload a subset; only those the
     #: scheduler under test supports are drawn
     kv: tuple[str, ...] = KV_FEATURES
@@ -99,6 +95,29 @@ class CheckSettings:
     @property
     def shard_text(self) -> str:
         return f"{self.shard[0]}/{self.shard[1]}"
+
+    @property
+    def drawn_modes(self) -> tuple[str, ...]:
+        """``modes`` less those the scheduler under test does not support
+        (its declared capabilities); sync when none is left."""
+        return self.capabilities.drawable_modes(self.modes)
+
+    @property
+    def drawn_gates(self) -> tuple[str, ...]:
+        """``gates`` less those the scheduler under test does not support, in GATES order."""
+        return self.capabilities.drawable_gates(self.gates)
+
+    @property
+    def drawn_kv(self) -> tuple[str, ...]:
+        """``kv`` less the KV features the scheduler under test does not
+        support, in KV_FEATURES order."""
+        return self.capabilities.drawable_kv(self.kv)
+
+    @property
+    def drawn_capabilities(self) -> tuple[str, ...]:
+        """The capability names of the gates and KV features drawn (what
+        spec/rule_names.py's Rule.gates lists)."""
+        return gate_capabilities(self.drawn_gates) + kv_capabilities(self.drawn_kv)
 
 
 def resolve_selection(mode: Mode, selector: str | None, capabilities: Capabilities = FULL) -> Selection:
@@ -203,34 +222,6 @@ def replay_command(trace_path: Path | str, against: str) -> str:
     return f"schedspec replay {trace_path} --against {against}"
 
 
-def needs_quiescence(config: SchedulerConfig) -> bool:
-    """Whether a workload of ``config`` ends with the run to quiescence (a
-    KV connector or hybrid KV cache groups: Runner.quiesce)."""
-    return config.kv_connector or config.is_hybrid
-
-
-def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
-                 oracle_seed: int = 0, keep_history: bool = False,
-                 plans_only: bool = False,
-                 invariants: Sequence[Invariant] | None = None) -> tuple[Runner, Failure | None]:
-    """Run one workload. ``plans_only``: compare plans (and model outputs) at
-    every step but views only once, at the end, with no invariants: the fast
-    lockstep; a failure it finds is re-run with everything on. ``invariants``:
-    the ones to check (None: the whole catalogue). With one factory nothing is
-    compared: the invariants alone judge it. A workload with a KV connector
-    or hybrid groups then runs to quiescence (``needs_quiescence``): every
-    request finished, every worker report delivered, every block free."""
-    runner = Runner(workload.config, factories, vocab=vocab, oracle_seed=oracle_seed,
-                    keep_history=keep_history, check_invariants=not plans_only,
-                    compare_views=not plans_only, invariants=invariants)
-    failure = runner.run(workload.events)
-    if failure is None and needs_quiescence(workload.config):
-        failure = runner.quiesce()
-    if failure is None and plans_only and len(factories) > 1:
-        failure = runner.compare_final_views()
-    return runner, failure
-
-
 def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
                          factories: dict[str, SchedulerFactory], against: str, vocab: int, oracle_seed: int,
                          notice: Callable[[str], None] | None = None,
@@ -305,7 +296,7 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                              f"{', '.join(factories)}")
     invariants = selection.invariants
     # imports and first construction stay out of the steps/s figure
-    warm_up(factories, caps.restrict_config(SchedulerConfig()), caps if supported_gates(settings) else None)
+    warm_up(factories, caps.restrict_config(SchedulerConfig()), caps if settings.drawn_gates else None)
     show = progress or (lambda _p: None)
     say = notice or (lambda _m: None)
     stats = Stats()
@@ -339,9 +330,8 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             say(f"FAILED on workload seed {seed}{workload_label(workload)}: {failure.describe()}")
             say("shrinking...")
 
-            def check(w: Workload, seed: int = seed) -> Failure | None:
-                return run_workload(w, factories, settings.vocab, oracle_seed=seed, invariants=invariants)[1]
-
+            check = functools.partial(failure_of, factories=factories, vocab=settings.vocab, oracle_seed=seed,
+                                      invariants=invariants)
             small, small_failure = shrink(workload, failure, check, budget_s=settings.shrink_time)
             out_dir = settings.out_dir / f"seed-{seed}"
             trace_path = write_counterexample(out_dir, small, small_failure, factories, settings.against,
@@ -368,11 +358,10 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
         "check": None if o.selection is None else selection_summary(o.selection, plans_only=settings.plans_only),
-        "gates": list(supported_gates(settings)),
-        "kv": list(supported_kv(settings)),
-        "rule_coverage": o.stats.rule_coverage(required_rules(settings), supported_modes(settings),
-                                               gate_capabilities(supported_gates(settings))
-                                               + kv_capabilities(supported_kv(settings))),
+        "gates": list(settings.drawn_gates),
+        "kv": list(settings.drawn_kv),
+        "rule_coverage": o.stats.rule_coverage(required_rules(settings), settings.drawn_modes,
+                                               settings.drawn_capabilities),
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
             "workload_seed": o.seed,
@@ -418,14 +407,14 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     """The workload of ``seed``: guided (aimed at the rules ``counts``, the
     run's so far, has reached least; the focus is named in the workload's
     features) or random, as ``settings.generator`` says."""
-    gates = supported_gates(settings)
-    kv = supported_kv(settings)
+    gates = settings.drawn_gates
+    kv = settings.drawn_kv
     if settings.generator == "random":
         return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates, kv=kv)
     if settings.generator != "guided":
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
-    modes = supported_modes(settings)
-    focus = choose_focus(counts, seed, names=reachable_in(modes, gate_capabilities(gates) + kv_capabilities(kv)))
+    modes = settings.drawn_modes
+    focus = choose_focus(counts, seed, names=reachable_in(modes, settings.drawn_capabilities))
     return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes, gates=gates, kv=kv)
 
 
@@ -441,55 +430,6 @@ def workload_label(workload: Workload) -> str:
 def required_rules(settings: CheckSettings) -> tuple[str, ...]:
     """The rules the run must reach: those named, and with ``require_all``
     every rule the modes the scheduler under test supports can reach."""
-    reachable = reachable_in(supported_modes(settings), gate_capabilities(supported_gates(settings))
-                             + kv_capabilities(supported_kv(settings)))
+    reachable = reachable_in(settings.drawn_modes, settings.drawn_capabilities)
     names = settings.require_rules + (reachable if settings.require_all else ())
     return tuple(dict.fromkeys(names))
-
-
-def supported_gates(settings: CheckSettings) -> tuple[str, ...]:
-    """``settings.gates`` less those the scheduler under test does not
-    support (its declared capabilities), in GATES order."""
-    caps = getattr(settings, "capabilities", None)
-    have = caps.gates() if isinstance(caps, Capabilities) else ()
-    return tuple(g for g in GATES if g in settings.gates and g in have)
-
-
-def supported_kv(settings: CheckSettings) -> tuple[str, ...]:
-    """``settings.kv`` less the KV features the scheduler under test does
-    not support (its declared capabilities), in KV_FEATURES order."""
-    caps = getattr(settings, "capabilities", None)
-    have = caps.kv() if isinstance(caps, Capabilities) else ()
-    return tuple(k for k in KV_FEATURES if k in getattr(settings, "kv", ()) and k in have)
-
-
-def kv_capabilities(kv: tuple[str, ...]) -> tuple[str, ...]:
-    """The capability names of the KV features ``kv``."""
-    return tuple(KV_CAPABILITIES[k] for k in kv)
-
-
-def gate_capabilities(gates: tuple[str, ...]) -> tuple[str, ...]:
-    """The capability names of ``gates`` (what spec/rule_names.py's Rule.gates lists)."""
-    return tuple(GATE_CAPABILITIES[g] for g in gates)
-
-
-def supported_modes(settings: CheckSettings) -> tuple[str, ...]:
-    """``settings.modes`` less those the scheduler under test does not
-    support (its declared capabilities); sync when none is left."""
-    caps = getattr(settings, "capabilities", None)
-    modes = tuple(m for m in settings.modes
-                  if not (m.startswith("async") and not getattr(caps, "async_scheduling", True))
-                  and not (m.endswith("spec") and not getattr(caps, "speculative_decoding", True)))
-    return modes or ("sync",)
-
-
-def count_rules(runner: Runner, workload: Workload, seed: int, vocab: int) -> None:
-    """Add the spec's rule counts for ``workload`` to ``runner.stats``: the
-    reference's (the first scheduler), or, when it keeps none (invariants
-    mode against another scheduler), a run of the spec alone on the same events."""
-    if runner.stats.absorb_rules(runner.scheds[runner.names[0]]):
-        return
-    spec = Runner(workload.config, {"spec": SpecScheduler}, vocab=vocab, oracle_seed=seed,
-                  check_invariants=False, compare_views=False)
-    spec.run(workload.events)
-    runner.stats.absorb_rules(spec.primary)

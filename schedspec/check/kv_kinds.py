@@ -2,7 +2,7 @@
 through ``KINDS`` by the group's ``kind`` name (spec/kv_kinds.py's registry).
 
 What the engine knows of a kind: how the generator draws a group of it
-(check/workload.py, draw_kv_groups), which ``Stats`` counter the null entries
+(check/kv_requests.py, draw_kv_groups), which ``Stats`` counter the null entries
 of its tables count to (check/stats.py), and which positions the fake
 model's oracle expects a query to read back through its table
 (check/oracle.py, the kind's attention rule, written apart from the spec's

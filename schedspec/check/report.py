@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedspec.spec.interface import PauseState, RequestStatus, ScheduledRequest, ScheduleKind, SchedSpecError
-from schedspec.check.driver import Failure, StepRecord
+from schedspec.check.records import Failure, StepRecord
 
 if TYPE_CHECKING:  # pragma: no cover - types only; matplotlib is imported when drawing
     from matplotlib.figure import Figure

@@ -33,7 +33,7 @@ import dataclasses
 import time
 from typing import Callable
 
-from schedspec.check.driver import Failure
+from schedspec.check.records import Failure
 from schedspec.spec.interface import RequestSpec, SchedSpecError, SchedulerConfig, StepResult
 from schedspec.check.workload import (
     Abort,

@@ -72,6 +72,7 @@ from typing import Any, Mapping, Sequence
 
 from schedspec.spec.interface import ConfigError, MMInput, RequestError, RequestSpec, SchedulerConfig, SchedSpecError
 from schedspec.spec.interface import StepResult
+from schedspec.check.features import gates_of, kv_of
 from schedspec.check.workload import (
     Abort,
     AddRequest,
@@ -88,8 +89,6 @@ from schedspec.check.workload import (
     Step,
     Update,
     Workload,
-    gates_of,
-    kv_of,
 )
 
 #: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.

@@ -11,21 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedspec.check.gate import (
-    CheckSettings,
-    check_summary,
-    gate_capabilities,
-    junit_xml,
-    kv_capabilities,
-    missing_rules_message,
-    run_check,
-    supported_gates,
-    supported_kv,
-    supported_modes,
-)
+from schedspec.check.gate import CheckSettings, check_summary, junit_xml, missing_rules_message, run_check
 from schedspec.check.shrink import count_steps
 from schedspec.invariants import Selection
-from schedspec.check.workload import parse_gates, parse_kv, parse_modes
+from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required, rules_line
 from schedspec.cli.common import (
     EXIT_FAIL,
@@ -161,12 +150,12 @@ def run(args: argparse.Namespace) -> int:
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
     settings = dataclasses.replace(settings, capabilities=target.capabilities)
-    unsupported = [g for g in settings.gates if g not in supported_gates(settings)]
+    unsupported = [g for g in settings.gates if g not in settings.drawn_gates]
     if args.gates.strip() not in ("all", "none") and unsupported:
         raise UsageError(f"--gates: {args.against} does not support the gate(s) {', '.join(unsupported)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
     kv_text = getattr(args, "kv", "all").strip()
-    unsupported_kv = [k for k in settings.kv if k not in supported_kv(settings)]
+    unsupported_kv = [k for k in settings.kv if k not in settings.drawn_kv]
     if kv_text not in ("all", "none") and unsupported_kv:
         raise UsageError(f"--kv: {args.against} does not support the KV feature(s) {', '.join(unsupported_kv)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
@@ -191,16 +180,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"OK: {outcome.steps} steps in {outcome.workloads} workloads against {args.against}: {held}"
               + f" ({outcome.steps_per_s:,.0f} steps/s; {stats.preemptions} preemptions, {stats.hit_admissions}"
               f" prefix hits, {stats.chunks} prefill chunks)")
-    gates = supported_gates(settings)
+    gates = settings.drawn_gates
     print("gates: " + (", ".join(gates) if gates else "none")
           + (f" (each workload a subset; {outcome.stats.gate_line()})" if gates else ""))
-    kv = supported_kv(settings)
+    kv = settings.drawn_kv
     print("kv: " + (", ".join(kv) if kv else "none")
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
     if outcome.stats.rules:
         # the rules out of reach are those of the modes and gates this run
         # could not draw, not those of every gate
-        modes, on = supported_modes(settings), gate_capabilities(gates) + kv_capabilities(kv)
+        modes, on = settings.drawn_modes, settings.drawn_capabilities
         print(format_table(outcome.stats.rules, modes=modes, gates=on) if args.rules
               else rules_line(outcome.stats.rules, modes=modes, gates=on))
     if outcome.missing_rules:

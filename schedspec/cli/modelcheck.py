@@ -18,8 +18,8 @@ from typing import Any
 from schedspec.adapters.registry import AdapterError, Target, import_class, resolve
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.gate import missing_rules_message, resolve_selection
-from schedspec.check.workload import GATE_CAPABILITIES, GATES, MODES
-from schedspec.check.workload import mode_of as config_mode
+from schedspec.check.features import GATE_CAPABILITIES, GATES, MODES
+from schedspec.check.features import mode_of as config_mode
 from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, positive_int
 from schedspec.invariants import Selection
 from schedspec.invariants.selection import SelectionError

@@ -26,10 +26,11 @@ from typing import Sequence
 
 from schedspec.check import report
 from schedspec.check import trace as tracefile
-from schedspec.check.driver import Failure, StepRecord
+from schedspec.check.records import Failure, StepRecord
 from schedspec.check.capabilities import Capabilities, CapabilityError
-from schedspec.check.gate import run_workload, selection_of_trace
-from schedspec.check.workload import parse_gates, parse_kv
+from schedspec.check.gate import selection_of_trace
+from schedspec.check.run import run_workload
+from schedspec.check.features import parse_gates, parse_kv
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
-from schedspec.check.driver import describe_difference, scheduler_has_no_work
+from schedspec.check.driver import scheduler_has_no_work
+from schedspec.check.records import describe_difference
 from schedspec.check.oracle import FakeModel, KVWorker
 from schedspec.check.workload import (
     Abort,
@@ -39,7 +40,6 @@ from schedspec.check.workload import (
     Workload,
 )
 from schedspec.invariants import CATALOGUE, History, Invariant, Transition, Violation
-from schedspec.invariants._util import next_invalid_blocks
 from schedspec.invariants.core import ALL_KINDS, TransitionKind
 from schedspec.modelcheck.checks import StatelessChecker
 from schedspec.modelcheck.coverage import Coverage
@@ -390,13 +390,9 @@ class Expander:
         if found:
             raise Finding("violation", f"{len(found)} invariant violation(s) after {kind}", found)
         if h is not None:
-            # what a Monitor's History folds in (invariants/core.py,
-            # History._record_kv): the loads a plan starts, and the invalid
-            # blocks awaiting recomputation
-            if kind == "schedule" and t.plan is not None:
-                for load in t.plan.kv_loads:
-                    h.loads[load.request_id] = load
-            h.invalid_blocks = next_invalid_blocks(t, h)
+            # what a Monitor's History folds in: the loads a plan starts, and
+            # the invalid blocks awaiting recomputation
+            h.record_loads_and_invalid_blocks(t)
 
     def _tcheck(self, kind: TransitionKind, before: SchedulerView, after: SchedulerView, **kw: Any) -> None:
         """The chosen invariants on a transition of the scheduler under test (invariants mode)."""

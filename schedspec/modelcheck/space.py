@@ -10,7 +10,7 @@ from typing import Any
 
 from schedspec.check.capabilities import Capabilities
 from schedspec.check.oracle import ACCEPTANCE_MODES, FakeModel
-from schedspec.check.workload import GATES
+from schedspec.check.features import GATES
 from schedspec.modelcheck.model import MemoModel
 from schedspec.spec.interface import KVCacheGroup, MMInput, Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
@@ -122,7 +122,7 @@ class Space:
     kv_ops: tuple[str, ...] = ()
 
     def kv(self) -> tuple[str, ...]:
-        """The KV features (check/workload.py KV_FEATURES: "connector",
+        """The KV features (check/features.py KV_FEATURES: "connector",
         "hybrid") this space exercises."""
         out = []
         if self.config.kv_connector:
@@ -132,7 +132,7 @@ class Space:
         return tuple(out)
 
     def gates(self) -> tuple[str, ...]:
-        """The admission gates (check/workload.py GATES) this space exercises:
+        """The admission gates (check/features.py GATES) this space exercises:
         from its config, its shapes and its events."""
         c = self.config
         on = {

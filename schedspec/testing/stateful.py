@@ -39,18 +39,19 @@ from schedspec.spec.interface import RequestStatus, SchedulerConfig
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities
 from schedspec.invariants import Invariant
-from schedspec.check.driver import Failure, Runner
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
 from schedspec.check.stats import Stats
 from schedspec.spec.interface import SchedulerFactory
+from schedspec.check.gate_requests import GateRequests
+from schedspec.check.kv_requests import KVRequests
 from schedspec.check.workload import (
     Abort,
     AddRequest,
     Event,
-    GateRequests,
     GrammarReady,
     KVLoadDone,
     KVLoadFailed,
-    KVRequests,
     KVSaveDone,
     PAUSE_MODES,
     Pause,

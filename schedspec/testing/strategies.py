@@ -1,6 +1,6 @@
 """Hypothesis strategies for schedulers: configurations, prefixes, requests.
 
-``configs(space)`` draws from a ``schedspec.check.workload.ConfigSpace``, the
+``configs(space)`` draws from a ``schedspec.check.config_space.ConfigSpace``, the
 one place that says what small configurations look like (the seeded random
 workloads of ``schedspec check`` draw from one too). ``requests`` draws one
 arrival rich in shared prefixes, salts, stop and eos tokens. Both take a
@@ -23,17 +23,9 @@ from typing import Sequence, TypeVar
 from hypothesis import strategies as st
 
 from schedspec.check.capabilities import FULL, Capabilities
-from schedspec.check.workload import (
-    MACHINE_SPACE,
-    ConfigSpace,
-    GateRequests,
-    KVRequests,
-    draw_config,
-    draw_gate_subset,
-    draw_kv_subset,
-    with_gates,
-    with_kv,
-)
+from schedspec.check.config_space import MACHINE_SPACE, ConfigSpace, draw_config
+from schedspec.check.gate_requests import GateRequests, draw_gate_subset, with_gates
+from schedspec.check.kv_requests import KVRequests, draw_kv_subset, with_kv
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
 
 _T = TypeVar("_T")
@@ -76,7 +68,7 @@ def kv_plans(
     draw: st.DrawFn, config: SchedulerConfig, capabilities: Capabilities
 ) -> tuple[SchedulerConfig, KVRequests | None]:
     """``config`` with a subset of the KV features ``capabilities`` supports
-    turned on (schedspec.check.workload.with_kv: a connector with either
+    turned on (schedspec.check.kv_requests.with_kv: a connector with either
     load-failure policy, hybrid groups), and the KVRequests that decorates
     requests with the connector's fields (None without a connector)."""
     rng = draw(st.randoms(use_true_random=False), label="kv draws")
@@ -90,7 +82,7 @@ def gate_plans(
     draw: st.DrawFn, config: SchedulerConfig, capabilities: Capabilities, vocab: int = VOCAB
 ) -> tuple[SchedulerConfig, GateRequests]:
     """``config`` with a subset of the admission gates ``capabilities``
-    supports turned on (schedspec.check.workload.with_gates), and the
+    supports turned on (schedspec.check.gate_requests.with_gates), and the
     GateRequests that decorates requests with the gates' fields (adapters,
     structured outputs, encoder inputs); () gates: ``config`` as it is."""
     rng = draw(st.randoms(use_true_random=False), label="gate draws")

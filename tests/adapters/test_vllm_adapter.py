@@ -29,7 +29,8 @@ from typing import Any, Callable
 import pytest
 
 from schedspec.check.driver import Runner
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, random_workload
+from schedspec.check.random_workloads import random_workload
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step
 from schedspec.spec.interface import (
     Policy,
     ProtocolError,
@@ -67,7 +68,7 @@ needs_vllm = [
 def vllm_loaded() -> Any:
     """Import vLLM once (15-30 s); with SCHEDSPEC_REQUIRE_VLLM=1 a missing or
     wrong vLLM fails here, loudly."""
-    from schedspec.adapters.vllm_adapter import load_vllm
+    from schedspec.adapters.vllm_load import load_vllm
 
     return load_vllm()
 
@@ -491,7 +492,7 @@ def test_forgetting_unreachable_block_keys_changes_nothing() -> None:
 
     def pruning(config: SchedulerConfig) -> Scheduler:
         sched = VllmScheduler(config)
-        sched._prune_at = 0
+        sched._keys._prune_at = 0
         built.append(sched)
         return sched
 
@@ -500,7 +501,7 @@ def test_forgetting_unreachable_block_keys_changes_nothing() -> None:
         runner = Runner(w.config, {"spec": spec_factory, "vllm": pruning})
         failure = runner.run(w.events)
         assert failure is None, failure.describe()
-    assert all(s._prune_at == 4096 for s in built)
+    assert all(s._keys._prune_at == 4096 for s in built)
 
 
 @pytest.mark.usefixtures("vllm_loaded")
@@ -686,7 +687,8 @@ class TestModes:
 
     def test_user_async_scheduler_class(self, vllm_loaded: Any) -> None:
         from schedspec.adapters.registry import factory_of
-        from schedspec.adapters.vllm_adapter import VllmAdapterError, VllmScheduler, capabilities_of_class
+        from schedspec.adapters.vllm_adapter import VllmScheduler, capabilities_of_class
+        from schedspec.adapters.vllm_load import VllmAdapterError
 
         class MyAsync(vllm_loaded.AsyncScheduler):  # type: ignore[misc, name-defined]
             pass
@@ -1015,16 +1017,16 @@ class TestGates:
     def test_vllm_and_its_scheduler_classes_declare_every_gate(self, vllm_loaded: Any) -> None:
         from schedspec.adapters.registry import resolve
         from schedspec.adapters.vllm_adapter import capabilities_of_class
-        from schedspec.check.workload import GATES
+        from schedspec.check.features import GATES
 
         assert resolve("vllm").capabilities.gates() == GATES
         assert capabilities_of_class(vllm_loaded.Scheduler).gates() == GATES
         assert capabilities_of_class(vllm_loaded.AsyncScheduler).gates() == GATES
 
     def test_the_modelled_grammar(self, vllm_loaded: Any) -> None:
-        from schedspec.adapters.vllm_adapter import _Grammar
+        from schedspec.adapters.vllm_requests import Grammar
 
-        g = _Grammar((5, 40, 95, 10**6))
+        g = Grammar((5, 40, 95, 10**6))
         assert g.validate_tokens([1, 2, 40, 3]) == [1, 2] and g.validate_tokens([1, 2]) == [1, 2]
         assert g.accept_tokens("r", [1, 2]) and not g.accept_tokens("r", [2, 5])
         bitmask = vllm_loaded.torch.full((2, 3), -1, dtype=vllm_loaded.torch.int32)

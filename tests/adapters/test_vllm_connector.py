@@ -56,7 +56,7 @@ FULL = KVCacheGroup()
 
 @pytest.fixture(scope="module", autouse=True)
 def vllm_loaded() -> Any:
-    from schedspec.adapters.vllm_adapter import load_vllm
+    from schedspec.adapters.vllm_load import load_vllm
 
     return load_vllm()
 

@@ -88,9 +88,9 @@ def test_patched_refuses_text_that_is_not_there_once() -> None:
 
 def test_patched_without_edits_is_impl() -> None:
     """A patched method with no edit behaves as impl's own (same plans on a workload)."""
-    from schedspec.check.gate import run_workload
+    from schedspec.check.run import run_workload
     from schedspec.adapters.registry import resolve
-    from schedspec.check.workload import random_workload
+    from schedspec.check.random_workloads import random_workload
 
     class Same(ImplScheduler):
         schedule = zoo.patched(ImplScheduler.schedule)

@@ -10,7 +10,8 @@ import pytest
 from schedspec.check.driver import Runner
 from schedspec.check.oracle import FakeModel, Model
 from schedspec.check.stats import Stats
-from schedspec.check.workload import Abort, AddRequest, Step, Workload, random_workload, timed_events
+from schedspec.check.random_workloads import random_workload
+from schedspec.check.workload import Abort, AddRequest, Step, Workload, timed_events
 from schedspec.spec.interface import RequestSpec, SchedulerConfig, StepPlan, StepResult
 from schedspec.spec.scheduler import SpecScheduler
 from tests.support import buggy_schedulers

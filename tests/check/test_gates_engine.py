@@ -16,13 +16,15 @@ from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities
 from schedspec.check.coverage_guided import guided_workload
-from schedspec.check.driver import Failure, Runner
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
 from schedspec.check.oracle import FakeModel
 from schedspec.check.shrink import _consistent, shrink
 from schedspec.check.trace import TraceError
+from schedspec.check.features import GATES, MODES, gates_of, parse_gates
+from schedspec.check.gate_requests import gate_rng, with_gates
+from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import (
-    GATES,
-    MODES,
     Abort,
     AddRequest,
     Event,
@@ -33,11 +35,6 @@ from schedspec.check.workload import (
     Step,
     Workload,
     describe_event,
-    gate_rng,
-    gates_of,
-    parse_gates,
-    random_workload,
-    with_gates,
 )
 from schedspec.spec.interface import (
     MMInput,
@@ -476,7 +473,7 @@ def test_a_class_declaring_a_gate_without_its_method_does_not_conform() -> None:
 
 
 def test_a_view_difference_names_the_gate_fields_and_the_request_fields() -> None:
-    from schedspec.check.driver import describe_difference
+    from schedspec.check.records import describe_difference
 
     runner = Runner(CFG, {"spec": SpecScheduler})
     assert runner.run([AddRequest(_req("a", lora_id=0)), Step()]) is None

@@ -17,10 +17,10 @@ from schedspec.check.driver import Runner
 from schedspec.check.oracle import ACCEPTANCE_MODES, ContextError, FakeModel
 from schedspec.check.shrink import _consistent
 from schedspec.check.trace import TraceError
+from schedspec.check.config_space import CHECK_SPACE, LOCKSTEP_SPACE, draw_config, with_mode
+from schedspec.check.features import MODES, mode_of, parse_modes
+from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import (
-    CHECK_SPACE,
-    LOCKSTEP_SPACE,
-    MODES,
     Abort,
     AddRequest,
     Event,
@@ -30,11 +30,6 @@ from schedspec.check.workload import (
     Step,
     Update,
     Workload,
-    draw_config,
-    mode_of,
-    parse_modes,
-    random_workload,
-    with_mode,
 )
 from schedspec.spec.interface import (
     RequestSpec,

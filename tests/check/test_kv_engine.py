@@ -14,13 +14,15 @@ import pytest
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import Capabilities
 from schedspec.check.driver import Runner
-from schedspec.check.gate import needs_quiescence, run_workload
+from schedspec.check.run import needs_quiescence, run_workload
 from schedspec.check.oracle import FakeModel, KVWorker
 from schedspec.check.report import cell_states, kv_text, step_table
 from schedspec.check.shrink import _consistent, _config_options, _kv_options
 from schedspec.check.stats import Stats
+from schedspec.check.features import KV_FEATURES, kv_of, parse_kv
+from schedspec.check.kv_requests import chunk_rng, draw_kv_groups, kv_rng
+from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import (
-    KV_FEATURES,
     KV_REPORT_BOUND,
     Abort,
     AddRequest,
@@ -30,12 +32,6 @@ from schedspec.check.workload import (
     KVSaveDone,
     Step,
     describe_event,
-    chunk_rng,
-    draw_kv_groups,
-    kv_of,
-    kv_rng,
-    parse_kv,
-    random_workload,
 )
 from schedspec.spec.interface import (
     KVCacheGroup,

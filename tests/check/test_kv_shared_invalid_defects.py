@@ -2,7 +2,7 @@
 "recompute", found by `schedspec check --kv connector --modes sync --seed 300`
 (docs/divergences.md). Spec and vLLM agree on both step by step; the check
 names each, and its generator leaves the combination out
-(schedspec/check/workload.py) so the default check stays on what vLLM
+(schedspec/check/defects.py) so the default check stays on what vLLM
 computes correctly.
 
 - A shared invalid block whose recomputing holder is aborted: vLLM lets the
@@ -25,8 +25,10 @@ from typing import Any
 
 import pytest
 
-from schedspec.check.driver import Failure, Runner
-from schedspec.check.workload import Abort, AddRequest, Event, KVLoadFailed, Step, keep_failed_sync_loads_alive
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
+from schedspec.check.defects import keep_failed_sync_loads_alive
+from schedspec.check.workload import Abort, AddRequest, Event, KVLoadFailed, Step
 from schedspec.spec.interface import KVCacheGroup, MMInput, Policy, RequestSpec, SchedulerConfig
 from schedspec.spec.scheduler import SpecScheduler
 
@@ -78,21 +80,22 @@ def test_a_rewind_before_an_unencoded_input_never_progresses() -> None:
 
 
 def test_the_generator_keeps_a_failed_sync_load_alive() -> None:
-    assert keep_failed_sync_loads_alive(list(SHARED)) == [e for e in SHARED if not isinstance(e, Abort)]
+    assert keep_failed_sync_loads_alive(list(SHARED), SHARED_CFG) == [e for e in SHARED if not isinstance(e, Abort)]
     # an asynchronous load's request may still be aborted (aborts during loads)
     async_req = AddRequest(RequestSpec("a", (1, 2, 3), 1, kv_external_tokens=2, kv_load_async=True))
     kept: list[Event] = [async_req, KVLoadFailed("a"), Abort("a")]
-    assert keep_failed_sync_loads_alive(list(kept)) == kept
+    assert keep_failed_sync_loads_alive(list(kept), SHARED_CFG) == kept
     # an abort before the failure is reported stays
     early: list[Event] = [SHARED[1], Abort("r47"), KVLoadFailed("r47", 0)]
-    assert keep_failed_sync_loads_alive(list(early)) == early
+    assert keep_failed_sync_loads_alive(list(early), SHARED_CFG) == early
 
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
 @pytest.mark.parametrize("case", ["shared", "encoder"])
 def test_vllm_agrees_up_to_the_same_finding(case: str) -> None:
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     cfg, events = (SHARED_CFG, SHARED) if case == "shared" else (ENCODER_CFG, ENCODER)
@@ -135,7 +138,8 @@ def test_a_preempted_recompute_leaves_its_invalid_blocks_cached_for_its_own_resu
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
 def test_vllm_resumes_the_preempted_request_through_the_invalid_block_too() -> None:
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     failure = _run(PREEMPT_CFG, PREEMPT, {"spec": SpecScheduler, "vllm": VllmScheduler})
@@ -168,7 +172,8 @@ def test_a_failed_async_load_recomputes_into_its_freed_window() -> None:
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
 def test_vllm_recomputes_into_the_freed_window_too() -> None:
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     failure = _run(WINDOW_CFG, WINDOW, {"spec": SpecScheduler, "vllm": VllmScheduler})
@@ -179,7 +184,7 @@ def test_vllm_recomputes_into_the_freed_window_too() -> None:
 def test_the_generator_fails_no_load_into_a_window_under_recompute() -> None:
     import random
 
-    from schedspec.check.workload import KVRequests
+    from schedspec.check.kv_requests import KVRequests
 
     kv = KVRequests(WINDOW_CFG, random.Random(0))
     req = RequestSpec("x", tuple(range(1, 17)), 1)

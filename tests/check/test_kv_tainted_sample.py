@@ -58,7 +58,8 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 def test_vllm_plans_the_same_stale_placeholder() -> None:
     """In lockstep vLLM plans and views equal the spec's up to the same
     finding (no mismatch is reported first)."""
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     _, failure = run({"spec": SpecScheduler, "vllm": VllmScheduler})

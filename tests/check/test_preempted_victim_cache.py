@@ -21,8 +21,10 @@ from typing import Callable
 
 import pytest
 
-from schedspec.check.driver import Failure, Runner
-from schedspec.check.workload import AddRequest, Event, Step, random_workload
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
+from schedspec.check.random_workloads import random_workload
+from schedspec.check.workload import AddRequest, Event, Step
 from schedspec.impl.scheduler import ImplScheduler
 from schedspec.spec.interface import Policy, RequestSpec, RequestStatus, Scheduler, SchedulerConfig, StepResult
 from schedspec.spec.scheduler import SpecScheduler

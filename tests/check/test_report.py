@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from schedspec.check import report
-from schedspec.check.driver import Failure, Runner, StepRecord
-from schedspec.check.workload import random_workload
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure, StepRecord
+from schedspec.check.random_workloads import random_workload
 from schedspec.spec.scheduler import SpecScheduler
 
 

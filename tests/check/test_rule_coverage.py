@@ -284,7 +284,7 @@ def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["check", "--steps", "200", "--quiet", "--generator", "random", "--modes", "sync",
                  "--gates", "none", "--kv", "none", "--json", str(out2)]) == 0
     from schedspec.check.driver import Runner
-    from schedspec.check.workload import random_workload
+    from schedspec.check.random_workloads import random_workload
 
     alone = Runner(random_workload(0, 200).config, {"spec": SpecScheduler}, oracle_seed=0)
     assert alone.run(random_workload(0, 200).events) is None

@@ -4,8 +4,8 @@ few steps."""
 
 from __future__ import annotations
 
-from schedspec.check.driver import Failure
-from schedspec.check.gate import run_workload
+from schedspec.check.records import Failure
+from schedspec.check.run import run_workload
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.workload import Abort, AddRequest, Event, Step, Workload
 from schedspec.spec.interface import RequestSpec, SchedulerConfig

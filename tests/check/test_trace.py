@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from schedspec.check import trace as tracefile
 from schedspec.check.trace import TraceError
-from schedspec.check.workload import random_workload
+from schedspec.check.random_workloads import random_workload
 
 VALID = tracefile.dumps(tracefile.Trace(random_workload(3, 12)))
 LINES = VALID.splitlines()

@@ -12,7 +12,8 @@ import shutil
 from pathlib import Path
 
 from schedspec.check import trace as tracefile
-from schedspec.check.workload import GATES, GrammarReady, Pause, Step, Workload, AddRequest
+from schedspec.check.features import GATES
+from schedspec.check.workload import GrammarReady, Pause, Step, Workload, AddRequest
 from schedspec.cli.main import main
 from schedspec.spec.interface import RequestSpec, SchedulerConfig
 
@@ -103,7 +104,7 @@ def test_replay_against_a_scheduler_without_gates_skips_the_gated_traces(tmp_pat
 
 
 def _reachable(gates: tuple[str, ...]) -> int:
-    from schedspec.check.workload import GATE_CAPABILITIES
+    from schedspec.check.features import GATE_CAPABILITIES
     from schedspec.spec.rule_names import ALL_MODES, reachable_in
 
     return len(reachable_in(ALL_MODES, tuple(GATE_CAPABILITIES[g] for g in gates)))

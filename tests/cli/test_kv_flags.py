@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from schedspec.check import trace as tracefile
-from schedspec.check.workload import random_workload
+from schedspec.check.random_workloads import random_workload
 from schedspec.cli.main import main
 
 #: the spec's class named as a user's: it declares nothing, so no KV feature

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from schedspec.check.oracle import FakeModel
-from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step, random_workload
+from schedspec.check.random_workloads import random_workload
+from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Step
 from schedspec.impl import ImplScheduler
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig, SchedulerView
 from schedspec.spec.scheduler import SpecScheduler

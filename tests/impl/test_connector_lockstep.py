@@ -12,8 +12,8 @@ from typing import Any, Mapping, Sequence
 import pytest
 
 import schedspec.check.oracle as oracle
-from schedspec.check.gate import run_workload
-from schedspec.check.workload import random_workload
+from schedspec.check.run import run_workload
+from schedspec.check.random_workloads import random_workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec.scheduler import SpecScheduler
 

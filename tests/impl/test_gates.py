@@ -14,7 +14,7 @@ import pytest
 
 import tests.spec.test_gates as spec_gates
 from schedspec.adapters.registry import resolve
-from schedspec.check.workload import GATES
+from schedspec.check.features import GATES
 from schedspec.impl import ImplScheduler
 from schedspec.spec import RequestStatus, SpecScheduler, StepPlan, StepResult
 from schedspec.spec.interface import MMInput, PauseState

@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 
 import schedspec.check.oracle as oracle
-from schedspec.check.gate import run_workload
-from schedspec.check.workload import random_workload
+from schedspec.check.run import run_workload
+from schedspec.check.random_workloads import random_workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec import SchedulerConfig
 from schedspec.spec.interface import KVCacheGroup, StepResult, group_block_key

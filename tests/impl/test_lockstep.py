@@ -36,7 +36,7 @@ from schedspec.spec.interface import (
     StepResult,
 )
 from schedspec.spec.scheduler import SpecScheduler
-from schedspec.check.workload import LOCKSTEP_SPACE
+from schedspec.check.config_space import LOCKSTEP_SPACE
 from schedspec.testing.strategies import configs
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
@@ -97,7 +97,7 @@ class Lockstep(RuleBasedStateMachine):
         assert self.spec is not None and self.impl is not None
         va, vb = self.spec.view(), self.impl.view()
         if va != vb:
-            from schedspec.check.driver import describe_difference
+            from schedspec.check.records import describe_difference
 
             raise AssertionError(describe_difference("view()", "spec", va, "impl", vb))
 

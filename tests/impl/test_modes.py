@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from schedspec.check.driver import Runner
-from schedspec.check.workload import LOCKSTEP_SPACE, random_workload
+from schedspec.check.config_space import LOCKSTEP_SPACE
+from schedspec.check.random_workloads import random_workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec.errors import ConfigError
 from schedspec.spec.interface import ProtocolError, SchedulerConfig, StepPlan, StepResult

@@ -455,7 +455,8 @@ def _drive(make: Callable[[SchedulerConfig], Any], seed: int, check: Callable[[A
     """Run a seeded random workload on one scheduler with the fake model, calling
     ``check`` after every operation."""
     from schedspec.check.oracle import FakeModel
-    from schedspec.check.workload import Abort, AddRequest, ResetPrefixCache, random_workload
+    from schedspec.check.random_workloads import random_workload
+    from schedspec.check.workload import Abort, AddRequest, ResetPrefixCache
 
     w = random_workload(seed, 60)
     s = make(w.config)

@@ -243,7 +243,8 @@ def test_vllm_stalls_on_a_failed_load() -> None:
     """The same on vLLM 0.33.0's Scheduler (adapter): when a vLLM release
     fixes _update_waiting_for_remote_kv / _inflight_prefills, this fails:
     then remove progress-admits-head's exception and the spec's behaviour."""
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
 
     load_vllm()
     _drive_stall(VllmScheduler(SchedulerConfig(**STALL)), monitor=False)
@@ -295,7 +296,7 @@ TRACES = sorted(p.name for p in DATA.glob("*.jsonl"))
 
 def _replay(name: str, factories: dict[str, Any]) -> Any:
     from schedspec.check import trace as tracefile
-    from schedspec.check.gate import run_workload
+    from schedspec.check.run import run_workload
 
     t = tracefile.read(DATA / name)
     return run_workload(t.workload, factories, vocab=t.vocab, oracle_seed=t.oracle_seed)[1]
@@ -312,7 +313,8 @@ def test_shrunk_counterexamples_hold_every_invariant_on_the_spec(name: str) -> N
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRE, reason="vLLM is not installed")
 @pytest.mark.parametrize("name", TRACES)
 def test_vllm_agrees_on_the_shrunk_counterexamples(name: str) -> None:
-    from schedspec.adapters.vllm_adapter import VllmScheduler, load_vllm
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
     from schedspec.spec.scheduler import SpecScheduler
 
     load_vllm()

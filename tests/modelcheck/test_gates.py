@@ -14,7 +14,8 @@ import pytest
 from schedspec.adapters.registry import resolve
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import Capabilities
-from schedspec.check.workload import GATES, Schedule
+from schedspec.check.features import GATES
+from schedspec.check.workload import Schedule
 from schedspec.cli.main import main
 from schedspec.invariants import CATALOGUE
 from schedspec.modelcheck import BoundResult, Expander, Explorer, bound, check_bound, expected_memory
@@ -87,7 +88,7 @@ def test_the_gates_bound_reaches_the_gate_rules(gates: BoundResult) -> None:
     counts = rule_coverage.new_counts()
     for r in gates.spaces:
         rule_coverage.merge(counts, r.rules)
-    from schedspec.check.workload import GATE_CAPABILITIES
+    from schedspec.check.features import GATE_CAPABILITIES
 
     # the admission gates' capabilities (the KV connector's and hybrid groups'
     # rules have bounds of their own: tests/modelcheck/test_kv.py)
@@ -102,7 +103,7 @@ def test_the_gates_bound_reaches_the_gate_rules(gates: BoundResult) -> None:
 
 
 def _cap(gate: str) -> str:
-    from schedspec.check.workload import GATE_CAPABILITIES
+    from schedspec.check.features import GATE_CAPABILITIES
 
     return GATE_CAPABILITIES[gate]
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 
 from schedspec.check.capabilities import GATE_CAPABILITY_NAMES, FULL, Capabilities, CapabilityError, capabilities_of
-from schedspec.check.workload import Abort, AddRequest, ResetPrefixCache, random_workload
+from schedspec.check.random_workloads import random_workload
+from schedspec.check.workload import Abort, AddRequest, ResetPrefixCache
 from schedspec.invariants import CATALOGUE, BY_ID
 from schedspec.spec.interface import Policy, SchedulerConfig
 from schedspec.testing.strategies import configs, requests
@@ -97,7 +98,7 @@ def test_round_trip_as_data() -> None:
 def test_the_strategies_and_the_machine_draw_the_gates_a_declaration_supports() -> None:
     from hypothesis import settings as hsettings
 
-    from schedspec.check.workload import gates_of
+    from schedspec.check.features import gates_of
     from schedspec.testing.strategies import configs
 
     seen: set[str] = set()

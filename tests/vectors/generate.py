@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from schedspec.check import trace as tracefile
-from schedspec.check.driver import Runner, StepRecord
+from schedspec.check.driver import Runner
+from schedspec.check.records import StepRecord
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Schedule, Step, Update, Workload
 from schedspec.spec import Policy, RequestStatus, ScheduleKind, SchedulerConfig, SpecScheduler, StepPlan
 from schedspec.spec.interface import ScheduledRequest

@@ -1,0 +1,191 @@
+"""The vLLM 0.33 defects the generators steer around, as data.
+
+Each record names a behaviour of vLLM 0.33 that the default check would
+otherwise meet again and again (a stall, a read of invalid KV) although it is
+already written up in docs/divergences.md: what vLLM does, the entry there
+(its title), what reports it in a trace that still holds it, the generator's
+draws it changes (``knobs``) and the predicate that says when it applies to a
+request under a config. The generators ask ``avoid(knob, config, request)``
+before a draw and leave the draw out (or take the safe one) when a record
+applies; replayed traces and hand-written cases may still hold every
+combination, so the spec, the invariants and the fake model keep reporting
+them.
+
+A defect vLLM fixes is one record less; a new one is one record more, with
+its knob where the generator makes that draw (check/kv_requests.py,
+``KVRequests.decorate``; ``keep_failed_sync_loads_alive`` for the events).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from schedspec.spec.interface import RequestSpec, SchedulerConfig
+from schedspec.spec.kv_kinds import kind_of
+
+from schedspec.check.workload import Abort, AddRequest, Event, KVLoadFailed
+
+# The draws a defect can change (what ``knobs`` holds):
+
+#: an external prefix loaded asynchronously (avoided: the load is synchronous)
+ASYNC_LOAD = "async load"
+#: a synchronous load reported failed (avoided: no failure is drawn)
+FAIL_SYNC_LOAD = "failed synchronous load"
+#: an asynchronous load failed at one block (avoided: it fails as a whole)
+FAIL_ASYNC_LOAD_AT_BLOCK = "asynchronous load failed at a block"
+#: an abort of a request after its synchronous load was reported failed
+#: (avoided: the abort is left out)
+ABORT_AFTER_FAILED_SYNC_LOAD = "abort after a failed synchronous load"
+
+KNOBS: tuple[str, ...] = (ASYNC_LOAD, FAIL_SYNC_LOAD, FAIL_ASYNC_LOAD_AT_BLOCK, ABORT_AFTER_FAILED_SYNC_LOAD)
+
+
+@dataclass(frozen=True)
+class Defect:
+    """One vLLM 0.33 behaviour the generators steer around."""
+
+    #: a short name (what tests and reports call it)
+    name: str
+    #: what vLLM does, in a sentence, with the file and function
+    behaviour: str
+    #: the title the entry of docs/divergences.md starts with
+    section: str
+    #: what reports it when a trace holds it (an invariant id, the fake
+    #: model's kv-context, a stall)
+    reported_by: str
+    #: the generator's draws it changes (KNOBS)
+    knobs: frozenset[str]
+    #: whether it applies to ``request`` under ``config``
+    applies: Callable[[SchedulerConfig, RequestSpec], bool]
+
+
+def _one_token_prompt(config: SchedulerConfig, request: RequestSpec) -> bool:
+    return len(request.prompt_token_ids) <= 1
+
+
+def _async_load_over_spec_reserve(config: SchedulerConfig, request: RequestSpec) -> bool:
+    """Whether an asynchronous load of the request's prompt can never be
+    admitted: vLLM admits one only if its blocks fit beside
+    ``_spec_decode_step_blocks``, a reservation it makes even with nothing
+    running (counted per group, without a sliding window's cap: on the safe
+    side)."""
+    if not config.num_speculative_tokens:
+        return False
+    n = len(request.prompt_token_ids)
+    bs, groups = config.block_size, len(config.groups)
+    step = 1 + config.num_speculative_tokens + config.num_lookahead_tokens
+    need = groups * (-(-min(n, config.max_model_len) // bs) + -(-step // bs))
+    return need > config.num_blocks - 1
+
+
+def _async_scheduling(config: SchedulerConfig, request: RequestSpec) -> bool:
+    return config.async_scheduling
+
+
+def _has_encoder_inputs(config: SchedulerConfig, request: RequestSpec) -> bool:
+    return bool(request.mm_inputs)
+
+
+def _recompute_with_skipping_group(config: SchedulerConfig, request: RequestSpec) -> bool:
+    """Under "recompute" with a group that frees blocks before the request's
+    end (a sliding window, a chunk), a load failure that leaves tokens to
+    recompute after the load's first block rewinds the request below blocks
+    already nulled."""
+    return config.kv_load_failure_policy == "recompute" and any(
+        kind_of(g).skips for g in config.kv_cache_groups
+    )
+
+
+def _synchronous_load(config: SchedulerConfig, request: RequestSpec) -> bool:
+    return not request.kv_load_async
+
+
+#: Every defect the generators steer around, in the order docs/divergences.md
+#: writes them up.
+DEFECTS: tuple[Defect, ...] = (
+    Defect(
+        name="one-token-async-load",
+        behaviour=("a one-token prompt loaded asynchronously is promoted with no token computed, so the "
+                   "waiting loop asks the stateless connector again and loads it after every report, never "
+                   "finishing (scheduler.py, _update_waiting_for_remote_kv and schedule())"),
+        section="A one-token prompt loaded asynchronously",
+        reported_by="a stall",
+        knobs=frozenset({ASYNC_LOAD}),
+        applies=_one_token_prompt,
+    ),
+    Defect(
+        name="async-load-over-spec-reserve",
+        behaviour=("with speculative decoding an asynchronous load is admitted only if its blocks fit beside "
+                   "_spec_decode_step_blocks, reserved even with nothing running: a prompt within that "
+                   "reservation of the whole pool waits for ever (scheduler.py, schedule(), the WAITING loop)"),
+        section="An asynchronous load within the speculative step of the whole pool is never admitted",
+        reported_by="a stall (progress and progress-admits-head stand aside for it)",
+        knobs=frozenset({ASYNC_LOAD}),
+        applies=_async_load_over_spec_reserve,
+    ),
+    Defect(
+        name="stale-placeholder-after-failed-sync-load",
+        behaviour=("with async scheduling update_from_output skips a request whose synchronous load failed "
+                   "before giving back its output placeholder, so later plans carry a -1 that no output fills "
+                   "(scheduler.py, update_from_output, failed_kv_load_req_ids)"),
+        section="A stale output placeholder after a failed synchronous load",
+        reported_by="kv-context (the fake model)",
+        knobs=frozenset({FAIL_SYNC_LOAD}),
+        applies=_async_scheduling,
+    ),
+    Defect(
+        name="recompute-into-freed-window",
+        behaviour=("under \"recompute\" a load failure truncates the request's computed tokens below blocks its "
+                   "sliding window or chunk already replaced by the null block, and the recomputed tokens "
+                   "attend positions whose blocks are gone (scheduler.py, _update_requests_with_invalid_blocks)"),
+        section="Recompute into a freed sliding window",
+        reported_by="group-tables-cover",
+        knobs=frozenset({FAIL_SYNC_LOAD, FAIL_ASYNC_LOAD_AT_BLOCK}),
+        applies=_recompute_with_skipping_group,
+    ),
+    Defect(
+        name="shared-invalid-block-holder-aborted",
+        behaviour=("under \"recompute\" a second holder of a shared invalid block keeps counting it computed "
+                   "because the first holder will recompute it; if that holder is aborted first, the second "
+                   "reads invalid KV (scheduler.py, _update_requests_with_invalid_blocks, "
+                   "marked_invalid_block_ids)"),
+        section="A shared invalid block whose recomputing holder is aborted is read as computed",
+        reported_by="invalid-block-not-computed",
+        knobs=frozenset({ABORT_AFTER_FAILED_SYNC_LOAD}),
+        applies=_synchronous_load,
+    ),
+    Defect(
+        name="rewind-before-unencoded-input",
+        behaviour=("a recompute that rewinds a request before an encoder input it never encoded, while its "
+                   "own later input fills the encoder cache, leaves it never scheduled again (scheduler.py, "
+                   "_try_schedule_encoder_inputs; encoder_cache_manager.py, can_allocate)"),
+        section="A recompute that rewinds a request before an encoder input it never encoded",
+        reported_by="progress",
+        knobs=frozenset({FAIL_SYNC_LOAD}),
+        applies=_has_encoder_inputs,
+    ),
+)
+
+
+def avoid(knob: str, config: SchedulerConfig, request: RequestSpec) -> bool:
+    """Whether the draw ``knob`` (KNOBS) for ``request`` under ``config``
+    would meet a defect of DEFECTS: the generator then leaves it out."""
+    return any(knob in d.knobs and d.applies(config, request) for d in DEFECTS)
+
+
+def keep_failed_sync_loads_alive(events: list[Event], config: SchedulerConfig) -> list[Event]:
+    """``events`` less the aborts that ABORT_AFTER_FAILED_SYNC_LOAD avoids:
+    an abort of a request after the worker reported its synchronous load
+    failed ("shared-invalid-block-holder-aborted")."""
+    sync = {e.request.request_id for e in events
+            if isinstance(e, AddRequest) and avoid(ABORT_AFTER_FAILED_SYNC_LOAD, config, e.request)}
+    failed: set[str] = set()
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, KVLoadFailed) and e.request_id in sync:
+            failed.add(e.request_id)
+        if isinstance(e, Abort) and e.request_id in failed:
+            continue
+        out.append(e)
+    return out

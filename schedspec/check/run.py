@@ -1,0 +1,64 @@
+"""Running one workload: the driver over its events, the run to quiescence
+of a workload with a KV connector or hybrid groups, the fast plans-only
+lockstep, and the spec's rule counts of a run. The check loop
+(check/gate.py), the shrinker (through ``failure_of``) and ``schedspec
+replay`` run workloads through these."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from schedspec.invariants import Invariant
+from schedspec.spec.interface import SchedulerConfig, SchedulerFactory
+from schedspec.spec.scheduler import SpecScheduler
+
+from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
+from schedspec.check.workload import Workload
+
+
+def needs_quiescence(config: SchedulerConfig) -> bool:
+    """Whether a workload of ``config`` ends with the run to quiescence (a
+    KV connector or hybrid KV cache groups: Runner.quiesce)."""
+    return config.kv_connector or config.is_hybrid
+
+
+def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
+                 oracle_seed: int = 0, keep_history: bool = False,
+                 plans_only: bool = False,
+                 invariants: Sequence[Invariant] | None = None) -> tuple[Runner, Failure | None]:
+    """Run one workload. ``plans_only``: compare plans (and model outputs) at
+    every step but views only once, at the end, with no invariants: the fast
+    lockstep; a failure it finds is re-run with everything on. ``invariants``:
+    the ones to check (None: the whole catalogue). With one factory nothing is
+    compared: the invariants alone judge it. A workload with a KV connector
+    or hybrid groups then runs to quiescence (``needs_quiescence``): every
+    request finished, every worker report delivered, every block free."""
+    runner = Runner(workload.config, factories, vocab=vocab, oracle_seed=oracle_seed,
+                    keep_history=keep_history, check_invariants=not plans_only,
+                    compare_views=not plans_only, invariants=invariants)
+    failure = runner.run(workload.events)
+    if failure is None and needs_quiescence(workload.config):
+        failure = runner.quiesce()
+    if failure is None and plans_only and len(factories) > 1:
+        failure = runner.compare_final_views()
+    return runner, failure
+
+
+def failure_of(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
+               oracle_seed: int = 0, invariants: Sequence[Invariant] | None = None) -> Failure | None:
+    """What ``run_workload`` finds on ``workload`` with everything checked
+    (the shrinker's check of a candidate), None when it holds."""
+    return run_workload(workload, factories, vocab, oracle_seed=oracle_seed, invariants=invariants)[1]
+
+
+def count_rules(runner: Runner, workload: Workload, seed: int, vocab: int) -> None:
+    """Add the spec's rule counts for ``workload`` to ``runner.stats``: the
+    reference's (the first scheduler), or, when it keeps none (invariants
+    mode against another scheduler), a run of the spec alone on the same events."""
+    if runner.stats.absorb_rules(runner.scheds[runner.names[0]]):
+        return
+    spec = Runner(workload.config, {"spec": SpecScheduler}, vocab=vocab, oracle_seed=seed,
+                  check_invariants=False, compare_views=False)
+    spec.run(workload.events)
+    runner.stats.absorb_rules(spec.primary)

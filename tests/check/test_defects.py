@@ -1,0 +1,70 @@
+"""The vLLM defects the generators steer around are a table of records
+(schedspec/check/defects.py): each names its docs/divergences.md entry, the
+draws it changes, and when it applies."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+from schedspec.check.defects import (
+    ABORT_AFTER_FAILED_SYNC_LOAD,
+    ASYNC_LOAD,
+    DEFECTS,
+    FAIL_ASYNC_LOAD_AT_BLOCK,
+    FAIL_SYNC_LOAD,
+    KNOBS,
+    avoid,
+)
+from schedspec.check.kv_requests import KVRequests
+from schedspec.spec.interface import KVCacheGroup, MMInput, RequestSpec, SchedulerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CFG = SchedulerConfig(block_size=2, num_blocks=40, max_model_len=32, max_num_batched_tokens=32,
+                      kv_connector=True, kv_load_failure_policy="fail")
+REQ = RequestSpec("r", tuple(range(1, 9)), 1)
+
+
+def test_the_records_are_well_formed_and_every_knob_is_used() -> None:
+    names = [d.name for d in DEFECTS]
+    assert len(set(names)) == len(names)
+    for d in DEFECTS:
+        assert d.knobs and d.knobs <= set(KNOBS), d.name
+        assert d.behaviour and d.section and d.reported_by, d.name
+    assert set().union(*(d.knobs for d in DEFECTS)) == set(KNOBS)
+
+
+def test_each_defect_has_its_entry_in_the_divergences_document() -> None:
+    text = (ROOT / "docs" / "divergences.md").read_text()
+    for d in DEFECTS:
+        assert f"**{d.section}" in text, f"{d.name}: no entry titled {d.section!r} in docs/divergences.md"
+
+
+def test_nothing_is_avoided_for_a_plain_request() -> None:
+    assert not any(avoid(k, CFG, REQ) for k in (ASYNC_LOAD, FAIL_SYNC_LOAD, FAIL_ASYNC_LOAD_AT_BLOCK))
+    # an asynchronous load's request may be aborted after a failure
+    assert not avoid(ABORT_AFTER_FAILED_SYNC_LOAD, CFG, RequestSpec("a", (1, 2), 1, kv_external_tokens=1,
+                                                                    kv_load_async=True))
+
+
+def test_each_defect_steers_its_draws() -> None:
+    one_token = RequestSpec("r", (5,), 1)
+    assert avoid(ASYNC_LOAD, CFG, one_token)
+    spec = SchedulerConfig(block_size=2, num_blocks=17, max_model_len=32, max_num_batched_tokens=32,
+                           num_speculative_tokens=2, kv_connector=True)
+    assert avoid(ASYNC_LOAD, spec, RequestSpec("r", tuple(range(1, 30)), 1))
+    assert not avoid(ASYNC_LOAD, spec, RequestSpec("r", tuple(range(1, 5)), 1))
+    assert avoid(FAIL_SYNC_LOAD, dataclasses.replace(CFG, async_scheduling=True), REQ)
+    assert avoid(FAIL_SYNC_LOAD, CFG, RequestSpec("r", tuple(range(1, 9)), 1, mm_inputs=(MMInput(1, 2, "m"),)))
+    window = dataclasses.replace(CFG, kv_load_failure_policy="recompute",
+                                 kv_cache_groups=(KVCacheGroup("sliding_window", sliding_window=4),))
+    assert avoid(FAIL_SYNC_LOAD, window, REQ) and avoid(FAIL_ASYNC_LOAD_AT_BLOCK, window, REQ)
+    assert avoid(ABORT_AFTER_FAILED_SYNC_LOAD, CFG, RequestSpec("s", (1, 2), 1, kv_external_tokens=1))
+
+
+def test_the_generator_draws_no_async_load_of_a_one_token_prompt() -> None:
+    kv = KVRequests(CFG, random.Random(1))
+    drawn = [kv.decorate(RequestSpec(f"x{i}", (7,), 1)) for i in range(200)]
+    assert not any(r.kv_load_async for r in drawn)

@@ -119,7 +119,7 @@ DEFECTS: tuple[Defect, ...] = (
         behaviour=("with speculative decoding an asynchronous load is admitted only if its blocks fit beside "
                    "_spec_decode_step_blocks, reserved even with nothing running: a prompt within that "
                    "reservation of the whole pool waits for ever (scheduler.py, schedule(), the WAITING loop)"),
-        section="An asynchronous load within the speculative step of the whole pool is never admitted",
+        section="An asynchronous load within one speculative step of the whole pool is never admitted",
         reported_by="a stall (progress and progress-admits-head stand aside for it)",
         knobs=frozenset({ASYNC_LOAD}),
         applies=_async_load_over_spec_reserve,
@@ -150,7 +150,7 @@ DEFECTS: tuple[Defect, ...] = (
                    "because the first holder will recompute it; if that holder is aborted first, the second "
                    "reads invalid KV (scheduler.py, _update_requests_with_invalid_blocks, "
                    "marked_invalid_block_ids)"),
-        section="A shared invalid block whose recomputing holder is aborted is read as computed",
+        section="A shared invalid block whose recomputing holder is aborted or preempted is read as",
         reported_by="invalid-block-not-computed",
         knobs=frozenset({ABORT_AFTER_FAILED_SYNC_LOAD}),
         applies=_synchronous_load,
@@ -160,7 +160,7 @@ DEFECTS: tuple[Defect, ...] = (
         behaviour=("a recompute that rewinds a request before an encoder input it never encoded, while its "
                    "own later input fills the encoder cache, leaves it never scheduled again (scheduler.py, "
                    "_try_schedule_encoder_inputs; encoder_cache_manager.py, can_allocate)"),
-        section="A recompute that rewinds a request before an encoder input it never encoded",
+        section="A recompute that rewinds a request before an encoder input it never encoded can stall it",
         reported_by="progress",
         knobs=frozenset({FAIL_SYNC_LOAD}),
         applies=_has_encoder_inputs,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-#: The four ways a scheduler runs (schedspec.check.workload.MODES).
+#: The four ways a scheduler runs (schedspec.check.features.MODES).
 ALL_MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
 
 #: The KV dimensions' capabilities (schedspec.check.capabilities): a rule

@@ -63,6 +63,7 @@ from schedspec.spec.interface import (
     StepPlan,
     StepResult,
 )
+from schedspec.spec.request_state import GrammarState
 from schedspec.spec.scheduler import SpecScheduler
 
 T = TypeVar("T")
@@ -371,7 +372,7 @@ class Expander:
             requests: Any = getattr(s, "requests", {})
             for k, (rid, r) in enumerate(v.requests.items()):
                 if (r.status is RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-                        and getattr(requests.get(rid), "grammar", None) is None):
+                        and getattr(requests.get(rid), "grammar", None) in (None, GrammarState.COMPILING)):
                     grammar_waiting.append(k)
         return self.alphabet.enabled(len(v.requests) + len(v.finished), len(v.requests),
                                      len(flight.pairs) if flight is not None else 0, int(v.pause_state),
@@ -1067,7 +1068,7 @@ def _busy(succ: Successor) -> bool:
         return False
     requests: Any = getattr(succ.state, "requests", {})
     return any(r.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-               or getattr(requests.get(rid), "grammar", None) is not None for rid, r in v.requests.items())
+               or getattr(requests.get(rid), "grammar", None) not in (None, GrammarState.COMPILING) for rid, r in v.requests.items())
 
 
 def engine_idle(v: SchedulerView, in_flight: int) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from schedspec.spec.request_state import GrammarState
 from schedspec.spec.interface import RequestStatus, SchedulerView
 
 #: A canonical fingerprint: a nested tuple of ints, strings and None.
@@ -113,7 +114,7 @@ def hidden_gate_state(s: object, v: SchedulerView) -> Fingerprint:
     """What the reference scheduler keeps of the admission gates that its
     view does not show, read from its public fields (empty parts for a
     scheduler without them), ids renamed by arrival rank: per request
-    whether its grammar compiled (None while compiling), the requests
+    whether its grammar compiled (nothing while it compiles), the requests
     deferred by the WAITING loop and those whose grammar failed, and the
     encoder cache's bookkeeping (which requests reference each entry and
     which of their inputs, the freeable entries in eviction order, the
@@ -131,8 +132,9 @@ def hidden_gate_state(s: object, v: SchedulerView) -> Fingerprint:
     for refs in cached.values():
         ids |= refs
     rank = _ranks(ids)
-    grammar = tuple(sorted((rank[rid], getattr(r, "grammar", None) is True, getattr(r, "grammar", None) is False)
-                           for rid, r in requests.items() if getattr(r, "grammar", None) is not None))
+    reported = {rid: g for rid, r in requests.items()
+                if (g := getattr(r, "grammar", None)) in (GrammarState.READY, GrammarState.FAILED)}
+    grammar = tuple(sorted((rank[rid], g is GrammarState.READY, g is GrammarState.FAILED) for rid, g in reported.items()))
     enc_part: Any = ()
     if enc is not None:
         enc_part = (

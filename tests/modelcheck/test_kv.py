@@ -25,6 +25,7 @@ from schedspec.modelcheck.space import Space
 from schedspec.modelcheck.state import Canon, expected_memory
 from schedspec.spec.interface import KVCacheGroup, RequestStatus, StepResult
 from schedspec.spec.kv_cache import KVPool
+from schedspec.spec.kv_cache import CacheHit
 from schedspec.spec.kv_groups import NULL_BLOCK, find_group_hit, skipped_blocks_to_free
 from schedspec.spec.scheduler import SpecScheduler
 
@@ -83,7 +84,7 @@ class _WindowBlindPool(KVPool):
             if not sp.is_full:
                 for gid in sp.group_ids:
                     blocks[gid] = [NULL_BLOCK] * (length // lay.block_size)
-        return blocks, length, 0
+        return CacheHit(blocks, length, 0)
 
 
 class WindowBlindHit(SpecScheduler):

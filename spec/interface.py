@@ -818,34 +818,27 @@ class StepResult:
 
 @dataclass(frozen=True)
 class RequestView:
-    request_id: str
+    """A request as a scheduler reports it: the request as submitted
+    (``spec``: its every field, read as ``view.spec.max_tokens``, declared
+    once in RequestSpec) and the request's state in the scheduler (the fields
+    below, vLLM's Request fields of those names where vLLM has one)."""
+
+    spec: RequestSpec
     status: RequestStatus
-    priority: int
-    arrival: int
-    prompt_token_ids: tuple[int, ...]
     output_token_ids: tuple[int, ...]
-    max_tokens: int
     num_computed_tokens: int
     block_ids: tuple[int, ...]
     num_preemptions: int
-    cache_salt: str | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    eos_token_id: int | None = None
-    ignore_eos: bool = False
+    #: async scheduling: the output tokens in flight, counted in
+    #: num_computed_tokens
     num_output_placeholders: int = 0
+    #: the drafts held for the next step; -1 for a placeholder draft
     spec_token_ids: tuple[int, ...] = ()
-    lora_id: int = 0
-    structured_output: bool = False
-    grammar_rejects: tuple[int, ...] = ()
-    mm_inputs: tuple[MMInput, ...] = ()
     #: vLLM's Request.is_prefill_chunk (the last step scheduled for it stopped
     #: short of its known and in-flight tokens); reported only with the prefill
     #: cadence on (config.prefill_schedule_interval > 1), whose rule reads it,
     #: and False otherwise
     is_prefill_chunk: bool = False
-    kv_external_tokens: int = 0
-    kv_load_async: bool = False
-    kv_save_async: bool = False
     #: every KV cache group's block table for a hybrid layout (block_ids is
     #: group 0's), empty for the plain layout
     group_block_ids: tuple[tuple[int, ...], ...] = ()
@@ -865,58 +858,42 @@ class RequestView:
         is_prefill_chunk: bool = False,
         group_block_ids: tuple[tuple[int, ...], ...] = (),
     ) -> RequestView:
-        """The view of request ``spec`` in the given state: every scheduler
-        builds its views here, so the fields taken from the spec are always
-        the same ones. ``num_output_placeholders`` (async scheduling: output
-        tokens in flight, counted in ``num_computed_tokens``) and
-        ``spec_token_ids`` (the drafts held for the next step; -1 for a
-        placeholder draft) are vLLM's Request fields of those names."""
+        """The view of request ``spec`` in the given state (the constructor,
+        with the state by keyword)."""
         return cls(
-            request_id=spec.request_id,
-            status=status,
-            priority=spec.priority,
-            arrival=spec.arrival,
-            prompt_token_ids=spec.prompt_token_ids,
-            output_token_ids=output_token_ids,
-            max_tokens=spec.max_tokens,
-            num_computed_tokens=num_computed_tokens,
-            block_ids=block_ids,
-            num_preemptions=num_preemptions,
-            cache_salt=spec.cache_salt,
-            stop_token_ids=spec.stop_token_ids,
-            eos_token_id=spec.eos_token_id,
-            ignore_eos=spec.ignore_eos,
-            num_output_placeholders=num_output_placeholders,
-            spec_token_ids=spec_token_ids,
-            lora_id=spec.lora_id,
-            structured_output=spec.structured_output,
-            grammar_rejects=spec.grammar_rejects,
-            mm_inputs=spec.mm_inputs,
-            is_prefill_chunk=is_prefill_chunk,
-            kv_external_tokens=spec.kv_external_tokens,
-            kv_load_async=spec.kv_load_async,
-            kv_save_async=spec.kv_save_async,
-            group_block_ids=group_block_ids,
+            spec,
+            status,
+            output_token_ids,
+            num_computed_tokens,
+            block_ids,
+            num_preemptions,
+            num_output_placeholders,
+            spec_token_ids,
+            is_prefill_chunk,
+            group_block_ids,
         )
 
     @property
+    def request_id(self) -> str:
+        """The request's id (``spec.request_id``), the key a view shares with
+        a ScheduledRequest."""
+        return self.spec.request_id
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:
-        return self.prompt_token_ids + self.output_token_ids
+        return self.spec.prompt_token_ids + self.output_token_ids
 
     @property
     def salt(self) -> str:
-        return self.cache_salt or ""
+        return self.spec.salt
 
     def block_identity(self, end: int) -> str:
         """As RequestSpec.block_identity."""
-        mm = tuple((m.offset, m.identifier) for m in self.mm_inputs if m.offset < end)
-        if not self.lora_id and not mm:
-            return self.salt
-        return "\x00" + repr((self.salt, self.lora_id, mm))
+        return self.spec.block_identity(end)
 
 
 @dataclass(frozen=True)

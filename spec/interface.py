@@ -22,7 +22,16 @@ from schedspec.spec.errors import ProtocolError as ProtocolError
 from schedspec.spec.errors import RequestError as RequestError
 from schedspec.spec.errors import SchedSpecError as SchedSpecError
 from schedspec.spec.validate import KV_GROUP_KINDS as KV_GROUP_KINDS
-from schedspec.spec.validate import validate_config, validate_request
+from schedspec.spec.validate import (
+    KV_LOAD_FAILURE_POLICIES,
+    MAX_KV_CACHE_GROUPS,
+    MAX_SPECULATIVE_TOKENS,
+    bounds,
+    bounds_of,
+    declared,
+    validate_config,
+    validate_request,
+)
 
 # --------------------------------------------------------------------------
 # Enums
@@ -282,26 +291,38 @@ class SchedulerConfig:
       UnitaryKVCacheCoordinator over a SlidingWindowManager.
     """
 
-    block_size: int = 16
-    num_blocks: int = 65
-    max_num_batched_tokens: int = 256
-    max_num_seqs: int = 16
-    max_model_len: int = 256
+    block_size: int = field(default=16, metadata=bounds(minimum=1, maximum=1 << 16))
+    num_blocks: int = field(
+        default=65, metadata=bounds(minimum=2, maximum=1 << 24, why="block 0 is the reserved null block")
+    )
+    max_num_batched_tokens: int = field(default=256, metadata=bounds(minimum=1, maximum=1 << 24))
+    max_num_seqs: int = field(default=16, metadata=bounds(minimum=1, maximum=1 << 20))
+    max_model_len: int = field(default=256, metadata=bounds(minimum=1, maximum=1 << 24))
     enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold: int = field(default=0, metadata=bounds(minimum=0))
     enable_prefix_caching: bool = True
     policy: Policy = Policy.FCFS
     scheduler_reserve_full_isl: bool = True
-    async_scheduling: bool = False
-    num_speculative_tokens: int = 0
-    max_loras: int = 0
-    watermark: float = 0.0
-    prefill_schedule_interval: int = 1
-    max_num_encoder_input_tokens: int = 0
-    encoder_cache_size: int = 0
-    kv_connector: bool = False
-    kv_load_failure_policy: str = "fail"
-    kv_cache_groups: tuple[KVCacheGroup, ...] = ()
+    # The fields below came after the first trace format (``later``).
+    async_scheduling: bool = field(default=False, metadata=bounds(later=True))
+    num_speculative_tokens: int = field(
+        default=0,
+        metadata=bounds(
+            minimum=0, maximum=MAX_SPECULATIVE_TOKENS, range_text="between {minimum} (off) and {maximum}", later=True
+        ),
+    )
+    max_loras: int = field(default=0, metadata=bounds(minimum=0, maximum=1 << 10, later=True))
+    watermark: float = field(default=0.0, metadata=bounds(minimum=0, below=1.0, later=True))
+    prefill_schedule_interval: int = field(default=1, metadata=bounds(minimum=1, maximum=1 << 20, later=True))
+    max_num_encoder_input_tokens: int = field(default=0, metadata=bounds(minimum=0, maximum=1 << 24, later=True))
+    encoder_cache_size: int = field(default=0, metadata=bounds(minimum=0, maximum=1 << 24, later=True))
+    kv_connector: bool = field(default=False, metadata=bounds(later=True))
+    kv_load_failure_policy: str = field(
+        default="fail", metadata=bounds(choices=KV_LOAD_FAILURE_POLICIES, later=True)
+    )
+    kv_cache_groups: tuple[KVCacheGroup, ...] = field(
+        default=(), metadata=bounds(max_items=MAX_KV_CACHE_GROUPS, later=True)
+    )
 
     def __post_init__(self) -> None:
         validate_config(self, Policy, KVCacheGroup)
@@ -342,14 +363,18 @@ class SchedulerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name; the fields added after the first trace format
-        (``async_scheduling``, ``num_speculative_tokens`` and the admission
-        gates) only when they differ from their defaults, so a default config serializes as it always did."""
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        (declared ``later``: ``async_scheduling``, ``num_speculative_tokens``,
+        the admission gates, the KV connector and groups) only when they
+        differ from their defaults, so a default config serializes as it
+        always did."""
+        out: dict[str, Any] = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not (bounds_of(f).later and getattr(self, f.name) == f.default)
+        }
         out["policy"] = self.policy.value
-        out["kv_cache_groups"] = [g.to_dict() for g in self.kv_cache_groups]
-        for name, default in _LATER_FIELDS.items():
-            if out[name] == default:
-                del out[name]
+        if "kv_cache_groups" in out:
+            out["kv_cache_groups"] = [g.to_dict() for g in self.kv_cache_groups]
         return out
 
     @classmethod
@@ -377,23 +402,6 @@ class SchedulerConfig:
                 KVCacheGroup.from_dict(g, f"kv_cache_groups[{i}]") for i, g in enumerate(raw_groups)
             )
         return cls(**kwargs)
-
-
-#: Fields added to SchedulerConfig after the first trace format, with their
-#: defaults: ``from_dict`` fills them in when absent, ``to_dict`` omits them at
-#: their default.
-_LATER_FIELDS: Mapping[str, object] = {
-    "async_scheduling": False,
-    "num_speculative_tokens": 0,
-    "max_loras": 0,
-    "watermark": 0.0,
-    "prefill_schedule_interval": 1,
-    "max_num_encoder_input_tokens": 0,
-    "encoder_cache_size": 0,
-    "kv_connector": False,
-    "kv_load_failure_policy": "fail",
-    "kv_cache_groups": [],
-}
 
 
 #: Content key of a cached full block: (the request's block identity up to
@@ -437,9 +445,9 @@ class MMInput:
     inputs with equal identifiers share an encoder-cache entry and must have
     equal lengths."""
 
-    offset: int
-    length: int
-    identifier: str
+    offset: int = field(metadata=bounds(minimum=0))
+    length: int = field(metadata=bounds(minimum=1))
+    identifier: str = field(metadata=bounds(min_length=1))
 
     @property
     def end(self) -> int:
@@ -471,25 +479,26 @@ class RequestSpec:
     instance does for its decode peer).
     """
 
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    max_tokens: int
+    request_id: str = field(metadata=bounds(min_length=1))
+    prompt_token_ids: tuple[int, ...] = field(metadata=bounds(min_items=1))
+    max_tokens: int = field(metadata=bounds(minimum=1))
     priority: int = 0
     arrival: int = 0
     stop_token_ids: tuple[int, ...] = ()
-    eos_token_id: int | None = None
+    eos_token_id: int | None = field(default=None, metadata=bounds(minimum=0))
     ignore_eos: bool = False
     cache_salt: str | None = None
-    lora_id: int = 0
-    structured_output: bool = False
-    grammar_rejects: tuple[int, ...] = ()
-    mm_inputs: tuple[MMInput, ...] = ()
-    kv_external_tokens: int = 0
-    kv_load_async: bool = False
-    kv_save_async: bool = False
+    # The fields below came after the first trace format (``later``).
+    lora_id: int = field(default=0, metadata=bounds(minimum=0, why="0 = no adapter", later=True))
+    structured_output: bool = field(default=False, metadata=bounds(later=True))
+    grammar_rejects: tuple[int, ...] = field(default=(), metadata=bounds(later=True))
+    mm_inputs: tuple[MMInput, ...] = field(default=(), metadata=bounds(later=True))
+    kv_external_tokens: int = field(default=0, metadata=bounds(minimum=0, later=True))
+    kv_load_async: bool = field(default=False, metadata=bounds(later=True))
+    kv_save_async: bool = field(default=False, metadata=bounds(later=True))
 
     def __post_init__(self) -> None:
-        validate_request(self, MMInput)
+        validate_request(self)
 
     @property
     def salt(self) -> str:
@@ -512,24 +521,18 @@ class RequestSpec:
         return "\x00" + repr((self.salt, self.lora_id, mm))
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field by name; the admission-gate fields only when they
-        differ from their defaults, so a default request serializes as it
-        always did."""
-        out = self._base_dict()
-        if self.lora_id:
-            out["lora_id"] = self.lora_id
-        if self.structured_output:
-            out["structured_output"] = True
-        if self.grammar_rejects:
-            out["grammar_rejects"] = list(self.grammar_rejects)
-        if self.mm_inputs:
-            out["mm_inputs"] = [m.to_dict() for m in self.mm_inputs]
-        if self.kv_external_tokens:
-            out["kv_external_tokens"] = self.kv_external_tokens
-        if self.kv_load_async:
-            out["kv_load_async"] = True
-        if self.kv_save_async:
-            out["kv_save_async"] = True
+        """Every field by name (tuples as lists); the fields added after the
+        first trace format (declared ``later``: the admission gates' and the
+        KV connector's) only when they differ from their defaults, so a
+        default request serializes as it always did."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if bounds_of(f).later and value == f.default:
+                continue
+            if isinstance(value, tuple):
+                value = [v.to_dict() if isinstance(v, MMInput) else v for v in value]
+            out[f.name] = value
         return out
 
     @classmethod
@@ -544,8 +547,8 @@ class RequestSpec:
         if unknown:
             raise RequestError(rid, unknown[0], "unknown field")
         kwargs = dict(data)
-        for name in ("prompt_token_ids", "stop_token_ids", "grammar_rejects"):
-            if isinstance(kwargs.get(name), list):
+        for name, kind, _ in declared(cls):
+            if kind == tuple[int, ...] and isinstance(kwargs.get(name), list):
                 kwargs[name] = tuple(kwargs[name])
         raw = kwargs.get("mm_inputs")
         if isinstance(raw, (list, tuple)):
@@ -564,19 +567,6 @@ class RequestSpec:
             return cls(**kwargs)
         except TypeError as exc:
             raise RequestError(rid, "<request>", str(exc)) from None
-
-    def _base_dict(self) -> dict[str, Any]:
-        return {
-            "request_id": self.request_id,
-            "prompt_token_ids": list(self.prompt_token_ids),
-            "max_tokens": self.max_tokens,
-            "priority": self.priority,
-            "arrival": self.arrival,
-            "stop_token_ids": list(self.stop_token_ids),
-            "eos_token_id": self.eos_token_id,
-            "ignore_eos": self.ignore_eos,
-            "cache_salt": self.cache_salt,
-        }
 
 
 # --------------------------------------------------------------------------

@@ -26,8 +26,8 @@ from schedspec.spec.validate import (
     KV_LOAD_FAILURE_POLICIES,
     MAX_KV_CACHE_GROUPS,
     MAX_SPECULATIVE_TOKENS,
-    bounds,
-    bounds_of,
+    declaration_of,
+    declare,
     declared,
     validate_config,
     validate_request,
@@ -291,37 +291,36 @@ class SchedulerConfig:
       UnitaryKVCacheCoordinator over a SlidingWindowManager.
     """
 
-    block_size: int = field(default=16, metadata=bounds(minimum=1, maximum=1 << 16))
+    block_size: int = field(default=16, metadata=declare(minimum=1, maximum=1 << 16))
     num_blocks: int = field(
-        default=65, metadata=bounds(minimum=2, maximum=1 << 24, why="block 0 is the reserved null block")
+        default=65, metadata=declare(minimum=2, maximum=1 << 24, why="block 0 is the reserved null block")
     )
-    max_num_batched_tokens: int = field(default=256, metadata=bounds(minimum=1, maximum=1 << 24))
-    max_num_seqs: int = field(default=16, metadata=bounds(minimum=1, maximum=1 << 20))
-    max_model_len: int = field(default=256, metadata=bounds(minimum=1, maximum=1 << 24))
+    max_num_batched_tokens: int = field(default=256, metadata=declare(minimum=1, maximum=1 << 24))
+    max_num_seqs: int = field(default=16, metadata=declare(minimum=1, maximum=1 << 20))
+    max_model_len: int = field(default=256, metadata=declare(minimum=1, maximum=1 << 24))
     enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = field(default=0, metadata=bounds(minimum=0))
+    long_prefill_token_threshold: int = field(default=0, metadata=declare(minimum=0))
     enable_prefix_caching: bool = True
     policy: Policy = Policy.FCFS
     scheduler_reserve_full_isl: bool = True
-    # The fields below came after the first trace format (``later``).
-    async_scheduling: bool = field(default=False, metadata=bounds(later=True))
+    async_scheduling: bool = field(default=False, metadata=declare(since=2))
     num_speculative_tokens: int = field(
         default=0,
-        metadata=bounds(
-            minimum=0, maximum=MAX_SPECULATIVE_TOKENS, range_text="between {minimum} (off) and {maximum}", later=True
+        metadata=declare(
+            minimum=0, maximum=MAX_SPECULATIVE_TOKENS, range_text="between {minimum} (off) and {maximum}", since=2
         ),
     )
-    max_loras: int = field(default=0, metadata=bounds(minimum=0, maximum=1 << 10, later=True))
-    watermark: float = field(default=0.0, metadata=bounds(minimum=0, below=1.0, later=True))
-    prefill_schedule_interval: int = field(default=1, metadata=bounds(minimum=1, maximum=1 << 20, later=True))
-    max_num_encoder_input_tokens: int = field(default=0, metadata=bounds(minimum=0, maximum=1 << 24, later=True))
-    encoder_cache_size: int = field(default=0, metadata=bounds(minimum=0, maximum=1 << 24, later=True))
-    kv_connector: bool = field(default=False, metadata=bounds(later=True))
+    max_loras: int = field(default=0, metadata=declare(minimum=0, maximum=1 << 10, since=3))
+    watermark: float = field(default=0.0, metadata=declare(minimum=0, below=1.0, since=3))
+    prefill_schedule_interval: int = field(default=1, metadata=declare(minimum=1, maximum=1 << 20, since=3))
+    max_num_encoder_input_tokens: int = field(default=0, metadata=declare(minimum=0, maximum=1 << 24, since=3))
+    encoder_cache_size: int = field(default=0, metadata=declare(minimum=0, maximum=1 << 24, since=3))
+    kv_connector: bool = field(default=False, metadata=declare(since=4))
     kv_load_failure_policy: str = field(
-        default="fail", metadata=bounds(choices=KV_LOAD_FAILURE_POLICIES, later=True)
+        default="fail", metadata=declare(choices=KV_LOAD_FAILURE_POLICIES, since=4)
     )
     kv_cache_groups: tuple[KVCacheGroup, ...] = field(
-        default=(), metadata=bounds(max_items=MAX_KV_CACHE_GROUPS, later=True)
+        default=(), metadata=declare(max_items=MAX_KV_CACHE_GROUPS, since=4)
     )
 
     def __post_init__(self) -> None:
@@ -363,14 +362,15 @@ class SchedulerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name; the fields added after the first trace format
-        (declared ``later``: ``async_scheduling``, ``num_speculative_tokens``,
-        the admission gates, the KV connector and groups) only when they
+        (declared ``since`` a later version: ``async_scheduling``,
+        ``num_speculative_tokens``, the admission gates, the KV connector and
+        groups) only when they
         differ from their defaults, so a default config serializes as it
         always did."""
         out: dict[str, Any] = {
             f.name: getattr(self, f.name)
             for f in fields(self)
-            if not (bounds_of(f).later and getattr(self, f.name) == f.default)
+            if not (declaration_of(f).since > 1 and getattr(self, f.name) == f.default)
         }
         out["policy"] = self.policy.value
         if "kv_cache_groups" in out:
@@ -445,9 +445,9 @@ class MMInput:
     inputs with equal identifiers share an encoder-cache entry and must have
     equal lengths."""
 
-    offset: int = field(metadata=bounds(minimum=0))
-    length: int = field(metadata=bounds(minimum=1))
-    identifier: str = field(metadata=bounds(min_length=1))
+    offset: int = field(metadata=declare(minimum=0))
+    length: int = field(metadata=declare(minimum=1))
+    identifier: str = field(metadata=declare(min_length=1))
 
     @property
     def end(self) -> int:
@@ -479,23 +479,22 @@ class RequestSpec:
     instance does for its decode peer).
     """
 
-    request_id: str = field(metadata=bounds(min_length=1))
-    prompt_token_ids: tuple[int, ...] = field(metadata=bounds(min_items=1))
-    max_tokens: int = field(metadata=bounds(minimum=1))
+    request_id: str = field(metadata=declare(min_length=1))
+    prompt_token_ids: tuple[int, ...] = field(metadata=declare(min_items=1))
+    max_tokens: int = field(metadata=declare(minimum=1))
     priority: int = 0
     arrival: int = 0
     stop_token_ids: tuple[int, ...] = ()
-    eos_token_id: int | None = field(default=None, metadata=bounds(minimum=0))
+    eos_token_id: int | None = field(default=None, metadata=declare(minimum=0))
     ignore_eos: bool = False
     cache_salt: str | None = None
-    # The fields below came after the first trace format (``later``).
-    lora_id: int = field(default=0, metadata=bounds(minimum=0, why="0 = no adapter", later=True))
-    structured_output: bool = field(default=False, metadata=bounds(later=True))
-    grammar_rejects: tuple[int, ...] = field(default=(), metadata=bounds(later=True))
-    mm_inputs: tuple[MMInput, ...] = field(default=(), metadata=bounds(later=True))
-    kv_external_tokens: int = field(default=0, metadata=bounds(minimum=0, later=True))
-    kv_load_async: bool = field(default=False, metadata=bounds(later=True))
-    kv_save_async: bool = field(default=False, metadata=bounds(later=True))
+    lora_id: int = field(default=0, metadata=declare(minimum=0, why="0 = no adapter", since=3))
+    structured_output: bool = field(default=False, metadata=declare(since=3))
+    grammar_rejects: tuple[int, ...] = field(default=(), metadata=declare(since=3))
+    mm_inputs: tuple[MMInput, ...] = field(default=(), metadata=declare(since=3))
+    kv_external_tokens: int = field(default=0, metadata=declare(minimum=0, since=4))
+    kv_load_async: bool = field(default=False, metadata=declare(since=4))
+    kv_save_async: bool = field(default=False, metadata=declare(since=4))
 
     def __post_init__(self) -> None:
         validate_request(self)
@@ -522,13 +521,13 @@ class RequestSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (tuples as lists); the fields added after the
-        first trace format (declared ``later``: the admission gates' and the
-        KV connector's) only when they differ from their defaults, so a
+        first trace format (declared ``since`` a later version: the admission
+        gates' and the KV connector's) only when they differ from their defaults, so a
         default request serializes as it always did."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if bounds_of(f).later and value == f.default:
+            if declaration_of(f).since > 1 and value == f.default:
                 continue
             if isinstance(value, tuple):
                 value = [v.to_dict() if isinstance(v, MMInput) else v for v in value]

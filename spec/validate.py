@@ -5,10 +5,11 @@ not. SchedulerConfig and RequestSpec (spec/interface.py) call these from
 scheduler.
 
 What one field accepts is declared with the field: its type annotation and
-its ``Bounds`` (``field(metadata=bounds(minimum=1))``). The checks here read
-both from ``dataclasses.fields``, and so do the trace's JSON Schema
-(schedspec/check/trace_schema.py) and the Hypothesis strategies; what is
-written here by hand is the relations between fields and the messages.
+its ``Declaration`` (``field(default=16, metadata=declare(minimum=1))``).
+The checks here read both through ``declared``, and so do the trace's JSON
+Schema (schedspec/check/trace_schema.py), the trace's versions and the
+Hypothesis strategies; what is written here by hand is the rules between
+fields and the messages.
 
 The checks read the fields by name; this module imports only the errors, so
 the interface can depend on it and not the other way round.
@@ -25,8 +26,9 @@ from schedspec.spec.errors import ConfigError, RequestError
 
 
 @dataclass(frozen=True)
-class Bounds:
-    """What a field accepts beyond its type, declared with it.
+class Declaration:
+    """What a field declares beyond its type, in its dataclass field's
+    metadata (``field(default=16, metadata=declare(minimum=1))``).
 
     A number lies in ``minimum`` .. ``maximum`` (``below``: an exclusive
     maximum); ``why`` follows a lower bound that needs saying (``must be at
@@ -35,9 +37,10 @@ class Bounds:
     message does (``between {minimum} (off) and {maximum}``). A string is
     one of ``choices``, or at least ``min_length`` long; a tuple holds
     ``min_items`` to ``max_items`` items (a tuple of token ids: each >= 0).
-    ``later``: the field came after the first trace format, so ``to_dict``
-    writes it only when it differs from its default and a trace without it
-    reads as the default."""
+    ``since``: the trace format version that brought the field; a field
+    since version 2 or later is written by ``to_dict`` only when it differs
+    from its default, so a default value serializes as it always did, and a
+    trace of an earlier version may not name it."""
 
     minimum: int | float | None = None
     maximum: int | None = None
@@ -48,35 +51,35 @@ class Bounds:
     min_length: int = 0
     min_items: int = 0
     max_items: int | None = None
-    later: bool = False
+    since: int = 1
 
 
-_NO_BOUNDS = Bounds()
+_UNDECLARED = Declaration()
 
 
-def bounds(**kw: Any) -> Mapping[str, Bounds]:
-    """The metadata that declares a field's bounds:
-    ``field(default=16, metadata=bounds(minimum=1, maximum=1 << 16))``."""
-    return {"bounds": Bounds(**kw)}
+def declare(**kw: Any) -> Mapping[str, Declaration]:
+    """The metadata that declares a field:
+    ``field(default=16, metadata=declare(minimum=1, maximum=1 << 16))``."""
+    return {"declaration": Declaration(**kw)}
 
 
-def bounds_of(f: dataclasses.Field[Any]) -> Bounds:
-    """The bounds declared with field ``f`` (none: ``Bounds()``)."""
-    found = f.metadata.get("bounds", _NO_BOUNDS)
-    assert isinstance(found, Bounds)
+def declaration_of(f: dataclasses.Field[Any]) -> Declaration:
+    """What field ``f`` declares (nothing: ``Declaration()``)."""
+    found = f.metadata.get("declaration", _UNDECLARED)
+    assert isinstance(found, Declaration)
     return found
 
 
-_DECLARED: dict[type, tuple[tuple[str, Any, Bounds], ...]] = {}
+_DECLARED: dict[type, tuple[tuple[str, Any, Declaration], ...]] = {}
 
 
-def declared(cls: type) -> tuple[tuple[str, Any, Bounds], ...]:
+def declared(cls: type) -> tuple[tuple[str, Any, Declaration], ...]:
     """Every field of dataclass ``cls`` in declaration order: its name, its
-    type (the annotation resolved) and its bounds."""
+    type (the annotation resolved) and its Declaration."""
     found = _DECLARED.get(cls)
     if found is None:
         hints = typing.get_type_hints(cls)
-        found = _DECLARED[cls] = tuple((f.name, hints[f.name], bounds_of(f)) for f in dataclasses.fields(cls))
+        found = _DECLARED[cls] = tuple((f.name, hints[f.name], declaration_of(f)) for f in dataclasses.fields(cls))
     return found
 
 
@@ -491,7 +494,7 @@ def validate_request(request: RequestFields) -> None:
             rule(request)
 
 
-def _check_request_field(rid: str, name: str, kind: Any, b: Bounds, value: object) -> None:
+def _check_request_field(rid: str, name: str, kind: Any, b: Declaration, value: object) -> None:
     """One field of a request against its declared type and bounds."""
     if kind == tuple[int, ...]:
         if not isinstance(value, tuple):

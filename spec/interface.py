@@ -291,6 +291,10 @@ class SchedulerConfig:
       UnitaryKVCacheCoordinator over a SlidingWindowManager.
     """
 
+    # Each field's bounds and the trace format version that brought it are
+    # declared with it (``declare``, spec/validate.py): validation, the trace
+    # schema and the strategies read them there. The maxima keep a hostile
+    # config from exhausting memory (the pool is an array of num_blocks).
     block_size: int = field(default=16, metadata=declare(minimum=1, maximum=1 << 16))
     num_blocks: int = field(
         default=65, metadata=declare(minimum=2, maximum=1 << 24, why="block 0 is the reserved null block")
@@ -364,9 +368,8 @@ class SchedulerConfig:
         """Every field by name; the fields added after the first trace format
         (declared ``since`` a later version: ``async_scheduling``,
         ``num_speculative_tokens``, the admission gates, the KV connector and
-        groups) only when they
-        differ from their defaults, so a default config serializes as it
-        always did."""
+        groups) only when they differ from their defaults, so a default
+        config serializes as it always did."""
         out: dict[str, Any] = {
             f.name: getattr(self, f.name)
             for f in fields(self)
@@ -479,6 +482,8 @@ class RequestSpec:
     instance does for its decode peer).
     """
 
+    # Each field's bounds and the trace format version that brought it are
+    # declared with it (``declare``, spec/validate.py).
     request_id: str = field(metadata=declare(min_length=1))
     prompt_token_ids: tuple[int, ...] = field(metadata=declare(min_items=1))
     max_tokens: int = field(metadata=declare(minimum=1))
@@ -522,8 +527,8 @@ class RequestSpec:
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (tuples as lists); the fields added after the
         first trace format (declared ``since`` a later version: the admission
-        gates' and the KV connector's) only when they differ from their defaults, so a
-        default request serializes as it always did."""
+        gates' and the KV connector's) only when they differ from their
+        defaults, so a default request serializes as it always did."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -850,16 +855,16 @@ class RequestView:
         """The view of request ``spec`` in the given state (the constructor,
         with the state by keyword)."""
         return cls(
-            spec,
-            status,
-            output_token_ids,
-            num_computed_tokens,
-            block_ids,
-            num_preemptions,
-            num_output_placeholders,
-            spec_token_ids,
-            is_prefill_chunk,
-            group_block_ids,
+            spec=spec,
+            status=status,
+            output_token_ids=output_token_ids,
+            num_computed_tokens=num_computed_tokens,
+            block_ids=block_ids,
+            num_preemptions=num_preemptions,
+            num_output_placeholders=num_output_placeholders,
+            spec_token_ids=spec_token_ids,
+            is_prefill_chunk=is_prefill_chunk,
+            group_block_ids=group_block_ids,
         )
 
     @property

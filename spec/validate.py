@@ -76,11 +76,10 @@ _DECLARED: dict[type, tuple[tuple[str, Any, Declaration], ...]] = {}
 def declared(cls: type) -> tuple[tuple[str, Any, Declaration], ...]:
     """Every field of dataclass ``cls`` in declaration order: its name, its
     type (the annotation resolved) and its Declaration."""
-    found = _DECLARED.get(cls)
-    if found is None:
+    if cls not in _DECLARED:
         hints = typing.get_type_hints(cls)
-        found = _DECLARED[cls] = tuple((f.name, hints[f.name], declaration_of(f)) for f in dataclasses.fields(cls))
-    return found
+        _DECLARED[cls] = tuple((f.name, hints[f.name], declaration_of(f)) for f in dataclasses.fields(cls))
+    return _DECLARED[cls]
 
 
 class ConfigFields(Protocol):
@@ -369,8 +368,8 @@ def _check_config_types(config: ConfigFields, policy_type: type) -> None:
 
 def _check_config_ranges(config: ConfigFields) -> None:
     """Each number within its declared bounds: first the positive ones, then
-    the maxima, the other lower bounds, the non-negative ones, the fractions,
-    and last the ranges said at once (``range_text``)."""
+    the maxima, the lower bounds with a ``why``, the non-negative ones, the
+    fractions, and last the ranges said at once (``range_text``)."""
     fields = declared(type(config))
     ints = [(name, b, getattr(config, name)) for name, kind, b in fields if kind is int]
     said_at_once = [(name, b, v) for name, b, v in ints if b.range_text]
@@ -382,7 +381,7 @@ def _check_config_ranges(config: ConfigFields) -> None:
         if b.maximum is not None and v > b.maximum:
             raise ConfigError(name, f"{v} is beyond the supported maximum {b.maximum}")
     for name, b, v in ints:
-        if b.minimum is not None and b.minimum > 1 and v < b.minimum:
+        if b.why and b.minimum is not None and v < b.minimum:
             raise ConfigError(name, f"must be at least {b.minimum} ({b.why}), got {v}")
     for name, b, v in ints:
         if b.minimum == 0 and v < 0:
@@ -391,10 +390,10 @@ def _check_config_ranges(config: ConfigFields) -> None:
         value = getattr(config, name)
         # vllm/config/scheduler.py, SchedulerConfig.watermark: a fraction of
         # the pool in [0, 1).
-        if kind is float and b.below is not None and not (b.minimum or 0) <= value < b.below:
-            raise ConfigError(name, f"must be in [{b.minimum or 0:g}, {b.below:g}), got {value!r}")
+        if kind is float and b.minimum is not None and b.below is not None and not b.minimum <= value < b.below:
+            raise ConfigError(name, f"must be in [{b.minimum:g}, {b.below:g}), got {value!r}")
     for name, b, v in said_at_once:
-        if not (b.minimum or 0) <= v <= (b.maximum if b.maximum is not None else v):
+        if b.minimum is not None and b.maximum is not None and not b.minimum <= v <= b.maximum:
             raise ConfigError(name, f"must be {b.range_text.format(minimum=b.minimum, maximum=b.maximum)}, got {v}")
 
 

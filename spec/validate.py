@@ -493,9 +493,14 @@ def validate_request(request: RequestFields) -> None:
             rule(request)
 
 
+_TOKEN_IDS: Any = tuple[int, ...]
+_INT_OR_NONE: Any = int | None
+_STR_OR_NONE: Any = str | None
+
+
 def _check_request_field(rid: str, name: str, kind: Any, b: Declaration, value: object) -> None:
     """One field of a request against its declared type and bounds."""
-    if kind == tuple[int, ...]:
+    if kind == _TOKEN_IDS:
         if not isinstance(value, tuple):
             raise RequestError(rid, name, "must be a tuple of token ids")
         _check_token_ids(rid, name, value)
@@ -503,13 +508,13 @@ def _check_request_field(rid: str, name: str, kind: Any, b: Declaration, value: 
         if not _int_at_least(value, b.minimum):
             least = "" if b.minimum is None else f" >= {b.minimum}" + (f" ({b.why})" if b.why else "")
             raise RequestError(rid, name, f"must be an integer{least}, got {value!r}")
-    elif kind == int | None:
+    elif kind == _INT_OR_NONE:
         if value is not None and not _int_at_least(value, b.minimum):
             raise RequestError(rid, name, f"must be a non-negative integer or None, got {value!r}")
     elif kind is bool:
         if not isinstance(value, bool):
             raise RequestError(rid, name, f"must be a boolean, got {value!r}")
-    elif kind == str | None:
+    elif kind == _STR_OR_NONE:
         if value is not None and not isinstance(value, str):
             raise RequestError(rid, name, f"must be a string or None, got {value!r}")
     elif typing.get_origin(kind) is tuple and not isinstance(value, tuple):

@@ -852,7 +852,7 @@ class Expander:
         model.slots = tmem
         model.outputs, model.proposals, model.rejected = {}, {}, {}
         _load_grammars(model, tb)
-        truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
+        truth = {rid: r.spec.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
         result = _execute_plan(model, plan, truth, who)
         _call(who, "update", t.update, plan, result)
         ta = _call(who, "view", t.view)

@@ -157,3 +157,23 @@ def test_every_later_field_is_written_when_set_and_read_back() -> None:
         "structured_output": True, "grammar_rejects": [3], "mm_inputs": [{"offset": 0, "length": 2, "identifier": "i"}],
         "kv_external_tokens": 2, "kv_load_async": True, "kv_save_async": True}
     assert RequestSpec.from_dict(r.to_dict()) == r
+
+
+def test_a_field_declared_at_run_time_is_read_back_by_declared() -> None:
+    """``declare`` puts a Declaration in a field's metadata and ``declared``
+    lists every field with its resolved type and declaration (none:
+    ``Declaration()``), once per class."""
+    import dataclasses
+
+    from schedspec.spec.validate import Declaration, declare, declared
+
+    @dataclasses.dataclass(frozen=True)
+    class Probe:
+        n: int = dataclasses.field(default=1, metadata=declare(minimum=1, maximum=8, since=2))
+        s: str | None = None
+
+    assert declared(Probe) == (("n", int, Declaration(minimum=1, maximum=8, since=2)),
+                               ("s", str | None, Declaration()))
+    assert declared(Probe) is declared(Probe)
+    assert [name for name, _, d in declared(SchedulerConfig) if d.since == 2] == [
+        "async_scheduling", "num_speculative_tokens"]

@@ -39,13 +39,13 @@ def block_key(r: RequestView, index: int, block_size: int) -> BlockKey:
 
 def queue_key(r: RequestView) -> tuple[int, int, str]:
     """PRIORITY waiting-queue order (vllm/v1/request.py, Request.__lt__)."""
-    return (r.priority, r.arrival, r.request_id)
+    return (r.spec.priority, r.spec.arrival, r.request_id)
 
 
 def victim_key(r: RequestView) -> tuple[int, int]:
     """PRIORITY preemption order: the running request with the greatest key
     is preempted first (scheduler.py, schedule())."""
-    return (r.priority, r.arrival)
+    return (r.spec.priority, r.spec.arrival)
 
 
 def lookup(view: SchedulerView, rid: str) -> RequestView | None:
@@ -216,7 +216,7 @@ def admission_candidate(view: SchedulerView) -> str | None:
     adapter would exceed max_loras distinct adapters among the running
     requests (the max_loras check) is passed over (skip_request)."""
     live = waiting_order(view)
-    loras = {view.requests[rid].lora_id for rid in view.running if rid in view.requests} - {0}
+    loras = {view.requests[rid].spec.lora_id for rid in view.running if rid in view.requests} - {0}
     for rid in live:
         r = view.requests[rid]
         if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
@@ -224,7 +224,7 @@ def admission_candidate(view: SchedulerView) -> str | None:
         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in view.kv_loads_done:
             continue  # its load is in flight (_handle_blocked_waiting_request)
         m = view.config.max_loras
-        if m and r.lora_id and len(loras) >= m and r.lora_id not in loras:
+        if m and r.spec.lora_id and len(loras) >= m and r.spec.lora_id not in loras:
             continue
         return rid
     return None
@@ -298,7 +298,7 @@ def running_chunk(r: RequestView, budget: int, threshold: int, max_model_len: in
     + num_output_placeholders - num_computed_tokens``); 0 when async
     scheduling's steps in flight surely bring it to max_tokens."""
     p = r.num_output_placeholders
-    if p > 0 and r.num_computed_tokens + 2 - p >= len(r.prompt_token_ids) + r.max_tokens:
+    if p > 0 and r.num_computed_tokens + 2 - p >= len(r.spec.prompt_token_ids) + r.spec.max_tokens:
         return 0
     n = r.num_tokens + len(r.spec_token_ids) + p - r.num_computed_tokens
     if 0 < threshold < n:

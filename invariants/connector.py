@@ -226,8 +226,8 @@ def _load_findings(t: Transition, load: KVLoad, bs: int, entry: ScheduledRequest
     if b is None or a is None:
         yield rid, "has a load but is not an unfinished request before and after the step"
         return
-    if not 0 <= load.start < load.end <= len(b.prompt_token_ids):
-        yield rid, f"load range [{load.start}, {load.end}) is not a non-empty range of its {len(b.prompt_token_ids)}-token prompt"
+    if not 0 <= load.start < load.end <= len(b.spec.prompt_token_ids):
+        yield rid, f"load range [{load.start}, {load.end}) is not a non-empty range of its {len(b.spec.prompt_token_ids)}-token prompt"
     # a finished load promoted in this step with no valid token left (a failed
     # one) gets a fresh lookup in the same pass (_update_waiting_for_remote_kv)
     promoted = b.status == _REMOTE and rid in t.before.kv_loads_done
@@ -290,21 +290,21 @@ def kv_load_follows_request(t: Transition, h: History) -> Iterator[Finding]:
         b = t.before.requests.get(load.request_id)
         if b is None:
             continue
-        if load.end != b.kv_external_tokens:
-            yield load.request_id, f"load ends at {load.end}, the store holds {b.kv_external_tokens} tokens"
-        if load.asynchronous != b.kv_load_async:
+        if load.end != b.spec.kv_external_tokens:
+            yield load.request_id, f"load ends at {load.end}, the store holds {b.spec.kv_external_tokens} tokens"
+        if load.asynchronous != b.spec.kv_load_async:
             yield load.request_id, (
                 f"load is {'a' if load.asynchronous else ''}synchronous, the request asks for "
-                f"{'an a' if b.kv_load_async else 'a '}synchronous one"
+                f"{'an a' if b.spec.kv_load_async else 'a '}synchronous one"
             )
     for s in admitted(t.plan):
         b = t.before.requests.get(s.request_id)
         if b is None or b.num_computed_tokens or b.status == _REMOTE or s.request_id in loads:
             continue
-        if s.num_computed_tokens < b.kv_external_tokens:
+        if s.num_computed_tokens < b.spec.kv_external_tokens:
             yield s.request_id, (
                 f"admitted with a hit of {s.num_computed_tokens} tokens and no load, though the store "
-                f"holds {b.kv_external_tokens}"
+                f"holds {b.spec.kv_external_tokens}"
             )
 
 
@@ -440,7 +440,7 @@ def finished_holds_only_pending(t: Transition, h: History) -> Iterator[Finding]:
             yield rid, f"holds blocks {extra} it did not hold when it finished"
         a = lookup(t.after, rid)
         status = a.status if a is not None else None
-        save = b.kv_save_async and status in _SAVED
+        save = b.spec.kv_save_async and status in _SAVED
         load = b.status == _REMOTE and rid not in t.before.kv_loads_done
         if not (save or load):
             yield rid, (
@@ -467,7 +467,7 @@ def kv_save_delays_free(t: Transition, h: History) -> Iterator[Finding]:
         return
     for rid, r in t.after.finished.items():
         b = t.before.requests.get(rid)
-        if b is None or not b.kv_save_async or r.status not in _SAVED:
+        if b is None or not b.spec.kv_save_async or r.status not in _SAVED:
             continue
         if rid not in t.after.kv_held_by_finished:
             yield rid, f"finished {r.status.name} asking for an asynchronous save, yet holds no block"

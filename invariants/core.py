@@ -69,7 +69,7 @@ class History:
             self.finished_status.pop(rid, None)
         for views in (t.after.requests, t.after.finished):
             for rid, r in views.items():
-                self.prompts[rid] = r.prompt_token_ids
+                self.prompts[rid] = r.spec.prompt_token_ids
                 self.outputs[rid] = r.output_token_ids
         self._record_kv(t)
         if t.kind == "schedule" and t.plan is not None:

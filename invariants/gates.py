@@ -43,11 +43,11 @@ def max_loras(t: Transition, h: History) -> Iterator[Finding]:
     if not limit:
         return
     in_plan = sorted(
-        {r.lora_id for r in _scheduled_views(t.after, t.plan) if r.lora_id}
+        {r.spec.lora_id for r in _scheduled_views(t.after, t.plan) if r.spec.lora_id}
     )
     if len(in_plan) > limit:
         yield None, f"step {t.plan.step} schedules adapters {in_plan}, more than max_loras {limit}"
-    running = sorted({t.after.requests[rid].lora_id for rid in t.after.running if rid in t.after.requests} - {0})
+    running = sorted({t.after.requests[rid].spec.lora_id for rid in t.after.running if rid in t.after.requests} - {0})
     if len(running) > limit:
         yield None, f"the running queue holds adapters {running}, more than max_loras {limit}"
 
@@ -71,7 +71,7 @@ def _block_end(v: SchedulerView, index: int) -> int:
 )
 def shared_block_one_adapter(v: SchedulerView) -> Iterator[Finding]:
     for b, hs in sorted(holders(v).items()):
-        ids = {rid: v.requests[rid].lora_id for rid, _ in hs}
+        ids = {rid: v.requests[rid].spec.lora_id for rid, _ in hs}
         if len(set(ids.values())) > 1:
             yield None, f"block {b} is shared by requests of different adapters: {dict(sorted(ids.items()))}"
 
@@ -91,7 +91,7 @@ def shared_block_one_image_set(v: SchedulerView) -> Iterator[Finding]:
         seen: dict[tuple[tuple[int, str], ...], str] = {}
         for rid, i in hs:
             end = _block_end(v, i)
-            key = tuple((m.offset, m.identifier) for m in v.requests[rid].mm_inputs if m.offset < end)
+            key = tuple((m.offset, m.identifier) for m in v.requests[rid].spec.mm_inputs if m.offset < end)
             seen.setdefault(key, rid)
         if len(seen) > 1:
             yield None, (
@@ -168,9 +168,9 @@ def drafts_obey_grammar(t: Transition, h: History) -> Iterator[Finding]:
         return  # the scheduler holds placeholders; the model runner validates
     for s in t.plan.scheduled:
         r = t.after.requests.get(s.request_id)
-        if r is None or not r.grammar_rejects:
+        if r is None or not r.spec.grammar_rejects:
             continue
-        bad = [tok for tok in s.spec_token_ids if tok in r.grammar_rejects]
+        bad = [tok for tok in s.spec_token_ids if tok in r.spec.grammar_rejects]
         if bad:
             yield s.request_id, f"verifies drafts {list(s.spec_token_ids)} holding refused tokens {bad}"
 
@@ -337,10 +337,10 @@ def encoder_budget(t: Transition, h: History) -> Iterator[Finding]:
             continue
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
         for i in s.encoder_inputs:
-            if not 0 <= i < len(r.mm_inputs):
+            if not 0 <= i < len(r.spec.mm_inputs):
                 yield s.request_id, f"runs encoder input {i}, which it does not have"
                 continue
-            m = r.mm_inputs[i]
+            m = r.spec.mm_inputs[i]
             total += m.length
             if m.end <= start or m.offset >= end:
                 yield s.request_id, (
@@ -384,8 +384,8 @@ def encoder_cache_within_size(v: SchedulerView) -> Iterator[Finding]:
         if r is None:
             continue
         done = r.num_computed_tokens - r.num_output_placeholders
-        for i, m in enumerate(r.mm_inputs):
-            if m.offset < r.kv_external_tokens and v.config.kv_connector:
+        for i, m in enumerate(r.spec.mm_inputs):
+            if m.offset < r.spec.kv_external_tokens and v.config.kv_connector:
                 # loaded by the KV connector, never encoded here: a failed load
                 # can cut the computed tokens inside it, and the next schedule()
                 # encodes it again (_update_requests_with_invalid_blocks, then

@@ -152,7 +152,7 @@ def group_tables_cover(t: Transition, h: History) -> Iterator[Finding]:
             if (
                 v.config.kv_connector
                 and r.status == RequestStatus.WAITING
-                and r.kv_external_tokens
+                and r.spec.kv_external_tokens
                 and computed == r.num_tokens - 1
             ):
                 # a promoted load of every token: its window (or chunk) was cut at the

@@ -54,9 +54,9 @@ def kept_tokens(r: RequestView, toks: tuple[int, ...], max_model_len: int) -> tu
     (vllm/v1/core/sched/scheduler.py, _update_request_with_output;
     sched/utils.py, check_stop)."""
     for i, tok in enumerate(toks, 1):
-        eos = r.eos_token_id is not None and not r.ignore_eos and tok == r.eos_token_id
-        stop = eos or tok in r.stop_token_ids
-        if stop or len(r.output_token_ids) + i >= r.max_tokens or r.num_tokens + i >= max_model_len:
+        eos = r.spec.eos_token_id is not None and not r.spec.ignore_eos and tok == r.spec.eos_token_id
+        stop = eos or tok in r.spec.stop_token_ids
+        if stop or len(r.output_token_ids) + i >= r.spec.max_tokens or r.num_tokens + i >= max_model_len:
             return tuple(toks[:i])
     return tuple(toks)
 
@@ -84,7 +84,7 @@ def placeholders_match_in_flight(t: Transition, h: History) -> Iterator[Finding]
         want = 0
         if is_async:
             want = sum(1 + len(e.spec_token_ids) for e in live_entries(r, t.in_flight) if e.samples)
-        if p > want and t.after.config.kv_connector and r.kv_external_tokens:
+        if p > want and t.after.config.kv_connector and r.spec.kv_external_tokens:
             # a failed KV load's update skips the request's output and leaves
             # the placeholder of that step counted (update_from_output:
             # failed_kv_load_req_ids continue before _update_request_with_output)

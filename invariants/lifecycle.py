@@ -64,7 +64,7 @@ def legal_status_transition(t: Transition, h: History) -> Iterator[Finding]:
 def _initial_status(r: RequestView) -> RequestStatus:
     """A request's status when added: WAITING, or waiting for its grammar
     (vllm/v1/request.py, Request.__init__ with structured output)."""
-    return _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if r.structured_output else _S.WAITING
+    return _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR if r.spec.structured_output else _S.WAITING
 
 
 @transition_invariant(
@@ -300,12 +300,12 @@ def output_append_only(t: Transition, h: History) -> Iterator[Finding]:
             refs: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
             b = lookup(t.before, rid)
             if b is not None:
-                refs.append(("before", b.prompt_token_ids, b.output_token_ids))
+                refs.append(("before", b.spec.prompt_token_ids, b.output_token_ids))
             if rid in h.outputs:
-                refs.append(("last seen", h.prompts.get(rid, r.prompt_token_ids), h.outputs[rid]))
+                refs.append(("last seen", h.prompts.get(rid, r.spec.prompt_token_ids), h.outputs[rid]))
             for when, prompt, out in refs:
-                if r.prompt_token_ids != prompt:
-                    yield rid, f"prompt {list(prompt)} ({when}) is now {list(r.prompt_token_ids)}"
+                if r.spec.prompt_token_ids != prompt:
+                    yield rid, f"prompt {list(prompt)} ({when}) is now {list(r.spec.prompt_token_ids)}"
                     break
                 if not is_prefix(out, r.output_token_ids):
                     yield rid, f"output {list(out)} ({when}) is now {list(r.output_token_ids)}: tokens lost or changed"
@@ -361,14 +361,14 @@ def _kept_tokens(b: RequestView, toks: tuple[int, ...], max_model_len: int) -> t
     up to and including the first after which check_stop stops it."""
     for i, tok in enumerate(toks, 1):
         outputs = len(b.output_token_ids) + i
-        if _stop_token(b, tok) or outputs >= b.max_tokens or b.num_tokens + i >= max_model_len:
+        if _stop_token(b, tok) or outputs >= b.spec.max_tokens or b.num_tokens + i >= max_model_len:
             return tuple(toks[:i])
     return tuple(toks)
 
 
 def _stop_token(r: RequestView, token: int) -> bool:
-    eos = r.eos_token_id is not None and not r.ignore_eos and token == r.eos_token_id
-    return eos or token in r.stop_token_ids
+    eos = r.spec.eos_token_id is not None and not r.spec.ignore_eos and token == r.spec.eos_token_id
+    return eos or token in r.spec.stop_token_ids
 
 
 @transition_invariant(
@@ -383,8 +383,8 @@ def _stop_token(r: RequestView, token: int) -> bool:
 )
 def stop_conditions(t: Transition, h: History) -> Iterator[Finding]:
     for rid, r in t.after.requests.items():
-        if len(r.output_token_ids) >= r.max_tokens:
-            yield rid, f"unfinished with {len(r.output_token_ids)} outputs, max_tokens is {r.max_tokens}"
+        if len(r.output_token_ids) >= r.spec.max_tokens:
+            yield rid, f"unfinished with {len(r.output_token_ids)} outputs, max_tokens is {r.spec.max_tokens}"
     if t.kind != "update" or t.plan is None:
         return
     mml = t.after.config.max_model_len
@@ -400,20 +400,20 @@ def stop_conditions(t: Transition, h: History) -> Iterator[Finding]:
                 yield rid, f"finished as {a.status.name} in update() without a new token"
             continue
         tok = a.output_token_ids[-1]
-        if set(a.output_token_ids[len(b.output_token_ids):]) & set(a.grammar_rejects):
+        if set(a.output_token_ids[len(b.output_token_ids):]) & set(a.spec.grammar_rejects):
             # the request's grammar refuses a sampled token: accept_tokens
             # fails and update_from_output finishes it with FINISHED_ERROR
             want = _S.FINISHED_ERROR
         elif _stop_token(a, tok):
             want = _S.FINISHED_STOPPED
-        elif len(a.output_token_ids) >= a.max_tokens or a.num_tokens >= mml:
+        elif len(a.output_token_ids) >= a.spec.max_tokens or a.num_tokens >= mml:
             want = _S.FINISHED_LENGTH_CAPPED
         else:
             want = _S.RUNNING
         if a.status != want:
             yield rid, (
-                f"token {tok} (output {len(a.output_token_ids)}/{a.max_tokens}, {a.num_tokens}/{mml} "
-                f"tokens, eos {a.eos_token_id}, ignore_eos {a.ignore_eos}, stop {list(a.stop_token_ids)}) "
+                f"token {tok} (output {len(a.output_token_ids)}/{a.spec.max_tokens}, {a.num_tokens}/{mml} "
+                f"tokens, eos {a.spec.eos_token_id}, ignore_eos {a.spec.ignore_eos}, stop {list(a.spec.stop_token_ids)}) "
                 f"left it {a.status.name}, want {want.name}"
             )
 

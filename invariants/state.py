@@ -219,7 +219,7 @@ def _promoted_one_token(v: SchedulerView, r: RequestView) -> bool:
     return (
         r.status == RequestStatus.WAITING
         and r.num_tokens == 1
-        and r.kv_external_tokens >= 1
+        and r.spec.kv_external_tokens >= 1
         and all(len(t) <= 1 for t in tables(r))
     )
 
@@ -247,7 +247,7 @@ def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
         if r.status == RequestStatus.RUNNING:
             want = cdiv(r.num_computed_tokens, bs)
             most = cdiv(min(r.num_computed_tokens + slack, v.config.max_model_len), bs)
-            if v.config.kv_connector and (r.kv_external_tokens or v.config.kv_load_failure_policy == "recompute"):
+            if v.config.kv_connector and (r.spec.kv_external_tokens or v.config.kv_load_failure_policy == "recompute"):
                 # a failed load truncates the computed tokens at its first
                 # invalid block and keeps the table (scheduler.py,
                 # _update_requests_with_invalid_blocks); under "recompute" a
@@ -394,7 +394,7 @@ def _promoted_full_load(v: SchedulerView, r: RequestView, i: int) -> bool:
     return (
         v.config.kv_connector
         and r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        and r.kv_external_tokens > 0
+        and r.spec.kv_external_tokens > 0
         and r.num_computed_tokens == r.num_tokens - 1
         and (i + 1) * v.config.block_size <= r.num_tokens
     )

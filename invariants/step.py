@@ -114,15 +114,15 @@ def chunked_prefill_disabled(t: Transition, h: History) -> Iterator[Finding]:
     for s in t.plan.scheduled:
         r = t.after.requests.get(s.request_id)
         end = s.num_computed_tokens + s.num_scheduled_tokens
-        if r is not None and any(m.offset == end for m in r.mm_inputs):
+        if r is not None and any(m.offset == end for m in r.spec.mm_inputs):
             # an encoder input beyond the encoder budget or cache cuts the
             # chunk before it, chunked prefill or not (_try_schedule_encoder_inputs)
             continue
         if (
             r is not None
             and s.kind == ScheduleKind.RUNNING
-            and s.num_computed_tokens < len(r.prompt_token_ids)
-            and any(m.offset <= s.num_computed_tokens for m in r.mm_inputs)
+            and s.num_computed_tokens < len(r.spec.prompt_token_ids)
+            and any(m.offset <= s.num_computed_tokens for m in r.spec.mm_inputs)
         ):
             # a request an encoder cut left mid-prompt: the RUNNING loop never
             # reads enable_chunked_prefill and cuts its continuation by the
@@ -599,7 +599,7 @@ def in_order_past_gates(adm: list[str], order: list[str], after: SchedulerView) 
         if rid in adm:
             continue
         r = after.requests.get(rid)
-        if r is None or not (r.status in (grammar, RequestStatus.WAITING_FOR_REMOTE_KVS) or r.lora_id or r.mm_inputs):
+        if r is None or not (r.status in (grammar, RequestStatus.WAITING_FOR_REMOTE_KVS) or r.spec.lora_id or r.spec.mm_inputs):
             return False
     return True
 
@@ -780,10 +780,10 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
         return  # a paused scheduler admits nothing new, or schedules nothing
     if t.before.config.prefill_schedule_interval > 1:
         return  # the cadence holds the prefills of a step whose decoding request preempts itself
-    if len(t.in_flight) > 1 and any(r.mm_inputs for r in t.before.requests.values()):
+    if len(t.in_flight) > 1 and any(r.spec.mm_inputs for r in t.before.requests.values()):
         return  # the step in flight still holds the encoder cache a chunk needs
     if t.plan.preempted_ids and any(
-        any(m.offset + m.length > r.num_computed_tokens for m in r.mm_inputs)
+        any(m.offset + m.length > r.num_computed_tokens for m in r.spec.mm_inputs)
         for rid in t.before.running
         if (r := t.before.requests.get(rid)) is not None
     ):
@@ -862,7 +862,7 @@ def _async_load_over_reserve(v: SchedulerView, rid: str) -> bool:
     r = v.requests.get(rid)
     if r is None or not cfg.kv_connector or not cfg.num_speculative_tokens:
         return False
-    if not r.kv_load_async or r.kv_external_tokens <= 0 or r.num_computed_tokens or r.block_ids:
+    if not r.spec.kv_load_async or r.spec.kv_external_tokens <= 0 or r.num_computed_tokens or r.block_ids:
         return False
     k, bs, g = cfg.num_speculative_tokens, cfg.block_size, len(cfg.groups)
     need = cdiv(min(r.num_tokens, cfg.max_model_len) + 1 + k, bs) * g + cdiv(k, bs) * g
@@ -901,11 +901,11 @@ def failed_load_reservation(v: SchedulerView, h: History, rid: str) -> int:
     cfg = v.config
     if r is None or load is None or not load.asynchronous or cfg.kv_load_failure_policy != "recompute":
         return 0
-    if r.status != RequestStatus.WAITING or r.num_computed_tokens or r.block_ids or not r.kv_load_async:
+    if r.status != RequestStatus.WAITING or r.num_computed_tokens or r.block_ids or not r.spec.kv_load_async:
         return 0
-    if r.kv_external_tokens <= 0:
+    if r.spec.kv_external_tokens <= 0:
         return 0
-    n = min(len(r.prompt_token_ids) + len(r.output_token_ids), cfg.max_model_len)
+    n = min(len(r.spec.prompt_token_ids) + len(r.output_token_ids), cfg.max_model_len)
     if cfg.num_speculative_tokens:
         n += 1 + cfg.num_speculative_tokens
     return cdiv(n, cfg.block_size) * len(cfg.groups)
@@ -939,9 +939,9 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     if t.after.pause_state != PauseState.UNPAUSED or cfg.prefill_schedule_interval > 1:
         return  # paused, or the prefill cadence may hold admissions this step
     head = admission_candidate(t.after)
-    if head is None or t.after.requests[head].mm_inputs:
+    if head is None or t.after.requests[head].spec.mm_inputs:
         return  # an encoder input beyond the budget or the cache may stop it
-    if kv_holds_pool(t) or t.after.requests[head].kv_external_tokens:
+    if kv_holds_pool(t) or t.after.requests[head].spec.kv_external_tokens:
         return  # a load's blocks and reservation are not what admission_fits counts
     if any(failed_load_reservation(t.after, h, rid) for rid in t.after.waiting):
         return  # vLLM's stale reservation of a failed load holds admissions back (failed_load_blocks_reload)
@@ -976,7 +976,7 @@ def running_served_while_budget(t: Transition, h: History) -> Iterator[Finding]:
     scheduled = set(t.plan.scheduled_ids)
     for rid in t.before.running:
         a = t.after.requests.get(rid)
-        if rid not in scheduled and a is not None and a.status == RequestStatus.RUNNING and not a.mm_inputs:
+        if rid not in scheduled and a is not None and a.status == RequestStatus.RUNNING and not a.spec.mm_inputs:
             yield rid, (
                 f"running but not scheduled in step {t.plan.step}, though {left} of the "
                 f"{cfg.max_num_batched_tokens} budget tokens were left"
@@ -1007,7 +1007,7 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
     cfg = t.before.config
     if t.before.pause_state == PauseState.PAUSED_ALL or cfg.prefill_schedule_interval > 1:
         return  # nothing runs while paused; the cadence may hold a prefill chunk
-    if r.mm_inputs and t.plan.get(rid) is None:
+    if r.spec.mm_inputs and t.plan.get(rid) is None:
         return  # an encoder input beyond the budget or cache may leave it no token
     want = running_chunk(r, cfg.max_num_batched_tokens, effective_threshold(t.before), cfg.max_model_len)
     entry = t.plan.get(rid)
@@ -1023,7 +1023,7 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
             # may fail with the victim's free deferred: scheduler.py, schedule(),
             # "A deferred free will not help with immediate allocation")
             yield rid, f"head of the running queue was not scheduled in step {t.plan.step} (wanted {want} tokens)"
-    elif entry.num_scheduled_tokens != want and not r.mm_inputs:
+    elif entry.num_scheduled_tokens != want and not r.spec.mm_inputs:
         yield rid, (
             f"head of the running queue was given {entry.num_scheduled_tokens} tokens, want "
             f"min(remaining {r.num_tokens - r.num_computed_tokens}, budget "

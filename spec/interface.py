@@ -23,7 +23,16 @@ from schedspec.spec.errors import RequestError as RequestError
 from schedspec.spec.errors import SchedSpecError as SchedSpecError
 from schedspec.spec.kv_kinds import FullAttention
 from schedspec.spec.validate import KV_GROUP_KINDS as KV_GROUP_KINDS
-from schedspec.spec.validate import validate_config, validate_request
+from schedspec.spec.validate import (
+    KV_LOAD_FAILURE_POLICIES,
+    MAX_KV_CACHE_GROUPS,
+    MAX_SPECULATIVE_TOKENS,
+    declaration_of,
+    declare,
+    declared,
+    validate_config,
+    validate_request,
+)
 
 # --------------------------------------------------------------------------
 # Enums
@@ -284,26 +293,41 @@ class SchedulerConfig:
       UnitaryKVCacheCoordinator over a SlidingWindowManager.
     """
 
-    block_size: int = 16
-    num_blocks: int = 65
-    max_num_batched_tokens: int = 256
-    max_num_seqs: int = 16
-    max_model_len: int = 256
+    # Each field's bounds and the trace format version that brought it are
+    # declared with it (``declare``, spec/validate.py): validation, the trace
+    # schema and the strategies read them there. The maxima keep a hostile
+    # config from exhausting memory (the pool is an array of num_blocks).
+    block_size: int = field(default=16, metadata=declare(minimum=1, maximum=1 << 16))
+    num_blocks: int = field(
+        default=65, metadata=declare(minimum=2, maximum=1 << 24, why="block 0 is the reserved null block")
+    )
+    max_num_batched_tokens: int = field(default=256, metadata=declare(minimum=1, maximum=1 << 24))
+    max_num_seqs: int = field(default=16, metadata=declare(minimum=1, maximum=1 << 20))
+    max_model_len: int = field(default=256, metadata=declare(minimum=1, maximum=1 << 24))
     enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold: int = field(default=0, metadata=declare(minimum=0))
     enable_prefix_caching: bool = True
     policy: Policy = Policy.FCFS
     scheduler_reserve_full_isl: bool = True
-    async_scheduling: bool = False
-    num_speculative_tokens: int = 0
-    max_loras: int = 0
-    watermark: float = 0.0
-    prefill_schedule_interval: int = 1
-    max_num_encoder_input_tokens: int = 0
-    encoder_cache_size: int = 0
-    kv_connector: bool = False
-    kv_load_failure_policy: str = "fail"
-    kv_cache_groups: tuple[KVCacheGroup, ...] = ()
+    async_scheduling: bool = field(default=False, metadata=declare(since=2))
+    num_speculative_tokens: int = field(
+        default=0,
+        metadata=declare(
+            minimum=0, maximum=MAX_SPECULATIVE_TOKENS, range_text="between {minimum} (off) and {maximum}", since=2
+        ),
+    )
+    max_loras: int = field(default=0, metadata=declare(minimum=0, maximum=1 << 10, since=3))
+    watermark: float = field(default=0.0, metadata=declare(minimum=0, below=1.0, since=3))
+    prefill_schedule_interval: int = field(default=1, metadata=declare(minimum=1, maximum=1 << 20, since=3))
+    max_num_encoder_input_tokens: int = field(default=0, metadata=declare(minimum=0, maximum=1 << 24, since=3))
+    encoder_cache_size: int = field(default=0, metadata=declare(minimum=0, maximum=1 << 24, since=3))
+    kv_connector: bool = field(default=False, metadata=declare(since=4))
+    kv_load_failure_policy: str = field(
+        default="fail", metadata=declare(choices=KV_LOAD_FAILURE_POLICIES, since=4)
+    )
+    kv_cache_groups: tuple[KVCacheGroup, ...] = field(
+        default=(), metadata=declare(max_items=MAX_KV_CACHE_GROUPS, since=4)
+    )
 
     def __post_init__(self) -> None:
         validate_config(self, Policy, KVCacheGroup)
@@ -344,14 +368,18 @@ class SchedulerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name; the fields added after the first trace format
-        (``async_scheduling``, ``num_speculative_tokens`` and the admission
-        gates) only when they differ from their defaults, so a default config serializes as it always did."""
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        (declared ``since`` a later version: ``async_scheduling``,
+        ``num_speculative_tokens``, the admission gates, the KV connector and
+        groups) only when they differ from their defaults, so a default
+        config serializes as it always did."""
+        out: dict[str, Any] = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not (declaration_of(f).since > 1 and getattr(self, f.name) == f.default)
+        }
         out["policy"] = self.policy.value
-        out["kv_cache_groups"] = [g.to_dict() for g in self.kv_cache_groups]
-        for name, default in _LATER_FIELDS.items():
-            if out[name] == default:
-                del out[name]
+        if "kv_cache_groups" in out:
+            out["kv_cache_groups"] = [g.to_dict() for g in self.kv_cache_groups]
         return out
 
     @classmethod
@@ -379,23 +407,6 @@ class SchedulerConfig:
                 KVCacheGroup.from_dict(g, f"kv_cache_groups[{i}]") for i, g in enumerate(raw_groups)
             )
         return cls(**kwargs)
-
-
-#: Fields added to SchedulerConfig after the first trace format, with their
-#: defaults: ``from_dict`` fills them in when absent, ``to_dict`` omits them at
-#: their default.
-_LATER_FIELDS: Mapping[str, object] = {
-    "async_scheduling": False,
-    "num_speculative_tokens": 0,
-    "max_loras": 0,
-    "watermark": 0.0,
-    "prefill_schedule_interval": 1,
-    "max_num_encoder_input_tokens": 0,
-    "encoder_cache_size": 0,
-    "kv_connector": False,
-    "kv_load_failure_policy": "fail",
-    "kv_cache_groups": [],
-}
 
 
 #: Content key of a cached full block: (the request's block identity up to
@@ -439,9 +450,9 @@ class MMInput:
     inputs with equal identifiers share an encoder-cache entry and must have
     equal lengths."""
 
-    offset: int
-    length: int
-    identifier: str
+    offset: int = field(metadata=declare(minimum=0))
+    length: int = field(metadata=declare(minimum=1))
+    identifier: str = field(metadata=declare(min_length=1))
 
     @property
     def end(self) -> int:
@@ -473,25 +484,27 @@ class RequestSpec:
     instance does for its decode peer).
     """
 
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    max_tokens: int
+    # Each field's bounds and the trace format version that brought it are
+    # declared with it (``declare``, spec/validate.py).
+    request_id: str = field(metadata=declare(min_length=1))
+    prompt_token_ids: tuple[int, ...] = field(metadata=declare(min_items=1))
+    max_tokens: int = field(metadata=declare(minimum=1))
     priority: int = 0
     arrival: int = 0
     stop_token_ids: tuple[int, ...] = ()
-    eos_token_id: int | None = None
+    eos_token_id: int | None = field(default=None, metadata=declare(minimum=0))
     ignore_eos: bool = False
     cache_salt: str | None = None
-    lora_id: int = 0
-    structured_output: bool = False
-    grammar_rejects: tuple[int, ...] = ()
-    mm_inputs: tuple[MMInput, ...] = ()
-    kv_external_tokens: int = 0
-    kv_load_async: bool = False
-    kv_save_async: bool = False
+    lora_id: int = field(default=0, metadata=declare(minimum=0, why="0 = no adapter", since=3))
+    structured_output: bool = field(default=False, metadata=declare(since=3))
+    grammar_rejects: tuple[int, ...] = field(default=(), metadata=declare(since=3))
+    mm_inputs: tuple[MMInput, ...] = field(default=(), metadata=declare(since=3))
+    kv_external_tokens: int = field(default=0, metadata=declare(minimum=0, since=4))
+    kv_load_async: bool = field(default=False, metadata=declare(since=4))
+    kv_save_async: bool = field(default=False, metadata=declare(since=4))
 
     def __post_init__(self) -> None:
-        validate_request(self, MMInput)
+        validate_request(self)
 
     @property
     def salt(self) -> str:
@@ -514,24 +527,18 @@ class RequestSpec:
         return "\x00" + repr((self.salt, self.lora_id, mm))
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field by name; the admission-gate fields only when they
-        differ from their defaults, so a default request serializes as it
-        always did."""
-        out = self._base_dict()
-        if self.lora_id:
-            out["lora_id"] = self.lora_id
-        if self.structured_output:
-            out["structured_output"] = True
-        if self.grammar_rejects:
-            out["grammar_rejects"] = list(self.grammar_rejects)
-        if self.mm_inputs:
-            out["mm_inputs"] = [m.to_dict() for m in self.mm_inputs]
-        if self.kv_external_tokens:
-            out["kv_external_tokens"] = self.kv_external_tokens
-        if self.kv_load_async:
-            out["kv_load_async"] = True
-        if self.kv_save_async:
-            out["kv_save_async"] = True
+        """Every field by name (tuples as lists); the fields added after the
+        first trace format (declared ``since`` a later version: the admission
+        gates' and the KV connector's) only when they differ from their
+        defaults, so a default request serializes as it always did."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if declaration_of(f).since > 1 and value == f.default:
+                continue
+            if isinstance(value, tuple):
+                value = [v.to_dict() if isinstance(v, MMInput) else v for v in value]
+            out[f.name] = value
         return out
 
     @classmethod
@@ -546,8 +553,8 @@ class RequestSpec:
         if unknown:
             raise RequestError(rid, unknown[0], "unknown field")
         kwargs = dict(data)
-        for name in ("prompt_token_ids", "stop_token_ids", "grammar_rejects"):
-            if isinstance(kwargs.get(name), list):
+        for name, kind, _ in declared(cls):
+            if kind == tuple[int, ...] and isinstance(kwargs.get(name), list):
                 kwargs[name] = tuple(kwargs[name])
         raw = kwargs.get("mm_inputs")
         if isinstance(raw, (list, tuple)):
@@ -566,19 +573,6 @@ class RequestSpec:
             return cls(**kwargs)
         except TypeError as exc:
             raise RequestError(rid, "<request>", str(exc)) from None
-
-    def _base_dict(self) -> dict[str, Any]:
-        return {
-            "request_id": self.request_id,
-            "prompt_token_ids": list(self.prompt_token_ids),
-            "max_tokens": self.max_tokens,
-            "priority": self.priority,
-            "arrival": self.arrival,
-            "stop_token_ids": list(self.stop_token_ids),
-            "eos_token_id": self.eos_token_id,
-            "ignore_eos": self.ignore_eos,
-            "cache_salt": self.cache_salt,
-        }
 
 
 # --------------------------------------------------------------------------
@@ -820,34 +814,27 @@ class StepResult:
 
 @dataclass(frozen=True)
 class RequestView:
-    request_id: str
+    """A request as a scheduler reports it: the request as submitted
+    (``spec``: its every field, read as ``view.spec.max_tokens``, declared
+    once in RequestSpec) and the request's state in the scheduler (the fields
+    below, vLLM's Request fields of those names where vLLM has one)."""
+
+    spec: RequestSpec
     status: RequestStatus
-    priority: int
-    arrival: int
-    prompt_token_ids: tuple[int, ...]
     output_token_ids: tuple[int, ...]
-    max_tokens: int
     num_computed_tokens: int
     block_ids: tuple[int, ...]
     num_preemptions: int
-    cache_salt: str | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    eos_token_id: int | None = None
-    ignore_eos: bool = False
+    #: async scheduling: the output tokens in flight, counted in
+    #: num_computed_tokens
     num_output_placeholders: int = 0
+    #: the drafts held for the next step; -1 for a placeholder draft
     spec_token_ids: tuple[int, ...] = ()
-    lora_id: int = 0
-    structured_output: bool = False
-    grammar_rejects: tuple[int, ...] = ()
-    mm_inputs: tuple[MMInput, ...] = ()
     #: vLLM's Request.is_prefill_chunk (the last step scheduled for it stopped
     #: short of its known and in-flight tokens); reported only with the prefill
     #: cadence on (config.prefill_schedule_interval > 1), whose rule reads it,
     #: and False otherwise
     is_prefill_chunk: bool = False
-    kv_external_tokens: int = 0
-    kv_load_async: bool = False
-    kv_save_async: bool = False
     #: every KV cache group's block table for a hybrid layout (block_ids is
     #: group 0's), empty for the plain layout
     group_block_ids: tuple[tuple[int, ...], ...] = ()
@@ -867,58 +854,42 @@ class RequestView:
         is_prefill_chunk: bool = False,
         group_block_ids: tuple[tuple[int, ...], ...] = (),
     ) -> RequestView:
-        """The view of request ``spec`` in the given state: every scheduler
-        builds its views here, so the fields taken from the spec are always
-        the same ones. ``num_output_placeholders`` (async scheduling: output
-        tokens in flight, counted in ``num_computed_tokens``) and
-        ``spec_token_ids`` (the drafts held for the next step; -1 for a
-        placeholder draft) are vLLM's Request fields of those names."""
+        """The view of request ``spec`` in the given state (the constructor,
+        with the state by keyword)."""
         return cls(
-            request_id=spec.request_id,
+            spec=spec,
             status=status,
-            priority=spec.priority,
-            arrival=spec.arrival,
-            prompt_token_ids=spec.prompt_token_ids,
             output_token_ids=output_token_ids,
-            max_tokens=spec.max_tokens,
             num_computed_tokens=num_computed_tokens,
             block_ids=block_ids,
             num_preemptions=num_preemptions,
-            cache_salt=spec.cache_salt,
-            stop_token_ids=spec.stop_token_ids,
-            eos_token_id=spec.eos_token_id,
-            ignore_eos=spec.ignore_eos,
             num_output_placeholders=num_output_placeholders,
             spec_token_ids=spec_token_ids,
-            lora_id=spec.lora_id,
-            structured_output=spec.structured_output,
-            grammar_rejects=spec.grammar_rejects,
-            mm_inputs=spec.mm_inputs,
             is_prefill_chunk=is_prefill_chunk,
-            kv_external_tokens=spec.kv_external_tokens,
-            kv_load_async=spec.kv_load_async,
-            kv_save_async=spec.kv_save_async,
             group_block_ids=group_block_ids,
         )
 
     @property
+    def request_id(self) -> str:
+        """The request's id (``spec.request_id``), the key a view shares with
+        a ScheduledRequest."""
+        return self.spec.request_id
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:
-        return self.prompt_token_ids + self.output_token_ids
+        return self.spec.prompt_token_ids + self.output_token_ids
 
     @property
     def salt(self) -> str:
-        return self.cache_salt or ""
+        return self.spec.salt
 
     def block_identity(self, end: int) -> str:
         """As RequestSpec.block_identity."""
-        mm = tuple((m.offset, m.identifier) for m in self.mm_inputs if m.offset < end)
-        if not self.lora_id and not mm:
-            return self.salt
-        return "\x00" + repr((self.salt, self.lora_id, mm))
+        return self.spec.block_identity(end)
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,83 @@ not. SchedulerConfig and RequestSpec (spec/interface.py) call these from
 ``__post_init__``, so an invalid value is never built and never reaches a
 scheduler.
 
+What one field accepts is declared with the field: its type annotation and
+its ``Declaration`` (``field(default=16, metadata=declare(minimum=1))``).
+The checks here read both through ``declared``, and so do the trace's JSON
+Schema (schedspec/check/trace_schema.py), the trace's versions and the
+Hypothesis strategies; what is written here by hand is the rules between
+fields and the messages.
+
 The checks read the fields by name; this module imports only the errors, so
 the interface can depend on it and not the other way round.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, cast
 
 from schedspec.spec.errors import ConfigError, RequestError
 from schedspec.spec.kv_kinds import KINDS, GroupFields
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What a field declares beyond its type, in its dataclass field's
+    metadata (``field(default=16, metadata=declare(minimum=1))``).
+
+    A number lies in ``minimum`` .. ``maximum`` (``below``: an exclusive
+    maximum); ``why`` follows a lower bound that needs saying (``must be at
+    least 2 (block 0 is the reserved null block)``), and ``range_text``, with
+    the bounds in braces, says the whole range at once where a field's
+    message does (``between {minimum} (off) and {maximum}``). A string is
+    one of ``choices``, or at least ``min_length`` long; a tuple holds
+    ``min_items`` to ``max_items`` items (a tuple of token ids: each >= 0).
+    ``since``: the trace format version that brought the field; a field
+    since version 2 or later is written by ``to_dict`` only when it differs
+    from its default, so a default value serializes as it always did, and a
+    trace of an earlier version may not name it."""
+
+    minimum: int | float | None = None
+    maximum: int | None = None
+    below: float | None = None
+    why: str = ""
+    range_text: str = ""
+    choices: tuple[str, ...] = ()
+    min_length: int = 0
+    min_items: int = 0
+    max_items: int | None = None
+    since: int = 1
+
+
+_UNDECLARED = Declaration()
+
+
+def declare(**kw: Any) -> Mapping[str, Declaration]:
+    """The metadata that declares a field:
+    ``field(default=16, metadata=declare(minimum=1, maximum=1 << 16))``."""
+    return {"declaration": Declaration(**kw)}
+
+
+def declaration_of(f: dataclasses.Field[Any]) -> Declaration:
+    """What field ``f`` declares (nothing: ``Declaration()``)."""
+    found = f.metadata.get("declaration", _UNDECLARED)
+    assert isinstance(found, Declaration)
+    return found
+
+
+_DECLARED: dict[type, tuple[tuple[str, Any, Declaration], ...]] = {}
+
+
+def declared(cls: type) -> tuple[tuple[str, Any, Declaration], ...]:
+    """Every field of dataclass ``cls`` in declaration order: its name, its
+    type (the annotation resolved) and its Declaration."""
+    if cls not in _DECLARED:
+        hints = typing.get_type_hints(cls)
+        _DECLARED[cls] = tuple((f.name, hints[f.name], declaration_of(f)) for f in dataclasses.fields(cls))
+    return _DECLARED[cls]
 
 
 class ConfigFields(Protocol):
@@ -137,56 +204,8 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-#: Upper bounds that keep a hostile config from exhausting memory (the pool
-#: is an array of num_blocks entries).
-LIMITS = {
-    "block_size": 1 << 16,
-    "num_blocks": 1 << 24,
-    "max_num_batched_tokens": 1 << 24,
-    "max_num_seqs": 1 << 20,
-    "max_model_len": 1 << 24,
-    "max_loras": 1 << 10,
-    "prefill_schedule_interval": 1 << 20,
-    "max_num_encoder_input_tokens": 1 << 24,
-    "encoder_cache_size": 1 << 24,
-}
-
 #: The most draft tokens per step the spec models (0 = speculative decoding off).
 MAX_SPECULATIVE_TOKENS = 8
-
-_INT_FIELDS = (
-    "block_size",
-    "num_blocks",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "max_model_len",
-    "long_prefill_token_threshold",
-    "num_speculative_tokens",
-    "max_loras",
-    "prefill_schedule_interval",
-    "max_num_encoder_input_tokens",
-    "encoder_cache_size",
-)
-_BOOL_FIELDS = (
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "scheduler_reserve_full_isl",
-    "async_scheduling",
-    "kv_connector",
-)
-_POSITIVE_FIELDS = (
-    "block_size",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "max_model_len",
-    "prefill_schedule_interval",
-)
-_NON_NEGATIVE_FIELDS = (
-    "long_prefill_token_threshold",
-    "max_loras",
-    "max_num_encoder_input_tokens",
-    "encoder_cache_size",
-)
 
 
 #: The most KV cache groups a modelled layout has.
@@ -305,45 +324,50 @@ def _check_group_block_size(config: ConfigFields, name: str, bs: int) -> None:
 
 
 def _check_config_types(config: ConfigFields, policy_type: type) -> None:
-    for name in _INT_FIELDS:
-        value = getattr(config, name)
-        if not is_int(value):
-            raise ConfigError(name, f"must be an integer, got {value!r}")
-    for name in _BOOL_FIELDS:
-        if not isinstance(getattr(config, name), bool):
+    fields = declared(type(config))
+    for name, kind, _ in fields:
+        if kind is int and not is_int(getattr(config, name)):
+            raise ConfigError(name, f"must be an integer, got {getattr(config, name)!r}")
+    for name, kind, _ in fields:
+        if kind is bool and not isinstance(getattr(config, name), bool):
             raise ConfigError(name, f"must be a boolean, got {getattr(config, name)!r}")
     if not isinstance(config.policy, policy_type):
         raise ConfigError("policy", f"must be a Policy, got {config.policy!r}")
-    w = config.watermark
-    if isinstance(w, bool) or not isinstance(w, (int, float)):
-        raise ConfigError("watermark", f"must be a number, got {w!r}")
+    for name, kind, _ in fields:
+        value = getattr(config, name)
+        if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(name, f"must be a number, got {value!r}")
 
 
 def _check_config_ranges(config: ConfigFields) -> None:
-    for name in _POSITIVE_FIELDS:
-        if getattr(config, name) <= 0:
-            raise ConfigError(name, f"must be positive, got {getattr(config, name)}")
-    for name, limit in LIMITS.items():
-        if getattr(config, name) > limit:
-            raise ConfigError(name, f"{getattr(config, name)} is beyond the supported maximum {limit}")
-    if config.num_blocks < 2:
-        raise ConfigError(
-            "num_blocks",
-            f"must be at least 2 (block 0 is the reserved null block), got {config.num_blocks}",
-        )
-    for name in _NON_NEGATIVE_FIELDS:
-        if getattr(config, name) < 0:
-            raise ConfigError(name, f"must be >= 0, got {getattr(config, name)}")
-    # vllm/config/scheduler.py, SchedulerConfig.watermark: a fraction of the
-    # pool in [0, 1).
-    if not 0.0 <= config.watermark < 1.0:
-        raise ConfigError("watermark", f"must be in [0, 1), got {config.watermark!r}")
-    k = config.num_speculative_tokens
-    if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
-        raise ConfigError(
-            "num_speculative_tokens",
-            f"must be between 0 (off) and {MAX_SPECULATIVE_TOKENS}, got {k}",
-        )
+    """Each number within its declared bounds: first the positive ones, then
+    the maxima, the lower bounds with a ``why``, the non-negative ones, the
+    fractions, and last the ranges said at once (``range_text``)."""
+    fields = declared(type(config))
+    ints = [(name, b, getattr(config, name)) for name, kind, b in fields if kind is int]
+    said_at_once = [(name, b, v) for name, b, v in ints if b.range_text]
+    ints = [(name, b, v) for name, b, v in ints if not b.range_text]
+    for name, b, v in ints:
+        if b.minimum == 1 and v < 1:
+            raise ConfigError(name, f"must be positive, got {v}")
+    for name, b, v in ints:
+        if b.maximum is not None and v > b.maximum:
+            raise ConfigError(name, f"{v} is beyond the supported maximum {b.maximum}")
+    for name, b, v in ints:
+        if b.why and b.minimum is not None and v < b.minimum:
+            raise ConfigError(name, f"must be at least {b.minimum} ({b.why}), got {v}")
+    for name, b, v in ints:
+        if b.minimum == 0 and v < 0:
+            raise ConfigError(name, f"must be >= 0, got {v}")
+    for name, kind, b in fields:
+        value = getattr(config, name)
+        # vllm/config/scheduler.py, SchedulerConfig.watermark: a fraction of
+        # the pool in [0, 1).
+        if kind is float and b.minimum is not None and b.below is not None and not b.minimum <= value < b.below:
+            raise ConfigError(name, f"must be in [{b.minimum:g}, {b.below:g}), got {value!r}")
+    for name, b, v in said_at_once:
+        if b.minimum is not None and b.maximum is not None and not b.minimum <= v <= b.maximum:
+            raise ConfigError(name, f"must be {b.range_text.format(minimum=b.minimum, maximum=b.maximum)}, got {v}")
 
 
 def _check_config_relations(config: ConfigFields) -> None:
@@ -429,87 +453,98 @@ def _check_token_ids(rid: str, name: str, tokens: tuple[int, ...]) -> None:
             raise RequestError(rid, f"{name}[{i}]", f"must be a non-negative integer, got {tok!r}")
 
 
-def validate_request(request: RequestFields, mm_type: type | None = None) -> None:
+def validate_request(request: RequestFields) -> None:
     """Raise RequestError for the first invalid field of ``request``, in field
-    order. ``mm_type`` is the type every ``mm_inputs`` item must have."""
+    order: each field's declared type and bounds, then the rules that field
+    carries here (_REQUEST_RULES), which may read the fields before it."""
     rid = request.request_id
     if not isinstance(rid, str) or not rid:
         raise RequestError(str(rid), "request_id", "must be a non-empty string")
-    if not isinstance(request.prompt_token_ids, tuple):
-        raise RequestError(rid, "prompt_token_ids", "must be a tuple of token ids")
+    for name, kind, b in declared(type(request))[1:]:
+        _check_request_field(rid, name, kind, b, getattr(request, name))
+        for rule in _REQUEST_RULES.get(name, ()):
+            rule(request)
+
+
+_TOKEN_IDS: Any = tuple[int, ...]
+_INT_OR_NONE: Any = int | None
+_STR_OR_NONE: Any = str | None
+
+
+def _check_request_field(rid: str, name: str, kind: Any, b: Declaration, value: object) -> None:
+    """One field of a request against its declared type and bounds."""
+    if kind == _TOKEN_IDS:
+        if not isinstance(value, tuple):
+            raise RequestError(rid, name, "must be a tuple of token ids")
+        _check_token_ids(rid, name, value)
+    elif kind is int:
+        if not _int_at_least(value, b.minimum):
+            least = "" if b.minimum is None else f" >= {b.minimum}" + (f" ({b.why})" if b.why else "")
+            raise RequestError(rid, name, f"must be an integer{least}, got {value!r}")
+    elif kind == _INT_OR_NONE:
+        if value is not None and not _int_at_least(value, b.minimum):
+            raise RequestError(rid, name, f"must be a non-negative integer or None, got {value!r}")
+    elif kind is bool:
+        if not isinstance(value, bool):
+            raise RequestError(rid, name, f"must be a boolean, got {value!r}")
+    elif kind == _STR_OR_NONE:
+        if value is not None and not isinstance(value, str):
+            raise RequestError(rid, name, f"must be a string or None, got {value!r}")
+    elif typing.get_origin(kind) is tuple and not isinstance(value, tuple):
+        raise RequestError(rid, name, f"must be a tuple of {typing.get_args(kind)[0].__name__}")
+
+
+def _int_at_least(value: object, least: int | float | None) -> bool:
+    return is_int(value) and isinstance(value, int) and (least is None or value >= least)
+
+
+def _prompt_not_empty(request: RequestFields) -> None:
     if len(request.prompt_token_ids) == 0:
-        raise RequestError(rid, "prompt_token_ids", "the prompt cannot be empty")
-    _check_token_ids(rid, "prompt_token_ids", request.prompt_token_ids)
-    if not is_int(request.max_tokens) or request.max_tokens < 1:
-        raise RequestError(rid, "max_tokens", f"must be an integer >= 1, got {request.max_tokens!r}")
-    for name in ("priority", "arrival"):
-        if not is_int(getattr(request, name)):
-            raise RequestError(rid, name, f"must be an integer, got {getattr(request, name)!r}")
-    if not isinstance(request.stop_token_ids, tuple):
-        raise RequestError(rid, "stop_token_ids", "must be a tuple of token ids")
-    _check_token_ids(rid, "stop_token_ids", request.stop_token_ids)
-    eos = request.eos_token_id
-    if eos is not None and (not is_int(eos) or eos < 0):
-        raise RequestError(rid, "eos_token_id", f"must be a non-negative integer or None, got {eos!r}")
-    if not isinstance(request.ignore_eos, bool):
-        raise RequestError(rid, "ignore_eos", f"must be a boolean, got {request.ignore_eos!r}")
-    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
-        raise RequestError(rid, "cache_salt", f"must be a string or None, got {request.cache_salt!r}")
-    if request.cache_salt and request.cache_salt.startswith("\x00"):
+        raise RequestError(request.request_id, "prompt_token_ids", "the prompt cannot be empty")
+
+
+def _salt_unlike_an_identity(request: RequestFields) -> None:
+    rid, salt = request.request_id, request.cache_salt
+    if salt and salt.startswith("\x00"):
         # Block identities of adapter or encoder requests start with NUL
         # (RequestSpec.block_identity); a salt must never look like one.
         raise RequestError(rid, "cache_salt", "must not start with a NUL character")
-    if request.cache_salt and "\x1d" in request.cache_salt:
+    if salt and "\x1d" in salt:
         # The group separator ends the identity of a KV cache group's block
         # keys (interface.GROUP_KEY_SEPARATOR); a salt must never fake one.
         raise RequestError(rid, "cache_salt", "must not contain the group separator character \\x1d")
-    _check_gate_fields(request, mm_type)
 
 
-def _check_gate_fields(request: RequestFields, mm_type: type | None) -> None:
-    rid = request.request_id
-    if not is_int(request.lora_id) or request.lora_id < 0:
-        raise RequestError(rid, "lora_id", f"must be an integer >= 0 (0 = no adapter), got {request.lora_id!r}")
-    if not isinstance(request.structured_output, bool):
-        raise RequestError(rid, "structured_output", f"must be a boolean, got {request.structured_output!r}")
-    if not isinstance(request.grammar_rejects, tuple):
-        raise RequestError(rid, "grammar_rejects", "must be a tuple of token ids")
-    _check_token_ids(rid, "grammar_rejects", request.grammar_rejects)
+def _grammar_needs_structured_output(request: RequestFields) -> None:
     if request.grammar_rejects and not request.structured_output:
-        raise RequestError(rid, "grammar_rejects", "a grammar needs structured_output=True")
-    if not isinstance(request.mm_inputs, tuple):
-        raise RequestError(rid, "mm_inputs", "must be a tuple of MMInput")
-    _check_mm_inputs(request, mm_type)
-    _check_kv_request_fields(request)
+        raise RequestError(request.request_id, "grammar_rejects", "a grammar needs structured_output=True")
 
 
-def _check_kv_request_fields(request: RequestFields) -> None:
-    rid = request.request_id
+def _external_tokens_in_prompt(request: RequestFields) -> None:
     ext = request.kv_external_tokens
-    if not is_int(ext) or ext < 0:
-        raise RequestError(rid, "kv_external_tokens", f"must be an integer >= 0, got {ext!r}")
     if ext > len(request.prompt_token_ids):
         raise RequestError(
-            rid, "kv_external_tokens",
+            request.request_id, "kv_external_tokens",
             f"({ext}) exceeds the prompt ({len(request.prompt_token_ids)} tokens): the store holds prompt KV only",
         )
-    for name in ("kv_load_async", "kv_save_async"):
-        if not isinstance(getattr(request, name), bool):
-            raise RequestError(rid, name, f"must be a boolean, got {getattr(request, name)!r}")
-    if request.kv_load_async and not ext:
-        raise RequestError(rid, "kv_load_async", "an asynchronous load needs kv_external_tokens > 0")
 
 
-def _check_mm_inputs(request: RequestFields, mm_type: type | None) -> None:
+def _async_load_needs_external_tokens(request: RequestFields) -> None:
+    if request.kv_load_async and not request.kv_external_tokens:
+        raise RequestError(request.request_id, "kv_load_async", "an asynchronous load needs kv_external_tokens > 0")
+
+
+def _check_mm_inputs(request: RequestFields) -> None:
     """Encoder inputs: sorted by offset, non-overlapping, inside the prompt,
     length >= 1, a non-empty identifier, equal identifiers of equal length
     (vLLM's mm_hash names the encoder output, so its size is fixed)."""
     rid = request.request_id
+    mm_type = next(typing.get_args(kind)[0] for name, kind, _ in declared(type(request)) if name == "mm_inputs")
     prev_end = 0
     lengths: dict[str, int] = {}
     for i, mm in enumerate(request.mm_inputs):
         name = f"mm_inputs[{i}]"
-        if mm_type is not None and not isinstance(mm, mm_type):
+        if not isinstance(mm, mm_type):
             raise RequestError(rid, name, f"must be an MMInput, got {type(mm).__name__}")
         offset = getattr(mm, "offset", None)
         length = getattr(mm, "length", None)
@@ -540,3 +575,16 @@ def _check_mm_inputs(request: RequestFields, mm_type: type | None) -> None:
                 "equal identifiers name the same encoder output",
             )
         prev_end = offset + length
+
+
+#: The rules between a request's fields, each run right after the field it is
+#: listed under has passed its declared checks (so the fields before it are
+#: sound); a field's first error is the one reported.
+_REQUEST_RULES: Mapping[str, tuple[typing.Callable[[RequestFields], None], ...]] = {
+    "prompt_token_ids": (_prompt_not_empty,),
+    "cache_salt": (_salt_unlike_an_identity,),
+    "grammar_rejects": (_grammar_needs_structured_output,),
+    "mm_inputs": (_check_mm_inputs,),
+    "kv_external_tokens": (_external_tokens_in_prompt,),
+    "kv_save_async": (_async_load_needs_external_tokens,),  # once both KV flags are sound
+}

@@ -5,13 +5,14 @@ defined, the last frames of what it raised."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import traceback
 from dataclasses import dataclass, field
 
 from schedspec.invariants import Violation
-from schedspec.spec.interface import SchedulerView, StepPlan, StepResult
+from schedspec.spec.interface import RequestView, SchedulerView, StepPlan, StepResult
 
 
 @dataclass(frozen=True)
@@ -174,13 +175,14 @@ def describe_difference(what: str, name_a: str, a: object, name_b: str, b: objec
     return f"{what} differs: {name_a}={a!r} {name_b}={b!r}"
 
 
-def _view_difference(a: object, b: object, name_a: str, name_b: str) -> str:
-    """The fields in which two request views differ (the whole views when
-    one is missing)."""
-    if a is None or b is None or type(a) is not type(b) or not hasattr(a, "__dataclass_fields__"):
+def _view_difference(a: RequestView | None, b: RequestView | None, name_a: str, name_b: str) -> str:
+    """The fields in which two request views differ, a field of the request
+    (``spec``) named as the view's own (the whole views when one is missing)."""
+    if a is None or b is None or type(a) is not type(b):
         return f"{name_a}={a} {name_b}={b}"
-    diff = [f"{f}: {name_a}={getattr(a, f)!r} {name_b}={getattr(b, f)!r}"
-            for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f)]
+    pairs = [(f.name, getattr(x, f.name), getattr(y, f.name))
+             for x, y in ((a.spec, b.spec), (a, b)) for f in dataclasses.fields(x) if f.name != "spec"]
+    diff = [f"{name}: {name_a}={va!r} {name_b}={vb!r}" for name, va, vb in pairs if va != vb]
     return "; ".join(diff) if diff else f"{name_a}={a} {name_b}={b}"
 
 

@@ -72,6 +72,7 @@ from typing import Any, Mapping, Sequence
 
 from schedspec.spec.interface import ConfigError, MMInput, RequestError, RequestSpec, SchedulerConfig, SchedSpecError
 from schedspec.spec.interface import StepResult
+from schedspec.spec.validate import declared
 from schedspec.check.features import gates_of, kv_of
 from schedspec.check.workload import (
     Abort,
@@ -94,17 +95,24 @@ from schedspec.check.workload import (
 #: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.
 TRACE_VERSION = 4
 READ_VERSIONS = (1, 2, 3, 4)
+
+
+def fields_since(cls: type, version: int) -> tuple[str, ...]:
+    """The fields of ``cls`` that trace format ``version`` brought, in field
+    order (each field declares its ``since``: spec/validate.py, Declaration)."""
+    return tuple(name for name, _, declaration in declared(cls) if declaration.since == version)
+
+
 #: Config fields a version 1 trace cannot carry.
-V2_CONFIG_FIELDS = ("async_scheduling", "num_speculative_tokens")
+V2_CONFIG_FIELDS = fields_since(SchedulerConfig, 2)
 #: Config fields, request fields and events of the admission gates (version 3).
-V3_CONFIG_FIELDS = ("max_loras", "watermark", "prefill_schedule_interval", "max_num_encoder_input_tokens",
-                    "encoder_cache_size")
-V3_REQUEST_FIELDS = ("lora_id", "structured_output", "grammar_rejects", "mm_inputs")
+V3_CONFIG_FIELDS = fields_since(SchedulerConfig, 3)
+V3_REQUEST_FIELDS = fields_since(RequestSpec, 3)
 V3_OPS = ("pause", "resume", "grammar_ready")
 #: Config fields, request fields and events of the KV connector and hybrid
 #: KV cache groups (version 4).
-V4_CONFIG_FIELDS = ("kv_connector", "kv_load_failure_policy", "kv_cache_groups")
-V4_REQUEST_FIELDS = ("kv_external_tokens", "kv_load_async", "kv_save_async")
+V4_CONFIG_FIELDS = fields_since(SchedulerConfig, 4)
+V4_REQUEST_FIELDS = fields_since(RequestSpec, 4)
 V4_OPS = ("kv_load_done", "kv_load_failed", "kv_save_done")
 #: The JSON Schema every line is validated against (shipped with the package).
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")

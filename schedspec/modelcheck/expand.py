@@ -612,7 +612,7 @@ class Expander:
             after, adds, _ = self._apply_admin(s2, code, before, adds, impl)
             if a.is_add(code):
                 req = list(after.requests.values())[-1]
-                world = world.added(req.request_id, req.prompt_token_ids)
+                world = world.added(req.request_id, req.spec.prompt_token_ids)
             return Successor(s2, after, self.full_fingerprint(after, None, s2, False, world), adds, None, None,
                              False, None, world)
         s2 = s.clone()
@@ -636,7 +636,7 @@ class Expander:
             self.coverage.kv_forced += 1
         failing = worker.before(plan)
         _load_grammars(model, before)
-        truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()
+        truth = {rid: r.spec.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()
                  if rid not in failing}
         result = _execute_plan(model, plan, truth)
         result = worker.after(plan, mid, result)
@@ -784,7 +784,7 @@ class Expander:
         output in flight are left to the KV contents check."""
         truth: dict[str, tuple[int, ...]] = {}
         for rid, r in v.requests.items():
-            toks = r.prompt_token_ids + r.output_token_ids
+            toks = r.spec.prompt_token_ids + r.output_token_ids
             if any(p.get(rid) is not None for p, _ in pairs):
                 if r.status is not RequestStatus.RUNNING:
                     continue
@@ -849,7 +849,7 @@ class Expander:
         model.slots = tmem
         model.outputs, model.proposals, model.rejected = {}, {}, {}
         _load_grammars(model, tb)
-        truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
+        truth = {rid: r.spec.prompt_token_ids + r.output_token_ids for rid, r in tb.requests.items()}
         result = _execute_plan(model, plan, truth, who)
         _call(who, "update", t.update, plan, result)
         ta = _call(who, "view", t.view)
@@ -867,7 +867,7 @@ class Expander:
         # empty; the drafts the scheduler verifies are in its state.
         model.outputs, model.proposals, model.rejected = {}, {}, {}
         _load_grammars(model, before)
-        truth = {rid: r.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()}
+        truth = {rid: r.spec.prompt_token_ids + r.output_token_ids for rid, r in before.requests.items()}
         result = _execute_plan(model, plan, truth)
         return result
 
@@ -1098,7 +1098,7 @@ def _execute_plan(model: FakeModel, plan: StepPlan, truth: Any, who: str | None 
 def _load_grammars(model: FakeModel, v: SchedulerView) -> None:
     """The model samples each request of ``v`` under its grammar (the check
     driver tells it at add; the checker's model serves many states)."""
-    model.grammars = {rid: frozenset(r.grammar_rejects) for rid, r in v.requests.items() if r.grammar_rejects}
+    model.grammars = {rid: frozenset(r.spec.grammar_rejects) for rid, r in v.requests.items() if r.spec.grammar_rejects}
 
 
 def _optional(who: str, sched: Any, method: str) -> Callable[..., Any]:

@@ -126,9 +126,9 @@ def kv_enabled(a: Alphabet, v: SchedulerView, world: KVWorld, block_size: int) -
             codes += [a.kv_code(op, k) for k, rid in enumerate(saves[:a.kv_positions]) if rid not in queued]
         else:
             for k, (rid, r) in enumerate(v.requests.items()):
-                if (k < a.kv_positions and rid not in queued and r.kv_external_tokens and not r.kv_load_async
+                if (k < a.kv_positions and rid not in queued and r.spec.kv_external_tokens and not r.spec.kv_load_async
                         and r.status in _ADMITTABLE and isinstance(block, int)
-                        and block * block_size < r.kv_external_tokens):
+                        and block * block_size < r.spec.kv_external_tokens):
                     codes.append(a.kv_code(op, k))
     return codes
 

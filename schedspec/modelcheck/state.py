@@ -49,8 +49,8 @@ class Canon:
         reqs = v.requests
         fin = v.finished
         if fin:
-            known: list[tuple[int, str]] = [(r.arrival, rid) for rid, r in reqs.items()]
-            known += [(r.arrival, rid) for rid, r in fin.items()]
+            known: list[tuple[int, str]] = [(r.spec.arrival, rid) for rid, r in reqs.items()]
+            known += [(r.spec.arrival, rid) for rid, r in fin.items()]
             known.sort()
             ids = [rid for _, rid in known]
         else:
@@ -60,7 +60,7 @@ class Canon:
         rows = []
         for rid in ids:
             r = reqs.get(rid) or fin[rid]
-            row = (r.arrival % ns, r.status._value_, r.output_token_ids, r.num_computed_tokens,
+            row = (r.spec.arrival % ns, r.status._value_, r.output_token_ids, r.num_computed_tokens,
                    r.block_ids, r.num_preemptions > 0, r.num_output_placeholders, r.spec_token_ids)
             rows.append(row + (r.group_block_ids,) if self.hybrid else row)
         if self.priority:
@@ -201,7 +201,7 @@ def expected_memory(v: SchedulerView) -> dict[int, int]:
         n = r.num_computed_tokens
         if not n or r.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
             continue
-        toks = r.prompt_token_ids + r.output_token_ids
+        toks = r.spec.prompt_token_ids + r.output_token_ids
         if r.group_block_ids:
             for blocks in r.group_block_ids:
                 for pos in range(min(n, len(blocks) * bs, len(toks))):

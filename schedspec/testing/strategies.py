@@ -14,11 +14,19 @@ through a Hypothesis-controlled random generator, so it shrinks. So are
 the KV features it supports (``kv_plans``: a connector with either failure
 policy, hybrid KV cache groups, and the KVRequests that adds the connector's
 request fields).
+
+``declared_values(cls, name)`` draws any value one field of the interface
+accepts on its own, read from the field's declaration (its type and its
+bounds, spec/validate.py): the same declaration validation and the trace
+schema read.
 """
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+import dataclasses
+import enum
+import typing
+from typing import Any, Sequence, TypeVar
 
 from hypothesis import strategies as st
 
@@ -27,6 +35,7 @@ from schedspec.check.config_space import MACHINE_SPACE, ConfigSpace, draw_config
 from schedspec.check.gate_requests import GateRequests, draw_gate_subset, with_gates
 from schedspec.check.kv_requests import KVRequests, draw_kv_subset, with_kv
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
+from schedspec.spec.validate import Declaration, declared
 
 _T = TypeVar("_T")
 
@@ -127,3 +136,37 @@ def requests(
         ignore_eos=draw(st.booleans()),
         cache_salt=draw(st.sampled_from([None, None, None, "a"])),
     ))
+
+
+def declared_values(cls: type, name: str, *, max_items: int = 4) -> st.SearchStrategy[Any]:
+    """Any value field ``name`` of dataclass ``cls`` accepts on its own: its
+    declared type within its declared bounds (token ids >= 0; a tuple of
+    dataclasses empty, as their items obey rules between fields), shrinking
+    toward the lower bound. A rule between fields may still refuse it."""
+    kind, d = next((k, d) for n, k, d in declared(cls) if n == name)
+    return _values(kind, d, max_items)
+
+
+def _values(kind: Any, d: Declaration, max_items: int) -> st.SearchStrategy[Any]:
+    if kind is bool:
+        return st.booleans()
+    if kind is int:
+        return st.integers(_int_or_none(d.minimum), d.maximum)
+    if kind is float:
+        return st.floats(d.minimum, d.below, exclude_max=d.below is not None, allow_nan=False)
+    if kind is str:
+        return st.sampled_from(d.choices) if d.choices else st.text(min_size=d.min_length)
+    if kind == str | None or kind == int | None:
+        return st.none() | _values(typing.get_args(kind)[0], d, max_items)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return st.sampled_from(list(kind))
+    if kind == tuple[int, ...]:
+        return st.lists(st.integers(0), min_size=d.min_items, max_size=max(d.min_items, max_items)).map(tuple)
+    item = typing.get_args(kind)[0]
+    if typing.get_origin(kind) is tuple and dataclasses.is_dataclass(item) and not d.min_items:
+        return st.just(())
+    raise TypeError(f"no strategy for a field of type {kind!r}")
+
+
+def _int_or_none(bound: int | float | None) -> int | None:
+    return None if bound is None else int(bound)

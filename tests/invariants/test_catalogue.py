@@ -69,14 +69,14 @@ def req(
 ) -> RequestView:
     fields: dict[str, Any] = dict(priority=0, arrival=0, max_tokens=10, num_preemptions=0)
     fields.update(kw)
+    state = {k: fields.pop(k) for k in list(fields) if k not in _SPEC_FIELDS}
     return RequestView(
-        request_id=rid,
+        spec=RequestSpec(request_id=rid, prompt_token_ids=tuple(prompt), **fields),
         status=status,
-        prompt_token_ids=tuple(prompt),
         output_token_ids=tuple(out),
         num_computed_tokens=computed,
         block_ids=tuple(blocks),
-        **fields,
+        **state,
     )
 
 
@@ -151,8 +151,21 @@ def with_req(v: SchedulerView, rid: str, **changes: Any) -> SchedulerView:
     """``v`` with one request's view changed and nothing else (the KV side is
     left as it was, so it may now disagree)."""
     requests = dict(v.requests)
-    requests[rid] = dataclasses.replace(requests[rid], **changes)
+    requests[rid] = changed(requests[rid], **changes)
     return dataclasses.replace(v, requests=requests)
+
+
+_SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestSpec))
+
+
+def changed(r: RequestView, **changes: Any) -> RequestView:
+    """``r`` with ``changes``, each to the request (``r.spec``) or to its
+    state, wherever the field is declared."""
+    to_spec = {k: v for k, v in changes.items() if k in _SPEC_FIELDS}
+    rest = {k: v for k, v in changes.items() if k not in _SPEC_FIELDS}
+    if to_spec:
+        rest["spec"] = dataclasses.replace(r.spec, **to_spec)
+    return dataclasses.replace(r, **rest)
 
 
 def with_kv(v: SchedulerView, **changes: Any) -> SchedulerView:
@@ -195,7 +208,7 @@ U_AFTER = view([A2, B2], step=2)
 UPDATE = Transition("update", S_AFTER, U_AFTER, plan=S_PLAN, result=U_RESULT)
 
 # Same, but 8 is A's eos: A finishes; block 2 (keyless) goes to the front.
-A0e, A1e = (dataclasses.replace(r, eos_token_id=8) for r in (A0, A1))
+A0e, A1e = (changed(r, eos_token_id=8) for r in (A0, A1))
 S_AFTER_E = view([A1e, B1], step=2)
 A2e = dataclasses.replace(A1e, status=STOPPED, output_token_ids=(7, 8), block_ids=())
 UE_AFTER = view([B2], step=2, finished=[A2e], free=(2, 4, 5, 6, 7, 8), extra_keys={1: key(A0, 0)})
@@ -527,9 +540,9 @@ def b_wrong_tokens() -> Transition:
 
 @bad("cache-hit-identical-prefix")
 def b_hit_on_other_prefix() -> Transition:
-    other = dataclasses.replace(B0, prompt_token_ids=(1, 2, 3, 0, 9, 9))
+    other = changed(B0, prompt_token_ids=(1, 2, 3, 0, 9, 9))
     before = view([A0, other], step=1)
-    after = view([A1, dataclasses.replace(B1, prompt_token_ids=other.prompt_token_ids)], step=2)
+    after = view([A1, changed(B1, prompt_token_ids=other.spec.prompt_token_ids)], step=2)
     return Transition("schedule", before, after, plan=S_PLAN)
 
 
@@ -585,8 +598,8 @@ def b_full_sequence_only_with_reservation() -> Transition:
 def _two_waiting(cfg: SchedulerConfig, c_prio: int = 0, b_prio: int = 0) -> Transition:
     """S, with C (7 tokens) queued ahead of B and only B admitted."""
     c0 = req("C", (7, 7, 7), priority=c_prio)
-    b0 = dataclasses.replace(B0, priority=b_prio)
-    b1 = dataclasses.replace(B1, priority=b_prio)
+    b0 = changed(B0, priority=b_prio)
+    b1 = changed(B1, priority=b_prio)
     before = view([A0, c0, b0], cfg=cfg, step=1, waiting=("C", "B"))
     after = view([A1, b1, c0], cfg=cfg, step=2)
     return Transition("schedule", before, after, plan=S_PLAN)
@@ -760,7 +773,7 @@ def b_partial_chunk_gets_token() -> Transition:
 
 @bad("stop-conditions")
 def b_eos_ignored() -> Transition:
-    a2 = dataclasses.replace(A2, eos_token_id=8)
+    a2 = changed(A2, eos_token_id=8)
     return Transition("update", S_AFTER_E, view([a2, B2], step=2), plan=S_PLAN, result=U_RESULT)
 
 
@@ -771,7 +784,7 @@ def b_unfinished_at_max_tokens() -> Transition:
 
 @bad("stop-conditions")
 def b_stopped_without_reason() -> Transition:
-    a2 = dataclasses.replace(A2e, eos_token_id=None)
+    a2 = changed(A2e, eos_token_id=None)
     return Transition("update", S_AFTER, dataclasses.replace(UE_AFTER, finished={"A": a2}), plan=S_PLAN, result=U_RESULT)
 
 

@@ -15,6 +15,7 @@ from schedspec.invariants import BY_ID, CATALOGUE, Monitor, Transition
 from schedspec.spec import RequestSpec, SchedulerConfig, SpecScheduler, StepPlan
 from schedspec.spec.interface import MMInput, PauseState, RequestStatus, RequestView, SchedulerView
 
+from tests.invariants.test_catalogue import changed
 from tests.invariants.test_inflight import Recorder, fires
 
 GATE_IDS = (
@@ -40,7 +41,7 @@ def config(**kw: Any) -> SchedulerConfig:
 
 
 def with_request(v: SchedulerView, rid: str, **changes: Any) -> SchedulerView:
-    return dataclasses.replace(v, requests={**v.requests, rid: dataclasses.replace(v.requests[rid], **changes)})
+    return dataclasses.replace(v, requests={**v.requests, rid: changed(v.requests[rid], **changes)})
 
 
 def step(r: Recorder, token: int = 9, drafts: dict[str, tuple[int, ...]] | None = None) -> StepPlan:
@@ -83,7 +84,7 @@ def test_max_loras() -> None:
     assert fires("max-loras", t) == []
     clean(r)
     # b's adapter in the plan and the running queue: two adapters, one slot
-    b = dataclasses.replace(t.after.requests["a"], request_id="b", lora_id=2, status=RequestStatus.RUNNING)
+    b = changed(t.after.requests["a"], request_id="b", lora_id=2, status=RequestStatus.RUNNING)
     after = dataclasses.replace(t.after, requests={**t.after.requests, "b": b}, running=t.after.running + ("b",))
     plan = dataclasses.replace(t.plan, scheduled=t.plan.scheduled + (dataclasses.replace(t.plan.scheduled[0], request_id="b"),))
     found = fires("max-loras", dataclasses.replace(t, after=after, plan=plan))

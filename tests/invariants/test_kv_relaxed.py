@@ -112,7 +112,7 @@ def test_priority_admission_order_two_heaps() -> None:
     r8 = req("r8", range(1, 9), priority=3, arrival=8)
     v = kview([r10, r7], config=PRIO, waiting=("r10", "r7"))
     t = Transition("update", v, v, plan=plan(1), result=StepResult())
-    keys = [(r.priority, r.arrival, r.request_id) for r in (r10, r7)]
+    keys = [(r.spec.priority, r.spec.arrival, r.request_id) for r in (r10, r7)]
     assert keys != sorted(keys)  # the old statement (one heap) fired
     assert fires("priority-admission-order", t) == []
     bad = kview([r10, r8, r7], config=PRIO, waiting=("r10", "r8", "r7"))

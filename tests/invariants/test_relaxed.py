@@ -12,6 +12,7 @@ from schedspec.check.workload import AddRequest, Event, Schedule, Step, Update
 from schedspec.invariants import BY_ID, Monitor, Transition, Violation
 from schedspec.spec.interface import MMInput, Policy, RequestSpec, SchedulerConfig, StepResult
 from schedspec.spec.scheduler import SpecScheduler
+from tests.invariants.test_catalogue import changed
 
 
 class Recording(Monitor):
@@ -127,12 +128,12 @@ def test_budget_cut_of_a_request_no_encoder_cut_explains_fires() -> None:
     b = t.after.requests["b"]
     # the same chunk for a request whose only encoder input lies beyond its
     # computed tokens: nothing but the budget cut it
-    later = dataclasses.replace(b, mm_inputs=(MMInput(4, 3, "b"),))
+    later = changed(b, mm_inputs=(MMInput(4, 3, "b"),))
     moved = dataclasses.replace(t, after=dataclasses.replace(t.after, requests={**t.after.requests, "b": later}))
     assert _fires("chunked-prefill-disabled", moved) == [
         "given a partial chunk (3 + 9 of 14 tokens) with chunked prefill disabled"
     ]
-    none = dataclasses.replace(b, mm_inputs=())
+    none = changed(b, mm_inputs=())
     bare = dataclasses.replace(t, after=dataclasses.replace(t.after, requests={**t.after.requests, "b": none}))
     assert _fires("chunked-prefill-disabled", bare) != []
 

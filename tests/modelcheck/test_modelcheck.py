@@ -103,7 +103,7 @@ class NeverAdmitsD(SpecScheduler):
 
     def schedule(self) -> StepPlan:
         requests = self.view().requests
-        held = [rid for rid in self.waiting if requests[rid].prompt_token_ids == (3,)]
+        held = [rid for rid in self.waiting if requests[rid].spec.prompt_token_ids == (3,)]
         self.waiting = [rid for rid in self.waiting if rid not in held]
         try:
             return super().schedule()

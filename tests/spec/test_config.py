@@ -129,3 +129,51 @@ def test_requests_at_their_bounds_are_accepted_and_round_trip_to_a_dict() -> Non
     assert r.to_dict() == {"request_id": "x", "prompt_token_ids": [0], "max_tokens": 1, "priority": -3,
                            "arrival": -1, "stop_token_ids": [0], "eos_token_id": 0, "ignore_eos": True,
                            "cache_salt": ""}
+
+
+def test_every_later_field_is_written_when_set_and_read_back() -> None:
+    """to_dict writes a field that came after the first trace format (its
+    declared ``since``) only when it differs from its default, tuples and
+    nested values as JSON lists and objects; from_dict reads it back."""
+    from schedspec.spec import MMInput
+    from schedspec.spec.interface import KVCacheGroup
+
+    c = cfg(num_blocks=40, async_scheduling=True, num_speculative_tokens=2, max_loras=1, watermark=0.1,
+            prefill_schedule_interval=2, max_num_encoder_input_tokens=8, encoder_cache_size=8, kv_connector=True,
+            kv_load_failure_policy="recompute", kv_cache_groups=(KVCacheGroup(), KVCacheGroup("sliding_window", 4)))
+    assert c.to_dict() == {
+        "block_size": 4, "num_blocks": 40, "max_num_batched_tokens": 64, "max_num_seqs": 8, "max_model_len": 32,
+        "enable_chunked_prefill": True, "long_prefill_token_threshold": 0, "enable_prefix_caching": True,
+        "policy": "fcfs", "scheduler_reserve_full_isl": True, "async_scheduling": True, "num_speculative_tokens": 2,
+        "max_loras": 1, "watermark": 0.1, "prefill_schedule_interval": 2, "max_num_encoder_input_tokens": 8,
+        "encoder_cache_size": 8, "kv_connector": True, "kv_load_failure_policy": "recompute",
+        "kv_cache_groups": [{"kind": "full_attention"}, {"kind": "sliding_window", "sliding_window": 4}]}
+    assert SchedulerConfig.from_dict(c.to_dict()) == c
+    r = RequestSpec("r", (1, 2, 3, 4), 4, lora_id=2, structured_output=True, grammar_rejects=(3,),
+                    mm_inputs=(MMInput(0, 2, "i"),), kv_external_tokens=2, kv_load_async=True, kv_save_async=True)
+    assert r.to_dict() == {
+        "request_id": "r", "prompt_token_ids": [1, 2, 3, 4], "max_tokens": 4, "priority": 0, "arrival": 0,
+        "stop_token_ids": [], "eos_token_id": None, "ignore_eos": False, "cache_salt": None, "lora_id": 2,
+        "structured_output": True, "grammar_rejects": [3], "mm_inputs": [{"offset": 0, "length": 2, "identifier": "i"}],
+        "kv_external_tokens": 2, "kv_load_async": True, "kv_save_async": True}
+    assert RequestSpec.from_dict(r.to_dict()) == r
+
+
+def test_a_field_declared_at_run_time_is_read_back_by_declared() -> None:
+    """``declare`` puts a Declaration in a field's metadata and ``declared``
+    lists every field with its resolved type and declaration (none:
+    ``Declaration()``), once per class."""
+    import dataclasses
+
+    from schedspec.spec.validate import Declaration, declare, declared
+
+    @dataclasses.dataclass(frozen=True)
+    class Probe:
+        n: int = dataclasses.field(default=1, metadata=declare(minimum=1, maximum=8, since=2))
+        s: str | None = None
+
+    assert declared(Probe) == (("n", int, Declaration(minimum=1, maximum=8, since=2)),
+                               ("s", str | None, Declaration()))
+    assert declared(Probe) is declared(Probe)
+    assert [name for name, _, d in declared(SchedulerConfig) if d.since == 2] == [
+        "async_scheduling", "num_speculative_tokens"]

@@ -3,7 +3,7 @@ transitions, plan and view properties) with exact values."""
 
 from __future__ import annotations
 
-from schedspec.spec import RequestStatus, ScheduleKind, StepPlan
+from schedspec.spec import RequestSpec, RequestStatus, ScheduleKind, StepPlan
 from schedspec.spec.interface import KVView, RequestView, ScheduledRequest, is_legal_transition
 
 
@@ -22,9 +22,10 @@ def test_statuses_transitions_and_plan_helpers_answer_as_documented() -> None:
     assert plan.total_num_scheduled_tokens == 5
     assert plan.get("b") is b and plan.get("zz") is None
     assert plan.scheduled_ids == ("a", "b")
-    rv = RequestView("a", S.RUNNING, 0, 0, (1, 2), (3,), 4, 0, (), 0, cache_salt="q")
+    rv = RequestView(RequestSpec("a", (1, 2), 4, cache_salt="q"), S.RUNNING, (3,), 0, (), 0)
     assert rv.num_tokens == 3 and rv.all_token_ids == (1, 2, 3) and rv.salt == "q"
-    assert RequestView("a", S.RUNNING, 0, 0, (1,), (), 4, 0, (), 0).salt == ""
+    assert rv.request_id == "a" and rv.block_identity(2) == "q"
+    assert RequestView(RequestSpec("a", (1,), 4), S.RUNNING, (), 0, (), 0).salt == ""
     assert KVView(3, 4, (0, 0, 0), (1, 2), {}, {}).num_free_blocks == 2
 
 
@@ -39,3 +40,16 @@ def test_a_scheduled_entry_built_from_the_known_tokens_derives_its_count_and_sli
     last = ScheduledRequest.of("r", ScheduleKind.RUNNING, num_computed_tokens=6, num_scheduled_tokens=1,
                                all_token_ids=tuple(tokens), block_ids=(4, 5))
     assert last.token_ids == (16,) and last.samples
+
+
+def test_a_request_view_declares_no_field_of_the_request_it_holds() -> None:
+    """A field of the request is declared once, in RequestSpec: the view holds
+    the request itself (``view.spec``) and its own fields are the request's
+    state in the scheduler."""
+    from dataclasses import fields
+
+    assert not {f.name for f in fields(RequestView)} & {f.name for f in fields(RequestSpec)}
+    spec = RequestSpec("r", (1, 2, 3), 5, priority=2, lora_id=1)
+    view = RequestView.of(spec, status=RequestStatus.WAITING, output_token_ids=(), num_computed_tokens=0,
+                          block_ids=(), num_preemptions=0)
+    assert view.spec is spec and view.request_id == "r"

@@ -297,7 +297,7 @@ def _(r: list[StepRecord]) -> None:
           "vllm/v1/core/sched/utils.py check_stop", cfg(max_model_len=8), [add("a", 6, max_tokens=100), S, S])
 def _(r: list[StepRecord]) -> None:
     fin = r[1].view_after.finished["a"]
-    assert fin.status == RequestStatus.FINISHED_LENGTH_CAPPED and len(fin.prompt_token_ids + fin.output_token_ids) == 8
+    assert fin.status == RequestStatus.FINISHED_LENGTH_CAPPED and len(fin.spec.prompt_token_ids + fin.output_token_ids) == 8
 
 
 @scenario("partial-prefill-chunk-samples-nothing-and-finished-is-reported-once",

@@ -51,43 +51,43 @@ class AllocationMixin:
         free queue, keyed ones to the tail."""
         if not table:
             return
-        ref = self._ref
+        ref_cnt = self._ref
         node_of = self._px.block_node
         front: list[int] = []
         back: list[int] = []
-        for b in reversed(table):
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
-                if node_of[b] is None:
-                    front.append(b)
+        for block in reversed(table):
+            count = ref_cnt[block] - 1
+            ref_cnt[block] = count
+            if count == 0:
+                if node_of[block] is None:
+                    front.append(block)
                 else:
-                    back.append(b)
+                    back.append(block)
         self._fq.prepend(front)
         self._fq.append(back)
 
     def _allocate(self, count: int) -> list[int]:
         taken = self._fq.popleft_n(count)
-        ref = self._ref
-        px = self._px
-        node_of = px.block_node
-        for b in taken:
-            if node_of[b] is not None:
-                px.evict(b)
-            ref[b] = 1
+        ref_cnt = self._ref
+        prefix_index = self._px
+        node_of = prefix_index.block_node
+        for block in taken:
+            if node_of[block] is not None:
+                prefix_index.evict(block)
+            ref_cnt[block] = 1
         return taken
 
     def _allocate_one(self) -> int:
         """One block from the head of the free queue (a decode step crossing
         into a new block), without the list of ``_allocate``."""
-        fq = self._fq
-        following = fq.nxt
-        head = fq.head
+        free_queue = self._fq
+        following = free_queue.nxt
+        head = free_queue.head
         block = following[head]
         after = following[block]
         following[head] = after
-        fq.prv[after] = head
-        fq.size -= 1
+        free_queue.prv[after] = head
+        free_queue.size -= 1
         if self._px.block_node[block] is not None:
             self._px.evict(block)
         self._ref[block] = 1
@@ -107,41 +107,41 @@ class AllocationMixin:
         if self._hybrid:
             self._g_cache(req, upto)
             return
-        bs = self._bs
-        num_full = upto // bs
+        block_size = self._bs
+        num_full = upto // block_size
         first = req.num_cached_blocks
         if num_full <= first:
             return
-        px = self._px
+        prefix_index = self._px
         blocks = req.block_ids
         parent: Parent
         if first == 0:
             parent = req.key_root
         else:
-            node = px.block_node[blocks[first - 1]]
+            node = prefix_index.block_node[blocks[first - 1]]
             assert node is not None
             parent = node
         # each full block's own tokens: prompt slices, then output slices
         num_prompt = req.num_prompt_tokens
-        start = first * bs
-        end = num_full * bs
+        start = first * block_size
+        end = num_full * block_size
         if num_full == first + 1:  # one block (a decode step)
             chunks = [req.token_range(start, end)]
         elif end <= num_prompt:
             prompt = req.prompt_token_ids
-            chunks = [prompt[x : x + bs] for x in range(start, end, bs)]
+            chunks = [prompt[x : x + block_size] for x in range(start, end, block_size)]
         elif start >= num_prompt:
             output = req.output
-            chunks = [tuple(output[x : x + bs]) for x in range(start - num_prompt, end - num_prompt, bs)]
+            chunks = [tuple(output[x : x + block_size]) for x in range(start - num_prompt, end - num_prompt, block_size)]
         else:
             token_range = req.token_range
-            chunks = [token_range(x, x + bs) for x in range(start, end, bs)]
+            chunks = [token_range(x, x + block_size) for x in range(start, end, block_size)]
         if req.identity_marks:
-            px.register_marked(blocks, first, parent, chunks, req.identity_marks)
+            prefix_index.register_marked(blocks, first, parent, chunks, req.identity_marks)
         else:
-            px.register_chain(blocks, first, parent, chunks)
+            prefix_index.register_chain(blocks, first, parent, chunks)
         req.num_cached_blocks = num_full
-        req.next_full_at = (num_full + 1) * bs
+        req.next_full_at = (num_full + 1) * block_size
 
     def _grow_running(self, req: Request, end: int) -> bool:
         """allocate_slots for a running request: slots to reach ``end``
@@ -150,9 +150,9 @@ class AllocationMixin:
         pool is short."""
         if self._hybrid:
             return self._grow_running_groups(req, end)
-        bs = self._bs
+        block_size = self._bs
         blocks = req.block_ids
-        need = -(-end // bs) - len(blocks)
+        need = -(-end // block_size) - len(blocks)
         if need > 0:
             if need > self._fq.size:
                 return False
@@ -160,7 +160,7 @@ class AllocationMixin:
                 blocks.append(self._allocate_one())
             else:
                 blocks.extend(self._allocate(need))
-            req.num_slots = len(blocks) * bs
+            req.num_slots = len(blocks) * block_size
             req.cached_block_tuple = None
         known_end = end if end < req.num_tokens else req.num_tokens
         if known_end >= req.next_full_at:  # never when prefix caching is off
@@ -193,16 +193,16 @@ class AllocationMixin:
     def _find_hit(self, req: Request) -> list[int]:
         if not self._caching:
             return []
-        bs = self._bs
+        block_size = self._bs
         lookup = self._px.lookup
         hit: list[int] = []
         parent: Parent = req.key_root
         marks = req.identity_marks
-        for i in range(max_hit_blocks(req.num_tokens, bs)):
+        for i in range(max_hit_blocks(req.num_tokens, block_size)):
             if marks and i in marks:
                 assert isinstance(parent, KeyNode)
                 parent = (parent, marks[i])
-            node = lookup(parent, req.token_range(i * bs, (i + 1) * bs))
+            node = lookup(parent, req.token_range(i * block_size, (i + 1) * block_size))
             if node is None:
                 break
             hit.append(node.holders[0])
@@ -220,38 +220,38 @@ class AllocationMixin:
         the request holds); ``load_async``: an asynchronous load (nothing
         cached yet); ``reserved``: the blocks left free for the in-flight
         prefills."""
-        bs = self._bs
-        ref = self._ref
+        block_size = self._bs
+        ref_cnt = self._ref
         free = self._fq.size - watermark
-        nhit = len(hit)
+        num_hit = len(hit)
         held = len(req.block_ids)  # a promoted load's table (then no hit)
         evictable = 0
-        for b in hit:
-            if ref[b] == 0:
+        for block in hit:
+            if ref_cnt[block] == 0:
                 evictable += 1
         if self._config.scheduler_reserve_full_isl:
             full = min(req.num_tokens, self._max_model_len)
-            if max(-(-full // bs) - nhit - held, 0) + evictable > free:
+            if max(-(-full // block_size) - num_hit - held, 0) + evictable > free:
                 return False
         target = min(computed + n, self._max_model_len)
-        need = max(-(-target // bs) - nhit - held, 0)
+        need = max(-(-target // block_size) - num_hit - held, 0)
         if need + evictable + reserved > free:
             return False
-        fq = self._fq
-        for b in hit:
-            if ref[b] == 0:
-                fq.remove(b)
-            ref[b] += 1
+        free_queue = self._fq
+        for block in hit:
+            if ref_cnt[block] == 0:
+                free_queue.remove(block)
+            ref_cnt[block] += 1
         blocks = req.block_ids if held else list(hit)
         if need:
             blocks.extend(self._allocate(need))
         req.block_ids = blocks
         req.cached_block_tuple = None
-        req.num_slots = len(blocks) * bs
+        req.num_slots = len(blocks) * block_size
         if not held:
-            req.num_cached_blocks = nhit
+            req.num_cached_blocks = num_hit
             if self._caching:
-                req.next_full_at = (nhit + 1) * bs
+                req.next_full_at = (num_hit + 1) * block_size
         if self._caching and not load_async:
             self._register(req, min(computed + n, req.num_tokens))
         return True
@@ -265,8 +265,8 @@ class AllocationMixin:
         admission caps, the skipped blocks of a promoted load freed, the
         count summed over the groups, the hit then the external tokens'
         blocks, then this step's."""
-        bs = self._bs
-        num_hit_tokens = len(hit[0]) * bs if hit else 0
+        block_size = self._bs
+        num_hit_tokens = len(hit[0]) * block_size if hit else 0
         num_external = 0 if req.block_ids else computed - num_hit_tokens
         if self._config.scheduler_reserve_full_isl:
             full = min(req.num_tokens, self._max_model_len)

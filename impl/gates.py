@@ -47,62 +47,62 @@ class GatesMixin:
             enc.release_all(req.request_id, [m.identifier for m in req.mm_inputs])
 
     def _encoder_window(
-        self, req: Request, c: int, n: int, budget: int
+        self, req: Request, start: int, num_tokens: int, budget: int
     ) -> tuple[list[int], int, int, list[int]]:
-        """The encoder inputs overlapping positions c .. c + n - 1, in order:
-        a second input of an identifier already run this step is a
-        duplicate, a cached one is reused, the first that fits neither the
-        budget nor the cache cuts the chunk before it (to nothing when the
-        chunk starts inside it). Returns (inputs to run, the chunk, the budget
-        left, duplicates)."""
-        enc = self._encoder_cache
-        assert enc is not None
-        rid = req.request_id
+        """The encoder inputs overlapping the chunk of ``num_tokens`` tokens
+        from ``start``, in order: a second input of an identifier already run
+        this step is a duplicate, a cached one is reused, the first that fits
+        neither the budget nor the cache cuts the chunk before it (to nothing
+        when the chunk starts inside it). Returns (inputs to run, the chunk,
+        the budget left, duplicates)."""
+        encoder_cache = self._encoder_cache
+        assert encoder_cache is not None
+        request_id = req.request_id
         run: list[int] = []
-        dups: list[int] = []
-        idents: set[str] = set()
+        duplicates: list[int] = []
+        identifiers: set[str] = set()
         taken = 0
-        end = c + n
-        for i, m in enumerate(req.mm_inputs):
-            off = m.offset
-            if off >= end or off + m.length <= c:
+        end = start + num_tokens
+        for i, mm_input in enumerate(req.mm_inputs):
+            offset = mm_input.offset
+            if offset >= end or offset + mm_input.length <= start:
                 continue
-            ident = m.identifier
-            if ident in idents:
-                dups.append(i)
+            identifier = mm_input.identifier
+            if identifier in identifiers:
+                duplicates.append(i)
                 continue
-            if enc.reuse(rid, i, ident):
+            if encoder_cache.reuse(request_id, i, identifier):
                 continue
-            size = m.length
-            if not enc.make_room(size, budget, taken):
-                n = min(n, off - c) if c < off else 0
+            size = mm_input.length
+            if not encoder_cache.make_room(size, budget, taken):
+                num_tokens = min(num_tokens, offset - start) if start < offset else 0
                 break
             taken += size
             budget -= size
-            idents.add(ident)
+            identifiers.add(identifier)
             run.append(i)
-        return run, n, budget, dups
+        return run, num_tokens, budget, duplicates
 
-    def _encoder_commit(self, req: Request, run: list[int], dups: list[int]) -> None:
-        enc = self._encoder_cache
-        assert enc is not None
-        mm = req.mm_inputs
-        rid = req.request_id
+    def _encoder_commit(self, req: Request, run: list[int], duplicates: list[int]) -> None:
+        encoder_cache = self._encoder_cache
+        assert encoder_cache is not None
+        mm_inputs = req.mm_inputs
+        request_id = req.request_id
         for i in run:
-            m = mm[i]
-            enc.store(rid, i, m.identifier, m.length)
-        for i in dups:
-            enc.reuse(rid, i, mm[i].identifier)
+            mm_input = mm_inputs[i]
+            encoder_cache.store(request_id, i, mm_input.identifier, mm_input.length)
+        for i in duplicates:
+            encoder_cache.reuse(request_id, i, mm_inputs[i].identifier)
 
     def _encoder_done(self, req: Request) -> None:
         """After a step ran: the request drops each input that lies wholly in
         its computed tokens past the placeholders."""
-        enc = self._encoder_cache
-        assert enc is not None
+        encoder_cache = self._encoder_cache
+        assert encoder_cache is not None
         done = req.num_computed_tokens - req.num_output_placeholders
-        mm = req.mm_inputs
-        for i in enc.held_inputs(req.request_id):
-            m = mm[i]
-            if m.offset + m.length <= done:
-                enc.release(req.request_id, i, m.identifier)
+        mm_inputs = req.mm_inputs
+        for i in encoder_cache.held_inputs(req.request_id):
+            mm_input = mm_inputs[i]
+            if mm_input.offset + mm_input.length <= done:
+                encoder_cache.release(req.request_id, i, mm_input.identifier)
 

@@ -74,57 +74,57 @@ class UpdateMixin:
         apply in one pass, undo on input it does not vouch for."""
         check_update(plan, self._inflight, result)
         sampled = result.sampled
-        get = sampled.get
-        out = self._inflight_reqs[0]
+        get_tokens = sampled.get
+        scheduled = self._inflight_reqs[0]
         others = 0  # entries that are not a live sampling step
         extra = 0  # tokens present for those entries
         stopped: list[Request] = []
         bad = -1
         req: Request | None = None
         try:
-            for req in out:
-                toks = get(req.request_id)
+            for req in scheduled:
+                tokens = get_tokens(req.request_id)
                 if req.status is not RUNNING:  # aborted while the step ran
                     others += 1
-                    if toks is not None:
+                    if tokens is not None:
                         extra += 1
-                        if not is_token_ids(toks):
+                        if not is_token_ids(tokens):
                             raise _Bad
                     continue
-                nt = req.num_tokens
-                if req.num_computed_tokens >= nt:  # this step samples
-                    if toks.__class__ is not tuple:
+                num_tokens = req.num_tokens
+                if req.num_computed_tokens >= num_tokens:  # this step samples
+                    if tokens.__class__ is not tuple:
                         raise _Bad
-                    (t,) = toks
-                    if t.__class__ is not int or t < 0:
+                    (token,) = tokens
+                    if token.__class__ is not int or token < 0:
                         raise _Bad
-                    req.output.append(t)
-                    nt += 1
-                    req.num_tokens = nt
-                    req.last_token_ids = toks
-                    if nt >= req.length_cap_at or t in req.stop_token_ids:
+                    req.output.append(token)
+                    num_tokens += 1
+                    req.num_tokens = num_tokens
+                    req.last_token_ids = tokens
+                    if num_tokens >= req.length_cap_at or token in req.stop_token_ids:
                         stopped.append(req)
                 else:
                     others += 1
-                    if toks is not None:
+                    if tokens is not None:
                         extra += 1
-                        if toks.__class__ is not tuple or len(toks) != 0:
+                        if tokens.__class__ is not tuple or len(tokens) != 0:
                             raise _Bad
-            if len(out) - others + extra != len(sampled) or result.draft_token_ids:
+            if len(scheduled) - others + extra != len(sampled) or result.draft_token_ids:
                 # tokens for a request the plan did not schedule, or drafts
                 # (which must then be empty tuples): the plain way decides
-                bad = len(out)
+                bad = len(scheduled)
         except (_Bad, ValueError):
             assert req is not None
-            bad = out.index(req)
+            bad = scheduled.index(req)
         if bad >= 0:
             self._rollback(plan, bad)
             check_sampled(plan, result, self._requests, self._config)  # raises the spec's error
             # Valid after all (e.g. an int subclass as a token): the plain way.
             stopped = self._append_slow(plan, result)
         if stopped:
-            for r in stopped:
-                self._finish(r, STOPPED if r.last_token_ids[0] in r.stop_token_ids else LENGTH_CAPPED)
+            for req in stopped:
+                self._finish(req, STOPPED if req.last_token_ids[0] in req.stop_token_ids else LENGTH_CAPPED)
             self._running = [r for r in self._running if r.status is RUNNING]
         del self._inflight[0]
         del self._inflight_reqs[0]
@@ -133,30 +133,30 @@ class UpdateMixin:
     def _rollback(self, plan: StepPlan, bad: int) -> None:
         """Undo the tokens the fast pass appended to the entries before
         position ``bad``."""
-        for s, req in zip(plan.scheduled[:bad], self._inflight_reqs[0]):
-            if req.status is RUNNING and s.samples:
+        for entry, req in zip(plan.scheduled[:bad], self._inflight_reqs[0]):
+            if req.status is RUNNING and entry.samples:
                 req.output.pop()
                 req.num_tokens -= 1
                 req.last_token_ids = (req.output[-1],) if req.output else req.prompt_token_ids[-1:]
 
     def _append_slow(self, plan: StepPlan, result: StepResult) -> list[Request]:
         stopped: list[Request] = []
-        for s in plan.scheduled:
-            req = self._requests.get(s.request_id)
-            toks = result.sampled.get(s.request_id, ())
-            if req is None or not toks:
+        for entry in plan.scheduled:
+            req = self._requests.get(entry.request_id)
+            tokens = result.sampled.get(entry.request_id, ())
+            if req is None or not tokens:
                 continue
-            t = toks[0]
-            req.output.append(t)
+            token = tokens[0]
+            req.output.append(token)
             req.num_tokens += 1
-            req.last_token_ids = (t,)
-            if req.num_tokens >= req.length_cap_at or t in req.stop_token_ids:
+            req.last_token_ids = (token,)
+            if req.num_tokens >= req.length_cap_at or token in req.stop_token_ids:
                 stopped.append(req)
         return stopped
 
     # ------------------------------------------------------------------ general path
 
-    def _result_ok(self, result: StepResult, out: list[Request], codes: list[int]) -> bool:
+    def _result_ok(self, result: StepResult, scheduled: list[Request], codes: list[int]) -> bool:
         """Whether ``result`` surely passes the protocol's checks of the
         sampled tokens and the drafts (spec/protocol.py, check_sampled and
         check_drafts), in one pass over the plan's requests and codes (the
@@ -166,48 +166,48 @@ class UpdateMixin:
         drafts = result.draft_token_ids
         if sampled.__class__ is not dict or (drafts and drafts.__class__ is not dict):
             return False
-        get_toks = sampled.get
+        get_tokens = sampled.get
         get_drafts = drafts.get if drafts else None
-        k = self._num_spec_tokens
-        base = k + 2
+        num_spec = self._num_spec_tokens
+        base = num_spec + 2
         requests = self._requests
         present = 0
         with_drafts = 0
-        for r, code in zip(out, codes):
-            rid = r.request_id
-            toks = get_toks(rid)
+        for req, code in zip(scheduled, codes):
+            request_id = req.request_id
+            tokens = get_tokens(request_id)
             most = code % base  # 1 + drafts; 0: a partial prefill chunk
-            if toks is None:
-                if most and rid in requests:
+            if tokens is None:
+                if most and request_id in requests:
                     return False
             else:
                 present += 1
-                if toks.__class__ is not tuple:
+                if tokens.__class__ is not tuple:
                     return False
-                got = len(toks)
-                if got == 1:  # (the common case, without the loop)
-                    t = toks[0]
-                    if t.__class__ is not int or t < 0:
+                count = len(tokens)
+                if count == 1:  # (the common case, without the loop)
+                    token = tokens[0]
+                    if token.__class__ is not int or token < 0:
                         return False
-                    if not most and rid in requests:
+                    if not most and request_id in requests:
                         return False
                 else:
-                    for t in toks:
-                        if t.__class__ is not int or t < 0:
+                    for token in tokens:
+                        if token.__class__ is not int or token < 0:
                             return False
-                    if (got > most or not got) if most else got:
-                        if rid in requests:  # a request finished meanwhile may get anything well-formed
+                    if (count > most or not count) if most else count:
+                        if request_id in requests:  # a request finished meanwhile may get anything well-formed
                             return False
             if get_drafts is not None:
-                d = get_drafts(rid)
-                if d is not None:
+                proposed = get_drafts(request_id)
+                if proposed is not None:
                     with_drafts += 1
-                    if d.__class__ is not tuple or len(d) > k:
+                    if proposed.__class__ is not tuple or len(proposed) > num_spec:
                         return False
-                    for t in d:
-                        if t.__class__ is not int or t < 0:
+                    for token in proposed:
+                        if token.__class__ is not int or token < 0:
                             return False
-                    if d and not most:
+                    if proposed and not most:
                         return False  # drafts after a partial prefill chunk
         if present != len(sampled):
             return False  # tokens for a request the plan did not schedule
@@ -215,35 +215,35 @@ class UpdateMixin:
             return False  # drafts for a request the plan did not schedule
         return True
 
-    def _apply_stale(self, req: Request, n: int, toks: tuple[int, ...]) -> bool:
+    def _apply_stale(self, req: Request, num_scheduled: int, tokens: tuple[int, ...]) -> bool:
         """The output of a step scheduled before ``req`` was last preempted:
         drained from its stale share; dropped after a reset, else appended
         with the stop checks, leaving the computed tokens, the placeholders
         and the keys alone (they were reset by the preemption). Returns
         whether it stopped a running request."""
-        req.num_stale_output_tokens -= n
+        req.num_stale_output_tokens -= num_scheduled
         if req.drop_stale_output:
             return False
         if req.mm_inputs and self._encoder_cache is not None:
             self._encoder_done(req)
-        if not toks:
+        if not tokens:
             return False
         was_running = req.status is RUNNING
         output = req.output
-        nt = req.num_tokens
+        num_tokens = req.num_tokens
         finished: RequestStatus | None = None
-        for t in toks:
-            output.append(t)
-            nt += 1
-            if t in req.stop_token_ids:
+        for token in tokens:
+            output.append(token)
+            num_tokens += 1
+            if token in req.stop_token_ids:
                 finished = STOPPED
                 break
-            if nt >= req.length_cap_at:
+            if num_tokens >= req.length_cap_at:
                 finished = LENGTH_CAPPED
                 break
         if req.grammar_rejects and not req.grammar_rejects.isdisjoint(output[req.num_tokens - req.num_prompt_tokens :]):
             finished = ERROR  # a token its grammar refuses: the request errs
-        req.num_tokens = nt
+        req.num_tokens = num_tokens
         req.last_token_ids = (output[-1],)
         if finished is None:
             return False
@@ -254,20 +254,20 @@ class UpdateMixin:
 
 
     @staticmethod
-    def _set_drafts(req: Request, d: tuple[int, ...]) -> None:
+    def _set_drafts(req: Request, drafts: tuple[int, ...]) -> None:
         """update_draft_token_ids for one unfinished request: none after a
         partial prefill chunk; its grammar keeps those before the first
         refused one."""
         if req.is_prefill_chunk:
             req.spec_token_ids = NO_TOKENS
-        elif req.grammar_rejects and not req.grammar_rejects.isdisjoint(d):
+        elif req.grammar_rejects and not req.grammar_rejects.isdisjoint(drafts):
             rejects = req.grammar_rejects
             cut = 0
-            while d[cut] not in rejects:
+            while drafts[cut] not in rejects:
                 cut += 1
-            req.spec_token_ids = d[:cut]
+            req.spec_token_ids = drafts[:cut]
         else:
-            req.spec_token_ids = d
+            req.spec_token_ids = drafts
 
     def _finish_grammar_errors(self, failed_loads: AbstractSet[str] | None = None) -> None:
         """The requests whose grammar failed, as the WAITING loops since the
@@ -276,8 +276,8 @@ class UpdateMixin:
         errors, self._grammar_errors = self._grammar_errors, set()
         if failed_loads:
             errors |= failed_loads
-        for rid in sorted(errors):
-            req = self._requests.get(rid)
+        for request_id in sorted(errors):
+            req = self._requests.get(request_id)
             if req is None:
                 continue  # aborted meanwhile
             self._finish_request(req, ERROR)
@@ -287,8 +287,8 @@ class UpdateMixin:
         the checks and the connector's reports, then each entry in plan
         order (``_apply_output``), then the grammars and loads that failed.
         The entry almost every step has (a running request's tokens that do
-        not finish it) is written out in the loop: 0.4 us an entry less than
-        ``_apply_output`` (docs/impl.md, "The steady decode")."""
+        not finish it) is written out in the loop: about 0.5 us an entry less than
+        ``_apply_output`` (docs/impl.md, "The steady entry in update")."""
         check_update(plan, self._inflight, result)
         scheduled = self._inflight_reqs[0]
         codes = self._inflight_codes[0]

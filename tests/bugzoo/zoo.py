@@ -206,7 +206,7 @@ class FreeHeadFirst(Mutant):
     BUG = "a finished request's blocks are freed head first, so eviction takes a prefix's first block before its tail"
     ISSUE = "https://github.com/llm-d/llm-d-inference-sim/issues/704"
     CAUGHT_BY = frozenset({"free-queue-lru"})
-    _free = patched(_free, ("for b in reversed(table):", "for b in table:"))
+    _free = patched(_free, ("for block in reversed(table):", "for block in table:"))
 
 
 class UnkeyedToBack(Mutant):
@@ -221,8 +221,8 @@ class StaleKeyOnReuse(Mutant):
     ISSUE = "https://github.com/vllm-project/vllm/pull/4761"
     CAUGHT_BY = frozenset({"cache-index-consistent", "cached-block-content"})
     _allocate = patched(_allocate, ("""\
-            if node_of[b] is not None:
-                px.evict(b)
+            if node_of[block] is not None:
+                prefix_index.evict(block)
 """, ""))
 
 
@@ -233,7 +233,8 @@ class EvictableHitsNotCounted(Mutant):
     CAUGHT_BY = frozenset({"error"})
     _admit_alloc = patched(
         _admit_alloc,
-        ("if max(-(-full // bs) - nhit - held, 0) + evictable > free:", "if max(-(-full // bs) - nhit - held, 0) > free:"),
+        ("if max(-(-full // block_size) - num_hit - held, 0) + evictable > free:",
+         "if max(-(-full // block_size) - num_hit - held, 0) > free:"),
         ("if need + evictable + reserved > free:", "if need + reserved > free:"),
     )
 
@@ -265,14 +266,14 @@ class FullPromptHit(Mutant):
     BUG = "a prefix hit may cover the whole prompt, leaving no token to compute (no logits to sample from)"
     ISSUE = "https://github.com/GeeeekExplorer/nano-vllm/issues/144"
     CAUGHT_BY = frozenset({"token-budget", "cache-hit-identical-prefix", "computed-within-known"})
-    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, bs))", "range(req.num_tokens // bs)"))
+    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, block_size))", "range(req.num_tokens // block_size)"))
 
 
 class HitBoundaryOffByOne(Mutant):
     BUG = "the hit limit subtracts one twice, so a prompt one token past a block boundary misses its last cached block"
     ISSUE = "https://github.com/vllm-project/vllm/pull/40684"
     CAUGHT_BY = frozenset({"divergence"})
-    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, bs))", "range((req.num_tokens - 2) // bs)"))
+    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, block_size))", "range((req.num_tokens - 2) // block_size)"))
 
 
 class UncomputedBlockHit(Mutant):

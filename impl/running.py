@@ -107,7 +107,8 @@ class RunningPhase:
         entries_append, scheduled_append, codes_append = state.entries.append, state.scheduled.append, state.codes.append
         new, entry_class, running_kind = _new, ScheduledRequest, _RUNNING_KIND
         i = 0
-        while i < len(running) and budget > 0:
+        count = len(running)  # changes only in the general rules (preemption)
+        while i < count and budget > 0:
             req = running[i]
             computed = req.num_computed_tokens
             if asynchronous:
@@ -118,8 +119,9 @@ class RunningPhase:
                     and req.num_tokens == num_tokens
                     and computed + 2 - width < req.max_tokens_end
                 )
-                n = width
+                n = placeholders = width
             else:
+                placeholders = 0
                 num_tokens = req.num_tokens
                 steady = computed == num_tokens - 1
                 spec_token_ids = req.spec_token_ids
@@ -164,7 +166,7 @@ class RunningPhase:
                 fields["block_ids"] = table if table is not None else req.block_tuple()
                 fields["token_ids"] = token_ids
                 fields["spec_token_ids"] = spec_token_ids
-                fields["num_output_placeholders"] = req.num_output_placeholders
+                fields["num_output_placeholders"] = placeholders
                 fields["encoder_inputs"] = NO_TOKENS
                 fields["num_invalid_spec_tokens"] = 0
                 groups = req.group_block_tuples
@@ -188,6 +190,7 @@ class RunningPhase:
             budget = state.budget
             if i < 0:
                 break
+            count = len(running)
         state.budget = budget
 
     def _running_chunk(self, state: StepState, req: Request) -> int:

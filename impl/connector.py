@@ -2,10 +2,10 @@
 (spec/connector.py), with impl's structures, written from the rules (docs/spec.md,
 "The KV connector") and vLLM 0.33's scheduler (vllm/v1/core/sched/scheduler.py).
 
-A config with ``kv_connector`` takes the gated path for good
-(impl/scheduler.py, ``_schedule_gated`` and ``_update_general``); the
-per-request rules of the connector live here, as methods both the schedule and
-the update of that path call:
+A config with ``kv_connector`` takes the gate rules for good (impl/waiting.py's
+admissions, impl/running.py's deferred frees, impl/update.py's
+``_update_general``); the per-request rules of the connector live here, as
+methods the phases and the update call:
 
 - the modelled connector's answers (get_num_new_matched_tokens,
   request_finished) and the loads of a plan (update_state_after_alloc,

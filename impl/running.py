@@ -92,7 +92,7 @@ class RunningPhase:
         """The RUNNING loop. A steady decode (sync: the last known token and
         the drafts proposed after the previous step; async: one step in
         flight with its 1 + k placeholders, k placeholder drafts for this
-        step; no block to allocate or key on the gated path) is written out
+        step; no block to allocate or key under the gate rules) is written out
         here, with the plan entry filled inline: it is the one loop that runs
         once per running request per step, and a call to ``plan_entry``
         there costs 50 ns a request (docs/impl.md, "The steady decode").

@@ -154,7 +154,7 @@ class UpdateMixin:
                 stopped.append(req)
         return stopped
 
-    # ------------------------------------------------------------------ general path
+    # ------------------------------------------------------------------ general rules
 
     def _result_ok(self, result: StepResult, scheduled: list[Request], codes: list[int]) -> bool:
         """Whether ``result`` surely passes the protocol's checks of the

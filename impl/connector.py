@@ -2,10 +2,10 @@
 (spec/connector.py), with impl's structures, written from the rules (docs/spec.md,
 "The KV connector") and vLLM 0.33's scheduler (vllm/v1/core/sched/scheduler.py).
 
-A config with ``kv_connector`` takes the gated path for good
-(impl/scheduler.py, ``_schedule_gated`` and ``_update_general``); the
-per-request rules of the connector live here, as methods both the schedule and
-the update of that path call:
+A config with ``kv_connector`` takes the gate rules for good (impl/waiting.py's
+admissions, impl/running.py's deferred frees, impl/update.py's
+``_update_general``); the per-request rules of the connector live here, as
+methods the phases and the update call:
 
 - the modelled connector's answers (get_num_new_matched_tokens,
   request_finished) and the loads of a plan (update_state_after_alloc,
@@ -61,25 +61,24 @@ def _cdiv(a: int, b: int) -> int:
 
 class KVRequest(Queued, Protocol):
     """What the connector's rules read and write of impl's request
-    (impl/scheduler.py's request)."""
+    (impl/request.py's Request)."""
 
-    rid: str
+    request_id: str
     status: RequestStatus
-    num_computed: int
+    num_computed_tokens: int
     num_tokens: int
-    blocks: list[int]
-    btuple: tuple[int, ...] | None
-    cap: int
-    ncached: int
-    next_full: int
-    edge: int
-    npreempt: int
-    last_seq: int
+    block_ids: list[int]
+    cached_block_tuple: tuple[int, ...] | None
+    num_slots: int
+    num_cached_blocks: int
+    next_full_at: int
+    num_preemptions: int
+    last_scheduled_seq: int
     priority: int
     arrival: int
-    pchunk: bool
-    wseq: int
-    inflight: int
+    is_prefill_chunk: bool
+    waiting_seq: int
+    num_in_flight_tokens: int
 
     @property
     def spec(self) -> RequestSpec: ...
@@ -103,7 +102,7 @@ class ConnectorMixin(Generic[R]):
     _waiting: "FcfsWaiting[R] | PriorityWaiting[R]"
 
     # hybrid KV cache groups (impl/kv_groups.py, GroupsMixin)
-    _hyb: bool
+    _hybrid: bool
     _g_free_request: Callable[[R], None]
     _g_pop_for_free: Callable[[R], list[int]]
     _g_held_blocks: Callable[[R], tuple[int, ...]]
@@ -119,10 +118,10 @@ class ConnectorMixin(Generic[R]):
         raise NotImplementedError
 
     def _init_connector(self, config: SchedulerConfig) -> None:
-        self._conn = config.kv_connector
+        self._connector = config.kv_connector
         self._fail_policy = config.kv_load_failure_policy == "fail"
         # kv_holding_waiting, in the spec's list order
-        self._kvh: list[R] = []
+        self._kv_holding_waiting: list[R] = []
         # finished requests keeping their blocks (vLLM: still in Scheduler.requests)
         self._held: dict[str, R] = {}
         # finished_recving_kv_req_ids / failed_recving_kv_req_ids
@@ -141,7 +140,7 @@ class ConnectorMixin(Generic[R]):
         self._deferred_frees: list[tuple[int, list[int]]] = []
 
     def _clone_connector(self, d: dict[str, Any], remap: dict[int, R]) -> None:
-        d["_kvh"] = [remap[id(r)] for r in self._kvh]
+        d["_kv_holding_waiting"] = [remap[id(r)] for r in self._kv_holding_waiting]
         d["_held"] = {rid: remap[id(r)] for rid, r in self._held.items()}
         d["_loads_done"] = self._loads_done.copy()
         d["_loads_failed"] = self._loads_failed.copy()
@@ -152,27 +151,27 @@ class ConnectorMixin(Generic[R]):
 
     # ------------------------------------------------------------ queues
 
-    def _kvh_head(self) -> R:
+    def _kv_holding_head(self) -> R:
         """The head of kv_holding_waiting in service order."""
-        kvh = self._kvh
+        kvh = self._kv_holding_waiting
         if self._config.policy == Policy.FCFS or len(kvh) == 1:
             return kvh[0]
-        return min(kvh, key=lambda r: (r.priority, r.arrival, r.rid))
+        return min(kvh, key=lambda r: (r.priority, r.arrival, r.request_id))
 
-    def _kvh_order(self) -> list[R]:
+    def _kv_holding_order(self) -> list[R]:
         if self._config.policy == Policy.FCFS:
-            return list(self._kvh)
-        return sorted(self._kvh, key=lambda r: (r.priority, r.arrival, r.rid))
+            return list(self._kv_holding_waiting)
+        return sorted(self._kv_holding_waiting, key=lambda r: (r.priority, r.arrival, r.request_id))
 
     def _skip(self, req: R, from_kvh: bool, skipped: list[R], skipped_kvh: list[R]) -> None:
         """skip_request: the WAITING loop passes ``req`` (the head of its
         queue) over; it goes back to the head of kv_holding_waiting if it now
         holds blocks (a promoted or started load), else of the waiting queue."""
         if from_kvh:
-            self._kvh.remove(req)
+            self._kv_holding_waiting.remove(req)
         else:
             self._waiting.pop_head()
-        if self._conn and (req.num_computed > 0 or req.status is _REMOTE):
+        if self._connector and (req.num_computed_tokens > 0 or req.status is _REMOTE):
             skipped_kvh.append(req)
         else:
             skipped.append(req)
@@ -185,12 +184,12 @@ class ConnectorMixin(Generic[R]):
             self._sched_seq += 1
             seq = self._sched_seq
             for r in out:
-                r.last_seq = seq
+                r.last_scheduled_seq = seq
         prefills = self._inflight_prefills
         if prefills:
             for r in out:
-                if not r.pchunk:
-                    prefills.discard(r.rid)
+                if not r.is_prefill_chunk:
+                    prefills.discard(r.request_id)
 
     # ------------------------------------------------------------ freeing
 
@@ -198,22 +197,22 @@ class ConnectorMixin(Generic[R]):
         """_free_request_blocks: free the request's table now, or, with
         defer_block_free while a step it was scheduled in is unprocessed,
         behind a fence; the request keeps an empty table."""
-        now = not self._defer_free or req.last_seq <= self._processed_seq
-        if self._hyb:
+        now = not self._defer_free or req.last_scheduled_seq <= self._processed_seq
+        if self._hybrid:
             if now:
                 self._g_free_request(req)
             else:
                 popped = self._g_pop_for_free(req)
                 if popped:
                     self._deferred_frees.append((self._sched_seq, popped))
-        elif req.blocks:
+        elif req.block_ids:
             if now:
-                self._free(req.blocks)
+                self._free(req.block_ids)
             else:
-                self._deferred_frees.append((self._sched_seq, req.blocks))
-        req.blocks = []
-        req.btuple = ()
-        req.cap = 0
+                self._deferred_frees.append((self._sched_seq, req.block_ids))
+        req.block_ids = []
+        req.cached_block_tuple = ()
+        req.num_slots = 0
 
     def _drain_deferred_frees(self) -> None:
         self._processed_seq += 1
@@ -226,10 +225,10 @@ class ConnectorMixin(Generic[R]):
         its blocks (an abort during an unreported load, or the modelled
         connector's request_finished: an asynchronous save of a request that
         finished normally)."""
-        self._inflight_prefills.discard(req.rid)
-        if self._hyb:
+        self._inflight_prefills.discard(req.request_id)
+        if self._hybrid:
             # the blocks out of a sliding window go before the table goes to the connector
-            self._g_remove_skipped(req, max(0, req.num_computed - req.inflight))
+            self._g_remove_skipped(req, max(0, req.num_computed_tokens - req.num_in_flight_tokens))
         return delay or (req.spec.kv_save_async and status in _SAVE_ON)
 
     # ------------------------------------------------------------ admission
@@ -251,7 +250,7 @@ class ConnectorMixin(Generic[R]):
         bs = self._bs
         mml = cfg.max_model_len
         k = cfg.num_speculative_tokens
-        hyb = self._hyb
+        hyb = self._hybrid
         total = _cdiv(1 + k, bs) * (len(cfg.groups) if hyb else 1) if k else 0
         requests = self._requests
         for rid in self._inflight_prefills:
@@ -260,9 +259,9 @@ class ConnectorMixin(Generic[R]):
             if k:
                 num += 1 + k
             if hyb:  # summed over the groups, a sliding window at its admission cap
-                total += self._g_need(r, num, None, r.num_computed, True)
+                total += self._g_need(r, num, None, r.num_computed_tokens, True)
             else:
-                total += max(_cdiv(num, bs) - len(r.blocks), 0)
+                total += max(_cdiv(num, bs) - len(r.block_ids), 0)
         return total
 
     def _record_load(self, req: R, start: int, num_external: int, asynchronous: bool) -> None:
@@ -270,50 +269,48 @@ class ConnectorMixin(Generic[R]):
         if num_external <= 0:
             return
         end = start + num_external
-        blocks = tuple(req.blocks)
-        groups = self._group_tuples(req) if self._hyb else ()
-        self._pending_loads.append(KVLoad(req.rid, start, end, blocks, asynchronous, groups))
+        blocks = tuple(req.block_ids)
+        groups = self._group_tuples(req) if self._hybrid else ()
+        self._pending_loads.append(KVLoad(req.request_id, start, end, blocks, asynchronous, groups))
         if asynchronous:
             bs = self._bs
-            self._loading[req.rid] = blocks[start // bs : _cdiv(end, bs)]
+            self._loading[req.request_id] = blocks[start // bs : _cdiv(end, bs)]
 
     def _promote(self, req: R) -> None:
         """_update_waiting_for_remote_kv: a reported load's blocks are cached
         (after a failure only those below the truncation; nothing computed
         frees them), the last token is left to compute, and the request
         waits again."""
-        rid = req.rid
+        rid = req.request_id
         if rid in self._loads_failed:
             self._loads_failed.remove(rid)
-            if req.num_computed:
-                self._cache_upto(req, req.num_computed)
+            if req.num_computed_tokens:
+                self._cache_upto(req, req.num_computed_tokens)
             else:
-                if self._hyb:  # kv_cache_manager.free: never deferred
+                if self._hybrid:  # kv_cache_manager.free: never deferred
                     self._g_free_request(req)
                 else:
-                    self._free(req.blocks)
-                    req.ncached = 0
+                    self._free(req.block_ids)
+                    req.num_cached_blocks = 0
                     if self._caching:
-                        req.next_full = self._bs
-                req.blocks = []
-                req.btuple = ()
-                req.cap = 0
-                req.edge = 1
+                        req.next_full_at = self._bs
+                req.block_ids = []
+                req.cached_block_tuple = ()
+                req.num_slots = 0
         else:
-            self._cache_upto(req, req.num_computed)
-        if req.num_computed == req.num_tokens:
-            req.num_computed = req.num_tokens - 1
+            self._cache_upto(req, req.num_computed_tokens)
+        if req.num_computed_tokens == req.num_tokens:
+            req.num_computed_tokens = req.num_tokens - 1
         self._loads_done.remove(rid)
-        req.status = _PREEMPTED if req.npreempt else _WAITING
+        req.status = _PREEMPTED if req.num_preemptions else _WAITING
 
     def _cache_upto(self, req: R, num_tokens: int) -> None:
         """cache_blocks(request, num_tokens), at most the known tokens."""
         if not self._caching:
             return
         upto = min(num_tokens, req.num_tokens)
-        if upto >= req.next_full:
+        if upto >= req.next_full_at:
             self._register(req, upto)
-            req.edge = min(req.cap + 1, req.next_full)
 
     # ------------------------------------------------------------ update
 
@@ -323,7 +320,7 @@ class ConnectorMixin(Generic[R]):
         failed loads and invalid blocks. Returns the requests whose output of
         this step is skipped (a failed or truncated load)."""
         check_kv_reports(
-            plan, result, self._config, self._loading, self._held, {r.rid for r in self._running}
+            plan, result, self._config, self._loading, self._held, {r.request_id for r in self._running}
         )
         if self._defer_free and plan.total_num_scheduled_tokens > 0:
             self._drain_deferred_frees()
@@ -341,13 +338,13 @@ class ConnectorMixin(Generic[R]):
                 continue
             affected.add(rid)
             if recompute:
-                req.num_computed = 0
+                req.num_computed_tokens = 0
                 self._loads_failed.add(rid)
         return set() if recompute else affected
 
     def _handle_invalid_blocks(self, invalid: set[int], plan: StepPlan) -> set[str]:
         scheduled = {s.request_id: s.num_scheduled_tokens for s in plan.scheduled}
-        loading = [r for r in self._kvh if r.status is _REMOTE]
+        loading = [r for r in self._kv_holding_waiting if r.status is _REMOTE]
         async_ids, _ = self._truncate_invalid(loading, invalid, scheduled)
         sync_ids, evict = self._truncate_invalid(self._running, invalid, scheduled)
         if not async_ids and not sync_ids:
@@ -374,19 +371,19 @@ class ConnectorMixin(Generic[R]):
         evict: list[int] = []
         marked: set[int] = set()
         for req in reqs:
-            computed = req.num_computed - scheduled.get(req.rid, 0)
-            table = req.blocks[: _cdiv(computed, bs)]
+            computed = req.num_computed_tokens - scheduled.get(req.request_id, 0)
+            table = req.block_ids[: _cdiv(computed, bs)]
             hits = [i for i, b in enumerate(table) if b in invalid]
             if not hits:
                 continue
-            affected.add(req.rid)
+            affected.add(req.request_id)
             fresh = [i for i in hits if table[i] not in marked]
             marked.update(table[i] for i in hits)
             if fresh:
-                req.num_computed = fresh[0] * bs
-                evict.extend(b for b in req.blocks[fresh[0]:] if b not in evict)
+                req.num_computed_tokens = fresh[0] * bs
+                evict.extend(b for b in req.block_ids[fresh[0]:] if b not in evict)
             else:
-                req.num_computed = computed
+                req.num_computed_tokens = computed
         return affected, evict
 
     def _kv_finished(self, result: StepResult) -> None:
@@ -413,23 +410,23 @@ class ConnectorMixin(Generic[R]):
         if self._held:
             kept = f"finished request {min(self._held)!r} keeps its blocks for the connector"
         else:
-            for r in self._kvh:
-                if r.blocks or (self._hyb and any(self._g_tables(r))):
-                    kept = f"waiting request {r.rid!r} holds blocks for a KV load"
+            for r in self._kv_holding_waiting:
+                if r.block_ids or (self._hybrid and any(self._g_tables(r))):
+                    kept = f"waiting request {r.request_id!r} holds blocks for a KV load"
                     break
             else:
                 if self._deferred_frees or (
-                    self._defer_free and any(r.last_seq > self._processed_seq for r in self._running)
+                    self._defer_free and any(r.last_scheduled_seq > self._processed_seq for r in self._running)
                 ):
                     kept = "a step in flight still writes blocks whose free is deferred (defer_block_free)"
         check_kv_reset(kept)
 
     def _connector_view(self) -> dict[str, Any]:
-        if not self._conn:
+        if not self._connector:
             return {}
         return {
             "kv_held_by_finished": {
-                rid: self._g_held_blocks(r) if self._hyb else tuple(b for b in r.blocks if b)
+                rid: self._g_held_blocks(r) if self._hybrid else tuple(b for b in r.block_ids if b)
                 for rid, r in sorted(self._held.items())
             },
             "kv_loads_done": tuple(sorted(self._loads_done)),

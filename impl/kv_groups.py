@@ -118,25 +118,25 @@ class Layout:
 
 
 class GroupedRequest(Protocol):
-    rid: str
-    blocks: list[int]
-    ncached: int
-    gblocks: list[list[int]]
-    gncached: list[int]
-    spb: int
+    request_id: str
+    block_ids: list[int]
+    num_cached_blocks: int
+    group_block_ids: list[list[int]]
+    group_num_cached_blocks: list[int]
+    shared_prefix_end: int
     num_tokens: int
-    plen: int
-    salt: str
-    marks: dict[int, str]
-    num_computed: int
-    inflight: int
-    next_full: int
-    cap: int
-    gskip: int
-    gtuple: tuple[tuple[int, ...], ...] | None
-    btuple: tuple[int, ...] | None
+    num_prompt_tokens: int
+    key_root: str
+    identity_marks: dict[int, str]
+    num_computed_tokens: int
+    num_in_flight_tokens: int
+    next_full_at: int
+    num_slots: int
+    group_skip_from: int
+    group_block_tuples: tuple[tuple[int, ...], ...] | None
+    cached_block_tuple: tuple[int, ...] | None
 
-    def toks(self, a: int, b: int) -> tuple[int, ...]: ...
+    def token_range(self, start: int, end: int) -> tuple[int, ...]: ...
 
     @property
     def spec(self) -> RequestSpec: ...
@@ -165,39 +165,39 @@ class GroupsMixin(Generic[Q]):
 
     @staticmethod
     def _tables(req: Q) -> list[list[int]]:
-        return [req.blocks, *req.gblocks]
+        return [req.block_ids, *req.group_block_ids]
 
     def _g_tables(self, req: Q) -> list[list[int]]:
-        return [req.blocks, *req.gblocks]
+        return [req.block_ids, *req.group_block_ids]
 
     @staticmethod
     def _group_tuples(req: Q) -> tuple[tuple[int, ...], ...]:
         """The plan's group_block_ids, cached on the request until a table
         changes (every change sets ``gtuple`` to None)."""
-        gt = req.gtuple
+        gt = req.group_block_tuples
         if gt is None:
-            gt = req.gtuple = (tuple(req.blocks), *(tuple(t) for t in req.gblocks))
+            gt = req.group_block_tuples = (tuple(req.block_ids), *(tuple(t) for t in req.group_block_ids))
         return gt
 
     def _g_slots(self, req: Q) -> int:
         """The token slots every group's table has (the shortest table's): a
         running request's step up to there allocates nothing."""
-        n = len(req.blocks)
-        for t in req.gblocks:
+        n = len(req.block_ids)
+        for t in req.group_block_ids:
             if len(t) < n:
                 n = len(t)
         return n * self._bs
 
     def _clear_groups(self, req: Q) -> None:
-        req.blocks = []
-        req.ncached = 0
-        req.gblocks = [[] for _ in req.gblocks]
-        req.gncached = [0] * len(req.gncached)
-        req.gtuple = None
-        req.gskip = 0
-        req.cap = 0
+        req.block_ids = []
+        req.num_cached_blocks = 0
+        req.group_block_ids = [[] for _ in req.group_block_ids]
+        req.group_num_cached_blocks = [0] * len(req.group_num_cached_blocks)
+        req.group_block_tuples = None
+        req.group_skip_from = 0
+        req.num_slots = 0
         if self._caching:
-            req.next_full = 0  # the next cache call sets it
+            req.next_full_at = 0  # the next cache call sets it
 
     def _g_free_request(self, req: Q) -> None:
         """KVCacheCoordinator.free: each group's table tail first (null
@@ -225,9 +225,9 @@ class GroupsMixin(Generic[Q]):
 
     def _roots(self, req: Q, g: int) -> tuple[str, dict[int, str]]:
         if g == 0:
-            return req.salt, req.marks
+            return req.key_root, req.identity_marks
         sfx = f"{GROUP_KEY_SEPARATOR}{g}"
-        return req.salt + sfx, {i: m + sfx for i, m in req.marks.items()}
+        return req.key_root + sfx, {i: m + sfx for i, m in req.identity_marks.items()}
 
     def _chain(self, req: Q, g: int, upto: int, create: bool) -> list[KeyNode | None]:
         """The key nodes of group g's blocks 0 .. upto - 1 (None past the
@@ -242,7 +242,7 @@ class GroupsMixin(Generic[Q]):
             if marks and i in marks and i > 0:
                 assert isinstance(parent, KeyNode)
                 parent = (parent, marks[i])
-            ikey = (parent, req.toks(i * bs, (i + 1) * bs))
+            ikey = (parent, req.token_range(i * bs, (i + 1) * bs))
             node = intern.get(ikey)
             if node is None:
                 if not create:
@@ -276,11 +276,11 @@ class GroupsMixin(Generic[Q]):
                 prev = self._chain(req, g, i, True)[-1]
             assert prev is not None
             parent = prev
-            marks = req.marks
+            marks = req.identity_marks
             if marks and i in marks:
                 _, marks = self._roots(req, g)
                 parent = (prev, marks[i])
-        self._px.register(block, parent, req.toks(i * bs, (i + 1) * bs))
+        self._px.register(block, parent, req.token_range(i * bs, (i + 1) * bs))
 
     def _g_cache(self, req: Q, num_tokens: int) -> None:
         """KVCacheCoordinator.cache_blocks: the blocks full at ``num_tokens``
@@ -291,9 +291,9 @@ class GroupsMixin(Generic[Q]):
         bs = self._bs
         num_tokens = min(num_tokens, req.num_tokens)
         lay = self._layout
-        boundaries = [req.plen - 1] + ([req.spb] if req.spb else [])
+        boundaries = [req.num_prompt_tokens - 1] + ([req.shared_prefix_end] if req.shared_prefix_end else [])
         for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
-            start = req.ncached if g == 0 else req.gncached[g - 1]
+            start = req.num_cached_blocks if g == 0 else req.group_num_cached_blocks[g - 1]
             end = num_tokens // bs
             if start >= end:
                 continue
@@ -302,22 +302,22 @@ class GroupsMixin(Generic[Q]):
                 if table[i] != NULL and (mask is None or mask[i - start]):
                     self._g_register_block(req, g, i, table[i])
             if g == 0:
-                req.ncached = end
+                req.num_cached_blocks = end
             else:
-                req.gncached[g - 1] = end
+                req.group_num_cached_blocks[g - 1] = end
         # the least token count at which a group has a new full block to key
-        least = req.ncached
-        for c in req.gncached:
+        least = req.num_cached_blocks
+        for c in req.group_num_cached_blocks:
             if c < least:
                 least = c
-        req.next_full = (least + 1) * bs
+        req.next_full_at = (least + 1) * bs
 
     # ------------------------------------------------------------ hits and counts
 
     def _g_find_hit(self, req: Q) -> tuple[list[list[int]], int]:
         """get_computed_blocks: each group's hit and the hit length; records
         the shared-prefix junction."""
-        req.spb = 0
+        req.shared_prefix_end = 0
         lay = self._layout
         if not self._caching:
             return [[] for _ in lay.groups], 0
@@ -336,7 +336,7 @@ class GroupsMixin(Generic[Q]):
             return node.holders[0]
 
         hits, length, uncached = lay.hit(lookup, max_length)
-        req.spb = length + uncached if uncached else 0
+        req.shared_prefix_end = length + uncached if uncached else 0
         return hits, length
 
     def _num_evictable(self, blocks: Sequence[int]) -> int:
@@ -385,11 +385,11 @@ class GroupsMixin(Generic[Q]):
                         fq.remove(b)
                     ref[b] += 1
             tables[g].extend([NULL] * skipped + kept)
-            req.gtuple = None
+            req.group_block_tuples = None
             if g == 0:
-                req.ncached = len(tables[g])
+                req.num_cached_blocks = len(tables[g])
             else:
-                req.gncached[g - 1] = len(tables[g])
+                req.group_num_cached_blocks[g - 1] = len(tables[g])
         if num_external <= 0:
             return
         for g, rules in enumerate(lay.rules):
@@ -410,14 +410,14 @@ class GroupsMixin(Generic[Q]):
                 t.extend(self._allocate(k))
                 grew = True
         if grew:
-            req.gtuple = None
+            req.group_block_tuples = None
         return grew
 
     def _g_remove_skipped(self, req: Q, processed: int) -> None:
         """remove_skipped_blocks: each sliding-window group frees the blocks
         wholly before its window, each chunked-local group those wholly
         before the chunk of the next token (last skipped first), null in
-        their places; ``req.gskip`` becomes the processed-token count at
+        their places; ``req.group_skip_from`` becomes the processed-token count at
         which the next call would free a block."""
         bs = self._bs
         gskip = NEVER
@@ -439,10 +439,10 @@ class GroupsMixin(Generic[Q]):
                 freed.append(table[i])
                 table[i] = NULL
             if freed:
-                req.gtuple = None
-                req.btuple = None  # group 0 may be the window's (a lone sliding-window group)
+                req.group_block_tuples = None
+                req.cached_block_tuple = None  # group 0 may be the window's (a lone sliding-window group)
                 self._free_ordered(freed)
-        req.gskip = gskip
+        req.group_skip_from = gskip
 
     def _free_ordered(self, ordered: list[int]) -> None:
         """BlockPool.free_blocks of blocks already in eviction order."""

@@ -10,7 +10,7 @@
   entries of a reused request id from ever comparing their payloads.
 - PRIORITY victims: ``max(running, key=(priority, arrival))``, the first such
   request in running order. Running order is admission order, so a min-heap
-  on ``(-priority, -arrival, run_seq)`` with lazy deletion gives the same
+  on ``(-priority, -arrival, running_seq)`` with lazy deletion gives the same
   request in O(log n) instead of a scan.
 """
 
@@ -28,7 +28,7 @@ class Runnable(Protocol):
 
     priority: int
     arrival: int
-    run_seq: int
+    running_seq: int
 
     @property
     def is_running(self) -> bool: ...
@@ -37,8 +37,8 @@ class Runnable(Protocol):
 class Queued(Runnable, Protocol):
     """What the waiting queues read of a request, besides the above."""
 
-    rid: str
-    wseq: int
+    request_id: str
+    waiting_seq: int
 
 
 R = TypeVar("R", bound=Queued)
@@ -55,11 +55,11 @@ class FcfsWaiting(Generic[R]):
         return len(self._q)
 
     def push_back(self, req: R) -> None:
-        self._q[req.rid] = req
+        self._q[req.request_id] = req
 
     def push_front(self, req: R) -> None:
-        self._q[req.rid] = req
-        self._q.move_to_end(req.rid, last=False)
+        self._q[req.request_id] = req
+        self._q.move_to_end(req.request_id, last=False)
 
     def peek(self) -> R:
         return next(iter(self._q.values()))
@@ -68,7 +68,7 @@ class FcfsWaiting(Generic[R]):
         return self._q.popitem(last=False)[1]
 
     def remove(self, req: R) -> None:
-        del self._q[req.rid]
+        del self._q[req.request_id]
 
     def order(self) -> Iterator[R]:
         return iter(list(self._q.values()))
@@ -96,8 +96,8 @@ class PriorityWaiting(Generic[R]):
 
     def push_back(self, req: R) -> None:
         self._seq += 1
-        req.wseq = self._seq
-        heapq.heappush(self._heap, (req.priority, req.arrival, req.rid, self._seq, req))
+        req.waiting_seq = self._seq
+        heapq.heappush(self._heap, (req.priority, req.arrival, req.request_id, self._seq, req))
         self._live += 1
 
     # A preempted request is ordered by its key like any other.
@@ -105,7 +105,7 @@ class PriorityWaiting(Generic[R]):
 
     def _drop_stale(self) -> None:
         heap = self._heap
-        while heap and heap[0][4].wseq != heap[0][3]:
+        while heap and heap[0][4].waiting_seq != heap[0][3]:
             heapq.heappop(heap)
 
     def peek(self) -> R:
@@ -115,19 +115,19 @@ class PriorityWaiting(Generic[R]):
     def pop_head(self) -> R:
         self._drop_stale()
         req = heapq.heappop(self._heap)[4]
-        req.wseq = -1
+        req.waiting_seq = -1
         self._live -= 1
         return req
 
     def remove(self, req: R) -> None:
-        req.wseq = -1
+        req.waiting_seq = -1
         self._live -= 1
         if len(self._heap) > 2 * self._live + 64:
-            self._heap = [e for e in self._heap if e[4].wseq == e[3]]
+            self._heap = [e for e in self._heap if e[4].waiting_seq == e[3]]
             heapq.heapify(self._heap)
 
     def order(self) -> Iterator[R]:
-        live = sorted(e for e in self._heap if e[4].wseq == e[3])
+        live = sorted(e for e in self._heap if e[4].waiting_seq == e[3])
         return iter([e[4] for e in live])
 
     def copy(self, remap: dict[int, R]) -> "PriorityWaiting[R]":
@@ -152,7 +152,7 @@ class VictimHeap(Generic[V]):
         self._heap: list[tuple[int, int, int, V]] = []
 
     def push(self, req: V) -> None:
-        heapq.heappush(self._heap, (-req.priority, -req.arrival, req.run_seq, req))
+        heapq.heappush(self._heap, (-req.priority, -req.arrival, req.running_seq, req))
 
     def top(self) -> V:
         """The running request to preempt. The caller guarantees one runs."""
@@ -160,7 +160,7 @@ class VictimHeap(Generic[V]):
         while True:
             e = heap[0]
             req = e[3]
-            if req.is_running and req.run_seq == e[2]:
+            if req.is_running and req.running_seq == e[2]:
                 return req
             heapq.heappop(heap)
 
@@ -174,19 +174,19 @@ class VictimHeap(Generic[V]):
 
     def compact(self, running: list[V]) -> None:
         if len(self._heap) > 2 * len(running) + 64:
-            self._heap = [(-r.priority, -r.arrival, r.run_seq, r) for r in running]
+            self._heap = [(-r.priority, -r.arrival, r.running_seq, r) for r in running]
             heapq.heapify(self._heap)
 
 
 class _Running:
     """A running request reduced to what the victim heap reads."""
 
-    __slots__ = ("priority", "arrival", "run_seq")
+    __slots__ = ("priority", "arrival", "running_seq")
 
     def __init__(self, index: int, priority: int, arrival: int) -> None:
         self.priority = priority
         self.arrival = arrival
-        self.run_seq = index
+        self.running_seq = index
 
     @property
     def is_running(self) -> bool:
@@ -205,4 +205,4 @@ def choose_victim(policy: Policy, running_keys: list[tuple[int, int]]) -> int:
     heap: VictimHeap[_Running] = VictimHeap()
     for i, (priority, arrival) in enumerate(running_keys):
         heap.push(_Running(i, priority, arrival))
-    return heap.top().run_seq
+    return heap.top().running_seq

@@ -83,7 +83,7 @@ def test_patched_refuses_text_that_is_not_there_once() -> None:
     with pytest.raises(AssertionError, match="occur once"):
         zoo.patched(ImplScheduler._free, ("no such text", ""))
     with pytest.raises(AssertionError, match="found 2"):
-        zoo.patched(ImplScheduler.schedule, ("budget -= n", ""))
+        zoo.patched(ImplScheduler._preempt_for, ("return False, i", ""))
 
 
 def test_patched_without_edits_is_impl() -> None:
@@ -93,8 +93,8 @@ def test_patched_without_edits_is_impl() -> None:
     from schedspec.check.random_workloads import random_workload
 
     class Same(ImplScheduler):
-        schedule = zoo.patched(ImplScheduler.schedule)
-        _schedule_running_slow = zoo.patched(ImplScheduler._schedule_running_slow)
+        _schedule_running = zoo.patched(ImplScheduler._schedule_running)
+        _preempt_for = zoo.patched(ImplScheduler._preempt_for)
 
     factories = {"spec": resolve("spec").factory, "same": Same}
     for seed in range(3):

@@ -58,8 +58,11 @@ def patched(func: Callable[..., Any], *edits: tuple[str, str]) -> Callable[..., 
     return new_func
 
 
-_slow = ImplScheduler._schedule_running_slow
-_schedule = ImplScheduler.schedule
+_preempt_for = ImplScheduler._preempt_for
+_give_back = ImplScheduler._give_back
+_start_step = ImplScheduler._start_step
+_schedule_waiting = ImplScheduler._schedule_waiting
+_admission_chunk = ImplScheduler._admission_chunk
 _find_hit = ImplScheduler._find_hit
 _admit_alloc = ImplScheduler._admit_alloc
 _free = ImplScheduler._free
@@ -81,11 +84,11 @@ class PrioritySkipAfterPreempt(Mutant):
            "queue does not step the loop index back, so the next running request is skipped for a step")
     ISSUE = "https://github.com/vllm-project/vllm/issues/49097"
     CAUGHT_BY = frozenset({"divergence", "running-served-while-budget"})
-    _schedule_running_slow = patched(_slow, ("""\
-                    if v < i:
-                        i -= 1
+    _preempt_for = patched(_preempt_for, ("""\
+            if v < i:
+                i -= 1
 """, """\
-                    if v < i:
+            if v < i:
 """))
 
 
@@ -94,24 +97,21 @@ class PreemptedStaysScheduled(Mutant):
            "plan entry and its tokens stay charged to the budget")
     ISSUE = "https://github.com/vllm-project/vllm/issues/23347"
     CAUGHT_BY = frozenset({"scheduled-are-running"})
-    _schedule_running_slow = patched(_slow, ("""\
-                        j = bisect_left(out, victim.run_seq, key=_run_seq)
-                        if j < len(out) and out[j] is victim:  # give its budget back
-                            del out[j]
-                            budget += ents.pop(j).num_scheduled_tokens
-""", ""))
+    _give_back = patched(_give_back, ("""\
+        if j < len(scheduled) and scheduled[j] is victim:
+""", """\
+        if False:
+"""))
 
 
 class WrongFcfsVictim(Mutant):
     BUG = "FCFS: preemption takes the head of the running queue instead of its tail"
     ISSUE = "https://github.com/inference-sim/inference-sim/issues/1169"
     CAUGHT_BY = frozenset({"fcfs-victim-suffix", "no-starvation"})
-    _schedule_running_slow = patched(_slow, ("""\
-                        v = len(running) - 1
-                        victim = running.pop()
+    _preempt_for = patched(_preempt_for, ("""\
+                v = len(running) - 1
 """, """\
-                        v = 0
-                        victim = running.pop(0)
+                v = 0
 """))
 
 
@@ -121,9 +121,9 @@ class AdmitAfterPreempt(Mutant):
     CAUGHT_BY = frozenset({"no-admission-with-preemption"})
     MAX_STEPS = 16
 
-    def _schedule_running_slow(self, *args: Any) -> tuple[int, bool]:
-        budget, _preempted = super()._schedule_running_slow(*args)
-        return budget, False
+    def _schedule_running(self, state: Any) -> None:
+        super()._schedule_running(state)
+        state.preempted = False
 
 
 class KeepComputedOnPreempt(Mutant):
@@ -131,10 +131,10 @@ class KeepComputedOnPreempt(Mutant):
     ISSUE = "https://github.com/vllm-project/vllm/pull/5349"
     CAUGHT_BY = frozenset({"preemption-resets", "block-table-covers-computed"})
 
-    def _preempt(self, req: Any) -> None:
-        computed = req.num_computed
-        super()._preempt(req)
-        req.num_computed = computed
+    def _preempt(self, req: Any, *args: Any) -> None:
+        computed = req.num_computed_tokens
+        super()._preempt(req, *args)
+        req.num_computed_tokens = computed
 
 
 class DropOutputOnPreempt(Mutant):
@@ -142,11 +142,11 @@ class DropOutputOnPreempt(Mutant):
     ISSUE = "https://github.com/PaddlePaddle/FastDeploy/pull/3080"
     CAUGHT_BY = frozenset({"output-append-only"})
 
-    def _preempt(self, req: Any) -> None:
-        super()._preempt(req)
+    def _preempt(self, req: Any, *args: Any) -> None:
+        super()._preempt(req, *args)
         req.output.clear()
-        req.num_tokens = req.plen
-        req.tail = req.prompt[-1:]
+        req.num_tokens = req.num_prompt_tokens
+        req.last_token_ids = req.prompt_token_ids[-1:]
 
 
 class ResumeThrash(Mutant):
@@ -173,8 +173,8 @@ class _JumpingPriorityWaiting(PriorityWaiting[Any]):
         import heapq
 
         self._seq += 1
-        req.wseq = self._seq
-        heapq.heappush(self._heap, (-(1 << 60), req.arrival, req.rid, self._seq, req))
+        req.waiting_seq = self._seq
+        heapq.heappush(self._heap, (-(1 << 60), req.arrival, req.request_id, self._seq, req))
         self._live += 1
 
 
@@ -196,17 +196,17 @@ class LeakOnFinish(Mutant):
     ISSUE = "https://github.com/sgl-project/sglang/issues/6888"
     CAUGHT_BY = frozenset({"block-conservation"})
 
-    def _finish(self, req: Any, status: RequestStatus) -> None:
-        if status is not RequestStatus.FINISHED_ABORTED and req.blocks:
-            req.blocks = req.blocks[1:]
-        super()._finish(req, status)
+    def _finish(self, req: Any, status: RequestStatus, delay: bool = False) -> None:
+        if status is not RequestStatus.FINISHED_ABORTED and req.block_ids:
+            req.block_ids = req.block_ids[1:]
+        super()._finish(req, status, delay)
 
 
 class FreeHeadFirst(Mutant):
     BUG = "a finished request's blocks are freed head first, so eviction takes a prefix's first block before its tail"
     ISSUE = "https://github.com/llm-d/llm-d-inference-sim/issues/704"
     CAUGHT_BY = frozenset({"free-queue-lru"})
-    _free = patched(_free, ("for b in reversed(table):", "for b in table:"))
+    _free = patched(_free, ("for block in reversed(table):", "for block in table:"))
 
 
 class UnkeyedToBack(Mutant):
@@ -221,8 +221,8 @@ class StaleKeyOnReuse(Mutant):
     ISSUE = "https://github.com/vllm-project/vllm/pull/4761"
     CAUGHT_BY = frozenset({"cache-index-consistent", "cached-block-content"})
     _allocate = patched(_allocate, ("""\
-            if node_of[b] is not None:
-                px.evict(b)
+            if node_of[block] is not None:
+                prefix_index.evict(block)
 """, ""))
 
 
@@ -233,7 +233,8 @@ class EvictableHitsNotCounted(Mutant):
     CAUGHT_BY = frozenset({"error"})
     _admit_alloc = patched(
         _admit_alloc,
-        ("if max(-(-full // bs) - nhit - held, 0) + evictable > free:", "if max(-(-full // bs) - nhit - held, 0) > free:"),
+        ("if max(-(-full // block_size) - num_hit - held, 0) + evictable > free:",
+         "if max(-(-full // block_size) - num_hit - held, 0) > free:"),
         ("if need + evictable + reserved > free:", "if need + reserved > free:"),
     )
 
@@ -243,8 +244,8 @@ class OversizedBlocksQueue(Mutant):
            "request that can never fit stays at the head of the waiting queue and blocks it forever")
     ISSUE = "https://github.com/vllm-project/vllm/issues/39734"
     CAUGHT_BY = frozenset({"progress", "work-conserving-admission"})
-    _admit_alloc = patched(_admit_alloc, ("full = min(req.num_tokens, self._mml)",
-                                          "full = req.plen + req.spec.max_tokens"))
+    _admit_alloc = patched(_admit_alloc, ("full = min(req.num_tokens, self._max_model_len)",
+                                          "full = req.num_prompt_tokens + req.spec.max_tokens"))
 
 
 class ResetWhileHeld(Mutant):
@@ -265,14 +266,14 @@ class FullPromptHit(Mutant):
     BUG = "a prefix hit may cover the whole prompt, leaving no token to compute (no logits to sample from)"
     ISSUE = "https://github.com/GeeeekExplorer/nano-vllm/issues/144"
     CAUGHT_BY = frozenset({"token-budget", "cache-hit-identical-prefix", "computed-within-known"})
-    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, bs))", "range(req.num_tokens // bs)"))
+    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, block_size))", "range(req.num_tokens // block_size)"))
 
 
 class HitBoundaryOffByOne(Mutant):
     BUG = "the hit limit subtracts one twice, so a prompt one token past a block boundary misses its last cached block"
     ISSUE = "https://github.com/vllm-project/vllm/pull/40684"
     CAUGHT_BY = frozenset({"divergence"})
-    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, bs))", "range((req.num_tokens - 2) // bs)"))
+    _find_hit = patched(_find_hit, ("range(max_hit_blocks(req.num_tokens, block_size))", "range((req.num_tokens - 2) // block_size)"))
 
 
 class UncomputedBlockHit(Mutant):
@@ -282,7 +283,7 @@ class UncomputedBlockHit(Mutant):
     CAUGHT_BY = frozenset({"cached-block-content", "full-blocks-cached", "kv-context"})
 
     def _register(self, req: Any, upto: int) -> None:
-        super()._register(req, max(upto, min(len(req.blocks) * self._bs, req.num_tokens)))
+        super()._register(req, max(upto, min(len(req.block_ids) * self._bs, req.num_tokens)))
 
 
 class SaltIgnored(Mutant):
@@ -292,7 +293,7 @@ class SaltIgnored(Mutant):
 
     def add(self, request: RequestSpec) -> None:
         super().add(request)
-        self._requests[request.request_id].salt = ""
+        self._requests[request.request_id].key_root = ""
 
 
 class LoraIgnoredInBlockKeys(Mutant):
@@ -307,7 +308,7 @@ class LoraIgnoredInBlockKeys(Mutant):
     def add(self, request: RequestSpec) -> None:
         super().add(request)
         if not request.mm_inputs:
-            self._requests[request.request_id].salt = request.salt
+            self._requests[request.request_id].key_root = request.salt
 
 
 # ---------------------------------------------------------------- budgets
@@ -317,20 +318,22 @@ class MaxNumSeqsOffByOne(Mutant):
     BUG = "admission compares the running count to max_num_seqs with > instead of >=: one request too many runs"
     ISSUE = "https://github.com/vllm-project/vllm/pull/1034"
     CAUGHT_BY = frozenset({"max-num-seqs"})
-    schedule = patched(_schedule, ("if len(running) >= max_seqs:", "if len(running) > max_seqs:"))
+    _schedule_waiting = patched(_schedule_waiting, ("if len(running) >= max_seqs:", "if len(running) > max_seqs:"))
 
 
 class BudgetOverrun(Mutant):
     BUG = "an admission's chunk is not cut to the remaining token budget: the step schedules more than max_num_batched_tokens"
     ISSUE = "https://github.com/vllm-project/vllm/pull/7391"
     CAUGHT_BY = frozenset({"token-budget"})
-    schedule = patched(_schedule, ("""\
-                    if not chunked:
-                        break
-                    n = budget
+    _admission_chunk = patched(_admission_chunk, ("""\
+        if n > state.budget:
+            if not self._config.enable_chunked_prefill:
+                return -1, NO_TOKENS
+            n = state.budget
 """, """\
-                    if not chunked:
-                        break
+        if n > state.budget:
+            if not self._config.enable_chunked_prefill:
+                return -1, NO_TOKENS
 """))
 
 
@@ -338,9 +341,9 @@ class ThresholdOnLoneRequest(Mutant):
     BUG = "the long-prefill threshold is applied to a request that is alone in the scheduler (nobody to protect)"
     ISSUE = "https://github.com/vllm-project/vllm/pull/57951"
     CAUGHT_BY = frozenset({"divergence"})
-    schedule = patched(_schedule, ("""\
-        if len(running) + len(waiting) <= 1:
-            thr = 0
+    _start_step = patched(_start_step, ("""\
+        if len(self._running) + len(self._waiting) + len(self._kv_holding_waiting) <= 1:
+            threshold = 0
 """, ""))
 
 
@@ -356,7 +359,7 @@ class StopTokenIgnored(Mutant):
         super().add(request)
         eos = request.eos_token_id
         stop = {eos} if eos is not None and not request.ignore_eos else set()
-        self._requests[request.request_id].stop = frozenset(stop)
+        self._requests[request.request_id].stop_token_ids = frozenset(stop)
 
 
 class EosDespiteIgnoreEos(Mutant):
@@ -368,7 +371,7 @@ class EosDespiteIgnoreEos(Mutant):
         super().add(request)
         if request.eos_token_id is not None:
             req = self._requests[request.request_id]
-            req.stop = req.stop | {request.eos_token_id}
+            req.stop_token_ids = req.stop_token_ids | {request.eos_token_id}
 
 
 class FinishedNeverReported(Mutant):

@@ -203,18 +203,18 @@ def test_a_steady_hybrid_decode_asks_the_coordinator_only_at_boundaries(
     asyn: bool, local: KVCacheGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The hybrid steady path (cap, next_full, gskip): a decoding request
-    calls the coordinator (_g_grow_running) only at a step that needs a
+    calls the coordinator (_grow_running_groups) only at a step that needs a
     block, fills one to key or passes a window or chunk boundary, here one
     step in four to one in two with blocks of 4 (every step before); the
     plans and views stay the spec's at every call, frees and keys included."""
     calls: list[str] = []
-    grow = ImplScheduler._g_grow_running
+    grow = ImplScheduler._grow_running_groups
 
     def counted(self: ImplScheduler, req: Any, end: int) -> bool:
-        calls.append(req.rid)
+        calls.append(req.request_id)
         return grow(self, req, end)
 
-    monkeypatch.setattr(ImplScheduler, "_g_grow_running", counted)
+    monkeypatch.setattr(ImplScheduler, "_grow_running_groups", counted)
     t = Twin(config(groups=(FULL, local), block_size=4, num_blocks=81, max_model_len=96,
                     max_num_batched_tokens=64, async_scheduling=asyn))
     for rid, n in (("a", 9), ("b", 14)):

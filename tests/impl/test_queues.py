@@ -51,9 +51,9 @@ class _Q:
     """A queued request as impl/queues.py sees one."""
 
     def __init__(self, rid: str, priority: int = 0, arrival: int = 0) -> None:
-        self.rid, self.priority, self.arrival = rid, priority, arrival
-        self.wseq = -1
-        self.run_seq = -1
+        self.request_id, self.priority, self.arrival = rid, priority, arrival
+        self.waiting_seq = -1
+        self.running_seq = -1
         self.is_running = False
 
 
@@ -64,9 +64,9 @@ def test_priority_waiting_queue_serves_in_key_order_through_removals() -> None:
     a, b, c, d = _Q("a", 1, 5), _Q("b", 0, 9), _Q("c", 1, 2), _Q("d", 0, 9)
     for r in (a, b, c, d):
         q.push_back(r)
-    assert len(q) == 4 and [r.rid for r in q.order()] == ["b", "d", "c", "a"]
+    assert len(q) == 4 and [r.request_id for r in q.order()] == ["b", "d", "c", "a"]
     q.remove(a)  # a, the first one pushed, leaves from the middle
-    assert len(q) == 3 and [r.rid for r in q.order()] == ["b", "d", "c"]
+    assert len(q) == 3 and [r.request_id for r in q.order()] == ["b", "d", "c"]
     assert q.peek() is b and q.pop_head() is b and len(q) == 2
     q.push_front(b)  # preempted: back in key order
     assert q.peek() is b
@@ -82,8 +82,8 @@ def test_priority_waiting_queue_serves_in_key_order_through_removals() -> None:
     e2 = _Q("e", 3, 3)
     q.push_back(e2)
     q.push_back(_Q("f", 3, 3))
-    assert [r.rid for r in q.order()] == ["e", "f"]
-    assert q.pop_head() is e2 and q.pop_head().rid == "f" and len(q) == 0
+    assert [r.request_id for r in q.order()] == ["e", "f"]
+    assert q.pop_head() is e2 and q.pop_head().request_id == "f" and len(q) == 0
 
 
 def test_priority_waiting_queue_compaction_keeps_the_live_order() -> None:
@@ -96,8 +96,8 @@ def test_priority_waiting_queue_compaction_keeps_the_live_order() -> None:
     for r in reqs[:90]:
         q.remove(r)
     assert len(q) == 10 and len(q._heap) <= 2 * 10 + 64 + 1
-    assert [r.rid for r in q.order()] == [r.rid for r in sorted(reqs[90:], key=lambda r: (r.priority, r.arrival))]
-    assert q.pop_head().rid == min(reqs[90:], key=lambda r: (r.priority, r.arrival)).rid
+    assert [r.request_id for r in q.order()] == [r.request_id for r in sorted(reqs[90:], key=lambda r: (r.priority, r.arrival))]
+    assert q.pop_head().request_id == min(reqs[90:], key=lambda r: (r.priority, r.arrival)).request_id
     for r in list(q.order()):
         q.remove(r)
     assert len(q) == 0
@@ -109,17 +109,17 @@ def test_victim_heap_rebuilds_from_the_running_and_skips_stale_entries() -> None
     h: Any = VictimHeap()
     stale = [_Q(f"s{i}", 9, i) for i in range(80)]
     for i, r in enumerate(stale):
-        r.run_seq = i
+        r.running_seq = i
         h.push(r)
     running = [_Q("x", 1, 4), _Q("y", 2, 1), _Q("z", 2, 3), _Q("w", 0, 9)]
     for i, r in enumerate(running):
-        r.run_seq, r.is_running = 100 + i, True
+        r.running_seq, r.is_running = 100 + i, True
     h.compact(running)  # 80 stale entries > 2 * 4 + 64: rebuilt from the running requests
     assert len(h._heap) == 4
     assert h.top() is running[2]  # priority 2, the later arrival
     running[2].is_running = False
     assert h.top() is running[1]
-    running[1].run_seq = 7  # re-admitted since: its entry is stale
+    running[1].running_seq = 7  # re-admitted since: its entry is stale
     running[1].is_running = True
     h.push(running[1])
     assert h.top() is running[1]

@@ -106,11 +106,11 @@ def test_free_queue_popleft_too_many() -> None:
 
 class _Q:
     def __init__(self, rid: str, priority: int, arrival: int) -> None:
-        self.rid = rid
+        self.request_id = rid
         self.priority = priority
         self.arrival = arrival
-        self.wseq = -1
-        self.run_seq = -1
+        self.waiting_seq = -1
+        self.running_seq = -1
         self.running = False
 
     @property
@@ -147,7 +147,7 @@ def test_fcfs_waiting_vs_list(script: list[tuple[str, int, int]]) -> None:
             q.remove(r)
         elif op == "peek" and model:
             assert q.peek() is model[0]
-        assert [r.rid for r in q.order()] == [r.rid for r in model]
+        assert [r.request_id for r in q.order()] == [r.request_id for r in model]
         assert len(q) == len(model)
 
 
@@ -161,13 +161,13 @@ def test_priority_waiting_vs_sorted(script: list[tuple[str, int, int]], reuse_id
     n = 0
 
     def key(r: _Q) -> tuple[int, int, str]:
-        return (r.priority, r.arrival, r.rid)
+        return (r.priority, r.arrival, r.request_id)
 
     for op, p, a in script:
         if op in ("back", "front"):
             n += 1
             rid = f"r{n % 3 if reuse_ids else n}"
-            if any(r.rid == rid for r in model):
+            if any(r.request_id == rid for r in model):
                 continue  # ids are unique among live requests
             r = _Q(rid, p, a)
             (q.push_back if op == "back" else q.push_front)(r)
@@ -181,7 +181,7 @@ def test_priority_waiting_vs_sorted(script: list[tuple[str, int, int]], reuse_id
             q.remove(r)
         elif op == "peek" and model:
             assert q.peek() is min(model, key=key)
-        assert [r.rid for r in q.order()] == [r.rid for r in sorted(model, key=key)]
+        assert [r.request_id for r in q.order()] == [r.request_id for r in sorted(model, key=key)]
         assert len(q) == len(model)
 
 
@@ -197,7 +197,7 @@ def test_victim_heap_vs_scan(script: list[tuple[str, int, int]]) -> None:
         if op == "admit":
             seq += 1
             r = _Q(f"r{seq}", p, a)
-            r.run_seq = seq
+            r.running_seq = seq
             r.running = True
             running.append(r)
             heap.push(r)

@@ -4,11 +4,12 @@
 #   scripts/install_vllm.sh VENV_DIR
 #
 # The caller makes the venv (python -m venv VENV_DIR) and installs schedspec itself.
-# What this installs (see docs/VLLM_NOTES in the shared notes for why):
+# What this installs, and why:
 #   1. torch==2.13.0+cpu          the CPU build; vLLM pins torch==2.14.0 (CUDA), which we ignore
 #   2. the pure-Python packages the scheduler import chain needs, every one pinned
 #      (scripts/vllm-0.33.0-cpu-requirements.txt)
-#   3. vllm==0.33.0 and xgrammar==0.2.8 with --no-deps (their deps pull CUDA and triton)
+#   3. vllm==0.33.0 and xgrammar==0.2.8 with --no-deps (their deps pull CUDA and triton; the
+#      scheduler's import chain works without them)
 # then checks that no CUDA package landed and that vLLM's Scheduler imports.
 #
 # Idempotent: a second run finds everything satisfied and only re-checks.

@@ -25,17 +25,16 @@ from typing import NamedTuple, Protocol
 from schedspec.spec.coverage import CountsRules
 from schedspec.spec.interface import BlockKey, KVView, group_block_key
 from schedspec.spec.kv_groups import (
-    NULL_BLOCK,
     GroupLayout,
     SpecGroup,
     blocks_for_free,
     blocks_to_allocate,
     find_group_hit,
     hybrid_cache_hit,
-    kind_of,
     num_skipped_tokens,
     skipped_blocks_to_free,
 )
+from schedspec.spec.kv_kinds import NULL_BLOCK, kind_of
 from schedspec.spec.rules import cdiv, split_freed_blocks
 
 

@@ -25,7 +25,7 @@ What differs by kind (FullAttentionManager, SlidingWindowManager,
 ChunkedLocalAttentionManager: the hit search, the skipped tokens, the
 admission cap, the cache mask) is the kind's class in spec/kv_kinds.py,
 found through ``kind_of``; this module is the coordinator's part, which
-never asks a kind's name (its pure helpers are re-exported from there).
+never asks a kind's name.
 
 The pool they all draw from is spec/kv_cache.py's KVPool (vLLM's one
 BlockPool); KVPool's coordinator methods call these functions, and the
@@ -37,7 +37,7 @@ The modelled layouts: every group has the config's block size (so the hash
 block size, the scheduler block size and each group's block size are one
 value, and hits are block aligned), no EAGLE, no DCP/PCP, no Mamba, no
 partial hash hits; the prefix-cache retention interval is vLLM's CacheConfig
-default 0 (``RETENTION_INTERVAL``: sliding-window groups cache only the blocks
+default 0 (``kv_kinds.RETENTION_INTERVAL``: sliding-window groups cache only the blocks
 a later hit can use, at the replay boundary and at a shared-prefix junction).
 """
 
@@ -47,18 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from schedspec.spec.interface import KVCacheGroup, SchedulerConfig
-from schedspec.spec.kv_kinds import NULL_BLOCK as NULL_BLOCK
-from schedspec.spec.kv_kinds import RETENTION_INTERVAL as RETENTION_INTERVAL
-from schedspec.spec.kv_kinds import GroupKind
-from schedspec.spec.kv_kinds import kind_of as kind_of
-from schedspec.spec.kv_kinds import Lookup as Lookup
-from schedspec.spec.kv_kinds import admission_cap as admission_cap
-from schedspec.spec.kv_kinds import chunked_local_admission_cap as chunked_local_admission_cap
-from schedspec.spec.kv_kinds import contiguous_blocks_for_hit as contiguous_blocks_for_hit
-from schedspec.spec.kv_kinds import find_chunked_local_hit as find_chunked_local_hit
-from schedspec.spec.kv_kinds import find_full_attention_hit as find_full_attention_hit
-from schedspec.spec.kv_kinds import find_sliding_window_hit as find_sliding_window_hit
-from schedspec.spec.kv_kinds import sliding_window_cache_mask as sliding_window_cache_mask
+from schedspec.spec.kv_kinds import NULL_BLOCK, GroupKind, Lookup, kind_of
 from schedspec.spec.rules import cdiv
 
 

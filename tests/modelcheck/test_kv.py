@@ -26,7 +26,8 @@ from schedspec.modelcheck.state import Canon, expected_memory
 from schedspec.spec.interface import KVCacheGroup, RequestStatus, StepResult
 from schedspec.spec.kv_cache import KVPool
 from schedspec.spec.kv_cache import CacheHit
-from schedspec.spec.kv_groups import NULL_BLOCK, find_group_hit, skipped_blocks_to_free
+from schedspec.spec.kv_groups import find_group_hit, skipped_blocks_to_free
+from schedspec.spec.kv_kinds import NULL_BLOCK
 from schedspec.spec.scheduler import SpecScheduler
 
 HERE = Path(__file__).resolve().parent

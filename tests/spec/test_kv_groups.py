@@ -12,21 +12,23 @@ from schedspec.spec import ConfigError, SpecScheduler, StepResult
 from schedspec.spec.interface import KVCacheGroup, SchedulerConfig, block_key_group, group_block_key
 from schedspec.spec.kv_cache import KVPool
 from schedspec.spec.kv_groups import (
-    NULL_BLOCK,
     GroupLayout,
     SpecGroup,
-    admission_cap,
     blocks_for_free,
     blocks_to_allocate,
+    find_group_hit,
+    hybrid_cache_hit,
+    num_skipped_tokens,
+    skipped_blocks_to_free,
+)
+from schedspec.spec.kv_kinds import (
+    NULL_BLOCK,
+    admission_cap,
     chunked_local_admission_cap,
     contiguous_blocks_for_hit,
     find_chunked_local_hit,
     find_full_attention_hit,
-    find_group_hit,
     find_sliding_window_hit,
-    hybrid_cache_hit,
-    num_skipped_tokens,
-    skipped_blocks_to_free,
     sliding_window_cache_mask,
 )
 

@@ -1,6 +1,9 @@
 """Summarise a mutmut run of spec/ and impl/ (run from its work directory).
 
-    .venv/bin/python tools/mutation/mutation_report.py [WORKDIR]   # default /tmp/schedspec-mutmut
+    .venv/bin/python tools/mutation/mutation_report.py [WORKDIR] [--names FILE]   # default /tmp/schedspec-mutmut
+
+With ``--names FILE`` (one mutant name a line, as tools/mutation/sample.py
+writes them) only those mutants count: the score of a sample.
 
 Reads ``mutmut results --all true``, sorts every survivor into documented
 equivalent mutants (tools/mutation/equivalent_mutants.py) and the rest, and
@@ -26,6 +29,14 @@ from tools.mutation.equivalent_mutants import EQUIVALENT, REASONS  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
+    only: set[str] | None = None
+    if "--names" in argv:
+        at = argv.index("--names")
+        if at + 1 >= len(argv):
+            print("--names needs a file", file=sys.stderr)
+            return 2
+        only = {line.strip() for line in Path(argv[at + 1]).read_text().splitlines() if line.strip()}
+        argv = argv[:at] + argv[at + 2:]
     work = Path(argv[0] if argv else os.environ.get("MUTMUT_WORKDIR", "/tmp/schedspec-mutmut"))
     mutmut = Path(sys.executable).parent / "mutmut"
     out = subprocess.run([str(mutmut), "results", "--all", "true"], cwd=work, capture_output=True, text=True,
@@ -33,7 +44,7 @@ def main(argv: list[str]) -> int:
     status: dict[str, str] = {}
     for line in out.splitlines():
         name, sep, st = line.strip().rpartition(": ")
-        if sep and "__mutmut_" in name:
+        if sep and "__mutmut_" in name and (only is None or name in only):
             status[name] = st
     per_file: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     undocumented: list[str] = []
@@ -75,7 +86,8 @@ def main(argv: list[str]) -> int:
           f"({100 * detected / max(n - total['equivalent'], 1):.1f}%)")
     for reason, count in by_reason.most_common():
         print(f"  equivalent, {reason}: {count}  ({REASONS[reason][:70]}...)")
-    stale = sorted(set(EQUIVALENT) - {k for k, v in status.items() if v in ("survived", "no tests")})
+    documented = set(EQUIVALENT) if only is None else set(EQUIVALENT) & only
+    stale = sorted(documented - {k for k, v in status.items() if v in ("survived", "no tests")})
     if stale:
         print(f"{len(stale)} documented equivalent mutants did not survive this run (killed, or renumbered):")
         for name in stale:

@@ -53,15 +53,13 @@ source_paths = ["schedspec/spec", "schedspec/impl"]
 also_copy = ["schedspec", "spec", "impl", "invariants", "vectors", "docs"]
 pytest_add_cli_args_test_selection = [
     "tests/spec/test_scheduler.py", "tests/spec/test_rules.py", "tests/spec/test_config.py",
-    "tests/spec/test_interface.py", "tests/spec/test_protocol.py",
+    "tests/spec/test_interface.py", "tests/spec/test_protocol.py", "tests/spec/test_async_spec.py",
+    "tests/spec/test_gates.py", "tests/spec/test_gates_interface.py", "tests/spec/test_kv_groups.py",
+    "tests/spec/test_connector.py",
     "tests/impl/test_twins.py", "tests/impl/test_queues.py", "tests/impl/test_structures.py",
     "tests/impl/test_clone.py", "tests/vectors/test_vectors.py", "tests/impl/test_gate.py",
-    "tests/spec/test_async_spec.py", "tests/spec/test_gates.py", "tests/spec/test_gates_interface.py",
-    "tests/spec/test_kv_groups.py", "tests/spec/test_connector.py", "tests/spec/test_connector_vllm.py",
-    "tests/impl/test_kv_groups.py", "tests/impl/test_connector.py", "tests/impl/test_connector_lockstep.py",
-    "tests/impl/test_gates.py", "tests/impl/test_modes.py", "tests/impl/test_steady.py",
-    "tests/check/test_trace.py", "tests/check/test_trace_schema.py",
-    "tests/testing/test_declared_values.py",
+    "tests/impl/test_gates.py", "tests/impl/test_connector.py", "tests/impl/test_kv_groups.py",
+    "tests/impl/test_connector_lockstep.py",
 ]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore", "-m", "not vllm",
                        "--deselect", "tests/spec/test_kv_groups.py::test_kv_groups_contracts_hold"]

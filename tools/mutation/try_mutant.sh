@@ -7,7 +7,7 @@
 # WORKDIR is a mutmut work directory (tools/mutation/run_mutmut.sh) whose
 # mutants were generated from the same spec/ and impl/ as this tree. The
 # mutant's diff (`mutmut show`) is applied to a scratch copy of this tree
-# (spec/ or impl/, patch finding the function by its context) and pytest runs
+# (spec/ or impl/; tools/mutation/apply_diff.py places it) and pytest runs
 # there. Exit status: pytest's (non-zero: the tests kill the mutant); 3 if
 # the diff does not apply.
 set -euo pipefail
@@ -17,7 +17,6 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 SCRATCH="$(mktemp -d /tmp/try-mutant.XXXXXX)"
 trap 'rm -rf "$SCRATCH"' EXIT
 (cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$SCRATCH"
-# the diff names schedspec/spec/... (a symlink to spec/): patch the real file
-(cd "$WORK" && "$(dirname "$PY")/mutmut" show "$NAME") | sed -e 's#^--- schedspec/#--- #' -e 's#^+++ schedspec/#+++ #' \
-  | (cd "$SCRATCH" && patch -p0 --quiet --fuzz=0 >/dev/null) || { echo "diff of $NAME does not apply" >&2; exit 3; }
+(cd "$WORK" && "$(dirname "$PY")/mutmut" show "$NAME") | "$PY" "$ROOT/tools/mutation/apply_diff.py" "$SCRATCH" \
+  || { echo "diff of $NAME does not apply" >&2; exit 3; }
 cd "$SCRATCH" && "$PY" -m pytest -q -x -p no:cacheprovider -p no:randomly "$@"

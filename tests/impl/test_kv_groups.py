@@ -235,3 +235,23 @@ def test_a_steady_hybrid_decode_asks_the_coordinator_only_at_boundaries(
     assert tables[1][:4] == (0, 0, 0, 0) and tables[0][0] != 0  # the local group freed, full attention kept
     # sync: 47 (window) and 36 (chunk) calls in 96 entries; async: 24 and 24 (every step asked before)
     assert entries >= 90 and 0.15 * entries <= len(calls) <= 0.6 * entries, (len(calls), entries)
+
+
+def test_a_window_hit_past_its_null_blocks_takes_the_blocks_behind_them() -> None:
+    """A hit longer than the window: the window group's hit starts with null
+    blocks (out of the window) and takes its cached blocks after them from the
+    free queue, with a reference each (kv_cache_manager.py, allocate_slots ->
+    touch)."""
+    t = Twin(config(max_num_batched_tokens=32))
+    t.add(req("a", 12, max_tokens=1))
+    t.step()  # a: 12 tokens, finished; its blocks free and cached
+    t.add(req("b", 13, max_tokens=1))
+    (e,) = t.schedule().scheduled
+    window = e.group_block_ids[1]
+    # the window group cached only a's blocks a hit can reach: the hit stops at 10 tokens, its
+    # window (tokens 7..9) in blocks 3 and 4, blocks 0..2 null
+    assert e.num_computed_tokens == 10
+    assert window[:3] == (0, 0, 0) and 0 not in window[3:5]
+    ref = t.impl.view().kv.ref_cnt
+    assert all(ref[b] == 1 for b in window[3:5])
+    assert t.impl.view() == t.spec.view()

@@ -59,7 +59,7 @@ pytest_add_cli_args_test_selection = [
     "tests/impl/test_twins.py", "tests/impl/test_queues.py", "tests/impl/test_structures.py",
     "tests/impl/test_clone.py", "tests/vectors/test_vectors.py", "tests/impl/test_gate.py",
     "tests/impl/test_gates.py", "tests/impl/test_connector.py", "tests/impl/test_kv_groups.py",
-    "tests/impl/test_connector_lockstep.py",
+    "tests/impl/test_connector_lockstep.py", "tests/check/test_rule_coverage.py",
 ]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore", "-m", "not vllm",
                        "--deselect", "tests/spec/test_kv_groups.py::test_kv_groups_contracts_hold"]

@@ -26,6 +26,7 @@ _ORDER = (
     "quiescence",
     # one schedule() call
     "token-budget",
+    "max-num-seqs-per-step",
     "long-prefill-threshold",
     "chunked-prefill-disabled",
     "scheduled-are-running",

@@ -71,10 +71,10 @@ def queues_match_status(v: SchedulerView) -> Iterator[Finding]:
 
 @state_invariant(
     "max-num-seqs",
-    "At most max_num_seqs requests are running.",
+    "At most max_num_seqs requests are running (vLLM's reading; max-num-seqs-per-step is the safety part).",
     "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop stops admitting once "
     "len(self.running) >= self.max_num_active_reqs (max_num_seqs).",
-    tags=("safety",),
+    tags=("policy:vllm-running-set",),
 )
 def max_num_seqs(v: SchedulerView) -> Iterator[Finding]:
     if len(v.running) > v.config.max_num_seqs:

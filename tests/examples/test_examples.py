@@ -21,6 +21,7 @@ EXAMPLES = [
      {"block-table-covers-computed"}),
     ("examples.largest_victim:LargestVictimScheduler", "examples.largest_victim:StaleVictimPlan",
      {"preemption-resets", "scheduled-are-running"}),
+    ("examples.batch_bound:BatchBoundScheduler", "examples.batch_bound:OverfullBatch", {"max-num-seqs-per-step"}),
 ]
 
 
@@ -91,3 +92,18 @@ def test_the_testing_api_holds_an_example_to_the_safety_invariants() -> None:
     result = unittest.TestResult()
     unittest.defaultTestLoader.loadTestsFromTestCase(TestLargestVictim).run(result)
     assert result.testsRun == 1 and not result.failures and not result.errors, result.failures + result.errors
+
+
+def test_a_per_step_batch_bound_and_keys_after_the_step_keep_the_default_safety_selection_silent(
+        tmp_path: Path) -> None:
+    """The nano-vllm-like example reads max_num_seqs as a bound on each step's batch (more requests
+    run than that) and keys blocks in update(): the default selection of invariants mode is silent
+    on it for thousands of steps, while vLLM's reading of the knob (max-num-seqs) fires."""
+    rc, out = run(["check", "--against", EXAMPLES[2][0], "--mode", "invariants", "--steps", "4000", "--quiet",
+                   "--out", str(tmp_path), "--json", str(tmp_path / "s.json")])
+    assert rc == 0, out
+    stats = json.loads((tmp_path / "s.json").read_text())["stats"]
+    assert stats["steps"] >= 4000 and stats["preemptions"] > 0 and stats["hit_admissions"] > 0, stats
+    rc, out = run(["check", "--against", EXAMPLES[2][0], "--mode", "invariants", "--invariants", "safety,max-num-seqs",
+                   "--steps", "2000", "--quiet", "--out", str(tmp_path / "vllm"), "--shrink-time", "5"])
+    assert rc == 1 and "[max-num-seqs]" in out, out

@@ -478,6 +478,24 @@ def b_zero_token_entry() -> Transition:
     return dataclasses.replace(SCHEDULE, plan=with_entry(S_PLAN, "A", num_scheduled_tokens=0))
 
 
+@bad("max-num-seqs-per-step")
+def b_batch_over_max_num_seqs() -> Transition:
+    one = dataclasses.replace(CFG, max_num_seqs=1)
+    t = dataclasses.replace(SCHEDULE, before=dataclasses.replace(S_BEFORE, config=one))
+    assert len(t.plan.scheduled) > 1 if t.plan is not None else False
+    return t
+
+
+def test_max_num_seqs_bounds_the_batch_for_safety_and_the_running_set_for_vllm() -> None:
+    """A running set over max_num_seqs with each step's batch within it is vLLM policy, not safety."""
+    from schedspec.invariants import BY_ID
+
+    assert BY_ID["max-num-seqs-per-step"].is_safety and not BY_ID["max-num-seqs"].is_safety
+    two = dataclasses.replace(CFG, max_num_seqs=len(S_PLAN.scheduled))
+    t = dataclasses.replace(SCHEDULE, before=dataclasses.replace(S_BEFORE, config=two))
+    assert fires("max-num-seqs-per-step", t) == []
+
+
 @bad("long-prefill-threshold")
 def b_over_threshold() -> Transition:
     thr = dataclasses.replace(CFG, long_prefill_token_threshold=1)

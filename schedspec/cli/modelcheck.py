@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from schedspec.adapters.registry import AdapterError, Target, import_class, resolve
-from schedspec.check.capabilities import CapabilityError
+from schedspec.check.capabilities import Capabilities, CapabilityError, rules_within
 from schedspec.check.gate import missing_rules_message, resolve_selection
 from schedspec.check.features import GATE_CAPABILITIES, GATES, MODES
 from schedspec.check.features import mode_of as config_mode
@@ -153,11 +153,15 @@ def explored_gates(spaces: Sequence[Space]) -> tuple[str, ...]:
     return tuple(GATE_CAPABILITIES[g] for g in GATES if g in found)
 
 
-def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, gates: tuple[str, ...] = ()) -> str:
+def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, gates: tuple[str, ...] = (),
+               capabilities: Capabilities | None = None) -> str:
     """One line: how many of the rules the explored modes (and admission
     gates) can reach were taken, those never taken (or the rarest), and how
-    many rules lie outside them."""
+    many rules lie outside them; with the ``capabilities`` of a scheduler
+    under test, the rules they put out of reach are outside too."""
     reachable = reachable_in(modes, gates)
+    if capabilities is not None:
+        reachable = rules_within(capabilities, reachable)
     missing = rule_coverage.unreached(counts, reachable)
     got = len(reachable) - len(missing)
     if missing:
@@ -196,6 +200,9 @@ def run(args: argparse.Namespace) -> int:
     gates = explored_gates(spaces)
     required = required_rules(args.require_rules, modes, gates)
     against, selection = against_of(args)
+    caps = resolve(args.against).capabilities if args.against is not None else None
+    if caps is not None and args.require_rules == "all":
+        required = rules_within(caps, required)
     names, skipped = supported_spaces(spaces, args.against)
     if not names:
         raise UsageError(f"--against {args.against}: supports none of the spaces chosen: {'; '.join(skipped)}")
@@ -243,7 +250,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         _report_success(result, use_impl, args.against)
     rules = result.rules
-    print(rule_coverage.format_table(rules, modes=modes, gates=gates) if args.rules else rules_line(rules, modes, gates))
+    print(rule_coverage.format_table(rules, modes=modes, gates=gates) if args.rules
+          else rules_line(rules, modes, gates, caps))
     missing = rule_coverage.unreached(rules, required) if shard is None else []
     if missing:
         print(f"FAILED: {missing_rules_message(missing)}")

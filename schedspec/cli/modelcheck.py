@@ -160,7 +160,9 @@ def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, ga
     many rules lie outside them; with the ``capabilities`` of a scheduler
     under test, the rules they put out of reach are outside too."""
     reachable = reachable_in(modes, gates)
+    narrowed = "" if capabilities is None else " within the declared capabilities"
     if capabilities is not None:
+        narrowed = "" if rules_within(capabilities, reachable) == reachable else narrowed
         reachable = rules_within(capabilities, reachable)
     missing = rule_coverage.unreached(counts, reachable)
     got = len(reachable) - len(missing)
@@ -171,7 +173,7 @@ def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, ga
         tail = "rarest: " + ", ".join(f"{n} {c:,}" for n, c in rarest)
     outside = len(RULE_NAMES) - len(reachable)
     where = f"{'/'.join(modes)} mode" + (f" with the {'/'.join(gates)} gate(s)" if gates else "")
-    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {where} "
+    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {where}{narrowed} "
             f"reached; {tail} ({outside} more need other modes or gates, or are out of reach)")
 
 

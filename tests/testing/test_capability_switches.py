@@ -92,3 +92,19 @@ def test_the_failure_header_and_the_rule_coverage_line_count_only_what_the_capab
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["rule_coverage"]["reachable"] == len(names)
     assert not {"priority", "threshold"} & set(summary["failure"]["workload_features"])
+
+
+def test_modelcheck_counts_only_the_rules_the_capabilities_allow(tmp_path: Path) -> None:
+    from schedspec.check.capabilities import rules_within
+    from schedspec.spec.rule_names import reachable_in
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = main(["modelcheck", "--against", "examples.batch_bound:BatchBoundScheduler", "--mode", "invariants",
+                   "--quiet", "--workers", "1", "--out", str(tmp_path)])
+    text = out.getvalue()
+    assert rc == 0, text
+    n = len(rules_within(BatchBoundScheduler.CAPABILITIES, reachable_in(("sync",))))
+    line = next(line for line in text.splitlines() if line.startswith("rule coverage:"))
+    assert f"of the {n} rules reachable in sync mode within the declared capabilities reached" in line, line
+    assert "preempt.priority_victim" not in line and "kv.reset_ok" not in line, line

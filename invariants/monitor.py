@@ -17,6 +17,7 @@ _ORDER = (
     "block-conservation",
     "block-table-covers-computed",
     "block-table-exact",
+    "waiting-holds-no-blocks",
     "computed-within-known",
     "max-model-len",
     "shared-blocks-identical-prefix",

@@ -365,6 +365,14 @@ def b_preempted_keeps_blocks() -> Transition:
     return after_is(PREEMPT, with_req(P_AFTER, "B", block_ids=(3,)))
 
 
+@bad("waiting-holds-no-blocks")
+def b_waiting_request_reserved_ahead() -> Transition:
+    """A scheduler that reserves at add(): vLLM's timing only, no safety matter."""
+    t = after_is(ADD, with_req(ADD.after, "C", block_ids=(9,)))
+    assert fires("block-table-covers-computed", t) == []
+    return t
+
+
 @bad("block-table-exact")
 def b_table_ahead_of_computed() -> Transition:
     return after_is(UPDATE, with_req(U_AFTER, "A", num_computed_tokens=1))

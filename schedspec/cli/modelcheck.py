@@ -226,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"modelcheck: bound {args.bound}, {len(names)} space(s); {n} invariants on "
           f"every transition, the fake model's KV reads and contents, deadlock and liveness; "
           + under_test + f"; {workers} worker(s)"
-          + (" (one, for a scheduler that is copied by deepcopy, as vLLM's is)" if against is not None else ""))
+          + (" (one where the scheduler under test is copied by deepcopy, as vLLM's is)"
+             if against is not None and workers > 1 else ""))
     if skipped:
         print("spaces outside the declared capabilities, left out: " + "; ".join(skipped))
     print(table_header())

@@ -108,3 +108,4 @@ def test_modelcheck_counts_only_the_rules_the_capabilities_allow(tmp_path: Path)
     line = next(line for line in text.splitlines() if line.startswith("rule coverage:"))
     assert f"of the {n} rules reachable in sync mode within the declared capabilities reached" in line, line
     assert "preempt.priority_victim" not in line and "kv.reset_ok" not in line, line
+    assert "copied by deepcopy" not in text, "one worker was asked for: no reason to give"

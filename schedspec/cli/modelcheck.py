@@ -189,6 +189,8 @@ def required_rules(text: str | None, modes: tuple[str, ...] = EXPLORED_MODES,
 
 def run(args: argparse.Namespace) -> int:
     if args.merge is not None:
+        if args.shard is not None:
+            raise UsageError("--merge and --shard exclude each other (--merge joins the shards' reports)")
         return run_merge(args)
     shard = parse_shard(args.shard) if args.shard else None
     scheduler_cls = scheduler_class(args.scheduler)

@@ -85,3 +85,13 @@ def test_merging_shards_that_do_not_make_one_run_is_a_usage_error(case: str, tmp
         (tmp_path / name).write_text(json.dumps(data) if case != "unreadable" or name == "a.json" else "{")
     rc, out = run(["modelcheck", "--merge", *(str(tmp_path / n) for n in files)])
     assert rc == 2 and want in out, out
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["--shard", "0/3"], "need 1 <= K <= N"),
+    (["--shard", "3"], "expected K/N"),
+    (["--merge", "a.json", "--shard", "1/2"], "--merge and --shard exclude each other"),
+])
+def test_bad_shard_flags_are_usage_errors(argv: list[str], want: str) -> None:
+    rc, out = run(["modelcheck", "--bound", "small", *argv])
+    assert rc == 2 and want in out, out

@@ -17,6 +17,7 @@ _ORDER = (
     "block-conservation",
     "block-table-covers-computed",
     "block-table-exact",
+    "waiting-holds-no-blocks",
     "computed-within-known",
     "max-model-len",
     "shared-blocks-identical-prefix",
@@ -26,6 +27,7 @@ _ORDER = (
     "quiescence",
     # one schedule() call
     "token-budget",
+    "max-num-seqs-per-step",
     "long-prefill-threshold",
     "chunked-prefill-disabled",
     "scheduled-are-running",

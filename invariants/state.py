@@ -71,10 +71,10 @@ def queues_match_status(v: SchedulerView) -> Iterator[Finding]:
 
 @state_invariant(
     "max-num-seqs",
-    "At most max_num_seqs requests are running.",
+    "At most max_num_seqs requests are running (vLLM's reading; max-num-seqs-per-step is the safety part).",
     "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop stops admitting once "
     "len(self.running) >= self.max_num_active_reqs (max_num_seqs).",
-    tags=("safety",),
+    tags=("policy:vllm-running-set",),
 )
 def max_num_seqs(v: SchedulerView) -> Iterator[Finding]:
     if len(v.running) > v.config.max_num_seqs:
@@ -170,7 +170,8 @@ def _count_holder(
     "block-table-covers-computed",
     "A running request holds at least cdiv(num_computed_tokens, block_size) blocks, so every "
     "computed token has a slot (after schedule() its computed count includes the tokens just "
-    "scheduled); a waiting or preempted request holds none and has 0 computed tokens, except with "
+    "scheduled); a preempted request holds none, and a waiting or preempted one has 0 computed "
+    "tokens, except with "
     "a KV connector: a request whose load is in flight (WAITING_FOR_REMOTE_KVS) holds blocks "
     "covering its computed tokens, and one promoted from it keeps them while it waits (computed "
     "tokens > 0 exactly when it holds blocks, but a promoted one-token load keeps its block at 0 "
@@ -205,7 +206,7 @@ def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
                 if not r.num_computed_tokens and r.block_ids and not _promoted_one_token(v, r):
                     yield rid, f"{r.status.name} with 0 computed tokens holds blocks {list(r.block_ids)}"
                 continue
-            if r.block_ids:
+            if r.block_ids and r.status != RequestStatus.WAITING:
                 yield rid, f"{r.status.name} but holds blocks {list(r.block_ids)}"
             if r.num_computed_tokens != 0:
                 yield rid, f"{r.status.name} with {r.num_computed_tokens} computed tokens (should be 0)"
@@ -222,6 +223,20 @@ def _promoted_one_token(v: SchedulerView, r: RequestView) -> bool:
         and r.spec.kv_external_tokens >= 1
         and all(len(t) <= 1 for t in tables(r))
     )
+
+
+@state_invariant(
+    "waiting-holds-no-blocks",
+    "A WAITING request holds no blocks (no KV connector): vLLM takes them at admission.",
+    "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop's allocate_slots.",
+    tags=("policy:vllm-allocation",),
+)
+def waiting_holds_no_blocks(v: SchedulerView) -> Iterator[Finding]:
+    if v.config.kv_connector:
+        return  # block-table-covers-computed says what a waiting request may hold for a load
+    for rid, r in v.requests.items():
+        if r.status == RequestStatus.WAITING and r.block_ids:
+            yield rid, f"WAITING but holds blocks {list(r.block_ids)}"
 
 
 @state_invariant(

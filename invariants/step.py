@@ -68,6 +68,21 @@ def token_budget(t: Transition, h: History) -> Iterator[Finding]:
 
 
 @transition_invariant(
+    "max-num-seqs-per-step",
+    "A step schedules at most max_num_seqs requests.",
+    "vllm/v1/worker/gpu_input_batch.py, InputBatch: max_num_reqs (= max_num_seqs) rows per step.",
+    _SCHED,
+    tags=("safety",),
+)
+def max_num_seqs_per_step(t: Transition, h: History) -> Iterator[Finding]:
+    assert t.plan is not None
+    n, cap = len(t.plan.scheduled), t.before.config.max_num_seqs
+    if n > cap:
+        ids = ", ".join(s.request_id for s in t.plan.scheduled)
+        yield None, f"step {t.plan.step} schedules {n} requests, max_num_seqs is {cap}: {ids}"
+
+
+@transition_invariant(
     "long-prefill-threshold",
     "While more than one request is running or waiting at the start of a step, no request is "
     "given more than long_prefill_token_threshold tokens (when that is > 0).",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Final, Iterable, Literal, Mapping
 
 from schedspec.invariants.core import Invariant
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
@@ -72,6 +72,15 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
 GATE_CAPABILITY_NAMES: tuple[str, ...] = tuple(GATE_CAPABILITIES[g] for g in GATES)
 
 
+#: A switch a scheduler keeps on, never off (``prefix_caching=ALWAYS``): the
+#: checks then draw only configs with it on. ``True`` is "either" (drawn on and
+#: off), ``False`` "off".
+ALWAYS: Final = "always"
+Switch = bool | Literal["always"]
+#: The config switches that take ALWAYS, with the config field each one sets.
+SWITCHES: tuple[str, ...] = ("chunked_prefill", "long_prefill_threshold", "prefix_caching")
+
+
 class CapabilityError(SchedSpecError, ValueError):
     """A capability declaration that is malformed, or that a check cannot
     honour (a fixed config or trace outside it, an invariant chosen by id
@@ -85,9 +94,9 @@ class Capabilities:
     scheduler opts into)."""
 
     policies: frozenset[Policy] = frozenset({Policy.FCFS, Policy.PRIORITY})
-    chunked_prefill: bool = True
-    long_prefill_threshold: bool = True
-    prefix_caching: bool = True  # False: only enable_prefix_caching=False
+    chunked_prefill: Switch = True
+    long_prefill_threshold: Switch = True
+    prefix_caching: Switch = True  # False: only enable_prefix_caching=False; ALWAYS: only True
     salts: bool = True  # cache_salt on requests
     stop_tokens: bool = True  # eos_token_id and stop_token_ids on requests
     abort: bool = True
@@ -130,6 +139,11 @@ class Capabilities:
         for p in self.policies:
             if not isinstance(p, Policy):
                 raise CapabilityError(f"Capabilities.policies holds {p!r}, not a Policy")
+        for name in SWITCHES:
+            value = getattr(self, name)
+            if value is not True and value is not False and value != ALWAYS:
+                raise CapabilityError(f"Capabilities.{name} must be True (on or off), False (off) or "
+                                      f"{ALWAYS!r} (on), got {value!r}")
         if not isinstance(self.min_block_size, int) or self.min_block_size < 1:
             raise CapabilityError(f"Capabilities.min_block_size must be an int >= 1, got {self.min_block_size!r}")
 
@@ -190,7 +204,7 @@ class Capabilities:
 
     def names(self) -> frozenset[str]:
         """The capability names (CAPABILITY_NAMES) this declaration supports."""
-        out = {name for name in CAPABILITY_NAMES if getattr(self, name, False) is True}
+        out = {name for name in CAPABILITY_NAMES if getattr(self, name, False) in (True, ALWAYS)}
         out |= {f"policy_{p.name.lower()}" for p in self.policies}
         return frozenset(out)
 
@@ -214,10 +228,16 @@ class Capabilities:
             out.append(f"policy {config.policy.name}")
         if config.enable_chunked_prefill and not self.chunked_prefill:
             out.append("enable_chunked_prefill=True")
+        if not config.enable_chunked_prefill and self.chunked_prefill == ALWAYS:
+            out.append("enable_chunked_prefill=False")
         if config.long_prefill_token_threshold > 0 and not self.long_prefill_threshold:
             out.append(f"long_prefill_token_threshold={config.long_prefill_token_threshold}")
+        if config.long_prefill_token_threshold <= 0 and self.long_prefill_threshold == ALWAYS:
+            out.append("long_prefill_token_threshold=0")
         if config.enable_prefix_caching and not self.prefix_caching:
             out.append("enable_prefix_caching=True")
+        if not config.enable_prefix_caching and self.prefix_caching == ALWAYS:
+            out.append("enable_prefix_caching=False")
         if config.block_size < self.min_block_size:
             out.append(f"block_size={config.block_size} (< {self.min_block_size})")
         if getattr(config, "async_scheduling", False) and not self.async_scheduling:
@@ -281,7 +301,8 @@ class Capabilities:
         becomes the first supported one (FCFS first), chunked prefill off (the
         budget raised to max_model_len), the threshold 0, caching off, the
         block size raised to the minimum (the pool grown to hold a request of
-        max_model_len), async and speculative decoding off. The identity on
+        max_model_len), async and speculative decoding off; a switch declared
+        ALWAYS turned on (the threshold half the budget). The identity on
         a config that fits."""
         if not self.config_problems(config):
             return config
@@ -291,10 +312,16 @@ class Capabilities:
         if config.enable_chunked_prefill and not self.chunked_prefill:
             changes["enable_chunked_prefill"] = False
             changes["max_num_batched_tokens"] = max(config.max_num_batched_tokens, config.max_model_len)
+        if not config.enable_chunked_prefill and self.chunked_prefill == ALWAYS:
+            changes["enable_chunked_prefill"] = True
         if config.long_prefill_token_threshold > 0 and not self.long_prefill_threshold:
             changes["long_prefill_token_threshold"] = 0
+        if config.long_prefill_token_threshold <= 0 and self.long_prefill_threshold == ALWAYS:
+            changes["long_prefill_token_threshold"] = max(1, config.max_num_batched_tokens // 2)
         if config.enable_prefix_caching and not self.prefix_caching:
             changes["enable_prefix_caching"] = False
+        if not config.enable_prefix_caching and self.prefix_caching == ALWAYS:
+            changes["enable_prefix_caching"] = True
         if config.block_size < self.min_block_size:
             bs = self.min_block_size
             changes["block_size"] = bs
@@ -365,14 +392,15 @@ class Capabilities:
 
     def restrict_workload(self, workload: Workload) -> Workload:
         """The workload within this declaration (the identity on one that fits)."""
+        features = features_within(self, workload.features)
         if not self.workload_problems(workload):
-            return workload
+            return workload if features == workload.features else dataclasses.replace(workload, features=features)
         config = self.restrict_config(workload.config)
         events = self.restrict_events(workload.events)
         if config.async_scheduling != workload.config.async_scheduling:
             # schedule/update events of an async workload, within the sync protocol
             events = tuple(keep_protocol(events, config.async_scheduling))
-        return dataclasses.replace(workload, config=config, events=events)
+        return dataclasses.replace(workload, config=config, events=events, features=features)
 
     # ------------------------------------------------------------- invariants
 
@@ -415,6 +443,64 @@ class Capabilities:
 #: Everything the spec supports in its default (sync, no speculative decoding,
 #: no admission gate) form.
 FULL = Capabilities()
+
+
+Need = Callable[[Capabilities], bool]
+_CHUNKS: Need = lambda c: bool(c.chunked_prefill or c.long_prefill_threshold)  # noqa: E731
+_CACHE: Need = lambda c: bool(c.prefix_caching)  # noqa: E731
+
+#: The spec's rules (spec/rule_names.py) a declaration can put out of reach,
+#: with what the run must be able to draw for each.
+RULE_NEEDS: Mapping[str, Need] = {
+    "schedule.threshold_active": lambda c: bool(c.long_prefill_threshold),
+    "running.prefill_chunk": _CHUNKS,
+    "update.no_token": _CHUNKS,
+    "admit.prefill_chunk": lambda c: bool(c.chunked_prefill),
+    "admit.blocked_chunking_off": lambda c: c.chunked_prefill != ALWAYS,
+    "running.self_preempted_break": lambda c: Policy.FCFS in c.policies,
+    "preempt.fcfs_tail": lambda c: Policy.FCFS in c.policies,
+    "running.self_preempted_continue": lambda c: Policy.PRIORITY in c.policies,
+    "preempt.priority_victim": lambda c: Policy.PRIORITY in c.policies,
+    "preempt.victim_ahead": lambda c: Policy.PRIORITY in c.policies,
+    "preempt.reset_running": lambda c: c.reset_prefix_cache,
+    "kv.reset_ok": lambda c: c.reset_prefix_cache,
+    "kv.reset_refused": lambda c: c.reset_prefix_cache,
+    **{name: _CACHE for name in ("kv.miss", "kv.hit_partial", "kv.hit_full", "kv.hit_capped", "kv.touch_free",
+                                 "kv.touch_shared", "kv.evict_cached", "kv.evict_keeps_duplicate",
+                                 "kv.cache_duplicate_key", "kv.free_back")},
+    "stop.eos": lambda c: c.stop_tokens,
+    "stop.stop_token": lambda c: c.stop_tokens,
+    "abort.waiting": lambda c: c.abort,
+    "abort.preempted": lambda c: c.abort,
+    "abort.running": lambda c: c.abort,
+    "update.request_gone": lambda c: c.abort,
+}
+
+#: The guided generator's switches (check/coverage_guided.FEATURES) a
+#: declaration can take away, with what each needs.
+FEATURE_NEEDS: Mapping[str, Need] = {
+    "priority": lambda c: Policy.PRIORITY in c.policies,
+    "rising_priority": lambda c: Policy.PRIORITY in c.policies,
+    "no_chunking": lambda c: c.chunked_prefill != ALWAYS,
+    "no_caching": lambda c: c.prefix_caching != ALWAYS,
+    "threshold": lambda c: bool(c.long_prefill_threshold),
+    "salts": lambda c: c.salts,
+    "stops": lambda c: c.stop_tokens,
+    "eos": lambda c: c.stop_tokens,
+    "aborts": lambda c: c.abort,
+    "resets": lambda c: c.reset_prefix_cache,
+    "reset_running": lambda c: c.reset_prefix_cache,
+}
+
+
+def rules_within(capabilities: Capabilities, names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` (rules, in order) less those the declaration puts out of reach (RULE_NEEDS)."""
+    return tuple(n for n in names if n not in RULE_NEEDS or RULE_NEEDS[n](capabilities))
+
+
+def features_within(capabilities: Capabilities, features: Iterable[str]) -> tuple[str, ...]:
+    """A workload's features less those the declaration took away (FEATURE_NEEDS)."""
+    return tuple(f for f in features if f not in FEATURE_NEEDS or FEATURE_NEEDS[f](capabilities))
 
 
 

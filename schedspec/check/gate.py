@@ -24,7 +24,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from schedspec.check import report
 from schedspec.check import trace as tracefile
-from schedspec.check.capabilities import FULL, Capabilities, CapabilityError
+from schedspec.check.capabilities import FULL, Capabilities, CapabilityError, rules_within
 from schedspec.check.conformance import check_conformance
 from schedspec.check.records import Failure
 from schedspec.check.run import count_rules, failure_of, run_workload
@@ -35,7 +35,7 @@ from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_c
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
-from schedspec.spec.rule_names import reachable_in
+from schedspec.spec.rule_names import RULE_NAMES, reachable_in
 from schedspec.invariants import DEFAULT_SELECTOR, Mode, Selection, SelectionError, select
 from schedspec.invariants.selection import named_ids
 from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory
@@ -361,7 +361,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "gates": list(settings.drawn_gates),
         "kv": list(settings.drawn_kv),
         "rule_coverage": o.stats.rule_coverage(required_rules(settings), settings.drawn_modes,
-                                               settings.drawn_capabilities),
+                                               settings.drawn_capabilities, reachable_rules(settings)),
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
             "workload_seed": o.seed,
@@ -414,7 +414,7 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     if settings.generator != "guided":
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
     modes = settings.drawn_modes
-    focus = choose_focus(counts, seed, names=reachable_in(modes, settings.drawn_capabilities))
+    focus = choose_focus(counts, seed, names=reachable_rules(settings))
     return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes, gates=gates, kv=kv)
 
 
@@ -427,9 +427,32 @@ def workload_label(workload: Workload) -> str:
     return f" ({workload.name or 'workload'}: {', '.join(workload.features)})"
 
 
+def reachable_rules(settings: CheckSettings) -> tuple[str, ...]:
+    """The spec's rules a run can reach: those of the modes and gates it draws, less those the
+    scheduler's declared capabilities put out of reach (capabilities.RULE_NEEDS)."""
+    return rules_within(settings.capabilities, reachable_in(settings.drawn_modes, settings.drawn_capabilities))
+
+
+def rules_line(settings: CheckSettings, counts: Mapping[str, int], k: int = 3) -> str:
+    """spec.coverage.rules_line over the rules the run can reach (reachable_rules): the rules
+    the scheduler's capabilities put out of reach are neither counted nor listed as missed."""
+    names = reachable_rules(settings)
+    line = coverage.rules_line(counts, k, settings.drawn_modes, settings.drawn_capabilities)
+    if names == reachable_in(settings.drawn_modes, settings.drawn_capabilities):
+        return line
+    got = sum(1 for n in names if counts.get(n, 0) > 0)
+    missing = coverage.unreached(counts, names)
+    tail = ("never reached: " + ", ".join(missing) if missing else
+            "rarest: " + ", ".join(f"{n} {counts.get(n, 0):,}" for n in sorted(names, key=lambda n: counts.get(n, 0))[:k]))
+    where = ", ".join(settings.drawn_modes) + (f" with gates {', '.join(sorted(settings.drawn_capabilities))}"
+                                               if settings.drawn_capabilities else "")
+    return (f"rule coverage: {got} of the {len(names)} rules reachable in {where} within the declared capabilities "
+            f"reached ({len(RULE_NAMES) - len(names)} out of reach there); {tail}")
+
+
 def required_rules(settings: CheckSettings) -> tuple[str, ...]:
     """The rules the run must reach: those named, and with ``require_all``
     every rule the modes the scheduler under test supports can reach."""
-    reachable = reachable_in(settings.drawn_modes, settings.drawn_capabilities)
+    reachable = reachable_rules(settings)
     names = settings.require_rules + (reachable if settings.require_all else ())
     return tuple(dict.fromkeys(names))

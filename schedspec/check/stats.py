@@ -144,14 +144,16 @@ class Stats:
         return True
 
     def rule_coverage(self, required: tuple[str, ...] = (),
-                      modes: tuple[str, ...] = ALL_MODES, gates: tuple[str, ...] = ()) -> dict[str, object]:
+                      modes: tuple[str, ...] = ALL_MODES, gates: tuple[str, ...] = (),
+                      reachable: tuple[str, ...] | None = None) -> dict[str, object]:
         """The rule-coverage report (JSON): the modes and admission gates
         (capability names), how many of the rules they can reach were
-        reached (``reachable``; ``total`` counts every catalogued rule), each
+        reached (``reachable``, the rules of those modes and gates unless given:
+        a scheduler's capabilities narrow them; ``total`` counts every catalogued rule), each
         rule's count, the reachable ones never reached, the rules out of
         reach in these modes and gates, and which of ``required`` were never
         reached."""
-        names = reachable_in(modes, gates)
+        names = reachable_in(modes, gates) if reachable is None else reachable
         return {
             "modes": list(modes),
             "gates": list(gates),

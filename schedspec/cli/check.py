@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from schedspec.check.gate import CheckSettings, check_summary, junit_xml, missing_rules_message, run_check
+from schedspec.check.gate import rules_line as capability_rules_line
 from schedspec.check.shrink import count_steps
 from schedspec.invariants import Selection
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
-from schedspec.spec.coverage import format_table, parse_required, rules_line
+from schedspec.spec.coverage import format_table, parse_required
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -191,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         # could not draw, not those of every gate
         modes, on = settings.drawn_modes, settings.drawn_capabilities
         print(format_table(outcome.stats.rules, modes=modes, gates=on) if args.rules
-              else rules_line(outcome.stats.rules, modes=modes, gates=on))
+              else capability_rules_line(settings, outcome.stats.rules))
     if outcome.missing_rules:
         print(f"FAILED: {missing_rules_message(outcome.missing_rules)}")
     if coverage is not None:

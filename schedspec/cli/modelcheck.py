@@ -9,6 +9,7 @@ replays); 2 bad usage (the message names the flag).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -16,11 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from schedspec.adapters.registry import AdapterError, Target, import_class, resolve
-from schedspec.check.capabilities import CapabilityError
+from schedspec.check.capabilities import Capabilities, CapabilityError, rules_within
 from schedspec.check.gate import missing_rules_message, resolve_selection
 from schedspec.check.features import GATE_CAPABILITIES, GATES, MODES
 from schedspec.check.features import mode_of as config_mode
-from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, positive_int
+from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, parse_shard, positive_int
 from schedspec.invariants import Selection
 from schedspec.invariants.selection import SelectionError
 from schedspec.modelcheck import (
@@ -39,6 +40,7 @@ from schedspec.modelcheck import (
     table_header,
     write_json,
 )
+from schedspec.modelcheck.shard import merge_reports, shard_spaces
 from schedspec.modelcheck.target import Against
 from schedspec.spec import coverage as rule_coverage
 from schedspec.spec.rule_names import RULE_NAMES, reachable_in
@@ -67,6 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--require-rules", default=None, metavar="all|NAME,...",
                    help="fail (exit 1) when one of these rules of the spec (spec/rule_names.py; 'all': every rule "
                         "the explored modes can reach, kv or kv.* a group) was never taken")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="explore only every N-th space of the bound from the K-th (a CI matrix job); "
+                        "--merge joins the shards' --json reports")
+    p.add_argument("--merge", nargs="+", default=None, metavar="SHARD.json",
+                   help="explore nothing: merge the --json reports of every shard of one run into one report "
+                        "(printed, and written to --json)")
     add_mode_arguments(p, " (invariants mode needs --against)")
 
 
@@ -145,11 +153,17 @@ def explored_gates(spaces: Sequence[Space]) -> tuple[str, ...]:
     return tuple(GATE_CAPABILITIES[g] for g in GATES if g in found)
 
 
-def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, gates: tuple[str, ...] = ()) -> str:
+def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, gates: tuple[str, ...] = (),
+               capabilities: Capabilities | None = None) -> str:
     """One line: how many of the rules the explored modes (and admission
     gates) can reach were taken, those never taken (or the rarest), and how
-    many rules lie outside them."""
+    many rules lie outside them; with the ``capabilities`` of a scheduler
+    under test, the rules they put out of reach are outside too."""
     reachable = reachable_in(modes, gates)
+    narrowed = "" if capabilities is None else " within the declared capabilities"
+    if capabilities is not None:
+        narrowed = "" if rules_within(capabilities, reachable) == reachable else narrowed
+        reachable = rules_within(capabilities, reachable)
     missing = rule_coverage.unreached(counts, reachable)
     got = len(reachable) - len(missing)
     if missing:
@@ -159,7 +173,7 @@ def rules_line(counts: Counter[str], modes: tuple[str, ...] = EXPLORED_MODES, ga
         tail = "rarest: " + ", ".join(f"{n} {c:,}" for n, c in rarest)
     outside = len(RULE_NAMES) - len(reachable)
     where = f"{'/'.join(modes)} mode" + (f" with the {'/'.join(gates)} gate(s)" if gates else "")
-    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {where} "
+    return (f"rule coverage: {got} of the {len(reachable)} rules reachable in {where}{narrowed} "
             f"reached; {tail} ({outside} more need other modes or gates, or are out of reach)")
 
 
@@ -174,6 +188,11 @@ def required_rules(text: str | None, modes: tuple[str, ...] = EXPLORED_MODES,
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.merge is not None:
+        if args.shard is not None:
+            raise UsageError("--merge and --shard exclude each other (--merge joins the shards' reports)")
+        return run_merge(args)
+    shard = parse_shard(args.shard) if args.shard else None
     scheduler_cls = scheduler_class(args.scheduler)
     workers = default_workers() if args.workers is None else positive_int("--workers", args.workers)
     max_states = None if args.max_states is None else positive_int("--max-states", args.max_states)
@@ -185,9 +204,17 @@ def run(args: argparse.Namespace) -> int:
     gates = explored_gates(spaces)
     required = required_rules(args.require_rules, modes, gates)
     against, selection = against_of(args)
+    caps = resolve(args.against).capabilities if args.against is not None else None
+    if caps is not None and args.require_rules == "all":
+        required = rules_within(caps, required)
     names, skipped = supported_spaces(spaces, args.against)
     if not names:
         raise UsageError(f"--against {args.against}: supports none of the spaces chosen: {'; '.join(skipped)}")
+    if shard is not None:
+        every = len(names)
+        names = shard_spaces(names, *shard)
+        print(f"shard {shard[0]}/{shard[1]}: {len(names)} of the {every} space(s): {', '.join(names) or 'none'} "
+              "(merge the shards' --json reports with --merge)")
     use_impl = not args.no_impl and against is None
     note = ""
     if use_impl and not impl_available():
@@ -201,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"modelcheck: bound {args.bound}, {len(names)} space(s); {n} invariants on "
           f"every transition, the fake model's KV reads and contents, deadlock and liveness; "
           + under_test + f"; {workers} worker(s)"
-          + (" (one, for a scheduler that is copied by deepcopy, as vLLM's is)" if against is not None else ""))
+          + (" (one where the scheduler under test is copied by deepcopy, as vLLM's is)"
+             if against is not None and workers > 1 else ""))
     if skipped:
         print("spaces outside the declared capabilities, left out: " + "; ".join(skipped))
     print(table_header())
@@ -212,9 +240,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  ({r.space.name}: {r.note})", flush=True)
 
     try:
-        result = check_bound(args.bound, use_impl=use_impl, scheduler_cls=scheduler_cls, max_states=max_states,
-                             log=None if args.quiet else sys.stderr, spaces=names, workers=workers,
-                             on_space=row, invariants=selection.invariants, against=against)
+        result = BoundResult(args.bound) if not names else check_bound(
+            args.bound, use_impl=use_impl, scheduler_cls=scheduler_cls, max_states=max_states,
+            log=None if args.quiet else sys.stderr, spaces=names, workers=workers,
+            on_space=row, invariants=selection.invariants, against=against)
     except ImportError as exc:  # vLLM missing, or the wrong version of it
         raise UsageError(f"--against {args.against}: {exc}") from None
     print(format_row(result.total()))
@@ -226,12 +255,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         _report_success(result, use_impl, args.against)
     rules = result.rules
-    print(rule_coverage.format_table(rules, modes=modes, gates=gates) if args.rules else rules_line(rules, modes, gates))
-    missing = rule_coverage.unreached(rules, required)
+    print(rule_coverage.format_table(rules, modes=modes, gates=gates) if args.rules
+          else rules_line(rules, modes, gates, caps))
+    missing = rule_coverage.unreached(rules, required) if shard is None else []
     if missing:
         print(f"FAILED: {missing_rules_message(missing)}")
+    elif shard is not None and required:
+        print("--require-rules: checked when the shards are merged")
     extra["rules_required"] = list(required)
     extra["rules_missing"] = missing
+    if shard is not None:
+        extra["shard"] = {"k": shard[0], "n": shard[1]}
     if args.json:
         write_json(Path(args.json), result, extra)
     return EXIT_OK if result.failure is None and not missing else EXIT_FAIL
@@ -266,3 +300,45 @@ def _report_success(result: BoundResult, use_impl: bool, against: str | None) ->
           "no deadlock" + (", plans and views of ImplScheduler equal to the spec's" if use_impl else "")
           + (" (in the spaces it supports)" if use_impl and any(r.note for r in result.spaces) else "")
           + (f"; {against} took all {result.transitions:,} transitions" if against else ""))
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """``--merge``: one report from the shards' JSON reports, printed and written to --json."""
+    reports: dict[str, dict[str, Any]] = {}
+    for path in args.merge:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--merge: cannot read {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"--merge: {path} is not a modelcheck --json report")
+        reports[path] = data
+    try:
+        merged = merge_reports(reports)
+    except (ModelCheckError, KeyError, TypeError) as exc:
+        raise UsageError(f"--merge: {exc}") from None
+    print(f"modelcheck: bound {merged['bound']}, {len(merged['spaces'])} space(s) merged from "
+          f"{merged['merged_shards']} shard(s)")
+    print(table_header())
+    for s in merged["spaces"]:
+        status = "FAIL" if s["failure"] else ("ok" if s["complete"] else "partial")
+        live = "-" if s["liveness_bound"] is None else str(s["liveness_bound"])
+        print(f"{s['space']['name']:34s} {s['states']:>10,} {s['transitions']:>11,} {s['depth']:>6} "
+              f"{s['elapsed_s']:>9.1f}s {'':>10} {s['cpu_s']:>8.1f}s {'':>10} {live:>9}  {status}")
+    if merged["result"] == "fail":
+        failed = next(s for s in merged["spaces"] if s["failure"])
+        print(f"FAILED in space {failed['space']['name']}: {failed['failure']['kind']}: {failed['failure']['message']}")
+        if "replay" in merged:
+            print(f"replay it: {merged['replay']}")
+    else:
+        complete = all(s["complete"] for s in merged["spaces"])
+        print(f"OK: {merged['states']:,} states and {merged['transitions']:,} transitions "
+              f"{'completely explored' if complete else 'explored up to --max-states (partial)'} in "
+              f"{merged['merged_shards']} shard(s): every invariant held, no deadlock")
+    spaces = [sp for sp in bound(merged["bound"]).spaces if sp.name in {s["space"]["name"] for s in merged["spaces"]}]
+    print(rules_line(Counter(merged["rules"]), explored_modes(spaces) or EXPLORED_MODES, explored_gates(spaces)))
+    if merged["rules_missing"]:
+        print(f"FAILED: {missing_rules_message(merged['rules_missing'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(merged, indent=2) + "\n")
+    return EXIT_OK if merged["result"] == "pass" and not merged["rules_missing"] else EXIT_FAIL

@@ -230,6 +230,15 @@ def _call(who: str, method: str, fn: Callable[..., T], *args: Any) -> T:
         raise Finding("error", f"{who}.{method}() raised {type(exc).__name__}: {exc}") from None
 
 
+def _pickled(sched: Any) -> bytes | None:
+    """The scheduler under test pickled to travel to a worker; None when it does not pickle
+    (the worker replays the state's path on a fresh instance instead)."""
+    try:
+        return pickle.dumps(sched, PICKLE_PROTOCOL)
+    except Exception:
+        return None
+
+
 class Expander:
     """Expands one state: checks it, applies every enabled event to a copy
     with every check on, returns the successors with their fingerprints.
@@ -339,7 +348,7 @@ class Expander:
         tflight = Flight() if self.is_async and memory is not None else None
         kv = KVWorld() if self.kv_on else None
         if self.pickled:
-            blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
+            blob = _pickled(impl) if self.copy in ("clone", "pickle") else None
             return Entry(0, pickle.dumps(s, PICKLE_PROTOCOL), blob, 0, None, (), memory, flight, False, tflight, kv)
         return Entry(0, s, impl, 0, s.view(), (), memory, flight, False, tflight, kv)
 
@@ -491,7 +500,8 @@ class Expander:
                 out.failure = (code, Finding("error", f"the explored scheduler raised {type(exc).__name__}: {exc}"))
                 out.rules = dict(rules)
                 return out
-            path = entry.codes + (code,) if self.copy == "replay" else ()
+            # the path travels with every state: a copy that fails falls back to replaying it
+            path = entry.codes + (code,) if self.against is not None else ()
             out.successors.append((code, succ.fingerprint, self._entry(succ, impl, path), _busy(succ)))
         out.rules = dict(rules)
         return out
@@ -510,18 +520,30 @@ class Expander:
         def with_memory(t: Any) -> tuple[Any, dict[int, int] | None]:
             return t, (None if mem is None else dict(mem))
 
+        codes = entry.codes
+
+        def copied(copy: Callable[[], Any]) -> tuple[Any, dict[int, int] | None]:
+            """A copy made by ``copy``; one that fails is no finding of the scheduler's: the path
+            to the state is replayed on a fresh instance instead."""
+            try:
+                return with_memory(copy())
+            except Finding:
+                raise
+            except Exception:
+                return self._replay(codes)
+
         if m == "replay":
-            return lambda last: with_memory(own) if last and own is not None else self._replay(entry.codes)
-        if self.pickled:  # clone or pickle: the entry holds a pickle
-            blob: bytes = own
-            return lambda last: with_memory(pickle.loads(blob))
+            return lambda last: with_memory(own) if last and own is not None else self._replay(codes)
+        if self.pickled:  # clone or pickle: the entry holds a pickle (None: it did not pickle)
+            blob: bytes | None = own
+            return lambda last: self._replay(codes) if blob is None else copied(lambda: pickle.loads(blob))
         if m == "clone":
-            return lambda last: with_memory(own if last else _call(self.tname, "clone", own.clone))
+            return lambda last: with_memory(own) if last else copied(own.clone)
         if m == "pickle":
-            data = pickle.dumps(own, PICKLE_PROTOCOL)
-            return lambda last: with_memory(own if last else pickle.loads(data))
+            return lambda last: with_memory(own) if last else copied(
+                lambda: pickle.loads(pickle.dumps(own, PICKLE_PROTOCOL)))
         shared = self._shared
-        return lambda last: with_memory(own if last else deep_copy(own, shared))
+        return lambda last: with_memory(own) if last else copied(lambda: deep_copy(own, shared))
 
     def _replay(self, codes: Sequence[int]) -> tuple[Any, dict[int, int] | None]:
         """A fresh scheduler under test brought to the state at the end of
@@ -543,7 +565,7 @@ class Expander:
         if succ.fingerprint in self.shipped:
             return Entry(-1, None, None, succ.adds)
         self.shipped.add(succ.fingerprint)
-        blob = pickle.dumps(impl, PICKLE_PROTOCOL) if self.copy in ("clone", "pickle") else None
+        blob = _pickled(impl) if self.copy in ("clone", "pickle") else None
         return Entry(-1, pickle.dumps(succ.state, PICKLE_PROTOCOL), blob, succ.adds, None, codes, succ.memory,
                      succ.flight, succ.clear, succ.tflight, succ.kv)
 

@@ -129,8 +129,8 @@ class SchedulerContract(unittest.TestCase):
     hypothesis_settings: ClassVar[settings | None] = None
     #: where a failing workload is written as a trace
     trace_sink: ClassVar[Path | None] = None
-    #: the scheduler's name in failures
-    scheduler_name: ClassVar[str] = "candidate"
+    #: the scheduler's name in failures; None: the class's (or the factory's) qualified name
+    scheduler_name: ClassVar[str | None] = None
 
     __test__ = False  # the base class itself is no test; every subclass is
 
@@ -149,8 +149,11 @@ class SchedulerContract(unittest.TestCase):
         if selection.compares and cls.reference is not None:
             factories[cls.reference] = resolve(cls.reference).factory
         candidate = as_factory(cls.scheduler)
-        check_conformance(cls.scheduler_name, candidate, caps.restrict_config(SchedulerConfig()))
-        factories[cls.scheduler_name] = candidate
+        name = cls.scheduler_name or str(getattr(cls.scheduler, "__qualname__", None) or type(cls.scheduler).__name__)
+        if name in factories:
+            name += " (under test)"
+        check_conformance(name, candidate, caps.restrict_config(SchedulerConfig()))
+        factories[name] = candidate
         machine = make_machine(
             factories,
             check_invariants=cls.check_invariants,

@@ -140,12 +140,12 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         self.failed = False
 
     @initialize(
-        config=configs(),
         shared=prefixes(),
         data=st.data(),
     )
-    def setup(self, config: SchedulerConfig, shared: list[tuple[int, ...]], data: st.DataObject) -> None:
-        config = self.capabilities.restrict_config(config)
+    def setup(self, shared: list[tuple[int, ...]], data: st.DataObject) -> None:
+        # drawn restricted, so a failure prints the config that ran, not the one before the restriction
+        config = data.draw(configs().map(self.capabilities.restrict_config), label="config")
         if self.capabilities.gates():
             config, self.gated = data.draw(gate_plans(config, self.capabilities), label="gates")
             note(f"gate events: pause={self.gated.pause}, grammar={self.gated.grammar}")

@@ -21,6 +21,7 @@ EXAMPLES = [
      {"block-table-covers-computed"}),
     ("examples.largest_victim:LargestVictimScheduler", "examples.largest_victim:StaleVictimPlan",
      {"preemption-resets", "scheduled-are-running"}),
+    ("examples.batch_bound:BatchBoundScheduler", "examples.batch_bound:OverfullBatch", {"max-num-seqs-per-step"}),
 ]
 
 
@@ -91,3 +92,77 @@ def test_the_testing_api_holds_an_example_to_the_safety_invariants() -> None:
     result = unittest.TestResult()
     unittest.defaultTestLoader.loadTestsFromTestCase(TestLargestVictim).run(result)
     assert result.testsRun == 1 and not result.failures and not result.errors, result.failures + result.errors
+
+
+def test_a_per_step_batch_bound_and_keys_after_the_step_keep_the_default_safety_selection_silent(
+        tmp_path: Path) -> None:
+    """The nano-vllm-like example reads max_num_seqs as a bound on each step's batch (more requests
+    run than that) and keys blocks in update(): the default selection of invariants mode is silent
+    on it for thousands of steps, while vLLM's reading of the knob (max-num-seqs) fires."""
+    rc, out = run(["check", "--against", EXAMPLES[2][0], "--mode", "invariants", "--steps", "4000", "--quiet",
+                   "--out", str(tmp_path), "--json", str(tmp_path / "s.json")])
+    assert rc == 0, out
+    stats = json.loads((tmp_path / "s.json").read_text())["stats"]
+    assert stats["steps"] >= 4000 and stats["preemptions"] > 0 and stats["hit_admissions"] > 0, stats
+    rc, out = run(["check", "--against", EXAMPLES[2][0], "--mode", "invariants", "--invariants", "safety,max-num-seqs",
+                   "--steps", "2000", "--quiet", "--out", str(tmp_path / "vllm"), "--shrink-time", "5"])
+    assert rc == 1 and "[max-num-seqs]" in out, out
+
+
+def _reserve_at_add_class() -> type:
+    from examples.batch_bound import BatchBoundScheduler, Seq, StepEngine
+    from schedspec.spec.interface import RequestSpec
+
+    class Engine(StepEngine):
+        """Takes a request's blocks when it arrives, if the pool has them, and holds them while it
+        waits (vLLM takes them at admission)."""
+
+        def submit(self, spec: RequestSpec) -> None:
+            super().submit(spec)
+            self.reserve(self.seqs[spec.request_id])
+
+        def reserve(self, seq: Seq) -> None:
+            need = self.blocks.needed(len(seq.tokens))
+            if seq.state == "waiting" and not seq.blocks and need <= len(self.blocks.free):
+                seq.blocks = [self.blocks.take_free() for _ in range(need)]
+
+        def step(self) -> tuple[list[tuple[str, int, int, str]], list[str]]:
+            # the reservations go back to the pool for the step (admission takes what it admits
+            # again, the example's logic unchanged), and are renewed after it for those still waiting
+            for sid in reversed(self.waiting):
+                seq = self.seqs[sid]
+                for b in reversed(seq.blocks):
+                    self.blocks.ref[b] -= 1
+                    if self.blocks.ref[b] == 0:
+                        self.blocks.free.appendleft(b)
+                seq.blocks = []
+            out = super().step()
+            for sid in self.waiting:
+                self.reserve(self.seqs[sid])
+            return out
+
+    class ReserveAtAdd(BatchBoundScheduler):
+        engine_cls = Engine
+
+    return ReserveAtAdd
+
+
+def test_blocks_taken_when_a_request_arrives_keep_the_safety_selection_silent(tmp_path: Path) -> None:
+    """When a waiting request's blocks are taken is vLLM's policy (waiting-holds-no-blocks), not
+    safety: a scheduler that takes them on arrival passes the default selection."""
+    import sys
+    import types
+
+    mod = types.ModuleType("reserve_at_add_example")
+    mod.ReserveAtAdd = _reserve_at_add_class()  # type: ignore[attr-defined]
+    sys.modules[mod.__name__] = mod
+    try:
+        rc, out = run(["check", "--against", "reserve_at_add_example:ReserveAtAdd", "--mode", "invariants",
+                       "--steps", "2000", "--quiet", "--out", str(tmp_path)])
+        assert rc == 0, out
+        rc, out = run(["check", "--against", "reserve_at_add_example:ReserveAtAdd", "--mode", "invariants",
+                       "--invariants", "safety,waiting-holds-no-blocks", "--steps", "2000", "--quiet",
+                       "--shrink-time", "5", "--out", str(tmp_path / "vllm")])
+        assert rc == 1 and "[waiting-holds-no-blocks]" in out, out
+    finally:
+        del sys.modules[mod.__name__]

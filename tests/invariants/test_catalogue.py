@@ -365,6 +365,14 @@ def b_preempted_keeps_blocks() -> Transition:
     return after_is(PREEMPT, with_req(P_AFTER, "B", block_ids=(3,)))
 
 
+@bad("waiting-holds-no-blocks")
+def b_waiting_request_reserved_ahead() -> Transition:
+    """A scheduler that reserves at add(): vLLM's timing only, no safety matter."""
+    t = after_is(ADD, with_req(ADD.after, "C", block_ids=(9,)))
+    assert fires("block-table-covers-computed", t) == []
+    return t
+
+
 @bad("block-table-exact")
 def b_table_ahead_of_computed() -> Transition:
     return after_is(UPDATE, with_req(U_AFTER, "A", num_computed_tokens=1))
@@ -476,6 +484,24 @@ def b_over_budget() -> Transition:
 @bad("token-budget")
 def b_zero_token_entry() -> Transition:
     return dataclasses.replace(SCHEDULE, plan=with_entry(S_PLAN, "A", num_scheduled_tokens=0))
+
+
+@bad("max-num-seqs-per-step")
+def b_batch_over_max_num_seqs() -> Transition:
+    one = dataclasses.replace(CFG, max_num_seqs=1)
+    t = dataclasses.replace(SCHEDULE, before=dataclasses.replace(S_BEFORE, config=one))
+    assert len(t.plan.scheduled) > 1 if t.plan is not None else False
+    return t
+
+
+def test_max_num_seqs_bounds_the_batch_for_safety_and_the_running_set_for_vllm() -> None:
+    """A running set over max_num_seqs with each step's batch within it is vLLM policy, not safety."""
+    from schedspec.invariants import BY_ID
+
+    assert BY_ID["max-num-seqs-per-step"].is_safety and not BY_ID["max-num-seqs"].is_safety
+    two = dataclasses.replace(CFG, max_num_seqs=len(S_PLAN.scheduled))
+    t = dataclasses.replace(SCHEDULE, before=dataclasses.replace(S_BEFORE, config=two))
+    assert fires("max-num-seqs-per-step", t) == []
 
 
 @bad("long-prefill-threshold")

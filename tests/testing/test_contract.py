@@ -6,7 +6,7 @@ import subprocess
 import sys
 import unittest
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from schedspec.impl import ImplScheduler
 from schedspec.testing import SchedulerContract
@@ -85,3 +85,23 @@ def test_importing_schedspec_testing_registers_no_profile() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_failure_names_the_class_and_prints_the_restricted_config_that_ran() -> None:
+    """The failing class is named (not "candidate"), and the config printed is the one after the
+    capability restriction: never one with a feature the class does not declare."""
+    from examples.batch_bound import OverfullBatch
+
+    class TestOverfull(SchedulerContract):
+        scheduler = OverfullBatch
+        mode = "invariants"
+        hypothesis_settings = settings(QUICK, max_examples=100, phases=[Phase.generate])  # no shrinking
+
+    result = _run(TestOverfull)
+    assert len(result.failures) + len(result.errors) == 1, result
+    text = (result.failures + result.errors)[0][1]
+    assert "OverfullBatch" in text and "candidate" not in text, text
+    configs = [line for line in text.splitlines() if "SchedulerConfig(" in line]
+    assert configs, text
+    for line in configs:
+        assert "enable_chunked_prefill=True" not in line and "policy=<Policy.PRIORITY" not in line, line

@@ -255,3 +255,21 @@ def test_a_window_hit_past_its_null_blocks_takes_the_blocks_behind_them() -> Non
     ref = t.impl.view().kv.ref_cnt
     assert all(ref[b] == 1 for b in window[3:5])
     assert t.impl.view() == t.spec.view()
+
+
+def test_encoder_identities_key_every_group_of_a_hybrid_layout() -> None:
+    """Encoder inputs change a request's identity at the block they start in:
+    each group's keys carry it from that block on, and a second request with
+    the same tokens but another image hits only the blocks before it, in
+    every group (block_hasher's extra keys, per group)."""
+    from schedspec.spec.interface import MMInput
+
+    t = Twin(config(max_num_batched_tokens=32, max_num_encoder_input_tokens=16, encoder_cache_size=16))
+    t.add(req("a", 12, max_tokens=1, mm_inputs=(MMInput(6, 2, "cat"),)))
+    t.step()
+    t.add(req("b", 12, max_tokens=1, mm_inputs=(MMInput(6, 2, "dog"),)))
+    t.add(req("c", 13, max_tokens=1, mm_inputs=(MMInput(6, 2, "cat"),)))
+    hit = {e.request_id: e.num_computed_tokens for e in t.schedule().scheduled}
+    # c: a's tokens and image, the hit a plain request gets (the window group's cached blocks
+    # stop it at 10); b: another image from block 3 on, so no window-group block matches
+    assert hit == {"b": 0, "c": 10}

@@ -32,20 +32,6 @@ from schedspec.spec.rule_names import ALL_MODES, RULE_NAMES, RULES, reachable_in
 RuleCounts = Counter[str]
 
 
-def kv_capabilities(config: object) -> tuple[str, ...]:
-    """The KV capabilities a config needs, by the names the rules' ``gates``
-    use (spec/rule_names.py, ALL_KV): ``kv_connector`` for a config with a KV
-    connector (the ``connector.*`` rules), ``hybrid_kv`` for a layout other
-    than one full-attention group. Pass them among ``reachable_in``'s gates
-    to reach those rules."""
-    out = []
-    if getattr(config, "kv_connector", False):
-        out.append("kv_connector")
-    if getattr(config, "is_hybrid", False):
-        out.append("hybrid_kv")
-    return tuple(out)
-
-
 class CountsRules:
     """The one way the spec counts its named branches (spec/rule_names.py),
     shared by SpecScheduler, its parts and its KV pool. Each call is a whole

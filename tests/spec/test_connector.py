@@ -494,7 +494,7 @@ def test_default_config_view_has_no_connector_state() -> None:
 
 
 def test_connector_rules_are_reachable_only_with_a_connector() -> None:
-    from schedspec.spec.coverage import kv_capabilities
+    from schedspec.check.features import kv_capabilities
     from schedspec.spec.rule_names import ALL_MODES, RULES, reachable_in
 
     conn = {n for n in RULES if n.startswith("connector.")}
@@ -502,8 +502,8 @@ def test_connector_rules_are_reachable_only_with_a_connector() -> None:
     assert conn <= set(reachable_in(ALL_MODES, ("kv_connector",)))
     deferred = {"connector.victim_in_flight", "connector.free_deferred", "connector.deferred_drained"}
     assert not deferred & set(reachable_in(("sync", "spec"), ("kv_connector",)))
-    assert kv_capabilities(SchedulerConfig()) == ()
-    assert kv_capabilities(make().config) == ("kv_connector",)
+    assert kv_capabilities(()) == ()
+    assert kv_capabilities(("connector", "hybrid")) == ("kv_connector", "hybrid_kv")
 
 
 def test_this_file_reaches_every_connector_rule() -> None:

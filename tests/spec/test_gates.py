@@ -153,8 +153,10 @@ def test_paused_all_schedules_nothing_but_reports_the_finished() -> None:
 
 def test_pause_state_must_be_a_pause_state() -> None:
     s = SpecScheduler(cfg())
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError) as exc:
         s.set_pause_state(2)  # type: ignore[arg-type]
+    assert str(exc.value) == "pause state must be a PauseState, got 2"
+    assert exc.value.field == "pause_state"
     assert s.view().pause_state is PauseState.UNPAUSED
 
 

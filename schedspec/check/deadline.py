@@ -115,6 +115,36 @@ def check_timeout(flag: str, value: float | None) -> float | None:
     return float(value)
 
 
+def _tick(deadline: float) -> float:
+    """How often the ticker wakes: a quarter of the deadline, at most 0.25 s."""
+    return min(0.25, max(deadline / 4, 0.01))
+
+
+def _on_alarm(_signum: int, _frame: FrameType | None) -> None:
+    if CLOCK.scheduler is None or not _ACTIVE:
+        return
+    elapsed = time.monotonic() - CLOCK.since
+    limit = _ACTIVE[-1]
+    if elapsed > limit:
+        name, method = CLOCK.scheduler, CLOCK.method
+        CLOCK.stop()  # raised once: the unwinding is not timed
+        raise CallTimeout(name, method, elapsed, limit)
+
+
+def in_worker() -> None:
+    """In a worker process forked within ``guarded`` (the model checker's
+    pool): arm the ticker again (a timer does not survive fork; the handler
+    and the deadline do), and leave SIGINT and SIGTERM to the parent, which
+    ends the pool (SIGINT ignored, SIGTERM the default)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if _ACTIVE and guard_available() is None:
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, _tick(_ACTIVE[-1]), _tick(_ACTIVE[-1]))
+
+
 @contextmanager
 def guarded(deadline: float | None) -> Iterator[str | None]:
     """Enforce ``deadline`` seconds on every call noted on CLOCK within the
@@ -125,19 +155,9 @@ def guarded(deadline: float | None) -> Iterator[str | None]:
     if deadline is None or why is not None:
         yield why
         return
-    tick = min(0.25, max(deadline / 4, 0.01))
+    tick = _tick(deadline)
 
-    def on_alarm(_signum: int, _frame: FrameType | None) -> None:
-        if CLOCK.scheduler is None or not _ACTIVE:
-            return
-        elapsed = time.monotonic() - CLOCK.since
-        limit = _ACTIVE[-1]
-        if elapsed > limit:
-            name, method = CLOCK.scheduler, CLOCK.method
-            CLOCK.stop()  # raised once: the unwinding is not timed
-            raise CallTimeout(name, method, elapsed, limit)
-
-    previous: Any = signal.signal(signal.SIGALRM, on_alarm)
+    previous: Any = signal.signal(signal.SIGALRM, _on_alarm)
     old_timer = signal.setitimer(signal.ITIMER_REAL, tick, tick)
     _ACTIVE.append(deadline)
     try:

@@ -143,7 +143,8 @@ class Runner:
                 self._where = (n, "construction")
                 self.scheds[n] = f(config)
             except CallTimeout as exc:
-                self.build_failure = self._timeout_failure(exc, -1, f"{callable_name(f)}(config)")
+                self.build_failure = Failure("timeout", -1, 0, n, exc.describe(f"{callable_name(f)}(config)"),
+                                             exception=exc)
                 break
             except Exception as exc:
                 self.build_failure = build_failure(n, f"{callable_name(f)}(config)", exc, __file__)
@@ -177,7 +178,8 @@ class Runner:
                 self._where = (n, "view")
                 self.views[n] = s.view()
             except CallTimeout as exc:
-                self.build_failure = self._timeout_failure(exc, -1, f"{type(s).__qualname__}.view()")
+                self.build_failure = Failure("timeout", -1, 0, n, exc.describe(f"{type(s).__qualname__}.view()"),
+                                             exception=exc)
                 break
             except Exception as exc:
                 self.build_failure = build_failure(n, f"{type(s).__qualname__}.view()", exc, __file__)
@@ -220,15 +222,13 @@ class Runner:
         else:
             CLOCK.start(*where)
 
-    def _timeout_failure(self, exc: CallTimeout, event_index: int | None = None, who: str | None = None) -> Failure:
+    def _timeout_failure(self, exc: CallTimeout) -> Failure:
         """The Failure of a call that ran past its deadline (kind "timeout"),
         naming the scheduler, the method, the step and the time it ran."""
-        name, method = exc.scheduler, exc.method
-        if who is None:
-            name, who = culprit(name, method, self.scheds.get(name), self.models.get(name))
+        name, who = culprit(exc.scheduler, exc.method, self.scheds.get(exc.scheduler),
+                            self.models.get(exc.scheduler))
         step = self.step_in_progress or self._timed_out_step or self.stats.steps
-        index = self.event_index if event_index is None else event_index
-        return Failure("timeout", index, step, name, exc.describe(who), exception=exc,
+        return Failure("timeout", self.event_index, step, name, exc.describe(who), exception=exc,
                        in_flight=self.in_flight if self.config.async_scheduling else ())
 
     def timed(self, call: Callable[[], Failure | None]) -> Failure | None:

@@ -91,7 +91,12 @@ def check_output_file(flag: str, path: Path) -> None:
     if path.is_dir():
         raise UsageError(f"{flag} {path}: is a folder, expected a file path")
     parent = path.parent if str(path.parent) else Path(".")
-    check_output_dir(flag, parent)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create its folder {parent} ({exc.strerror or exc})") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: its folder {parent} is not writable")
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"{flag} {path}: the file exists and is not writable")
 

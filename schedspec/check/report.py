@@ -370,16 +370,18 @@ def timeline_figure(
     return fig
 
 
-def fit_title(fig: Figure, tries: int = 6) -> None:
+def fit_title(fig: Figure, tries: int = 8) -> None:
     """Wrap the figure's title (its suptitle, left-aligned) until it ends
     left of the legend in the upper right and inside the figure: the title,
-    the legend and the axes never overlap, whatever the title's length."""
+    the legend and the axes never overlap, whatever the title's length.
+    Words are not broken; a word wider than the room makes the type smaller."""
     import textwrap
 
     title = getattr(fig, "_suptitle", None)  # matplotlib keeps the suptitle there
     if title is None:
         return
-    text = title.get_text()
+    original = title.get_text().split("\n")
+    width: int | None = None
     for _ in range(tries):
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined,unused-ignore]
@@ -391,11 +393,14 @@ def fit_title(fig: Figure, tries: int = 6) -> None:
                 right = min(right, lb.x0 - 6)
         if box.x1 <= right or box.width <= 0:
             return
-        lines = text.split("\n")
-        longest = max(len(line) for line in lines)
-        width = max(int(longest * (right - box.x0) / box.width) - 1, 12)
-        text = "\n".join(w for line in lines for w in (textwrap.wrap(line, width) or [""]))
-        title.set_text(text)
+        longest = max(len(line) for line in title.get_text().split("\n"))
+        fit = int(longest * (right - box.x0) / box.width) - 1
+        width = max(min(fit, width - 3) if width is not None else fit, 12)
+        lines = [w for line in original
+                 for w in (textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""])]
+        if max(len(line) for line in lines) > width:
+            title.set_fontsize(title.get_fontsize() * 0.85)
+        title.set_text("\n".join(lines))
 
 
 def timeline_png(

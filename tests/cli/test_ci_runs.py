@@ -158,3 +158,24 @@ def _vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+@posix_only
+def test_equivalence_reports_a_hang_as_a_finding(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    done, _ = _schedspec("equivalence", "--against", "hanging_schedulers:HangLoop", "--workloads", "1",
+                         "--call-timeout", "0.5", "--no-negative", "--quiet", "--out", str(tmp_path / "o"),
+                         timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED: w0/" in done.stdout and "HangLoop.schedule() did not return" in done.stdout, done.stdout
+    assert "(step 5)" in done.stdout
+
+
+def test_equivalence_checks_its_outputs_and_its_deadline_flag_first(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x\n")
+    done, _ = _schedspec("equivalence", "--workloads", "1", "--png", str(blocker / "m.png"))
+    assert done.returncode == 2 and f"--png {blocker / 'm.png'}" in done.stderr, done.stderr
+    done, _ = _schedspec("equivalence", "--workloads", "1", "--call-timeout", "-1")
+    assert done.returncode == 2 and "--call-timeout" in done.stderr

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     kv = settings.drawn_kv
     print("kv: " + (", ".join(kv) if kv else "none")
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
-    if outcome.stats.rules:
+    if outcome.stats.rules or outcome.interrupted is not None:  # the coverage so far, even of nothing
         # the rules out of reach are those of the modes and gates this run
         # could not draw, not those of every gate
         modes, on = settings.drawn_modes, settings.drawn_capabilities

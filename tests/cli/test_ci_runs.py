@@ -179,3 +179,18 @@ def test_equivalence_checks_its_outputs_and_its_deadline_flag_first(tmp_path: Pa
     assert done.returncode == 2 and f"--png {blocker / 'm.png'}" in done.stderr, done.stderr
     done, _ = _schedspec("equivalence", "--workloads", "1", "--call-timeout", "-1")
     assert done.returncode == 2 and "--call-timeout" in done.stderr
+
+
+@posix_only
+def test_modelcheck_reports_a_hang_with_a_trace_whose_replay_hangs_the_same(tmp_path: Path) -> None:
+    done, _ = _schedspec("modelcheck", "--against", "hanging_schedulers:HangLoop", "--bound", "small",
+                         "--call-timeout", "0.5", "--quiet", "--out", str(tmp_path / "mc"), timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "timeout: hanging_schedulers:HangLoop.schedule() did not return" in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr
+    replay = re.search(r"replay it: schedspec replay (\S+) --against hanging_schedulers:HangLoop --call-timeout 0.5",
+                       done.stdout)
+    assert replay is not None, done.stdout
+    again, _ = _schedspec("replay", replay.group(1), "--against", "hanging_schedulers:HangLoop",
+                          "--call-timeout", "0.5")
+    assert again.returncode == 1 and "HangLoop.schedule() did not return" in again.stdout, again.stdout

@@ -478,6 +478,8 @@ def counterexample_line(o: CheckOutcome) -> str:
     events = o.counterexample.events if o.counterexample is not None else ()
     ev = f"{len(events)} event{'s' if len(events) != 1 else ''}"
     if o.failure is not None and o.failure.kind == "timeout":
+        if not events:
+            return f"counterexample: no events (it hung before the first), written to {o.out_dir}/"
         return f"counterexample: {ev}, the last one's call hung, written to {o.out_dir}/"
     own, shown = count_steps(events), o.table_steps
     if shown <= own:

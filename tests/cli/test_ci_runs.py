@@ -68,6 +68,7 @@ def test_a_hang_while_building_the_scheduler_is_a_finding_with_a_trace(tmp_path:
                          "--call-timeout", "0.5", "--quiet", "--out", str(tmp_path / "out"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "HangBuilding: construction (while building and probing it) did not return" in done.stdout + done.stderr
+    assert "counterexample: no events (it hung before the first)" in done.stdout
     assert (tmp_path / "out" / "warm-up" / "trace.jsonl").exists()
 
 

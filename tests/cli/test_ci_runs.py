@@ -195,3 +195,16 @@ def test_modelcheck_reports_a_hang_with_a_trace_whose_replay_hangs_the_same(tmp_
     again, _ = _schedspec("replay", replay.group(1), "--against", "hanging_schedulers:HangLoop",
                           "--call-timeout", "0.5")
     assert again.returncode == 1 and "HangLoop.schedule() did not return" in again.stdout, again.stdout
+
+
+def test_ctrl_c_outside_a_run_is_exit_130_without_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import schedspec.cli.invariants as command
+    from schedspec.cli.main import main
+
+    def interrupted(_args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "run", interrupted)
+    assert main(["invariants"]) == 130
+    assert "interrupted (SIGINT)" in capsys.readouterr().err

@@ -510,6 +510,11 @@ class StallError(RuntimeError):
     """The scheduler stopped making progress with requests left."""
 
 
+class HangError(RuntimeError):
+    """A call into the scheduler ran past its deadline (check/deadline.py):
+    the message names the workload, the variant, the method and the step."""
+
+
 def drive(
     scheduler: SchedulerFactory,
     executor: Executor,
@@ -539,6 +544,8 @@ def drive(
     if failure is not None:
         if failure.kind == "stall":
             raise StallError(f"{workload.name}/{variant}: {failure.message}")
+        if failure.kind == "timeout":
+            raise HangError(f"{workload.name}/{variant}: {failure.describe()}")
         if failure.exception is not None:
             raise failure.exception
         raise RuntimeError(failure.describe())

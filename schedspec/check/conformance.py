@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from schedspec.check.deadline import CLOCK
 from schedspec.spec.interface import (
     KVView,
     RequestSpec,
@@ -110,7 +111,11 @@ def check_conformance(name: str, factory: SchedulerFactory, config: SchedulerCon
     ConformanceError naming ``name``, the method, expected and actual type.
     ``capabilities`` (a Capabilities): its gates' optional methods must be
     there too."""
-    sched = factory(config)
+    CLOCK.start(name, "construction")
+    try:
+        sched = factory(config)
+    finally:
+        CLOCK.stop()
     cls = type(sched)
     problems = method_problems(cls) + gate_method_problems(cls, capabilities)
     if problems:
@@ -118,10 +123,13 @@ def check_conformance(name: str, factory: SchedulerFactory, config: SchedulerCon
 
     def call(method: str, *args: Any) -> Any:
         fn: Callable[..., Any] = getattr(sched, method)
+        CLOCK.start(name, method)  # under a deadline (check/deadline.py)
         try:
             return fn(*args)
         except Exception as exc:
             raise _Probe() from exc
+        finally:
+            CLOCK.stop()
 
     def expect(method: str, value: object, want: Any, what: str = "") -> None:
         if not isinstance(value, want):

@@ -27,8 +27,9 @@ A scheduler that raises, or returns the wrong type, is a Failure of kind
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from schedspec.invariants import Invariant, Monitor, Transition, Violation
 from schedspec.invariants.core import ALL_KINDS
@@ -45,6 +46,7 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
+from schedspec.check.deadline import CLOCK, CallTimeout
 from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model
 from schedspec.check.records import (
     Failure,
@@ -134,12 +136,21 @@ class Runner:
         #: every apply() and run() returns it, naming the scheduler and the call
         self.build_failure: Failure | None = None
         self.scheds: dict[str, Scheduler] = {}
+        self._where_now = ("?", "?")
+        self._timed_out_step = 0  # the step whose call ran past its deadline
         for n, f in factories.items():
             try:
+                self._where = (n, "construction")
                 self.scheds[n] = f(config)
+            except CallTimeout as exc:
+                self.build_failure = Failure("timeout", -1, 0, n, exc.describe(f"{callable_name(f)}(config)"),
+                                             exception=exc)
+                break
             except Exception as exc:
                 self.build_failure = build_failure(n, f"{callable_name(f)}(config)", exc, __file__)
                 break
+            finally:
+                CLOCK.stop()
         self.models: dict[str, Model] = (
             {n: models[n] for n in self.names} if models is not None
             else {
@@ -164,10 +175,17 @@ class Runner:
         self.views: dict[str, SchedulerView] = {}
         for n, s in self.scheds.items() if self.need_views and self.build_failure is None else ():
             try:
+                self._where = (n, "view")
                 self.views[n] = s.view()
+            except CallTimeout as exc:
+                self.build_failure = Failure("timeout", -1, 0, n, exc.describe(f"{type(s).__qualname__}.view()"),
+                                             exception=exc)
+                break
             except Exception as exc:
                 self.build_failure = build_failure(n, f"{type(s).__qualname__}.view()", exc, __file__)
                 break
+            finally:
+                CLOCK.stop()
         self.truth: dict[str, list[int]] = {}  # request id -> prompt + delivered sampled tokens
         self.aborted: set[str] = set()
         self.stats = Stats(group_kinds=tuple(g.kind for g in config.groups) if config.is_hybrid else ())
@@ -177,7 +195,6 @@ class Runner:
         self.last_plan: StepPlan | None = None  # the primary's plan of the last step
         #: every request the primary reported finished, by id (run_to_completion keeps it)
         self.finished: dict[str, RequestView] = {}
-        self._where = ("?", "?")  # (scheduler name, method) of the call in progress
         #: the in-flight protocol as the events drive it, and the plans in flight
         self.flight = InFlight(config.async_scheduling)
         self.pending: list[_Pending] = []
@@ -188,6 +205,41 @@ class Runner:
         self.adapters: dict[str, int] = {}
         #: the pause state the events set (what the stats count paused steps by)
         self.pause_state = PauseState.UNPAUSED
+        #: run() stopped before the last event (its stop_at passed)
+        self.stopped = False
+
+    @property
+    def _where(self) -> tuple[str, str]:
+        """(scheduler name, method) of the call in progress; setting it notes
+        the call on the deadline clock (check/deadline.py)."""
+        return self._where_now
+
+    @_where.setter
+    def _where(self, where: tuple[str, str]) -> None:
+        self._where_now = where
+        if where[0] == "?":
+            CLOCK.stop()
+        else:
+            CLOCK.start(*where)
+
+    def _timeout_failure(self, exc: CallTimeout) -> Failure:
+        """The Failure of a call that ran past its deadline (kind "timeout"),
+        naming the scheduler, the method, the step and the time it ran."""
+        name, who = culprit(exc.scheduler, exc.method, self.scheds.get(exc.scheduler),
+                            self.models.get(exc.scheduler))
+        step = self.step_in_progress or self._timed_out_step or self.stats.steps
+        return Failure("timeout", self.event_index, step, name, exc.describe(who), exception=exc,
+                       in_flight=self.in_flight if self.config.async_scheduling else ())
+
+    def timed(self, call: Callable[[], Failure | None]) -> Failure | None:
+        """``call()`` (one of the runner's own methods), a call into a
+        scheduler that runs past its deadline returned as a Failure."""
+        try:
+            return call()
+        except CallTimeout as exc:
+            return self._timeout_failure(exc)
+        finally:
+            CLOCK.stop()
 
     @property
     def primary(self) -> Scheduler:
@@ -249,10 +301,14 @@ class Runner:
             if failure is None and self.clear_pending and self._engine_idle():
                 failure = self._finish_pause()
             return failure
+        except CallTimeout as exc:  # a call ran past its deadline: a finding too
+            return self._timeout_failure(exc)
         except Exception as exc:  # a scheduler crashed: that is a finding, not our crash
             name, method = self._where
             name, who = culprit(name, method, self.scheds.get(name), self.models.get(name))
             return self._fail("error", name, raised(who, exc, __file__), exception=exc)
+        finally:
+            CLOCK.stop()
 
     def _check_event(self, event: Event) -> None:
         """Raise EventError when ``event`` may not come now."""
@@ -469,6 +525,9 @@ class Runner:
         self.step_in_progress = self.flight.scheduled
         try:
             return self._schedule_inner(self.flight.scheduled, recorded)
+        except CallTimeout:
+            self._timed_out_step = self.step_in_progress
+            raise
         finally:
             self.step_in_progress = 0
 
@@ -478,6 +537,9 @@ class Runner:
         self.step_in_progress = pending.step
         try:
             return self._update_inner(pending)
+        except CallTimeout:
+            self._timed_out_step = self.step_in_progress
+            raise
         finally:
             self.step_in_progress = 0
 
@@ -626,6 +688,10 @@ class Runner:
         self.stats.held_block_steps += sum(len(blocks) for blocks in held.values())
 
     def quiesce(self, max_steps: int = 5_000) -> Failure | None:
+        """``_quiesce``, a call past its deadline returned as a Failure."""
+        return self.timed(lambda: self._quiesce(max_steps))
+
+    def _quiesce(self, max_steps: int) -> Failure | None:
         """Quiescence at the end of a workload (with a KV connector or hybrid
         groups): step on until no request is unfinished and no worker report
         is pending, then check that every block is free.
@@ -649,6 +715,7 @@ class Runner:
         after_finish = 0
         steps = 0
         while True:
+            self._where = (self.names[0], "view")
             view = self.primary.view()
             busy_reports = bool(view.kv_held_by_finished) or any(w.reports_pending for w in self.workers.values())
             if not view.requests and not busy_reports:
@@ -712,7 +779,13 @@ class Runner:
 
     def compare_final_views(self) -> Failure | None:
         """Views of all schedulers at the end of a run must be equal."""
-        views: dict[str, object] = {n: s.view() for n, s in self.scheds.items()}
+        return self.timed(self._compare_final_views)
+
+    def _compare_final_views(self) -> Failure | None:
+        views: dict[str, object] = {}
+        for n, s in self.scheds.items():
+            self._where = (n, "view")
+            views[n] = s.view()
         return self._compare("final view()", views)
 
     def _record_failed_step(self, name: str, plan: StepPlan) -> None:
@@ -721,10 +794,16 @@ class Runner:
             self.history.append(StepRecord(plan.step, plan, self.views[name], None,
                                            self.in_flight + (self.flight.scheduled,)))
 
-    def run(self, events: tuple[Event, ...] | list[Event]) -> Failure | None:
+    def run(self, events: tuple[Event, ...] | list[Event], stop_at: float | None = None) -> Failure | None:
+        """Apply ``events`` in order up to the first failure. ``stop_at`` (a
+        time.monotonic() value): stop between two events once it has passed,
+        setting ``stopped`` (a check's time budget, honoured within a workload)."""
         if self.build_failure is not None:
             return self.build_failure
         for event in events:
+            if stop_at is not None and time.monotonic() >= stop_at:
+                self.stopped = True
+                return None
             failure = self.apply(event)
             if failure is not None:
                 return failure
@@ -738,6 +817,13 @@ class Runner:
         return None
 
     def run_to_completion(
+        self, events: tuple[Event, ...] | list[Event], *, max_steps: int = 20_000, max_idle_steps: int = 3
+    ) -> Failure | None:
+        """``_run_to_completion``, a call past its deadline returned as a Failure."""
+        return self.timed(lambda: self._run_to_completion(events, max_steps=max_steps,
+                                                          max_idle_steps=max_idle_steps))
+
+    def _run_to_completion(
         self, events: tuple[Event, ...] | list[Event], *, max_steps: int = 20_000, max_idle_steps: int = 3
     ) -> Failure | None:
         """Apply ``events``, then step on until every request has finished,
@@ -785,5 +871,6 @@ class Runner:
                     return self._fail("stall", self.names[0], "the scheduler schedules nothing with requests left")
 
     def _collect_finished(self) -> None:
+        self._where = (self.names[0], "view")
         for rid, rv in self.primary.view().finished.items():
             self.finished.setdefault(rid, rv)

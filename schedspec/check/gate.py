@@ -14,6 +14,7 @@ callbacks, so it imports neither the adapters nor the command line.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -26,7 +27,8 @@ from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities, CapabilityError, rules_within
 from schedspec.check.conformance import check_conformance
-from schedspec.check.records import Failure
+from schedspec.check.deadline import CLOCK, DEFAULT_CALL_TIMEOUT, CallTimeout, Interrupted, guarded
+from schedspec.check.records import Failure, StepRecord
 from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
@@ -85,6 +87,9 @@ class CheckSettings:
     #: the workloads may turn on, each workload a subset; only those the
     #: scheduler under test supports are drawn
     kv: tuple[str, ...] = KV_FEATURES
+    #: the deadline of one call into a scheduler, in seconds (None: none;
+    #: check/deadline.py): a call past it is a finding of kind "timeout"
+    call_timeout: float | None = DEFAULT_CALL_TIMEOUT
 
     @property
     def steps_goal(self) -> int | None:
@@ -208,35 +213,73 @@ class CheckOutcome:
     selection: Selection | None = None  # what was checked
     #: required rules (CheckSettings.require_rules) the run never reached
     missing_rules: tuple[str, ...] = ()
+    #: the steps the counterexample's table shows (the events' own, and those
+    #: of the run to quiescence after them)
+    table_steps: int = 0
+    #: the signal that ended the run early (SIGINT, SIGTERM), None when none did
+    interrupted: str | None = None
+    #: the exit status the interruption calls for (130 SIGINT, 143 SIGTERM)
+    interrupt_status: int = 0
+    #: the workload seed in progress when the run was interrupted (not counted)
+    interrupted_seed: int | None = None
 
     @property
     def ok(self) -> bool:
-        return self.failure is None and not self.missing_rules
+        return self.failure is None and not self.missing_rules and self.interrupted is None
+
+    @property
+    def result(self) -> str:
+        """pass, fail or interrupted (a failure found before the signal is a fail)."""
+        if self.failure is not None or self.missing_rules:
+            return "fail"
+        return "interrupted" if self.interrupted is not None else "pass"
 
     @property
     def steps_per_s(self) -> float:
         return self.steps / self.elapsed if self.elapsed > 0 else 0.0
 
 
-def replay_command(trace_path: Path | str, against: str) -> str:
-    return f"schedspec replay {trace_path} --against {against}"
+def replay_command(trace_path: Path | str, against: str, call_timeout: float | None = DEFAULT_CALL_TIMEOUT) -> str:
+    """The command that replays a counterexample (with the deadline it ran
+    under, when that is not the default)."""
+    flag = "" if call_timeout == DEFAULT_CALL_TIMEOUT else f" --call-timeout {call_timeout or 0:g}"
+    return f"schedspec replay {trace_path} --against {against}{flag}"
 
 
 def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
                          factories: dict[str, SchedulerFactory], against: str, vocab: int, oracle_seed: int,
                          notice: Callable[[str], None] | None = None,
-                         selection: Selection | None = None) -> Path:
+                         selection: Selection | None = None,
+                         call_timeout: float | None = DEFAULT_CALL_TIMEOUT) -> Path:
     """Write trace.jsonl, steps.txt, timeline.png and summary.json into
     ``out_dir``; return the trace's path. Without matplotlib the picture is
     skipped and ``notice`` hears why in one line."""
+    return _write_counterexample(out_dir, workload, failure, factories, against, vocab, oracle_seed, notice,
+                                 selection, call_timeout)[0]
+
+
+def _write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
+                          factories: dict[str, SchedulerFactory], against: str, vocab: int, oracle_seed: int,
+                          notice: Callable[[str], None] | None, selection: Selection | None,
+                          call_timeout: float | None) -> tuple[Path, int]:
+    """write_counterexample, and the number of steps its table shows."""
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path = out_dir / "trace.jsonl"
     record = check_record(selection) if selection is not None else None
     tracefile.write(trace_path, tracefile.Trace(workload, vocab=vocab, oracle_seed=oracle_seed, check=record))
     invariants = selection.invariants if selection is not None else None
-    runner, again = run_workload(workload, factories, vocab, oracle_seed, keep_history=True, invariants=invariants)
-    records = runner.history or []
-    (out_dir / "steps.txt").write_text(report.step_table(records, again or failure))
+    if failure.kind == "timeout":
+        # not run again (it would hang once more): the trace ends with the
+        # event whose call hung, and the table says so
+        records: list[StepRecord] = []
+        again: Failure | None = None
+        (out_dir / "steps.txt").write_text(f"(no step table: the trace ends with the call that hung, event "
+                                           f"{failure.event_index})\n{failure.describe()}\n")
+    else:
+        runner, again = run_workload(workload, factories, vocab, oracle_seed, keep_history=True,
+                                     invariants=invariants)
+        records = runner.history or []
+        (out_dir / "steps.txt").write_text(report.step_table(records, again or failure))
     if records:
         try:
             report.timeline_png(records, out_dir / "timeline.png", failure=again or failure)
@@ -251,12 +294,13 @@ def write_counterexample(out_dir: Path, workload: Workload, failure: Failure,
         "violations": [{"id": v.invariant_id, "message": v.message} for v in failure.violations],
         "events": len(workload.events),
         "steps": count_steps(workload.events),
-        "replay": replay_command(trace_path, against),
+        "table_steps": len(records),
+        "replay": replay_command(trace_path, against, call_timeout),
     }
     if selection is not None:
         summary["check"] = selection_summary(selection)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return trace_path
+    return trace_path, len(records)
 
 
 def warm_up(factories: dict[str, SchedulerFactory], config: SchedulerConfig | None = None,
@@ -268,12 +312,15 @@ def warm_up(factories: dict[str, SchedulerFactory], config: SchedulerConfig | No
     costs (vLLM's import) stay out of the checking."""
     cfg = config or SchedulerConfig()
     for name, factory in factories.items():
+        CLOCK.start(name, "construction")
         try:
             factory(cfg)
         except SchedSpecError:
             raise
         except Exception as exc:
             raise BuildError(f"--against {name}: cannot build the scheduler: {type(exc).__name__}: {exc}") from None
+        finally:
+            CLOCK.stop()
         check_conformance(name, factory, cfg, capabilities)
 
 
@@ -283,7 +330,24 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     """Seeded random workloads against ``factories`` (the spec and the
     scheduler under test) until the step goal or the time budget is reached
     or something fails; a failure is shrunk (``notice`` hears of it first)
-    and written under ``settings.out_dir / f"seed-{seed}"``."""
+    and written under ``settings.out_dir / f"seed-{seed}"``.
+
+    Every call into a scheduler has ``settings.call_timeout`` seconds
+    (check/deadline.py): one past it is a failure of kind "timeout", not
+    shrunk, its trace the workload's events up to the call that hung. The time
+    budget is honoured within a workload too (checked between events). An
+    ``Interrupted`` (SIGINT/SIGTERM through deadline.interruptible) or a
+    KeyboardInterrupt ends the run with what it did so far
+    (``outcome.interrupted``)."""
+    with guarded(settings.call_timeout) as why:
+        if why is not None and notice is not None:
+            notice(f"no deadline on the scheduler's calls: {why}")
+        return _run_check(factories, settings, progress, notice)
+
+
+def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
+               progress: Callable[[CheckProgress], None] | None,
+               notice: Callable[[str], None] | None) -> CheckOutcome:
     total_steps, time_budget = settings.steps_goal, settings.time_budget
     shard_k, shard_n = settings.shard
     caps = settings.capabilities
@@ -295,59 +359,146 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
         raise SelectionError(f"invariants mode checks one scheduler alone, got {len(factories)}: "
                              f"{', '.join(factories)}")
     invariants = selection.invariants
-    # imports and first construction stay out of the steps/s figure
-    warm_up(factories, caps.restrict_config(SchedulerConfig()), caps if settings.drawn_gates else None)
     show = progress or (lambda _p: None)
     say = notice or (lambda _m: None)
     stats = Stats()
     steps = workloads = 0
     seeds: list[int] = []
     start = time.monotonic()
+    # imports and first construction stay out of the steps/s figure
+    try:
+        warm_up(factories, caps.restrict_config(SchedulerConfig()), caps if settings.drawn_gates else None)
+    except CallTimeout as exc:
+        return _warm_up_timeout(exc, factories, settings, selection, say)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        return _interrupted(exc, CheckOutcome(0, 0, 0.0, stats, selection=selection), None)
+    start = time.monotonic()
+    stop_at = start + time_budget if time_budget is not None else None
     index = 0
-    while True:
-        if total_steps is not None and steps >= total_steps:
-            break
-        if time_budget is not None and time.monotonic() - start >= time_budget:
-            break
-        seed = settings.seed + index * shard_n + (shard_k - 1)
-        index += 1
-        seeds.append(seed)
-        n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
-        workload = caps.restrict_workload(make_workload(settings, seed, n, stats.rules))
-        runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
-                                       plans_only=settings.plans_only, invariants=invariants)
-        if failure is not None and settings.plans_only:  # the same workload, everything checked
-            failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
-                                   invariants=invariants)[1] or failure
-        count_rules(runner, workload, seed, settings.vocab)
-        stats.merge(runner.stats)
-        steps += runner.stats.steps
-        workloads += 1
-        show(CheckProgress(steps, total_steps, workloads, stats, elapsed=time.monotonic() - start))
-        if failure is not None:
-            show(CheckProgress(steps, total_steps, workloads, stats, final=True,
-                               elapsed=time.monotonic() - start))
-            say(f"FAILED on workload seed {seed}{workload_label(workload)}: {failure.describe()}")
-            say("shrinking...")
-
-            check = functools.partial(failure_of, factories=factories, vocab=settings.vocab, oracle_seed=seed,
-                                      invariants=invariants)
-            small, small_failure = shrink(workload, failure, check, budget_s=settings.shrink_time)
-            out_dir = settings.out_dir / f"seed-{seed}"
-            trace_path = write_counterexample(out_dir, small, small_failure, factories, settings.against,
-                                              settings.vocab, seed, notice=say, selection=selection)
-            return CheckOutcome(steps, workloads, time.monotonic() - start, stats, small_failure, seed,
-                                out_dir, trace_path, seeds, small, selection=selection)
+    seed = settings.seed
+    try:
+        while True:
+            if total_steps is not None and steps >= total_steps:
+                break
+            if time_budget is not None and time.monotonic() - start >= time_budget:
+                break
+            seed = settings.seed + index * shard_n + (shard_k - 1)
+            index += 1
+            n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
+            workload = caps.restrict_workload(make_workload(settings, seed, n, stats.rules))
+            runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
+                                           plans_only=settings.plans_only, invariants=invariants, stop_at=stop_at)
+            if failure is not None and settings.plans_only and failure.kind != "timeout":
+                # the same workload, everything checked
+                failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
+                                       invariants=invariants)[1] or failure
+            seeds.append(seed)
+            if not runner.stopped:
+                count_rules(runner, workload, seed, settings.vocab)
+            stats.merge(runner.stats)
+            steps += runner.stats.steps
+            workloads += 1
+            show(CheckProgress(steps, total_steps, workloads, stats, elapsed=time.monotonic() - start))
+            if failure is not None:
+                show(CheckProgress(steps, total_steps, workloads, stats, final=True,
+                                   elapsed=time.monotonic() - start))
+                say(f"FAILED on workload seed {seed}{workload_label(workload)}: {failure.describe()}")
+                return _counterexample(factories, settings, selection, workload, failure, seed,
+                                       CheckOutcome(steps, workloads, 0.0, stats, seeds=seeds, selection=selection),
+                                       start, say)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=list(seeds),
+                               selection=selection)
+        show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=outcome.elapsed))
+        return _interrupted(exc, outcome, seed)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds, selection=selection,
                            missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))))
     show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=time.monotonic() - start))
     return outcome
 
 
+def _interrupted(exc: BaseException, outcome: CheckOutcome, seed: int | None) -> CheckOutcome:
+    """``outcome`` marked interrupted by ``exc`` (an Interrupted or a
+    KeyboardInterrupt, which is SIGINT's)."""
+    sig = exc if isinstance(exc, Interrupted) else Interrupted(2)
+    outcome.interrupted, outcome.interrupt_status, outcome.interrupted_seed = sig.name, sig.exit_status, seed
+    return outcome
+
+
+def _counterexample(factories: dict[str, SchedulerFactory], settings: CheckSettings, selection: Selection,
+                    workload: Workload, failure: Failure, seed: int, outcome: CheckOutcome, start: float,
+                    say: Callable[[str], None]) -> CheckOutcome:
+    """Shrink the failing ``workload`` (a timeout is not shrunk: its trace
+    is the events up to the call that hung) and write the counterexample;
+    ``outcome`` completed. A signal while shrinking keeps the smallest
+    workload found so far (the outcome is marked interrupted too)."""
+    if failure.kind == "timeout":
+        small = dataclasses.replace(workload, events=workload.events[:max(failure.event_index, -1) + 1])
+        small_failure = failure
+    else:
+        say("shrinking...")
+        check = functools.partial(failure_of, factories=factories, vocab=settings.vocab, oracle_seed=seed,
+                                  invariants=selection.invariants)
+        try:
+            small, small_failure = shrink(workload, failure, check, budget_s=settings.shrink_time)
+        except (Interrupted, KeyboardInterrupt) as exc:
+            _interrupted(exc, outcome, seed)
+            say(f"shrinking interrupted ({outcome.interrupted}): the counterexample is the workload as it failed")
+            small, small_failure = workload, failure
+    out_dir = settings.out_dir / f"seed-{seed}"
+    trace_path, outcome.table_steps = _write_counterexample(out_dir, small, small_failure, factories,
+                                                            settings.against, settings.vocab, seed, say,
+                                                            selection, settings.call_timeout)
+    outcome.elapsed = time.monotonic() - start
+    outcome.failure, outcome.seed, outcome.out_dir, outcome.trace_path = small_failure, seed, out_dir, trace_path
+    outcome.counterexample = small
+    return outcome
+
+
+def _warm_up_timeout(exc: CallTimeout, factories: dict[str, SchedulerFactory], settings: CheckSettings,
+                     selection: Selection, say: Callable[[str], None]) -> CheckOutcome:
+    """A call past its deadline while building and probing the schedulers:
+    a failure before the first event; its trace holds no event (its replay
+    builds the schedulers and takes their first views)."""
+    failure = Failure("timeout", -1, 0, exc.scheduler,
+                      exc.describe(f"{exc.scheduler}: {exc.method} (while building and probing it)"), exception=exc)
+    say(f"FAILED before the first workload: {failure.describe()}")
+    config = settings.capabilities.restrict_config(SchedulerConfig())
+    workload = Workload(config, ())
+    out_dir = settings.out_dir / "warm-up"
+    trace_path = write_counterexample(out_dir, workload, failure, factories, settings.against, settings.vocab, 0,
+                                      notice=say, selection=selection, call_timeout=settings.call_timeout)
+    return CheckOutcome(0, 0, 0.0, Stats(), failure, None, out_dir, trace_path, [], workload, selection=selection)
+
+
+def counterexample_line(o: CheckOutcome) -> str:
+    """What the counterexample holds, in the words of the table printed
+    above it: its events, and the steps the table shows (those the events
+    schedule, and those of the run to quiescence after them)."""
+    events = o.counterexample.events if o.counterexample is not None else ()
+    ev = f"{len(events)} event{'s' if len(events) != 1 else ''}"
+    if o.failure is not None and o.failure.kind == "timeout":
+        if not events:
+            return f"counterexample: no events (it hung before the first), written to {o.out_dir}/"
+        return f"counterexample: {ev}, the last one's call hung, written to {o.out_dir}/"
+    own, shown = count_steps(events), o.table_steps
+    if shown <= own:
+        return f"counterexample: {own} steps, {ev}, written to {o.out_dir}/"
+    return (f"counterexample: {shown} steps in the table ({own} scheduled by its {ev}, {shown - own} run after "
+            f"them to quiescence), written to {o.out_dir}/")
+
+
 def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
     """The JSON summary of a check run (what ``--json`` writes)."""
     return {
-        "result": "pass" if o.ok else "fail",
+        "result": o.result,
+        "interrupted": None if o.interrupted is None else {
+            "signal": o.interrupted,
+            "exit_status": o.interrupt_status,
+            # the workload in progress when the signal came: not counted above
+            "workload_seed_in_progress": o.interrupted_seed,
+        },
+        "call_timeout_s": settings.call_timeout,
         "against": settings.against,
         "seed": settings.seed,
         "shard": settings.shard_text,
@@ -370,7 +521,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
             "message": o.failure.message,
             "violations": [{"id": v.invariant_id, "message": v.message} for v in o.failure.violations],
             "trace": str(o.trace_path),
-            "replay": replay_command(str(o.trace_path), settings.against),
+            "replay": replay_command(str(o.trace_path), settings.against, settings.call_timeout),
         },
     }
 
@@ -380,18 +531,35 @@ def junit_xml(settings: CheckSettings, o: CheckOutcome) -> str:
     name = f"schedspec check --against {settings.against} --mode {settings.mode} (shard {settings.shard_text})"
     case = f'<testcase classname="schedspec.check" name={quoteattr(name)} time="{o.elapsed:.3f}">'
     if o.failure is not None:
-        body = escape(o.failure.describe() + f"\nreplay: {replay_command(str(o.trace_path), settings.against)}")
+        replay = replay_command(str(o.trace_path), settings.against, settings.call_timeout)
+        body = escape(o.failure.describe() + f"\nreplay: {replay}")
         case += f'<failure message={quoteattr(o.failure.message)} type="{o.failure.kind}">{body}</failure>'
     elif o.missing_rules:
         message = missing_rules_message(o.missing_rules)
         case += f'<failure message={quoteattr(message)} type="rules">{escape(message)}</failure>'
+    elif o.interrupted is not None:
+        message = interrupted_message(o)
+        case += f'<error message={quoteattr(message)} type="interrupted">{escape(message)}</error>'
     case += f"<system-out>{escape(json.dumps(check_summary(settings, o)))}</system-out></testcase>"
     rules = coverage.as_dict(o.stats.rules)
     props = "".join(f'<property name={quoteattr("rule." + n)} value="{c}"/>' for n, c in rules.items())
     props = (f'<properties><property name="rules.reached" value="{len(coverage.reached(rules))}"/>'
              f'<property name="rules.total" value="{len(rules)}"/>{props}</properties>')
+    failures = 1 if o.result == "fail" else 0
+    errors = 1 if o.result == "interrupted" else 0
     return (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="schedspec" tests="1" '
-            f'failures="{0 if o.ok else 1}" time="{o.elapsed:.3f}">{props}{case}</testsuite>\n')
+            f'failures="{failures}" errors="{errors}" time="{o.elapsed:.3f}">{props}{case}</testsuite>\n')
+
+
+def interrupted_message(o: CheckOutcome) -> str:
+    """The line an interrupted run ends with: how far it got, and that
+    nothing failed so far (a failure found before the signal is reported
+    as a failure instead)."""
+    wl = "workload" if o.workloads == 1 else "workloads"
+    text = f"interrupted ({o.interrupted}) after {o.steps} steps in {o.workloads} {wl}: no violation so far"
+    if o.interrupted_seed is not None:
+        text += f" (workload seed {o.interrupted_seed}, in progress, not counted)"
+    return text
 
 
 def missing_rules_message(names: tuple[str, ...] | list[str]) -> str:

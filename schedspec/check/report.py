@@ -366,7 +366,41 @@ def timeline_figure(
         handles.append(Patch(facecolor="none", edgecolor=COLORS["failure"], linewidth=2.0, label=f"failing step ({failed_step})"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
     fig.suptitle(_title(failure, failed_step), fontsize=10, x=0.01, ha="left")
+    fit_title(fig)
     return fig
+
+
+def fit_title(fig: Figure, tries: int = 8) -> None:
+    """Wrap the figure's title (its suptitle, left-aligned) until it ends
+    left of the legend in the upper right and inside the figure: the title,
+    the legend and the axes never overlap, whatever the title's length.
+    Words are not broken; a word wider than the room makes the type smaller."""
+    import textwrap
+
+    title = getattr(fig, "_suptitle", None)  # matplotlib keeps the suptitle there
+    if title is None:
+        return
+    original = title.get_text().split("\n")
+    width: int | None = None
+    for _ in range(tries):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined,unused-ignore]
+        box = title.get_window_extent(renderer)
+        right = fig.bbox.x1 - 4
+        for legend in fig.legends:
+            lb = legend.get_window_extent(renderer)
+            if lb.y1 > box.y0 and lb.y0 < box.y1:  # beside the title: end before it
+                right = min(right, lb.x0 - 6)
+        if box.x1 <= right or box.width <= 0:
+            return
+        longest = max(len(line) for line in title.get_text().split("\n"))
+        fit = int(longest * (right - box.x0) / box.width) - 1
+        width = max(min(fit, width - 3) if width is not None else fit, 12)
+        lines = [w for line in original
+                 for w in (textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""])]
+        if max(len(line) for line in lines) > width:
+            title.set_fontsize(title.get_fontsize() * 0.85)
+        title.set_text("\n".join(lines))
 
 
 def timeline_png(

@@ -26,18 +26,24 @@ def needs_quiescence(config: SchedulerConfig) -> bool:
 def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], vocab: int = 64,
                  oracle_seed: int = 0, keep_history: bool = False,
                  plans_only: bool = False,
-                 invariants: Sequence[Invariant] | None = None) -> tuple[Runner, Failure | None]:
+                 invariants: Sequence[Invariant] | None = None,
+                 stop_at: float | None = None) -> tuple[Runner, Failure | None]:
     """Run one workload. ``plans_only``: compare plans (and model outputs) at
     every step but views only once, at the end, with no invariants: the fast
     lockstep; a failure it finds is re-run with everything on. ``invariants``:
     the ones to check (None: the whole catalogue). With one factory nothing is
     compared: the invariants alone judge it. A workload with a KV connector
     or hybrid groups then runs to quiescence (``needs_quiescence``): every
-    request finished, every worker report delivered, every block free."""
+    request finished, every worker report delivered, every block free.
+    ``stop_at`` (time.monotonic()): stop between two events once it has
+    passed (``runner.stopped``; no quiescence then). A call into a scheduler
+    past its deadline (check/deadline.py) is a Failure of kind "timeout"."""
     runner = Runner(workload.config, factories, vocab=vocab, oracle_seed=oracle_seed,
                     keep_history=keep_history, check_invariants=not plans_only,
                     compare_views=not plans_only, invariants=invariants)
-    failure = runner.run(workload.events)
+    failure = runner.run(workload.events, stop_at=stop_at)
+    if runner.stopped:
+        return runner, failure
     if failure is None and needs_quiescence(workload.config):
         failure = runner.quiesce()
     if failure is None and plans_only and len(factories) > 1:

@@ -11,9 +11,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedspec.check.gate import CheckSettings, check_summary, junit_xml, missing_rules_message, run_check
+from schedspec.check.deadline import interruptible
+from schedspec.check.gate import (
+    replay_command,
+    CheckSettings,
+    check_summary,
+    counterexample_line,
+    interrupted_message,
+    junit_xml,
+    missing_rules_message,
+    run_check,
+)
 from schedspec.check.gate import rules_line as capability_rules_line
-from schedspec.check.shrink import count_steps
 from schedspec.invariants import Selection
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
@@ -22,8 +31,12 @@ from schedspec.cli.common import (
     EXIT_OK,
     Progress,
     UsageError,
+    add_call_timeout_argument,
     add_mode_arguments,
+    call_timeout_of,
     check_factories,
+    check_output_dir,
+    check_output_file,
     mode_of,
     parse_shard,
     positive_int,
@@ -63,6 +76,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="the KV features the workloads may turn on (the KV connector: external prefix loads, "
                         "async loads and saves, the worker's reports; hybrid KV cache groups), a subset drawn per "
                         "workload (default all: every one the scheduler under test supports; none: neither)")
+    add_call_timeout_argument(c)
     c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
                    help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
                         "printed and written as JSON to PATH (default OUT/fidelity.json)")
@@ -104,6 +118,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         modes=modes,
         gates=gates,
         kv=kv,
+        call_timeout=call_timeout_of(args),
     )
 
 
@@ -160,11 +175,13 @@ def run(args: argparse.Namespace) -> int:
     if kv_text not in ("all", "none") and unsupported_kv:
         raise UsageError(f"--kv: {args.against} does not support the KV feature(s) {', '.join(unsupported_kv)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
+    check_outputs(args)
     progress = Progress(enabled=not args.quiet)
     coverage = _coverage_start(args, name)
     try:
-        outcome = run_check(factories, settings, progress=progress,
-                            notice=lambda line: print(line, file=sys.stderr))
+        with interruptible():
+            outcome = run_check(factories, settings, progress=progress,
+                                notice=lambda line: print(line, file=sys.stderr))
     finally:
         progress.close()
         if coverage is not None:
@@ -172,9 +189,10 @@ def run(args: argparse.Namespace) -> int:
     if outcome.failure is not None:
         assert outcome.out_dir is not None and outcome.trace_path is not None
         print((outcome.out_dir / "steps.txt").read_text(), end="")
-        events = outcome.counterexample.events if outcome.counterexample is not None else ()
-        print(f"counterexample: {count_steps(events)} steps, {len(events)} events, written to {outcome.out_dir}/")
-        print(f"replay it: schedspec replay {outcome.trace_path} --against {args.against}")
+        print(counterexample_line(outcome))
+        print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}")
+    elif outcome.interrupted is not None:
+        print(interrupted_message(outcome) + f"; against {args.against}: {held_line(outcome.selection, name, args.plans_only)}")
     else:
         stats = outcome.stats
         held = held_line(outcome.selection, name, plans_only=args.plans_only)
@@ -187,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     kv = settings.drawn_kv
     print("kv: " + (", ".join(kv) if kv else "none")
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
-    if outcome.stats.rules:
+    if outcome.stats.rules or outcome.interrupted is not None:  # the coverage so far, even of nothing
         # the rules out of reach are those of the modes and gates this run
         # could not draw, not those of every gate
         modes, on = settings.drawn_modes, settings.drawn_capabilities
@@ -201,7 +219,20 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(check_summary(settings, outcome), indent=2) + "\n")
     if args.junit:
         Path(args.junit).write_text(junit_xml(settings, outcome))
+    if outcome.result == "interrupted":
+        return outcome.interrupt_status
     return EXIT_OK if outcome.ok else EXIT_FAIL
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every path the run will write, checked (folders created) before it
+    starts: UsageError naming the flag and the path when one cannot be written."""
+    check_output_dir("--out", Path(args.out))
+    for flag, value in (("--json", args.json), ("--junit", args.junit)):
+        if value:
+            check_output_file(flag, Path(value))
+    if args.coverage:
+        check_output_file("--coverage", Path(args.coverage))
 
 
 

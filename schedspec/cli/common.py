@@ -9,11 +9,14 @@ tests read them. rich is imported only here, and only when it is used.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from schedspec.adapters.registry import Target, resolve
+from schedspec.check.deadline import DEFAULT_CALL_TIMEOUT, check_timeout
 from schedspec.check.gate import CheckProgress
 from schedspec.invariants import Mode
 from schedspec.spec.interface import SchedulerFactory
@@ -53,6 +56,49 @@ def parse_shard(text: str) -> tuple[int, int]:
     if nn < 1 or not 1 <= kk <= nn:
         raise UsageError(f"--shard: need 1 <= K <= N, got {text!r}")
     return kk, nn
+
+
+def add_call_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    """--call-timeout, the same words in every subcommand that runs a scheduler."""
+    parser.add_argument("--call-timeout", default=DEFAULT_CALL_TIMEOUT, type=float, metavar="SECONDS",
+                        help=f"the deadline of one call into the scheduler under test (default "
+                             f"{DEFAULT_CALL_TIMEOUT:g}; 0: none): a call past it is a finding (exit 1)")
+
+
+def call_timeout_of(args: argparse.Namespace) -> float | None:
+    """The --call-timeout given (None: no deadline); UsageError for a bad one."""
+    try:
+        return check_timeout("--call-timeout", getattr(args, "call_timeout", DEFAULT_CALL_TIMEOUT))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_output_dir(flag: str, path: Path) -> None:
+    """``path`` as an output folder: created when missing; UsageError naming
+    ``flag`` and the path when it cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create the folder ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: the folder is not writable")
+
+
+def check_output_file(flag: str, path: Path) -> None:
+    """``path`` as an output file: its folder created when missing;
+    UsageError naming ``flag`` and the path when it is a folder or cannot be
+    written. Nothing is written to the file itself yet."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder, expected a file path")
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create its folder {parent} ({exc.strerror or exc})") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: its folder {parent} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path}: the file exists and is not writable")
 
 
 MODE_HELP = ("lockstep: plans and views compared with the spec at every step, plus the invariants "

@@ -29,7 +29,16 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError
+from schedspec.check.deadline import Interrupted, guarded, interruptible
+from schedspec.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    UsageError,
+    add_call_timeout_argument,
+    call_timeout_of,
+    check_output_dir,
+    check_output_file,
+)
 
 PROG = "schedspec equivalence"
 DESCRIPTION = ("Run every workload under a baseline configuration and under chunked prefill, "
@@ -49,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the full report as JSON here")
     p.add_argument("--png", default=None, help="draw the matrix (workloads x variants) as a PNG here")
     p.add_argument("--out", default="schedspec-out", help="where failing workloads go (default schedspec-out/)")
+    add_call_timeout_argument(p)
     p.add_argument("--no-negative", action="store_true", help="skip the negative controls")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--repeat", default=1, type=int,
@@ -106,8 +116,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"equivalence needs the runner extra (torch): {exc}", PROG) from None
 
     from schedspec.adapters.registry import resolve
-    from schedspec.gpu_runner.equivalence import run_equivalence, spec_factory
-    from schedspec.gpu_runner.model import ModelError
+    from schedspec.gpu_runner.equivalence import HangError, spec_factory
     from schedspec.spec.interface import SchedSpecError, SchedulerFactory
 
     if args.threads:
@@ -129,12 +138,40 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
+    deadline = call_timeout_of(args)
+    check_outputs(args)
     if args.cross_device is not None:
         return _cross_device(args, factory, progress)
     if args.max_batch:
         return _max_batch(args, progress)
     try:
-        report = run_equivalence(
+        with guarded(deadline), interruptible():
+            report = _run_equivalence(args, factory, capabilities, progress)
+    except HangError as exc:
+        print(f"FAILED: {exc}")
+        return EXIT_FAIL
+    except Interrupted as exc:
+        print(f"interrupted ({exc.name}): no report (equivalence reports once every workload has run)")
+        return exc.exit_status
+    return _report(args, report)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """--json, --png and --out checked (folders created) before the run."""
+    check_output_dir("--out", Path(args.out))
+    for flag, value in (("--json", args.json), ("--png", args.png)):
+        if value:
+            check_output_file(flag, Path(value))
+
+
+def _run_equivalence(args: argparse.Namespace, factory: Any, capabilities: Any,
+                     progress: Callable[[str], None]) -> Any:
+    from schedspec.gpu_runner.equivalence import run_equivalence
+    from schedspec.gpu_runner.model import ModelError
+    from schedspec.spec.interface import SchedSpecError
+
+    try:
+        return run_equivalence(
             factory,
             model=args.model,
             device=args.device,
@@ -158,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
         raise UsageError(str(exc), PROG) from None
+
+
+def _report(args: argparse.Namespace, report: Any) -> int:
     print(report.table())
     if args.json:
         Path(args.json).write_text(report.dumps())

@@ -68,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AdapterError, tracefile.TraceError, SchedSpecError) as exc:
         print(f"schedspec: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C outside a run that reports itself (while importing, say)
+        print("schedspec: interrupted (SIGINT)", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # e.g. `schedspec invariants | head`
         sys.stderr.close()
         return EXIT_OK

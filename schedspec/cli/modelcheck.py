@@ -21,7 +21,20 @@ from schedspec.check.capabilities import Capabilities, CapabilityError, rules_wi
 from schedspec.check.gate import missing_rules_message, resolve_selection
 from schedspec.check.features import GATE_CAPABILITIES, GATES, MODES
 from schedspec.check.features import mode_of as config_mode
-from schedspec.cli.common import EXIT_FAIL, EXIT_OK, UsageError, add_mode_arguments, mode_of, parse_shard, positive_int
+from schedspec.check.deadline import DEFAULT_CALL_TIMEOUT, Interrupted, guarded, interruptible
+from schedspec.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    UsageError,
+    add_call_timeout_argument,
+    add_mode_arguments,
+    call_timeout_of,
+    check_output_dir,
+    check_output_file,
+    mode_of,
+    parse_shard,
+    positive_int,
+)
 from schedspec.invariants import Selection
 from schedspec.invariants.selection import SelectionError
 from schedspec.modelcheck import (
@@ -59,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the scheduler under test: takes every explored transition from the same state "
                         "(default: impl, in lockstep)")
     p.add_argument("--out", default="schedspec-out/modelcheck", help="where a counterexample trace goes")
+    add_call_timeout_argument(p)
     p.add_argument("--workers", default=None, help="processes expanding states (default: the CPUs available)")
     p.add_argument("--space", action="append", default=None, help="explore only this space (repeatable)")
     p.add_argument("--max-states", default=None, help="stop each space after this many states (partial)")
@@ -203,6 +217,10 @@ def run(args: argparse.Namespace) -> int:
     modes = explored_modes(spaces)
     gates = explored_gates(spaces)
     required = required_rules(args.require_rules, modes, gates)
+    deadline = call_timeout_of(args)
+    check_output_dir("--out", Path(args.out))
+    if args.json:
+        check_output_file("--json", Path(args.json))
     against, selection = against_of(args)
     caps = resolve(args.against).capabilities if args.against is not None else None
     if caps is not None and args.require_rules == "all":
@@ -239,13 +257,22 @@ def run(args: argparse.Namespace) -> int:
         if r.note:
             print(f"  ({r.space.name}: {r.note})", flush=True)
 
+    done: list[SpaceResult] = []
+
+    def row_kept(r: SpaceResult) -> None:
+        done.append(r)
+        row(r)
+
     try:
-        result = BoundResult(args.bound) if not names else check_bound(
-            args.bound, use_impl=use_impl, scheduler_cls=scheduler_cls, max_states=max_states,
-            log=None if args.quiet else sys.stderr, spaces=names, workers=workers,
-            on_space=row, invariants=selection.invariants, against=against)
+        with guarded(deadline), interruptible():
+            result = BoundResult(args.bound) if not names else check_bound(
+                args.bound, use_impl=use_impl, scheduler_cls=scheduler_cls, max_states=max_states,
+                log=None if args.quiet else sys.stderr, spaces=names, workers=workers,
+                on_space=row_kept, invariants=selection.invariants, against=against)
     except ImportError as exc:  # vLLM missing, or the wrong version of it
         raise UsageError(f"--against {args.against}: {exc}") from None
+    except Interrupted as exc:
+        return _interrupted(args, exc, done)
     print(format_row(result.total()))
     extra: dict[str, Any] = {"impl": use_impl, "workers": workers, "invariants": n,
                              "against": args.against, "mode": selection.mode,
@@ -271,6 +298,19 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.failure is None and not missing else EXIT_FAIL
 
 
+def _interrupted(args: argparse.Namespace, exc: Interrupted, done: list[SpaceResult]) -> int:
+    """A SIGINT or SIGTERM: the spaces explored whole so far (their rows
+    are printed above), a JSON marked interrupted, the signal's exit status."""
+    states = sum(r.states for r in done)
+    print(f"interrupted ({exc.name}) after {len(done)} space(s) explored whole ({states:,} states): "
+          f"no violation so far; the space in progress not counted")
+    if args.json:
+        payload = {"result": "interrupted", "signal": exc.name, "bound": args.bound,
+                   "spaces_done": [r.space.name for r in done], "states": states}
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+    return exc.exit_status
+
+
 def _report_failure(args: argparse.Namespace, result: BoundResult) -> dict[str, str]:
     """Write the counterexample trace and say how to replay it."""
     failure = result.failure
@@ -283,6 +323,8 @@ def _report_failure(args: argparse.Namespace, result: BoundResult) -> dict[str, 
         replay += " --mode invariants"
     if args.invariants is not None:
         replay += f" --invariants {args.invariants}"
+    if failure.kind == "timeout" and args.call_timeout != DEFAULT_CALL_TIMEOUT:
+        replay += f" --call-timeout {args.call_timeout:g}"
     print(f"FAILED in space {space_name}: {failure.describe()}")
     print(f"counterexample: {len(failure.labels)} events (the shortest), written to {trace_path}")
     print(f"replay it: {replay}")

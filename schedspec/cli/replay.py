@@ -28,6 +28,7 @@ from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.records import Failure, StepRecord
 from schedspec.check.capabilities import Capabilities, CapabilityError
+from schedspec.check.deadline import guarded
 from schedspec.check.gate import selection_of_trace
 from schedspec.check.run import run_workload
 from schedspec.check.features import parse_gates, parse_kv
@@ -35,7 +36,9 @@ from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
     UsageError,
+    add_call_timeout_argument,
     add_mode_arguments,
+    call_timeout_of,
     check_factories,
     print_table,
     rich_console,
@@ -55,6 +58,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                    help="replay only the traces whose KV features (the header's kv) are among these "
                         "(default all: those the scheduler supports); the others are skipped")
     add_mode_arguments(r, " (default: the check the trace records)")
+    add_call_timeout_argument(r)
 
 
 def trace_paths(items: Sequence[str]) -> list[Path]:
@@ -134,6 +138,14 @@ def _outside_gates(trace: tracefile.Trace, gates: tuple[str, ...]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    deadline = call_timeout_of(args)
+    with guarded(deadline) as why:
+        if why is not None:
+            print(f"no deadline on the scheduler's calls: {why}", file=sys.stderr)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     text = getattr(args, "gates", "all")
     try:
         gates = parse_gates(text)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
+from schedspec.check.deadline import CLOCK, CallTimeout
 from schedspec.check.driver import scheduler_has_no_work
 from schedspec.check.records import describe_difference
 from schedspec.check.oracle import FakeModel, KVWorker
@@ -222,12 +223,17 @@ def plan_key(plan: StepPlan, mid: SchedulerView) -> Fingerprint:
 def _call(who: str, method: str, fn: Callable[..., T], *args: Any) -> T:
     """Call one method of a scheduler; a crash becomes a Finding naming the
     scheduler and the method."""
+    CLOCK.start(who, method)  # under the deadline of check/deadline.py
     try:
         return fn(*args)
     except Finding:
         raise
+    except CallTimeout as exc:
+        raise Finding("timeout", exc.describe(f"{who}.{method}()")) from None
     except Exception as exc:
         raise Finding("error", f"{who}.{method}() raised {type(exc).__name__}: {exc}") from None
+    finally:
+        CLOCK.stop()
 
 
 def _pickled(sched: Any) -> bytes | None:

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from schedspec.check.deadline import in_worker
 from schedspec.invariants import CATALOGUE, Invariant, Violation
 from schedspec.modelcheck.coverage import Coverage
 from schedspec.modelcheck.events import STEP
@@ -72,6 +73,7 @@ _WORKER: Expander | None = None
 def _worker_init(space: Space, cls: type[SpecScheduler], against: Against | None, invariants: Sequence[Invariant],
                  copy: CopyMethod | None) -> None:
     global _WORKER
+    in_worker()  # the deadline on the scheduler's calls, signals left to the parent
     _WORKER = Expander(space, cls, None, invariants, pickled=True, against=against, copy=copy)
 
 

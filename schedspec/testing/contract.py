@@ -55,10 +55,11 @@ from hypothesis.stateful import run_state_machine_as_test
 from schedspec.adapters.registry import factory_of, resolve
 from schedspec.check.capabilities import Capabilities, capabilities_of
 from schedspec.check.conformance import check_conformance
+from schedspec.check.deadline import DEFAULT_CALL_TIMEOUT, CallTimeout, guarded
 from schedspec.check.gate import check_record, resolve_selection
 from schedspec.invariants import Mode, Selection
 from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory
-from schedspec.testing.stateful import make_machine
+from schedspec.testing.stateful import CallHung, make_machine
 
 
 class ContractError(SchedSpecError, TypeError):
@@ -131,6 +132,10 @@ class SchedulerContract(unittest.TestCase):
     trace_sink: ClassVar[Path | None] = None
     #: the scheduler's name in failures; None: the class's (or the factory's) qualified name
     scheduler_name: ClassVar[str | None] = None
+    #: the deadline of one call into a scheduler, in seconds (None: none): a
+    #: call past it fails the test, naming the method and the step, unshrunk
+    #: (main thread and POSIX only: check/deadline.py)
+    call_timeout: ClassVar[float | None] = DEFAULT_CALL_TIMEOUT
 
     __test__ = False  # the base class itself is no test; every subclass is
 
@@ -152,8 +157,18 @@ class SchedulerContract(unittest.TestCase):
         name = cls.scheduler_name or str(getattr(cls.scheduler, "__qualname__", None) or type(cls.scheduler).__name__)
         if name in factories:
             name += " (under test)"
-        check_conformance(name, candidate, caps.restrict_config(SchedulerConfig()))
         factories[name] = candidate
+        with guarded(cls.call_timeout):
+            try:
+                self._run(cls, name, caps, selection, run_settings, factories)
+            except CallTimeout as exc:  # while probing it, before the state machine
+                self.fail(f"{name}: {exc.describe(f'{exc.method} (while probing it)')}")
+            except CallHung as exc:
+                self.fail(str(exc) + ("" if cls.trace_sink is None else f"\n(trace written to {cls.trace_sink})"))
+
+    def _run(self, cls: type[SchedulerContract], name: str, caps: Capabilities, selection: Selection,
+             run_settings: settings | None, factories: dict[str, SchedulerFactory]) -> None:
+        check_conformance(name, factories[name], caps.restrict_config(SchedulerConfig()))
         machine = make_machine(
             factories,
             check_invariants=cls.check_invariants,

@@ -26,6 +26,8 @@ from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities, CapabilityError
 from schedspec.check.conformance import check_conformance
+from schedspec.check.defects import Defect, failure_reports, known_defect
+from schedspec.check.defects import describe as describe_defect
 from schedspec.check.records import Failure
 from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
@@ -85,6 +87,9 @@ class CheckSettings:
     #: the workloads may turn on, each workload a subset; only those the
     #: scheduler under test supports are drawn
     kv: tuple[str, ...] = KV_FEATURES
+    #: a workload on which the reference meets a documented vLLM defect
+    #: (check/defects.py) fails the run, instead of being counted apart
+    strict_defects: bool = False
 
     @property
     def steps_goal(self) -> int | None:
@@ -193,6 +198,38 @@ class CheckProgress:
     elapsed: float = 0.0
 
 
+@dataclass(frozen=True)
+class KnownDefectHit:
+    """A workload on which the reference met a documented vLLM defect."""
+
+    seed: int
+    defect: Defect
+    failure: Failure
+
+    def line(self) -> str:
+        ids = ", ".join(v.invariant_id for v in self.failure.violations) or self.failure.kind
+        return f"workload seed {self.seed}: {describe_defect(self.defect)} [{ids}]"
+
+
+def known_defect_line(hits: list[KnownDefectHit]) -> str:
+    """One line counting the documented vLLM defects a run met, by name."""
+    counts: dict[str, int] = {}
+    for h in hits:
+        counts[h.defect.name] = counts.get(h.defect.name, 0) + 1
+    return (f"known vLLM 0.33 defects met (counted apart, docs/divergences.md): {len(hits)} workload(s): "
+            + ", ".join(f"{n} x{c}" for n, c in counts.items()))
+
+
+def reference_line(outcome: "CheckOutcome", against: str) -> str:
+    """What a failure first seen in the reference is: the spec's, never the
+    scheduler under test's."""
+    if outcome.defect is not None:
+        return (f"the reference (the spec) failed first, on a {describe_defect(outcome.defect)}: "
+                f"not a failure of {against} (fatal under --strict-defects)")
+    return (f"the reference (the spec) failed first: a bug of schedspec or a vLLM defect not yet written up, "
+            f"not a failure of {against}; please report it with the trace")
+
+
 @dataclass
 class CheckOutcome:
     steps: int
@@ -208,6 +245,13 @@ class CheckOutcome:
     selection: Selection | None = None  # what was checked
     #: required rules (CheckSettings.require_rules) the run never reached
     missing_rules: tuple[str, ...] = ()
+    #: the workloads on which the reference met a documented vLLM defect,
+    #: counted apart (the run went on)
+    known_defects: list[KnownDefectHit] = field(default_factory=list)
+    #: the failure was first seen in the reference (the spec), not in the
+    #: scheduler under test: a bug of ours, or ``defect`` (--strict-defects)
+    reference_failed: bool = False
+    defect: Defect | None = None
 
     @property
     def ok(self) -> bool:
@@ -302,6 +346,10 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     stats = Stats()
     steps = workloads = 0
     seeds: list[int] = []
+    known: list[KnownDefectHit] = []
+    # the reference (the first scheduler) beside the one under test: a
+    # failure first seen in it is never the candidate's
+    reference = next(iter(factories)) if len(factories) > 1 else None
     start = time.monotonic()
     index = 0
     while True:
@@ -324,6 +372,15 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
         steps += runner.stats.steps
         workloads += 1
         show(CheckProgress(steps, total_steps, workloads, stats, elapsed=time.monotonic() - start))
+        in_reference = failure is not None and reference is not None and failure.scheduler == reference
+        defect = None
+        if failure is not None and in_reference:
+            defect = known_defect(workload.config, workload.events,
+                                  failure_reports(failure.kind, (v.invariant_id for v in failure.violations)))
+            if defect is not None and not settings.strict_defects:
+                known.append(KnownDefectHit(seed, defect, failure))
+                say(known[-1].line() + "; counted apart, going on (--strict-defects makes it fatal)")
+                continue
         if failure is not None:
             show(CheckProgress(steps, total_steps, workloads, stats, final=True,
                                elapsed=time.monotonic() - start))
@@ -337,9 +394,11 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             trace_path = write_counterexample(out_dir, small, small_failure, factories, settings.against,
                                               settings.vocab, seed, notice=say, selection=selection)
             return CheckOutcome(steps, workloads, time.monotonic() - start, stats, small_failure, seed,
-                                out_dir, trace_path, seeds, small, selection=selection)
+                                out_dir, trace_path, seeds, small, selection=selection, known_defects=known,
+                                reference_failed=in_reference, defect=defect)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds, selection=selection,
-                           missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))))
+                           missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))),
+                           known_defects=known)
     show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=time.monotonic() - start))
     return outcome
 
@@ -362,8 +421,16 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "kv": list(settings.drawn_kv),
         "rule_coverage": o.stats.rule_coverage(required_rules(settings), settings.drawn_modes,
                                                settings.drawn_capabilities),
+        "known_defects": [{"workload_seed": h.seed, "defect": h.defect.name, "section": h.defect.section,
+                           "violations": [v.invariant_id for v in h.failure.violations] or [h.failure.kind]}
+                          for h in o.known_defects],
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
+            # "reference": first seen in the spec (a bug of ours, or a
+            # documented vLLM defect under --strict-defects); "candidate": the
+            # scheduler under test
+            "culprit": "reference" if o.reference_failed else "candidate",
+            "known_defect": None if o.defect is None else o.defect.name,
             "workload_seed": o.seed,
             # what the failing workload was built to contain (the guided generator's switches and focus)
             "workload_features": list(o.counterexample.features) if o.counterexample is not None else [],
@@ -380,7 +447,8 @@ def junit_xml(settings: CheckSettings, o: CheckOutcome) -> str:
     name = f"schedspec check --against {settings.against} --mode {settings.mode} (shard {settings.shard_text})"
     case = f'<testcase classname="schedspec.check" name={quoteattr(name)} time="{o.elapsed:.3f}">'
     if o.failure is not None:
-        body = escape(o.failure.describe() + f"\nreplay: {replay_command(str(o.trace_path), settings.against)}")
+        body = escape(o.failure.describe() + (f"\n{reference_line(o, settings.against)}" if o.reference_failed else "")
+                      + f"\nreplay: {replay_command(str(o.trace_path), settings.against)}")
         case += f'<failure message={quoteattr(o.failure.message)} type="{o.failure.kind}">{body}</failure>'
     elif o.missing_rules:
         message = missing_rules_message(o.missing_rules)
@@ -410,7 +478,7 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     gates = settings.drawn_gates
     kv = settings.drawn_kv
     if settings.generator == "random":
-        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates, kv=kv)
+        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.drawn_modes, gates=gates, kv=kv)
     if settings.generator != "guided":
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
     modes = settings.drawn_modes

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedspec.check.gate import CheckSettings, check_summary, junit_xml, missing_rules_message, run_check
+from schedspec.check.gate import (CheckSettings, check_summary, junit_xml, known_defect_line, missing_rules_message,
+                                    reference_line, run_check)
 from schedspec.check.shrink import count_steps
 from schedspec.invariants import Selection
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
@@ -62,6 +63,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="the KV features the workloads may turn on (the KV connector: external prefix loads, "
                         "async loads and saves, the worker's reports; hybrid KV cache groups), a subset drawn per "
                         "workload (default all: every one the scheduler under test supports; none: neither)")
+    c.add_argument("--strict-defects", action="store_true",
+                   help="a workload on which the reference meets a documented vLLM 0.33 defect "
+                        "(docs/divergences.md) fails the run (default: named, counted apart, and the run goes on)")
     c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
                    help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
                         "printed and written as JSON to PATH (default OUT/fidelity.json)")
@@ -103,6 +107,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         modes=modes,
         gates=gates,
         kv=kv,
+        strict_defects=getattr(args, "strict_defects", False),
     )
 
 
@@ -174,12 +179,16 @@ def run(args: argparse.Namespace) -> int:
         events = outcome.counterexample.events if outcome.counterexample is not None else ()
         print(f"counterexample: {count_steps(events)} steps, {len(events)} events, written to {outcome.out_dir}/")
         print(f"replay it: schedspec replay {outcome.trace_path} --against {args.against}")
+        if outcome.reference_failed:
+            print(reference_line(outcome, args.against))
     else:
         stats = outcome.stats
         held = held_line(outcome.selection, name, plans_only=args.plans_only)
         print(f"OK: {outcome.steps} steps in {outcome.workloads} workloads against {args.against}: {held}"
               + f" ({outcome.steps_per_s:,.0f} steps/s; {stats.preemptions} preemptions, {stats.hit_admissions}"
               f" prefix hits, {stats.chunks} prefill chunks)")
+    if outcome.known_defects:
+        print(known_defect_line(outcome.known_defects))
     gates = settings.drawn_gates
     print("gates: " + (", ".join(gates) if gates else "none")
           + (f" (each workload a subset; {outcome.stats.gate_line()})" if gates else ""))

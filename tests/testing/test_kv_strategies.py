@@ -47,9 +47,9 @@ def test_kv_plans_give_requests_connector_fields_only_with_a_connector(data: st.
 SpecKVMachine = make_machine({"spec": SpecScheduler}, capabilities=KV, check_invariants=False,
                              name="SpecKVMachine")
 # The spec's own KV state machine, unmarked. The assertion it once tripped in
-# _admit after a failed load was not met again in 6,000 examples of up to 40
-# steps. What such runs did meet (once in about 500 examples) is held apart, by
-# the strict xfail of
+# _admit after a failed load was not met in 3,700 examples of up to 40 steps
+# (random seeds, about 20 minutes). What those runs did meet, once in the
+# first 500, is held apart by the strict xfail of
 # tests/check/test_kv_same_step_invalid.py: a prefix hit in the step of a
 # synchronous load that fails reads the invalid block, on the spec and vLLM
 # 0.33 alike. Derandomized, so CI runs the same examples every time.

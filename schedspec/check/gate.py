@@ -478,7 +478,7 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     gates = settings.drawn_gates
     kv = settings.drawn_kv
     if settings.generator == "random":
-        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.drawn_modes, gates=gates, kv=kv)
+        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates, kv=kv)
     if settings.generator != "guided":
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
     modes = settings.drawn_modes

@@ -395,7 +395,7 @@ def run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                                               settings.vocab, seed, notice=say, selection=selection)
             return CheckOutcome(steps, workloads, time.monotonic() - start, stats, small_failure, seed,
                                 out_dir, trace_path, seeds, small, selection=selection, known_defects=known,
-                                reference_failed=in_reference, defect=defect)
+                                reference_failed=small_failure.scheduler == reference, defect=defect)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds, selection=selection,
                            missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))),
                            known_defects=known)

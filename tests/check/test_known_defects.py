@@ -184,3 +184,23 @@ def test_a_failure_first_seen_in_the_reference_is_never_the_candidates(tmp_path:
     assert outcome.failure is not None and not outcome.reference_failed
     assert check_summary(settings, outcome)["failure"]["culprit"] == "candidate"
     json.dumps(check_summary(settings, outcome))
+
+
+def test_the_command_line_counts_a_known_defect_apart_and_strict_defects_fails_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from schedspec.cli.main import main
+
+    argv = ["check", "--against", "impl", "--steps", "30", "--workload-steps", "30", "--quiet",
+            "--out", str(tmp_path), "--json", str(tmp_path / "s.json")]
+    _defect_first(monkeypatch)
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "known vLLM 0.33 defects met (counted apart, docs/divergences.md): 1 workload(s): " \
+           "stale-placeholder-after-failed-sync-load x1" in out.out
+    assert "known vLLM 0.33 defect: A stale output placeholder" in out.err
+    assert json.loads((tmp_path / "s.json").read_text())["known_defects"][0]["workload_seed"] == 0
+    _defect_first(monkeypatch)
+    assert main([*argv, "--strict-defects"]) == 1
+    out = capsys.readouterr()
+    assert "the reference (the spec) failed first, on a known vLLM 0.33 defect" in out.out
+    assert "not a failure of impl" in out.out

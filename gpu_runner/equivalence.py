@@ -599,7 +599,7 @@ def run_one(
 @dataclass(frozen=True)
 class Divergence:
     request_id: str
-    kind: str  # "tokens", "logits", "status", "missing"
+    kind: str  # "tokens", "logits", "status", "missing", "plan", "stall"
     index: int
     detail: str
 
@@ -732,6 +732,11 @@ class MatrixReport:
     repeat_failures: list[str] = field(default_factory=list)
     #: each workload's baseline against the dense, non-paged reference (``check_reference``)
     reference: list[Comparison] = field(default_factory=list)
+    #: (variant, why) of the variants the scheduler's capabilities left out (``fit_variants``)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: the baseline and variants run with async scheduling on, for a scheduler
+    #: that schedules only asynchronously (``fit_variants``)
+    made_async: list[str] = field(default_factory=list)
 
     @property
     def divergent(self) -> list[Comparison]:
@@ -849,6 +854,12 @@ class MatrixReport:
                 f"negative control {n.fault:<11} on {n.workload}/{n.variant}: {verdict} "
                 f"({n.divergences} divergences; {n.first or 'none'})"
             )
+        if self.made_async:
+            lines.append("run with async scheduling on (the scheduler schedules only asynchronously): "
+                         + ", ".join(self.made_async))
+        if self.skipped:
+            lines.append("skipped, unsupported by the scheduler: "
+                         + "; ".join(f"{name} ({why})" for name, why in self.skipped))
         lines.append("EQUIVALENT" if self.ok else "NOT EQUIVALENT")
         return "\n".join(lines)
 
@@ -862,6 +873,8 @@ class MatrixReport:
             "workloads": self.workloads,
             "variants": [{"name": v.name, "config": v.config.to_dict(), "expects": sorted(v.expects), "kv": v.kv}
                          for v in self.variants],
+            "skipped": [{"variant": name, "why": why} for name, why in self.skipped],
+            "made_async": self.made_async,
             "comparisons": [
                 {
                     "workload": c.workload,
@@ -1095,9 +1108,12 @@ def negative_control(
     )
 
 
-def _refused(workload: str, variant: str, mode: str, exc: PlanError) -> Comparison:
+def _refused(workload: str, variant: str, mode: str, exc: PlanError | StallError) -> Comparison:
     """A run the executor stopped: its scheduler planned a step no model
-    runner could execute (a divergence of kind ``plan``)."""
+    runner could execute (a divergence of kind ``plan``), or stopped
+    scheduling with requests left (kind ``stall``)."""
+    if isinstance(exc, StallError):
+        return Comparison(workload, variant, mode, divergences=[Divergence("-", "stall", -1, str(exc))])
     return Comparison(workload, variant, mode, divergences=[Divergence(exc.request_id, "plan", exc.step, str(exc))])
 
 
@@ -1157,7 +1173,7 @@ def run_matrix(
             stores[w.name] = store
         try:
             base = run_one(factory, model, baseline, w, variant="baseline", kv_record=store)
-        except PlanError as exc:  # the baseline's own plan could not run: nothing to compare with
+        except (PlanError, StallError) as exc:  # the baseline's own plan could not run: nothing to compare with
             report.comparisons.append(_refused(w.name, "baseline", model.mode, exc))
             if progress:
                 progress(f"[{i + 1}/{len(workloads)}] {w.name}: baseline REFUSED: {exc}")
@@ -1176,7 +1192,7 @@ def run_matrix(
                 rec = run_one(factory, model, v.config, variant_workload(w, v), variant=v.name,
                               kv_source=stores.get(w.name) if v.kv else None)
                 cmp = compare_runs(base, rec, mode=model.mode, atol=atol)
-            except PlanError as exc:
+            except (PlanError, StallError) as exc:
                 cmp = _refused(w.name, v.name, model.mode, exc)
             report.comparisons.append(cmp)
             line.append(f"{v.name} {'ok' if cmp.ok else 'DIVERGED'}")
@@ -1267,6 +1283,42 @@ def _layout_words(model: PagedLlama) -> str:
     return f" (layers {model.describe_layout()})"
 
 
+def fit_variants(capabilities: Capabilities, baseline: SchedulerConfig, variants: Sequence[Variant],
+                 ) -> tuple[SchedulerConfig, tuple[Variant, ...], list[tuple[str, str]], list[str]]:
+    """The baseline and the variants a scheduler declaring ``capabilities``
+    runs, and (name, why) of those it cannot. A scheduler that schedules only
+    asynchronously (a vLLM AsyncScheduler subclass) runs the baseline and
+    every synchronous variant with async scheduling on: the matrix holds
+    their tokens equal either way. A variant needing anything else the
+    declaration lacks (async scheduling for a vLLM Scheduler subclass,
+    speculative decoding, prefix caching...) is skipped, with why. Returns
+    the baseline, the variants kept, (name, why) of those skipped and the
+    names of those turned async ("baseline" among them)."""
+
+    def fit(config: SchedulerConfig) -> tuple[SchedulerConfig | None, list[str]]:
+        problems = capabilities.config_problems(config)
+        if problems == ["async_scheduling=False"]:
+            return replace(config, async_scheduling=True), []
+        return (None, problems) if problems else (config, [])
+
+    base, problems = fit(baseline)
+    if base is None:
+        raise ValueError(f"the scheduler cannot run the baseline configuration: it does not support "
+                         f"{', '.join(problems)}")
+    kept: list[Variant] = []
+    skipped: list[tuple[str, str]] = []
+    made_async = ["baseline"] if base != baseline else []
+    for v in variants:
+        config, problems = fit(v.config)
+        if config is None:
+            skipped.append((v.name, "needs " + ", ".join(problems)))
+        else:
+            kept.append(replace(v, config=config))
+            if config != v.config:
+                made_async.append(v.name)
+    return base, tuple(kept), skipped, made_async
+
+
 def run_equivalence(
     factory: SchedulerFactory | None = None,
     *,
@@ -1332,6 +1384,13 @@ def run_equivalence(
     variants = default_variants(mml, block_size, groups=groups) + inflight_variants(mml, block_size, groups=groups)
     if connector:
         variants += connector_variants(mml, block_size, groups=groups)
+    baseline = baseline_config(mml, block_size, groups=groups)
+    skipped: list[tuple[str, str]] = []
+    made_async: list[str] = []
+    if capabilities is not None:
+        baseline, variants, skipped, made_async = fit_variants(capabilities, baseline, variants)
+        if progress and skipped:
+            progress("skipped, unsupported by the scheduler: " + "; ".join(f"{n} ({why})" for n, why in skipped))
     runs = []
     for i in range(repeat):
         if progress and repeat > 1:
@@ -1341,12 +1400,15 @@ def run_equivalence(
             paged,
             wls,
             variants,
-            baseline=baseline_config(mml, block_size, groups=groups),
+            baseline=baseline,
             atol=atol,
             negative=negative and i == 0,
             progress=progress,
             model_name=model + _layout_words(paged),
             reference=reference,
         ))
-    return merge_repeats(runs)
+    merged = merge_repeats(runs)
+    merged.skipped = skipped
+    merged.made_async = made_async
+    return merged
 

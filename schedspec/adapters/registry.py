@@ -140,17 +140,24 @@ def factory_of(cls: type, label: str) -> SchedulerFactory:
     return build
 
 
+def class_capabilities(obj: object) -> Capabilities:
+    """What a scheduler class (or factory) supports: its ``CAPABILITIES``,
+    or for a vLLM scheduler class that declares none what the adapter drives
+    (vllm_adapter.capabilities_of_class: an AsyncScheduler subclass only
+    asynchronously, a Scheduler subclass only synchronously)."""
+    if inspect.isclass(obj) and is_vllm_scheduler_class(obj) and getattr(obj, "CAPABILITIES", None) is None:
+        from schedspec.adapters.vllm_adapter import capabilities_of_class
+
+        return capabilities_of_class(obj)
+    return capabilities_of(obj)
+
+
 def _user_class(spec: str) -> Target:
     cls = import_class(spec)
     label = f"--against {spec!r}"
     factory = factory_of(cls, label)
     try:
-        if is_vllm_scheduler_class(cls) and getattr(cls, "CAPABILITIES", None) is None:
-            from schedspec.adapters.vllm_adapter import capabilities_of_class
-
-            caps = capabilities_of_class(cls)
-        else:
-            caps = capabilities_of(cls)
+        caps = class_capabilities(cls)
     except SchedSpecError as exc:
         raise AdapterError(f"{label}: {exc}") from None
     return Target(spec, factory, caps)

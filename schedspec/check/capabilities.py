@@ -27,6 +27,7 @@ from typing import Any, Callable, Final, Iterable, Literal, Mapping
 from schedspec.invariants.core import Invariant
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
+from schedspec.check.defects import steer
 from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES
 from schedspec.check.workload import (
     KV_EVENTS,
@@ -185,11 +186,13 @@ class Capabilities:
 
     def drawable_modes(self, modes: Iterable[str]) -> tuple[str, ...]:
         """``modes`` (features.MODES) less those this declaration does not
-        support, in the order given; sync when none is left."""
+        support, in the order given; when none is left, its plainest mode
+        (sync, or async for a scheduler that only schedules asynchronously)."""
         kept = tuple(m for m in modes
                      if not (m.startswith("async") and not self.async_scheduling)
+                     and not (not m.startswith("async") and not self.sync_scheduling)
                      and not (m.endswith("spec") and not self.speculative_decoding))
-        return kept or ("sync",)
+        return kept or (("sync",) if self.sync_scheduling else ("async",))
 
     def drawable_gates(self, gates: Iterable[str]) -> tuple[str, ...]:
         """``gates`` less those this declaration does not support, in GATES order."""
@@ -400,6 +403,9 @@ class Capabilities:
         if config.async_scheduling != workload.config.async_scheduling:
             # schedule/update events of an async workload, within the sync protocol
             events = tuple(keep_protocol(events, config.async_scheduling))
+        # the draws a documented vLLM defect rules out under the new config
+        # (a failed synchronous load once async scheduling is on)
+        events = steer(events, config)
         return dataclasses.replace(workload, config=config, events=events, features=features)
 
     # ------------------------------------------------------------- invariants

@@ -18,13 +18,13 @@ its knob where the generator makes that draw (check/kv_requests.py,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Iterator
 
 from schedspec.spec.interface import RequestSpec, SchedulerConfig
 from schedspec.spec.kv_kinds import kind_of
 
-from schedspec.check.workload import Abort, AddRequest, Event, KVLoadFailed
+from schedspec.check.workload import Abort, AddRequest, Event, KVLoadDone, KVLoadFailed
 
 # The draws a defect can change (what ``knobs`` holds):
 
@@ -58,6 +58,9 @@ class Defect:
     knobs: frozenset[str]
     #: whether it applies to ``request`` under ``config``
     applies: Callable[[SchedulerConfig, RequestSpec], bool]
+    #: what a run that meets it fails with: the invariant ids, and "stall"
+    #: for a failure of kind stall (``known_defect`` matches on them)
+    reports: frozenset[str] = frozenset()
 
 
 def _one_token_prompt(config: SchedulerConfig, request: RequestSpec) -> bool:
@@ -113,6 +116,7 @@ DEFECTS: tuple[Defect, ...] = (
         reported_by="a stall",
         knobs=frozenset({ASYNC_LOAD}),
         applies=_one_token_prompt,
+        reports=frozenset({"stall", "progress"}),
     ),
     Defect(
         name="async-load-over-spec-reserve",
@@ -123,6 +127,7 @@ DEFECTS: tuple[Defect, ...] = (
         reported_by="a stall (progress and progress-admits-head stand aside for it)",
         knobs=frozenset({ASYNC_LOAD}),
         applies=_async_load_over_spec_reserve,
+        reports=frozenset({"stall", "progress", "progress-admits-head"}),
     ),
     Defect(
         name="stale-placeholder-after-failed-sync-load",
@@ -133,6 +138,7 @@ DEFECTS: tuple[Defect, ...] = (
         reported_by="kv-context (the fake model)",
         knobs=frozenset({FAIL_SYNC_LOAD}),
         applies=_async_scheduling,
+        reports=frozenset({"kv-context"}),
     ),
     Defect(
         name="recompute-into-freed-window",
@@ -143,6 +149,7 @@ DEFECTS: tuple[Defect, ...] = (
         reported_by="group-tables-cover",
         knobs=frozenset({FAIL_SYNC_LOAD, FAIL_ASYNC_LOAD_AT_BLOCK}),
         applies=_recompute_with_skipping_group,
+        reports=frozenset({"group-tables-cover"}),
     ),
     Defect(
         name="shared-invalid-block-holder-aborted",
@@ -154,6 +161,7 @@ DEFECTS: tuple[Defect, ...] = (
         reported_by="invalid-block-not-computed",
         knobs=frozenset({ABORT_AFTER_FAILED_SYNC_LOAD}),
         applies=_synchronous_load,
+        reports=frozenset({"invalid-block-not-computed"}),
     ),
     Defect(
         name="rewind-before-unencoded-input",
@@ -164,6 +172,7 @@ DEFECTS: tuple[Defect, ...] = (
         reported_by="progress",
         knobs=frozenset({FAIL_SYNC_LOAD}),
         applies=_has_encoder_inputs,
+        reports=frozenset({"stall", "progress"}),
     ),
 )
 
@@ -189,3 +198,103 @@ def keep_failed_sync_loads_alive(events: list[Event], config: SchedulerConfig) -
             continue
         out.append(e)
     return out
+
+
+def _loads(events: Iterable[Event]) -> Iterator[tuple[Event, RequestSpec | None]]:
+    """Each event with the request it names as last added before it (None
+    for one that names none or an unknown request)."""
+    added: dict[str, RequestSpec] = {}
+    for e in events:
+        if isinstance(e, AddRequest):
+            added[e.request.request_id] = e.request
+            yield e, e.request
+        else:
+            rid = getattr(e, "request_id", None)
+            yield e, added.get(rid) if isinstance(rid, str) else None
+
+
+def _sync_load(request: RequestSpec) -> bool:
+    return bool(request.kv_external_tokens) and not request.kv_load_async
+
+
+def draws(defect: Defect, config: SchedulerConfig, events: Iterable[Event]) -> tuple[str, ...]:
+    """The requests of ``events`` that hold a draw ``defect`` changes where
+    it applies under ``config`` (the generator would have left it out): an
+    asynchronous load, a failed synchronous load, an asynchronous load failed
+    at a block, an abort after a failed synchronous load."""
+    out: dict[str, None] = {}
+    failed: set[str] = set()
+    for e, req in _loads(events):
+        if req is None or not defect.applies(config, req):
+            continue
+        rid = req.request_id
+        if isinstance(e, AddRequest) and ASYNC_LOAD in defect.knobs and req.kv_external_tokens and req.kv_load_async:
+            out[rid] = None
+        elif isinstance(e, KVLoadFailed):
+            if _sync_load(req):
+                failed.add(rid)
+                if FAIL_SYNC_LOAD in defect.knobs:
+                    out[rid] = None
+            elif req.kv_load_async and e.block_index is not None and FAIL_ASYNC_LOAD_AT_BLOCK in defect.knobs:
+                out[rid] = None
+        elif isinstance(e, Abort) and rid in failed and ABORT_AFTER_FAILED_SYNC_LOAD in defect.knobs:
+            out[rid] = None
+    return tuple(out)
+
+
+def known_defect(config: SchedulerConfig, events: Iterable[Event], reported: Iterable[str]) -> Defect | None:
+    """The defect of DEFECTS that explains a failure reporting ``reported``
+    (invariant ids, "stall" for a stall) on a workload of ``config`` and
+    ``events``: one reported that way whose draw the events hold where it
+    applies. None when none does (a bug of ours, or a defect not written up)."""
+    ids = set(reported)
+    events = list(events)
+    for d in DEFECTS:
+        if d.reports & ids and draws(d, config, events):
+            return d
+    return None
+
+
+def failure_reports(kind: str, violation_ids: Iterable[str]) -> frozenset[str]:
+    """What a failure of ``kind`` with ``violation_ids`` reports, as
+    ``Defect.reports`` names it."""
+    return frozenset(violation_ids) | ({"stall"} if kind == "stall" else set())
+
+
+def describe(defect: Defect) -> str:
+    """The line a run that met ``defect`` says."""
+    return f"known vLLM 0.33 defect: {defect.section}, docs/divergences.md ({defect.name})"
+
+
+def steer(events: Iterable[Event], config: SchedulerConfig) -> tuple[Event, ...]:
+    """``events`` with every draw a defect of DEFECTS avoids under
+    ``config`` taken out, as the generators would have drawn them for it:
+    an avoided asynchronous load becomes synchronous (leaving a token to
+    compute; its load reports dropped), an avoided failed synchronous load is
+    not reported, an avoided failure at a block fails the load as a whole,
+    and an abort after a failed synchronous load is left out. For a workload
+    drawn under another config (a capability declaration turning async
+    scheduling on or off, a block size raised): the identity on one the
+    generators drew for ``config``."""
+    out: list[Event] = []
+    made_sync: set[str] = set()
+    for e, req in _loads(events):
+        if isinstance(e, AddRequest):
+            r = e.request
+            made_sync.discard(r.request_id)
+            if r.kv_external_tokens and r.kv_load_async and avoid(ASYNC_LOAD, config, r):
+                ext = min(r.kv_external_tokens, len(r.prompt_token_ids) - 1)
+                r = replace(r, kv_external_tokens=max(ext, 0), kv_load_async=False)
+                made_sync.add(r.request_id)
+                e = AddRequest(r)
+            out.append(e)
+            continue
+        if req is not None and isinstance(e, (KVLoadDone, KVLoadFailed)) and req.request_id in made_sync:
+            continue
+        if req is not None and isinstance(e, KVLoadFailed):
+            if _sync_load(req) and avoid(FAIL_SYNC_LOAD, config, req):
+                continue
+            if req.kv_load_async and e.block_index is not None and avoid(FAIL_ASYNC_LOAD_AT_BLOCK, config, req):
+                e = KVLoadFailed(e.request_id, None)
+        out.append(e)
+    return tuple(keep_failed_sync_loads_alive(out, config))

@@ -28,6 +28,8 @@ from schedspec.check import trace as tracefile
 from schedspec.check.capabilities import FULL, Capabilities, CapabilityError, rules_within
 from schedspec.check.conformance import check_conformance
 from schedspec.check.deadline import CLOCK, DEFAULT_CALL_TIMEOUT, CallTimeout, Interrupted, guarded
+from schedspec.check.defects import Defect, failure_reports, known_defect
+from schedspec.check.defects import describe as describe_defect
 from schedspec.check.records import Failure, StepRecord
 from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
@@ -90,6 +92,9 @@ class CheckSettings:
     #: the deadline of one call into a scheduler, in seconds (None: none;
     #: check/deadline.py): a call past it is a finding of kind "timeout"
     call_timeout: float | None = DEFAULT_CALL_TIMEOUT
+    #: a workload on which the reference meets a documented vLLM defect
+    #: (check/defects.py) fails the run, instead of being counted apart
+    strict_defects: bool = False
 
     @property
     def steps_goal(self) -> int | None:
@@ -198,6 +203,38 @@ class CheckProgress:
     elapsed: float = 0.0
 
 
+@dataclass(frozen=True)
+class KnownDefectHit:
+    """A workload on which the reference met a documented vLLM defect."""
+
+    seed: int
+    defect: Defect
+    failure: Failure
+
+    def line(self) -> str:
+        ids = ", ".join(v.invariant_id for v in self.failure.violations) or self.failure.kind
+        return f"workload seed {self.seed}: {describe_defect(self.defect)} [{ids}]"
+
+
+def known_defect_line(hits: list[KnownDefectHit]) -> str:
+    """One line counting the documented vLLM defects a run met, by name."""
+    counts: dict[str, int] = {}
+    for h in hits:
+        counts[h.defect.name] = counts.get(h.defect.name, 0) + 1
+    return (f"known vLLM 0.33 defects met (counted apart, docs/divergences.md): {len(hits)} workload(s): "
+            + ", ".join(f"{n} x{c}" for n, c in counts.items()))
+
+
+def reference_line(outcome: "CheckOutcome", against: str) -> str:
+    """What a failure first seen in the reference is: the spec's, never the
+    scheduler under test's."""
+    if outcome.defect is not None:
+        return (f"the reference (the spec) failed first, on a {describe_defect(outcome.defect)}: "
+                f"not a failure of {against} (fatal under --strict-defects)")
+    return (f"the reference (the spec) failed first: a bug of schedspec or a vLLM defect not yet written up, "
+            f"not a failure of {against}; please report it with the trace")
+
+
 @dataclass
 class CheckOutcome:
     steps: int
@@ -222,6 +259,13 @@ class CheckOutcome:
     interrupt_status: int = 0
     #: the workload seed in progress when the run was interrupted (not counted)
     interrupted_seed: int | None = None
+    #: the workloads on which the reference met a documented vLLM defect,
+    #: counted apart (the run went on)
+    known_defects: list[KnownDefectHit] = field(default_factory=list)
+    #: the failure was first seen in the reference (the spec), not in the
+    #: scheduler under test: a bug of ours, or ``defect`` (--strict-defects)
+    reference_failed: bool = False
+    defect: Defect | None = None
 
     @property
     def ok(self) -> bool:
@@ -364,6 +408,10 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     stats = Stats()
     steps = workloads = 0
     seeds: list[int] = []
+    known: list[KnownDefectHit] = []
+    # the reference (the first scheduler) beside the one under test: a
+    # failure first seen in it is never the candidate's
+    reference = next(iter(factories)) if len(factories) > 1 else None
     start = time.monotonic()
     # imports and first construction stay out of the steps/s figure
     try:
@@ -399,20 +447,34 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             steps += runner.stats.steps
             workloads += 1
             show(CheckProgress(steps, total_steps, workloads, stats, elapsed=time.monotonic() - start))
+            in_reference = failure is not None and reference is not None and failure.scheduler == reference
+            defect = None
+            if failure is not None and in_reference:
+                defect = known_defect(workload.config, workload.events,
+                                      failure_reports(failure.kind, (v.invariant_id for v in failure.violations)))
+                if defect is not None and not settings.strict_defects:
+                    known.append(KnownDefectHit(seed, defect, failure))
+                    say(known[-1].line() + "; counted apart, going on (--strict-defects makes it fatal)")
+                    continue
             if failure is not None:
                 show(CheckProgress(steps, total_steps, workloads, stats, final=True,
                                    elapsed=time.monotonic() - start))
                 say(f"FAILED on workload seed {seed}{workload_label(workload)}: {failure.describe()}")
-                return _counterexample(factories, settings, selection, workload, failure, seed,
-                                       CheckOutcome(steps, workloads, 0.0, stats, seeds=seeds, selection=selection),
-                                       start, say)
+                outcome = _counterexample(factories, settings, selection, workload, failure, seed,
+                                          CheckOutcome(steps, workloads, 0.0, stats, seeds=seeds, selection=selection,
+                                                       known_defects=known),
+                                          start, say)
+                outcome.reference_failed = outcome.failure is not None and outcome.failure.scheduler == reference
+                outcome.defect = defect
+                return outcome
     except (Interrupted, KeyboardInterrupt) as exc:
         outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=list(seeds),
-                               selection=selection)
+                               selection=selection, known_defects=known)
         show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=outcome.elapsed))
         return _interrupted(exc, outcome, seed)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds, selection=selection,
-                           missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))))
+                           missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))),
+                           known_defects=known)
     show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=time.monotonic() - start))
     return outcome
 
@@ -513,8 +575,16 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "kv": list(settings.drawn_kv),
         "rule_coverage": o.stats.rule_coverage(required_rules(settings), settings.drawn_modes,
                                                settings.drawn_capabilities, reachable_rules(settings)),
+        "known_defects": [{"workload_seed": h.seed, "defect": h.defect.name, "section": h.defect.section,
+                           "violations": [v.invariant_id for v in h.failure.violations] or [h.failure.kind]}
+                          for h in o.known_defects],
         "failure": None if o.failure is None else {
             "kind": o.failure.kind,
+            # "reference": first seen in the spec (a bug of ours, or a
+            # documented vLLM defect under --strict-defects); "candidate": the
+            # scheduler under test
+            "culprit": "reference" if o.reference_failed else "candidate",
+            "known_defect": None if o.defect is None else o.defect.name,
             "workload_seed": o.seed,
             # what the failing workload was built to contain (the guided generator's switches and focus)
             "workload_features": list(o.counterexample.features) if o.counterexample is not None else [],
@@ -532,7 +602,8 @@ def junit_xml(settings: CheckSettings, o: CheckOutcome) -> str:
     case = f'<testcase classname="schedspec.check" name={quoteattr(name)} time="{o.elapsed:.3f}">'
     if o.failure is not None:
         replay = replay_command(str(o.trace_path), settings.against, settings.call_timeout)
-        body = escape(o.failure.describe() + f"\nreplay: {replay}")
+        body = escape(o.failure.describe() + (f"\n{reference_line(o, settings.against)}" if o.reference_failed else "")
+                      + f"\nreplay: {replay}")
         case += f'<failure message={quoteattr(o.failure.message)} type="{o.failure.kind}">{body}</failure>'
     elif o.missing_rules:
         message = missing_rules_message(o.missing_rules)

@@ -18,8 +18,10 @@ from schedspec.check.gate import (
     check_summary,
     counterexample_line,
     interrupted_message,
+    known_defect_line,
     junit_xml,
     missing_rules_message,
+    reference_line,
     run_check,
 )
 from schedspec.check.gate import rules_line as capability_rules_line
@@ -77,6 +79,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                         "async loads and saves, the worker's reports; hybrid KV cache groups), a subset drawn per "
                         "workload (default all: every one the scheduler under test supports; none: neither)")
     add_call_timeout_argument(c)
+    c.add_argument("--strict-defects", action="store_true",
+                   help="a workload on which the reference meets a documented vLLM 0.33 defect "
+                        "(docs/divergences.md) fails the run (default: named, counted apart, and the run goes on)")
     c.add_argument("--coverage", nargs="?", const="", default=None, metavar="PATH",
                    help="fidelity report: the lines and functions of vLLM's scheduler the run reached, "
                         "printed and written as JSON to PATH (default OUT/fidelity.json)")
@@ -119,6 +124,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         gates=gates,
         kv=kv,
         call_timeout=call_timeout_of(args),
+        strict_defects=getattr(args, "strict_defects", False),
     )
 
 
@@ -191,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
         print((outcome.out_dir / "steps.txt").read_text(), end="")
         print(counterexample_line(outcome))
         print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}")
+        if outcome.reference_failed:
+            print(reference_line(outcome, args.against))
     elif outcome.interrupted is not None:
         print(interrupted_message(outcome) + f"; against {args.against}: {held_line(outcome.selection, name, args.plans_only)}")
     else:
@@ -199,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"OK: {outcome.steps} steps in {outcome.workloads} workloads against {args.against}: {held}"
               + f" ({outcome.steps_per_s:,.0f} steps/s; {stats.preemptions} preemptions, {stats.hit_admissions}"
               f" prefix hits, {stats.chunks} prefill chunks)")
+    if outcome.known_defects:
+        print(known_defect_line(outcome.known_defects))
     gates = settings.drawn_gates
     print("gates: " + (", ".join(gates) if gates else "none")
           + (f" (each workload a subset; {outcome.stats.gate_line()})" if gates else ""))

@@ -133,6 +133,15 @@ def against_of(args: argparse.Namespace) -> tuple[Against | None, Selection]:
                    resets=caps.reset_prefix_cache), selection
 
 
+def _bounds_it_supports(target_name: str | None) -> str:
+    """``; the bounds with spaces it supports: NAME (N), ...`` (what to run
+    instead, e.g. the async spaces of ``modes`` for a vLLM AsyncScheduler
+    subclass), or "" when none has any."""
+    counts = [(b, len(supported_spaces(select_spaces(bound(b), None), target_name)[0])) for b in BOUNDS]
+    have = [f"--bound {b} ({n} space{'s' if n != 1 else ''})" for b, n in counts if n]
+    return f"; the bounds with spaces it supports: {', '.join(have)}" if have else ""
+
+
 def supported_spaces(spaces: tuple[Space, ...], target_name: str | None) -> tuple[list[str], list[str]]:
     """The names of the spaces the scheduler under test supports (its
     declared capabilities) and, apart, one line per space left out and why."""
@@ -227,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
         required = rules_within(caps, required)
     names, skipped = supported_spaces(spaces, args.against)
     if not names:
-        raise UsageError(f"--against {args.against}: supports none of the spaces chosen: {'; '.join(skipped)}")
+        raise UsageError(f"--against {args.against}: supports none of the spaces chosen: {'; '.join(skipped)}"
+                         + _bounds_it_supports(args.against))
     if shard is not None:
         every = len(names)
         names = shard_spaces(names, *shard)

@@ -52,8 +52,8 @@ from hypothesis import settings
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import run_state_machine_as_test
 
-from schedspec.adapters.registry import factory_of, resolve
-from schedspec.check.capabilities import Capabilities, capabilities_of
+from schedspec.adapters.registry import class_capabilities, factory_of, resolve
+from schedspec.check.capabilities import Capabilities
 from schedspec.check.conformance import check_conformance
 from schedspec.check.deadline import DEFAULT_CALL_TIMEOUT, CallTimeout, guarded
 from schedspec.check.gate import check_record, resolve_selection
@@ -147,7 +147,7 @@ class SchedulerContract(unittest.TestCase):
         cls = type(self)
         if cls.scheduler is None:
             raise TypeError(f"{cls.__qualname__}: set the class attribute `scheduler` to the scheduler under test")
-        caps = cls.capabilities if cls.capabilities is not None else capabilities_of(cls.scheduler)
+        caps = cls.capabilities if cls.capabilities is not None else class_capabilities(cls.scheduler)
         selection = contract_selection(cls.mode, cls.reference, cls.invariants, caps)
         run_settings = hypothesis_settings_in_force(cls.hypothesis_settings)
         factories: dict[str, SchedulerFactory] = {}

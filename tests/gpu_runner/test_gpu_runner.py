@@ -660,3 +660,23 @@ def test_a_wrong_draft_never_changes_the_tokens_and_a_wrong_block_still_does(ran
     target = next(r.request_id for r in w.requests if r.max_tokens >= 4)
     faulty = run_one(spec_factory, model, variant.config, w, variant="fault", fault=Fault("block_table", request_id=target))
     assert faulty.fault_fired and not compare_runs(base, faulty).ok
+
+
+def test_fit_variants_runs_what_a_declaration_supports_and_lists_the_rest() -> None:
+    from schedspec.check.capabilities import Capabilities
+    from schedspec.gpu_runner.equivalence import fit_variants, inflight_variants
+
+    base = baseline_config(64)
+    variants = default_variants(64) + inflight_variants(64)
+    sync_only = Capabilities(speculative_decoding=True)
+    b, kept, skipped, made_async = fit_variants(sync_only, base, variants)
+    assert b == base and not made_async
+    assert [n for n, _ in skipped] == ["async", "async-spec", "async-spec-all"]
+    assert all(why == "needs async_scheduling=True" for _, why in skipped)
+    async_only = Capabilities(async_scheduling=True, speculative_decoding=True, sync_scheduling=False)
+    b, kept, skipped, made_async = fit_variants(async_only, base, variants)
+    assert b.async_scheduling and not skipped and all(v.config.async_scheduling for v in kept)
+    assert made_async[0] == "baseline" and "spec-decode" in made_async and "async" not in made_async
+    plain = Capabilities()  # neither async scheduling nor speculative decoding
+    assert {n for n, _ in fit_variants(plain, base, variants)[2]} == {"async", "spec-decode", "async-spec",
+                                                                      "async-spec-all"}

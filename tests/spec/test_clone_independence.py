@@ -57,6 +57,11 @@ def assert_independent(a: Any, b: Any, path: str = "clone") -> None:
     if _immutable(a):
         assert a == b, path
         return
+    if isinstance(a, tuple):  # a named tuple holding a list
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_independent(x, y, f"{path}[{i}]")
+        return
     assert a is not b, f"{path} is shared with the original"
     assert type(a) is type(b), path
     if isinstance(a, list):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -86,7 +86,7 @@ def assert_independent(a: Any, b: Any, path: str = "clone") -> None:
 #: test checks each of them with contents (the loads a schedule() collects
 #: are handed over in its plan, so between calls they are always empty: only
 #: their identity is checked)
-WATCHED = {
+WATCHED: dict[str, Callable[[Any], Any]] = {
     "kv_holding": lambda s: s.kv_holding,
     "held": lambda s: s.held,
     "kv_loads_done": lambda s: s.kv_loads_done,

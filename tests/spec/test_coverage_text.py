@@ -89,3 +89,36 @@ def test_rules_line_names_the_unreached_or_the_three_rarest() -> None:
     gated = reachable_in(("sync",), ("lora",))
     assert rules_line(every, modes=("sync",), gates=("lora",)) == (
         f"{_summary(every, ('sync',), ('lora',))}; never reached: {', '.join(n for n in gated if n not in SYNC)}")
+
+
+def test_parse_required_reads_names_groups_and_all() -> None:
+    from schedspec.spec.coverage import parse_required
+
+    stop = tuple(n for n in RULE_NAMES if n.startswith("stop."))
+    assert len(stop) > 1
+    assert parse_required("admit.new,stop") == ("admit.new", *stop)
+    assert parse_required(" stop.* , admit.new ") == (*stop, "admit.new")
+    assert parse_required(" , admit.new,,") == ("admit.new",)
+    assert parse_required("all") == reachable_in(ALL_MODES)
+    assert parse_required("all, async.stale_output", ("sync",)) == (*SYNC, "async.stale_output")
+    # each name once, in the place it first took
+    assert parse_required("admit.new, all", ("sync",)) == ("admit.new", *(n for n in SYNC if n != "admit.new"))
+    assert parse_required("all", ("sync",), ("lora",)) == reachable_in(("sync",), ("lora",))
+
+
+def test_parse_required_names_what_it_cannot_read() -> None:
+    from schedspec.spec.coverage import parse_required
+
+    for text, bad in [("admit.nope", "admit.nope"), ("st.*", "st.*"), ("admit.new.*", "admit.new.*")]:
+        try:
+            parse_required(text)
+        except ValueError as e:
+            assert str(e) == f"unknown rule {bad!r} (see spec/rule_names.py; 'all' names every rule)"
+        else:
+            raise AssertionError(text)
+    try:
+        parse_required(" , ")
+    except ValueError as e:
+        assert str(e) == "no rule named (give 'all' or rule names separated by commas)"
+    else:
+        raise AssertionError("' , '")

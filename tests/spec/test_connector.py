@@ -71,6 +71,7 @@ def test_modelled_connector_functions() -> None:
     assert get_num_new_matched_tokens(10, False, 4) == (6, False)
     assert get_num_new_matched_tokens(10, True, 4) == (6, True)
     assert get_num_new_matched_tokens(4, True, 8) == (0, False)
+    assert get_num_new_matched_tokens(5, True, 4) == (1, True)  # a single external token still loads async
     # the partial-tail rules (a local hit ending inside a block)
     assert external_hit(8, 4, 6, True) == (8, 6, True)
     assert external_hit(10, 4, 5, True) == (8, 5, True)  # longer remote hit: the tail goes

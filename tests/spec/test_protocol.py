@@ -168,3 +168,22 @@ def test_the_id_of_a_request_finished_since_the_last_plan_is_taken_until_the_nex
     assert s.schedule().finished_ids == ("a", "b")
     s.add(req("a", 3))  # reported: the id is free again
     assert s.view().waiting == ("a",)
+
+
+def test_a_protocol_error_names_the_plans_step_and_the_field() -> None:
+    """ProtocolError.step is the step of the plan the refused call concerns,
+    ``field`` the part of the call at fault."""
+    from schedspec.spec.scheduler import SpecScheduler
+
+    s = SpecScheduler(cfg())
+    s.add(req("a", [1, 2, 3]))
+    s.update(s.schedule(), StepResult({"a": (5,)}))
+    plan = s.schedule()
+    assert plan.step == 2
+    try:
+        s.update(plan, StepResult({"a": (6,)}, finished_recving=("a",)))
+    except ProtocolError as e:
+        assert (e.step, e.field) == (2, "finished_recving")
+        assert str(e) == "finished_recving reported but the config has no KV connector"
+    else:
+        raise AssertionError("update accepted a KV report without a connector")

@@ -5,48 +5,55 @@
 mutmut shows a method's lines as it mutated them, dedented to the function,
 with hunk positions relative to the function, so ``patch`` cannot place them.
 This finds each hunk's old lines (context and removals) in the file by their
-text, with any common indentation added, and replaces them with the new ones,
-indented alike. Exit 3 when a hunk is not found exactly once.
+stripped text, keeps the file's own context lines, and writes the added lines
+with the indentation the file adds to the hunk (the commonest difference over
+its lines: a docstring's continuation lines keep theirs). Exit 3 when a hunk
+is not found exactly once.
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 from pathlib import Path
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
 
 
 def apply(diff: str, tree: Path) -> None:
     lines = diff.splitlines()
     target = next(line[4:].strip() for line in lines if line.startswith("+++ "))
-    target = target.removeprefix("schedspec/")  # schedspec/spec is a link to spec/
-    path = tree / target
+    path = tree / target.removeprefix("schedspec/")  # schedspec/spec is a link to spec/
     text = path.read_text().splitlines()
-    hunks: list[tuple[list[str], list[str]]] = []
+    hunks: list[list[tuple[str, str]]] = []
     for line in lines:
         if line.startswith("@@"):
-            hunks.append(([], []))
-        elif hunks and not line.startswith(("---", "+++")):
-            old, new = hunks[-1]
-            body = line[1:]
-            if line.startswith("-"):
-                old.append(body)
-            elif line.startswith("+"):
-                new.append(body)
-            else:
-                old.append(body)
-                new.append(body)
-    for old, new in hunks:
-        found = []
-        for indent in range(0, 13, 4):
-            pad = " " * indent
-            want = [pad + o if o else o for o in old]
-            for at in range(len(text) - len(want) + 1):
-                if text[at:at + len(want)] == want:
-                    found.append((at, pad, len(want)))
+            hunks.append([])
+        elif hunks and not line.startswith(("---", "+++", "#")):
+            hunks[-1].append((line[:1], line[1:]))
+    for ops in hunks:
+        old = [body for kind, body in ops if kind != "+"]
+        key = [o.strip() for o in old]
+        found = [at for at in range(len(text) - len(old) + 1)
+                 if [t.strip() for t in text[at:at + len(old)]] == key]
         if len(found) != 1:
             raise SystemExit(3)
-        at, pad, size = found[0]
-        text[at:at + size] = [pad + n if n else n for n in new]
+        at = found[0]
+        shifts = collections.Counter(_indent(text[at + j]) - _indent(o) for j, o in enumerate(old) if o.strip())
+        pad = " " * max(0, shifts.most_common(1)[0][0]) if shifts else ""
+        new: list[str] = []
+        j = at
+        for kind, body in ops:
+            if kind == "+":
+                new.append(pad + body if body else body)
+            elif kind == "-":
+                j += 1
+            else:
+                new.append(text[j])
+                j += 1
+        text[at:at + len(old)] = new
     path.write_text("\n".join(text) + "\n")
 
 

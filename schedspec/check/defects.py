@@ -61,6 +61,12 @@ class Defect:
     #: what a run that meets it fails with: the invariant ids, and "stall"
     #: for a failure of kind stall (``known_defect`` matches on them)
     reports: frozenset[str] = frozenset()
+    #: draws (KNOBS) that mark a trace holding it without being avoided: a
+    #: defect the generators cannot steer around without losing the rules
+    #: those draws reach (it is named when met, never drawn around)
+    witness: frozenset[str] = frozenset()
+    #: for a witnessed defect, what else the trace must hold (None: nothing)
+    witnessed: Callable[[SchedulerConfig, list[Event]], bool] | None = None
 
 
 def _one_token_prompt(config: SchedulerConfig, request: RequestSpec) -> bool:
@@ -102,6 +108,29 @@ def _recompute_with_skipping_group(config: SchedulerConfig, request: RequestSpec
 
 def _synchronous_load(config: SchedulerConfig, request: RequestSpec) -> bool:
     return not request.kv_load_async
+
+
+def _recomputed_synchronous_load(config: SchedulerConfig, request: RequestSpec) -> bool:
+    return config.kv_load_failure_policy == "recompute" and not request.kv_load_async
+
+
+def _cached_synchronous_load(config: SchedulerConfig, request: RequestSpec) -> bool:
+    return config.enable_prefix_caching and not request.kv_load_async
+
+
+def _failed_load_shares_a_block(config: SchedulerConfig, events: list[Event]) -> bool:
+    """Whether a request whose synchronous load the events fail shares its
+    first block of external tokens with another request of the events."""
+    added = {e.request.request_id: e.request for e in events if isinstance(e, AddRequest)}
+    bs = config.block_size
+    for e in events:
+        req = added.get(e.request_id) if isinstance(e, KVLoadFailed) else None
+        if req is None or req.kv_load_async or req.kv_external_tokens < bs:
+            continue
+        head = req.prompt_token_ids[:bs]
+        if any(o is not req and o.prompt_token_ids[:bs] == head for o in added.values()):
+            return True
+    return False
 
 
 #: Every defect the generators steer around, in the order docs/divergences.md
@@ -162,6 +191,33 @@ DEFECTS: tuple[Defect, ...] = (
         knobs=frozenset({ABORT_AFTER_FAILED_SYNC_LOAD}),
         applies=_synchronous_load,
         reports=frozenset({"invalid-block-not-computed"}),
+    ),
+    Defect(
+        name="shared-invalid-block-holder-preempted",
+        behaviour=("under \"recompute\" the invalid blocks of a failed synchronous load stay in the prefix "
+                   "cache: a preemption of their holder before its recompute leaves them keyed, and the next "
+                   "hit counts invalid KV as computed (scheduler.py, _update_requests_with_invalid_blocks); the "
+                   "preemption is the scheduler's, so no draw avoids it"),
+        section="A shared invalid block whose recomputing holder is aborted or preempted is read as",
+        reported_by="invalid-block-not-computed",
+        knobs=frozenset(),
+        applies=_recomputed_synchronous_load,
+        reports=frozenset({"invalid-block-not-computed"}),
+        witness=frozenset({FAIL_SYNC_LOAD}),
+    ),
+    Defect(
+        name="same-step-hit-on-failed-sync-load",
+        behaviour=("a request admitted in the step of another's synchronous load with a prefix hit on the "
+                   "blocks that load writes keeps them as computed when the load is reported failed; only the "
+                   "loading request recomputes (scheduler.py, _update_requests_with_invalid_blocks); avoiding "
+                   "it would mean never failing a load whose prefix is shared"),
+        section="A prefix hit in the step of a synchronous load that fails reads the invalid block",
+        reported_by="kv-context (the fake model)",
+        knobs=frozenset(),
+        applies=_cached_synchronous_load,
+        reports=frozenset({"kv-context"}),
+        witness=frozenset({FAIL_SYNC_LOAD}),
+        witnessed=_failed_load_shares_a_block,
     ),
     Defect(
         name="rewind-before-unencoded-input",
@@ -233,7 +289,7 @@ def draws(defect: Defect, config: SchedulerConfig, events: Iterable[Event]) -> t
         elif isinstance(e, KVLoadFailed):
             if _sync_load(req):
                 failed.add(rid)
-                if FAIL_SYNC_LOAD in defect.knobs:
+                if FAIL_SYNC_LOAD in defect.knobs | defect.witness:
                     out[rid] = None
             elif req.kv_load_async and e.block_index is not None and FAIL_ASYNC_LOAD_AT_BLOCK in defect.knobs:
                 out[rid] = None
@@ -250,7 +306,7 @@ def known_defect(config: SchedulerConfig, events: Iterable[Event], reported: Ite
     ids = set(reported)
     events = list(events)
     for d in DEFECTS:
-        if d.reports & ids and draws(d, config, events):
+        if d.reports & ids and draws(d, config, events) and (d.witnessed is None or d.witnessed(config, events)):
             return d
     return None
 

@@ -6,15 +6,14 @@ r6, with the same prompt, is admitted in the same step with a prefix hit on
 those four tokens; the worker reports r3's load failed (block 1 invalid,
 under "recompute"). r3 recomputes, but r6 has already read position 3 from
 the invalid block: the fake model reports kv-context. vLLM 0.33 does the
-same (``schedspec replay TRACE --against vllm --mode invariants``), so the
-spec is in lockstep with it; the spec's owners decide whether it becomes a
-documented defect the generators steer around (check/defects.py) or a fix.
+same (``schedspec replay TRACE --against vllm --mode invariants``): a
+documented vLLM defect (docs/divergences.md), which a check names when the
+reference meets it (check/defects.py, same-step-hit-on-failed-sync-load).
 """
 
 from __future__ import annotations
 
-import pytest
-
+from schedspec.check.defects import failure_reports, known_defect
 from schedspec.check.run import failure_of
 from schedspec.check.workload import AddRequest, KVLoadFailed, Workload
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
@@ -31,13 +30,14 @@ EVENTS = (
 )
 
 
-def test_the_reproduction_fails_as_reported() -> None:
+def test_the_reproduction_fails_as_reported_and_is_named_as_the_documented_defect() -> None:
     failure = failure_of(Workload(CONFIG, EVENTS), {"spec": SpecScheduler})
     assert failure is not None and [v.invariant_id for v in failure.violations] == ["kv-context"]
     assert "r6: position 3" in failure.violations[0].message
+    defect = known_defect(CONFIG, EVENTS, failure_reports(failure.kind, ["kv-context"]))
+    assert defect is not None and defect.name == "same-step-hit-on-failed-sync-load"
 
 
-@pytest.mark.xfail(strict=True, reason="a prefix hit in the step of a synchronous load that fails reads the invalid "
-                                       "block (spec and vLLM 0.33 alike; reported to the spec's owners)")
-def test_a_same_step_hit_on_a_failed_synchronous_load_reads_no_invalid_block() -> None:
-    assert failure_of(Workload(CONFIG, EVENTS), {"spec": SpecScheduler}) is None
+def test_without_the_failed_load_nothing_is_named() -> None:
+    assert failure_of(Workload(CONFIG, EVENTS[:2]), {"spec": SpecScheduler}) is None
+    assert known_defect(CONFIG, EVENTS[:2], {"kv-context"}) is None

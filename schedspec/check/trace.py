@@ -38,8 +38,10 @@ and ``encoder_cache_size``; the requests' ``lora_id``, ``structured_output``,
 events; and the header's ``gates``, the gates the workload uses (checked
 against what it uses at load). At load a request with an adapter when
 max_loras is 0, or with encoder inputs and no encoder budget, and a
-grammar_ready for a request never added, aborted, without structured output
-or already ready, are refused.
+grammar_ready for a request never added, without structured output or
+already ready, are refused (one for an aborted request is kept: the
+structured-output manager may finish compiling after the abort, and each
+scheduler refuses it alike).
 
 Version 4 adds the KV connector and hybrid KV cache groups: the config's
 ``kv_connector``, ``kv_load_failure_policy`` and ``kv_cache_groups``; the
@@ -489,14 +491,13 @@ def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
 
 
 def _parse_grammar_ready(where: tuple[str, int], obj: dict[str, Any], state: _Loading) -> GrammarReady:
-    """A grammar_ready names a request added before it, not aborted, with
-    structured output, whose grammar was not reported before."""
+    """A grammar_ready names a request added before it (aborted or not: a
+    compile may finish after the abort, which the schedulers refuse alike),
+    with structured output, whose grammar was not reported before."""
     path, line = where
     rid = obj["request_id"]
     if rid not in state.seen:
         raise TraceError(path, line, "request_id", f"{rid!r} was never added before this line")
-    if rid in state.aborted:
-        raise TraceError(path, line, "request_id", f"{rid!r} is finished: aborted on line {state.aborted[rid]}")
     if rid not in state.structured:
         raise TraceError(path, line, "request_id",
                          f"{rid!r} has no structured output: it never waits for a grammar")

@@ -53,6 +53,8 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         # continue to break at a null block of a hit: a group's hit past its skipped blocks holds
         # none (the search's nulls are exactly the blocks the window or chunk skips)
         "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_take_hit": [18],
+        # the default of `reserved`: its one caller (WaitingPhase._admit) always passes it
+        "schedspec.impl.allocation.xǁAllocationMixinǁ_admit_alloc": [2],
         # rest > 0 always: two catalogued rules no mode reaches (waiting.skip_stale_output,
         # grammar.refused_sample; tests/spec/test_coverage_text.py holds them)
         "schedspec.spec.coverage.x__summary": [30, 31],
@@ -68,6 +70,8 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         "schedspec.spec.scheduler.xǁSpecSchedulerǁ_preempt_request": [4, 5],  # num_cached_blocks
         "schedspec.spec.scheduler.xǁSpecSchedulerǁ_admit": [40],  # num_computed_tokens: the plan sets it
         "schedspec.impl.kv_groups.xǁGroupsMixinǁ_chain": [39],  # KeyNode's holders and refs, set again
+        # encoder_left's first value: read only when the encoder window, which sets it, ran
+        "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running_request": [9],
         # last_token_ids after a refused update: the accepted update of the same plan sets it again
         # for every entry that samples (its fast pass or _append_slow) before a schedule() reads it
         "schedspec.impl.update.xǁUpdateMixinǁ_rollback": [11, 12, 16, 17],
@@ -82,6 +86,8 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         "schedspec.impl.update.xǁUpdateMixinǁ_update_sync": [25, 39, 53],
         # an empty extension of a group's table: the block-tuple cache dropped
         "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_grow": [11],
+        # the steady decode's slot gate (end < num_slots): the general rules take the boundary step
+        "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running": [68],
     },
     "indistinguishable": {
         # zip(strict=True) of two lists built from one range, and the admission assert, weakened

@@ -254,3 +254,19 @@ def test_pauses_and_grammars_come_and_go_and_impl_keeps_in_step(extra: dict[str,
     while inflight:
         plan = inflight.pop(0)
         p.update(plan, StepResult({e.request_id: (5,) for e in plan.scheduled if e.samples}))
+
+
+def test_two_live_grammars_hold_the_gated_path_until_both_finish() -> None:
+    """impl counts the unfinished requests with a grammar: the first one to
+    finish leaves the other's grammar in force, so a token it refuses still
+    finishes it with an error."""
+    p = Pair(cfg())
+    p.add(req("g1", 6, max_tokens=2, structured_output=True))
+    p.add(req("g2", 6, max_tokens=8, structured_output=True, grammar_rejects=(9,)))
+    p.grammar_ready("g1")
+    p.grammar_ready("g2")
+    assert [e[0] for e in entries(step(p, token=3))] == ["g1", "g2"]
+    step(p, token=3)  # g1 reaches max_tokens
+    assert "g1" in p.view().finished and p.view().requests["g2"].status == RequestStatus.RUNNING
+    step(p, token=9)  # refused by g2's grammar
+    assert p.view().finished["g2"].status == RequestStatus.FINISHED_ERROR

@@ -86,6 +86,9 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         "schedspec.impl.update.xǁUpdateMixinǁ_update_sync": [25, 39, 53],
         # an empty extension of a group's table: the block-tuple cache dropped
         "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_grow": [11],
+        # the gate rules taken while unpaused, or left while paused: the pause is decided by
+        # schedule() and the waiting phase on every path (impl/waiting.py, _schedule_waiting)
+        "schedspec.impl.scheduler.xǁImplSchedulerǁschedule": [10],
         # the steady decode's slot gate (end < num_slots): the general rules take the boundary step
         "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running": [68],
     },

@@ -592,3 +592,19 @@ def test_one_token_prompt_loaded_asynchronously_loads_again() -> None:
     v = s.view().requests["r"]
     assert (v.status, v.num_computed_tokens, v.block_ids) == (S.WAITING_FOR_REMOTE_KVS, 1, (1,))
     assert s.rules["connector.reload_held"] >= 1
+
+
+def test_an_invalid_block_no_load_writes_is_refused_by_name() -> None:
+    from schedspec.spec.interface import ProtocolError
+
+    s = make()
+    s.add(RequestSpec("a", tuple(range(10)), 2))  # no external tokens: no load
+    plan = s.schedule()
+    before = s.view()
+    with pytest.raises(ProtocolError) as exc:
+        s.update(plan, StepResult(sampled={"a": (7,)}, invalid_block_ids=(1,)))
+    assert str(exc.value).endswith(
+        "invalid_block_ids holds block 1, which no load this result ends writes (an asynchronous load in "
+        "finished_recving, or a synchronous load of this plan)")
+    assert exc.value.field == "invalid_block_ids" and exc.value.step == plan.step
+    assert s.view() == before

@@ -111,6 +111,8 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         # the field name passed to check_field, which no kind reads (the path names the field)
         "schedspec.spec.kv_kinds.xǁGroupKindǁvalidate": [7],
         "schedspec.impl.prefix_index.xǁPrefixIndexǁevict": [13],
+        # None for "" as the group before the first: no rule's group is either
+        "schedspec.spec.coverage.x_format_table": [15],
         "schedspec.impl.free_queue.xǁFreeBlockQueueǁ__init__": [47, 48],
         "schedspec.impl.queues.xǁFcfsWaitingǁpush_front": [3],
         "schedspec.impl.queues.xǁFcfsWaitingǁpop_head": [1],

@@ -177,3 +177,14 @@ def test_a_field_declared_at_run_time_is_read_back_by_declared() -> None:
     assert declared(Probe) is declared(Probe)
     assert [name for name, _, d in declared(SchedulerConfig) if d.since == 2] == [
         "async_scheduling", "num_speculative_tokens"]
+
+
+def test_kv_fields_are_refused_by_name() -> None:
+    assert (message(lambda: RequestSpec("a", (1, 2), 1, kv_load_async=True), RequestError)
+            == "request 'a': kv_load_async: an asynchronous load needs kv_external_tokens > 0")
+    assert message(lambda: cfg(kv_cache_groups=[]), ConfigError).startswith(
+        "config.kv_cache_groups: must be a tuple of KVCacheGroup, got list")
+    assert message(lambda: cfg(kv_connector=True, kv_load_failure_policy="retry"), ConfigError).startswith(
+        "config.kv_load_failure_policy: ")
+    assert message(lambda: RequestSpec("a", (1, 2), 1, cache_salt="x\x1dy"), RequestError).startswith(
+        "request 'a': cache_salt: ")

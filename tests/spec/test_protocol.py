@@ -187,3 +187,30 @@ def test_a_protocol_error_names_the_plans_step_and_the_field() -> None:
         assert str(e) == "finished_recving reported but the config has no KV connector"
     else:
         raise AssertionError("update accepted a KV report without a connector")
+
+
+def test_boundary_errors_name_their_step_and_field() -> None:
+    """A ProtocolError carries the field it is about and, for a plan's
+    result, the plan's step: schedule() twice names the plan; a draft for
+    an unknown request names the drafts and the step."""
+    import pytest
+
+    from schedspec.spec.scheduler import SpecScheduler
+
+    s = SpecScheduler(cfg(max_model_len=16, num_blocks=9, max_num_batched_tokens=16, num_speculative_tokens=2))
+    s.add(req("a", 3))
+    p = s.schedule()
+    with pytest.raises(ProtocolError) as exc:
+        s.schedule()
+    assert exc.value.field == "plan"
+    with pytest.raises(ProtocolError) as exc:
+        s.update(p, StepResult({"a": (1,)}, draft_token_ids=[(1,)]))  # type: ignore[arg-type]
+    assert (exc.value.field, exc.value.step) == ("draft_token_ids", p.step)
+    # async scheduling: a third schedule() with two plans in flight names the plan too
+    s = SpecScheduler(cfg(max_model_len=16, num_blocks=9, max_num_batched_tokens=16, async_scheduling=True))
+    s.add(req("a", 3))
+    s.schedule()
+    s.schedule()
+    with pytest.raises(ProtocolError) as exc:
+        s.schedule()
+    assert exc.value.field == "plan"

@@ -111,6 +111,9 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         # the field name passed to check_field, which no kind reads (the path names the field)
         "schedspec.spec.kv_kinds.xǁGroupKindǁvalidate": [7],
         "schedspec.impl.prefix_index.xǁPrefixIndexǁevict": [13],
+        # the requests of a failed asynchronous load returned under "recompute" too: they wait for
+        # their load, so no entry of the plan is theirs and skipping their output skips nothing
+        "schedspec.spec.connector.xǁConnectorMixinǁ_handle_failed_recving": [20],
         # None for "" as the group before the first: no rule's group is either
         "schedspec.spec.coverage.x_format_table": [15],
         "schedspec.impl.free_queue.xǁFreeBlockQueueǁ__init__": [47, 48],

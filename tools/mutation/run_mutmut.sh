@@ -23,17 +23,15 @@
 # invariants/ for tests that read source files by path (never imported: the
 # tests import schedspec.*).
 #
-# The test command for each mutant is the fast selection, stopping at the first
-# failure (vLLM's tests deselected): the spec's scenario tests
-# (tests/spec/test_scheduler.py); the rules at the edges of their contracts and
-# the exact messages of config, request and protocol errors
-# (tests/spec/test_rules.py, test_config.py, test_interface.py,
-# test_protocol.py); spec and impl side by side, impl's structures and its
-# clone() (tests/impl/test_twins.py, test_queues.py, test_structures.py,
-# test_clone.py); every vector replayed in lockstep (tests/vectors/test_vectors.py);
-# a preemption-heavy lockstep run and a short `schedspec check --against impl`
-# (tests/impl/test_gate.py). mutmut runs, for each mutant, only the tests that
-# execute the mutated function, fastest first.
+# The test command for each mutant is the fast selection below, stopping at
+# the first failure (vLLM's tests deselected, and the CrossHair contract run,
+# which would check every mutant copy of a function): the spec's scenario,
+# rule, message, clone and coverage tests; impl beside the spec, its
+# structures, clone(), gates, connector and KV groups; every vector replayed
+# in lockstep; a preemption-heavy lockstep run and a short gate run. mutmut
+# runs, for each mutant, only the tests that execute the mutated function,
+# fastest first. docs/bugzoo.md, "Sampling", says how to score a seeded
+# sample of the mutants.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="${MUTMUT_WORKDIR:-/tmp/schedspec-mutmut}"

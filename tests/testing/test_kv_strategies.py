@@ -49,10 +49,10 @@ SpecKVMachine = make_machine({"spec": SpecScheduler}, capabilities=KV, check_inv
 # The spec's own KV state machine, unmarked. The assertion it once tripped in
 # _admit after a failed load was not met in 3,700 examples of up to 40 steps
 # (random seeds, about 20 minutes). What those runs did meet, once in the
-# first 500, is held apart by the strict xfail of
-# tests/check/test_kv_same_step_invalid.py: a prefix hit in the step of a
+# first 500, is a documented vLLM 0.33 defect the check names when met
+# (tests/check/test_kv_same_step_invalid.py): a prefix hit in the step of a
 # synchronous load that fails reads the invalid block, on the spec and vLLM
-# 0.33 alike. Derandomized, so CI runs the same examples every time.
+# alike. Derandomized, so CI runs the same examples every time.
 TestSpecKVMachine = SpecKVMachine.TestCase
 TestSpecKVMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
                                       suppress_health_check=list(HealthCheck), database=None, derandomize=True,

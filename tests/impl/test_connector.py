@@ -185,3 +185,33 @@ def test_clones_are_independent() -> None:
     assert c.view().requests["a"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert c.view().kv_held_by_finished == {}
     assert dataclasses.replace(t.impl.view(), finished={}).kv_held_by_finished == {"a": (1, 2)}
+
+
+def test_a_failed_grammar_and_a_failed_load_finish_in_the_same_update() -> None:
+    """Under kv_load_failure_policy "fail" the update that reports a failed
+    load finishes its request with an error, and with it every request whose
+    grammar failed since the last update (in id order)."""
+    t = Twin(config(kv_load_failure_policy="fail"))
+    t.add(req("r", 14, kv_external_tokens=12))
+    t.add(req("g", 6, structured_output=True))
+    t.both(lambda s: s.grammar_ready("g", False))
+    plan = t.schedule()
+    assert [e.request_id for e in plan.scheduled] == ["r"]
+    t.update(plan, StepResult({"r": (5,)}, invalid_block_ids=plan.kv_loads[0].block_ids[:1]))
+    v = t.impl.view()
+    assert v.finished["r"].status == RequestStatus.FINISHED_ERROR
+    assert v.finished["g"].status == RequestStatus.FINISHED_ERROR
+
+
+def test_drafts_for_a_request_whose_load_failed_are_taken_after_the_errors() -> None:
+    """Synchronous speculative decoding: the drafts proposed for a request
+    whose output the failed load skipped are applied once the update's
+    errors are done (update_draft_token_ids after update_from_output)."""
+    t = Twin(config(kv_load_failure_policy="recompute", num_speculative_tokens=2))
+    t.add(req("r", 14, kv_external_tokens=12))
+    plan = t.schedule()
+    t.update(plan, StepResult({"r": (5,)}, invalid_block_ids=plan.kv_loads[0].block_ids[1:2],
+                              draft_token_ids={"r": (8, 9)}))
+    r = t.impl.view().requests["r"]
+    assert r.num_computed_tokens == 4 and r.output_token_ids == ()  # truncated, its token skipped
+    assert r.spec_token_ids == (8, 9)

@@ -121,3 +121,20 @@ def test_an_id_finished_since_the_last_plan_stays_taken_until_a_plan_reports_it(
     t.add(req("a", 5))  # reported: the ids are free again
     t.add(req("b", 5))
     assert t.step().scheduled_ids == ("a", "b")
+
+
+def test_a_bad_result_on_the_general_update_gets_the_spec_error() -> None:
+    """Async scheduling takes the general update: a result it cannot vouch
+    for goes to the protocol's own check, which raises the spec's error on
+    both and changes nothing."""
+    t = Twin(cfg(async_scheduling=True))
+    t.add(req("a", 3))
+    plan = t.schedule()
+    for bad in ({"zz": (1,)}, {"a": (1, 2)}, {"a": (-1,)}):
+        try:
+            t.update(plan, StepResult(bad))
+        except BothRaised as exc:
+            assert "ProtocolError" in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    t.update(plan, StepResult({"a": (1,)}))

@@ -270,3 +270,16 @@ def test_two_live_grammars_hold_the_gated_path_until_both_finish() -> None:
     assert "g1" in p.view().finished and p.view().requests["g2"].status == RequestStatus.RUNNING
     step(p, token=9)  # refused by g2's grammar
     assert p.view().finished["g2"].status == RequestStatus.FINISHED_ERROR
+
+
+def test_an_encoder_input_at_the_last_prompt_token_runs_with_it() -> None:
+    """A prefill that stops one token short of its prompt, whose last token
+    is an encoder input: the next step schedules that token with its input
+    (the steady decode takes only requests past their prompt)."""
+    p = Pair(cfg(max_num_batched_tokens=8, max_num_encoder_input_tokens=16, encoder_cache_size=16))
+    p.add(req("a", 9, max_tokens=2, mm_inputs=(MMInput(8, 1, "cat"),)))
+    first = p.schedule()
+    assert [(e.request_id, e.num_scheduled_tokens, e.encoder_inputs) for e in first.scheduled] == [("a", 8, ())]
+    p.update(first, StepResult({}))
+    (e,) = p.schedule().scheduled
+    assert (e.num_computed_tokens, e.num_scheduled_tokens, e.encoder_inputs) == (8, 1, (0,))

@@ -46,6 +46,7 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
+from schedspec.check import completion
 from schedspec.check.deadline import CLOCK, CallTimeout
 from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model
 from schedspec.check.records import (
@@ -64,7 +65,6 @@ from schedspec.check.workload import (
     AddRequest,
     Event,
     EventError,
-    KV_REPORT_BOUND,
     GrammarReady,
     InFlight,
     KVLoadDone,
@@ -136,11 +136,11 @@ class Runner:
         #: every apply() and run() returns it, naming the scheduler and the call
         self.build_failure: Failure | None = None
         self.scheds: dict[str, Scheduler] = {}
-        self._where_now = ("?", "?")
+        self.where_now = ("?", "?")
         self._timed_out_step = 0  # the step whose call ran past its deadline
         for n, f in factories.items():
             try:
-                self._where = (n, "construction")
+                self.where = (n, "construction")
                 self.scheds[n] = f(config)
             except CallTimeout as exc:
                 self.build_failure = Failure("timeout", -1, 0, n, exc.describe(f"{callable_name(f)}(config)"),
@@ -175,7 +175,7 @@ class Runner:
         self.views: dict[str, SchedulerView] = {}
         for n, s in self.scheds.items() if self.need_views and self.build_failure is None else ():
             try:
-                self._where = (n, "view")
+                self.where = (n, "view")
                 self.views[n] = s.view()
             except CallTimeout as exc:
                 self.build_failure = Failure("timeout", -1, 0, n, exc.describe(f"{type(s).__qualname__}.view()"),
@@ -209,14 +209,14 @@ class Runner:
         self.stopped = False
 
     @property
-    def _where(self) -> tuple[str, str]:
+    def where(self) -> tuple[str, str]:
         """(scheduler name, method) of the call in progress; setting it notes
         the call on the deadline clock (check/deadline.py)."""
-        return self._where_now
+        return self.where_now
 
-    @_where.setter
-    def _where(self, where: tuple[str, str]) -> None:
-        self._where_now = where
+    @where.setter
+    def where(self, where: tuple[str, str]) -> None:
+        self.where_now = where
         if where[0] == "?":
             CLOCK.stop()
         else:
@@ -250,7 +250,7 @@ class Runner:
         """The steps whose plans await update(), oldest first."""
         return tuple(p.step for p in self.pending)
 
-    def _fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = (),
+    def fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = (),
               exception: BaseException | None = None) -> Failure:
         return Failure(kind, self.event_index, self.step_in_progress or self.stats.steps, name, message,
                        violations, exception, self.in_flight if self.config.async_scheduling else ())
@@ -258,7 +258,7 @@ class Runner:
     def _observe(self, name: str, t_kind: str, before: SchedulerView, **kw: object) -> Failure | None:
         if not self.need_views:
             return None
-        self._where = (name, "view")
+        self.where = (name, "view")
         after = self.scheds[name].view()
         if not isinstance(after, SchedulerView):
             return self._wrong_type(name, "view", after, SchedulerView)
@@ -270,21 +270,21 @@ class Runner:
         if t_kind == "schedule" and isinstance(kw.get("plan"), StepPlan):
             in_flight += (kw["plan"],)  # type: ignore[operator]
         t = Transition(kind=t_kind, before=before, after=after, in_flight=in_flight, **kw)  # type: ignore[arg-type]
-        self._where = (name, "invariants")
+        self.where = (name, "invariants")
         found = monitor.observe(t)
         if found:
-            return self._fail("violation", name, f"{len(found)} invariant violation(s) after {t_kind}", tuple(found))
+            return self.fail("violation", name, f"{len(found)} invariant violation(s) after {t_kind}", tuple(found))
         return None
 
     def _compare(self, what: str, values: dict[str, object]) -> Failure | None:
         first = self.names[0]
         for name in self.names[1:]:
             if values[name] != values[first]:
-                return self._fail("divergence", name, describe_difference(what, first, values[first], name, values[name]))
+                return self.fail("divergence", name, describe_difference(what, first, values[first], name, values[name]))
         return None
 
     def _wrong_type(self, name: str, method: str, value: object, want: type) -> Failure:
-        return self._fail("error", name, wrong_type(type(self.scheds[name]), method, value, want))
+        return self.fail("error", name, wrong_type(type(self.scheds[name]), method, value, want))
 
     def apply(self, event: Event) -> Failure | None:
         """Apply one event. An event that breaks the in-flight protocol (an
@@ -295,7 +295,7 @@ class Runner:
             return self.build_failure
         self._check_event(event)
         self.event_index += 1
-        self._where = ("?", "?")
+        self.where = ("?", "?")
         try:
             failure = self._apply(event)
             if failure is None and self.clear_pending and self._engine_idle():
@@ -304,9 +304,9 @@ class Runner:
         except CallTimeout as exc:  # a call ran past its deadline: a finding too
             return self._timeout_failure(exc)
         except Exception as exc:  # a scheduler crashed: that is a finding, not our crash
-            name, method = self._where
+            name, method = self.where
             name, who = culprit(name, method, self.scheds.get(name), self.models.get(name))
-            return self._fail("error", name, raised(who, exc, __file__), exception=exc)
+            return self.fail("error", name, raised(who, exc, __file__), exception=exc)
         finally:
             CLOCK.stop()
 
@@ -331,7 +331,7 @@ class Runner:
             req = event.request
             for name in self.names:
                 before = self.views.get(name)
-                self._where = (name, "add")
+                self.where = (name, "add")
                 self.scheds[name].add(req)
                 if before is not None and (f := self._observe(name, "add", before, request=req)):
                     return f
@@ -349,7 +349,7 @@ class Runner:
             outcomes: dict[str, object] = {}
             for name in self.names:
                 before = self.views.get(name)
-                self._where = (name, "abort")
+                self.where = (name, "abort")
                 try:
                     self.scheds[name].abort(rid)
                     outcomes[name] = "aborted"
@@ -368,12 +368,12 @@ class Runner:
                 return f
         elif isinstance(event, Pause):
             state = PauseState.PAUSED_ALL if event.mode == "all" else PauseState.PAUSED_NEW
-            if (f := self._set_pause_state(state)):
+            if (f := self.set_pause_state(state)):
                 return f
             self.stats.pauses += 1
             self.clear_pending = self.clear_pending or event.clear_cache
         elif isinstance(event, Resume):
-            if (f := self._set_pause_state(PauseState.UNPAUSED)):
+            if (f := self.set_pause_state(PauseState.UNPAUSED)):
                 return f
         elif isinstance(event, GrammarReady):
             if (f := self._grammar_ready(event)):
@@ -399,18 +399,18 @@ class Runner:
             return self._updated(event.step)
         else:
             raise TypeError(f"unknown event {event!r}")
-        return self._compare_views()
+        return self.check_views()
 
     def _reset(self, reset_running_requests: bool) -> Failure | None:
         """reset_prefix_cache on every scheduler, the results compared."""
         running: tuple[str, ...] = ()
         if self.pending and reset_running_requests:
-            self._where = (self.names[0], "view")
+            self.where = (self.names[0], "view")
             running = (self.views.get(self.names[0]) or self.primary.view()).running
         results: dict[str, object] = {}
         for name in self.names:
             before = self.views.get(name)
-            self._where = (name, "reset_prefix_cache")
+            self.where = (name, "reset_prefix_cache")
             try:
                 results[name] = self.scheds[name].reset_prefix_cache(reset_running_requests)
             except ProtocolError:
@@ -445,10 +445,10 @@ class Runner:
                             f"method of that admission gate), yet the workload uses it")
         return fn
 
-    def _set_pause_state(self, state: PauseState) -> Failure | None:
+    def set_pause_state(self, state: PauseState) -> Failure | None:
         for name in self.names:
             before = self.views.get(name)
-            self._where = (name, "set_pause_state")
+            self.where = (name, "set_pause_state")
             self._optional(name, "set_pause_state")(state)  # type: ignore[operator]
             if before is not None and (f := self._observe(name, "pause", before)):
                 return f
@@ -463,7 +463,7 @@ class Runner:
         outcomes: dict[str, object] = {}
         for name in self.names:
             before = self.views.get(name)
-            self._where = (name, "grammar_ready")
+            self.where = (name, "grammar_ready")
             try:
                 self._optional(name, "grammar_ready")(rid, event.ok)  # type: ignore[operator]
                 outcomes[name] = "ready" if event.ok else "failed"
@@ -496,7 +496,7 @@ class Runner:
                 return False
             if any(p.plans[self.names[0]].scheduled for p in self.pending):
                 return False
-        self._where = (self.names[0], "view")
+        self.where = (self.names[0], "view")
         view = self.views.get(self.names[0]) if self.need_views else None
         return scheduler_has_no_work(view or self.primary.view())
 
@@ -508,14 +508,14 @@ class Runner:
         self.stats.cache_clears += 1
         if (f := self._reset(True)):
             return f
-        return self._compare_views()
+        return self.check_views()
 
     def _probe(self) -> InFlight:
         probe = InFlight(self.flight.async_scheduling)
         probe.scheduled, probe.steps = self.flight.scheduled, list(self.flight.steps)
         return probe
 
-    def _compare_views(self) -> Failure | None:
+    def check_views(self) -> Failure | None:
         if not self.compare_views:
             return None
         return self._compare("view()", dict(self.views))
@@ -560,14 +560,14 @@ class Runner:
         plans: dict[str, StepPlan] = {}
         for name in self.names:
             before = self.views.get(name)
-            self._where = (name, "schedule")
+            self.where = (name, "schedule")
             plans[name] = self.scheds[name].schedule()
             if not isinstance(plans[name], StepPlan):
                 return self._wrong_type(name, "schedule", plans[name], StepPlan)
             if before is not None and (f := self._observe(name, "schedule", before, plan=plans[name])):
                 self._record_failed_step(name, plans[name])
                 return f
-        if (f := self._compare("schedule()", dict(plans))) or (f := self._compare_views()):
+        if (f := self._compare("schedule()", dict(plans))) or (f := self.check_views()):
             self._record_failed_step(f.scheduler, plans[f.scheduler])
             return f
         plan = plans[self.names[0]]
@@ -584,7 +584,7 @@ class Runner:
         tainted: set[str] = set().union(*(p.kv_affected for p in self.pending)) if self.pending else set()
         results: dict[str, StepResult] = {}
         for name in self.names:
-            self._where = (name, "execute")
+            self.where = (name, "execute")
             model = self.models[name]
             worker = self.workers.get(name)
             seen = truth
@@ -592,9 +592,9 @@ class Runner:
                 # the connector's loads of this plan: synchronous ones written
                 # before the forward; a request whose synchronous load fails
                 # here is not checked (its sample is discarded)
-                self._where = (name, "kv worker")
+                self.where = (name, "kv worker")
                 failing = worker.before(plans[name]) | tainted
-                self._where = (name, "execute")
+                self.where = (name, "execute")
                 if failing:
                     seen = {rid: toks for rid, toks in truth.items() if rid not in failing}
             try:
@@ -605,12 +605,12 @@ class Runner:
                 else:
                     results[name] = model.execute(plans[name], seen)
                 if worker is not None:
-                    self._where = (name, "kv worker")
+                    self.where = (name, "kv worker")
                     view = self.views.get(name) if self.need_views else None
                     results[name] = worker.after(plans[name], view or self.scheds[name].view(), results[name])
             except ContextError as exc:
                 m = exc.mismatch
-                return self._fail(
+                return self.fail(
                     "violation",
                     name,
                     "the model read a context that is not the request's tokens",
@@ -647,7 +647,7 @@ class Runner:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
         for name in self.names:
             before = self.views.get(name)
-            self._where = (name, "update")
+            self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])
             if before is not None and (
                 f := self._observe(name, "update", before, plan=plans[name], result=results[name])
@@ -660,7 +660,7 @@ class Runner:
                 self.truth[rid].extend(toks)
         if self.history is not None:
             self._mark_updated(pending.step)
-        return self._compare_views()
+        return self.check_views()
 
     def _meaningful(self, name: str, result: StepResult, pending: _Pending) -> StepResult:
         """``result`` as it reaches update(): the invalid block of a
@@ -688,84 +688,10 @@ class Runner:
         self.stats.held_block_steps += sum(len(blocks) for blocks in held.values())
 
     def quiesce(self, max_steps: int = 5_000) -> Failure | None:
-        """``_quiesce``, a call past its deadline returned as a Failure."""
-        return self.timed(lambda: self._quiesce(max_steps))
-
-    def _quiesce(self, max_steps: int) -> Failure | None:
-        """Quiescence at the end of a workload (with a KV connector or hybrid
-        groups): step on until no request is unfinished and no worker report
-        is pending, then check that every block is free.
-
-        A pause in force is resumed first. Requests that make no progress for
-        KV_REPORT_BOUND + 3 steps in a row with no report pending (waiting
-        for a grammar that never comes, say) are aborted, as a client gives
-        up. Once every request has finished, the held blocks must all be
-        reported within KV_REPORT_BOUND + 2 steps (the bounded wait); then
-        every block must be free (ref_cnt 0, nothing held by a finished
-        request). What fails is a Failure like any other: "stall" when the
-        requests never finish within ``max_steps``, "violation" of
-        ``kv-quiescence`` when a report never comes or a block stays held."""
-        if self.build_failure is not None:
-            return self.build_failure
-        if self.pause_state != PauseState.UNPAUSED and all(
-                callable(getattr(s, "set_pause_state", None)) for s in self.scheds.values()):
-            if (f := self._set_pause_state(PauseState.UNPAUSED)) or (f := self._compare_views()):
-                return f
-        idle = 0
-        after_finish = 0
-        steps = 0
-        while True:
-            self._where = (self.names[0], "view")
-            view = self.primary.view()
-            busy_reports = bool(view.kv_held_by_finished) or any(w.reports_pending for w in self.workers.values())
-            if not view.requests and not busy_reports:
-                break
-            if not view.requests:
-                after_finish += 1
-                if after_finish > KV_REPORT_BOUND + 2:
-                    return self._fail("violation", self.names[0], "quiescence: reports still pending after the bound",
-                                      (Violation("kv-quiescence",
-                                                 f"{KV_REPORT_BOUND + 2} steps after every request finished, "
-                                                 f"finished requests still hold blocks: "
-                                                 f"{dict(view.kv_held_by_finished)}"),))
-            if steps >= max_steps:
-                return self._fail("stall", self.names[0], f"not quiescent after {max_steps} steps past the events")
-            if idle > KV_REPORT_BOUND + 3 and not busy_reports:
-                for rid in sorted(view.requests):
-                    if (f := self.apply(Abort(rid))):
-                        return f
-                idle = 0
-                continue
-            # the events may end between a schedule and its update (two plans
-            # in flight with async scheduling): update first
-            full = len(self.pending) >= (2 if self.config.async_scheduling else 1)
-            event: Event = Update() if full else Step()
-            if (f := self.apply(event)):
-                return f
-            steps += 1
-            idle = 0 if self.last_plan is not None and self.last_plan.scheduled else idle + 1
-        if (f := self.drain()):
-            return f
-        return self._check_quiescent()
-
-    def _check_quiescent(self) -> Failure | None:
-        """Every block free on every scheduler: nothing referenced, nothing held."""
-        for name, sched in self.scheds.items():
-            self._where = (name, "view")
-            view = sched.view()
-            used = [b for b, n in enumerate(view.kv.ref_cnt) if n and b != 0]
-            if used or view.kv_held_by_finished or view.requests:
-                what = []
-                if view.requests:
-                    what.append(f"unfinished requests {sorted(view.requests)}")
-                if view.kv_held_by_finished:
-                    what.append(f"blocks held by finished requests {dict(view.kv_held_by_finished)}")
-                if used:
-                    what.append(f"blocks still referenced {used}")
-                return self._fail("violation", name, "quiescence: not every block is free at the end",
-                                  (Violation("kv-quiescence", "after the last event and every report: "
-                                             + "; ".join(what)),))
-        return None
+        """Step on past the events until quiescent, every block checked free
+        (check/completion.py, ``quiesce``); a call past its deadline is
+        returned as a Failure."""
+        return self.timed(lambda: completion.quiesce(self, max_steps))
 
     def _mark_updated(self, step: int) -> None:
         """The last record gets this update (and the view after it); in sync
@@ -784,7 +710,7 @@ class Runner:
     def _compare_final_views(self) -> Failure | None:
         views: dict[str, object] = {}
         for n, s in self.scheds.items():
-            self._where = (n, "view")
+            self.where = (n, "view")
             views[n] = s.view()
         return self._compare("final view()", views)
 
@@ -819,58 +745,8 @@ class Runner:
     def run_to_completion(
         self, events: tuple[Event, ...] | list[Event], *, max_steps: int = 20_000, max_idle_steps: int = 3
     ) -> Failure | None:
-        """``_run_to_completion``, a call past its deadline returned as a Failure."""
-        return self.timed(lambda: self._run_to_completion(events, max_steps=max_steps,
-                                                          max_idle_steps=max_idle_steps))
-
-    def _run_to_completion(
-        self, events: tuple[Event, ...] | list[Event], *, max_steps: int = 20_000, max_idle_steps: int = 3
-    ) -> Failure | None:
-        """Apply ``events``, then step on until every request has finished,
-        then update the plan left in flight (``drain``).
-
-        Before each step (one of the events' or one after them), the run ends
-        when every request added so far has finished and no AddRequest is
-        ahead; the events left then are aborts of finished requests.
-        Finished requests are collected into ``finished`` from the primary's
-        view. A run that reaches ``max_steps`` steps, or schedules nothing
-        more than ``max_idle_steps`` times in a row with no arrival ahead, is
-        a Failure of kind "stall"."""
-        # an arrival, a grammar compiled or a resume ahead: waiting is not a stall
-        last_add = max((i for i, e in enumerate(events)
-                        if isinstance(e, (AddRequest, GrammarReady, Resume))), default=-1)
-        if self.workers:  # a load in flight is waited for up to the bounded wait
-            max_idle_steps += KV_REPORT_BOUND + 1
-        idle = 0
-        i = 0
-        while True:
-            if i < len(events) and not isinstance(events[i], (Step, Schedule)):
-                if (f := self.apply(events[i])):
-                    return f
-                i += 1
-                continue
-            arrivals_ahead = i <= last_add
-            self._collect_finished()
-            if not arrivals_ahead and self.finished.keys() >= self.truth.keys():
-                return self.drain()
-            if self.stats.steps >= max_steps:
-                return self._fail("stall", self.names[0], f"not finished after {max_steps} steps")
-            if i >= len(events) and len(self.pending) >= (2 if self.config.async_scheduling else 1):
-                event: Event = Update()  # the events ended between a Schedule and its Update
-            else:
-                event = events[i] if i < len(events) else Step()
-            if (f := self.apply(event)):
-                return f
-            i += 1
-            self._collect_finished()
-            if self.last_plan is not None and self.last_plan.scheduled:
-                idle = 0
-            elif not arrivals_ahead:
-                idle += 1
-                if idle > max_idle_steps:
-                    return self._fail("stall", self.names[0], "the scheduler schedules nothing with requests left")
-
-    def _collect_finished(self) -> None:
-        self._where = (self.names[0], "view")
-        for rid, rv in self.primary.view().finished.items():
-            self.finished.setdefault(rid, rv)
+        """Apply ``events``, then step on until every request has finished
+        (check/completion.py, ``run_to_completion``); a call past its deadline
+        is returned as a Failure."""
+        return self.timed(lambda: completion.run_to_completion(self, events, max_steps=max_steps,
+                                                               max_idle_steps=max_idle_steps))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA token-equivalence run of issue 18, stage by stage, on a machine with a GPU.
+# The CUDA token-equivalence run, stage by stage, on a machine with a GPU.
 #
 #   scripts/gpu_matrix.sh OUTDIR
 #   STAGES="env tests glass16" scripts/gpu_matrix.sh OUTDIR      # only these stages, in this order
@@ -19,9 +19,11 @@
 #   hyb16          glassllm with hybrid KV cache groups (--sliding-window $SW, odd layers), exact and fast,
 #                  16 workloads (the connector variants included)   -> cuda-hyb16-*.json (not in the default STAGES)
 #   cross          exact mode, CUDA against the CPU, baseline tokens (glassllm 16, smollm2 $CROSS_SMOL) -> cross-*.json
-#   maxbatch       the largest prefill batch, fast mode (and exact), 512-token prompts -> maxbatch-*.json
+#   maxbatch       the largest prefill batch of each model of MAXBATCH_MODELS ("smol"; "smol glass" adds glassllm),
+#                  in MAXBATCH_MODES ("fast exact"), prompts of PROMPT_LEN (512) tokens or the model's positions
+#                  if fewer (glassllm: 128)                            -> maxbatch-MODEL-MODE.json
 #   cpuwait        wait for the background CPU matrices
-#   summary        scripts/equivalence_summary.py over what is there       -> summary.md
+#   summary        scripts/equivalence_summary.py over what is there (hyb16 included) -> summary.md
 #
 # Each stage is short enough for one 10-minute command; run the long ones as separate commands
 # (e.g. STAGES="env tests glass16", then STAGES="cpu smol16 cpuwait", ...). The background CPU
@@ -35,6 +37,10 @@
 # DEVICE=cpu LIMIT=2 (every set cut to 2 workloads).
 set -u
 OUT=${1:?usage: scripts/gpu_matrix.sh OUTDIR}
+MAXBATCH_MODELS=${MAXBATCH_MODELS:-smol}
+for m in $MAXBATCH_MODELS; do
+  case "$m" in smol|glass) ;; *) echo "scripts/gpu_matrix.sh: MAXBATCH_MODELS: unknown model '$m' (smol, glass)" >&2; exit 2 ;; esac
+done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT" "$OUT/cpu"
 OUT=$(cd "$OUT" && pwd)
@@ -56,6 +62,7 @@ EQ=("$PY" -m schedspec equivalence)
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/stages.log"; }
 
 model_of() { case "$1" in glass*|hyb*) echo glassllm ;; smol*) echo "$SMOL" ;; esac; }
+positions_of() { case "$1" in glass*|hyb*) echo 128 ;; smol*) echo 8192 ;; esac; }  # max_position, held by tests
 count_of() { local n="${1//[!0-9]/}"; [ -n "${LIMIT:-}" ] && [ "$n" -gt "$LIMIT" ] && n=$LIMIT; echo "$n"; }
 
 gpu_matrix() {  # NAME MODE [SEED COUNT]: one CUDA matrix, or one part of it
@@ -130,12 +137,13 @@ stage() {
         --json "$OUT/cross-smol.json" $EXTRA > "$OUT/cross-smol.txt" 2> "$OUT/cross-smol.err"; echo "rc=$?" >> "$OUT/cross-smol.txt"
       tail -n 2 "$OUT/cross-glass16.txt" "$OUT/cross-smol.txt" ;;
     maxbatch)
-      local m mode cap
-      for m in smol glass; do
+      local m mode cap len
+      for m in $MAXBATCH_MODELS; do
+        len=${PROMPT_LEN:-512}; [ "$len" -gt "$(positions_of "$m")" ] && len=$(positions_of "$m")
         for mode in ${MAXBATCH_MODES:-fast exact}; do
           # exact mode's fixed tiles cost ~1 s per 512 tokens with the 30-layer model on an H100: cap its steps
           cap=${MAX_STEP_SECONDS:-30}; [ "$mode" = exact ] && cap=${MAX_STEP_SECONDS_EXACT:-3}
-          "${EQ[@]}" --max-batch --device "$DEVICE" --mode "$mode" --model "$(model_of "$m")" --prompt-len "${PROMPT_LEN:-512}" \
+          "${EQ[@]}" --max-batch --device "$DEVICE" --mode "$mode" --model "$(model_of "$m")" --prompt-len "$len" \
             --max-batch-tokens "${MAX_BATCH_TOKENS:-262144}" --max-step-seconds "$cap" \
             --json "$OUT/maxbatch-$m-$mode.json" $EXTRA > "$OUT/maxbatch-$m-$mode.txt" 2> "$OUT/maxbatch-$m-$mode.err"
           echo "rc=$?" >> "$OUT/maxbatch-$m-$mode.txt"; tail -n 2 "$OUT/maxbatch-$m-$mode.txt"
@@ -144,7 +152,7 @@ stage() {
     summary)
       local set model cpu_files
       : > "$OUT/summary.md"
-      for set in glass16 glass64 smol16 smol64; do
+      for set in glass16 glass64 smol16 smol64 hyb16; do
         ls "$OUT"/cuda-"$set"-*.json > /dev/null 2>&1 || continue
         n=$(count_of "$set")
         cpu_files=$(ls "$OUT"/cpu/cpu-"${set%%[0-9]*}"-*.json 2>/dev/null | while read -r f; do

@@ -44,6 +44,7 @@ MACHINES: dict[str, str] = {
     "dev": "the development machine, 2 vCPUs (one core under load), no GPU, shared with other jobs: wall "
     "times are pessimistic, CPU times the cost",
     "h100": "a lent machine with one NVIDIA H100 80GB HBM3 (driver 580.159.04) and 16 CPU cores",
+    "h200": "a lent machine with one NVIDIA H200 (driver 580.159.04) and 16 CPU cores",
 }
 #: ``commit_note`` "recorded" (or starting so): the commit is the one that wrote the figure into the
 #: docs (found with ``git log -S`` on its text); the run was made on that tree or just before it.
@@ -71,6 +72,10 @@ def load_records(folder: Path = RECORDS) -> list[dict[str, Any]]:
         if lacking:
             raise ValueError(f"{path}: versions lack {', '.join(lacking)} (say 'not imported' or 'unknown')")
         records.append(rec)
+    ids = {r["id"] for r in records}
+    for rec in records:
+        if rec.get("superseded_by") and rec["superseded_by"] not in ids:
+            raise ValueError(f"{rec['id']}: superseded_by {rec['superseded_by']!r} names no record")
     return records
 
 
@@ -121,6 +126,7 @@ def _record(rec: dict[str, Any]) -> list[str]:
 def render(records: list[dict[str, Any]], counts: dict[str, int]) -> str:
     """The whole of docs/results.md."""
     shown = [r for r in records if not r.get("superseded_by")]
+    machines = "; ".join(f"`{m}` is {text}" for m, text in MACHINES.items() if any(r["machine"] == m for r in shown))
     out = [
         "# Results",
         "",
@@ -131,7 +137,7 @@ def render(records: list[dict[str, Any]], counts: dict[str, int]) -> str:
         f"with every feature, {counts['spec_vectors']} spec vectors, {counts['zoo_vectors']} bug-zoo "
         "counterexamples). Under each: the command · machine · date · commit · versions; its record is "
         "`data/results/ID.json`, ID given after the result. "
-        f"Machines: `dev` is {MACHINES['dev']}; `h100` is {MACHINES['h100']}. A bare commit: the one that "
+        f"Machines: {machines}. A bare commit: the one that "
         "wrote the figure into the docs (found with `git log -S` on its text), the run made on that tree or "
         "just before it; a note beside a commit says what else is known. Version `-`: not imported. Records "
         "also keep per-case tables, raw outputs and notes; superseded runs stay as data, unshown.",

@@ -7,14 +7,14 @@ is the catalogue's one source: ``tests/examples/test_faults.py`` runs
 ``schedspec check --against examples.faults:CLASS --mode invariants`` on every entry and holds
 the exit status and the message to it, and ``python -m tools.faults`` writes the table of
 docs/adapters.md ("Faults and what they get") from it (``--check`` fails when the doc is stale).
-A fault that needs another mechanism to be caught (a method that never returns needs a
-deadline on every call) gets its row here once the check has that mechanism: add a class and
-a ``Fault`` and both the test and the doc follow.
+A method that never returns is caught by the deadline on every call (``--call-timeout``;
+the rows run with 1 s). A new fault is a class and a ``Fault``: the test and the doc follow.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,8 @@ class Fault:
     what: str
     exit: int
     says: str
+    #: more flags for its check (the hangs: a short deadline)
+    flags: tuple[str, ...] = ()
 
 
 class _Counting(BatchBoundScheduler):
@@ -87,6 +89,58 @@ class RaisesInResetPrefixCache(_Counting):
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         raise RuntimeError("cache locked")
+
+
+def _hang() -> None:
+    """Never returns: sleeps an hour at a time (the deadline's signal ends it)."""
+    while True:
+        time.sleep(3600)
+
+
+class HangsInInit(BatchBoundScheduler):
+    def __init__(self, config: SchedulerConfig) -> None:
+        _hang()
+
+
+class HangsInAdd(_Counting):
+    def add(self, request: RequestSpec) -> None:
+        if self.count("add") >= 5:
+            _hang()
+        super().add(request)
+
+
+class HangsInAbort(_Counting):
+    def abort(self, request_id: str) -> None:
+        _hang()
+
+
+class HangsInSchedule(_Counting):
+    def schedule(self) -> StepPlan:
+        if self.count("schedule") >= 50:
+            _hang()
+        return super().schedule()
+
+
+class HangsInUpdate(_Counting):
+    def update(self, plan: StepPlan, result: StepResult) -> None:
+        if self.count("update") >= 5:
+            _hang()
+        super().update(plan, result)
+
+
+class HangsInView(_Counting):
+    def view(self) -> SchedulerView:
+        if self.count("view") >= 20:
+            _hang()
+        return super().view()
+
+
+class HangsInResetPrefixCache(_Counting):
+    CAPABILITIES = dataclasses.replace(BatchBoundScheduler.CAPABILITIES, reset_prefix_cache=True)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        _hang()
+        return False
 
 
 class ScheduleReturnsList(_Counting):
@@ -167,6 +221,20 @@ FAULTS: tuple[Fault, ...] = (
           "RaisesInView.view() raised AttributeError: 'Seq' object has no attribute 'blocks'"),
     Fault("RaisesInResetPrefixCache", "reset_prefix_cache() raises", 1,
           "RaisesInResetPrefixCache.reset_prefix_cache() raised RuntimeError: cache locked"),
+    Fault("HangsInInit", "its constructor never returns", 1,
+          "examples.faults:HangsInInit: construction (while building and probing it) did not return", ("--call-timeout", "1")),
+    Fault("HangsInAdd", "add() never returns", 1,
+          "HangsInAdd.add() did not return: still running after", ("--call-timeout", "1")),
+    Fault("HangsInAbort", "abort() never returns", 1,
+          "HangsInAbort.abort() did not return: still running after", ("--call-timeout", "1")),
+    Fault("HangsInSchedule", "schedule() never returns (50th call)", 1,
+          "HangsInSchedule.schedule() did not return: still running after", ("--call-timeout", "1")),
+    Fault("HangsInUpdate", "update() never returns", 1,
+          "HangsInUpdate.update() did not return: still running after", ("--call-timeout", "1")),
+    Fault("HangsInView", "view() never returns (20th call)", 1,
+          "HangsInView.view() did not return: still running after", ("--call-timeout", "1")),
+    Fault("HangsInResetPrefixCache", "reset_prefix_cache() never returns", 1,
+          "HangsInResetPrefixCache.reset_prefix_cache() did not return: still running after", ("--call-timeout", "1")),
     Fault("ScheduleReturnsList", "schedule() returns a list", 2,
           "ScheduleReturnsList.schedule() returned a list, expected"),
     Fault("ScheduleReturnsListLater", "the same, from its 5th call", 1,

@@ -76,6 +76,7 @@ from schedspec.spec.interface import (
     SchedulerFactory,
 )
 
+from schedspec.check.deadline import Interrupted
 from schedspec.check.driver import Runner
 from schedspec.check.stats import FEATURES, Stats
 from schedspec.check.workload import KV_REPORT_BOUND, AddRequest, Event, KVLoadDone, KVSaveDone, Workload, timed_events
@@ -737,6 +738,9 @@ class MatrixReport:
     #: the baseline and variants run with async scheduling on, for a scheduler
     #: that schedules only asynchronously (``fit_variants``)
     made_async: list[str] = field(default_factory=list)
+    #: the signal (SIGINT, SIGTERM) that cut the run short; "" for a whole run.
+    #: An interrupted report holds the workloads run whole, no guard or negative control
+    interrupted: str = ""
 
     @property
     def divergent(self) -> list[Comparison]:
@@ -744,8 +748,9 @@ class MatrixReport:
 
     @property
     def ok(self) -> bool:
-        return (not self.divergent and not self.guard_failures and all(n.caught for n in self.negative)
-                and not self.repeat_failures and all(r.ok for r in self.reference))
+        return (not self.interrupted and not self.divergent and not self.guard_failures
+                and all(n.caught for n in self.negative) and not self.repeat_failures
+                and all(r.ok for r in self.reference))
 
     def baseline_tokens(self) -> int:
         return sum(len(t) for outs in self.baseline_outputs.values() for t in outs.values())
@@ -860,7 +865,11 @@ class MatrixReport:
         if self.skipped:
             lines.append("skipped, unsupported by the scheduler: "
                          + "; ".join(f"{name} ({why})" for name, why in self.skipped))
-        lines.append("EQUIVALENT" if self.ok else "NOT EQUIVALENT")
+        if self.interrupted:
+            lines.append(f"INTERRUPTED ({self.interrupted}) after {len(self.baselines)} whole workload(s): "
+                         f"{len(self.divergent)} divergent so far; no guard or negative control ran")
+        else:
+            lines.append("EQUIVALENT" if self.ok else "NOT EQUIVALENT")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -869,6 +878,7 @@ class MatrixReport:
             "device": self.device,
             "mode": self.mode,
             "ok": self.ok,
+            "interrupted": self.interrupted or None,
             "seconds": round(self.seconds, 3),
             "workloads": self.workloads,
             "variants": [{"name": v.name, "config": v.config.to_dict(), "expects": sorted(v.expects), "kv": v.kv}
@@ -1167,37 +1177,48 @@ def run_matrix(
     bases: dict[str, RunRecord] = {}
     stores: dict[str, KVStore] = {}
     need_store = any(v.kv for v in variants)
-    for i, w in enumerate(workloads):
-        store = KVStore() if need_store else None
-        if store is not None:
-            stores[w.name] = store
-        try:
-            base = run_one(factory, model, baseline, w, variant="baseline", kv_record=store)
-        except (PlanError, StallError) as exc:  # the baseline's own plan could not run: nothing to compare with
-            report.comparisons.append(_refused(w.name, "baseline", model.mode, exc))
-            if progress:
-                progress(f"[{i + 1}/{len(workloads)}] {w.name}: baseline REFUSED: {exc}")
-            continue
-        bases[w.name] = base
-        report.baselines[w.name] = base.counters
-        report.baseline_outputs[w.name] = {rid: list(toks) for rid, toks in sorted(base.outputs.items())}
-        report.baseline_digests[w.name] = base.digest()
-        line = [f"[{i + 1}/{len(workloads)}] {w.name}: baseline {base.counters.steps} steps"]
-        if reference:
-            ref = check_reference(model, base, w, atol=atol)
-            report.reference.append(ref)
-            line.append(f"reference {'ok' if ref.ok else 'DIVERGED'}")
-        for v in variants:
+    current = ""  # the workload in progress: a signal takes its entries out again
+    try:
+        for i, w in enumerate(workloads):
+            current = w.name
+            store = KVStore() if need_store else None
+            if store is not None:
+                stores[w.name] = store
             try:
-                rec = run_one(factory, model, v.config, variant_workload(w, v), variant=v.name,
-                              kv_source=stores.get(w.name) if v.kv else None)
-                cmp = compare_runs(base, rec, mode=model.mode, atol=atol)
-            except (PlanError, StallError) as exc:
-                cmp = _refused(w.name, v.name, model.mode, exc)
-            report.comparisons.append(cmp)
-            line.append(f"{v.name} {'ok' if cmp.ok else 'DIVERGED'}")
-        if progress:
-            progress(", ".join(line) + f" ({time.perf_counter() - t0:.1f} s)")
+                base = run_one(factory, model, baseline, w, variant="baseline", kv_record=store)
+            except (PlanError, StallError) as exc:  # the baseline's own plan could not run: nothing to compare with
+                report.comparisons.append(_refused(w.name, "baseline", model.mode, exc))
+                if progress:
+                    progress(f"[{i + 1}/{len(workloads)}] {w.name}: baseline REFUSED: {exc}")
+                continue
+            bases[w.name] = base
+            report.baselines[w.name] = base.counters
+            report.baseline_outputs[w.name] = {rid: list(toks) for rid, toks in sorted(base.outputs.items())}
+            report.baseline_digests[w.name] = base.digest()
+            line = [f"[{i + 1}/{len(workloads)}] {w.name}: baseline {base.counters.steps} steps"]
+            if reference:
+                ref = check_reference(model, base, w, atol=atol)
+                report.reference.append(ref)
+                line.append(f"reference {'ok' if ref.ok else 'DIVERGED'}")
+            for v in variants:
+                try:
+                    rec = run_one(factory, model, v.config, variant_workload(w, v), variant=v.name,
+                                  kv_source=stores.get(w.name) if v.kv else None)
+                    cmp = compare_runs(base, rec, mode=model.mode, atol=atol)
+                except (PlanError, StallError) as exc:
+                    cmp = _refused(w.name, v.name, model.mode, exc)
+                report.comparisons.append(cmp)
+                line.append(f"{v.name} {'ok' if cmp.ok else 'DIVERGED'}")
+            if progress:
+                progress(", ".join(line) + f" ({time.perf_counter() - t0:.1f} s)")
+        current = ""
+    except (Interrupted, KeyboardInterrupt) as exc:
+        _drop_workload(report, current, bases, stores)
+        report.interrupted = exc.name if isinstance(exc, Interrupted) else "SIGINT"
+        report.workloads = [w.name for w in workloads if w.name in report.baselines or
+                            any(c.workload == w.name for c in report.comparisons)]
+        report.seconds = time.perf_counter() - t0
+        return report
     base_tot = Stats()
     for c in report.baselines.values():
         base_tot.merge(c)
@@ -1246,6 +1267,15 @@ def run_matrix(
                     progress(f"negative control kv_load: {'caught' if nc.caught else 'MISSED'}")
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _drop_workload(report: MatrixReport, name: str, bases: dict[str, RunRecord], stores: dict[str, KVStore]) -> None:
+    """Take a workload cut short by a signal out of ``report``: a partial
+    workload counts in nothing."""
+    report.comparisons = [c for c in report.comparisons if c.workload != name]
+    report.reference = [r for r in report.reference if r.workload != name]
+    for table in (bases, stores, report.baselines, report.baseline_outputs, report.baseline_digests):
+        table.pop(name, None)
 
 
 def merge_repeats(runs: Sequence[MatrixReport]) -> MatrixReport:
@@ -1391,11 +1421,12 @@ def run_equivalence(
         baseline, variants, skipped, made_async = fit_variants(capabilities, baseline, variants)
         if progress and skipped:
             progress("skipped, unsupported by the scheduler: " + "; ".join(f"{n} ({why})" for n, why in skipped))
-    runs = []
+    runs: list[MatrixReport] = []
+    interrupted = ""
     for i in range(repeat):
         if progress and repeat > 1:
             progress(f"repeat {i + 1}/{repeat}")
-        runs.append(run_matrix(
+        run = run_matrix(
             factory or spec_factory,
             paged,
             wls,
@@ -1406,8 +1437,15 @@ def run_equivalence(
             progress=progress,
             model_name=model + _layout_words(paged),
             reference=reference,
-        ))
+        )
+        if run.interrupted:  # a repeat cut short: the whole ones are the report (the first: what it ran)
+            interrupted = run.interrupted
+            if not runs:
+                runs.append(run)
+            break
+        runs.append(run)
     merged = merge_repeats(runs)
+    merged.interrupted = interrupted
     merged.skipped = skipped
     merged.made_async = made_async
     return merged

@@ -22,7 +22,8 @@ def table() -> str:
     from examples.faults import FAULTS
 
     rows = ["| `examples.faults` class | the fault | exit | what schedspec says (part) |", "| --- | --- | --- | --- |"]
-    rows += [f"| `{f.cls}` | {f.what} | {f.exit} | `{f.says}` |" for f in FAULTS]
+    rows += [f"| `{f.cls}` | {f.what}{' (`' + ' '.join(f.flags) + '`)' if f.flags else ''} | {f.exit} | `{f.says}` |"
+             for f in FAULTS]
     return "\n".join(rows)
 
 

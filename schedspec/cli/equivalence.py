@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -150,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
     except HangError as exc:
         print(f"FAILED: {exc}")
         return EXIT_FAIL
-    except Interrupted as exc:
-        print(f"interrupted ({exc.name}): no report (equivalence reports once every workload has run)")
+    except Interrupted as exc:  # between workloads' bookkeeping, or while loading: nothing run whole
+        print(f"interrupted ({exc.name}) before any workload ran whole: no report")
         return exc.exit_status
     return _report(args, report)
 
@@ -198,6 +199,8 @@ def _run_equivalence(args: argparse.Namespace, factory: Any, capabilities: Any,
 
 
 def _report(args: argparse.Namespace, report: Any) -> int:
+    """The table, the JSON and the picture; an interrupted run's (the
+    workloads run whole, marked interrupted) exits with the signal's status."""
     print(report.table())
     if args.json:
         Path(args.json).write_text(report.dumps())
@@ -210,6 +213,8 @@ def _report(args: argparse.Namespace, report: Any) -> int:
             print(f"picture: {args.png} ({MATRIX_LEGEND})")
         except PlotUnavailable as exc:
             print(f"picture {args.png} skipped: {exc}", file=sys.stderr)
+    if report.interrupted:
+        return 128 + int(signal.Signals[report.interrupted])
     if report.ok:
         return EXIT_OK
     bad = sorted({c.workload for c in report.divergent})

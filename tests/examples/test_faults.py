@@ -19,7 +19,7 @@ def test_each_fault_gets_its_message(fault: Fault, tmp_path: Path) -> None:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         rc = main(["check", "--against", f"examples.faults:{fault.cls}", "--mode", "invariants", "--steps", "300",
-                   "--quiet", "--shrink-time", "3", "--out", str(tmp_path)])
+                   "--quiet", "--shrink-time", "3", "--out", str(tmp_path), *fault.flags])
     text = out.getvalue()
     assert rc == fault.exit, text
     assert fault.says in text, text

@@ -1,0 +1,62 @@
+"""tools/soak.py: the memory samples, the slope that judges a line flat, and a
+short soak end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools import soak
+
+
+def test_slope_is_mb_per_100k_steps() -> None:
+    assert soak.slope([(0, 10.0), (100_000, 11.0), (200_000, 12.0)]) == pytest.approx(1.0)
+    assert soak.slope([(0, 10.0), (50_000, 10.0)]) == 0.0
+    assert soak.slope([(0, 10.0)]) == 0.0
+
+
+def _mode(points: list[tuple[int, float]]) -> soak.ModeSoak:
+    m = soak.ModeSoak("sync", steps=points[-1][0])
+    m.samples = [soak.Sample(s, 0.0, mb, 0) for s, mb in points]
+    return m
+
+
+def test_a_leak_in_the_second_half_is_not_flat() -> None:
+    steps = [i * 50_000 for i in range(21)]
+    # warm-up growth in the first half only: flat
+    settled = _mode([(s, 30.0 + min(s, 400_000) / 100_000) for s in steps])
+    assert settled.flat(0.5) and settled.growth() == 0.0
+    # 8 bytes a step all along: 0.8 MB per 100,000 steps
+    leaking = _mode([(s, 30.0 + 8 * s / 1e6) for s in steps])
+    assert leaking.slope() == pytest.approx(0.8) and not leaking.flat(0.5)
+    # too few samples in the second half to judge: never called flat
+    assert not _mode([(0, 30.0), (1000, 30.0)]).flat(0.5)
+
+
+def test_rss_is_read() -> None:
+    assert 1.0 < soak.rss_mb() < 100_000
+
+
+def test_a_short_soak_samples_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--steps", "300", "--modes", "sync", "--samples", "3", "--plans-only", "--json", str(out)])
+    table = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    mode = report["modes"][0]
+    assert mode["mode"] == "sync" and mode["result"] == "pass" and mode["steps"] >= 300
+    steps = [s["steps"] for s in mode["samples"]]
+    assert len(steps) == 4 and steps[0] == 0 and steps == sorted(steps) and steps[-1] >= 300  # the start, 3 marks
+    assert all(s["rss_mb"] > 0 and s["objects"] > 0 for s in mode["samples"])
+    assert "| sync |" in table
+    assert rc == (0 if mode["flat"] else 1)
+
+
+def test_bad_flags_name_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        soak.main(["--modes", "sync,turbo"])
+    assert e.value.code == 2 and "unknown mode(s) turbo" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        soak.main(["--json", "/no/such/folder/x.json"])
+    assert "does not exist" in capsys.readouterr().err

@@ -215,3 +215,27 @@ def test_drafts_for_a_request_whose_load_failed_are_taken_after_the_errors() -> 
     r = t.impl.view().requests["r"]
     assert r.num_computed_tokens == 4 and r.output_token_ids == ()  # truncated, its token skipped
     assert r.spec_token_ids == (8, 9)
+    # the next step recomputes from token 4: the known tokens, then the drafts
+    (e,) = t.schedule().scheduled
+    assert (e.num_computed_tokens, e.num_scheduled_tokens) == (4, 12)
+    assert (e.token_ids, e.spec_token_ids) == ((4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 8, 9), (8, 9))
+
+
+def test_a_truncated_load_with_a_step_in_flight_recomputes_with_its_placeholders() -> None:
+    """Async scheduling: the update of a synchronous load's step reports an
+    invalid block while the next step is in flight. The request's computed
+    tokens go back to 4, its output is skipped, and the next step computes
+    tokens 4 .. 13 and then the two output placeholders still counted (-1;
+    vLLM 0.33 plans the one its skipped output never fills: docs/divergences.md,
+    "A stale output placeholder after a failed synchronous load")."""
+    t = Twin(config(async_scheduling=True, kv_load_failure_policy="recompute"))
+    t.add(req("a", 14, kv_external_tokens=8))
+    first = t.schedule()
+    (e,) = t.schedule().scheduled
+    assert (e.num_computed_tokens, e.num_scheduled_tokens, e.token_ids) == (14, 1, (-1,))
+    t.update(first, StepResult({"a": (5,)}, invalid_block_ids=first.kv_loads[0].block_ids[1:2]))
+    a = t.impl.view().requests["a"]
+    assert (a.num_computed_tokens, a.num_output_placeholders, a.output_token_ids) == (4, 2, ())
+    (e,) = t.schedule().scheduled
+    assert (e.num_computed_tokens, e.num_scheduled_tokens, e.num_output_placeholders) == (4, 12, 2)
+    assert e.token_ids == (4, 5, 6, 7, 8, 9, 10, 11, 12, 13, -1, -1)

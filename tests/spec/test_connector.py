@@ -476,6 +476,31 @@ def test_reset_running_with_held_blocks_is_refused() -> None:
     assert s.reset_prefix_cache() is False
 
 
+def test_reset_running_is_refused_while_a_step_in_flight_writes_blocks() -> None:
+    """defer_block_free: a running request whose step is in flight, then the
+    same request aborted (its free deferred behind the fence): both refuse
+    reset_prefix_cache(reset_running_requests=True) with the same message,
+    and leave the scheduler as it was."""
+    from schedspec.spec.interface import ProtocolError
+
+    s = make(async_scheduling=True)
+    s.add(req("a"))
+    plan = s.schedule()
+    for abort in (False, True):
+        if abort:
+            s.abort("a")
+        before = s.view()
+        with pytest.raises(ProtocolError) as e:
+            s.reset_prefix_cache(reset_running_requests=True)
+        assert str(e.value) == (
+            "reset_prefix_cache(reset_running_requests=True) would leave blocks held: "
+            "a step in flight still writes blocks whose free is deferred (defer_block_free)"
+        )
+        assert s.view() == before
+    s.update(plan, StepResult(sampled={"a": (7,)}))
+    assert s.reset_prefix_cache(reset_running_requests=True) is True
+
+
 def test_clone_is_independent() -> None:
     s = make()
     async_loaded(s)

@@ -58,6 +58,12 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         # rest > 0 always: two catalogued rules no mode reaches (waiting.skip_stale_output,
         # grammar.refused_sample; tests/spec/test_coverage_text.py holds them)
         "schedspec.spec.coverage.x__summary": [30, 31],
+        # the stale share of a skipped KV output (= for -=): only a connector skips outputs, and
+        # with one no request is preempted with tokens in flight (sync: no plan is in flight at a
+        # schedule or reset; async: defer_block_free stops the RUNNING loop at a victim whose
+        # step is unprocessed, and reset_prefix_cache(reset_running_requests=True) is refused
+        # then), so num_stale_output_tokens is 0 there
+        "schedspec.impl.update.xǁUpdateMixinǁ_skip_output": [11],
     },
     "same-value": {
         "schedspec.spec.rules.x_running_chunk": [5],
@@ -65,6 +71,17 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         "schedspec.spec.rules.x_choose_victim": [8],
         # since > 2 for since > 1: no RequestSpec field is declared since version 2
         "schedspec.spec.interface.xǁRequestSpecǁto_dict": [11],
+        # the input scan run for an empty chunk too: n == 0 only past the prompt (n >= 1 while
+        # num_computed < len(prompt) <= max_model_len - 1, as budget and threshold are >= 1),
+        # and every input ends inside the prompt, so the scan skips them all: the same plan
+        "schedspec.spec.encoder.xǁEncoderMixinǁ_schedule_encoder_inputs": [3],
+        # the steady decode under the gate rules at num_prompt_tokens == num_tokens too. Async:
+        # steady means computed == num_tokens + k, so the step lies past every encoder input and
+        # the general rules give the same entry (blocks, token ids, codes, placeholders). Sync:
+        # computed == num_prompt - 1 with no prefill chunk only after a shared invalid block
+        # (connector.invalid_shared) undid a step of exactly that token, whose encoder input
+        # that step ran or reused and still holds (a skipped output frees none): a cache hit
+        "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running": [73],
     },
     "overwritten": {
         "schedspec.spec.scheduler.xǁSpecSchedulerǁ_preempt_request": [4, 5],  # num_cached_blocks

@@ -821,8 +821,8 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
     if not t.before.running and any(failed_load_blocks_reload(t.before, h, rid) for rid in t.before.waiting):
         return  # vLLM's liveness defect after a failed load (failed_load_blocks_reload)
     head = admission_candidate(t.before)
-    if not t.before.running and head is not None and _async_load_over_reserve(t.before, head):
-        return  # an asynchronous load that never fits beside the speculative-step reservation
+    if not t.before.running and head is not None and _async_load_over_reserve(t.before, h, head):
+        return  # an asynchronous load that does not fit beside the reservation (speculative step, stale loads)
     if any(r.num_output_placeholders > 0 for r in t.before.requests.values()):
         # async scheduling: a request whose step is in flight may have nothing
         # left to schedule (max_tokens surely reached, max_model_len), and
@@ -861,27 +861,33 @@ def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     if any(failed_load_blocks_reload(t.before, h, rid) for rid in t.before.waiting):
         # served first (kv_holding_waiting), it stops the WAITING loop
         return
-    if head is not None and _async_load_over_reserve(t.before, head):
+    if head is not None and _async_load_over_reserve(t.before, h, head):
         return
     if not t.before.running and head is not None and not set(ahead) & set(t.plan.scheduled_ids):
         yield head, "nothing was running, yet the head of the waiting queue was not admitted"
 
 
-def _async_load_over_reserve(v: SchedulerView, rid: str) -> bool:
-    """Whether ``rid``'s asynchronous load, with speculative decoding, may
-    not fit the pool at all: vLLM admits a load only if it fits beside
-    reserved_blocks = _inflight_prefill_reserved_blocks() +
-    _spec_decode_step_blocks (scheduler.py, schedule()), which the pool's
-    max_model_len guarantee does not cover."""
+def _async_load_over_reserve(v: SchedulerView, h: History, rid: str) -> bool:
+    """Whether ``rid``'s asynchronous load may not fit beside what vLLM
+    reserves: it admits a load only if it fits beside reserved_blocks =
+    _inflight_prefill_reserved_blocks() + _spec_decode_step_blocks
+    (scheduler.py, schedule()), which the pool's max_model_len guarantee
+    does not cover: one speculative step with drafts, and the stale
+    reservation of every other request whose asynchronous load failed whole
+    under "recompute" (failed_load_reservation; vLLM 0.33's liveness defect,
+    docs/divergences.md)."""
     cfg = v.config
     r = v.requests.get(rid)
-    if r is None or not cfg.kv_connector or not cfg.num_speculative_tokens:
+    if r is None or not cfg.kv_connector:
         return False
     if not r.spec.kv_load_async or r.spec.kv_external_tokens <= 0 or r.num_computed_tokens or r.block_ids:
         return False
+    stale = sum(failed_load_reservation(v, h, x) for x in v.waiting if x != rid)
+    if not cfg.num_speculative_tokens and not stale:
+        return False
     k, bs, g = cfg.num_speculative_tokens, cfg.block_size, len(cfg.groups)
     need = cdiv(min(r.num_tokens, cfg.max_model_len) + 1 + k, bs) * g + cdiv(k, bs) * g
-    return need > v.kv.num_free_blocks
+    return need + stale > v.kv.num_free_blocks
 
 
 def failed_load_blocks_reload(v: SchedulerView, h: History, rid: str) -> bool:

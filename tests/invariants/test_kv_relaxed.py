@@ -286,7 +286,8 @@ def _drive_stall(s: Any, *, monitor: bool) -> None:
 # a pending async save holding the pool while the running head preempts itself
 # (no-starvation), a promoted full load's sliding window cut at the load's end
 # (group-tables-cover), an async load that never fits beside the spec-decode
-# reservation (progress-admits-head), a failed load's request promoted at the head
+# reservation (progress-admits-head), or beside the stale reservation another
+# request's failed load left (progress-admits-head), a failed load's request promoted at the head
 # of kv_holding_waiting ahead of a better-priority waiting request
 # (priority-admission-order).
 

@@ -28,7 +28,7 @@ from schedspec.impl import ImplScheduler
 from schedspec.modelcheck import bound, select_spaces, space_problems
 from schedspec.spec.interface import SchedulerConfig
 from schedspec.testing import SchedulerContract
-from schedspec.testing.strategies import configs
+from schedspec.testing.strategies import configs, gate_plans
 
 CFG = SchedulerConfig(block_size=4, num_blocks=9, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=32,
                       enable_prefix_caching=False, enable_chunked_prefill=False)
@@ -188,6 +188,12 @@ def test_the_config_strategy_never_turns_them_off(gated: SchedulerConfig, drafti
     assert _off(drafting, drafts=True, gates=False) == []
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(gate_plans(CFG, AlwaysGated.CAPABILITIES))
+def test_the_gate_strategy_draws_an_always_gate_whatever_the_config(plan: tuple[SchedulerConfig, object]) -> None:
+    assert _off(plan[0], drafts=False, gates=True) == []
+
+
 @pytest.mark.parametrize("cls", [AlwaysDrafting, AlwaysGated])
 def test_the_state_machine_builds_them_only_with_the_feature_on(cls: type) -> None:
     case = type("TestAlways", (SchedulerContract,), {
@@ -210,3 +216,18 @@ def test_the_model_checker_leaves_out_the_spaces_without_them() -> None:
         for s in bound("gates").spaces:
             assert not space_problems(s, EVERY)
             assert (not space_problems(s, caps)) == (s in with_it), (g, s.name, space_problems(s, caps))
+
+
+def test_a_fixed_trace_or_bound_without_them_is_refused_naming_the_field(tmp_path: Path) -> None:
+    from schedspec.check import trace as tracefile
+    from schedspec.check.workload import Step, Workload
+
+    path = tmp_path / "plain.jsonl"
+    tracefile.write(path, tracefile.Trace(Workload(CFG, (Step(),)), vocab=64))
+    for argv, field in ((["replay", str(path), "--against", f"{__name__}:AlwaysDrafting"], "num_speculative_tokens=0"),
+                        (["replay", str(path), "--against", f"{__name__}:AlwaysGated"], "max_loras=0"),
+                        (["modelcheck", "--against", f"{__name__}:AlwaysGated", "--bound", "small"], "max_loras=0")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            rc = main(argv)
+        assert rc == 2 and field in out.getvalue(), (argv, out.getvalue())

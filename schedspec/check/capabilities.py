@@ -21,6 +21,7 @@ same workloads). Invariants whose premise a scheduler does not support (see
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass
 from typing import Any, Callable, Final, Iterable, Literal, Mapping
 
@@ -28,7 +29,8 @@ from schedspec.invariants.core import Invariant
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
 from schedspec.check.defects import steer
-from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES
+from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES, gates_of
+from schedspec.check.gate_requests import with_gates
 from schedspec.check.workload import (
     KV_EVENTS,
     Abort,
@@ -78,8 +80,20 @@ GATE_CAPABILITY_NAMES: tuple[str, ...] = tuple(GATE_CAPABILITIES[g] for g in GAT
 #: off), ``False`` "off".
 ALWAYS: Final = "always"
 Switch = bool | Literal["always"]
-#: The config switches that take ALWAYS, with the config field each one sets.
-SWITCHES: tuple[str, ...] = ("chunked_prefill", "long_prefill_threshold", "prefix_caching")
+#: The admission gates whose switch is a config value, so a scheduler can
+#: keep them on in every config (features.GATES names): LoRA (max_loras), the
+#: watermark, the prefill cadence (prefill_schedule_interval), the encoder
+#: budget. Structured outputs and pause states are about requests and events,
+#: not the config: a workload without them is no config the scheduler could
+#: refuse, so those two take only True or False.
+CONFIG_GATES: tuple[str, ...] = ("lora", "watermark", "cadence", "encoder")
+#: The capabilities that take ALWAYS: the config switches, speculative
+#: decoding (num_speculative_tokens > 0) and the CONFIG_GATES.
+SWITCHES: tuple[str, ...] = ("chunked_prefill", "long_prefill_threshold", "prefix_caching", "speculative_decoding",
+                             *(GATE_CAPABILITIES[g] for g in CONFIG_GATES))
+#: The drafts per step a restriction gives a config of an always-drafting
+#: scheduler (fewer where a long-prefill threshold is lower).
+ALWAYS_DRAFTS: Final = 2
 
 
 class CapabilityError(SchedSpecError, ValueError):
@@ -104,25 +118,29 @@ class Capabilities:
     reset_prefix_cache: bool = True
     min_block_size: int = 1
     async_scheduling: bool = False
-    speculative_decoding: bool = False
+    #: ALWAYS: num_speculative_tokens > 0 in every config (the spec modes only)
+    speculative_decoding: Switch = False
     #: False: only async scheduling (a vLLM AsyncScheduler subclass, which
     #: vLLM's engine core always drives with a step in flight)
     sync_scheduling: bool = True
-    # The admission gates, each opted into as async scheduling is:
+    # The admission gates, each opted into as async scheduling is (those of
+    # CONFIG_GATES also take ALWAYS: the gate on in every config):
     #: LoRA adapters: config.max_loras and request.lora_id
-    lora: bool = False
+    lora: Switch = False
     #: structured outputs: request.structured_output / grammar_rejects and
-    #: grammar_ready() (the optional Scheduler method)
+    #: grammar_ready() (the optional Scheduler method); True or False only:
+    #: a request without a grammar is no config a scheduler could refuse
     structured_output: bool = False
-    #: pause states: set_pause_state() (the optional Scheduler method)
+    #: pause states: set_pause_state() (the optional Scheduler method); True
+    #: or False only: pauses are events, the config has no pause switch
     pause: bool = False
     #: config.watermark
-    watermark: bool = False
+    watermark: Switch = False
     #: config.prefill_schedule_interval
-    prefill_cadence: bool = False
+    prefill_cadence: Switch = False
     #: the multimodal encoder budget and cache: config.max_num_encoder_input_tokens /
     #: encoder_cache_size and request.mm_inputs
-    encoder: bool = False
+    encoder: Switch = False
     # The KV features, each opted into as the gates are:
     #: the KV connector: config.kv_connector / kv_load_failure_policy, the
     #: requests' kv_external_tokens / kv_load_async / kv_save_async, the
@@ -140,34 +158,54 @@ class Capabilities:
         for p in self.policies:
             if not isinstance(p, Policy):
                 raise CapabilityError(f"Capabilities.policies holds {p!r}, not a Policy")
-        for name in SWITCHES:
-            value = getattr(self, name)
-            if value is not True and value is not False and value != ALWAYS:
-                raise CapabilityError(f"Capabilities.{name} must be True (on or off), False (off) or "
-                                      f"{ALWAYS!r} (on), got {value!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in SWITCHES:
+                if value is not True and value is not False and value != ALWAYS:
+                    raise CapabilityError(f"Capabilities.{f.name} must be True (on or off), False (off) or "
+                                          f"{ALWAYS!r} (on), got {value!r}")
+            elif f.type == "bool" and not isinstance(value, bool):
+                why = ""
+                if value == ALWAYS:
+                    why = f" ({ALWAYS!r} is taken by {', '.join(SWITCHES)}" + (
+                        f": {f.name} is about requests and events, not the config"
+                        if f.name in GATE_CAPABILITY_NAMES else "") + ")"
+                raise CapabilityError(f"Capabilities.{f.name} must be True or False, got {value!r}{why}")
         if not isinstance(self.min_block_size, int) or self.min_block_size < 1:
             raise CapabilityError(f"Capabilities.min_block_size must be an int >= 1, got {self.min_block_size!r}")
 
     @property
     def is_full(self) -> bool:
-        """True when the declaration restricts nothing the default config space draws."""
+        """True when the declaration restricts nothing the default config space
+        draws (a switch declared ALWAYS keeps its off half out)."""
+        if self.always():
+            return False
         plain = dataclasses.replace(self, async_scheduling=False, speculative_decoding=False, lora=False,
                                     structured_output=False, pause=False, watermark=False,
                                     prefill_cadence=False, encoder=False, kv_connector=False, hybrid_kv=False)
         return self == FULL or plain == FULL
 
+    def always(self) -> tuple[str, ...]:
+        """The capabilities (SWITCHES) declared ALWAYS, in SWITCHES order."""
+        return tuple(name for name in SWITCHES if getattr(self, name) == ALWAYS)
+
     def gates(self) -> tuple[str, ...]:
         """The admission gates (features.GATES) this declaration supports."""
         return tuple(g for g in GATES if getattr(self, GATE_CAPABILITIES[g]))
 
+    def always_gates(self) -> tuple[str, ...]:
+        """The admission gates declared ALWAYS (on in every config), in GATES order."""
+        return tuple(g for g in GATES if getattr(self, GATE_CAPABILITIES[g]) == ALWAYS)
+
     def with_gates(self, gates: Iterable[str] = GATES) -> "Capabilities":
         """This declaration with the admission gates ``gates`` (features.GATES
-        names; default all of them) supported too."""
+        names; default all of them) supported too (one declared ALWAYS stays so)."""
         changes: dict[str, Any] = {}
         for g in gates:
             if g not in GATE_CAPABILITIES:
                 raise CapabilityError(f"unknown gate {g!r} (choose from {', '.join(GATES)})")
-            changes[GATE_CAPABILITIES[g]] = True
+            if not getattr(self, GATE_CAPABILITIES[g]):
+                changes[GATE_CAPABILITIES[g]] = True
         return dataclasses.replace(self, **changes)
 
     def kv(self) -> tuple[str, ...]:
@@ -186,17 +224,30 @@ class Capabilities:
 
     def drawable_modes(self, modes: Iterable[str]) -> tuple[str, ...]:
         """``modes`` (features.MODES) less those this declaration does not
-        support, in the order given; when none is left, its plainest mode
-        (sync, or async for a scheduler that only schedules asynchronously)."""
+        support (with ``speculative_decoding=ALWAYS``, all but the spec
+        modes), in the order given; when none is left, its plainest mode
+        (sync, or async for a scheduler that only schedules asynchronously;
+        with drafts for one that always has them)."""
+        drafts = self.speculative_decoding == ALWAYS
         kept = tuple(m for m in modes
                      if not (m.startswith("async") and not self.async_scheduling)
                      and not (not m.startswith("async") and not self.sync_scheduling)
-                     and not (m.endswith("spec") and not self.speculative_decoding))
-        return kept or (("sync",) if self.sync_scheduling else ("async",))
+                     and not (m.endswith("spec") and not self.speculative_decoding)
+                     and not (drafts and not m.endswith("spec")))
+        plainest = "sync" if self.sync_scheduling else "async"
+        return kept or ((("spec" if plainest == "sync" else "async-spec") if drafts else plainest),)
 
     def drawable_gates(self, gates: Iterable[str]) -> tuple[str, ...]:
-        """``gates`` less those this declaration does not support, in GATES order."""
+        """``gates`` less those this declaration does not support, in GATES
+        order. CapabilityError when ``gates`` leaves out a gate declared
+        ALWAYS (a run without it would build the scheduler with the gate off)."""
         wanted, have = set(gates), self.gates()
+        left_out = [g for g in self.always_gates() if g not in wanted]
+        if left_out:
+            fields = ", ".join(f"Capabilities.{GATE_CAPABILITIES[g]}={ALWAYS!r}" for g in left_out)
+            asked = ", ".join(g for g in GATES if g in wanted) or "none"
+            raise CapabilityError(f"{fields}: the gate(s) {', '.join(left_out)} on in every config, but the "
+                                  f"gates to draw ({asked}) leave them out")
         return tuple(g for g in GATES if g in wanted and g in have)
 
     def drawable_kv(self, kv: Iterable[str]) -> tuple[str, ...]:
@@ -218,9 +269,13 @@ class Capabilities:
     def describe(self) -> str:
         missing = self.missing()
         extra = [] if self.min_block_size == 1 else [f"block_size >= {self.min_block_size}"]
-        if not missing and not extra:
+        always = self.always()
+        if not missing and not extra and not always:
             return "all capabilities"
-        return "without " + ", ".join(list(missing) + extra) if missing else ", ".join(extra)
+        text = "without " + ", ".join(list(missing) + extra) if missing else ", ".join(extra)
+        if always:
+            text += ("; " if text else "") + "always " + ", ".join(always)
+        return text
 
     # ------------------------------------------------------------------ input
 
@@ -249,15 +304,25 @@ class Capabilities:
             out.append("async_scheduling=False")
         if getattr(config, "num_speculative_tokens", 0) and not self.speculative_decoding:
             out.append(f"num_speculative_tokens={getattr(config, 'num_speculative_tokens', 0)}")
+        if not getattr(config, "num_speculative_tokens", 0) and self.speculative_decoding == ALWAYS:
+            out.append("num_speculative_tokens=0")
         if config.max_loras and not self.lora:
             out.append(f"max_loras={config.max_loras}")
+        if not config.max_loras and self.lora == ALWAYS:
+            out.append("max_loras=0")
         if config.watermark and not self.watermark:
+            out.append(f"watermark={config.watermark}")
+        if not config.watermark and self.watermark == ALWAYS:
             out.append(f"watermark={config.watermark}")
         if config.prefill_schedule_interval != 1 and not self.prefill_cadence:
             out.append(f"prefill_schedule_interval={config.prefill_schedule_interval}")
+        if config.prefill_schedule_interval == 1 and self.prefill_cadence == ALWAYS:
+            out.append("prefill_schedule_interval=1")
         if not self.encoder and (config.max_num_encoder_input_tokens
                                  or config.encoder_cache_size):
             out.append("an encoder budget (max_num_encoder_input_tokens / encoder_cache_size)")
+        if self.encoder == ALWAYS and not (config.max_num_encoder_input_tokens or config.encoder_cache_size):
+            out.append("no encoder budget (max_num_encoder_input_tokens=0, encoder_cache_size=0)")
         if config.kv_connector and not self.kv_connector:
             out.append("kv_connector=True")
         if config.is_hybrid and not self.hybrid_kv:
@@ -305,8 +370,11 @@ class Capabilities:
         budget raised to max_model_len), the threshold 0, caching off, the
         block size raised to the minimum (the pool grown to hold a request of
         max_model_len), async and speculative decoding off; a switch declared
-        ALWAYS turned on (the threshold half the budget). The identity on
-        a config that fits."""
+        ALWAYS turned on (the threshold half the budget; ALWAYS_DRAFTS drafts,
+        fewer below a lower threshold, the budget raised to hold one decode
+        with them; a gate by gate_requests.with_gates on a generator of fixed
+        seed, so the restriction is deterministic). The identity on a config
+        that fits."""
         if not self.config_problems(config):
             return config
         changes: dict[str, Any] = {}
@@ -336,6 +404,8 @@ class Capabilities:
             changes["async_scheduling"] = True
         if getattr(config, "num_speculative_tokens", 0) and not self.speculative_decoding:
             changes["num_speculative_tokens"] = 0
+        if not getattr(config, "num_speculative_tokens", 0) and self.speculative_decoding == ALWAYS:
+            changes.update(_with_drafts(config, changes))
         if config.max_loras and not self.lora:
             changes["max_loras"] = 0
         if config.watermark and not self.watermark:
@@ -351,7 +421,15 @@ class Capabilities:
             changes["kv_load_failure_policy"] = "fail"
         if config.is_hybrid and not self.hybrid_kv:
             changes["kv_cache_groups"] = ()
-        return dataclasses.replace(config, **changes)
+        out = dataclasses.replace(config, **changes)
+        off = [g for g in self.always_gates() if g not in gates_of(out)]
+        if off:
+            out = with_gates(out, off, random.Random("schedspec-always-gates"))
+            still = [g for g in off if g not in gates_of(out)]
+            if still:
+                raise CapabilityError(f"Capabilities.{GATE_CAPABILITIES[still[0]]}={ALWAYS!r}: the gate "
+                                      f"{still[0]} cannot be turned on in {out!r}")
+        return out
 
     def restrict_request(self, request: RequestSpec) -> RequestSpec:
         changes: dict[str, Any] = {}
@@ -444,6 +522,24 @@ class Capabilities:
             except KeyError as exc:
                 raise CapabilityError(f"unknown policy {exc.args[0]!r} in capabilities") from None
         return cls(**kw)
+
+
+def _with_drafts(config: SchedulerConfig, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields that give ``config`` (with ``changes``) drafts: k =
+    ALWAYS_DRAFTS, below a long-prefill threshold (one of 1 raised to 2, as
+    a padded decode of 1 + k tokens must not be cut), the budget raised to
+    hold one such decode."""
+    budget = changes.get("max_num_batched_tokens", config.max_num_batched_tokens)
+    threshold = changes.get("long_prefill_token_threshold", config.long_prefill_token_threshold)
+    k = ALWAYS_DRAFTS
+    out: dict[str, Any] = {}
+    if threshold > 0:
+        k = min(k, max(1, threshold - 1))
+        if threshold <= k:
+            out["long_prefill_token_threshold"] = k + 1
+    out["num_speculative_tokens"] = k
+    out["max_num_batched_tokens"] = max(budget, 1 + k)
+    return out
 
 
 #: Everything the spec supports in its default (sync, no speculative decoding,

@@ -341,11 +341,13 @@ def with_mode(config: SchedulerConfig, mode_k: tuple[str, int]) -> SchedulerConf
         return config
 
 
-def pick_gates(gates: Sequence[str], focus: Sequence[str], rng: random.Random) -> tuple[str, ...]:
+def pick_gates(gates: Sequence[str], focus: Sequence[str], rng: random.Random,
+               always: Sequence[str] = ()) -> tuple[str, ...]:
     """The admission gates a guided workload turns on: a random subset of
-    ``gates`` (gate_requests.draw_gate_subset), plus every gate a focus rule needs
-    (spec/rule_names.py, Rule.gates) that ``gates`` holds."""
-    chosen = set(draw_gate_subset(gates, rng))
+    ``gates`` with every one of ``always`` it holds (gate_requests.draw_gate_subset),
+    plus every gate a focus rule needs (spec/rule_names.py, Rule.gates) that
+    ``gates`` holds."""
+    chosen = set(draw_gate_subset(gates, rng, always))
     by_capability = {cap: g for g, cap in GATE_CAPABILITIES.items()}
     for rule in focus:
         for cap in RULES[rule].gates if rule in RULES else ():
@@ -392,15 +394,17 @@ def pick_kv(kv: Sequence[str], focus: Sequence[str], rng: random.Random) -> tupl
 
 def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),
                     modes: Sequence[str] = ("sync",), oracle_seed: int | None = None,
-                    gates: Sequence[str] = (), kv: Sequence[str] = ()) -> Workload:
+                    gates: Sequence[str] = (), kv: Sequence[str] = (),
+                    always_gates: Sequence[str] = ()) -> Workload:
     """A seeded workload of ``num_steps`` steps with a swarm of features,
     aimed at ``focus`` (rule names). The spec runs beside the generator (the
     fake model seeded with ``oracle_seed``, default ``seed``, as the gate
     runs it) so aborts and resets land in the states that reach rare
     branches. ``gates`` (features.GATES): the admission gates it may turn
     on, drawn on a generator of their own (``pick_gates``; a focus rule of a
-    gate turns that gate on), so a workload with none is the one its seed
-    always gave; they are among its features as ``gate:NAME``. ``kv``
+    gate turns that gate on, one of ``always_gates`` is always on), so a
+    workload with none is the one its seed always gave; they are among its
+    features as ``gate:NAME``. ``kv``
     (features.KV_FEATURES): the KV features it may turn on, the same way
     (``pick_kv``, ``with_kv``, ``KVRequests``; ``kv:NAME`` features)."""
     rng = random.Random(f"schedspec-guided-{seed}")
@@ -410,7 +414,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     chosen: tuple[str, ...] = ()
     if gates:
         grng = gate_rng(f"guided-{seed}")
-        chosen = pick_gates(gates, focus, grng)
+        chosen = pick_gates(gates, focus, grng, always_gates)
         config = with_gates(config, chosen, grng)
         gated = GateRequests(config, grng, vocab, pause="pause" in chosen, grammar="grammar" in chosen,
                              focus=tuple(focus))

@@ -648,13 +648,16 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     features) or random, as ``settings.generator`` says."""
     gates = settings.drawn_gates
     kv = settings.drawn_kv
+    always = settings.capabilities.always_gates()  # a gate declared ALWAYS is in every workload
     if settings.generator == "random":
-        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates, kv=kv)
+        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates, kv=kv,
+                               always_gates=always)
     if settings.generator != "guided":
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
     modes = settings.drawn_modes
     focus = choose_focus(counts, seed, names=reachable_rules(settings))
-    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes, gates=gates, kv=kv)
+    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes, gates=gates, kv=kv,
+                           always_gates=always)
 
 
 def workload_label(workload: Workload) -> str:

@@ -22,10 +22,13 @@ def gate_rng(seed: int | str) -> random.Random:
     return random.Random(f"schedspec-gates-{seed}")
 
 
-def draw_gate_subset(gates: Sequence[str], rng: random.Random) -> tuple[str, ...]:
+def draw_gate_subset(gates: Sequence[str], rng: random.Random, always: Sequence[str] = ()) -> tuple[str, ...]:
     """The gates one workload turns on: each of ``gates`` with probability
-    0.6 (a workload may draw none), in GATES order."""
-    return tuple(g for g in GATES if g in gates and rng.random() < 0.6)
+    0.6 (a workload may draw none), and each of ``always`` (the gates a
+    scheduler declares ALWAYS, capabilities.Capabilities.always_gates) that
+    ``gates`` holds whatever the draw, in GATES order. ``always`` takes the
+    same draws from ``rng``, so the other gates are drawn as without it."""
+    return tuple(g for g in GATES if g in gates and (rng.random() < 0.6 or g in always))
 
 
 def with_gates(config: SchedulerConfig, gates: Sequence[str], rng: random.Random) -> SchedulerConfig:

@@ -74,7 +74,7 @@ class RequestFactory:
 
 def random_workload(
     seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",),
-    gates: Sequence[str] = (), kv: Sequence[str] = (),
+    gates: Sequence[str] = (), kv: Sequence[str] = (), always_gates: Sequence[str] = (),
 ) -> Workload:
     """A seeded workload of ``num_steps`` steps with arrivals in bursts,
     aborts and occasional prefix-cache resets, in one of ``modes`` (MODES;
@@ -89,7 +89,8 @@ def random_workload(
     a random subset of them on (``draw_gate_subset``), with their config
     fields, request fields and events drawn from a generator of their own
     (``GateRequests``); with no gate the workload is the one this seed always
-    gave. The gates it turned on are its features (``gate:NAME``).
+    gave. The gates it turned on are its features (``gate:NAME``); those of
+    ``gates`` in ``always_gates`` (declared ALWAYS) are on in every workload.
 
     ``kv`` (KV_FEATURES) are the KV features it may use, drawn the same way
     on a generator of their own (``kv_rng``, ``draw_kv_subset``,
@@ -111,7 +112,7 @@ def random_workload(
     chosen: tuple[str, ...] = ()
     if gates:
         grng = gate_rng(seed)
-        chosen = draw_gate_subset(gates, grng)
+        chosen = draw_gate_subset(gates, grng, always_gates)
         config = with_gates(config, chosen, grng)
         gated = GateRequests(config, grng, vocab, pause="pause" in chosen, grammar="grammar" in chosen)
     for k in kv:

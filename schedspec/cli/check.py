@@ -26,6 +26,7 @@ from schedspec.check.gate import (
 )
 from schedspec.check.gate import rules_line as capability_rules_line
 from schedspec.invariants import Selection
+from schedspec.check.capabilities import CapabilityError
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
 from schedspec.cli.common import (
@@ -172,7 +173,11 @@ def run(args: argparse.Namespace) -> int:
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
     settings = dataclasses.replace(settings, capabilities=target.capabilities)
-    unsupported = [g for g in settings.gates if g not in settings.drawn_gates]
+    try:
+        drawn_gates = settings.drawn_gates
+    except CapabilityError as exc:  # --gates leaves out a gate the scheduler declares ALWAYS
+        raise UsageError(f"--gates: {args.against}: {exc}") from None
+    unsupported = [g for g in settings.gates if g not in drawn_gates]
     if args.gates.strip() not in ("all", "none") and unsupported:
         raise UsageError(f"--gates: {args.against} does not support the gate(s) {', '.join(unsupported)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
@@ -210,8 +215,10 @@ def run(args: argparse.Namespace) -> int:
     if outcome.known_defects:
         print(known_defect_line(outcome.known_defects))
     gates = settings.drawn_gates
+    always = settings.capabilities.always_gates()
+    every = f", {', '.join(always)} in every one" if always else ""
     print("gates: " + (", ".join(gates) if gates else "none")
-          + (f" (each workload a subset; {outcome.stats.gate_line()})" if gates else ""))
+          + (f" (each workload a subset{every}; {outcome.stats.gate_line()})" if gates else ""))
     kv = settings.drawn_kv
     print("kv: " + (", ".join(kv) if kv else "none")
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))

@@ -91,11 +91,12 @@ def gate_plans(
     draw: st.DrawFn, config: SchedulerConfig, capabilities: Capabilities, vocab: int = VOCAB
 ) -> tuple[SchedulerConfig, GateRequests]:
     """``config`` with a subset of the admission gates ``capabilities``
-    supports turned on (schedspec.check.gate_requests.with_gates), and the
+    supports turned on (schedspec.check.gate_requests.with_gates; one it
+    declares ALWAYS in every subset), and the
     GateRequests that decorates requests with the gates' fields (adapters,
     structured outputs, encoder inputs); () gates: ``config`` as it is."""
     rng = draw(st.randoms(use_true_random=False), label="gate draws")
-    gates = draw_gate_subset(capabilities.gates(), rng)
+    gates = draw_gate_subset(capabilities.gates(), rng, capabilities.always_gates())
     gated = with_gates(config, gates, rng)
     return gated, GateRequests(gated, rng, vocab, pause="pause" in gates, grammar="grammar" in gates)
 

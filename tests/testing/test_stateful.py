@@ -31,8 +31,9 @@ TestSpecMachine = make_machine({"spec": resolve("spec").factory}, name="SpecMach
 _RATES = """
 import json
 from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
 from schedspec.adapters.registry import resolve
-from schedspec.testing.stateful import make_machine
+from schedspec.testing.stateful import RunTally, make_machine
 tally = RunTally()
 machine = make_machine({"spec": resolve("spec").factory}, tally=tally, name="RatesMachine")
 run_state_machine_as_test(

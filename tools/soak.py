@@ -3,10 +3,12 @@
     python -m tools.soak --steps 1000000 --modes sync,async,spec,async-spec [--plans-only]
                          [--against impl] [--samples 20] [--json PATH]
 
-Each mode is one ``run_check`` (schedspec.check.gate, the loop behind
-``schedspec check``) of ``--steps`` steps against ``--against`` (default
+Each mode runs ``run_check`` (schedspec.check.gate, the loop behind
+``schedspec check``) for ``--steps`` steps against ``--against`` (default
 impl, in lockstep with the spec), every gate and KV feature drawn as the
-default check draws them. After each workload the progress callback takes a
+default check draws them. A failure is a finding, its counterexample kept
+under ``--out`` (a folder per mode), and the mode goes on from the next
+workload seed until its steps are run. After each workload the progress callback takes a
 sample once the run has passed the next of ``--samples`` evenly spaced step
 marks: the resident set (``VmRSS`` of /proc/self/status, or the peak from
 ``resource.getrusage`` where there is no /proc) and the objects the garbage
@@ -17,7 +19,7 @@ caches, the interned names and the allocator's arenas have settled: the
 least-squares slope of the resident set, in MB per 100,000 steps, and its
 growth from the middle sample to the last. The line is flat when the slope is
 below ``--max-slope`` (default 0.5 MB per 100,000 steps: a leak of 5 bytes a
-step shows). Exit 1 when a mode is not flat or its check fails; the table and
+step shows). Exit 1 when a mode is not flat or met a finding; the table and
 the JSON give every sample either way.
 """
 
@@ -29,7 +31,6 @@ import gc
 import json
 import resource
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,8 @@ class ModeSoak:
     seconds: float = 0.0
     result: str = ""
     samples: list[Sample] = field(default_factory=list)
+    #: every check failure met on the way: (workload seed, who failed, what, counterexample folder)
+    findings: list[tuple[int, str, str, str]] = field(default_factory=list)
 
     def second_half(self) -> list[Sample]:
         return [s for s in self.samples if s.steps >= self.steps / 2] if self.samples else []
@@ -101,30 +104,47 @@ def slope(points: list[tuple[int, float]]) -> float:
 
 def soak_mode(mode: str, steps: int, samples: int, against: str, plans_only: bool, seed: int,
               out_dir: Path) -> ModeSoak:
-    """One mode's check with the memory sampled at ``samples`` step marks."""
+    """One mode's check with the memory sampled at ``samples`` step marks.
+    A failure is a finding, its counterexample kept under ``out_dir``: the
+    soak goes on from the next workload seed until the steps are run."""
     target, factories = check_factories(against, "lockstep")
-    settings = CheckSettings(against=against, total_steps=steps, seed=seed, modes=(mode,),
-                             plans_only=plans_only, out_dir=out_dir, shrink_time=10.0)
-    settings = dataclasses.replace(settings, capabilities=target.capabilities)
     soak = ModeSoak(mode)
     marks = [steps * (i + 1) // samples for i in range(samples)]
     start = time.monotonic()
     soak.samples.append(Sample(0, 0.0, rss_mb(), len(gc.get_objects())))
+    done = 0  # the steps of the checks before this one
 
     def progress(p: CheckProgress) -> None:
-        while marks and p.steps >= marks[0]:
+        while marks and done + p.steps >= marks[0]:
             marks.pop(0)
-            soak.samples.append(Sample(p.steps, time.monotonic() - start, rss_mb(), len(gc.get_objects())))
+            soak.samples.append(Sample(done + p.steps, time.monotonic() - start, rss_mb(), len(gc.get_objects())))
+            s = soak.samples[-1]
+            print(f"{mode}: {s.steps:,} steps, {s.rss_mb:.1f} MB, {s.objects:,} objects, {s.seconds:.0f} s",
+                  file=sys.stderr, flush=True)
 
-    outcome = run_check(factories, settings, progress=progress)
-    soak.steps, soak.workloads, soak.seconds = outcome.steps, outcome.workloads, outcome.elapsed
-    soak.result = outcome.result
+    results = []
+    while done < steps:
+        settings = CheckSettings(against=against, total_steps=steps - done, seed=seed, modes=(mode,),
+                                 plans_only=plans_only, out_dir=out_dir / mode, shrink_time=10.0)
+        settings = dataclasses.replace(settings, capabilities=target.capabilities)
+        outcome = run_check(factories, settings, progress=progress)
+        done += outcome.steps
+        soak.workloads += outcome.workloads
+        results.append(outcome.result)
+        if outcome.failure is None or not outcome.seeds:
+            break
+        f = outcome.failure
+        soak.findings.append((outcome.seed if outcome.seed is not None else outcome.seeds[-1], f.scheduler,
+                              f"{f.kind}: {f.message}", str(outcome.out_dir or "")))
+        seed = outcome.seeds[-1] + 1
+    soak.steps, soak.seconds = done, time.monotonic() - start
+    soak.result = "fail" if "fail" in results else results[-1] if results else "pass"
     return soak
 
 
 def table(soaks: list[ModeSoak], max_slope: float) -> str:
     rows = ["| mode | steps | workloads | s | RSS first / middle / last (MB) | slope, 2nd half (MB per 100k steps) "
-            "| growth, 2nd half (MB) | GC objects middle / last | check | flat |",
+            "| growth, 2nd half (MB) | GC objects middle / last | findings | flat |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in soaks:
         half = s.second_half()
@@ -132,7 +152,10 @@ def table(soaks: list[ModeSoak], max_slope: float) -> str:
         rows.append(
             f"| {s.mode} | {s.steps:,} | {s.workloads:,} | {s.seconds:.0f} | {s.samples[0].rss_mb:.1f} / "
             f"{mid.rss_mb:.1f} / {s.samples[-1].rss_mb:.1f} | {s.slope():.3f} | {s.growth():+.1f} | "
-            f"{mid.objects:,} / {s.samples[-1].objects:,} | {s.result} | {'yes' if s.flat(max_slope) else 'NO'} |")
+            f"{mid.objects:,} / {s.samples[-1].objects:,} | {len(s.findings)} | {'yes' if s.flat(max_slope) else 'NO'} |")
+    for s in soaks:
+        for seed, who, what, where in s.findings:
+            rows.append(f"\n{s.mode}: workload seed {seed}, in {who}: {what} ({where})")
     return "\n".join(rows)
 
 
@@ -147,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-slope", type=float, default=0.5,
                    help="flat below this many MB per 100,000 steps (default 0.5)")
     p.add_argument("--json", type=Path, help="write every sample here")
+    p.add_argument("--out", type=Path, default=Path("schedspec-out") / "soak",
+                   help="where the counterexamples of findings go, a folder per mode (default schedspec-out/soak)")
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -157,13 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None and not args.json.parent.is_dir():
         p.error(f"--json: folder {args.json.parent} does not exist")
     soaks = []
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        for mode in modes:
-            soaks.append(soak_mode(mode, args.steps, args.samples, args.against, args.plans_only, args.seed,
-                                   Path(tmp) / mode))
-            print(f"{mode}: {soaks[-1].steps:,} steps, {soaks[-1].result}", file=sys.stderr)
+    for mode in modes:
+        soaks.append(soak_mode(mode, args.steps, args.samples, args.against, args.plans_only, args.seed, args.out))
+        print(f"{mode}: {soaks[-1].steps:,} steps, {len(soaks[-1].findings)} finding(s)", file=sys.stderr)
     print(table(soaks, args.max_slope))
-    ok = all(s.flat(args.max_slope) and s.result == "pass" for s in soaks)
+    ok = all(s.flat(args.max_slope) and not s.findings for s in soaks)
     if args.json is not None:
         report: dict[str, Any] = {
             "command": "python -m tools.soak " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -41,11 +41,12 @@ def test_rss_is_read() -> None:
 
 def test_a_short_soak_samples_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "soak.json"
-    rc = soak.main(["--steps", "300", "--modes", "sync", "--samples", "3", "--plans-only", "--json", str(out)])
+    rc = soak.main(["--steps", "300", "--modes", "sync", "--samples", "3", "--plans-only", "--json", str(out),
+                    "--out", str(tmp_path / "o")])
     table = capsys.readouterr().out
     report = json.loads(out.read_text())
     mode = report["modes"][0]
-    assert mode["mode"] == "sync" and mode["result"] == "pass" and mode["steps"] >= 300
+    assert mode["mode"] == "sync" and mode["result"] == "pass" and mode["steps"] >= 300 and mode["findings"] == []
     steps = [s["steps"] for s in mode["samples"]]
     assert len(steps) == 4 and steps[0] == 0 and steps == sorted(steps) and steps[-1] >= 300  # the start, 3 marks
     assert all(s["rss_mb"] > 0 and s["objects"] > 0 for s in mode["samples"])
@@ -60,3 +61,15 @@ def test_bad_flags_name_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         soak.main(["--json", "/no/such/folder/x.json"])
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_finding_is_kept_and_the_soak_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--against", "tests.support.buggy_schedulers:WrongVictim", "--steps", "600", "--modes", "sync",
+                    "--samples", "3", "--json", str(out), "--out", str(tmp_path / "o")])
+    mode = json.loads(out.read_text())["modes"][0]
+    assert rc == 1 and mode["result"] == "fail"
+    assert mode["findings"] and mode["steps"] >= 600, mode["findings"]  # past the first finding, to the goal
+    seed, who, what, where = mode["findings"][0]
+    assert (Path(where) / "trace.jsonl").exists() and str(tmp_path / "o" / "sync") in where
+    assert "workload seed" in capsys.readouterr().out

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
-from schedspec.spec.interface import RequestSpec, SchedulerConfig
+from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
 from schedspec.spec.kv_kinds import kind_of
 
 from schedspec.check.workload import Abort, AddRequest, Event, KVLoadDone, KVLoadFailed
@@ -65,7 +65,9 @@ class Defect:
     #: defect the generators cannot steer around without losing the rules
     #: those draws reach (it is named when met, never drawn around)
     witness: frozenset[str] = frozenset()
-    #: for a witnessed defect, what else the trace must hold (None: nothing)
+    #: for a witnessed defect, what else the trace must hold (None: nothing);
+    #: for one with neither knobs nor witness draws (the scheduler's own
+    #: choice makes it, no draw of the generator), all the trace must hold
     witnessed: Callable[[SchedulerConfig, list[Event]], bool] | None = None
 
 
@@ -116,6 +118,14 @@ def _recomputed_synchronous_load(config: SchedulerConfig, request: RequestSpec) 
 
 def _cached_synchronous_load(config: SchedulerConfig, request: RequestSpec) -> bool:
     return config.enable_prefix_caching and not request.kv_load_async
+
+
+def _priority_with_prefix_caching(config: SchedulerConfig, events: list[Event]) -> bool:
+    return config.policy == Policy.PRIORITY and config.enable_prefix_caching
+
+
+def _any_request(config: SchedulerConfig, request: RequestSpec) -> bool:
+    return True
 
 
 def _failed_load_shares_a_block(config: SchedulerConfig, events: list[Event]) -> bool:
@@ -220,6 +230,20 @@ DEFECTS: tuple[Defect, ...] = (
         witnessed=_failed_load_shares_a_block,
     ),
     Defect(
+        name="victim-preempted-in-its-step",
+        behaviour=("under PRIORITY a victim preempted in the step that scheduled it keeps the prefix-cache keys "
+                   "its allocate_slots gave the blocks its chunk was to fill; _preempt_request frees them keyed, "
+                   "the step no longer writes them, and a later hit reads KV never written (scheduler.py, "
+                   "schedule() RUNNING loop and _preempt_request); the preemption is the scheduler's, so no "
+                   "draw avoids it"),
+        section="A victim preempted in the step that scheduled it leaves prefix-cache keys on blocks whose KV",
+        reported_by="kv-context (the fake model)",
+        knobs=frozenset(),
+        applies=_any_request,
+        reports=frozenset({"kv-context"}),
+        witnessed=_priority_with_prefix_caching,
+    ),
+    Defect(
         name="rewind-before-unencoded-input",
         behaviour=("a recompute that rewinds a request before an encoder input it never encoded, while its "
                    "own later input fills the encoder cache, leaves it never scheduled again (scheduler.py, "
@@ -306,7 +330,12 @@ def known_defect(config: SchedulerConfig, events: Iterable[Event], reported: Ite
     ids = set(reported)
     events = list(events)
     for d in DEFECTS:
-        if d.reports & ids and draws(d, config, events) and (d.witnessed is None or d.witnessed(config, events)):
+        if not d.reports & ids:
+            continue
+        if not d.knobs and not d.witness:  # the scheduler's own choice: the trace's shape alone says
+            if d.witnessed is not None and d.witnessed(config, events):
+                return d
+        elif draws(d, config, events) and (d.witnessed is None or d.witnessed(config, events)):
             return d
     return None
 

@@ -31,8 +31,9 @@ def test_the_records_are_well_formed_and_every_knob_is_used() -> None:
     names = [d.name for d in DEFECTS]
     assert len(set(names)) == len(names)
     for d in DEFECTS:
-        # a record steers the generators (knobs) or, where that would cost rules, is named when met (witness)
-        assert (d.knobs or d.witness) and (d.knobs | d.witness) <= set(KNOBS), d.name
+        # a record steers the generators (knobs) or, where that would cost rules, is named when met
+        # (witness); one the scheduler's own choice makes (no draw) is named by the trace's shape
+        assert (d.knobs or d.witness or d.witnessed is not None) and (d.knobs | d.witness) <= set(KNOBS), d.name
         assert d.behaviour and d.section and d.reported_by, d.name
     assert set().union(*(d.knobs for d in DEFECTS)) == set(KNOBS)
 
@@ -69,3 +70,16 @@ def test_the_generator_draws_no_async_load_of_a_one_token_prompt() -> None:
     kv = KVRequests(CFG, random.Random(1))
     drawn = [kv.decorate(RequestSpec(f"x{i}", (7,), 1)) for i in range(200)]
     assert not any(r.kv_load_async for r in drawn)
+
+
+def test_a_defect_of_the_schedulers_own_choice_is_named_by_the_trace_shape() -> None:
+    from schedspec.check.defects import known_defect
+    from schedspec.spec.interface import Policy
+
+    priority = dataclasses.replace(CFG, policy=Policy.PRIORITY, enable_prefix_caching=True)
+    hit = known_defect(priority, [], {"kv-context"})
+    assert hit is not None and hit.name == "victim-preempted-in-its-step"
+    # FCFS, or no prefix cache, or another report: not that defect
+    assert known_defect(dataclasses.replace(priority, policy=Policy.FCFS), [], {"kv-context"}) is None
+    assert known_defect(dataclasses.replace(priority, enable_prefix_caching=False), [], {"kv-context"}) is None
+    assert known_defect(priority, [], {"block-conservation"}) is None

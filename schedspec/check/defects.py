@@ -124,6 +124,11 @@ def _priority_with_prefix_caching(config: SchedulerConfig, events: list[Event]) 
     return config.policy == Policy.PRIORITY and config.enable_prefix_caching
 
 
+def _priority_with_an_async_load(config: SchedulerConfig, events: list[Event]) -> bool:
+    return config.policy == Policy.PRIORITY and any(
+        isinstance(e, AddRequest) and e.request.kv_load_async and e.request.kv_external_tokens for e in events)
+
+
 def _any_request(config: SchedulerConfig, request: RequestSpec) -> bool:
     return True
 
@@ -242,6 +247,20 @@ DEFECTS: tuple[Defect, ...] = (
         applies=_any_request,
         reports=frozenset({"kv-context"}),
         witnessed=_priority_with_prefix_caching,
+    ),
+    Defect(
+        name="async-load-prefill-livelock",
+        behaviour=("under PRIORITY an asynchronous load admitted into the blocks a whole-pool prefill's "
+                   "self-preemption freed holds them while the prefill resumes (a request waiting for its KV is "
+                   "no victim), the prefill preempts itself again, and the loaded request, once running, is "
+                   "preempted by priority and loads again (scheduler.py, schedule() RUNNING loop, "
+                   "_preempt_request; the WAITING loop's load admission)"),
+        section="An asynchronous load and a prefill that needs the whole pool take turns for ever",
+        reported_by="stall",
+        knobs=frozenset(),
+        applies=_any_request,
+        reports=frozenset({"stall"}),
+        witnessed=_priority_with_an_async_load,
     ),
     Defect(
         name="rewind-before-unencoded-input",

@@ -83,3 +83,21 @@ def test_a_defect_of_the_schedulers_own_choice_is_named_by_the_trace_shape() -> 
     assert known_defect(dataclasses.replace(priority, policy=Policy.FCFS), [], {"kv-context"}) is None
     assert known_defect(dataclasses.replace(priority, enable_prefix_caching=False), [], {"kv-context"}) is None
     assert known_defect(priority, [], {"block-conservation"}) is None
+
+
+def test_the_async_load_prefill_livelock_is_named_on_its_trace() -> None:
+    """The soak's counterexample (sync, seed 768, shrunk to two requests): the spec stalls, and the
+    stall is the documented livelock, not a finding against the scheduler under test."""
+    from schedspec.check import trace as tracefile
+    from schedspec.check.defects import failure_reports, known_defect
+    from schedspec.check.run import run_workload
+    from schedspec.spec.interface import Policy
+    from schedspec.spec.scheduler import SpecScheduler
+
+    t = tracefile.read(ROOT / "tests" / "check" / "data" / "async-load-and-self-preempting-prefill-livelock.jsonl")
+    failure = run_workload(t.workload, {"spec": SpecScheduler}, t.vocab, oracle_seed=t.oracle_seed)[1]
+    assert failure is not None and failure.kind == "stall", failure
+    hit = known_defect(t.workload.config, t.workload.events, failure_reports(failure.kind, ()))
+    assert hit is not None and hit.name == "async-load-prefill-livelock"
+    fcfs = dataclasses.replace(t.workload.config, policy=Policy.FCFS)
+    assert known_defect(fcfs, t.workload.events, {"stall"}) is None

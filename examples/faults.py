@@ -208,6 +208,9 @@ class ChangesAViewItReturned(_Counting):
         return v
 
 
+#: The flags of a hang's check: a short deadline on every call.
+HANG_FLAGS = ("--call-timeout", "1")
+
 #: The catalogue (the test runs every row; the doc's table is written from it).
 FAULTS: tuple[Fault, ...] = (
     Fault("RaisesInInit", "its constructor raises", 2,
@@ -222,19 +225,19 @@ FAULTS: tuple[Fault, ...] = (
     Fault("RaisesInResetPrefixCache", "reset_prefix_cache() raises", 1,
           "RaisesInResetPrefixCache.reset_prefix_cache() raised RuntimeError: cache locked"),
     Fault("HangsInInit", "its constructor never returns", 1,
-          "examples.faults:HangsInInit: construction (while building and probing it) did not return", ("--call-timeout", "1")),
+          "examples.faults:HangsInInit: construction (while building and probing it) did not return", HANG_FLAGS),
     Fault("HangsInAdd", "add() never returns", 1,
-          "HangsInAdd.add() did not return", ("--call-timeout", "1")),
+          "HangsInAdd.add() did not return", HANG_FLAGS),
     Fault("HangsInAbort", "abort() never returns", 1,
-          "HangsInAbort.abort() did not return", ("--call-timeout", "1")),
+          "HangsInAbort.abort() did not return", HANG_FLAGS),
     Fault("HangsInSchedule", "schedule() never returns (50th call)", 1,
-          "HangsInSchedule.schedule() did not return", ("--call-timeout", "1")),
+          "HangsInSchedule.schedule() did not return", HANG_FLAGS),
     Fault("HangsInUpdate", "update() never returns", 1,
-          "HangsInUpdate.update() did not return", ("--call-timeout", "1")),
+          "HangsInUpdate.update() did not return", HANG_FLAGS),
     Fault("HangsInView", "view() never returns (20th call)", 1,
-          "HangsInView.view() did not return", ("--call-timeout", "1")),
+          "HangsInView.view() did not return", HANG_FLAGS),
     Fault("HangsInResetPrefixCache", "reset_prefix_cache() never returns", 1,
-          "HangsInResetPrefixCache.reset_prefix_cache() did not return", ("--call-timeout", "1")),
+          "HangsInResetPrefixCache.reset_prefix_cache() did not return", HANG_FLAGS),
     Fault("ScheduleReturnsList", "schedule() returns a list", 2,
           "ScheduleReturnsList.schedule() returned a list, expected"),
     Fault("ScheduleReturnsListLater", "the same, from its 5th call", 1,

@@ -1177,10 +1177,10 @@ def run_matrix(
     bases: dict[str, RunRecord] = {}
     stores: dict[str, KVStore] = {}
     need_store = any(v.kv for v in variants)
-    current = ""  # the workload in progress: a signal takes its entries out again
+    whole = 0  # the workloads run whole; a signal takes the one in progress out again
     try:
         for i, w in enumerate(workloads):
-            current = w.name
+            whole = i
             store = KVStore() if need_store else None
             if store is not None:
                 stores[w.name] = store
@@ -1211,12 +1211,12 @@ def run_matrix(
                 line.append(f"{v.name} {'ok' if cmp.ok else 'DIVERGED'}")
             if progress:
                 progress(", ".join(line) + f" ({time.perf_counter() - t0:.1f} s)")
-        current = ""
+        whole = len(workloads)
     except (Interrupted, KeyboardInterrupt) as exc:
-        _drop_workload(report, current, bases, stores)
+        if whole < len(workloads):
+            _drop_workload(report, workloads[whole].name, bases, stores)
         report.interrupted = exc.name if isinstance(exc, Interrupted) else "SIGINT"
-        report.workloads = [w.name for w in workloads if w.name in report.baselines or
-                            any(c.workload == w.name for c in report.comparisons)]
+        report.workloads = [w.name for w in workloads[:whole]]
         report.seconds = time.perf_counter() - t0
         return report
     base_tot = Stats()

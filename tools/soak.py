@@ -181,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be at least 1 and --samples at least 3")
     if args.json is not None and not args.json.parent.is_dir():
         p.error(f"--json: folder {args.json.parent} does not exist")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        p.error(f"--out {args.out}: cannot create the folder ({exc.strerror or exc})")
     soaks = []
     for mode in modes:
         soaks.append(soak_mode(mode, args.steps, args.samples, args.against, args.plans_only, args.seed, args.out))

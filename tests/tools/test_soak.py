@@ -73,3 +73,12 @@ def test_a_finding_is_kept_and_the_soak_goes_on(tmp_path: Path, capsys: pytest.C
     seed, who, what, where = mode["findings"][0]
     assert (Path(where) / "trace.jsonl").exists() and str(tmp_path / "o" / "sync") in where
     assert "workload seed" in capsys.readouterr().out
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_first(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    with pytest.raises(SystemExit) as e:
+        soak.main(["--steps", "10", "--modes", "sync", "--out", str(blocker / "o")])
+    assert e.value.code == 2 and "--out" in capsys.readouterr().err

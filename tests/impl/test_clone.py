@@ -69,15 +69,20 @@ class _Run:
         return fork
 
 
+@pytest.mark.parametrize("kv", [(), ("connector",)], ids=["plain", "connector"])
 @pytest.mark.parametrize("seed", range(12))
-def test_clone_is_independent_and_equal(seed: int) -> None:
-    w = random_workload(seed, 40, vocab=8)
-    events = list(w.events)
+def test_clone_is_independent_and_equal(seed: int, kv: tuple[str, ...]) -> None:
+    w = random_workload(seed, 40, vocab=8, kv=kv)
+    # (a reset of running requests while the connector holds blocks is refused;
+    # the check engine's driver skips it, these tests leave it out)
+    events = [e for e in w.events if not (kv and isinstance(e, ResetPrefixCache) and e.reset_running_requests)]
     orig = _Run(ImplScheduler(w.config), FakeModel(w.config.block_size, 8, seed))
     ref = _Run(SpecScheduler(w.config), FakeModel(w.config.block_size, 8, seed))
     forks: list[tuple[int, _Run, SchedulerView]] = []
     every = max(1, len(events) // 8)
+    marks: list[int] = []  # the length of the original's log before each event
     for i, e in enumerate(events):
+        marks.append(len(orig.log))
         if i % every == 0:
             f = orig.fork()
             assert f.sched.view() == orig.sched.view()
@@ -89,10 +94,14 @@ def test_clone_is_independent_and_equal(seed: int) -> None:
     # The original ran on: every fork still holds the state it was made in.
     for _, f, snap in forks:
         assert f.sched.view() == snap
-    # Each fork replays the rest of the workload and ends where the spec did.
+    # Each fork replays the rest of the workload: the plans and views the
+    # original made from there on, ending where the spec did.
+    marks.append(len(orig.log))
     for start, f, _ in forks:
+        f.log = []
         for e in events[start:]:
             f.event(e)
+        assert f.log == orig.log[marks[start]:]
         assert f.sched.view() == ref.sched.view()
 
 

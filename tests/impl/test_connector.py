@@ -231,11 +231,43 @@ def test_a_truncated_load_with_a_step_in_flight_recomputes_with_its_placeholders
     t = Twin(config(async_scheduling=True, kv_load_failure_policy="recompute"))
     t.add(req("a", 14, kv_external_tokens=8))
     first = t.schedule()
-    (e,) = t.schedule().scheduled
+    second = t.schedule()
+    (e,) = second.scheduled
     assert (e.num_computed_tokens, e.num_scheduled_tokens, e.token_ids) == (14, 1, (-1,))
     t.update(first, StepResult({"a": (5,)}, invalid_block_ids=first.kv_loads[0].block_ids[1:2]))
     a = t.impl.view().requests["a"]
     assert (a.num_computed_tokens, a.num_output_placeholders, a.output_token_ids) == (4, 2, ())
-    (e,) = t.schedule().scheduled
+    third = t.schedule()
+    (e,) = third.scheduled
     assert (e.num_computed_tokens, e.num_scheduled_tokens, e.num_output_placeholders) == (4, 12, 2)
     assert e.token_ids == (4, 5, 6, 7, 8, 9, 10, 11, 12, 13, -1, -1)
+    t.update(second, StepResult({"a": (6,)}))
+    t.update(third, StepResult({"a": (7,)}))
+    # The placeholder nobody fills then stalls the request one token short of
+    # max_tokens: the async skip (computed + 2 - placeholders reaches prompt +
+    # max_tokens) passes it over in every step, and it never finishes. vLLM
+    # 0.33 does the same (docs/divergences.md).
+    assert t.step().scheduled_ids == ("a",)
+    for _ in range(3):
+        assert t.step().scheduled == ()
+    a = t.impl.view().requests["a"]
+    assert (a.num_computed_tokens, a.output_token_ids, a.num_output_placeholders) == (17, (6, 7, 7), 1)
+
+
+def test_a_truncated_load_with_a_step_in_flight_runs_on_to_its_end() -> None:
+    """As above with room left under max_tokens: after the recompute the
+    request decodes block after block, its blocks keyed as its tokens are
+    verified, up to one token short of max_tokens, where it stalls."""
+    t = Twin(config(async_scheduling=True, kv_load_failure_policy="recompute"))
+    t.add(req("a", 14, max_tokens=12, kv_external_tokens=8))
+    first = t.schedule()
+    second = t.schedule()
+    t.update(first, StepResult({"a": (5,)}, invalid_block_ids=first.kv_loads[0].block_ids[1:2]))
+    third = t.schedule()
+    t.update(second, StepResult({"a": (6,)}))
+    t.update(third, StepResult({"a": (7,)}))
+    assert [len(t.step().scheduled) for _ in range(11)] == [1] * 9 + [0] * 2
+    v = t.impl.view()
+    a = v.requests["a"]
+    assert (a.num_computed_tokens, len(a.output_token_ids), a.num_output_placeholders) == (25, 11, 1)
+    assert sorted(v.kv.block_keys) == [1, 2, 3, 4, 5, 6]

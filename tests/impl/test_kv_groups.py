@@ -134,6 +134,23 @@ def test_full_plus_window_with_a_connector_load() -> None:
     assert (e.num_computed_tokens, e.num_scheduled_tokens) == (8, 1)
 
 
+def test_a_load_ending_on_a_chunk_boundary_still_gives_later_groups_their_blocks() -> None:
+    """A load whose tokens end on a chunk boundary leaves the chunked-local
+    group nothing to hold (its chunk starts at the next token); the groups
+    after it still get blocks for the external tokens, before the blocks of
+    the step's own token."""
+    for load_async in (True, False):
+        t = Twin(config(groups=(FULL, CL4, FULL), kv_connector=True, num_blocks=61))
+        t.add(req("a", 9, kv_external_tokens=8, kv_load_async=load_async))
+        plan = t.schedule()
+        (load,) = plan.kv_loads
+        if load_async:
+            assert load.group_block_ids == ((1, 2, 3, 4), (0, 0, 0, 0), (5, 6, 7, 8))
+        else:
+            (e,) = plan.scheduled
+            assert e.group_block_ids == ((1, 2, 3, 4, 9), (0, 0, 0, 0, 10), (5, 6, 7, 8, 11))
+
+
 def _lenient(monkeypatch: pytest.MonkeyPatch) -> None:
     def execute(self: Any, plan: Any, context: Mapping[str, Sequence[int]] | None = None) -> Any:
         truth = None if context is None else {rid: tuple(t) for rid, t in context.items()}

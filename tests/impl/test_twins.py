@@ -133,3 +133,29 @@ def test_a_bad_result_on_the_general_update_gets_the_spec_error() -> None:
     for bad in ({"zz": (1,)}, {"a": (1, 2)}, {"a": (-1,)}):
         assert t.expect_error(lambda s: s.update(plan, StepResult(bad))).startswith("ProtocolError: ")
     t.update(plan, StepResult({"a": (1,)}))
+
+
+def test_drafts_for_a_request_the_plan_did_not_schedule_are_refused_beside_good_ones() -> None:
+    """The fast path vouches for a result only when every draft belongs to a
+    scheduled request; one stray beside a good one gets the spec's error."""
+    t = Twin(cfg(num_speculative_tokens=3))
+    t.add(req("a", 3))
+    plan = t.schedule()
+    bad = StepResult({"a": (1,)}, draft_token_ids={"a": (5, 6), "zz": (7,)})
+    assert t.expect_error(lambda s: s.update(plan, bad)) == (
+        "ProtocolError: draft_token_ids for 'zz', which the plan did not schedule")
+    t.update(plan, StepResult({"a": (1,)}, draft_token_ids={"a": (5, 6)}))
+
+
+def test_a_grammar_cuts_drafts_at_the_first_refused_one_wherever_it_comes() -> None:
+    """update_draft_token_ids: the grammar keeps the drafts before the first
+    token it refuses, at the first, second or a later place."""
+    t = Twin(cfg(num_speculative_tokens=4, max_num_seqs=8))
+    for k in range(4):
+        t.add(req(f"g{k}", 3, max_tokens=8, structured_output=True, grammar_rejects=(9,)))
+        t.both(lambda s, rid=f"g{k}": s.grammar_ready(rid))
+    plan = t.schedule()
+    drafts = {"g0": (9, 1, 2), "g1": (1, 9, 2), "g2": (1, 2, 9, 3), "g3": (1, 2, 3, 9)}
+    t.update(plan, StepResult({f"g{k}": (4,) for k in range(4)}, draft_token_ids=drafts))
+    kept = {rid: v.spec_token_ids for rid, v in t.impl.view().requests.items()}
+    assert kept == {"g0": (), "g1": (1,), "g2": (1, 2), "g3": (1, 2, 3)}

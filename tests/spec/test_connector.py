@@ -462,7 +462,26 @@ def test_invalid_blocks_with_several_groups_are_refused() -> None:
     plan = s.schedule()
     with pytest.raises(ProtocolError) as e:
         s.update(plan, StepResult(sampled=sample(plan), invalid_block_ids=(plan.kv_loads[0].block_ids[0],)))
-    assert e.value.field == "invalid_block_ids"
+    assert e.value.field == "invalid_block_ids" and e.value.step == plan.step
+    assert str(e.value).endswith(
+        "invalid_block_ids with more than one KV cache group: vLLM raises (_handle_invalid_blocks); "
+        "report failed_recving instead")
+
+
+def test_an_invalid_block_outside_the_pool_is_refused_with_the_pool_range() -> None:
+    from schedspec.spec.interface import ProtocolError
+
+    s = make()
+    async_loaded(s)
+    plan = s.schedule()
+    before = s.view()
+    for block in (0, 16, -1, True, "1"):
+        with pytest.raises(ProtocolError) as e:
+            s.update(plan, StepResult(sampled=sample(plan), finished_recving=("a",),
+                                      invalid_block_ids=(block,)))  # type: ignore[arg-type]
+        assert e.value.field == "invalid_block_ids" and e.value.step == plan.step
+        assert str(e.value).endswith(f"invalid_block_ids holds {block!r}, not a block of the pool (1 .. 15)")
+        assert s.view() == before
 
 
 def test_reset_running_with_held_blocks_is_refused() -> None:

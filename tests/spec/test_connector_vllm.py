@@ -177,3 +177,31 @@ def test_connector_with_hybrid_groups_lockstep_with_vllm(mode: str) -> None:
         except ConfigError:
             continue
         run.run(40)
+
+
+def test_a_truncated_sync_load_with_a_step_in_flight_stalls_on_vllm_too() -> None:
+    """docs/divergences.md, "A stale output placeholder after a failed
+    synchronous load": vLLM 0.33's scheduler, like the spec, decodes the
+    request after its recompute up to one token short of max_tokens and then
+    passes it over in every step; it never finishes."""
+    pytest.importorskip("vllm")
+    from schedspec.adapters.registry import resolve
+
+    cfg = SchedulerConfig(block_size=4, num_blocks=17, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64,
+                          kv_connector=True, async_scheduling=True, kv_load_failure_policy="recompute")
+    for sched in (SpecScheduler(cfg), resolve("vllm").factory(cfg)):
+        sched.add(RequestSpec("a", tuple(range(14)), 12, kv_external_tokens=8))
+        first = sched.schedule()
+        second = sched.schedule()
+        sched.update(first, StepResult({"a": (5,)}, invalid_block_ids=first.kv_loads[0].block_ids[1:2]))
+        third = sched.schedule()
+        sched.update(second, StepResult({"a": (6,)}))
+        sched.update(third, StepResult({"a": (7,)}))
+        counts = []
+        for _ in range(11):
+            plan = sched.schedule()
+            counts.append(len(plan.scheduled))
+            sched.update(plan, StepResult({e.request_id: (7,) for e in plan.scheduled if e.samples}))
+        assert counts == [1] * 9 + [0] * 2, type(sched).__name__
+        a = sched.view().requests["a"]
+        assert (a.num_computed_tokens, len(a.output_token_ids), a.num_output_placeholders) == (25, 11, 1)

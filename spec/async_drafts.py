@@ -108,6 +108,7 @@ class AsyncDraftsMixin(CountsRules):
                 self._rule("spec.drafts_for_finished")  # pragma: no mutate
                 continue
             if req.is_prefill_chunk:
+                self._rule("spec.drafts_after_chunk_dropped", len(drafts) > 0)  # pragma: no mutate
                 req.spec_token_ids = []
                 continue
             self._rule("spec.drafts_set", len(drafts) > 0)  # pragma: no mutate

@@ -528,9 +528,10 @@ def check_sampled(
 def check_drafts(plan: StepPlan, result: StepResult, config: SchedulerConfig | None = None) -> None:
     """update(), the drafts: ``draft_token_ids`` only for requests the plan
     scheduled, each a tuple of token ids, at most num_speculative_tokens of
-    them (none when speculative decoding is off), and non-empty only for an
-    entry that samples (vLLM drops the drafts proposed after a partial prefill
-    chunk: scheduler.py, update_draft_token_ids)."""
+    them (none when speculative decoding is off). Drafts for an entry that
+    does not sample (a partial prefill chunk) are legal: a drafter with its
+    own forward pass proposes for every request of the batch, and vLLM drops
+    them (scheduler.py, update_draft_token_ids)."""
     drafts = getattr(result, "draft_token_ids", None)
     if not drafts:
         return
@@ -567,12 +568,6 @@ def check_drafts(plan: StepPlan, result: StepResult, config: SchedulerConfig | N
         if len(toks) > k:
             raise ProtocolError(
                 f"draft_token_ids for {rid!r} has {len(toks)} drafts; num_speculative_tokens is {k}",
-                step=plan.step,
-                field="draft_token_ids",
-            )
-        if toks and not entry.samples:
-            raise ProtocolError(
-                f"draft_token_ids for {rid!r}, whose step is a partial prefill chunk",
                 step=plan.step,
                 field="draft_token_ids",
             )

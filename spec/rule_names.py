@@ -121,6 +121,7 @@ _RULES = (
     Rule("spec.some_rejected", "drafts are rejected and num_computed_tokens (and the placeholders) roll back", "sched/scheduler.py, Scheduler.update_from_output (num_computed_tokens -= num_rejected)", _SPEC_MODES),
     Rule("spec.stop_inside_run", "the request stops inside an accepted run; the tokens after the stop are dropped", "sched/scheduler.py, Scheduler._update_request_with_output (del new_token_ids[num_new:])", _SPEC_MODES),
     Rule("spec.drafts_set", "drafts proposed after a step become the request's drafts for its next step", "sched/scheduler.py, Scheduler.update_draft_token_ids", ("spec",)),
+    Rule("spec.drafts_after_chunk_dropped", "drafts proposed for a request whose step was a partial prefill chunk are dropped (a drafter with its own forward pass proposes for every request of the batch)", "sched/scheduler.py, Scheduler.update_draft_token_ids (request.is_prefill_chunk: spec_token_ids = [])", ("spec",)),
     Rule("spec.drafts_for_finished", "drafts for a request that finished in this update are ignored", "sched/scheduler.py, Scheduler.update_draft_token_ids (request is None or finished: continue)", ("spec",)),
     # -- async scheduling (one step in flight)
     Rule("async.placeholders_added", "a step that samples counts its output tokens (1 + drafts) as placeholders and gives the request k placeholder drafts", "sched/async_scheduler.py, AsyncScheduler._update_after_schedule", _ASYNC_MODES),

@@ -21,7 +21,9 @@ Speculative decoding and async scheduling, as vLLM's worker does them:
   purpose where the acceptance mode says so. ``"all"``: every draft is what
   the model will sample; ``"none"``: the first draft never is; ``"prefix"``:
   a keyed hash of the request and position picks how many leading drafts are
-  right (0 .. k), so every acceptance pattern is reachable.
+  right (0 .. k), so every acceptance pattern is reachable. A step that does
+  not sample (a partial prefill chunk) may get drafts too, as from a drafter
+  with its own forward pass (``chunk_drafts``); the scheduler drops them.
 - Verification is greedy, as vLLM's rejection sampler with greedy sampling:
   output i is sampled from the context through draft i (read back through
   the block table like every other context), and draft i+1 is accepted while
@@ -362,6 +364,9 @@ class FakeModel:
             self.rejected.pop(rid, None)
             if not s.samples:
                 self.outputs.pop(rid, None)
+                stray = self.chunk_drafts(s, base) if recorded is None else recorded.draft_token_ids.get(rid, ())
+                if stray:
+                    drafts[rid] = tuple(stray)
                 continue
             num_drafts = len(s.spec_token_ids)
             last = base + s.num_scheduled_tokens - num_drafts - 1  # the last real token's position
@@ -425,6 +430,20 @@ class FakeModel:
         h = hashlib.blake2b(digest_size=8, key=self.seed.to_bytes(8, "little"))
         h.update(f"{request_id}:{position}".encode())
         return int.from_bytes(h.digest(), "little") % (self.num_speculative_tokens + 1)
+
+    def chunk_drafts(self, s: ScheduledRequest, base: int) -> tuple[int, ...]:
+        """Drafts for an entry that does not sample (a partial prefill chunk):
+        a drafter with its own forward pass proposes for every request of the
+        batch, and the scheduler must drop them (update_draft_token_ids). A
+        hash of the request id and the chunk's first position picks 0 .. k of
+        them, so both cases occur."""
+        k = self.num_speculative_tokens
+        if k == 0:
+            return ()
+        h = hashlib.blake2b(digest_size=8, key=self.seed.to_bytes(8, "little"))
+        h.update(f"chunk:{s.request_id}:{base}".encode())
+        n = int.from_bytes(h.digest(), "little")
+        return tuple((n >> (8 * i)) % self.vocab for i in range(1, 1 + n % (k + 1)))
 
     def _propose(self, s: ScheduledRequest, last: int, bonus: int) -> tuple[int, ...]:
         """Drafts for the request's next step, after its context through

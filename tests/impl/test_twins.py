@@ -159,3 +159,19 @@ def test_a_grammar_cuts_drafts_at_the_first_refused_one_wherever_it_comes() -> N
     t.update(plan, StepResult({f"g{k}": (4,) for k in range(4)}, draft_token_ids=drafts))
     kept = {rid: v.spec_token_ids for rid, v in t.impl.view().requests.items()}
     assert kept == {"g0": (), "g1": (1,), "g2": (1, 2), "g3": (1, 2, 3)}
+
+
+def test_drafts_proposed_for_a_partial_prefill_chunk_are_dropped_in_every_mode() -> None:
+    """update_draft_token_ids: a drafter with its own forward pass proposes
+    for every request of the batch; the drafts of a request whose step was a
+    partial prefill chunk are dropped, not refused."""
+    for extra in (dict(), dict(async_scheduling=True)):
+        t = Twin(cfg(num_speculative_tokens=2, max_num_batched_tokens=8, **extra))
+        t.add(req("a", 3, max_tokens=6))
+        t.add(req("b", 12, max_tokens=4))
+        plan = t.schedule()
+        assert entries(plan)[-1] == ("b", "new", 0, 5)  # a partial chunk of b's prompt
+        t.update(plan, StepResult({"a": (1,)}, draft_token_ids={"a": (2, 3), "b": (4, 5)}))
+        assert t.impl.view().requests["b"].spec_token_ids == ()
+        for _ in range(6):
+            t.step()

@@ -170,17 +170,18 @@ def test_preemption_drops_the_drafts() -> None:
     assert e.kind == ScheduleKind.RESUMED and e.spec_token_ids == ()
 
 
-def test_drafts_after_a_prefill_chunk_are_refused() -> None:
+def test_drafts_after_a_prefill_chunk_are_dropped() -> None:
+    """spec.drafts_after_chunk_dropped: a drafter with its own forward pass
+    proposes for a request whose step was a partial prefill chunk; vLLM's
+    update_draft_token_ids drops them, and the next step verifies none."""
     s = SpecScheduler(config(max_num_batched_tokens=4, max_num_seqs=2))
     s.add(req("a", 8))
     p = s.schedule()
     assert not entry(p, "a").samples
-    before = s.view()
-    with pytest.raises(ProtocolError) as info:
-        s.update(p, StepResult({}, {"a": (1,)}))
-    assert info.value.field == "draft_token_ids" and info.value.step == p.step
-    assert s.view() == before
-    s.update(p, StepResult({}, {"a": ()}))  # an empty proposal is fine
+    s.update(p, StepResult({}, {"a": (1, 2)}))
+    assert s.view().requests["a"].spec_token_ids == ()
+    assert s.rules["spec.drafts_after_chunk_dropped"] == 1
+    assert entry(s.schedule(), "a").spec_token_ids == ()
 
 
 # ---------------------------------------------------------------- async scheduling

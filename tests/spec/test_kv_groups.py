@@ -771,3 +771,9 @@ def test_vllm_nulls_a_block_the_next_token_attends_with_a_chunk_of_part_blocks()
         block_hashes=[BlockHash(b"\x00" * 32), BlockHash(b"\x01" * 32)], max_length=7, kv_cache_group_ids=[0], block_pool=pool,
         kv_cache_spec=spec, drop_eagle_block=False, alignment_tokens=4)
     assert ([[b.block_id for b in blocks[0]]], hit) == find_chunked_local_hit(cached_lookup({}), 1, 7, 4, 6)
+
+
+def test_a_pool_made_without_a_layout_has_one_full_attention_group() -> None:
+    pool = KVPool(9, 4, True)
+    assert pool.layout == GroupLayout.plain(4, True)
+    assert [g.kind for g in pool.layout.groups] == ["full_attention"]

@@ -5,6 +5,8 @@ impl alike, and a rejected update leaves nothing behind."""
 from __future__ import annotations
 
 import contextlib
+
+import pytest
 from typing import Any, Callable
 
 from schedspec.spec import ProtocolError, RequestError, SchedulerConfig, StepPlan, StepResult
@@ -214,3 +216,27 @@ def test_boundary_errors_name_their_step_and_field() -> None:
     with pytest.raises(ProtocolError) as exc:
         s.schedule()
     assert exc.value.field == "plan"
+
+
+@spec_and_impl
+def test_boundary_errors_name_their_step_and_field(make: Callable[[SchedulerConfig], Any]) -> None:
+    s = make(cfg(max_num_batched_tokens=8))
+    s.add(req("a", 3))
+    with pytest.raises(ProtocolError) as e:
+        s.update(StepPlan(4, (), (), ()), StepResult())
+    assert (e.value.step, e.value.field) == (4, "plan")
+    a = make(cfg(async_scheduling=True))
+    a.add(req("a", 3))
+    a.schedule()
+    a.schedule()
+    with pytest.raises(ProtocolError) as e:
+        a.schedule()
+    assert str(e.value) == ("schedule() with steps 1, 2 in flight: async scheduling allows one plan in flight, "
+                            "so step 1 must be updated first")
+    assert (e.value.step, e.value.field) == (1, "plan")
+    c = make(cfg(kv_connector=True))
+    with pytest.raises(ProtocolError) as e:
+        c.add(req("x", 4, kv_external_tokens=4))
+    assert str(e.value) == (
+        "request 'x': a synchronous load of all 4 prompt tokens leaves none to compute (vLLM asserts "
+        "num_new_tokens > 0); load at most the prompt less one token, or load asynchronously")

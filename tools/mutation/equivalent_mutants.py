@@ -41,6 +41,8 @@ REASONS: dict[str, str] = {
 
 _EQUIVALENT: dict[str, dict[str, list[int]]] = {
     "dead": {
+        # the message of the hit's assert, which holds (a request takes its hit with no blocks)
+        "schedspec.spec.kv_cache.xǁKVPoolǁallocate_new_computed_blocks": [9],
         "schedspec.spec.scheduler.xǁSpecSchedulerǁ_schedule_running": [22, 23, 24, 25],  # the n == 0 skip
         "schedspec.spec.kv_cache.xǁKVPoolǁget_new_blocks": [2, 3],  # the assert messages
         "schedspec.spec.kv_cache.xǁKVPoolǁcache_full_blocks": [9, 10],  # the assert messages
@@ -97,6 +99,10 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         "schedspec.impl.connector.xǁConnectorMixinǁ_promote": [16],
     },
     "performance": {
+        # a new request's block-tuple cache unset (None) for empty: its first read builds ()
+        "schedspec.impl.request.xǁRequestǁ__init__": [14],
+        # the memo of (-1,) * n missed: an equal tuple built again
+        "schedspec.impl.scheduler.xǁImplSchedulerǁ_unknown_tokens": [1],
         "schedspec.impl.prefix_index.xǁPrefixIndexǁviews": [7, 8, 9, 12, 13],
         "schedspec.impl.free_queue.xǁFreeBlockQueueǁ__init__": [20, 35],
         "schedspec.impl.queues.xǁPriorityWaitingǁremove": [7, 8, 11],
@@ -119,7 +125,7 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         # max(.., 1): an admission always needs a block past its hit (hit < num_tokens <= max_model_len - 1)
         "schedspec.spec.scheduler.xǁSpecSchedulerǁ_allocate_admission": [51],
         # None appended to a list only read for truthiness
-        "schedspec.spec.scheduler.xǁSpecSchedulerǁ_allocate_or_preempt": [26],
+        "schedspec.spec.scheduler.xǁSpecSchedulerǁ_allocate_or_preempt": [45],
         # budget >= 0: a zero budget schedules and admits nothing; 36: FCFS self-preemption, continue for break
         "schedspec.spec.scheduler.xǁSpecSchedulerǁ_schedule_running": [6, 36],
         "schedspec.spec.scheduler.xǁSpecSchedulerǁ_schedule_waiting": [2],
@@ -129,6 +135,8 @@ _EQUIVALENT: dict[str, dict[str, list[int]]] = {
         # count less a fraction below one (code / base for code // base): every reader compares it
         # with integers or floors it (computed - in_flight against block and skip bounds)
         "schedspec.impl.update.xǁUpdateMixinǁ_update_general": [51, 67],
+        # StepState.preempted None for False: only `not state.preempted` reads it
+        "schedspec.impl.running.xǁStepStateǁ__init__": [6],
         # the group check's assert weakened (it holds after the integer check); typing.cast(None, g)
         # returns g at run time
         "schedspec.spec.validate.x__check_group": [63, 64, 71],

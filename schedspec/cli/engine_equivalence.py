@@ -1,7 +1,7 @@
 """``schedspec engine-equivalence``: vLLM's own engine on the CPU, each
 variant of its arguments against the baseline (docs/engine.md).
 
-    schedspec engine-equivalence [--variants A,B,...] [--workloads N] [--seed N]
+    schedspec engine-equivalence [--variants A,B,...] [--workloads N|A,B] [--seed N]
                                  [--tolerance T] [--model DIR] [--out FILE]
 
 Runs in the engine's environment (.venv-engine, scripts/setup_engine.sh) as
@@ -27,7 +27,8 @@ DESCRIPTION = __doc__.split("\n\n")[0] if __doc__ else None
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default=None,
                    help="comma-separated variant names (default: all, with the control)")
-    p.add_argument("--workloads", default=None, help="run the first N default workloads (default: all 5)")
+    p.add_argument("--workloads", default=None,
+                   help="the first N default workloads, or NAME,NAME (default: all 5)")
     p.add_argument("--seed", default="0", help="the workloads' seed (default 0)")
     p.add_argument("--tolerance", default=None, help="max logprob difference (default 1e-4)")
     p.add_argument("--model", default=None, help="the model directory (default: the seeded tiny Llama)")
@@ -52,8 +53,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--variants: {exc}", PROG) from None
     seed = int(args.seed) if args.seed.isdigit() else positive_int("--seed", args.seed)
     workloads = matrix.default_workloads(seed)
-    if args.workloads is not None:
+    if args.workloads is not None and args.workloads.lstrip("-").isdigit():
         workloads = workloads[:positive_int("--workloads", args.workloads)]
+    elif args.workloads is not None:
+        by_name = {w["name"]: w for w in workloads}
+        names = args.workloads.split(",")
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise UsageError(f"--workloads: unknown workload(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(by_name)}", PROG)
+        workloads = [by_name[n] for n in names]
     tol = matrix.LOGPROB_TOL
     if args.tolerance is not None:
         try:
@@ -75,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
                 "commit": _commit(), "tolerance": tol, "wall_s": round(wall, 1),
                 "reports": [matrix.report_dict(r) for r in reports],
                 "timings": {v["name"]: {"build_s": v.get("build_s"), "total_s": v.get("total_s"),
-                                        "runs": {r["workload"]: {"steps": r["steps"], "wall_s": r["wall_s"]}
+                                        "runs": {r["workload"]: {"steps": r["steps"], "wall_s": r["wall_s"],
+                                                                   **r["stats"]}
                                                  for r in v["runs"]}}
                             for v in result["variants"]}}
         Path(args.out).write_text(json.dumps(data, indent=1) + "\n")

@@ -98,6 +98,8 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], monkeypatch: pytes
     assert main(["engine-equivalence", "--variants", "nope"]) == 2
     assert "--variants: unknown variant" in capsys.readouterr().err
     assert main(["engine-equivalence", "--workloads", "0"]) == 2
+    assert main(["engine-equivalence", "--workloads", "aborts,nope"]) == 2
+    assert "--workloads: unknown workload(s) nope" in capsys.readouterr().err
     assert main(["engine-equivalence", "--out", str(tmp_path / "no" / "x.json")]) == 2
     monkeypatch.setenv("SCHEDSPEC_ENGINE_PYTHON", str(tmp_path / "missing" / "python"))
     assert main(["engine-equivalence", "--workloads", "1"]) == 2
@@ -117,7 +119,7 @@ def _engine_or_skip() -> None:
 def test_small_matrix_on_the_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _engine_or_skip()
     out = tmp_path / "m.json"
-    code = main(["engine-equivalence", "--workloads", "2",
+    code = main(["engine-equivalence", "--workloads", "shared-prefix,arrivals,aborts",
                  "--variants", f"chunked-prefill,prefix-caching,small-pool,{matrix.CONTROL}", "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0, text

@@ -131,3 +131,29 @@ def test_small_matrix_on_the_engine(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert by["chunked-prefill"]["chunks"] > 0 and by["prefix-caching"]["prefix_hits"] > 0
     assert by["small-pool"]["preemptions"] > 0
     assert by["baseline"]["tokens"] > 100
+
+
+@pytest.mark.parametrize("control_tokens, variant_tokens, code", [
+    ([1, 2, 4], [5, 6, 7], 0),   # variant equal, control caught
+    ([5, 6, 7], [5, 6, 7], 1),   # control not caught
+    ([1, 2, 4], [5, 6, 9], 1),   # a real variant diverged
+])
+def test_cli_exit_status_and_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 control_tokens: list[int], variant_tokens: list[int], code: int) -> None:
+    def fake_worker(job: dict[str, Any], timeout: float = 0.0) -> dict[str, Any]:
+        assert [v["name"] for v in job["variants"]] == ["baseline", "priority", matrix.CONTROL]
+        assert all(v["args"]["gpu_memory_utilization"] == 0.1 for v in job["variants"])
+        lp = [-0.1, -0.2, -0.3]
+        return {"variants": [_run("baseline", {"r0": ([5, 6, 7], lp, None)}),
+                             _run("priority", {"r0": (variant_tokens, lp, None)}),
+                             _run(matrix.CONTROL, {"r0": (control_tokens, lp, None)})]}
+
+    monkeypatch.setattr(matrix, "run_worker", fake_worker)
+    out = tmp_path / "m.json"
+    assert main(["engine-equivalence", "--variants", f"priority,{matrix.CONTROL}", "--workloads", "1",
+                 "--out", str(out)]) == code
+    data = json.loads(out.read_text())
+    assert data["command"][:2] == ["schedspec", "engine-equivalence"] and data["tolerance"] == matrix.LOGPROB_TOL
+    assert [r["ok"] for r in data["reports"]].count(False) == (0 if code == 0 else 1)
+    assert data["timings"]["priority"]["runs"]["w"]["preemptions"] == 1
+    assert ("FAILED" in capsys.readouterr().out) == bool(code)

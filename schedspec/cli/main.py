@@ -33,6 +33,8 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("invariants", "schedspec.cli.invariants", "print the invariant catalogue"),
     ("bench", "schedspec.cli.bench", "decode and mixed-trace speed, side by side"),
     ("equivalence", "schedspec.cli.equivalence", "token equivalence on a real model (needs torch)"),
+    ("engine-equivalence", "schedspec.cli.engine_equivalence",
+     "vLLM's own engine on the CPU: each engine variant's tokens against the baseline"),
     ("modelcheck", "schedspec.cli.modelcheck",
      "explore every state within a bound (TLC-style): invariants, deadlock, liveness, impl differential"),
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -83,8 +84,13 @@ def _run_gate(tree: Path, gate: str, against: str, timeout: float) -> dict[str, 
     except (OSError, ValueError):
         pass
     verdict = {0: "survived", 1: "killed"}.get(proc.returncode, f"error (exit {proc.returncode})")
+    text = proc.stdout + proc.stderr
+    found = re.search(r"violation at event (\d+)", text)
+    unreached = re.search(r"never reached: ([^(\n]*)", text)
     return {"verdict": verdict, "seconds": seconds, "events": _events(summary),
-            "tail": proc.stderr[-400:] if proc.returncode not in (0, 1) else ""}
+            "event_of_failure": int(found.group(1)) if found else None,
+            "never_reached": [x.strip() for x in unreached.group(1).split(",") if x.strip()] if unreached else [],
+            "tail": (proc.stdout + proc.stderr)[-600:]}
 
 
 def _events(summary: dict[str, Any]) -> int | None:

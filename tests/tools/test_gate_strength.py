@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from tools import gate_strength as gs
+from tools.mutation.equivalent_mutants import EQUIVALENT
 
 
 def test_parse_shard() -> None:
@@ -21,7 +22,7 @@ def test_shards_partition() -> None:
 
 
 def test_impl_sample_skips_spec_and_equivalents() -> None:
-    eq = next(iter(gs.EQUIVALENT))
+    eq = next(iter(EQUIVALENT))
     names = [eq, "schedspec.spec.rules.x_f__mutmut_1"] + [f"schedspec.impl.core.x_g__mutmut_{i}" for i in range(5)]
     got = gs.impl_sample(names, 3, 1)
     assert got and all(n.startswith("schedspec.impl.") and n != eq for n in got)
@@ -50,7 +51,11 @@ def test_resumption_skips_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(gs, "zoo_names", lambda: ["A", "B"])
     gs.result_path(tmp_path, "zoo:A").write_text(json.dumps(_fake("zoo:A", "killed", 1.0)))
     ran: list[str] = []
-    monkeypatch.setattr(gs, "run_target", lambda w, t, to: ran.append(t) or _fake(t, "killed", 1.0))
+
+    def fake_run(w: object, t: str, to: float) -> dict[str, object]:
+        ran.append(t)
+        return _fake(t, "killed", 1.0)
+    monkeypatch.setattr(gs, "run_target", fake_run)
     assert gs.main(["run", "W", "--zoo", "-1", "--out", str(tmp_path)]) == 0
     assert ran == ["zoo:B"]
     assert gs.main(["table", str(tmp_path)]) == 0

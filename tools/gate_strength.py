@@ -89,15 +89,18 @@ def _run_gate(tree: Path, gate: str, against: str, timeout: float) -> dict[str, 
     unreached = re.search(r"never reached: ([^(\n]*)", text)
     return {"verdict": verdict, "seconds": seconds, "events": _events(summary),
             "event_of_failure": int(found.group(1)) if found else None,
+            "unreached": (summary.get("rule_coverage") or {}).get("unreached"),
             "never_reached": [x.strip() for x in unreached.group(1).split(",") if x.strip()] if unreached else [],
             "tail": (proc.stdout + proc.stderr)[-600:]}
 
 
 def _events(summary: dict[str, Any]) -> int | None:
-    for key in ("counterexample_steps", "shrunk_steps", "steps_in_counterexample"):
-        if isinstance(summary.get(key), int):
-            return int(summary[key])
-    return None
+    """Events in the shrunk counterexample: the lines of the failure's trace file."""
+    trace = (summary.get("failure") or {}).get("trace")
+    try:
+        return sum(1 for line in Path(trace).read_text().splitlines() if line.strip()) if trace else None
+    except OSError:
+        return None
 
 
 def run_target(workdir: Path | None, target: str, timeout: float) -> dict[str, Any]:

@@ -63,3 +63,10 @@ def test_resumption_skips_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_bad_shard_exit_2(tmp_path: Path) -> None:
     assert gs.main(["run", "W", "--shard", "3/2", "--out", str(tmp_path)]) == 2
+
+
+def test_events_count_the_trace_lines(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"a": 1}\n{"b": 2}\n\n')
+    assert gs._events({"failure": {"trace": str(trace)}}) == 2
+    assert gs._events({}) is None

@@ -142,9 +142,14 @@ def table(results: list[dict[str, Any]], command: str) -> str:
         lines.append(f"- {gate}: killed {len(killed)}/{len(rows)}; {timing}")
     lines += ["", "| target | rule | check | modelcheck |", "|---|---|---|---|"]
     for r in sorted(results, key=lambda r: str(r["target"])):
-        cells = [f"{r[g]['verdict']} ({r[g]['seconds']} s)" if g in r else r.get("error", "-") for g in GATES]
+        cells = [_cell(r[g]) if g in r else str(r.get("error", "-")) for g in GATES]
         lines.append(f"| {r['target']} | {r.get('rule', '')} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(gate: dict[str, Any]) -> str:
+    events = f", {gate['events']} events" if gate.get("events") else ""
+    return f"{gate['verdict']} ({gate['seconds']} s{events})"
 
 
 def main(argv: list[str]) -> int:

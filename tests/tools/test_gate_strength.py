@@ -1,0 +1,72 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from tools import gate_strength as gs
+from tools.mutation.equivalent_mutants import EQUIVALENT
+
+
+def test_parse_shard() -> None:
+    assert gs.parse_shard("2/5") == (2, 5)
+    for bad in ("0/3", "4/3", "x", "1/2/3"):
+        with pytest.raises(ValueError, match="--shard"):
+            gs.parse_shard(bad)
+
+
+def test_shards_partition() -> None:
+    names = [f"m{i}" for i in range(11)]
+    parts = [gs.shard_of(names, k, 3) for k in (1, 2, 3)]
+    assert sorted(sum(parts, [])) == sorted(names)
+    assert all(parts[0] != p for p in parts[1:])
+
+
+def test_impl_sample_skips_spec_and_equivalents() -> None:
+    eq = next(iter(EQUIVALENT))
+    names = [eq, "schedspec.spec.rules.x_f__mutmut_1"] + [f"schedspec.impl.core.x_g__mutmut_{i}" for i in range(5)]
+    got = gs.impl_sample(names, 3, 1)
+    assert got and all(n.startswith("schedspec.impl.") and n != eq for n in got)
+    assert got == gs.impl_sample(names, 3, 1)
+
+
+def test_zoo_names() -> None:
+    assert "WrongFcfsVictim" in gs.zoo_names()
+
+
+def _fake(target: str, verdict: str, secs: float) -> dict[str, object]:
+    return {"target": target, "rule": "r", "check": {"verdict": verdict, "seconds": secs},
+            "modelcheck": {"verdict": "survived", "seconds": 1.0}}
+
+
+def test_table_from_fake_results() -> None:
+    text = gs.table([_fake("a", "killed", 2.0), _fake("b", "killed", 4.0), _fake("c", "survived", 60.0)], "CMD")
+    assert text.startswith("`CMD`")
+    assert "check: killed 2/3; first failure median 3.0 s" in text
+    assert "modelcheck: killed 0/3; no failure" in text
+    assert "| c | r | survived (60.0 s) |" in text
+
+
+def test_resumption_skips_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gs, "all_mutants", lambda w: [])
+    monkeypatch.setattr(gs, "zoo_names", lambda: ["A", "B"])
+    gs.result_path(tmp_path, "zoo:A").write_text(json.dumps(_fake("zoo:A", "killed", 1.0)))
+    ran: list[str] = []
+
+    def fake_run(w: object, t: str, to: float) -> dict[str, object]:
+        ran.append(t)
+        return _fake(t, "killed", 1.0)
+    monkeypatch.setattr(gs, "run_target", fake_run)
+    assert gs.main(["run", "W", "--zoo", "-1", "--out", str(tmp_path)]) == 0
+    assert ran == ["zoo:B"]
+    assert gs.main(["table", str(tmp_path)]) == 0
+
+
+def test_bad_shard_exit_2(tmp_path: Path) -> None:
+    assert gs.main(["run", "W", "--shard", "3/2", "--out", str(tmp_path)]) == 2
+
+
+def test_events_count_the_trace_lines(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"a": 1}\n{"b": 2}\n\n')
+    assert gs._events({"failure": {"trace": str(trace)}}) == 2
+    assert gs._events({}) is None

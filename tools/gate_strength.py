@@ -1,0 +1,199 @@
+"""Gate strength: how many impl/ mutants and zoo bugs the gate kills, and how fast.
+
+    .venv/bin/python tools/gate_strength.py run WORKDIR --sample 400 --seed 1 --shard 1/8 --out DIR
+    .venv/bin/python tools/gate_strength.py table DIR > table.md
+
+``run`` draws the sample as tools/mutation/sample.py does (impl/ mutants only,
+tools/mutation/equivalent_mutants.py's equivalents left out), keeps this shard's
+share, adds the bug zoo (tests/bugzoo/zoo.py), and runs each against
+``schedspec check --against impl --time 60`` and ``schedspec modelcheck --bound
+small --against impl`` in a scratch copy of the tree with the mutant applied.
+One JSON file per target in DIR; a target with a file is skipped (resumable).
+Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tools.mutation.equivalent_mutants import EQUIVALENT  # noqa: E402
+from tools.mutation.sample import all_mutants, sample  # noqa: E402
+
+GATES: dict[str, list[str]] = {
+    "check": ["check", "--time", "60", "--quiet", "--shrink-time", "30"],
+    "modelcheck": ["modelcheck", "--bound", "small", "--quiet"],
+}
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``K/N`` -> (K, N), 1 <= K <= N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must be K/N with integers, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--shard K/N needs 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def shard_of(names: list[str], k: int, n: int) -> list[str]:
+    """Every N-th name from the K-th: the shards partition the list."""
+    return names[k - 1::n]
+
+
+def impl_sample(names: list[str], size: int, seed: int) -> list[str]:
+    impl = [m for m in names if m.startswith("schedspec.impl.") and m not in EQUIVALENT]
+    return sample(impl, size, seed) if impl else []
+
+
+def zoo_names() -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from tests.bugzoo import zoo
+    return sorted(cls.__name__ for cls in zoo.ALL)
+
+
+def result_path(out: Path, target: str) -> Path:
+    return out / (target.replace("/", "_").replace(":", "_") + ".json")
+
+
+def _run_gate(tree: Path, gate: str, against: str, timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "schedspec", *GATES[gate], "--against", against,
+           "--json", str(tree / f"{gate}.json"), "--out", str(tree / f"{gate}-out")]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(["nice", "-n", "10", *cmd], cwd=tree, capture_output=True, text=True,
+                              timeout=timeout, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    except subprocess.TimeoutExpired:
+        return {"verdict": "killed (timeout)", "seconds": round(time.monotonic() - start, 1)}
+    seconds = round(time.monotonic() - start, 1)
+    summary: dict[str, Any] = {}
+    try:
+        summary = json.loads((tree / f"{gate}.json").read_text())
+    except (OSError, ValueError):
+        pass
+    verdict = {0: "survived", 1: "killed"}.get(proc.returncode, f"error (exit {proc.returncode})")
+    text = proc.stdout + proc.stderr
+    found = re.search(r"violation at event (\d+)", text)
+    unreached = re.search(r"never reached: ([^(\n]*)", text)
+    return {"verdict": verdict, "seconds": seconds, "events": _events(summary),
+            "event_of_failure": int(found.group(1)) if found else None,
+            "unreached": (summary.get("rule_coverage") or {}).get("unreached"),
+            "never_reached": [x.strip() for x in unreached.group(1).split(",") if x.strip()] if unreached else [],
+            "tail": (proc.stdout + proc.stderr)[-600:]}
+
+
+def _events(summary: dict[str, Any]) -> int | None:
+    """Events in the shrunk counterexample: the lines of the failure's trace file."""
+    trace = (summary.get("failure") or {}).get("trace")
+    try:
+        return sum(1 for line in Path(trace).read_text().splitlines() if line.strip()) if trace else None
+    except OSError:
+        return None
+
+
+def run_target(workdir: Path | None, target: str, timeout: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gate-strength.") as tmp:
+        tree = Path(tmp)
+        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                               capture_output=True, check=True).stdout
+        subprocess.run(["tar", "--null", "-T", "-", "-cf", str(tree / "t.tar")], cwd=ROOT, input=files,
+                       check=True)
+        subprocess.run(["tar", "-xf", "t.tar"], cwd=tree, check=True)
+        against = "impl"
+        if target.startswith("zoo:"):
+            against = "tests.bugzoo.zoo:" + target[4:]
+        else:
+            assert workdir is not None
+            diff = subprocess.run([str(Path(sys.executable).parent / "mutmut"), "show", target], cwd=workdir,
+                                  capture_output=True, text=True, check=True).stdout
+            applied = subprocess.run([sys.executable, str(ROOT / "tools/mutation/apply_diff.py"), str(tree)],
+                                     input=diff, capture_output=True, text=True)
+            if applied.returncode:
+                return {"target": target, "error": "diff does not apply"}
+        result: dict[str, Any] = {"target": target, "rule": target.split(".x", 1)[-1].split("__mutmut_")[0]}
+        for gate in GATES:
+            result[gate] = _run_gate(tree, gate, against, timeout)
+        return result
+
+
+def table(results: list[dict[str, Any]], command: str) -> str:
+    lines = [f"`{command}`", "", f"{len(results)} targets", ""]
+    for gate in GATES:
+        rows = [r[gate] for r in results if gate in r]
+        killed = [r for r in rows if r["verdict"].startswith("killed")]
+        secs = sorted(r["seconds"] for r in killed)
+        if secs:
+            p90 = secs[min(len(secs) - 1, int(0.9 * len(secs)))]
+            timing = f"first failure median {statistics.median(secs)} s, p90 {p90} s, max {secs[-1]} s"
+        else:
+            timing = "no failure"
+        lines.append(f"- {gate}: killed {len(killed)}/{len(rows)}; {timing}")
+    lines += ["", "| target | rule | check | modelcheck |", "|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: str(r["target"])):
+        cells = [_cell(r[g]) if g in r else str(r.get("error", "-")) for g in GATES]
+        lines.append(f"| {r['target']} | {r.get('rule', '')} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(gate: dict[str, Any]) -> str:
+    events = f", {gate['events']} events" if gate.get("events") else ""
+    return f"{gate['verdict']} ({gate['seconds']} s{events})"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("workdir", type=Path)
+    r.add_argument("--sample", type=int, default=400)
+    r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--shard", default="1/1")
+    r.add_argument("--zoo", type=int, default=3, help="zoo bugs to add (default 3; -1: all)")
+    r.add_argument("--timeout", type=float, default=300)
+    r.add_argument("--out", type=Path, required=True)
+    t = sub.add_parser("table")
+    t.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    if args.cmd == "table":
+        files = sorted(args.out.glob("*.json"))
+        if not files:
+            print(f"no result files in {args.out}", file=sys.stderr)
+            return 2
+        meta = args.out / "command.txt"
+        command = meta.read_text().strip() if meta.exists() else "(command not recorded)"
+        sys.stdout.write(table([json.loads(f.read_text()) for f in files], command))
+        return 0
+    try:
+        k, n = parse_shard(args.shard)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    zoo = zoo_names()
+    targets = impl_sample(all_mutants(args.workdir), args.sample, args.seed)
+    targets += ["zoo:" + z for z in (zoo if args.zoo < 0 else zoo[:args.zoo])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "command.txt").write_text("tools/gate_strength.py " + " ".join(argv) + "\n")
+    for target in shard_of(targets, k, n):
+        path = result_path(args.out, target)
+        if path.exists():
+            continue
+        res = run_target(args.workdir, target, args.timeout)
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        print(target, {g: res[g]["verdict"] for g in GATES if g in res}, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -137,3 +137,20 @@ class Twin:
 
 class Tok(int):
     """A token id of an int subclass: valid, and off impl's fast path."""
+
+
+def truncated_sync_load_in_flight(s: Any, max_tokens: int = 4) -> None:
+    """Async scheduling with a connector under "recompute", on a scheduler or
+    a Twin: request "a" (14 tokens, 8 loaded synchronously) is scheduled
+    twice; the first step's update reports its second loaded block invalid
+    while the second step is in flight; a third step is scheduled, then both
+    are updated (docs/divergences.md, "A stale output placeholder after a
+    failed synchronous load")."""
+    s.add(req("a", 14, max_tokens=max_tokens, kv_external_tokens=8))
+    first = s.schedule()
+    second = s.schedule()
+    s.update(first, StepResult({"a": (5,)}, invalid_block_ids=first.kv_loads[0].block_ids[1:2]))
+    third = s.schedule()
+    s.update(second, StepResult({"a": (6,)}))
+    s.update(third, StepResult({"a": (7,)}))
+

@@ -5,6 +5,9 @@ The engine arguments that work on the CPU, and why (docs/engine.md):
 - ``num_gpu_blocks_override``: sets the KV pool on the CPU too; it counts the
   null block, so ``num_blocks - 1`` blocks are usable;
 - ``skip_tokenizer_init``: the model has no tokenizer; prompts are token ids;
+- ``gpu_memory_utilization=0.1``: on the CPU, the share of the machine's
+  memory the engine must find free at start; the default 0.92 is refused on a
+  shared machine, and the pool is ``num_gpu_blocks_override``'s anyway;
 - ``dtype="float32"``: the reference precision; chunked prefill still changes
   logprobs at the fp32-noise level (the CPU attention is not batch-invariant),
   so tokens are compared exactly and logprobs within a tolerance;
@@ -34,7 +37,10 @@ BASE_ARGS: dict[str, Any] = {
     "enable_chunked_prefill": False,
     "async_scheduling": False,
     "seed": 0,
+    "gpu_memory_utilization": 0.1,
 }
+
+_built = False
 
 
 def build_engine(model_dir: Path, scheduler_cls: Any = None, **overrides: Any) -> Any:
@@ -52,7 +58,32 @@ def build_engine(model_dir: Path, scheduler_cls: Any = None, **overrides: Any) -
         args["scheduler_cls"] = scheduler_cls
     if args["block_size"] % 32:
         raise ValueError(f"block_size {args['block_size']}: vLLM's CPU attention needs a multiple of 32")
-    return LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), **args))
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), **args))
+    _register_kernels_once()
+    return engine
+
+
+def _register_kernels_once() -> None:
+    """vLLM 0.32's CPU platform rebinds its C++ stand-ins for the Triton
+    kernels on every engine build, and a second rebind in one process fails
+    ("'_lib_fn_wrapper' object has no attribute 'get'"): once one engine has
+    registered them, later builds skip it."""
+    global _built
+    if _built:
+        return
+    from vllm.platforms import current_platform
+
+    setattr(type(current_platform), "register_triton_kernel_overrides", classmethod(lambda cls: None))
+    _built = True
+
+
+def completion_record(output: Any) -> dict[str, Any]:
+    """A RequestOutput's first completion: its token ids and the chosen
+    tokens' logprobs (the request asked for one logprob)."""
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids)
+    logprobs = completion.logprobs or []
+    return {"tokens": tokens, "logprobs": [float(lp[t].logprob) for t, lp in zip(tokens, logprobs)]}
 
 
 def live_scheduler(engine: Any) -> Any:

@@ -1,4 +1,4 @@
-"""vLLM defects reproduced on vLLM 0.32's whole engine (docs/engine-recorder.md).
+"""vLLM defects reproduced on vLLM 0.32's whole engine (docs/engine.md).
 
 ``python -m schedspec.engine.defects stale-kv [--json FILE]`` (project side)
 runs the engine side in .venv-engine and prints a table of the resumed
@@ -42,7 +42,6 @@ STALE_KV_ARGS: dict[str, Any] = {
     "long_prefill_token_threshold": 3 * BLOCK,
     "enable_prefix_caching": True,
     "scheduling_policy": "priority",
-    "gpu_memory_utilization": 0.3,
 }
 CONTROL_BLOCKS = 64
 #: fp32 noise between two schedules of the same request on the CPU
@@ -53,7 +52,7 @@ def _run_stale_kv(num_blocks: int) -> dict[str, Any]:
     """Engine side: the scenario on a pool of ``num_blocks`` (null included)."""
     from vllm import SamplingParams
 
-    from schedspec.engine.build import build_engine, live_scheduler
+    from schedspec.engine.build import build_engine, completion_record, live_scheduler
     from schedspec.engine.model import ensure_model
 
     engine = build_engine(ensure_model(), **{**STALE_KV_ARGS, "num_gpu_blocks_override": num_blocks})
@@ -68,11 +67,7 @@ def _run_stale_kv(num_blocks: int) -> dict[str, Any]:
     def step(k: int) -> None:
         for o in engine.step():
             if o.finished:
-                c = o.outputs[0]
-                out[o.request_id] = {
-                    "tokens": list(c.token_ids),
-                    "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs or [])],
-                }
+                out[o.request_id] = completion_record(o)
         if any(r.num_preemptions for r in sched.requests.values()):
             preempted.append(k)
 

@@ -30,10 +30,6 @@ VOCAB = 512
 BASELINE = "baseline"
 CONTROL = "control-shifted-position"
 _SMALL_POOL = {"num_gpu_blocks_override": 17, "max_model_len": 512}
-#: every variant's engine also gets these: on the CPU, gpu_memory_utilization is the share of
-#: the machine's memory the engine must find free at start (0.92 by default, refused on a
-#: shared machine); the pool is num_gpu_blocks_override's anyway
-MATRIX_ARGS: dict[str, Any] = {"gpu_memory_utilization": 0.1}
 _ALL = {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "enable_prefix_caching": True,
         **_SMALL_POOL, "scheduling_policy": "priority"}
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
@@ -47,7 +43,7 @@ class Variant:
     control: bool = False
 
     def job(self) -> dict[str, Any]:
-        return {"name": self.name, "args": {**MATRIX_ARGS, **self.args}, "scheduler_cls": self.scheduler_cls}
+        return {"name": self.name, "args": dict(self.args), "scheduler_cls": self.scheduler_cls}
 
 
 VARIANTS: tuple[Variant, ...] = (

@@ -68,7 +68,7 @@ def run_workload(engine: Any, workload: dict[str, Any], max_steps: int) -> dict[
     """One workload on a built engine, step by step."""
     from vllm import SamplingParams
 
-    from schedspec.engine.build import live_scheduler
+    from schedspec.engine.build import completion_record, live_scheduler
 
     scheduler = live_scheduler(engine)
     stats = new_stats()
@@ -105,27 +105,12 @@ def run_workload(engine: Any, workload: dict[str, Any], max_steps: int) -> dict[
                         engine.abort_request([rid])
                         results[rid]["aborted_at"] = step
             for output in engine.step():
-                completion = output.outputs[0]
-                tokens = list(completion.token_ids)
-                res = results[output.request_id]
-                res["tokens"] = tokens
-                logprobs = completion.logprobs or []
-                res["logprobs"] = [float(lp[t].logprob) for t, lp in zip(tokens, logprobs)]
+                results[output.request_id].update(completion_record(output))
             step += 1
     finally:
         scheduler.schedule = original
     return {"workload": workload["name"], "steps": step,
             "wall_s": round(time.perf_counter() - start, 4), "stats": stats, "requests": results}
-
-
-def _register_kernels_once() -> None:
-    """vLLM 0.32's CPU platform rebinds its C++ stand-ins for the Triton
-    kernels on every engine build, and a second rebind in one process fails
-    ("'_lib_fn_wrapper' object has no attribute 'get'"): once the first
-    engine has registered them, later builds skip it."""
-    from vllm.platforms import current_platform
-
-    setattr(type(current_platform), "register_triton_kernel_overrides", classmethod(lambda cls: None))
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +128,6 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             engine = build_engine(model_dir, _load_class(variant.get("scheduler_cls")),
                                   **variant.get("args", {}))
             entry["build_s"] = round(time.perf_counter() - t0, 3)
-            _register_kernels_once()
             for workload in job["workloads"]:
                 entry["runs"].append(run_workload(engine, workload, max_steps))
         except Exception as exc:  # recorded: the driver reports the variant as an error

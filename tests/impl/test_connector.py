@@ -10,7 +10,7 @@ from schedspec.impl import ImplScheduler
 from schedspec.spec import SchedulerConfig
 from schedspec.spec.interface import KVLoad, RequestStatus, StepResult
 
-from tests.helpers import Twin, req
+from tests.helpers import Twin, req, truncated_sync_load_in_flight
 
 
 def config(**kw: object) -> SchedulerConfig:
@@ -259,13 +259,7 @@ def test_a_truncated_load_with_a_step_in_flight_runs_on_to_its_end() -> None:
     request decodes block after block, its blocks keyed as its tokens are
     verified, up to one token short of max_tokens, where it stalls."""
     t = Twin(config(async_scheduling=True, kv_load_failure_policy="recompute"))
-    t.add(req("a", 14, max_tokens=12, kv_external_tokens=8))
-    first = t.schedule()
-    second = t.schedule()
-    t.update(first, StepResult({"a": (5,)}, invalid_block_ids=first.kv_loads[0].block_ids[1:2]))
-    third = t.schedule()
-    t.update(second, StepResult({"a": (6,)}))
-    t.update(third, StepResult({"a": (7,)}))
+    truncated_sync_load_in_flight(t, max_tokens=12)
     assert [len(t.step().scheduled) for _ in range(11)] == [1] * 9 + [0] * 2
     v = t.impl.view()
     a = v.requests["a"]

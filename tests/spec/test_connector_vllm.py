@@ -27,6 +27,8 @@ from schedspec.spec.interface import (
 )
 from schedspec.spec.scheduler import SpecScheduler
 
+from tests.helpers import step, truncated_sync_load_in_flight
+
 pytestmark = pytest.mark.vllm
 
 _VIEW_FIELDS = ("waiting", "running", "kv_held_by_finished", "kv_loads_done", "kv_loads_failed")
@@ -190,18 +192,8 @@ def test_a_truncated_sync_load_with_a_step_in_flight_stalls_on_vllm_too() -> Non
     cfg = SchedulerConfig(block_size=4, num_blocks=17, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64,
                           kv_connector=True, async_scheduling=True, kv_load_failure_policy="recompute")
     for sched in (SpecScheduler(cfg), resolve("vllm").factory(cfg)):
-        sched.add(RequestSpec("a", tuple(range(14)), 12, kv_external_tokens=8))
-        first = sched.schedule()
-        second = sched.schedule()
-        sched.update(first, StepResult({"a": (5,)}, invalid_block_ids=first.kv_loads[0].block_ids[1:2]))
-        third = sched.schedule()
-        sched.update(second, StepResult({"a": (6,)}))
-        sched.update(third, StepResult({"a": (7,)}))
-        counts = []
-        for _ in range(11):
-            plan = sched.schedule()
-            counts.append(len(plan.scheduled))
-            sched.update(plan, StepResult({e.request_id: (7,) for e in plan.scheduled if e.samples}))
+        truncated_sync_load_in_flight(sched, max_tokens=12)
+        counts = [len(step(sched).scheduled) for _ in range(11)]
         assert counts == [1] * 9 + [0] * 2, type(sched).__name__
         a = sched.view().requests["a"]
         assert (a.num_computed_tokens, len(a.output_token_ids), a.num_output_placeholders) == (25, 11, 1)

@@ -1,6 +1,7 @@
 """Gate strength: how many impl/ mutants and zoo bugs the gate kills, and how fast.
 
     .venv/bin/python tools/gate_strength.py run WORKDIR --sample 400 --seed 1 --shard 1/8 --out DIR
+    .venv/bin/python tools/gate_strength.py run - --sample 0 --zoo -1 --gates check --out DIR
     .venv/bin/python tools/gate_strength.py table DIR > table.md
 
 ``run`` draws the sample as tools/mutation/sample.py does (impl/ mutants only,
@@ -9,6 +10,10 @@ share, adds the bug zoo (tests/bugzoo/zoo.py), and runs each against
 ``schedspec check --against impl --time 60`` and ``schedspec modelcheck --bound
 small --against impl`` in a scratch copy of the tree with the mutant applied.
 One JSON file per target in DIR; a target with a file is skipped (resumable).
+``--sample 0`` runs the zoo alone (WORKDIR is then not read); ``--gates``
+picks the gates. Time to first failure is the check's own clock at the failure
+(``found_after_s`` of its JSON summary: warm-up and shrinking left out); for
+the model checker, whose summary has no such clock, the whole run's seconds.
 Not part of CI.
 """
 
@@ -84,10 +89,11 @@ def _run_gate(tree: Path, gate: str, against: str, timeout: float) -> dict[str, 
     except (OSError, ValueError):
         pass
     verdict = {0: "survived", 1: "killed"}.get(proc.returncode, f"error (exit {proc.returncode})")
+    found_after = (summary.get("failure") or {}).get("found_after_s")
     text = proc.stdout + proc.stderr
     found = re.search(r"violation at event (\d+)", text)
     unreached = re.search(r"never reached: ([^(\n]*)", text)
-    return {"verdict": verdict, "seconds": seconds, "events": _events(summary),
+    return {"verdict": verdict, "seconds": seconds, "found_after_s": found_after, "events": _events(summary),
             "event_of_failure": int(found.group(1)) if found else None,
             "unreached": (summary.get("rule_coverage") or {}).get("unreached"),
             "never_reached": [x.strip() for x in unreached.group(1).split(",") if x.strip()] if unreached else [],
@@ -103,7 +109,8 @@ def _events(summary: dict[str, Any]) -> int | None:
         return None
 
 
-def run_target(workdir: Path | None, target: str, timeout: float) -> dict[str, Any]:
+def run_target(workdir: Path | None, target: str, timeout: float,
+               gates: tuple[str, ...] = tuple(GATES)) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gate-strength.") as tmp:
         tree = Path(tmp)
         files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
@@ -122,8 +129,9 @@ def run_target(workdir: Path | None, target: str, timeout: float) -> dict[str, A
                                      input=diff, capture_output=True, text=True)
             if applied.returncode:
                 return {"target": target, "error": "diff does not apply"}
-        result: dict[str, Any] = {"target": target, "rule": target.split(".x", 1)[-1].split("__mutmut_")[0]}
-        for gate in GATES:
+        rule = "-" if target.startswith("zoo:") else target.split(".x", 1)[-1].split("__mutmut_")[0]
+        result: dict[str, Any] = {"target": target, "rule": rule}
+        for gate in gates:
             result[gate] = _run_gate(tree, gate, against, timeout)
         return result
 
@@ -132,8 +140,10 @@ def table(results: list[dict[str, Any]], command: str) -> str:
     lines = [f"`{command}`", "", f"{len(results)} targets", ""]
     for gate in GATES:
         rows = [r[gate] for r in results if gate in r]
+        if not rows:
+            continue
         killed = [r for r in rows if r["verdict"].startswith("killed")]
-        secs = sorted(r["seconds"] for r in killed)
+        secs = sorted(first_failure_s(r) for r in killed)
         if secs:
             p90 = secs[min(len(secs) - 1, int(0.9 * len(secs)))]
             timing = f"first failure median {statistics.median(secs)} s, p90 {p90} s, max {secs[-1]} s"
@@ -147,9 +157,17 @@ def table(results: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_failure_s(gate: dict[str, Any]) -> float:
+    """Seconds to the first failure: the check's own clock where its summary
+    has it, else the whole run's."""
+    found = gate.get("found_after_s")
+    return round(float(found), 1) if found is not None else float(gate["seconds"])
+
+
 def _cell(gate: dict[str, Any]) -> str:
     events = f", {gate['events']} events" if gate.get("events") else ""
-    return f"{gate['verdict']} ({gate['seconds']} s{events})"
+    caught = f", caught after {first_failure_s(gate)} s" if gate.get("found_after_s") is not None else ""
+    return f"{gate['verdict']} ({gate['seconds']} s{caught}{events})"
 
 
 def main(argv: list[str]) -> int:
@@ -163,6 +181,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("--zoo", type=int, default=3, help="zoo bugs to add (default 3; -1: all)")
     r.add_argument("--timeout", type=float, default=300)
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--gates", default=",".join(GATES), help="comma-separated, of: " + ", ".join(GATES))
     t = sub.add_parser("table")
     t.add_argument("out", type=Path)
     args = parser.parse_args(argv)
@@ -180,8 +199,12 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    gates = tuple(g for g in args.gates.split(",") if g)
+    if not gates or set(gates) - set(GATES):
+        print(f"--gates: expected a comma-separated list of {', '.join(GATES)}, got {args.gates!r}", file=sys.stderr)
+        return 2
     zoo = zoo_names()
-    targets = impl_sample(all_mutants(args.workdir), args.sample, args.seed)
+    targets = impl_sample(all_mutants(args.workdir), args.sample, args.seed) if args.sample > 0 else []
     targets += ["zoo:" + z for z in (zoo if args.zoo < 0 else zoo[:args.zoo])]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "command.txt").write_text("tools/gate_strength.py " + " ".join(argv) + "\n")
@@ -189,7 +212,7 @@ def main(argv: list[str]) -> int:
         path = result_path(args.out, target)
         if path.exists():
             continue
-        res = run_target(args.workdir, target, args.timeout)
+        res = run_target(args.workdir, target, args.timeout, gates)
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(target, {g: res[g]["verdict"] for g in GATES if g in res}, flush=True)
     return 0

@@ -98,6 +98,7 @@ from schedspec.spec.protocol import (
 from schedspec.adapters.vllm_config import build_vllm_config, check_managers
 from schedspec.adapters.vllm_kv import blocks_kept_after_reset, kv_connector_output
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
+from schedspec.adapters.vllm_message import MessageCheck
 from schedspec.adapters.vllm_requests import Grammar, GrammarBackend, Live, vllm_request
 from schedspec.adapters.vllm_views import (
     BlockKeys,
@@ -221,6 +222,8 @@ class VllmScheduler:
                     "modelled SchedspecKVConnector")
         # every group's block table, as vLLM keeps it and as a model runner sees it
         self._tables = BlockTables(managers)
+        # the SchedulerOutput's fields the plan does not carry, held to it
+        self._message = MessageCheck(config)
         self._hybrid = config.is_hybrid
         self._connector = config.kv_connector
         self._statuses = Statuses()
@@ -397,6 +400,8 @@ class VllmScheduler:
         if reset_running_requests and self._connector:
             check_kv_reset(blocks_kept_after_reset(self.sched, self._tables.groups))
         done = into_vllm(self.sched.reset_prefix_cache, reset_running_requests=reset_running_requests)
+        if reset_running_requests:
+            self._message.reset()
         return bool(done)
 
     # ------------------------------------------------------------------ schedule
@@ -408,6 +413,7 @@ class VllmScheduler:
         self._finished = {}
         plan = plan_of(out, self._step, self._live, self._tables, async_scheduling=self._async,
                        hybrid=self._hybrid)
+        self._message.check(out, plan, self._live)
         bs = self._config.block_size
         for load in plan.kv_loads:
             if load.asynchronous:

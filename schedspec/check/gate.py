@@ -248,6 +248,7 @@ class CheckOutcome:
     seeds: list[int] = field(default_factory=list)  # every workload seed run
     counterexample: Workload | None = None  # the shrunk failing workload
     selection: Selection | None = None  # what was checked
+    found_after: float | None = None  # seconds from the start to the failure, before shrinking
     #: required rules (CheckSettings.require_rules) the run never reached
     missing_rules: tuple[str, ...] = ()
     #: the steps the counterexample's table shows (the events' own, and those
@@ -459,10 +460,12 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             if failure is not None:
                 show(CheckProgress(steps, total_steps, workloads, stats, final=True,
                                    elapsed=time.monotonic() - start))
-                say(f"FAILED on workload seed {seed}{workload_label(workload)}: {failure.describe()}")
+                found_after = time.monotonic() - start
+                say(f"FAILED on workload seed {seed}{workload_label(workload)} after {found_after:.1f} s: "
+                    f"{failure.describe()}")
                 outcome = _counterexample(factories, settings, selection, workload, failure, seed,
                                           CheckOutcome(steps, workloads, 0.0, stats, seeds=seeds, selection=selection,
-                                                       known_defects=known),
+                                                       known_defects=known, found_after=found_after),
                                           start, say)
                 outcome.reference_failed = outcome.failure is not None and outcome.failure.scheduler == reference
                 outcome.defect = defect
@@ -586,6 +589,8 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
             "culprit": "reference" if o.reference_failed else "candidate",
             "known_defect": None if o.defect is None else o.defect.name,
             "workload_seed": o.seed,
+            # the check's clock at the failure, before shrinking: the time to catch
+            "found_after_s": None if o.found_after is None else round(o.found_after, 3),
             # what the failing workload was built to contain (the guided generator's switches and focus)
             "workload_features": list(o.counterexample.features) if o.counterexample is not None else [],
             "message": o.failure.message,

@@ -52,3 +52,32 @@ class ShortChunkAsync(AsyncScheduler):  # type: ignore[misc]
 
     def schedule(self) -> Any:
         return _short_chunk(super().schedule(), self.requests)
+
+
+class ForgetsHistory(Scheduler):  # type: ignore[misc]
+    """A vLLM Scheduler subclass that never sends a request's history
+    (``CachedRequestData.all_token_ids``): a request the model runner dropped
+    from its batch (unscheduled for a step, or resumed) comes back without
+    its tokens. The plan and every state stay right; only the worker's
+    message is wrong."""
+
+    BUG = "a request back after a step off the batch is sent without its token history"
+
+    def schedule(self) -> Any:
+        out = super().schedule()
+        out.scheduled_cached_reqs.all_token_ids.clear()
+        return out
+
+
+class CountsOutputsWrong(AsyncScheduler):  # type: ignore[misc]
+    """An AsyncScheduler subclass whose ``num_output_tokens`` leaves out the
+    tokens in flight: a runner sizing its output buffers by it is one short."""
+
+    BUG = "num_output_tokens leaves out the output tokens in flight"
+
+    def schedule(self) -> Any:
+        out = super().schedule()
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            cached.num_output_tokens[i] = self.requests[rid].num_output_tokens
+        return out

@@ -52,7 +52,8 @@ def test_resumption_skips_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     gs.result_path(tmp_path, "zoo:A").write_text(json.dumps(_fake("zoo:A", "killed", 1.0)))
     ran: list[str] = []
 
-    def fake_run(w: object, t: str, to: float) -> dict[str, object]:
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...]) -> dict[str, object]:
+        assert gates == ("check", "modelcheck")
         ran.append(t)
         return _fake(t, "killed", 1.0)
     monkeypatch.setattr(gs, "run_target", fake_run)
@@ -70,3 +71,42 @@ def test_events_count_the_trace_lines(tmp_path: Path) -> None:
     trace.write_text('{"a": 1}\n{"b": 2}\n\n')
     assert gs._events({"failure": {"trace": str(trace)}}) == 2
     assert gs._events({}) is None
+
+
+def test_zoo_alone_reads_no_workdir_and_runs_the_gates_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_mutants(w: object) -> list[str]:
+        raise AssertionError("--sample 0 must not read the mutmut workdir")
+    monkeypatch.setattr(gs, "all_mutants", no_mutants)
+    monkeypatch.setattr(gs, "zoo_names", lambda: ["A"])
+    seen: list[tuple[str, ...]] = []
+
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...]) -> dict[str, object]:
+        seen.append(gates)
+        return {"target": t, "rule": "", "check": {"verdict": "killed", "seconds": 9.0, "found_after_s": 1.234}}
+    monkeypatch.setattr(gs, "run_target", fake_run)
+    assert gs.main(["run", "-", "--sample", "0", "--zoo", "-1", "--gates", "check", "--out", str(tmp_path)]) == 0
+    assert seen == [("check",)]
+    text = gs.table([json.loads(f.read_text()) for f in tmp_path.glob("*.json")], "CMD")
+    # time to first failure is the check's clock at the failure, not the whole run's
+    assert "check: killed 1/1; first failure median 1.2 s" in text
+    assert "caught after 1.2 s" in text
+    assert "modelcheck:" not in text  # a gate not run has no summary line
+
+
+def test_unknown_gate_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gs.main(["run", "-", "--sample", "0", "--gates", "check,tlc", "--out", str(tmp_path)]) == 2
+    assert "--gates" in capsys.readouterr().err
+
+
+def test_the_docs_quote_the_zoo_record() -> None:
+    """docs/bugzoo.md's figures for the gate alone on the zoo are the record's table."""
+    root = Path(gs.ROOT)
+    record = root / "data" / "results" / "gate-strength-zoo"
+    text = gs.table([json.loads(f.read_text()) for f in sorted(record.glob("*.json"))], "CMD")
+    line = next(x for x in text.splitlines() if x.startswith("- check:"))
+    killed, timing = line.split("killed ", 1)[1].split("; first failure ")
+    doc = " ".join((root / "docs" / "bugzoo.md").read_text().split())
+    n = killed.split("/")[1]
+    assert killed == f"{n}/{n}"
+    median, p90, most = (x.split()[-2] for x in timing.split(", "))
+    assert f"kills all {n} zoo bugs, first failure median {median} s, p90 {p90} s, max {most} s" in doc

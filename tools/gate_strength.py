@@ -9,7 +9,10 @@ tools/mutation/equivalent_mutants.py's equivalents left out), keeps this shard's
 share, adds the bug zoo (tests/bugzoo/zoo.py), and runs each against
 ``schedspec check --against impl --time 60`` and ``schedspec modelcheck --bound
 small --against impl`` in a scratch copy of the tree with the mutant applied.
-One JSON file per target in DIR; a target with a file is skipped (resumable).
+One JSON file per target in DIR (resumable): a gate already run for a target is
+not run again, nor any gate once one killed it, so ``--gates check`` over the
+whole sample and then ``--gates check,modelcheck`` runs the model checker on the
+check's survivors only. A scheduler that cannot even be built is killed.
 ``--sample 0`` runs the zoo alone (WORKDIR is then not read); ``--gates``
 picks the gates. Time to first failure is the check's own clock at the failure
 (``found_after_s`` of its JSON summary: warm-up and shrinking left out); for
@@ -89,6 +92,9 @@ def _run_gate(tree: Path, gate: str, against: str, timeout: float) -> dict[str, 
     except (OSError, ValueError):
         pass
     verdict = {0: "survived", 1: "killed"}.get(proc.returncode, f"error (exit {proc.returncode})")
+    if proc.returncode == 2 and "cannot build the scheduler" in proc.stderr:
+        # the scheduler raises when built: the gate refuses it, as CI would
+        verdict = "killed (cannot build)"
     found_after = (summary.get("failure") or {}).get("found_after_s")
     text = proc.stdout + proc.stderr
     found = re.search(r"violation at event (\d+)", text)
@@ -210,9 +216,11 @@ def main(argv: list[str]) -> int:
     (args.out / "command.txt").write_text("tools/gate_strength.py " + " ".join(argv) + "\n")
     for target in shard_of(targets, k, n):
         path = result_path(args.out, target)
-        if path.exists():
-            continue
-        res = run_target(args.workdir, target, args.timeout, gates)
+        done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        todo = tuple(g for g in gates if g not in done)
+        if not todo or any(done[g]["verdict"].startswith("killed") for g in GATES if g in done):
+            continue  # every gate asked for ran, or one already killed it
+        res = {**done, **run_target(args.workdir, target, args.timeout, todo)}
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(target, {g: res[g]["verdict"] for g in GATES if g in res}, flush=True)
     return 0

@@ -110,3 +110,32 @@ def test_the_docs_quote_the_zoo_record() -> None:
     assert killed == f"{n}/{n}"
     median, p90, most = (x.split()[-2] for x in timing.split(", "))
     assert f"kills all {n} zoo bugs, first failure median {median} s, p90 {p90} s, max {most} s" in doc
+
+
+def test_a_second_pass_runs_the_model_checker_on_the_checks_survivors_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gs, "zoo_names", lambda: ["Dead", "Alive"])
+    verdicts = {"zoo:Dead": "killed", "zoo:Alive": "survived"}
+    calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...]) -> dict[str, object]:
+        calls.append((t, gates))
+        return {"target": t, "rule": "-", **{g: {"verdict": verdicts[t], "seconds": 1.0} for g in gates}}
+    monkeypatch.setattr(gs, "run_target", fake_run)
+    args = ["run", "-", "--sample", "0", "--zoo", "-1", "--out", str(tmp_path)]
+    assert gs.main([*args, "--gates", "check"]) == 0
+    assert gs.main([*args, "--gates", "check,modelcheck"]) == 0
+    assert calls == [("zoo:Dead", ("check",)), ("zoo:Alive", ("check",)), ("zoo:Alive", ("modelcheck",))]
+    alive = json.loads(gs.result_path(tmp_path, "zoo:Alive").read_text())
+    assert set(alive) >= {"check", "modelcheck"}  # the first pass's result kept beside the second's
+
+
+def test_a_scheduler_that_cannot_be_built_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Proc:
+        returncode = 2
+        stdout = ""
+        stderr = "schedspec: error: --against impl: cannot build the scheduler: TypeError: boom\n"
+    monkeypatch.setattr(gs.subprocess, "run", lambda *a, **k: Proc())
+    assert gs._run_gate(tmp_path, "check", "impl", 5.0)["verdict"] == "killed (cannot build)"
+    Proc.stderr = "schedspec: error: --steps must be positive\n"
+    assert gs._run_gate(tmp_path, "check", "impl", 5.0)["verdict"] == "error (exit 2)"

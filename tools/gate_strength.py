@@ -14,7 +14,8 @@ not run again, nor any gate once one killed it, so ``--gates check`` over the
 whole sample and then ``--gates check,modelcheck`` runs the model checker on the
 check's survivors only. A scheduler that cannot even be built is killed.
 ``--sample 0`` runs the zoo alone (WORKDIR is then not read); ``--gates``
-picks the gates. Time to first failure is the check's own clock at the failure
+picks the gates; ``--zoo-as impl`` gives the zoo's bugs everything impl declares
+(tests/bugzoo/zoo_full.py), so the gate draws for them what it draws for impl. Time to first failure is the check's own clock at the failure
 (``found_after_s`` of its JSON summary: warm-up and shrinking left out); for
 the model checker, whose summary has no such clock, the whole run's seconds.
 Not part of CI.
@@ -116,7 +117,7 @@ def _events(summary: dict[str, Any]) -> int | None:
 
 
 def run_target(workdir: Path | None, target: str, timeout: float,
-               gates: tuple[str, ...] = tuple(GATES)) -> dict[str, Any]:
+               gates: tuple[str, ...] = tuple(GATES), zoo_module: str = "tests.bugzoo.zoo") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gate-strength.") as tmp:
         tree = Path(tmp)
         files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
@@ -126,7 +127,7 @@ def run_target(workdir: Path | None, target: str, timeout: float,
         subprocess.run(["tar", "-xf", "t.tar"], cwd=tree, check=True)
         against = "impl"
         if target.startswith("zoo:"):
-            against = "tests.bugzoo.zoo:" + target[4:]
+            against = f"{zoo_module}:{target[4:]}"
         else:
             assert workdir is not None
             diff = subprocess.run([str(Path(sys.executable).parent / "mutmut"), "show", target], cwd=workdir,
@@ -188,6 +189,9 @@ def main(argv: list[str]) -> int:
     r.add_argument("--timeout", type=float, default=300)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--gates", default=",".join(GATES), help="comma-separated, of: " + ", ".join(GATES))
+    r.add_argument("--zoo-as", choices=("core", "impl"), default="core",
+                   help="the zoo's classes as they are (core features only: tests.bugzoo.zoo) or declaring "
+                        "everything impl declares (tests.bugzoo.zoo_full)")
     t = sub.add_parser("table")
     t.add_argument("out", type=Path)
     args = parser.parse_args(argv)
@@ -220,7 +224,8 @@ def main(argv: list[str]) -> int:
         todo = tuple(g for g in gates if g not in done)
         if not todo or any(done[g]["verdict"].startswith("killed") for g in GATES if g in done):
             continue  # every gate asked for ran, or one already killed it
-        res = {**done, **run_target(args.workdir, target, args.timeout, todo)}
+        zoo_module = "tests.bugzoo.zoo_full" if args.zoo_as == "impl" else "tests.bugzoo.zoo"
+        res = {**done, **run_target(args.workdir, target, args.timeout, todo, zoo_module)}
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(target, {g: res[g]["verdict"] for g in GATES if g in res}, flush=True)
     return 0

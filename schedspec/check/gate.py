@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -424,6 +425,9 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     start = time.monotonic()
     stop_at = start + time_budget if time_budget is not None else None
     index = 0
+    # the core workloads' own rule counts: their focus follows the core's
+    # coverage alone, as in a run with no gate or KV feature to draw
+    core_rules: Counter[str] = Counter()
     seed = settings.seed
     try:
         while True:
@@ -434,7 +438,9 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             seed = settings.seed + index * shard_n + (shard_k - 1)
             index += 1
             n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
-            workload = caps.restrict_workload(make_workload(settings, seed, n, stats.rules))
+            core = is_core(index - 1)
+            workload = caps.restrict_workload(
+                make_workload(settings, seed, n, core_rules if core else stats.rules, core))
             runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
                                            plans_only=settings.plans_only, invariants=invariants, stop_at=stop_at)
             if failure is not None and settings.plans_only and failure.kind != "timeout":
@@ -445,6 +451,8 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             if not runner.stopped:
                 count_rules(runner, workload, seed, settings.vocab)
             stats.merge(runner.stats)
+            if core:
+                core_rules.update(runner.stats.rules)
             steps += runner.stats.steps
             workloads += 1
             show(CheckProgress(steps, total_steps, workloads, stats, elapsed=time.monotonic() - start))
@@ -647,22 +655,50 @@ def missing_rules_message(names: tuple[str, ...] | list[str]) -> str:
 GENERATORS = ("guided", "random")
 
 
-def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Mapping[str, int]) -> Workload:
+#: The core phase: the first CORE_FIRST workloads of a run, and then one in
+#: CORE_EVERY, run synchronously (when the scheduler can), turn on no admission
+#: gate and no KV feature (but the gates a scheduler declares always on), and aim
+#: at the core's rules with the core workloads' own counts. A bug of the core
+#: (queues, budgets, the pool, preemption, the prefix cache) is met there as
+#: densely as in a run with nothing else to draw, while the modes, gates and
+#: layouts spread the other workloads thin; those draw from everything the
+#: scheduler declares.
+CORE_FIRST = 16
+CORE_EVERY = 2
+
+
+def is_core(index: int) -> bool:
+    """Whether the run's workload number ``index`` (0, 1, ...) is a core one."""
+    return index < CORE_FIRST or index % CORE_EVERY == 0
+
+
+def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Mapping[str, int],
+                  core: bool = False) -> Workload:
     """The workload of ``seed``: guided (aimed at the rules ``counts``, the
     run's so far, has reached least; the focus is named in the workload's
-    features) or random, as ``settings.generator`` says."""
-    gates = settings.drawn_gates
-    kv = settings.drawn_kv
+    features) or random, as ``settings.generator`` says; a ``core`` one
+    (is_core) with no gate and no KV feature drawn, named so."""
     always = settings.capabilities.always_gates()  # a gate declared ALWAYS is in every workload
-    if settings.generator == "random":
-        return random_workload(seed, num_steps, vocab=settings.vocab, modes=settings.modes, gates=gates, kv=kv,
-                               always_gates=always)
-    if settings.generator != "guided":
-        raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
+    gates = tuple(g for g in settings.drawn_gates if g in always) if core else settings.drawn_gates
+    kv = () if core else settings.drawn_kv
     modes = settings.drawn_modes
-    focus = choose_focus(counts, seed, names=reachable_rules(settings))
-    return guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes, gates=gates, kv=kv,
-                           always_gates=always)
+    if core and "sync" in modes:
+        modes = ("sync",)
+    if settings.generator == "random":
+        workload = random_workload(seed, num_steps, vocab=settings.vocab, modes=modes if core else settings.modes,
+                                   gates=gates, kv=kv, always_gates=always)
+    elif settings.generator == "guided":
+        names = reachable_rules(settings)
+        if core:
+            names = rules_within(settings.capabilities, reachable_in(modes, gate_capabilities(gates)))
+        focus = choose_focus(counts, seed, names=names)
+        workload = guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes,
+                                   gates=gates, kv=kv, always_gates=always)
+    else:
+        raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
+    if core and (settings.drawn_gates or settings.drawn_kv or modes != settings.drawn_modes):
+        return dataclasses.replace(workload, name=f"{workload.name or 'workload'}, core")
+    return workload
 
 
 def workload_label(workload: Workload) -> str:

@@ -52,8 +52,8 @@ def test_resumption_skips_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     gs.result_path(tmp_path, "zoo:A").write_text(json.dumps(_fake("zoo:A", "killed", 1.0)))
     ran: list[str] = []
 
-    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...]) -> dict[str, object]:
-        assert gates == ("check", "modelcheck")
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str) -> dict[str, object]:
+        assert gates == ("check", "modelcheck") and zoo == "tests.bugzoo.zoo"
         ran.append(t)
         return _fake(t, "killed", 1.0)
     monkeypatch.setattr(gs, "run_target", fake_run)
@@ -80,11 +80,13 @@ def test_zoo_alone_reads_no_workdir_and_runs_the_gates_named(tmp_path: Path, mon
     monkeypatch.setattr(gs, "zoo_names", lambda: ["A"])
     seen: list[tuple[str, ...]] = []
 
-    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...]) -> dict[str, object]:
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str) -> dict[str, object]:
+        assert zoo == "tests.bugzoo.zoo_full"
         seen.append(gates)
         return {"target": t, "rule": "", "check": {"verdict": "killed", "seconds": 9.0, "found_after_s": 1.234}}
     monkeypatch.setattr(gs, "run_target", fake_run)
-    assert gs.main(["run", "-", "--sample", "0", "--zoo", "-1", "--gates", "check", "--out", str(tmp_path)]) == 0
+    assert gs.main(["run", "-", "--sample", "0", "--zoo", "-1", "--gates", "check", "--zoo-as", "impl",
+                    "--out", str(tmp_path)]) == 0
     assert seen == [("check",)]
     text = gs.table([json.loads(f.read_text()) for f in tmp_path.glob("*.json")], "CMD")
     # time to first failure is the check's clock at the failure, not the whole run's
@@ -118,7 +120,7 @@ def test_a_second_pass_runs_the_model_checker_on_the_checks_survivors_only(
     verdicts = {"zoo:Dead": "killed", "zoo:Alive": "survived"}
     calls: list[tuple[str, tuple[str, ...]]] = []
 
-    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...]) -> dict[str, object]:
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str) -> dict[str, object]:
         calls.append((t, gates))
         return {"target": t, "rule": "-", **{g: {"verdict": verdicts[t], "seconds": 1.0} for g in gates}}
     monkeypatch.setattr(gs, "run_target", fake_run)

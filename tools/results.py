@@ -138,9 +138,8 @@ def render(records: list[dict[str, Any]], counts: dict[str, int]) -> str:
         "counterexamples). Under each: the command · machine · date · commit · versions; its record is "
         "`data/results/ID.json`, ID given after the result. "
         f"Machines: {machines}. A bare commit: the one that "
-        "wrote the figure into the docs (found with `git log -S` on its text), the run made on that tree or "
-        "just before it; a note beside a commit says what else is known. Version `-`: not imported. Records "
-        "also keep per-case tables, raw outputs and notes; superseded runs stay as data, unshown.",
+        "wrote the figure into the docs, the run made on that tree or just before it; a note beside it says "
+        "what else is known. Version `-`: not imported. Superseded runs stay as data, unshown.",
         "",
     ]
     for topic, (heading, doc) in TOPICS.items():

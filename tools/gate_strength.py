@@ -24,6 +24,7 @@ Not part of CI.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import re
 import statistics
@@ -77,8 +78,19 @@ def result_path(out: Path, target: str) -> Path:
     return out / (target.replace("/", "_").replace(":", "_") + ".json")
 
 
-def _run_gate(tree: Path, gate: str, against: str, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "schedspec", *GATES[gate], "--against", against,
+def gate_command(gate: str, check_steps: int | None = None) -> list[str]:
+    """The gate's command line; ``check_steps`` replaces the check's 60 s by a
+    step budget, which a loaded machine does not shrink."""
+    cmd = list(GATES[gate])
+    if gate == "check" and check_steps is not None:
+        i = cmd.index("--time")
+        cmd[i:i + 2] = ["--steps", str(check_steps)]
+    return cmd
+
+
+def _run_gate(tree: Path, gate: str, against: str, timeout: float,
+              check_steps: int | None = None) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "schedspec", *gate_command(gate, check_steps), "--against", against,
            "--json", str(tree / f"{gate}.json"), "--out", str(tree / f"{gate}-out")]
     start = time.monotonic()
     try:
@@ -100,7 +112,8 @@ def _run_gate(tree: Path, gate: str, against: str, timeout: float) -> dict[str, 
     text = proc.stdout + proc.stderr
     found = re.search(r"violation at event (\d+)", text)
     unreached = re.search(r"never reached: ([^(\n]*)", text)
-    return {"verdict": verdict, "seconds": seconds, "found_after_s": found_after, "events": _events(summary),
+    return {"verdict": verdict, "seconds": seconds, "found_after_s": found_after, "steps": summary.get("steps"),
+            "events": _events(summary),
             "event_of_failure": int(found.group(1)) if found else None,
             "unreached": (summary.get("rule_coverage") or {}).get("unreached"),
             "never_reached": [x.strip() for x in unreached.group(1).split(",") if x.strip()] if unreached else [],
@@ -116,15 +129,21 @@ def _events(summary: dict[str, Any]) -> int | None:
         return None
 
 
+def _copy_tree(tree: Path) -> Path:
+    """The repository's files (tracked and untracked, not ignored) copied into ``tree``."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, check=True).stdout
+    subprocess.run(["tar", "--null", "-T", "-", "-cf", str(tree / "t.tar")], cwd=ROOT, input=files, check=True)
+    subprocess.run(["tar", "-xf", "t.tar"], cwd=tree, check=True)
+    (tree / "t.tar").unlink()
+    return tree
+
+
 def run_target(workdir: Path | None, target: str, timeout: float,
-               gates: tuple[str, ...] = tuple(GATES), zoo_module: str = "tests.bugzoo.zoo") -> dict[str, Any]:
+               gates: tuple[str, ...] = tuple(GATES), zoo_module: str = "tests.bugzoo.zoo",
+               check_steps: int | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gate-strength.") as tmp:
-        tree = Path(tmp)
-        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                               capture_output=True, check=True).stdout
-        subprocess.run(["tar", "--null", "-T", "-", "-cf", str(tree / "t.tar")], cwd=ROOT, input=files,
-                       check=True)
-        subprocess.run(["tar", "-xf", "t.tar"], cwd=tree, check=True)
+        tree = _copy_tree(Path(tmp))
         against = "impl"
         if target.startswith("zoo:"):
             against = f"{zoo_module}:{target[4:]}"
@@ -139,8 +158,65 @@ def run_target(workdir: Path | None, target: str, timeout: float,
         rule = "-" if target.startswith("zoo:") else target.split(".x", 1)[-1].split("__mutmut_")[0]
         result: dict[str, Any] = {"target": target, "rule": rule}
         for gate in gates:
-            result[gate] = _run_gate(tree, gate, against, timeout)
+            result[gate] = _run_gate(tree, gate, against, timeout, check_steps)
         return result
+
+
+def survived_every_gate(result: dict[str, Any]) -> bool:
+    gates = [result[g] for g in GATES if g in result]
+    return bool(gates) and not any(g["verdict"].startswith("killed") for g in gates)
+
+
+def executed_lines(out: Path, steps: int) -> dict[str, set[int]]:
+    """impl/'s lines the unmutated gate executes: ``schedspec check --against
+    impl --steps STEPS`` (seed 0, so the workloads the mutants' runs start
+    with) under coverage.py, in a scratch copy; kept in OUT/coverage.json and
+    read from there next time."""
+    record = out / "coverage.json"
+    if not record.exists():
+        with tempfile.TemporaryDirectory(prefix="gate-strength-cov.") as tmp:
+            tree = _copy_tree(Path(tmp))
+            run = [sys.executable, "-m", "coverage", "run", "--data-file", str(tree / ".cov"),
+                   f"--include={tree}/impl/*", "-m", "schedspec", "check", "--against", "impl", "--steps",
+                   str(steps), "--quiet", "--out", str(tree / "out")]
+            env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
+            subprocess.run(run, cwd=tree, env=env, capture_output=True, check=False)
+            subprocess.run([sys.executable, "-m", "coverage", "json", "--data-file", str(tree / ".cov"), "-o",
+                            str(tree / "cov.json")], cwd=tree, env=env, capture_output=True, check=True)
+            data = json.loads((tree / "cov.json").read_text())
+            files = {str((tree / name).resolve().relative_to(tree.resolve())): sorted(f["executed_lines"])
+                     for name, f in data["files"].items()}  # names relative to the tree, or absolute
+            record.write_text(json.dumps({"command": f"schedspec check --against impl --steps {steps}",
+                                          "executed_lines": files}, indent=1) + "\n")
+    files = json.loads(record.read_text())["executed_lines"]
+    return {name: set(lines) for name, lines in files.items()}
+
+
+def reasons(workdir: Path, out: Path, steps: int) -> int:
+    """Give every target that survived all its gates a ``reason``: "not
+    reached" when the unmutated gate never executes a line the mutant
+    changes (executed_lines), else "reached, not observed"."""
+    from tools.mutation.apply_diff import mutated_lines
+
+    executed = executed_lines(out, steps)
+    for path in sorted(out.glob("*.json")):
+        if path.name == "coverage.json":
+            continue
+        result = json.loads(path.read_text())
+        if not survived_every_gate(result) or str(result["target"]).startswith("zoo:"):
+            continue
+        diff = subprocess.run([str(Path(sys.executable).parent / "mutmut"), "show", result["target"]],
+                              cwd=workdir, capture_output=True, text=True, check=True).stdout
+        try:
+            file, lines = mutated_lines(diff, ROOT)
+        except SystemExit:
+            result["reason"] = "diff does not apply"
+        else:
+            ran = executed.get(str(file.resolve().relative_to(ROOT.resolve())), set())
+            result["reason"] = "reached, not observed" if ran & set(lines) else "not reached"
+            result["lines"] = lines
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
 
 
 def table(results: list[dict[str, Any]], command: str) -> str:
@@ -157,10 +233,16 @@ def table(results: list[dict[str, Any]], command: str) -> str:
         else:
             timing = "no failure"
         lines.append(f"- {gate}: killed {len(killed)}/{len(rows)}; {timing}")
-    lines += ["", "| target | rule | check | modelcheck |", "|---|---|---|---|"]
+    survivors = [r for r in results if survived_every_gate(r)]
+    if survivors:
+        why = collections.Counter(str(r.get("reason", "not yet explained")) for r in survivors)
+        lines.append(f"- survived every gate run: {len(survivors)} ("
+                     + ", ".join(f"{n} {k}" for k, n in sorted(why.items())) + ")")
+    lines += ["", "| target | rule | check | modelcheck | survivor's reason |", "|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: str(r["target"])):
         cells = [_cell(r[g]) if g in r else str(r.get("error", "-")) for g in GATES]
-        lines.append(f"| {r['target']} | {r.get('rule', '')} | {cells[0]} | {cells[1]} |")
+        reason = r.get("reason", "") if survived_every_gate(r) else ""
+        lines.append(f"| {r['target']} | {r.get('rule', '')} | {cells[0]} | {cells[1]} | {reason} |")
     return "\n".join(lines) + "\n"
 
 
@@ -189,14 +271,22 @@ def main(argv: list[str]) -> int:
     r.add_argument("--timeout", type=float, default=300)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--gates", default=",".join(GATES), help="comma-separated, of: " + ", ".join(GATES))
+    r.add_argument("--check-steps", type=int, default=None,
+                   help="the check's budget in steps instead of 60 s (a loaded machine runs fewer steps in 60 s)")
     r.add_argument("--zoo-as", choices=("core", "impl"), default="core",
                    help="the zoo's classes as they are (core features only: tests.bugzoo.zoo) or declaring "
                         "everything impl declares (tests.bugzoo.zoo_full)")
     t = sub.add_parser("table")
     t.add_argument("out", type=Path)
+    why = sub.add_parser("reasons", help="explain the survivors: reached by the unmutated gate or not")
+    why.add_argument("workdir", type=Path)
+    why.add_argument("out", type=Path)
+    why.add_argument("--steps", type=int, default=6000)
     args = parser.parse_args(argv)
+    if args.cmd == "reasons":
+        return reasons(args.workdir, args.out, args.steps)
     if args.cmd == "table":
-        files = sorted(args.out.glob("*.json"))
+        files = sorted(f for f in args.out.glob("*.json") if f.name != "coverage.json")
         if not files:
             print(f"no result files in {args.out}", file=sys.stderr)
             return 2
@@ -225,7 +315,7 @@ def main(argv: list[str]) -> int:
         if not todo or any(done[g]["verdict"].startswith("killed") for g in GATES if g in done):
             continue  # every gate asked for ran, or one already killed it
         zoo_module = "tests.bugzoo.zoo_full" if args.zoo_as == "impl" else "tests.bugzoo.zoo"
-        res = {**done, **run_target(args.workdir, target, args.timeout, todo, zoo_module)}
+        res = {**done, **run_target(args.workdir, target, args.timeout, todo, zoo_module, args.check_steps)}
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(target, {g: res[g]["verdict"] for g in GATES if g in res}, flush=True)
     return 0

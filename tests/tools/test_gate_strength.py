@@ -52,7 +52,8 @@ def test_resumption_skips_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     gs.result_path(tmp_path, "zoo:A").write_text(json.dumps(_fake("zoo:A", "killed", 1.0)))
     ran: list[str] = []
 
-    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str) -> dict[str, object]:
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str,
+                 steps: int | None) -> dict[str, object]:
         assert gates == ("check", "modelcheck") and zoo == "tests.bugzoo.zoo"
         ran.append(t)
         return _fake(t, "killed", 1.0)
@@ -80,7 +81,8 @@ def test_zoo_alone_reads_no_workdir_and_runs_the_gates_named(tmp_path: Path, mon
     monkeypatch.setattr(gs, "zoo_names", lambda: ["A"])
     seen: list[tuple[str, ...]] = []
 
-    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str) -> dict[str, object]:
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str,
+                 steps: int | None) -> dict[str, object]:
         assert zoo == "tests.bugzoo.zoo_full"
         seen.append(gates)
         return {"target": t, "rule": "", "check": {"verdict": "killed", "seconds": 9.0, "found_after_s": 1.234}}
@@ -120,7 +122,8 @@ def test_a_second_pass_runs_the_model_checker_on_the_checks_survivors_only(
     verdicts = {"zoo:Dead": "killed", "zoo:Alive": "survived"}
     calls: list[tuple[str, tuple[str, ...]]] = []
 
-    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str) -> dict[str, object]:
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str,
+                 steps: int | None) -> dict[str, object]:
         calls.append((t, gates))
         return {"target": t, "rule": "-", **{g: {"verdict": verdicts[t], "seconds": 1.0} for g in gates}}
     monkeypatch.setattr(gs, "run_target", fake_run)
@@ -141,3 +144,35 @@ def test_a_scheduler_that_cannot_be_built_is_killed(tmp_path: Path, monkeypatch:
     assert gs._run_gate(tmp_path, "check", "impl", 5.0)["verdict"] == "killed (cannot build)"
     Proc.stderr = "schedspec: error: --steps must be positive\n"
     assert gs._run_gate(tmp_path, "check", "impl", 5.0)["verdict"] == "error (exit 2)"
+
+
+def test_survivors_get_a_reason_from_the_unmutated_gates_line_coverage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    diff = ("--- schedspec/impl/allocation.py\n+++ schedspec/impl/allocation.py\n@@ -1,3 +1,3 @@\n"
+            "-        self._free(req.block_ids)\n+        self._free(None)\n"
+            "         req.block_ids = []\n         req.cached_block_tuple = ()\n")
+    from tools.mutation.apply_diff import mutated_lines
+    path, lines = mutated_lines(diff, gs.ROOT)
+    text = path.read_text().splitlines()
+    assert [text[n - 1].strip() for n in lines] == ["self._free(req.block_ids)"]
+
+    class Shown:
+        stdout = diff
+    monkeypatch.setattr(gs.subprocess, "run", lambda *a, **k: Shown())
+    for name, verdict in (("m1", "survived"), ("m2", "survived"), ("m3", "killed")):
+        gs.result_path(tmp_path, name).write_text(json.dumps(
+            {"target": name, "rule": "r", "check": {"verdict": verdict, "seconds": 1.0}}))
+    for ran, want in ((set(lines), "reached, not observed"), (set(), "not reached")):
+        monkeypatch.setattr(gs, "executed_lines", lambda out, steps, ran=ran: {"impl/allocation.py": ran})
+        assert gs.reasons(tmp_path, tmp_path, 10) == 0
+        results = {r["target"]: r for r in (json.loads(f.read_text()) for f in tmp_path.glob("*.json"))}
+        assert results["m1"]["reason"] == results["m2"]["reason"] == want
+        assert "reason" not in results["m3"]  # killed: nothing to explain
+        assert f"survived every gate run: 2 (2 {want})" in gs.table(list(results.values()), "CMD")
+
+
+def test_a_step_budget_replaces_the_checks_time() -> None:
+    assert gs.gate_command("check")[:3] == ["check", "--time", "60"]
+    cmd = gs.gate_command("check", 6000)
+    assert cmd[:3] == ["check", "--steps", "6000"] and "--time" not in cmd
+    assert gs.gate_command("modelcheck", 6000) == gs.GATES["modelcheck"]

@@ -22,7 +22,8 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def apply(diff: str, tree: Path) -> None:
+def _parse(diff: str, tree: Path) -> tuple[Path, list[str], list[list[tuple[str, str]]]]:
+    """The file a mutant's diff changes, its lines, and the diff's hunks as (kind, line) pairs."""
     lines = diff.splitlines()
     target = next(line[4:].strip() for line in lines if line.startswith("+++ "))
     path = tree / target.removeprefix("schedspec/")  # schedspec/spec is a link to spec/
@@ -33,14 +34,39 @@ def apply(diff: str, tree: Path) -> None:
             hunks.append([])
         elif hunks and not line.startswith(("---", "+++", "#")):
             hunks[-1].append((line[:1], line[1:]))
+    return path, text, hunks
+
+
+def _place(text: list[str], old: list[str]) -> int:
+    """Where the hunk's old lines stand in the file (0-based); exit 3 unless exactly once."""
+    key = [o.strip() for o in old]
+    found = [at for at in range(len(text) - len(old) + 1) if [t.strip() for t in text[at:at + len(old)]] == key]
+    if len(found) != 1:
+        raise SystemExit(3)
+    return found[0]
+
+
+def mutated_lines(diff: str, tree: Path) -> tuple[Path, list[int]]:
+    """The file a mutant changes and the (1-based) numbers of the lines it
+    removes or replaces there, unmutated."""
+    path, text, hunks = _parse(diff, tree)
+    out: list[int] = []
+    for ops in hunks:
+        at = _place(text, [body for kind, body in ops if kind != "+"])
+        j = at
+        for kind, _ in ops:
+            if kind == "-":
+                out.append(j + 1)
+            if kind != "+":
+                j += 1
+    return path, out
+
+
+def apply(diff: str, tree: Path) -> None:
+    path, text, hunks = _parse(diff, tree)
     for ops in hunks:
         old = [body for kind, body in ops if kind != "+"]
-        key = [o.strip() for o in old]
-        found = [at for at in range(len(text) - len(old) + 1)
-                 if [t.strip() for t in text[at:at + len(old)]] == key]
-        if len(found) != 1:
-            raise SystemExit(3)
-        at = found[0]
+        at = _place(text, old)
         shifts = collections.Counter(_indent(text[at + j]) - _indent(o) for j, o in enumerate(old) if o.strip())
         pad = " " * max(0, shifts.most_common(1)[0][0]) if shifts else ""
         new: list[str] = []

@@ -428,6 +428,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     # the core workloads' own rule counts: their focus follows the core's
     # coverage alone, as in a run with no gate or KV feature to draw
     core_rules: Counter[str] = Counter()
+    first = core_first(total_steps, settings.workload_steps)
     seed = settings.seed
     try:
         while True:
@@ -438,7 +439,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             seed = settings.seed + index * shard_n + (shard_k - 1)
             index += 1
             n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
-            core = is_core(index - 1)
+            core = is_core(index - 1, first)
             workload = caps.restrict_workload(
                 make_workload(settings, seed, n, core_rules if core else stats.rules, core))
             runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
@@ -655,8 +656,8 @@ def missing_rules_message(names: tuple[str, ...] | list[str]) -> str:
 GENERATORS = ("guided", "random")
 
 
-#: The core phase: the first CORE_FIRST workloads of a run, and then one in
-#: CORE_EVERY, run synchronously (when the scheduler can), turn on no admission
+#: The core phase: the first CORE_FIRST workloads of a run (core_first: fewer in
+#: a short run), and then one in CORE_EVERY, run synchronously (when the scheduler can), turn on no admission
 #: gate and no KV feature (but the gates a scheduler declares always on), and aim
 #: at the core's rules with the core workloads' own counts. A bug of the core
 #: (queues, budgets, the pool, preemption, the prefix cache) is met there as
@@ -664,12 +665,21 @@ GENERATORS = ("guided", "random")
 #: layouts spread the other workloads thin; those draw from everything the
 #: scheduler declares.
 CORE_FIRST = 16
-CORE_EVERY = 2
+CORE_EVERY = 3
 
 
-def is_core(index: int) -> bool:
+def core_first(total_steps: int | None, workload_steps: int) -> int:
+    """How many workloads the first phase takes: CORE_FIRST, or a quarter of
+    a run with a step goal that plans fewer than 4 * CORE_FIRST (one at least)."""
+    if total_steps is None:
+        return CORE_FIRST
+    planned = -(-total_steps // max(1, workload_steps))
+    return min(CORE_FIRST, max(1, planned // 4))
+
+
+def is_core(index: int, first: int = CORE_FIRST) -> bool:
     """Whether the run's workload number ``index`` (0, 1, ...) is a core one."""
-    return index < CORE_FIRST or index % CORE_EVERY == 0
+    return index < first or index % CORE_EVERY == 0
 
 
 def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Mapping[str, int],

@@ -383,7 +383,8 @@ class FakeModel:
                 proposal = tuple(recorded.draft_token_ids[rid])
             else:
                 proposal = self._propose(s, last + accepted, toks[-1])
-            if proposal:
+            if proposal or self.num_speculative_tokens:
+                # an empty proposal is said, as a drafter with no match says it
                 drafts[rid] = proposal
                 self.proposals[rid] = proposal
         # What fills a -1 lives as long as the worker's batch row: the
@@ -463,6 +464,11 @@ class FakeModel:
             right = 0
         else:
             right = self.drafts_right(s.request_id, last, after)
+            if right < k and self.drafts_right(s.request_id, -1 - last, after) % 2:
+                # A drafter that stops short, as vLLM's n-gram proposer does
+                # when its match runs out: fewer than k drafts, all right,
+                # none at all when the first would be wrong.
+                return tuple(perfect[:right])
         if right < k:
             perfect[right] = (perfect[right] + 1) % self.vocab
         return tuple(perfect)

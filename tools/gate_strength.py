@@ -230,6 +230,10 @@ def table(results: list[dict[str, Any]], command: str) -> str:
         if secs:
             p90 = secs[min(len(secs) - 1, int(0.9 * len(secs)))]
             timing = f"first failure median {statistics.median(secs)} s, p90 {p90} s, max {secs[-1]} s"
+            counts = sorted(int(r["steps"]) for r in killed if r.get("steps") is not None)
+            if gate == "check" and len(counts) == len(killed):
+                q90 = counts[min(len(counts) - 1, int(0.9 * len(counts)))]
+                timing += f"; steps run to it median {statistics.median(counts):g}, p90 {q90}, max {counts[-1]}"
         else:
             timing = "no failure"
         lines.append(f"- {gate}: killed {len(killed)}/{len(rows)}; {timing}")

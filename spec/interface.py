@@ -328,6 +328,9 @@ class SchedulerConfig:
     kv_cache_groups: tuple[KVCacheGroup, ...] = field(
         default=(), metadata=declare(max_items=MAX_KV_CACHE_GROUPS, since=4)
     )
+    #: vLLM's KVEventsConfig.enable_kv_cache_events: the scheduler queues the
+    #: KV cache events (spec/kv_events.py) for ``take_kv_events()``
+    enable_kv_cache_events: bool = field(default=False, metadata=declare(since=4))
 
     def __post_init__(self) -> None:
         validate_config(self, Policy, KVCacheGroup)

@@ -33,6 +33,7 @@ from typing import Callable, Mapping, Sequence
 
 from schedspec.invariants import Invariant, Monitor, Transition, Violation
 from schedspec.invariants.core import ALL_KINDS
+from schedspec.spec.kv_events import KVCacheEvent
 from schedspec.spec.interface import (
     PauseState,
     ProtocolError,
@@ -207,6 +208,9 @@ class Runner:
         self.pause_state = PauseState.UNPAUSED
         #: run() stopped before the last event (its stop_at passed)
         self.stopped = False
+        #: with config.enable_kv_cache_events: called with (step, events) for
+        #: each non-empty batch of the first scheduler (spec/kv_events.py)
+        self.kv_event_sink: Callable[[int, tuple[KVCacheEvent, ...]], None] | None = None
 
     @property
     def where(self) -> tuple[str, str]:
@@ -660,7 +664,27 @@ class Runner:
                 self.truth[rid].extend(toks)
         if self.history is not None:
             self._mark_updated(pending.step)
+        if self.config.enable_kv_cache_events and (f := self._take_kv_events(pending.step)):
+            return f
         return self.check_views()
+
+    def _take_kv_events(self, step: int) -> Failure | None:
+        """Every scheduler's KV cache events since the last take, taken once
+        per update as vLLM's Scheduler.update_from_output takes them
+        (spec/kv_events.py), compared in lockstep; the first scheduler's go
+        to ``kv_event_sink``."""
+        batches: dict[str, object] = {}
+        for name in self.names:
+            self.where = (name, "take_kv_events")
+            batches[name] = tuple(self._optional(name, "take_kv_events")())  # type: ignore[operator]
+        if (f := self._compare("take_kv_events()", batches)):
+            return f
+        batch = batches[self.names[0]]
+        assert isinstance(batch, tuple)
+        self.stats.kv_cache_events += len(batch)
+        if batch and self.kv_event_sink is not None:
+            self.kv_event_sink(step, batch)
+        return None
 
     def _meaningful(self, name: str, result: StepResult, pending: _Pending) -> StepResult:
         """``result`` as it reaches update(): the invalid block of a

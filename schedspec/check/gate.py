@@ -95,6 +95,9 @@ class CheckSettings:
     #: a workload on which the reference meets a documented vLLM defect
     #: (check/defects.py) fails the run, instead of being counted apart
     strict_defects: bool = False
+    #: every workload with config.enable_kv_cache_events on: the schedulers'
+    #: KV cache events (spec/kv_events.py) compared once per update
+    kv_events: bool = False
 
     @property
     def steps_goal(self) -> int | None:
@@ -434,6 +437,9 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             index += 1
             n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
             workload = caps.restrict_workload(make_workload(settings, seed, n, stats.rules))
+            if settings.kv_events and caps.kv_events:
+                workload = dataclasses.replace(
+                    workload, config=dataclasses.replace(workload.config, enable_kv_cache_events=True))
             runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
                                            plans_only=settings.plans_only, invariants=invariants, stop_at=stop_at)
             if failure is not None and settings.plans_only and failure.kind != "timeout":

@@ -79,6 +79,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="the KV features the workloads may turn on (the KV connector: external prefix loads, "
                         "async loads and saves, the worker's reports; hybrid KV cache groups), a subset drawn per "
                         "workload (default all: every one the scheduler under test supports; none: neither)")
+    c.add_argument("--kv-events", action="store_true",
+                   help="turn the KV cache events on in every workload (vLLM's KVEventsConfig."
+                        "enable_kv_cache_events) and compare every scheduler's stream once per step")
     add_call_timeout_argument(c)
     c.add_argument("--strict-defects", action="store_true",
                    help="a workload on which the reference meets a documented vLLM 0.33 defect "
@@ -126,6 +129,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         kv=kv,
         call_timeout=call_timeout_of(args),
         strict_defects=getattr(args, "strict_defects", False),
+        kv_events=getattr(args, "kv_events", False),
     )
 
 
@@ -186,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
     if kv_text not in ("all", "none") and unsupported_kv:
         raise UsageError(f"--kv: {args.against} does not support the KV feature(s) {', '.join(unsupported_kv)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
+    if settings.kv_events and not target.capabilities.kv_events:
+        raise UsageError(f"--kv-events: {args.against} does not take KV cache events (its declared "
+                         f"capabilities: {target.capabilities.describe()})")
     check_outputs(args)
     progress = Progress(enabled=not args.quiet)
     coverage = _coverage_start(args, name)

@@ -207,8 +207,13 @@ class KVPool(CountsRules):
     def evict_blocks(self, blocks: list[int]) -> None:
         """Drop the prefix-cache key of each block, held or free; the blocks
         themselves stay where they are (BlockPool.evict_blocks, for a KV
-        connector's failed load under kv_load_failure_policy "fail")."""
-        for b in blocks:
+        connector's failed load under kv_load_failure_policy "fail"). vLLM
+        passes the blocks as a set built by adding them in the order given
+        (Scheduler._update_requests_with_invalid_blocks: ``blocks_to_evict``)
+        and evicts in that set's iteration order, which orders the
+        BlockRemoved events: the same insertions into a set of ints iterate
+        alike here."""
+        for b in set(blocks):
             if self.enable_caching:
                 self._maybe_evict_cached_block(b)
 

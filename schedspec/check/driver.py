@@ -649,12 +649,17 @@ class Runner:
         self.pending.pop(0)
         if pending.kv_failed:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
+        events_on = self.config.enable_kv_cache_events
+        batches: dict[str, object] = {}
         for name in self.names:
             before = self.views.get(name)
             self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])
+            if events_on:
+                batches[name] = self._take_kv_events(name)
             if before is not None and (
-                f := self._observe(name, "update", before, plan=plans[name], result=results[name])
+                f := self._observe(name, "update", before, plan=plans[name], result=results[name],
+                                   kv_events=batches.get(name, ()))
             ):
                 return f
         for worker in self.workers.values():
@@ -664,19 +669,20 @@ class Runner:
                 self.truth[rid].extend(toks)
         if self.history is not None:
             self._mark_updated(pending.step)
-        if self.config.enable_kv_cache_events and (f := self._take_kv_events(pending.step)):
+        if events_on and (f := self._kv_events_taken(pending.step, batches)):
             return f
         return self.check_views()
 
-    def _take_kv_events(self, step: int) -> Failure | None:
-        """Every scheduler's KV cache events since the last take, taken once
-        per update as vLLM's Scheduler.update_from_output takes them
-        (spec/kv_events.py), compared in lockstep; the first scheduler's go
-        to ``kv_event_sink``."""
-        batches: dict[str, object] = {}
-        for name in self.names:
-            self.where = (name, "take_kv_events")
-            batches[name] = tuple(self._optional(name, "take_kv_events")())  # type: ignore[operator]
+    def _take_kv_events(self, name: str) -> tuple[KVCacheEvent, ...]:
+        """A scheduler's KV cache events since the last take, taken right
+        after its update as vLLM's Scheduler.update_from_output takes them
+        (spec/kv_events.py); the update's Transition carries them."""
+        self.where = (name, "take_kv_events")
+        return tuple(self._optional(name, "take_kv_events")())  # type: ignore[operator]
+
+    def _kv_events_taken(self, step: int, batches: dict[str, object]) -> Failure | None:
+        """The schedulers' events of one update compared in lockstep; the
+        first scheduler's counted and handed to ``kv_event_sink``."""
         if (f := self._compare("take_kv_events()", batches)):
             return f
         batch = batches[self.names[0]]

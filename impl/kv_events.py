@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from schedspec.spec.interface import BlockKey, RequestSpec, block_key_group
-from schedspec.spec.kv_events import (
+from schedspec.spec.interface import (
     MEDIUM_GPU,
     VLLM_KIND,
-    BlockRemoved,
+    BlockKey,
     BlockStored,
-    plain_key,
+    RequestSpec,
 )
 
 
@@ -52,7 +51,3 @@ def stored(req: Request, start: int, end: int, kept: list[int], block_size: int,
         kind=VLLM_KIND.get(kind, kind),
     )
 
-
-def removed(full_key: BlockKey) -> BlockRemoved:
-    """The BlockRemoved of a block losing ``full_key`` (BlockPool._emit_block_removed_events)."""
-    return BlockRemoved((plain_key(full_key),), MEDIUM_GPU, block_key_group(full_key))

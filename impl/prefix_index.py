@@ -31,8 +31,7 @@ from __future__ import annotations
 
 from typing import Union
 
-from schedspec.spec.interface import BlockKey, block_key_group
-from schedspec.spec.kv_events import MEDIUM_GPU, BlockRemoved, KVCacheEvent, plain_key
+from schedspec.spec.interface import MEDIUM_GPU, BlockKey, BlockRemoved, KVCacheEvent, block_key_group, plain_key
 
 
 class KeyNode:

@@ -56,7 +56,7 @@ from schedspec.spec.protocol import (
     check_schedule,
 )
 
-from schedspec.spec.kv_events import AllBlocksCleared, KVCacheEvent
+from schedspec.spec.interface import AllBlocksCleared, KVCacheEvent
 from schedspec.impl.allocation import AllocationMixin, max_hit_blocks
 from schedspec.impl.connector import ConnectorMixin
 from schedspec.impl.encoder_cache import EncoderCache

@@ -28,6 +28,9 @@ published as one KVEventBatch). The spec's rules, each where the pool acts
 - **cleared**: a successful ``BlockPool.reset_prefix_cache`` emits one
   AllBlocksCleared; a refused one emits nothing.
 
+The event types live in spec/interface.py (what impl and the adapters
+import); this module states the rules and gives the events' JSON form.
+
 vLLM names a block by its chained hash; the spec by its content, a BlockKey
 (spec/interface.py). An event carries the key as group 0 spells it (vLLM's
 event hashes carry no group id: ``get_block_hash``) beside its ``group``, so
@@ -39,67 +42,21 @@ blocks (``cache_partial_block``) lie outside the modelled configuration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any, Mapping
 
 from schedspec.spec.errors import SchedSpecError
-from schedspec.spec.interface import GROUP_KEY_SEPARATOR, BlockKey
-
-#: The medium vLLM's device block pool reports (vllm/distributed/kv_events.py, MEDIUM_GPU).
-MEDIUM_GPU = "GPU"
-
-#: The spec's group kinds (spec/kv_kinds.py) as vLLM's KVCacheSpecKind values
-#: (vllm/v1/kv_cache_interface.py, get_kv_cache_spec_kind).
-VLLM_KIND: Mapping[str, str] = {
-    "full_attention": "full_attention",
-    "sliding_window": "sliding_window",
-    "chunked_local": "chunked_local_attention",
-}
-
-
-@dataclass(frozen=True)
-class BlockStored:
-    """Blocks registered in the prefix cache (vLLM's BlockStored)."""
-
-    block_keys: tuple[BlockKey, ...]
-    parent_key: BlockKey | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    lora_id: int | None
-    medium: str
-    group: int
-    kind: str
-
-
-@dataclass(frozen=True)
-class BlockRemoved:
-    """One key a block lost (vLLM's BlockRemoved, one hash per event)."""
-
-    block_keys: tuple[BlockKey, ...]
-    medium: str
-    group: int
-
-
-@dataclass(frozen=True)
-class AllBlocksCleared:
-    """The prefix cache was reset (vLLM's AllBlocksCleared)."""
-
-
-KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
-
+from schedspec.spec.interface import MEDIUM_GPU as MEDIUM_GPU
+from schedspec.spec.interface import VLLM_KIND as VLLM_KIND
+from schedspec.spec.interface import AllBlocksCleared as AllBlocksCleared
+from schedspec.spec.interface import BlockKey
+from schedspec.spec.interface import BlockRemoved as BlockRemoved
+from schedspec.spec.interface import BlockStored as BlockStored
+from schedspec.spec.interface import KVCacheEvent as KVCacheEvent
+from schedspec.spec.interface import plain_key as plain_key
 
 class KVEventError(SchedSpecError, ValueError):
     """A recorded event that is not one of vLLM's event types, or a field of
     one that is malformed; the message names the field."""
-
-
-def plain_key(key: BlockKey) -> BlockKey:
-    """``key`` as group 0 spells it (group_block_key undone): what an event carries."""
-    ident = key[0]
-    i = ident.rfind(GROUP_KEY_SEPARATOR)
-    if i >= 0 and ident[i + 1 :].isdigit():
-        return (ident[:i], key[1])
-    return key
 
 
 # ------------------------------------------------------------------ JSON

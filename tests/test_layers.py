@@ -54,11 +54,9 @@ ROOT_RANK = -1
 #: same-rank imports that are allowed: (importer package, imported package).
 PEERS: frozenset[tuple[str, str]] = frozenset({("bench", "modelcheck")})
 #: impl is written apart from the spec's logic (N-version): of spec it may use
-#: only the interface types and the shared protocol boundary (the KV cache
-#: event types among them: spec/kv_events.py holds types and their JSON form,
-#: the emission rules live in spec/kv_cache.py).
+#: only the interface types and the shared protocol boundary.
 IMPL_MAY_USE = frozenset({"schedspec.spec.interface", "schedspec.spec.errors", "schedspec.spec.protocol",
-                          "schedspec.spec.validate", "schedspec.spec.kv_events"})
+                          "schedspec.spec.validate"})
 #: private attributes of a third party's objects that a module must read, with why.
 FOREIGN_PRIVATE: dict[tuple[str, str], str] = {
     ("schedspec.adapters.vllm_views", "_cache"):

@@ -131,3 +131,12 @@ def test_every_event_round_trips_through_json() -> None:
 def test_a_malformed_event_is_refused_naming_the_field(raw: object, field: str) -> None:
     with pytest.raises(KVEventError, match=field.replace("[", r"\[").replace("]", r"\]")):
         event_from_dict(raw)
+
+
+def test_the_switch_is_a_validated_config_field() -> None:
+    from schedspec.spec.interface import ConfigError, SchedulerConfig
+
+    with pytest.raises(ConfigError, match="config.enable_kv_cache_events: must be a boolean"):
+        SchedulerConfig(enable_kv_cache_events="yes")  # type: ignore[arg-type]
+    assert "enable_kv_cache_events" not in SchedulerConfig().to_dict()  # a default config serializes as before
+    assert SchedulerConfig.from_dict(cfg(enable_kv_cache_events=True).to_dict()).enable_kv_cache_events

@@ -62,3 +62,19 @@ def test_event_hashes_map_to_keys_as_bytes_and_as_ints() -> None:
 
     with pytest.raises(VllmAdapterError, match="no known request"):
         keys.event_key(12345)
+
+
+def test_a_failed_load_evicts_in_vllms_set_order() -> None:
+    """The counterexample that found it: two sync loads fail under the "fail"
+    policy; vLLM's evict_blocks walks a set, not the request's table order."""
+    from pathlib import Path
+
+    from schedspec.check import trace as tracefile
+
+    path = Path(__file__).resolve().parents[1] / "check" / "data" / "kv-events-evict-blocks-set-order.jsonl"
+    t = tracefile.read(path)
+    assert t.workload.config.enable_kv_cache_events
+    runner, failure = run_workload(t.workload, {"spec": SpecScheduler, "vllm": _vllm()}, t.vocab,
+                                   oracle_seed=t.oracle_seed)
+    assert failure is None, failure.describe()
+    assert runner.stats.kv_cache_events >= 3

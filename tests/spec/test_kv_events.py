@@ -140,3 +140,15 @@ def test_the_switch_is_a_validated_config_field() -> None:
         SchedulerConfig(enable_kv_cache_events="yes")  # type: ignore[arg-type]
     assert "enable_kv_cache_events" not in SchedulerConfig().to_dict()  # a default config serializes as before
     assert SchedulerConfig.from_dict(cfg(enable_kv_cache_events=True).to_dict()).enable_kv_cache_events
+
+
+def test_evict_blocks_removes_keys_in_the_order_of_vllms_set() -> None:
+    """vLLM's evict_blocks iterates the set it is given: blocks [2, 9] added in
+    that order iterate 9, 2 (9 lands in slot 1 of the set's table)."""
+    s = _spec()
+    pool = s.kv
+    pool.cache_full_blocks([2, 9], [("", (1,)), ("", (1, 2))])
+    pool.events = []
+    pool.evict_blocks([2, 9])
+    assert [e.block_keys for e in pool.take_events()] == [(("", (1, 2)),), (("", (1,)),)]
+    assert list({2, 9}) == [9, 2]

@@ -56,6 +56,7 @@ from schedspec.spec.protocol import (
     check_schedule,
 )
 
+from schedspec.spec.interface import AllBlocksCleared, KVCacheEvent
 from schedspec.impl.allocation import AllocationMixin, max_hit_blocks
 from schedspec.impl.connector import ConnectorMixin
 from schedspec.impl.encoder_cache import EncoderCache
@@ -117,6 +118,8 @@ class ImplScheduler(
         self._ref: list[int] = [0] * num_blocks
         self._fq = FreeBlockQueue(num_blocks)
         self._px = PrefixIndex(num_blocks)
+        if config.enable_kv_cache_events:  # impl/kv_events.py
+            self._px.events = []
         # requests and queues
         self._requests: dict[str, Request] = {}
         self._waiting: Waiting = PriorityWaiting() if self._priority else FcfsWaiting()
@@ -299,7 +302,18 @@ class ImplScheduler(
         if self._fq.size != self._config.num_blocks - 1:
             return False
         self._px.clear()
+        if self._px.events is not None:
+            self._px.events.append(AllBlocksCleared())
         return True
+
+    def take_kv_events(self) -> tuple[KVCacheEvent, ...]:
+        """The KV cache events since the last take (spec/kv_events.py); ()
+        with ``enable_kv_cache_events`` off."""
+        events = self._px.events
+        if not events:
+            return ()
+        self._px.events = []
+        return tuple(events)
 
     def _release_encoder(self, req: Request) -> None:
         encoder_cache = self._encoder_cache

@@ -93,6 +93,7 @@ from schedspec.spec.rules import (
     stop_reason,
     surely_reaches_max_tokens,
 )
+from schedspec.spec.kv_events import KVCacheEvent
 from schedspec.spec.step_state import (
     Admission,
     AdmissionChunk,
@@ -137,6 +138,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         # identifier -> length of every encoder input ever added (check_mm_lengths)
         self.mm_lengths: dict[str, int] = {}
         self._init_connector()  # the KV connector's state (spec/connector.py)
+        if config.enable_kv_cache_events:  # KV cache events (spec/kv_events.py)
+            self.kv.events = []
 
     @property
     def config(self) -> SchedulerConfig:
@@ -298,6 +301,12 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 self._preempt_request(self.requests[self.running.pop()], drop_stale_output=True)
         return self.kv.reset_prefix_cache()
 
+    def take_kv_events(self) -> tuple[KVCacheEvent, ...]:
+        """The KV cache events since the last take (spec/kv_events.py;
+        KVCacheManager.take_events, which Scheduler.update_from_output calls
+        once per step); () with ``enable_kv_cache_events`` off."""
+        return tuple(self.kv.take_events())
+
     # ------------------------------------------------------------------ KV
 
     def _preempt_request(self, req: _Request, drop_stale_output: bool = False) -> None:
@@ -337,7 +346,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         computed tokens below output still in flight."""
         bs = self._config.block_size
         num_tokens = min(num_tokens, req.num_tokens)
-        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), lambda i: req.block_key(i, bs))
+        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), lambda i: req.block_key(i, bs),
+                             req.spec.lora_id)
 
     def _allocate_running(self, req: _Request, n: int) -> bool:
         """KVCacheManager.allocate_slots for a running request (no new hits):

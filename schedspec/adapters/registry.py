@@ -14,6 +14,8 @@ is imported until asked for.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import inspect
 import os
@@ -169,7 +171,7 @@ EVERY_MODE = Capabilities(async_scheduling=True, speculative_decoding=True)
 #: The spec also takes every admission gate (LoRA, structured outputs, pause
 #: states, the watermark, the prefill cadence, the encoder budget), the KV
 #: connector and hybrid KV cache groups.
-SPEC_CAPABILITIES = EVERY_MODE.with_gates().with_kv()
+SPEC_CAPABILITIES = dataclasses.replace(EVERY_MODE.with_gates().with_kv(), kv_events=True)
 
 
 def impl_capabilities() -> Capabilities:
@@ -181,8 +183,10 @@ def impl_capabilities() -> Capabilities:
     from schedspec.impl import ImplScheduler
 
     kv = getattr(ImplScheduler, "KV", ())
-    return EVERY_MODE.with_gates(g for g, cap in GATE_CAPABILITIES.items() if cap in ImplScheduler.GATES).with_kv(
+    caps = EVERY_MODE.with_gates(g for g, cap in GATE_CAPABILITIES.items() if cap in ImplScheduler.GATES).with_kv(
         k for k, cap in KV_CAPABILITIES.items() if cap in kv)
+    # the KV cache events (spec/kv_events.py) where it takes them
+    return dataclasses.replace(caps, kv_events=callable(getattr(ImplScheduler, "take_kv_events", None)))
 
 
 def resolve(name: str) -> Target:

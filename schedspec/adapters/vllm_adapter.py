@@ -95,7 +95,10 @@ from schedspec.spec.protocol import (
     check_schedule,
 )
 
+from schedspec.spec.kv_events import KVCacheEvent
+
 from schedspec.adapters.vllm_config import build_vllm_config, check_managers
+from schedspec.adapters.vllm_events import EventCapture, translate
 from schedspec.adapters.vllm_kv import blocks_kept_after_reset, kv_connector_output
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
 from schedspec.adapters.vllm_message import MessageCheck
@@ -139,7 +142,7 @@ def is_async_scheduler_class(cls: type) -> bool:
 #: admission gate (LoRA, structured outputs, pause states, the watermark, the
 #: prefill cadence, the encoder budget), the KV connector (the modelled one,
 #: schedspec/adapters/vllm_connector.py) and hybrid KV cache groups.
-VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True).with_gates().with_kv()
+VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True, kv_events=True).with_gates().with_kv()
 
 
 def capabilities_of_class(cls: type) -> Capabilities:
@@ -151,7 +154,7 @@ def capabilities_of_class(cls: type) -> Capabilities:
     config is refused when it is built)."""
     is_async = is_async_scheduler_class(cls)
     return Capabilities(async_scheduling=is_async, speculative_decoding=True,
-                        sync_scheduling=not is_async).with_gates().with_kv()
+                        sync_scheduling=not is_async, kv_events=True).with_gates().with_kv()
 
 
 class VllmScheduler:
@@ -241,6 +244,12 @@ class VllmScheduler:
         # request id -> the group-0 blocks its asynchronous load writes, until
         # the worker reports the load (finished_recving)
         self._kv_loading: dict[str, tuple[int, ...]] = {}
+        # the KV cache events (vllm_events.py): vLLM's published batches
+        # captured, and those translated since the last take_kv_events()
+        self._kv_capture: EventCapture | None = None
+        self._kv_events: list[KVCacheEvent] = []
+        if config.enable_kv_cache_events:
+            self._kv_capture = self.sched.kv_event_publisher = EventCapture()
 
     def _pin_finish_order(self) -> None:
         """update_from_output finishes the requests of a step's errors (a
@@ -481,7 +490,16 @@ class VllmScheduler:
             # (update_from_output, grammar_compile_error_reqs)
             self._collect_finished([rid for rid in self._grammars if rid in self._live])
             self._grammars = {rid: f for rid, f in self._grammars.items() if rid in self._live}
+        if self._kv_capture is not None:
+            # every hash the step's events name still has its content here
+            self._kv_events.extend(translate(self._kv_capture.take(), self._keys))
         self._keys.prune_if_large(self.sched.kv_cache_manager.block_pool, self._live.values())
+
+    def take_kv_events(self) -> tuple[KVCacheEvent, ...]:
+        """vLLM's KV cache events published since the last take (one batch per
+        update_from_output), as the spec's (spec/kv_events.py)."""
+        out, self._kv_events = tuple(self._kv_events), []
+        return out
 
     def _deferred_bitmask(self, deferred: Any, plan: StepPlan, result: StepResult) -> None:
         """The engine core's deferred sampling of an async plan whose

@@ -33,6 +33,7 @@ from typing import Callable, Mapping, Sequence
 
 from schedspec.invariants import Invariant, Monitor, Transition, Violation
 from schedspec.invariants.core import ALL_KINDS
+from schedspec.spec.kv_events import KVCacheEvent
 from schedspec.spec.interface import (
     PauseState,
     ProtocolError,
@@ -207,6 +208,9 @@ class Runner:
         self.pause_state = PauseState.UNPAUSED
         #: run() stopped before the last event (its stop_at passed)
         self.stopped = False
+        #: with config.enable_kv_cache_events: called with (step, events) for
+        #: each non-empty batch of the first scheduler (spec/kv_events.py)
+        self.kv_event_sink: Callable[[int, tuple[KVCacheEvent, ...]], None] | None = None
 
     @property
     def where(self) -> tuple[str, str]:
@@ -645,12 +649,17 @@ class Runner:
         self.pending.pop(0)
         if pending.kv_failed:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
+        events_on = self.config.enable_kv_cache_events
+        batches: dict[str, object] = {}
         for name in self.names:
             before = self.views.get(name)
             self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])
+            if events_on:
+                batches[name] = self._take_kv_events(name)
             if before is not None and (
-                f := self._observe(name, "update", before, plan=plans[name], result=results[name])
+                f := self._observe(name, "update", before, plan=plans[name], result=results[name],
+                                   kv_events=batches.get(name, ()))
             ):
                 return f
         for worker in self.workers.values():
@@ -660,7 +669,28 @@ class Runner:
                 self.truth[rid].extend(toks)
         if self.history is not None:
             self._mark_updated(pending.step)
+        if events_on and (f := self._kv_events_taken(pending.step, batches)):
+            return f
         return self.check_views()
+
+    def _take_kv_events(self, name: str) -> tuple[KVCacheEvent, ...]:
+        """A scheduler's KV cache events since the last take, taken right
+        after its update as vLLM's Scheduler.update_from_output takes them
+        (spec/kv_events.py); the update's Transition carries them."""
+        self.where = (name, "take_kv_events")
+        return tuple(self._optional(name, "take_kv_events")())  # type: ignore[operator]
+
+    def _kv_events_taken(self, step: int, batches: dict[str, object]) -> Failure | None:
+        """The schedulers' events of one update compared in lockstep; the
+        first scheduler's counted and handed to ``kv_event_sink``."""
+        if (f := self._compare("take_kv_events()", batches)):
+            return f
+        batch = batches[self.names[0]]
+        assert isinstance(batch, tuple)
+        self.stats.kv_cache_events += len(batch)
+        if batch and self.kv_event_sink is not None:
+            self.kv_event_sink(step, batch)
+        return None
 
     def _meaningful(self, name: str, result: StepResult, pending: _Pending) -> StepResult:
         """``result`` as it reaches update(): the invalid block of a

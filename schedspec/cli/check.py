@@ -79,6 +79,11 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="the KV features the workloads may turn on (the KV connector: external prefix loads, "
                         "async loads and saves, the worker's reports; hybrid KV cache groups), a subset drawn per "
                         "workload (default all: every one the scheduler under test supports; none: neither)")
+    c.add_argument("--kv-events", action="store_true",
+                   help="turn the KV cache events on in every workload (vLLM's KVEventsConfig."
+                        "enable_kv_cache_events) and compare every scheduler's stream once per step")
+    c.add_argument("--events", default=None, metavar="FILE",
+                   help="write the reference's KV cache event stream to FILE as JSON lines (implies --kv-events)")
     add_call_timeout_argument(c)
     c.add_argument("--strict-defects", action="store_true",
                    help="a workload on which the reference meets a documented vLLM 0.33 defect "
@@ -126,6 +131,8 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         kv=kv,
         call_timeout=call_timeout_of(args),
         strict_defects=getattr(args, "strict_defects", False),
+        kv_events=getattr(args, "kv_events", False) or getattr(args, "events", None) is not None,
+        events_file=Path(args.events) if getattr(args, "events", None) is not None else None,
     )
 
 
@@ -186,6 +193,10 @@ def run(args: argparse.Namespace) -> int:
     if kv_text not in ("all", "none") and unsupported_kv:
         raise UsageError(f"--kv: {args.against} does not support the KV feature(s) {', '.join(unsupported_kv)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
+    if settings.kv_events and not target.capabilities.kv_events:
+        flag = "--events" if settings.events_file is not None else "--kv-events"
+        raise UsageError(f"{flag}: {args.against} does not take KV cache events (its declared "
+                         f"capabilities: {target.capabilities.describe()})")
     check_outputs(args)
     progress = Progress(enabled=not args.quiet)
     coverage = _coverage_start(args, name)
@@ -222,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
     kv = settings.drawn_kv
     print("kv: " + (", ".join(kv) if kv else "none")
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
+    if settings.events_file is not None:
+        print(f"KV cache events: {outcome.stats.kv_cache_events} written to {settings.events_file}")
     if outcome.stats.rules or outcome.interrupted is not None:  # the coverage so far, even of nothing
         # the rules out of reach are those of the modes and gates this run
         # could not draw, not those of every gate
@@ -245,7 +258,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     """Every path the run will write, checked (folders created) before it
     starts: UsageError naming the flag and the path when one cannot be written."""
     check_output_dir("--out", Path(args.out))
-    for flag, value in (("--json", args.json), ("--junit", args.junit)):
+    for flag, value in (("--json", args.json), ("--junit", args.junit), ("--events", getattr(args, "events", None))):
         if value:
             check_output_file(flag, Path(value))
     if args.coverage:

@@ -76,6 +76,7 @@ from schedspec.impl.request import (
     running_seq_of,
 )
 from schedspec.impl.running import RunningPhase, StepState
+from schedspec.impl.stats import StatsMixin
 from schedspec.impl.update import UpdateMixin
 from schedspec.impl.waiting import WaitingPhase
 
@@ -92,6 +93,7 @@ class ImplScheduler(
     GatesMixin,
     ConnectorMixin[Request],
     GroupsMixin[Request],
+    StatsMixin,
 ):
     """Implements spec.interface.Scheduler, with the optional
     ``set_pause_state`` and ``grammar_ready``."""
@@ -105,7 +107,7 @@ class ImplScheduler(
     #: (spec/protocol.py, gates_of_config).
     GATES: tuple[str, ...] = ("watermark", "prefill_cadence", "pause", "lora", "structured_output", "encoder")
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         self._config = config = check_config(config)
         check_gate_config(config, self.GATES)
         self._bs = config.block_size
@@ -148,6 +150,8 @@ class ImplScheduler(
         self._init_gates(config)
         # the KV connector (impl/connector.py)
         self._init_connector(config)
+        # log_stats: the statistics (impl/stats.py)
+        self._init_stats(log_stats)
 
     def _init_gates(self, config: SchedulerConfig) -> None:
         """The admission gates' state, and the switches of the phases."""
@@ -284,6 +288,8 @@ class ImplScheduler(
             req.next_full_at = self._bs
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        if self._log_stats:
+            self._st_num_preemptions += 1
         self._waiting.push_front(req)
         self._preempted.add(req.request_id)
 
@@ -299,6 +305,8 @@ class ImplScheduler(
         if self._fq.size != self._config.num_blocks - 1:
             return False
         self._px.clear()
+        if self._log_stats:
+            self._st_reset = True
         return True
 
     def _release_encoder(self, req: Request) -> None:

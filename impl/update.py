@@ -62,6 +62,8 @@ class UpdateMixin:
     _encoder_done: Any
     _kv_reports: Any
     _kv_finished: Any
+    _log_stats: bool
+    _stats_drafts: Any
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
@@ -296,6 +298,8 @@ class UpdateMixin:
             check_sampled(plan, result, self._requests, self._config)  # raises the spec's error
         # the KV connector's reports: the requests whose output is skipped
         failed = self._kv_reports(plan, result) if self._connector else _NO_FAILED
+        if self._log_stats and self._num_spec_tokens:
+            self._stats_drafts(plan, result, failed)
         late_drafts: list[Request] = []
         base = self._num_spec_tokens + 2
         get_request = self._requests.get

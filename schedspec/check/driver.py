@@ -60,6 +60,7 @@ from schedspec.check.records import (
     wrong_type,
 )
 from schedspec.check.stats import Stats
+from schedspec.spec.stats import SchedulerStats
 from schedspec.check.workload import (
     Abort,
     AddRequest,
@@ -645,14 +646,23 @@ class Runner:
         self.pending.pop(0)
         if pending.kv_failed:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
+        made: dict[str, object] = {}
         for name in self.names:
             before = self.views.get(name)
             self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])
+            stats = made[name] = self._make_stats(name)
+            if isinstance(stats, Failure):
+                return stats
             if before is not None and (
-                f := self._observe(name, "update", before, plan=plans[name], result=results[name])
+                f := self._observe(name, "update", before, plan=plans[name], result=results[name],
+                                   **({"stats": stats} if stats is not None else {}))
             ):
                 return f
+        if any(s is not None for s in made.values()):
+            if (f := self._compare("make_stats()", made)):
+                return f
+            self.stats.stats_reports += 1
         for worker in self.workers.values():
             worker.updated(pending.step)
         for rid, toks in results[self.names[0]].sampled.items():
@@ -661,6 +671,20 @@ class Runner:
         if self.history is not None:
             self._mark_updated(pending.step)
         return self.check_views()
+
+    def _make_stats(self, name: str) -> SchedulerStats | Failure | None:
+        """The statistics a scheduler reports after an update (the optional
+        ``make_stats()``, which vLLM's update_from_output calls at its end:
+        spec/stats.py); None from one built without log_stats or without the
+        method. The schedulers' statistics are compared like their plans."""
+        make = getattr(self.scheds[name], "make_stats", None)
+        if not callable(make):
+            return None
+        self.where = (name, "make_stats")
+        stats = make()
+        if stats is not None and not isinstance(stats, SchedulerStats):
+            return self._wrong_type(name, "make_stats", stats, SchedulerStats)
+        return stats
 
     def _meaningful(self, name: str, result: StepResult, pending: _Pending) -> StepResult:
         """``result`` as it reaches update(): the invalid block of a

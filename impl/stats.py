@@ -1,0 +1,96 @@
+"""ImplScheduler's statistics (``log_stats``): the same SchedulerStats as
+the spec's (spec/stats.py), counted where vLLM counts them. Off by default,
+when the phases' only cost is one test of ``_log_stats`` at an admission, a
+preemption, a reset and (with drafts) an update.
+
+The counters are plain ints and tuples, so ``clone`` shares nothing mutable.
+"""
+
+from __future__ import annotations
+
+from typing import AbstractSet, Any
+
+from schedspec.spec.interface import StepPlan, StepResult
+from schedspec.spec.stats import PrefixCacheStats, SchedulerStats, SpecDecodingStats
+
+
+class StatsMixin:
+    """The statistics' record and ``make_stats``."""
+
+    # provided by ImplScheduler and its other parts
+    _requests: dict[str, Any]
+    _running: list[Any]
+    _waiting: Any
+    _kv_holding_waiting: Any
+    _deferred: set[str]
+    _fq: Any
+    _caching: bool
+    _num_spec_tokens: int
+    _config: Any
+
+    def _init_stats(self, log_stats: bool) -> None:
+        self._log_stats = log_stats
+        self._stats_zero()
+        self._st_num_preemptions = 0
+
+    def _stats_zero(self) -> None:
+        """A fresh prefix-cache record and no drafts (make_prefix_cache_stats)."""
+        self._st_reset = False
+        self._st_requests = self._st_queries = self._st_hits = 0
+        self._st_p_requests = self._st_p_queries = self._st_p_hits = 0
+        self._st_drafts: SpecDecodingStats | None = None
+
+    def _stats_lookup(self, req: Any, num_hits: int) -> None:
+        """KVCacheManager.record_prefix_cache_stats, at an admission whose
+        blocks are allocated, for a request that looked the cache up (the
+        caller checks: nothing computed before, caching on)."""
+        if req.num_preemptions:
+            self._st_p_requests += 1
+            self._st_p_queries += req.num_tokens
+            self._st_p_hits += num_hits
+        else:
+            self._st_requests += 1
+            self._st_queries += req.num_tokens
+            self._st_hits += num_hits
+
+    def _stats_drafts(self, plan: StepPlan, result: StepResult, failed: AbstractSet[str]) -> None:
+        """update_from_output's make_spec_decoding_stats, before the entries
+        are applied: each entry with drafts that sampled, unless its request
+        is gone, its KV load failed or its output is stale and dropped."""
+        sampled = result.sampled
+        for s in plan.scheduled:
+            drafts = s.spec_token_ids
+            if not drafts:
+                continue
+            tokens = sampled.get(s.request_id)
+            if not tokens:
+                continue
+            req = self._requests.get(s.request_id)
+            if req is None or s.request_id in failed or (req.num_stale_output_tokens > 0 and req.drop_stale_output):
+                continue
+            k = self._num_spec_tokens
+            d = self._st_drafts or SpecDecodingStats(k, 0, 0, 0, (0,) * k, (0,) * k)
+            num_drafts = len(drafts) - s.num_invalid_spec_tokens
+            accepted = len(tokens) - 1
+            self._st_drafts = SpecDecodingStats(
+                k, d.num_drafts + 1, d.num_draft_tokens + num_drafts, d.num_accepted_tokens + accepted,
+                tuple(c + 1 if i < accepted else c for i, c in enumerate(d.num_accepted_tokens_per_pos)),
+                tuple(c + 1 if i < num_drafts else c for i, c in enumerate(d.num_draft_tokens_per_pos)),
+            )
+
+    def make_stats(self) -> SchedulerStats | None:
+        """Scheduler.make_stats (called once after each update); None without
+        ``log_stats``."""
+        if not self._log_stats:
+            return None
+        usable = self._config.num_blocks - 1
+        usage = 1.0 - self._fq.size / usable if usable > 0 else 0.0
+        deferred = len(self._deferred)
+        waiting = len(self._waiting) + len(self._kv_holding_waiting) - deferred
+        prefix = PrefixCacheStats(self._st_reset, self._st_requests, self._st_queries, self._st_hits,
+                                  self._st_p_requests, self._st_p_queries, self._st_p_hits)
+        out = SchedulerStats(len(self._running), waiting, deferred, usage, prefix, self._st_drafts,
+                             self._st_num_preemptions)
+        self._stats_zero()
+        self._st_num_preemptions = 0
+        return out

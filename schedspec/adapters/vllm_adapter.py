@@ -140,7 +140,7 @@ def is_async_scheduler_class(cls: type) -> bool:
 #: admission gate (LoRA, structured outputs, pause states, the watermark, the
 #: prefill cadence, the encoder budget), the KV connector (the modelled one,
 #: schedspec/adapters/vllm_connector.py) and hybrid KV cache groups.
-VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True).with_gates().with_kv()
+VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True, stats=True).with_gates().with_kv()
 
 
 def capabilities_of_class(cls: type) -> Capabilities:
@@ -152,7 +152,7 @@ def capabilities_of_class(cls: type) -> Capabilities:
     config is refused when it is built)."""
     is_async = is_async_scheduler_class(cls)
     return Capabilities(async_scheduling=is_async, speculative_decoding=True,
-                        sync_scheduling=not is_async).with_gates().with_kv()
+                        sync_scheduling=not is_async, stats=True).with_gates().with_kv()
 
 
 class VllmScheduler:

@@ -149,6 +149,11 @@ class Capabilities:
     #: hybrid KV cache groups: config.kv_cache_groups other than one
     #: full-attention group
     hybrid_kv: bool = False
+    #: the scheduler statistics (spec/stats.py): the class takes a
+    #: ``log_stats`` keyword (as vLLM's Scheduler does) and reports them
+    #: through the optional ``make_stats()`` after each update
+    #: (``schedspec check --stats``); no check draws anything for it
+    stats: bool = False
 
     def __post_init__(self) -> None:
         if not (self.sync_scheduling or self.async_scheduling):
@@ -182,7 +187,8 @@ class Capabilities:
             return False
         plain = dataclasses.replace(self, async_scheduling=False, speculative_decoding=False, lora=False,
                                     structured_output=False, pause=False, watermark=False,
-                                    prefill_cadence=False, encoder=False, kv_connector=False, hybrid_kv=False)
+                                    prefill_cadence=False, encoder=False, kv_connector=False, hybrid_kv=False,
+                                    stats=False)
         return self == FULL or plain == FULL
 
     def always(self) -> tuple[str, ...]:

@@ -66,6 +66,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="fail (exit 1) when one of these spec rules (spec/rule_names.py; a group such as "
                         "'kv' names all its rules) was never reached")
     c.add_argument("--rules", action="store_true", help="print the rule-coverage table (every rule, its count)")
+    c.add_argument("--stats", action="store_true",
+                   help="build every scheduler with log_stats and compare the scheduler statistics "
+                        "(make_stats) after every update, under the invariants of invariants/stats.py")
     c.add_argument("--generator", default="guided", choices=("guided", "random"),
                    help="guided (default): swarm workloads aimed at the rules reached least so far; "
                         "random: the plain seeded workloads")
@@ -172,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
+    if getattr(args, "stats", False):
+        factories = _with_stats(factories, target)
     settings = dataclasses.replace(settings, capabilities=target.capabilities)
     try:
         drawn_gates = settings.drawn_gates
@@ -222,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
     kv = settings.drawn_kv
     print("kv: " + (", ".join(kv) if kv else "none")
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
+    if getattr(args, "stats", False):
+        print(f"stats: {outcome.stats.stats_reports} make_stats() reports compared, one per update")
     if outcome.stats.rules or outcome.interrupted is not None:  # the coverage so far, even of nothing
         # the rules out of reach are those of the modes and gates this run
         # could not draw, not those of every gate
@@ -239,6 +246,20 @@ def run(args: argparse.Namespace) -> int:
     if outcome.result == "interrupted":
         return outcome.interrupt_status
     return EXIT_OK if outcome.ok else EXIT_FAIL
+
+
+def _with_stats(factories: dict[str, Any], target: Any) -> dict[str, Any]:
+    """--stats: the factories building their schedulers with log_stats
+    (check/scheduler_stats.py); UsageError naming a scheduler that does not
+    declare Capabilities.stats."""
+    from schedspec.adapters.registry import resolve
+    from schedspec.check.scheduler_stats import StatsUnsupported, stats_factories
+
+    caps = {n: (target.capabilities if n == target.name else resolve(n).capabilities) for n in factories}
+    try:
+        return stats_factories(factories, caps)
+    except StatsUnsupported as exc:
+        raise UsageError(f"--stats: {exc}") from None
 
 
 def check_outputs(args: argparse.Namespace) -> None:

@@ -329,7 +329,10 @@ class ImplScheduler(
         self._schedule_running(state)
         if not state.preempted and self._pause is not PauseState.PAUSED_ALL:
             self._schedule_waiting(state)
-        return self._assemble_plan(state)
+        plan = self._assemble_plan(state)
+        if self._log_stats and self._async and self._num_spec_tokens:
+            self._stats_note_plan(plan)
+        return plan
 
     def _start_step(self) -> StepState:
         """The step's budget (none under PAUSED_ALL), the long-prefill

@@ -27,11 +27,55 @@ class StatsMixin:
     _caching: bool
     _num_spec_tokens: int
     _config: Any
+    _inflight: list[StepPlan]
 
     def _init_stats(self, log_stats: bool) -> None:
         self._log_stats = log_stats
         self._stats_zero()
         self._st_num_preemptions = 0
+        # async scheduling with drafts: the plans whose sampling the engine
+        # defers for structured output (steps), and the drafts their
+        # grammars invalidated (step -> request id -> count); replaced, never
+        # changed in place, so clones share them safely
+        self._st_deferred: frozenset[int] = frozenset()
+        self._st_invalid: dict[int, dict[str, int]] = {}
+
+    def _stats_note_plan(self, plan: StepPlan) -> None:
+        """pending_structured_output_tokens (AsyncScheduler._update_after_schedule)."""
+        requests = self._requests
+        for s in plan.scheduled:
+            if s.samples and s.num_output_placeholders > 0 and requests[s.request_id].spec.structured_output:
+                self._st_deferred = self._st_deferred | {plan.step}
+                return
+
+    def _stats_updated(self, plan: StepPlan, result: StepResult) -> None:
+        """After an update: the plan's records go; the next plan in flight,
+        if its sampling was deferred, has the worker's drafts checked against
+        its grammars (update_draft_token_ids_in_output): the placeholders
+        the accepted prefix leaves over are invalid drafts."""
+        if plan.step in self._st_deferred:
+            self._st_deferred = self._st_deferred - {plan.step}
+        if plan.step in self._st_invalid:
+            self._st_invalid = {k: v for k, v in self._st_invalid.items() if k != plan.step}
+        if not self._inflight or self._inflight[0].step not in self._st_deferred:
+            return
+        nxt = self._inflight[0]
+        self._st_deferred = self._st_deferred - {nxt.step}
+        counts: dict[str, int] = {}
+        for s in nxt.scheduled:
+            n = len(s.spec_token_ids)
+            req = self._requests.get(s.request_id)
+            if not n or req is None:
+                continue
+            drafts = result.draft_token_ids.get(s.request_id, ())[:n]
+            keep = len(drafts)
+            if req.spec.structured_output:
+                rejects = req.spec.grammar_rejects
+                keep = next((i for i, tok in enumerate(drafts) if tok in rejects), keep)
+            if keep < n:
+                counts[s.request_id] = n - keep
+        if counts:
+            self._st_invalid = {**self._st_invalid, nxt.step: counts}
 
     def _stats_zero(self) -> None:
         """A fresh prefix-cache record and no drafts (make_prefix_cache_stats)."""
@@ -71,6 +115,8 @@ class StatsMixin:
             k = self._num_spec_tokens
             d = self._st_drafts or SpecDecodingStats(k, 0, 0, 0, (0,) * k, (0,) * k)
             num_drafts = len(drafts) - s.num_invalid_spec_tokens
+            if self._st_invalid:
+                num_drafts -= self._st_invalid.get(plan.step, {}).get(s.request_id, 0)
             accepted = len(tokens) - 1
             self._st_drafts = SpecDecodingStats(
                 k, d.num_drafts + 1, d.num_draft_tokens + num_drafts, d.num_accepted_tokens + accepted,

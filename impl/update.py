@@ -64,12 +64,15 @@ class UpdateMixin:
     _kv_finished: Any
     _log_stats: bool
     _stats_drafts: Any
+    _stats_updated: Any
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
             self._update_general(plan, result)
         else:
             self._update_sync(plan, result)
+        if self._log_stats and self._num_spec_tokens:
+            self._stats_updated(plan, result)
 
     def _update_sync(self, plan: StepPlan, result: StepResult) -> None:
         """Synchronous scheduling without drafts or gates: validate and

@@ -56,9 +56,13 @@ class History:
     #: recomputes it), from the update that reported it until it is recomputed
     #: or leaves the cache (invalid-block-not-computed)
     invalid_blocks: dict[int, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    #: the preemptions seen since the last statistics a scheduler reported
+    #: (Transition.stats; stats-preemptions-counted)
+    preemptions_since_stats: int = 0
 
     def record(self, t: Transition) -> None:
         """Fold a transition in; called after every invariant has checked it."""
+        self._record_preemptions(t)
         if t.kind == "add" and t.request is not None:
             # A request id may be reused once its previous holder is reported.
             rid = t.request.request_id
@@ -80,6 +84,16 @@ class History:
                     self.prompts.pop(rid, None)
                     self.outputs.pop(rid, None)
 
+
+    def _record_preemptions(self, t: Transition) -> None:
+        """Count the transition's preemptions (invariants/stats.py,
+        preemptions_in); statistics reported start the count afresh."""
+        if t.stats is not None:
+            self.preemptions_since_stats = 0
+            return
+        from schedspec.invariants.stats import preemptions_in  # no import cycle at load
+
+        self.preemptions_since_stats += preemptions_in(t)
 
     def _record_kv(self, t: Transition) -> None:
         if not (t.after.config.kv_connector or t.before.config.kv_connector):

@@ -479,7 +479,10 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self._schedule_waiting(st)
         assert len(self.running) <= cfg.max_num_seqs
         self._advance_cadence(st)
-        return self._make_plan(st)
+        plan = self._make_plan(st)
+        if self.stats_record is not None and cfg.async_scheduling:
+            self.stats_record.note_plan(plan, self.requests)
+        return plan
 
     def _schedule_running(self, st: StepState) -> None:
         """Phase 1, the RUNNING loop: each running request in queue order gets
@@ -902,8 +905,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 if self.stats_record is not None:
                     # make_spec_decoding_stats: the drafts less those its
                     # grammar invalidated; accepted: sampled less the bonus token
-                    self.stats_record.observe_draft(len(s.spec_token_ids) - s.num_invalid_spec_tokens,
-                                                    max(len(toks) - 1, 0))
+                    invalid = s.num_invalid_spec_tokens + self.stats_record.num_invalid(plan, s.request_id)
+                    self.stats_record.observe_draft(len(s.spec_token_ids) - invalid, max(len(toks) - 1, 0))
                 self._roll_back_rejected(req, len(s.spec_token_ids) - (len(toks) - 1), stale)
             if req.spec.mm_inputs:
                 self._free_encoder_inputs(req)  # "only after the step has actually executed"
@@ -916,6 +919,11 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         self.in_flight = self.in_flight[1:]
         if not cfg.async_scheduling:
             self._update_draft_token_ids(result)
+        if self.stats_record is not None:
+            self.stats_record.updated(plan)
+            if self.in_flight and cfg.num_speculative_tokens:
+                # the next plan's drafts, checked once this update is in (spec/stats_record.py)
+                self.stats_record.deferred_drafts(self.in_flight[0], result, self.requests)
 
     def _take_output(self, req: _Request, toks: tuple[int, ...], stale: bool, stopped: list[str]) -> None:
         """update_from_output for one request's sampled tokens: append them

@@ -3,7 +3,14 @@ each field is and where vLLM 0.33 counts it)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from schedspec.spec.interface import StepPlan, StepResult
 from schedspec.spec.stats import PrefixCacheStats, SchedulerStats, SpecDecodingStats
+
+if TYPE_CHECKING:
+    from schedspec.spec.request_state import RequestState
 
 
 def kv_cache_usage(num_free: int, num_blocks: int) -> float:
@@ -27,11 +34,64 @@ class StatsRecorder:
         self.prefix = PrefixCacheStats()
         self.drafts: SpecDecodingStats | None = None
         self.num_preemptions = 0
+        #: async scheduling: the plans (by step) whose sampling the engine
+        #: defers for structured output, and the drafts the grammar
+        #: invalidated in each (``note_plan``, ``deferred_drafts``)
+        self.deferred_steps: set[int] = set()
+        self.invalid: dict[int, dict[str, int]] = {}
 
     def copy(self) -> StatsRecorder:
         new = StatsRecorder(self.num_spec_tokens)
         new.prefix, new.drafts, new.num_preemptions = self.prefix, self.drafts, self.num_preemptions
+        new.deferred_steps = set(self.deferred_steps)
+        new.invalid = {step: dict(counts) for step, counts in self.invalid.items()}
         return new
+
+    def note_plan(self, plan: StepPlan, requests: Mapping[str, RequestState]) -> None:
+        """AsyncScheduler._update_after_schedule: a plan with an entry that
+        samples for a request with a grammar and output still in flight sets
+        ``pending_structured_output_tokens``; the engine core then defers its
+        sampling until the previous step's update (vllm/v1/engine/core.py,
+        step_with_batch_queue)."""
+        if any(s.samples and s.num_output_placeholders > 0 and requests[s.request_id].spec.structured_output
+               for s in plan.scheduled):
+            self.deferred_steps.add(plan.step)
+
+    def deferred_drafts(self, plan: StepPlan, result: StepResult, requests: Mapping[str, RequestState]) -> None:
+        """The update before a deferred plan: the engine checks the worker's
+        drafts for it (``result.draft_token_ids``) against the grammar
+        (Scheduler.update_draft_token_ids_in_output): each entry's drafts, cut
+        to its scheduled placeholders, keep their longest prefix the grammar
+        accepts (StructuredOutputManager.validate_tokens; the modelled
+        grammar refuses ``grammar_rejects``); the placeholders left over are
+        its ``num_invalid_spec_tokens``, which make_spec_decoding_stats takes
+        off its draft tokens. Only unfinished requests are checked."""
+        if plan.step not in self.deferred_steps:
+            return
+        self.deferred_steps.discard(plan.step)
+        counts: dict[str, int] = {}
+        for s in plan.scheduled:
+            req = requests.get(s.request_id)
+            if not s.spec_token_ids or req is None:
+                continue
+            drafts = list(result.draft_token_ids.get(s.request_id, ()))[:len(s.spec_token_ids)]
+            if req.spec.structured_output:
+                refused = [i for i, tok in enumerate(drafts) if tok in req.spec.grammar_rejects]
+                drafts = drafts[:refused[0]] if refused else drafts
+            if len(s.spec_token_ids) > len(drafts):
+                counts[s.request_id] = len(s.spec_token_ids) - len(drafts)
+        if counts:
+            self.invalid[plan.step] = counts
+
+    def num_invalid(self, plan: StepPlan, request_id: str) -> int:
+        """The entry's drafts its grammar invalidated after it was scheduled
+        (``deferred_drafts``), 0 for most."""
+        return self.invalid.get(plan.step, {}).get(request_id, 0)
+
+    def updated(self, plan: StepPlan) -> None:
+        """The plan is updated: its records go."""
+        self.invalid.pop(plan.step, None)
+        self.deferred_steps.discard(plan.step)
 
     def record_lookup(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
         """PrefixCacheStats.record: a request preempted before counts apart."""

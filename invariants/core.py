@@ -86,13 +86,11 @@ class History:
 
 
     def _record_preemptions(self, t: Transition) -> None:
-        """Count the transition's preemptions (invariants/stats.py,
-        preemptions_in); statistics reported start the count afresh."""
+        """Count the transition's preemptions (``preemptions_in``);
+        statistics reported start the count afresh."""
         if t.stats is not None:
             self.preemptions_since_stats = 0
             return
-        from schedspec.invariants.stats import preemptions_in  # no import cycle at load
-
         self.preemptions_since_stats += preemptions_in(t)
 
     def _record_kv(self, t: Transition) -> None:
@@ -117,6 +115,14 @@ class History:
             for load in t.plan.kv_loads:
                 self.loads[load.request_id] = load
         self.invalid_blocks = next_invalid_blocks(t, self)
+
+
+def preemptions_in(t: Transition) -> int:
+    """The preemptions a transition made: the growth of the live requests'
+    num_preemptions (History.preemptions_since_stats sums them)."""
+    before = t.before.requests
+    return sum(max(0, r.num_preemptions - before[rid].num_preemptions)
+               for rid, r in t.after.requests.items() if rid in before)
 
 
 CheckFn = Callable[[Transition, History], Iterable[Finding]]

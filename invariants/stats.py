@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from schedspec.invariants.core import Finding, History, Transition, transition_invariant
+from schedspec.invariants.core import Finding, History, Transition, preemptions_in, transition_invariant
 
 #: How far the reported usage may be from used / usable: vLLM computes
 #: ``1.0 - free / usable`` (BlockPool.get_usage), which rounds differently
@@ -81,14 +81,6 @@ def stats_queue_counts(t: Transition, h: History) -> Iterator[Finding]:
             s.num_waiting_reqs + s.num_skipped_waiting_reqs != len(t.after.waiting)):
         yield None, (f"num_waiting_reqs {s.num_waiting_reqs} + num_skipped_waiting_reqs "
                      f"{s.num_skipped_waiting_reqs}, but {len(t.after.waiting)} requests wait")
-
-
-def preemptions_in(t: Transition) -> int:
-    """The preemptions a transition made: the growth of the live requests'
-    num_preemptions (History.preemptions_since_stats sums them)."""
-    before = t.before.requests
-    return sum(max(0, r.num_preemptions - before[rid].num_preemptions)
-               for rid, r in t.after.requests.items() if rid in before)
 
 
 @transition_invariant(

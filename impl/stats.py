@@ -62,10 +62,11 @@ class StatsMixin:
         nxt = self._inflight[0]
         self._st_deferred = self._st_deferred - {nxt.step}
         counts: dict[str, int] = {}
+        ran = {s.request_id for s in plan.scheduled}  # the worker's drafts are for the requests it ran
         for s in nxt.scheduled:
             n = len(s.spec_token_ids)
             req = self._requests.get(s.request_id)
-            if not n or req is None:
+            if not n or req is None or s.request_id not in ran:
                 continue
             drafts = result.draft_token_ids.get(s.request_id, ())[:n]
             keep = len(drafts)

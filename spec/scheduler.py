@@ -923,7 +923,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self.stats_record.updated(plan)
             if self.in_flight and cfg.num_speculative_tokens:
                 # the next plan's drafts, checked once this update is in (spec/stats_record.py)
-                self.stats_record.deferred_drafts(self.in_flight[0], result, self.requests)
+                self.stats_record.deferred_drafts(self.in_flight[0], plan, result, self.requests)
 
     def _take_output(self, req: _Request, toks: tuple[int, ...], stale: bool, stopped: list[str]) -> None:
         """update_from_output for one request's sampled tokens: append them

@@ -57,10 +57,13 @@ class StatsRecorder:
                for s in plan.scheduled):
             self.deferred_steps.add(plan.step)
 
-    def deferred_drafts(self, plan: StepPlan, result: StepResult, requests: Mapping[str, RequestState]) -> None:
-        """The update before a deferred plan: the engine checks the worker's
-        drafts for it (``result.draft_token_ids``) against the grammar
-        (Scheduler.update_draft_token_ids_in_output): each entry's drafts, cut
+    def deferred_drafts(self, plan: StepPlan, updated: StepPlan, result: StepResult,
+                        requests: Mapping[str, RequestState]) -> None:
+        """The update of ``updated``, before a deferred ``plan``: the engine
+        checks the worker's drafts for it (``result.draft_token_ids``, one
+        list per request of ``updated``, the step the worker ran) against
+        the grammar (Scheduler.update_draft_token_ids_in_output): each entry
+        of ``plan`` whose request the worker ran has its drafts, cut
         to its scheduled placeholders, keep their longest prefix the grammar
         accepts (StructuredOutputManager.validate_tokens; the modelled
         grammar refuses ``grammar_rejects``); the placeholders left over are
@@ -70,9 +73,10 @@ class StatsRecorder:
             return
         self.deferred_steps.discard(plan.step)
         counts: dict[str, int] = {}
+        ran = {s.request_id for s in updated.scheduled}
         for s in plan.scheduled:
             req = requests.get(s.request_id)
-            if not s.spec_token_ids or req is None:
+            if not s.spec_token_ids or req is None or s.request_id not in ran:
                 continue
             drafts = list(result.draft_token_ids.get(s.request_id, ()))[:len(s.spec_token_ids)]
             if req.spec.structured_output:

@@ -17,10 +17,8 @@ USAGE_TOLERANCE = 1e-12
 
 @transition_invariant(
     "stats-kv-usage",
-    "The reported KV cache usage equals the blocks in use over the usable blocks (num_blocks - 1, the "
-    f"null block aside), to {USAGE_TOLERANCE:g}; the free blocks include the cached ones no request holds.",
-    "vllm/v1/core/block_pool.py, BlockPool.get_usage: 1.0 - get_num_free_blocks() / (num_gpu_blocks - 1), "
-    "0 for a pool of the null block alone; Scheduler.make_stats reports it as kv_cache_usage.",
+    f"kv_cache_usage is the used over the usable blocks (num_blocks - 1), to {USAGE_TOLERANCE:g}.",
+    "vllm/v1/core/block_pool.py, BlockPool.get_usage: 1 - free / (num_gpu_blocks - 1).",
     ("update",),
     tags=("safety",),
 )
@@ -38,12 +36,8 @@ def stats_kv_usage(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "stats-hits-within-queries",
-    "The prefix-cache statistics count no more hits than queried tokens: every lookup leaves at least "
-    "one token to compute, so hits <= queries - requests, for new and for preempted requests alike, "
-    "and no count is negative.",
-    "vllm/v1/core/kv_cache_manager.py, record_prefix_cache_stats -> PrefixCacheStats.record "
-    "(vllm/v1/metrics/stats.py): num_tokens queried and the local hit, capped at num_tokens - 1 "
-    "(get_computed_blocks' max_cache_hit_length); the double-counted hit rate of vLLM #43736 broke it.",
+    "Prefix-cache hits <= queries - requests (a lookup leaves one token), new and preempted alike.",
+    "vllm/v1/core/kv_cache_manager.py, record_prefix_cache_stats: the hit is capped at num_tokens - 1.",
     ("update",),
     tags=("safety",),
 )
@@ -63,11 +57,8 @@ def stats_hits_within_queries(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "stats-queue-counts",
-    "The reported running count is the running queue's length, and the waiting count plus the skipped "
-    "(deferred) waiting count is the waiting queues' length.",
-    "vllm/v1/core/sched/scheduler.py, make_stats: get_request_counts() (len(running); len(waiting) + "
-    "len(kv_holding_waiting)) and len(deferred_waiting), reported as num_waiting_reqs - deferred and "
-    "num_skipped_waiting_reqs.",
+    "The running count is the running queue's length; waiting plus skipped, the waiting queues'.",
+    "vllm/v1/core/sched/scheduler.py, make_stats: get_request_counts() and deferred_waiting.",
     ("update",),
     tags=("safety",),
 )
@@ -85,11 +76,8 @@ def stats_queue_counts(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "stats-preemptions-counted",
-    "The preemptions a scheduler reports are the preemptions the checker saw since its previous "
-    "statistics (by schedule() and by reset_prefix_cache).",
-    "vllm/v1/core/sched/scheduler.py, _preempt_request: num_preemptions += 1 and, with log_stats, a "
-    "PREEMPTED event, which the front end sums into IterationStats.num_preempted_reqs "
-    "(vllm/v1/metrics/stats.py, update_from_events).",
+    "The preemption count is the preemptions seen since the previous statistics.",
+    "vllm/v1/core/sched/scheduler.py, _preempt_request: a PREEMPTED event (IterationStats.num_preempted_reqs).",
     ("update",),
     tags=("safety",),
 )
@@ -103,12 +91,8 @@ def stats_preemptions_counted(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "stats-drafts-within-proposed",
-    "The spec-decoding statistics accept no more drafts than were proposed: at most one draft per plan "
-    "entry with drafts, no more draft tokens than the plan verified, accepted tokens within draft tokens, "
-    "position by position too (each position's counts summing to the totals, none above the one before).",
-    "vllm/v1/core/sched/scheduler.py, update_from_output -> make_spec_decoding_stats -> "
-    "SpecDecodingStats.observe_draft (vllm/v1/spec_decode/metrics.py): per request with drafts that "
-    "sampled, the drafts scheduled and the accepted ones (sampled less the bonus token).",
+    "Drafts within the plan's, accepted within proposed, per position too.",
+    "vllm/v1/core/sched/scheduler.py, make_spec_decoding_stats -> SpecDecodingStats.observe_draft.",
     ("update",),
     tags=("safety",),
 )

@@ -101,8 +101,15 @@ class StatsMixin:
     def _stats_drafts(self, plan: StepPlan, result: StepResult, failed: AbstractSet[str]) -> None:
         """update_from_output's make_spec_decoding_stats, before the entries
         are applied: each entry with drafts that sampled, unless its request
-        is gone, its KV load failed or its output is stale and dropped."""
+        is gone, its KV load failed or its output is stale and dropped. The
+        update's counts are summed in locals and stored once."""
         sampled = result.sampled
+        requests = self._requests
+        invalid = self._st_invalid.get(plan.step) if self._st_invalid else None
+        k = self._num_spec_tokens
+        num_drafts = num_draft_tokens = num_accepted = 0
+        accepted_at = [0] * (k + 1)  # drafts by accepted tokens
+        drafted_at = [0] * (k + 1)  # drafts by draft tokens
         for s in plan.scheduled:
             drafts = s.spec_token_ids
             if not drafts:
@@ -110,20 +117,32 @@ class StatsMixin:
             tokens = sampled.get(s.request_id)
             if not tokens:
                 continue
-            req = self._requests.get(s.request_id)
+            req = requests.get(s.request_id)
             if req is None or s.request_id in failed or (req.num_stale_output_tokens > 0 and req.drop_stale_output):
                 continue
-            k = self._num_spec_tokens
-            d = self._st_drafts or SpecDecodingStats(k, 0, 0, 0, (0,) * k, (0,) * k)
-            num_drafts = len(drafts) - s.num_invalid_spec_tokens
-            if self._st_invalid:
-                num_drafts -= self._st_invalid.get(plan.step, {}).get(s.request_id, 0)
-            accepted = len(tokens) - 1
-            self._st_drafts = SpecDecodingStats(
-                k, d.num_drafts + 1, d.num_draft_tokens + num_drafts, d.num_accepted_tokens + accepted,
-                tuple(c + 1 if i < accepted else c for i, c in enumerate(d.num_accepted_tokens_per_pos)),
-                tuple(c + 1 if i < num_drafts else c for i, c in enumerate(d.num_draft_tokens_per_pos)),
-            )
+            n = len(drafts) - s.num_invalid_spec_tokens
+            if invalid:
+                n -= invalid.get(s.request_id, 0)
+            a = len(tokens) - 1
+            num_drafts += 1
+            num_draft_tokens += n
+            num_accepted += a
+            accepted_at[a] += 1
+            drafted_at[min(n, k)] += 1
+        if not num_drafts:
+            return
+        d = self._st_drafts or SpecDecodingStats(k, 0, 0, 0, (0,) * k, (0,) * k)
+        # position i counts the drafts with more than i tokens (accepted, drafted)
+        acc = list(d.num_accepted_tokens_per_pos)
+        dft = list(d.num_draft_tokens_per_pos)
+        more_acc = more_dft = 0
+        for i in range(k - 1, -1, -1):
+            more_acc += accepted_at[i + 1]
+            more_dft += drafted_at[i + 1]
+            acc[i] += more_acc
+            dft[i] += more_dft
+        self._st_drafts = SpecDecodingStats(k, d.num_drafts + num_drafts, d.num_draft_tokens + num_draft_tokens,
+                                            d.num_accepted_tokens + num_accepted, tuple(acc), tuple(dft))
 
     def make_stats(self) -> SchedulerStats | None:
         """Scheduler.make_stats (called once after each update); None without

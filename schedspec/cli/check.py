@@ -29,6 +29,7 @@ from schedspec.invariants import Selection
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
+from schedspec.cli.common import with_stats_factories
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
     if getattr(args, "stats", False):
-        factories = _with_stats(factories, target)
+        factories = with_stats_factories(factories, target)
     settings = dataclasses.replace(settings, capabilities=target.capabilities)
     try:
         drawn_gates = settings.drawn_gates
@@ -206,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
         assert outcome.out_dir is not None and outcome.trace_path is not None
         print((outcome.out_dir / "steps.txt").read_text(), end="")
         print(counterexample_line(outcome))
-        print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}")
+        print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}"
+              + (" --stats" if getattr(args, "stats", False) else ""))
         if outcome.reference_failed:
             print(reference_line(outcome, args.against))
     elif outcome.interrupted is not None:
@@ -246,20 +248,6 @@ def run(args: argparse.Namespace) -> int:
     if outcome.result == "interrupted":
         return outcome.interrupt_status
     return EXIT_OK if outcome.ok else EXIT_FAIL
-
-
-def _with_stats(factories: dict[str, Any], target: Any) -> dict[str, Any]:
-    """--stats: the factories building their schedulers with log_stats
-    (check/scheduler_stats.py); UsageError naming a scheduler that does not
-    declare Capabilities.stats."""
-    from schedspec.adapters.registry import resolve
-    from schedspec.check.scheduler_stats import StatsUnsupported, stats_factories
-
-    caps = {n: (target.capabilities if n == target.name else resolve(n).capabilities) for n in factories}
-    try:
-        return stats_factories(factories, caps)
-    except StatsUnsupported as exc:
-        raise UsageError(f"--stats: {exc}") from None
 
 
 def check_outputs(args: argparse.Namespace) -> None:

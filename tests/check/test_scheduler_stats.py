@@ -113,3 +113,9 @@ def test_check_stats_finds_a_miscounting_class(tmp_path: Path) -> None:
     rc, out = cli(["check", "--against", "tests.support.buggy_schedulers:MiscountedPreemptions", "--stats",
                    "--steps", "2000", "--quiet", "--out", str(tmp_path), "--shrink-time", "5"])
     assert rc == 1 and "stats-preemptions-counted" in out
+    replay = next(line for line in out.splitlines() if line.startswith("replay it: "))
+    assert replay.endswith(" --stats")
+    trace = next(tmp_path.glob("*/trace.jsonl"))
+    against = ["--against", "tests.support.buggy_schedulers:MiscountedPreemptions"]
+    assert cli(["replay", str(trace), *against, "--stats"])[0] == 1
+    assert cli(["replay", str(trace), *against])[0] == 0  # built without log_stats: no statistics

@@ -118,11 +118,16 @@ class History:
 
 
 def preemptions_in(t: Transition) -> int:
-    """The preemptions a transition made: the growth of the live requests'
-    num_preemptions (History.preemptions_since_stats sums them)."""
-    before = t.before.requests
-    return sum(max(0, r.num_preemptions - before[rid].num_preemptions)
-               for rid, r in t.after.requests.items() if rid in before)
+    """The preemptions a transition made (History.preemptions_since_stats
+    sums them): schedule() reports its own in the plan's preempted_ids, after
+    those of reset_prefix_cache since the last plan (preempted_since_plan;
+    a request preempted by a reset waits, so schedule() cannot preempt it
+    again). Only those two operations preempt."""
+    if t.kind == "schedule" and t.plan is not None:
+        return len(set(t.plan.preempted_ids) - set(t.before.preempted_since_plan))
+    if t.kind == "reset":
+        return len(set(t.after.preempted_since_plan) - set(t.before.preempted_since_plan))
+    return 0
 
 
 CheckFn = Callable[[Transition, History], Iterable[Finding]]

@@ -4,6 +4,9 @@ For every event each scheduler performs the operation; with invariants on,
 a Monitor per scheduler sees the (before, after) views of every operation; in
 lockstep, the StepPlans (block ids included) and the views must be equal after
 every operation. The first failure stops the run and says where and why.
+Schedulers built with log_stats (check/scheduler_stats.py) report their
+statistics after every update (``make_stats()``); those are compared too and
+handed to the invariants with the update.
 
 Each scheduler steps its own model, any ``Model`` (the fake model by default;
 the equivalence matrix passes torch executors). ``run`` applies a workload's

@@ -119,3 +119,14 @@ def test_check_stats_finds_a_miscounting_class(tmp_path: Path) -> None:
     against = ["--against", "tests.support.buggy_schedulers:MiscountedPreemptions"]
     assert cli(["replay", str(trace), *against, "--stats"])[0] == 1
     assert cli(["replay", str(trace), *against])[0] == 0  # built without log_stats: no statistics
+
+
+def test_the_stats_capability_restricts_nothing_and_round_trips() -> None:
+    from schedspec.check.capabilities import Capabilities
+
+    caps = dataclasses.replace(FULL, stats=True)
+    assert caps.is_full and caps.missing() == FULL.missing()  # no draw depends on it
+    assert Capabilities.from_dict(caps.to_dict()) == caps
+    from schedspec.adapters.registry import resolve as resolve_target
+
+    assert all(resolve_target(n).capabilities.stats for n in ("spec", "impl", "vllm"))

@@ -62,9 +62,13 @@ class History:
     #: since the last update (each owes one AllBlocksCleared)
     kv_mirror: KVMirror = field(default_factory=KVMirror)
     kv_resets: int = 0
+    #: the preemptions seen since the last statistics a scheduler reported
+    #: (Transition.stats; stats-preemptions-counted)
+    preemptions_since_stats: int = 0
 
     def record(self, t: Transition) -> None:
         """Fold a transition in; called after every invariant has checked it."""
+        self._record_preemptions(t)
         if t.kind == "add" and t.request is not None:
             # A request id may be reused once its previous holder is reported.
             rid = t.request.request_id
@@ -95,6 +99,13 @@ class History:
         elif t.kind == "update":
             self.kv_mirror.apply_all(t.kv_events)
             self.kv_resets = 0
+    def _record_preemptions(self, t: Transition) -> None:
+        """Count the transition's preemptions (``preemptions_in``);
+        statistics reported start the count afresh."""
+        if t.stats is not None:
+            self.preemptions_since_stats = 0
+            return
+        self.preemptions_since_stats += preemptions_in(t)
 
     def _record_kv(self, t: Transition) -> None:
         if not (t.after.config.kv_connector or t.before.config.kv_connector):
@@ -125,6 +136,17 @@ def reset_emptied(after: SchedulerView) -> bool:
     block but the null block free: BlockPool.reset_prefix_cache), and so
     emitted one AllBlocksCleared."""
     return len(after.kv.free_queue) == after.kv.num_blocks - 1
+def preemptions_in(t: Transition) -> int:
+    """The preemptions a transition made (History.preemptions_since_stats
+    sums them): schedule() reports its own in the plan's preempted_ids, after
+    those of reset_prefix_cache since the last plan (preempted_since_plan;
+    a request preempted by a reset waits, so schedule() cannot preempt it
+    again). Only those two operations preempt."""
+    if t.kind == "schedule" and t.plan is not None:
+        return len(set(t.plan.preempted_ids) - set(t.before.preempted_since_plan))
+    if t.kind == "reset":
+        return len(set(t.after.preempted_since_plan) - set(t.before.preempted_since_plan))
+    return 0
 
 
 CheckFn = Callable[[Transition, History], Iterable[Finding]]

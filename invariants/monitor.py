@@ -7,7 +7,7 @@ import textwrap
 from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
-from schedspec.invariants import connector, gates, groups, inflight, kv_events, lifecycle, state, step  # noqa: F401
+from schedspec.invariants import connector, gates, groups, inflight, kv_events, lifecycle, state, stats, step  # noqa: F401
 from schedspec.invariants.core import ALL_KINDS, REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -102,6 +102,12 @@ _ORDER = (
     "kv-events-parent-stored",
     "kv-events-removed-once-per-store",
     "kv-events-cleared-on-reset",
+    # the scheduler statistics (a scheduler built with log_stats: spec/stats.py)
+    "stats-kv-usage",
+    "stats-hits-within-queries",
+    "stats-queue-counts",
+    "stats-preemptions-counted",
+    "stats-drafts-within-proposed",
 )
 
 

@@ -991,7 +991,13 @@ class Scheduler(Protocol):
       structured-output grammar of a request waiting for one finished
       compiling (``ok=False``: it failed to compile). An unknown or finished
       id, or a request that does not wait for a grammar, raises ProtocolError
-      naming it and changes nothing."""
+      naming it and changes nothing.
+
+    And, for the scheduler statistics (spec/stats.py), a constructor keyword
+    ``log_stats`` (vLLM's Scheduler argument) with
+    ``make_stats() -> SchedulerStats | None``, called once after each update
+    (None when built without log_stats); a class declares it with
+    ``Capabilities.stats`` (schedspec/check/capabilities.py)."""
 
     @property
     def config(self) -> SchedulerConfig: ...

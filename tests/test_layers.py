@@ -56,7 +56,7 @@ PEERS: frozenset[tuple[str, str]] = frozenset({("bench", "modelcheck")})
 #: impl is written apart from the spec's logic (N-version): of spec it may use
 #: only the interface types and the shared protocol boundary.
 IMPL_MAY_USE = frozenset({"schedspec.spec.interface", "schedspec.spec.errors", "schedspec.spec.protocol",
-                          "schedspec.spec.validate"})
+                          "schedspec.spec.validate", "schedspec.spec.stats"})
 #: private attributes of a third party's objects that a module must read, with why.
 FOREIGN_PRIVATE: dict[tuple[str, str], str] = {
     ("schedspec.adapters.vllm_views", "_cache"):

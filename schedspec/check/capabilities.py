@@ -155,6 +155,11 @@ class Capabilities:
     #: (the optional Scheduler method: the events since the last take,
     #: spec/kv_events.py), opted into as the KV features are
     kv_events: bool = False
+    #: the scheduler statistics (spec/stats.py): the class takes a
+    #: ``log_stats`` keyword (as vLLM's Scheduler does) and reports them
+    #: through the optional ``make_stats()`` after each update
+    #: (``schedspec check --stats``); no check draws anything for it
+    stats: bool = False
 
     def __post_init__(self) -> None:
         if not (self.sync_scheduling or self.async_scheduling):
@@ -189,7 +194,7 @@ class Capabilities:
         plain = dataclasses.replace(self, async_scheduling=False, speculative_decoding=False, lora=False,
                                     structured_output=False, pause=False, watermark=False,
                                     prefill_cadence=False, encoder=False, kv_connector=False, hybrid_kv=False,
-                                    kv_events=False)
+                                    kv_events=False, stats=False)
         return self == FULL or plain == FULL
 
     def always(self) -> tuple[str, ...]:

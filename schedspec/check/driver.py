@@ -4,6 +4,9 @@ For every event each scheduler performs the operation; with invariants on,
 a Monitor per scheduler sees the (before, after) views of every operation; in
 lockstep, the StepPlans (block ids included) and the views must be equal after
 every operation. The first failure stops the run and says where and why.
+Schedulers built with log_stats (check/scheduler_stats.py) report their
+statistics after every update (``make_stats()``); those are compared too and
+handed to the invariants with the update.
 
 Each scheduler steps its own model, any ``Model`` (the fake model by default;
 the equivalence matrix passes torch executors). ``run`` applies a workload's
@@ -61,6 +64,7 @@ from schedspec.check.records import (
     wrong_type,
 )
 from schedspec.check.stats import Stats
+from schedspec.spec.stats import SchedulerStats
 from schedspec.check.workload import (
     Abort,
     AddRequest,
@@ -651,17 +655,26 @@ class Runner:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
         events_on = self.config.enable_kv_cache_events
         batches: dict[str, object] = {}
+        made: dict[str, object] = {}
         for name in self.names:
             before = self.views.get(name)
             self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])
             if events_on:
                 batches[name] = self._take_kv_events(name)
+            stats = made[name] = self._make_stats(name)
+            if isinstance(stats, Failure):
+                return stats
             if before is not None and (
                 f := self._observe(name, "update", before, plan=plans[name], result=results[name],
-                                   kv_events=batches.get(name, ()))
+                                   kv_events=batches.get(name, ()),
+                                   **({"stats": stats} if stats is not None else {}))
             ):
                 return f
+        if any(s is not None for s in made.values()):
+            if (f := self._compare("make_stats()", made)):
+                return f
+            self.stats.stats_reports += 1
         for worker in self.workers.values():
             worker.updated(pending.step)
         for rid, toks in results[self.names[0]].sampled.items():
@@ -691,6 +704,19 @@ class Runner:
         if batch and self.kv_event_sink is not None:
             self.kv_event_sink(step, batch)
         return None
+    def _make_stats(self, name: str) -> SchedulerStats | Failure | None:
+        """The statistics a scheduler reports after an update (the optional
+        ``make_stats()``, which vLLM's update_from_output calls at its end:
+        spec/stats.py); None from one built without log_stats or without the
+        method. The schedulers' statistics are compared like their plans."""
+        make = getattr(self.scheds[name], "make_stats", None)
+        if not callable(make):
+            return None
+        self.where = (name, "make_stats")
+        stats = make()
+        if stats is not None and not isinstance(stats, SchedulerStats):
+            return self._wrong_type(name, "make_stats", stats, SchedulerStats)
+        return stats
 
     def _meaningful(self, name: str, result: StepResult, pending: _Pending) -> StepResult:
         """``result`` as it reaches update(): the invalid block of a

@@ -32,6 +32,7 @@ _SUMMED = (
     "kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts", "held_block_steps",
     "sliding_window_frees", "chunked_local_frees",
     "kv_cache_events",
+    "stats_reports",
 )
 
 #: The KV connector and hybrid-group counters (reported only when a run has them).
@@ -79,6 +80,8 @@ class Stats:
     sliding_window_frees: int = 0  # sliding-window table entries that became the null block
     chunked_local_frees: int = 0  # chunked-local table entries that became the null block
     kv_cache_events: int = 0  # KV cache events taken (config.enable_kv_cache_events; spec/kv_events.py)
+    #: make_stats() reports compared (schedulers built with log_stats: spec/stats.py)
+    stats_reports: int = 0
     #: the kind of each KV cache group (KVCacheGroup.kind), where the driver
     #: tells it: the null entries of a group's table count to its kind's
     #: counter (check/kv_kinds.py, frees_stat: chunked_local_frees for a
@@ -195,6 +198,8 @@ class Stats:
             # gates reports what it always did
             **{name: getattr(self, name) for name in GATE_COUNTERS if getattr(self, name)},
             **{name: getattr(self, name) for name in KV_COUNTERS if getattr(self, name)},
+            # the scheduler statistics compared (schedulers built with log_stats)
+            **({"stats_reports": self.stats_reports} if self.stats_reports else {}),
         }
 
     def gate_line(self) -> str:

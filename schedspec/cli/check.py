@@ -29,6 +29,7 @@ from schedspec.invariants import Selection
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
+from schedspec.cli.common import with_stats_factories
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -66,6 +67,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="fail (exit 1) when one of these spec rules (spec/rule_names.py; a group such as "
                         "'kv' names all its rules) was never reached")
     c.add_argument("--rules", action="store_true", help="print the rule-coverage table (every rule, its count)")
+    c.add_argument("--stats", action="store_true",
+                   help="build every scheduler with log_stats and compare the scheduler statistics "
+                        "(make_stats) after every update, under the invariants of invariants/stats.py")
     c.add_argument("--generator", default="guided", choices=("guided", "random"),
                    help="guided (default): swarm workloads aimed at the rules reached least so far; "
                         "random: the plain seeded workloads")
@@ -179,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
+    if getattr(args, "stats", False):
+        factories = with_stats_factories(factories, target)
     settings = dataclasses.replace(settings, capabilities=target.capabilities)
     try:
         drawn_gates = settings.drawn_gates
@@ -212,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
         assert outcome.out_dir is not None and outcome.trace_path is not None
         print((outcome.out_dir / "steps.txt").read_text(), end="")
         print(counterexample_line(outcome))
-        print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}")
+        print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}"
+              + (" --stats" if getattr(args, "stats", False) else ""))
         if outcome.reference_failed:
             print(reference_line(outcome, args.against))
     elif outcome.interrupted is not None:
@@ -235,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
     if settings.events_file is not None:
         print(f"KV cache events: {outcome.stats.kv_cache_events} written to {settings.events_file}")
+    if getattr(args, "stats", False):
+        print(f"stats: {outcome.stats.stats_reports} make_stats() reports compared, one per update")
     if outcome.stats.rules or outcome.interrupted is not None:  # the coverage so far, even of nothing
         # the rules out of reach are those of the modes and gates this run
         # could not draw, not those of every gate

@@ -42,6 +42,7 @@ from schedspec.cli.common import (
     add_mode_arguments,
     call_timeout_of,
     check_factories,
+    with_stats_factories,
     print_table,
     rich_console,
 )
@@ -61,6 +62,8 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                         "(default all: those the scheduler supports); the others are skipped")
     add_mode_arguments(r, " (default: the check the trace records)")
     add_call_timeout_argument(r)
+    r.add_argument("--stats", action="store_true",
+                   help="build the schedulers with log_stats and compare their statistics (as check --stats)")
 
 
 def trace_paths(items: Sequence[str]) -> list[Path]:
@@ -229,6 +232,8 @@ def _run(args: argparse.Namespace) -> int:
         trace = _in_its_mode(path, trace, args.against, target.capabilities)
         selection = _selection(path, trace, args, target.capabilities)
         _, factories = check_factories(args.against, selection.mode)
+        if getattr(args, "stats", False):
+            factories = with_stats_factories(factories, target)
         plans.append((path, trace, selection, factories))
     name = target.name
     if single:

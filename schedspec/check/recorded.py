@@ -82,20 +82,25 @@ def plan_mismatch(recorded: RecordedPlan, plan: StepPlan) -> str | None:
     return None
 
 
-def compare_plans(config: SchedulerConfig, events: Sequence[Event],
-                  history: Sequence[StepRecord]) -> tuple[int, PlanMismatch | None]:
+def compare_plans(config: SchedulerConfig, events: Sequence[Event], history: Sequence[StepRecord],
+                  last_plan: StepPlan | None = None) -> tuple[int, PlanMismatch | None]:
     """How many recorded plans the replay's ``history`` matched, and the
-    first mismatch (classified against DIFFERENCES), or None. A step the
-    replay never reached (it failed first) is not compared."""
+    first mismatch (classified against DIFFERENCES), or None. ``last_plan``:
+    the replay's last plan, when a failure in its step (the recorded tokens
+    not fitting it) kept it out of the history. A step the replay never
+    reached is not compared."""
     recorded = recorded_plans(events)
+    plans = [record.plan for record in history]
+    if last_plan is not None and all(p.step != last_plan.step for p in plans):
+        plans.append(last_plan)
     compared = 0
-    for record in history:
-        want = recorded.get(record.step)
+    for plan in plans:
+        want = recorded.get(plan.step)
         if want is None:
             continue
-        message = plan_mismatch(want, record.plan)
+        message = plan_mismatch(want, plan)
         if message is not None:
-            known = next((d for d in DIFFERENCES if d.applies(config, want, record.plan)), None)
-            return compared, PlanMismatch(record.step, message, known)
+            known = next((d for d in DIFFERENCES if d.applies(config, want, plan)), None)
+            return compared, PlanMismatch(plan.step, message, known)
         compared += 1
     return compared, None

@@ -47,7 +47,7 @@ from schedspec.cli.common import (
     rich_console,
 )
 from schedspec.invariants import Mode, Selection
-from schedspec.spec.interface import ScheduleKind, SchedulerFactory
+from schedspec.spec.interface import ScheduleKind, SchedulerFactory, StepPlan
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
@@ -242,7 +242,7 @@ def _run(args: argparse.Namespace) -> int:
                                        invariants=selection.invariants)
         if args.table:
             _show_table(runner.history or [], failure, title=str(path))
-        verdict = _recorded_verdict(trace, runner.history or [], failure)
+        verdict = _recorded_verdict(trace, runner.history or [], failure, runner.last_plan)
         if verdict is not None:
             ok, what = verdict
             print(f"{'OK     ' if ok else 'FAILED '} {path}: {what}")
@@ -268,7 +268,7 @@ def _replay_one(trace: tracefile.Trace, factories: dict[str, SchedulerFactory], 
                 args: argparse.Namespace, selection: Selection) -> int:
     runner, failure = run_workload(trace.workload, factories, trace.vocab, trace.oracle_seed, keep_history=True,
                                    invariants=selection.invariants)
-    verdict = _recorded_verdict(trace, runner.history or [], failure)
+    verdict = _recorded_verdict(trace, runner.history or [], failure, runner.last_plan)
     if verdict is not None:
         ok, what = verdict
         if args.table or not ok:
@@ -291,8 +291,8 @@ def _replay_one(trace: tracefile.Trace, factories: dict[str, SchedulerFactory], 
     return EXIT_FAIL
 
 
-def _recorded_verdict(trace: tracefile.Trace, history: list[StepRecord],
-                      failure: Failure | None) -> tuple[bool, str] | None:
+def _recorded_verdict(trace: tracefile.Trace, history: list[StepRecord], failure: Failure | None,
+                      last_plan: StepPlan | None = None) -> tuple[bool, str] | None:
     """A captured trace (with the plans a recorded engine made, format 5)
     held to those plans (schedspec/check/recorded.py): (ok, what to print),
     or None for a trace without them or a failure before any difference
@@ -300,7 +300,7 @@ def _recorded_verdict(trace: tracefile.Trace, history: list[StepRecord],
     is ok, and a failure at or after its step is its consequence."""
     if not recorded_plans(trace.events):
         return None
-    compared, mismatch = compare_plans(trace.config, trace.events, history)
+    compared, mismatch = compare_plans(trace.config, trace.events, history, last_plan)
     if mismatch is None:
         if failure is not None:
             return None

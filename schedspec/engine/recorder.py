@@ -315,6 +315,8 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.schedspec_on = record
+            #: seconds spent in the recorder's (and monitor's) own code, not in vLLM's
+            self.schedspec_own_s = 0.0
             if not record:
                 return
             config = scheduler_config_of(self.vllm_config, self.kv_cache_config.num_blocks)
@@ -365,7 +367,9 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
             checked = self.schedspec_monitor is not None and step % self.schedspec_check_every == 0
             t0 = time.perf_counter()
             before = views.view(rec.steps) if checked else None
+            t1 = time.perf_counter()
             out = super().schedule(*args, **kwargs)
+            t2 = time.perf_counter()
             rec.steps = step
             views.finished = {}
             plan = views.plan(out, step)
@@ -377,6 +381,7 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
                 self._schedspec_observe("schedule", before, plan, None, step)
                 self.schedspec_pending = (step, plan)
                 self.schedspec_checked.append(time.perf_counter() - t0)
+            self.schedspec_own_s += time.perf_counter() - t0 - (t2 - t1)
             return out
 
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -399,7 +404,9 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
                         # no proposal is recorded as none, so the replay's
                         # model does not propose its own
                         entry.drafts[rid] = ()
+            t1 = time.perf_counter()
             outputs = super().update_from_output(scheduler_output, model_runner_output)
+            t2 = time.perf_counter()
             rec.events.append(Update(step))
             rec.last_updated = entry
             for rid in scheduler_output.num_scheduled_tokens:
@@ -411,6 +418,7 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
                 result = StepResult(sampled=dict(entry.sampled))
                 self._schedspec_observe("update", before, pending[1], result, step)
                 self.schedspec_checked.append(time.perf_counter() - t0)
+            self.schedspec_own_s += time.perf_counter() - t0 - (t2 - t1)
             return outputs
 
         def update_draft_token_ids(self, draft_token_ids: Any) -> Any:

@@ -2,7 +2,7 @@
 CPU, with the recorder as its scheduler (docs/engine.md, "The recorder").
 
     schedspec engine-record --out TRACE [--variant NAME] [--workloads N|A,B] [--seed N]
-                            [--check-every N] [--cost]
+                            [--check-every N] [--keep-async] [--cost]
 
 Runs the engine matrix's workloads (schedspec.engine.matrix) one after the
 other on one engine built with the variant's arguments, the recorder
@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default=None, help="the first N default workloads, or NAME,NAME (default all 5)")
     p.add_argument("--seed", default="0", help="the workloads' seed (default 0)")
     p.add_argument("--check-every", default="0", help="the monitor: check the safety invariants every N steps")
+    p.add_argument("--keep-async", action="store_true",
+                   help="keep the variant's async scheduling on (vLLM 0.32's CPU platform turns it off): "
+                        "the engine runs vLLM's AsyncScheduler with a batch queue of two")
     p.add_argument("--cost", action="store_true",
                    help="also time the workloads without the recorder and with the monitor at N = 10 and 1 "
                         "(two rounds)")
@@ -73,12 +76,13 @@ def run(args: argparse.Namespace) -> int:
     workloads = _workloads(args)
     variant = variants[args.variant]
     record = {"name": "recorder" + (f", monitor N={every}" if every else ""), "args": variant.args,
-              "recorder": True, "check_every": every, "trace": str(out), "violation_out": str(out)}
+              "recorder": True, "check_every": every, "trace": str(out), "violation_out": str(out),
+              "keep_async": args.keep_async}
     runs = [record]
     if args.cost:  # two rounds, alternating, so that the machine's load shows as spread
-        others = [{"name": "no recorder", "args": variant.args, "recorder": False}]
-        others += [{"name": f"recorder, monitor N={n}", "args": variant.args, "recorder": True, "check_every": n}
-                   for n in (10, 1) if n != every]
+        others = [{"name": "no recorder", "args": variant.args, "recorder": False, "keep_async": args.keep_async}]
+        others += [{"name": f"recorder, monitor N={n}", "args": variant.args, "recorder": True, "check_every": n,
+                    "keep_async": args.keep_async} for n in (10, 1) if n != every]
         runs = [others[0], record, *others[1:]]
         runs += [{**r, "name": str(r["name"]) + " (2)", "trace": None, "violation_out": None} for r in runs]
     try:

@@ -11,7 +11,8 @@ cost's reference), drives the matrix's workloads through it step by step
 JOBFILE: ``{"model_dir": PATH|null, "max_steps": N, "workloads": [...as the
 matrix's...], "runs": [{"name", "args": {engine overrides}, "recorder": bool,
 "check_every": N, "trace": PATH|null, "violation_out": PATH|null,
-"base": "module:factory"|null}]}``. OUTFILE gets per run: the steps, each
+"base": "module:factory"|null, "workloads": [NAME]|null, "keep_async": bool}]}``
+(``keep_async``: the variant's async scheduling kept on, :func:`keep_async_scheduling`). OUTFILE gets per run: the steps, each
 step's wall time, the monitor's checked-step times, the trace's path and
 an error (a MonitorViolation's message, step and trace) when one stopped it.
 """
@@ -41,21 +42,53 @@ def _base_class(path: str | None) -> Any:
     return found() if name.startswith("make_") else found
 
 
+_KEEPING_ASYNC = False
+
+
+def keep_async_scheduling() -> None:
+    """Engine side, once per process: vLLM 0.32's CPU platform turns async
+    scheduling off whatever the engine's arguments say (platforms/cpu.py,
+    CpuPlatform.check_and_update_config: "async scheduling is not required
+    on CPU"); this restores the arguments' value after that hook, so the
+    engine core runs its batch queue of two (EngineCore.step_with_batch_queue)
+    with vLLM's AsyncScheduler, as on a GPU. The CPU model runner runs it."""
+    global _KEEPING_ASYNC
+    if _KEEPING_ASYNC:
+        return
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    hook: Any = getattr(platform.check_and_update_config, "__func__")
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
+        wanted = vllm_config.scheduler_config.async_scheduling
+        hook(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = wanted
+
+    setattr(platform, "check_and_update_config", classmethod(check_and_update_config))
+    _KEEPING_ASYNC = True
+
+
 def record_one(run: dict[str, Any], workloads: list[dict[str, Any]], model_dir: Path,
                max_steps: int) -> dict[str, Any]:
-    """Engine side: one engine, every workload, the step times; the trace
-    written to ``run["trace"]`` (when recording)."""
+    """Engine side: one engine, the workloads (those ``run["workloads"]``
+    names, else all), the step times; the trace written to ``run["trace"]``
+    (when recording)."""
     from schedspec.engine.build import build_engine, live_scheduler
     from schedspec.engine.recorder import MonitorViolation, make_recorder
     from schedspec.engine.worker import run_workload
 
     args = dict(run.get("args", {}))
+    if run.get("workloads"):
+        workloads = [w for w in workloads if w["name"] in run["workloads"]]
+    asynchronous = bool(run.get("keep_async")) and bool(args.get("async_scheduling"))
+    if asynchronous:
+        keep_async_scheduling()
     cls = None
     if run.get("recorder", True):
-        # vLLM 0.32's CPU platform turns async scheduling off whatever the
-        # arguments say (platforms/cpu.py, check_and_update_config): the
+        # without keep_async the CPU platform turns async scheduling off: the
         # engine drives a synchronous Scheduler
-        cls = make_recorder(False, int(run.get("check_every", 0)),
+        cls = make_recorder(asynchronous, int(run.get("check_every", 0)),
                             run.get("violation_out"), base=_base_class(run.get("base")))
     elif run.get("base"):
         cls = _base_class(run["base"])

@@ -35,16 +35,19 @@ def _engine_or_skip() -> None:
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One engine process, two engines: the recorder on VARIANT over two
-    workloads, and the planted defect under the monitor at N = 1."""
+    """One engine process, three engines: the recorder on VARIANT over two
+    workloads, on vLLM's AsyncScheduler (async scheduling kept on) over one,
+    and the planted defect under the monitor at N = 1."""
     _engine_or_skip()
     tmp = tmp_path_factory.mktemp("captured")
     workloads = [w for w in matrix.default_workloads(0) if w["name"] in ("shared-prefix", "aborts")]
-    args = next(v.args for v in matrix.VARIANTS if v.name == VARIANT)
+    args = {v.name: v.args for v in matrix.VARIANTS}
     result = run_record_job({"workloads": workloads, "runs": [
-        {"name": "recorded", "args": args, "trace": str(tmp / "engine.jsonl")},
+        {"name": "recorded", "args": args[VARIANT], "trace": str(tmp / "engine.jsonl")},
+        {"name": "async", "args": args["everything-async"], "trace": str(tmp / "async.jsonl"), "keep_async": True,
+         "workloads": ["aborts"]},
         {"name": "planted", "args": {}, "check_every": 1, "violation_out": str(tmp / "violation.jsonl"),
-         "base": "schedspec.engine.planted:make_shifting_scheduler"},
+         "base": "schedspec.engine.planted:make_shifting_scheduler", "workloads": ["shared-prefix"]},
     ]}, timeout=600)
     return {"tmp": tmp, "result": {r["name"]: r for r in result["runs"]}}
 
@@ -66,10 +69,21 @@ def test_a_captured_trace_holds_what_the_engine_did(captured: dict[str, Any]) ->
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("against", ["spec", "impl"])
-def test_a_captured_trace_replays_clean(captured: dict[str, Any], against: str,
+def test_an_async_engine_is_recorded_with_its_steps_in_flight(captured: dict[str, Any]) -> None:
+    run = captured["result"]["async"]
+    assert run["error"] is None and run["violation"] is None, run.get("traceback")
+    trace = tracefile.read(run["trace"])
+    assert trace.config.async_scheduling
+    ops = [type(e).__name__ for e in trace.events if type(e).__name__ in ("Schedule", "Update")]
+    assert ops[:3] == ["Schedule", "Schedule", "Update"]  # step 2 planned before step 1's update
+    assert any(isinstance(e, Abort) for e in trace.events)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("run, against", [("recorded", "spec"), ("recorded", "impl"), ("async", "spec")])
+def test_a_captured_trace_replays_clean(captured: dict[str, Any], run: str, against: str,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    path = captured["result"]["recorded"]["trace"]
+    path = captured["result"][run]["trace"]
     assert main(["replay", path, "--against", against]) == 0
     out = capsys.readouterr().out
     assert "plans equal to the recorded engine's (vLLM 0.32), every invariant held" in out

@@ -333,7 +333,9 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
                 from schedspec.invariants import Monitor
 
                 self.schedspec_monitor = Monitor(monitor_invariants())
-            self.schedspec_pending: tuple[Any, Any] | None = None  # (view before, plan) of a checked update
+            #: checked step -> its plan, until its update (with async
+            #: scheduling the next plan comes first)
+            self.schedspec_pending: dict[int, StepPlan] = {}
 
         # -------------------------------------------------------- events
         def add_request(self, request: Any) -> Any:
@@ -379,7 +381,7 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
             if checked:
                 assert before is not None
                 self._schedspec_observe("schedule", before, plan, None, step)
-                self.schedspec_pending = (step, plan)
+                self.schedspec_pending[step] = plan
                 self.schedspec_checked.append(time.perf_counter() - t0)
             self.schedspec_own_s += time.perf_counter() - t0 - (t2 - t1)
             return out
@@ -391,8 +393,8 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
             entry = rec.in_flight.pop(0)
             entry.step_plan = None
             step = rec.steps - len(rec.in_flight)
-            pending = self.schedspec_pending
-            checked = pending is not None and pending[0] == step
+            pending = self.schedspec_pending.pop(step, None)
+            checked = pending is not None
             t0 = time.perf_counter()
             before = views.view(rec.steps) if checked else None
             ids = model_runner_output.req_ids
@@ -414,9 +416,8 @@ def make_recorder(asynchronous: bool = False, check_every: int = 0, violation_ou
             views.collect_finished()
             if checked:
                 assert before is not None and pending is not None
-                self.schedspec_pending = None
                 result = StepResult(sampled=dict(entry.sampled))
-                self._schedspec_observe("update", before, pending[1], result, step)
+                self._schedspec_observe("update", before, pending, result, step)
                 self.schedspec_checked.append(time.perf_counter() - t0)
             self.schedspec_own_s += time.perf_counter() - t0 - (t2 - t1)
             return outputs

@@ -36,8 +36,8 @@ def _engine_or_skip() -> None:
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One engine process, three engines: the recorder on VARIANT over two
-    workloads, on vLLM's AsyncScheduler (async scheduling kept on) over one,
-    and the planted defect under the monitor at N = 1."""
+    workloads, on vLLM's AsyncScheduler (async scheduling kept on) over one
+    with the monitor at N = 1, and the planted defect under the monitor."""
     _engine_or_skip()
     tmp = tmp_path_factory.mktemp("captured")
     workloads = [w for w in matrix.default_workloads(0) if w["name"] in ("shared-prefix", "aborts")]
@@ -45,7 +45,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     result = run_record_job({"workloads": workloads, "runs": [
         {"name": "recorded", "args": args[VARIANT], "trace": str(tmp / "engine.jsonl")},
         {"name": "async", "args": args["everything-async"], "trace": str(tmp / "async.jsonl"), "keep_async": True,
-         "workloads": ["aborts"]},
+         "workloads": ["aborts"], "check_every": 1},
         {"name": "planted", "args": {}, "check_every": 1, "violation_out": str(tmp / "violation.jsonl"),
          "base": "schedspec.engine.planted:make_shifting_scheduler", "workloads": ["shared-prefix"]},
     ]}, timeout=600)
@@ -77,6 +77,8 @@ def test_an_async_engine_is_recorded_with_its_steps_in_flight(captured: dict[str
     ops = [type(e).__name__ for e in trace.events if type(e).__name__ in ("Schedule", "Update")]
     assert ops[:3] == ["Schedule", "Schedule", "Update"]  # step 2 planned before step 1's update
     assert any(isinstance(e, Abort) for e in trace.events)
+    # the monitor saw every schedule and every update, with a plan in flight, and no violation
+    assert len(run["checked_s"]) == len(ops)  # every schedule and every update
 
 
 @pytest.mark.engine

@@ -62,6 +62,8 @@ FOREIGN_PRIVATE: dict[tuple[str, str], str] = {
     ("schedspec.adapters.vllm_views", "_cache"):
         "vLLM 0.33's BlockPool keeps its prefix-cache index (BlockHashToBlockMap) in a private dict;"
         " the adapter reads it to report the KV view",
+    ("schedspec.engine.recorder", "_cache"):
+        "vLLM 0.32's BlockPool keeps the same index the same way; the online monitor reads it for its KV view",
 }
 #: names that must never be imported at top level from project code.
 GENERIC = frozenset({"spec", "impl", "invariants", "harness", "gpu_runner", "check", "adapters",

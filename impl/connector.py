@@ -353,7 +353,9 @@ class ConnectorMixin(Generic[R]):
             if self._caching:
                 px = self._px
                 node_of = px.block_node
-                for b in evict:
+                # vLLM evicts in the iteration order of the set it builds
+                # (spec/kv_cache.py, evict_blocks): the BlockRemoved order
+                for b in evict if px.events is None else set(evict):
                     if node_of[b] is not None:
                         px.evict(b)
             return async_ids | sync_ids

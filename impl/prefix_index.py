@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Union
 
-from schedspec.spec.interface import BlockKey
+from schedspec.spec.interface import MEDIUM_GPU, BlockKey, BlockRemoved, KVCacheEvent, block_key_group, plain_key
 
 
 class KeyNode:
@@ -91,11 +91,13 @@ class PrefixIndex:
     """Intern table plus per-block key. ``block_node[b]`` is the key node of
     block ``b`` or None."""
 
-    __slots__ = ("intern", "block_node")
+    __slots__ = ("intern", "block_node", "events")
 
     def __init__(self, num_blocks: int) -> None:
         self.intern: dict[tuple[Parent, tuple[int, ...]], KeyNode] = {}
         self.block_node: list[KeyNode | None] = [None] * num_blocks
+        #: the KV cache events since the last take (impl/kv_events.py); None: off
+        self.events: list[KVCacheEvent] | None = None
 
     def lookup(self, parent: Parent, tokens: tuple[int, ...]) -> KeyNode | None:
         """The node with holders under this key, or None (no cached block)."""
@@ -164,6 +166,9 @@ class PrefixIndex:
         """Drop the key of ``block`` (which has one)."""
         node = self.block_node[block]
         assert node is not None
+        if self.events is not None:  # BlockPool._emit_block_removed_events
+            key = node.full_key()
+            self.events.append(BlockRemoved((plain_key(key),), MEDIUM_GPU, block_key_group(key)))
         self.block_node[block] = None
         node.holders.remove(block)
         node.refs -= 1
@@ -196,6 +201,7 @@ class PrefixIndex:
             remap[id(node)] = n
         new.intern = intern
         new.block_node = [None if nd is None else remap[id(nd)] for nd in self.block_node]
+        new.events = None if self.events is None else self.events[:]
         return new
 
     def clear(self) -> None:

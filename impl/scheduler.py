@@ -56,6 +56,7 @@ from schedspec.spec.protocol import (
     check_schedule,
 )
 
+from schedspec.spec.interface import AllBlocksCleared, KVCacheEvent
 from schedspec.impl.allocation import AllocationMixin, max_hit_blocks
 from schedspec.impl.connector import ConnectorMixin
 from schedspec.impl.encoder_cache import EncoderCache
@@ -76,6 +77,7 @@ from schedspec.impl.request import (
     running_seq_of,
 )
 from schedspec.impl.running import RunningPhase, StepState
+from schedspec.impl.stats import StatsMixin
 from schedspec.impl.update import UpdateMixin
 from schedspec.impl.waiting import WaitingPhase
 
@@ -92,6 +94,7 @@ class ImplScheduler(
     GatesMixin,
     ConnectorMixin[Request],
     GroupsMixin[Request],
+    StatsMixin,
 ):
     """Implements spec.interface.Scheduler, with the optional
     ``set_pause_state`` and ``grammar_ready``."""
@@ -105,7 +108,7 @@ class ImplScheduler(
     #: (spec/protocol.py, gates_of_config).
     GATES: tuple[str, ...] = ("watermark", "prefill_cadence", "pause", "lora", "structured_output", "encoder")
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         self._config = config = check_config(config)
         check_gate_config(config, self.GATES)
         self._bs = config.block_size
@@ -117,6 +120,8 @@ class ImplScheduler(
         self._ref: list[int] = [0] * num_blocks
         self._fq = FreeBlockQueue(num_blocks)
         self._px = PrefixIndex(num_blocks)
+        if config.enable_kv_cache_events:  # impl/kv_events.py
+            self._px.events = []
         # requests and queues
         self._requests: dict[str, Request] = {}
         self._waiting: Waiting = PriorityWaiting() if self._priority else FcfsWaiting()
@@ -148,6 +153,8 @@ class ImplScheduler(
         self._init_gates(config)
         # the KV connector (impl/connector.py)
         self._init_connector(config)
+        # log_stats: the statistics (impl/stats.py)
+        self._init_stats(log_stats)
 
     def _init_gates(self, config: SchedulerConfig) -> None:
         """The admission gates' state, and the switches of the phases."""
@@ -284,6 +291,8 @@ class ImplScheduler(
             req.next_full_at = self._bs
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        if self._log_stats:
+            self._st_num_preemptions += 1
         self._waiting.push_front(req)
         self._preempted.add(req.request_id)
 
@@ -299,7 +308,20 @@ class ImplScheduler(
         if self._fq.size != self._config.num_blocks - 1:
             return False
         self._px.clear()
+        if self._px.events is not None:
+            self._px.events.append(AllBlocksCleared())
+        if self._log_stats:
+            self._st_reset = True
         return True
+
+    def take_kv_events(self) -> tuple[KVCacheEvent, ...]:
+        """The KV cache events since the last take (spec/kv_events.py); ()
+        with ``enable_kv_cache_events`` off."""
+        events = self._px.events
+        if not events:
+            return ()
+        self._px.events = []
+        return tuple(events)
 
     def _release_encoder(self, req: Request) -> None:
         encoder_cache = self._encoder_cache
@@ -321,7 +343,10 @@ class ImplScheduler(
         self._schedule_running(state)
         if not state.preempted and self._pause is not PauseState.PAUSED_ALL:
             self._schedule_waiting(state)
-        return self._assemble_plan(state)
+        plan = self._assemble_plan(state)
+        if self._log_stats and self._async and self._num_spec_tokens:
+            self._stats_note_plan(plan)
+        return plan
 
     def _start_step(self) -> StepState:
         """The step's budget (none under PAUSED_ALL), the long-prefill

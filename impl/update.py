@@ -62,12 +62,17 @@ class UpdateMixin:
     _encoder_done: Any
     _kv_reports: Any
     _kv_finished: Any
+    _log_stats: bool
+    _stats_drafts: Any
+    _stats_updated: Any
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
             self._update_general(plan, result)
         else:
             self._update_sync(plan, result)
+        if self._log_stats and self._num_spec_tokens:
+            self._stats_updated(plan, result)
 
     def _update_sync(self, plan: StepPlan, result: StepResult) -> None:
         """Synchronous scheduling without drafts or gates: validate and
@@ -296,6 +301,8 @@ class UpdateMixin:
             check_sampled(plan, result, self._requests, self._config)  # raises the spec's error
         # the KV connector's reports: the requests whose output is skipped
         failed = self._kv_reports(plan, result) if self._connector else _NO_FAILED
+        if self._log_stats and self._num_spec_tokens:
+            self._stats_drafts(plan, result, failed)
         late_drafts: list[Request] = []
         base = self._num_spec_tokens + 2
         get_request = self._requests.get

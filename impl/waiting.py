@@ -72,6 +72,9 @@ class WaitingPhase:
     _encoder_commit: Any
     _group_tuples: Any
     _advance: Any
+    _caching: bool
+    _log_stats: bool
+    _stats_lookup: Any
 
     def _schedule_waiting(self, state: StepState) -> None:
         """The WAITING loop: kv_holding_waiting first (also under
@@ -168,6 +171,8 @@ class WaitingPhase:
                 self._release_encoder(req)
             return hit, -1, 0
         self._record_load(req, computed, external, True)
+        if self._log_stats and self._caching:
+            self._stats_lookup(req, computed)
         req.status = WAITING_FOR_REMOTE_KVS
         req.num_computed_tokens = computed + external
         self._inflight_prefills.add(req.request_id)
@@ -235,6 +240,8 @@ class WaitingPhase:
         request_id = req.request_id
         if external:
             self._record_load(req, computed - external, external, False)
+        if self._log_stats and self._caching and not req.num_computed_tokens:
+            self._stats_lookup(req, computed - external)
         self._deferred.discard(request_id)
         if req.lora_id:
             loras.add(req.lora_id)

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Literal
 
 from schedspec.spec.interface import KVLoad, RequestSpec, RequestStatus, SchedulerView, StepPlan, StepResult
 
+from schedspec.invariants.kv_mirror import KVMirror
 from schedspec.invariants.transition import ALL_KINDS as ALL_KINDS
 from schedspec.invariants.transition import Transition as Transition
 from schedspec.invariants.transition import TransitionKind as TransitionKind
@@ -56,9 +57,18 @@ class History:
     #: recomputes it), from the update that reported it until it is recomputed
     #: or leaves the cache (invalid-block-not-computed)
     invalid_blocks: dict[int, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    #: KV cache events: the router mirror of the stream so far
+    #: (invariants/kv_mirror.py), and the resets that emptied the cache
+    #: since the last update (each owes one AllBlocksCleared)
+    kv_mirror: KVMirror = field(default_factory=KVMirror)
+    kv_resets: int = 0
+    #: the preemptions seen since the last statistics a scheduler reported
+    #: (Transition.stats; stats-preemptions-counted)
+    preemptions_since_stats: int = 0
 
     def record(self, t: Transition) -> None:
         """Fold a transition in; called after every invariant has checked it."""
+        self._record_preemptions(t)
         if t.kind == "add" and t.request is not None:
             # A request id may be reused once its previous holder is reported.
             rid = t.request.request_id
@@ -72,6 +82,8 @@ class History:
                 self.prompts[rid] = r.spec.prompt_token_ids
                 self.outputs[rid] = r.output_token_ids
         self._record_kv(t)
+        if t.after.config.enable_kv_cache_events:
+            self._record_kv_events(t)
         if t.kind == "schedule" and t.plan is not None:
             for rid in t.plan.finished_ids:
                 self.reported_finished.add(rid)
@@ -80,6 +92,20 @@ class History:
                     self.prompts.pop(rid, None)
                     self.outputs.pop(rid, None)
 
+
+    def _record_kv_events(self, t: Transition) -> None:
+        if t.kind == "reset" and reset_emptied(t.after):
+            self.kv_resets += 1
+        elif t.kind == "update":
+            self.kv_mirror.apply_all(t.kv_events)
+            self.kv_resets = 0
+    def _record_preemptions(self, t: Transition) -> None:
+        """Count the transition's preemptions (``preemptions_in``);
+        statistics reported start the count afresh."""
+        if t.stats is not None:
+            self.preemptions_since_stats = 0
+            return
+        self.preemptions_since_stats += preemptions_in(t)
 
     def _record_kv(self, t: Transition) -> None:
         if not (t.after.config.kv_connector or t.before.config.kv_connector):
@@ -103,6 +129,24 @@ class History:
             for load in t.plan.kv_loads:
                 self.loads[load.request_id] = load
         self.invalid_blocks = next_invalid_blocks(t, self)
+
+
+def reset_emptied(after: SchedulerView) -> bool:
+    """Whether a reset_prefix_cache that left this view succeeded (every
+    block but the null block free: BlockPool.reset_prefix_cache), and so
+    emitted one AllBlocksCleared."""
+    return len(after.kv.free_queue) == after.kv.num_blocks - 1
+def preemptions_in(t: Transition) -> int:
+    """The preemptions a transition made (History.preemptions_since_stats
+    sums them): schedule() reports its own in the plan's preempted_ids, after
+    those of reset_prefix_cache since the last plan (preempted_since_plan;
+    a request preempted by a reset waits, so schedule() cannot preempt it
+    again). Only those two operations preempt."""
+    if t.kind == "schedule" and t.plan is not None:
+        return len(set(t.plan.preempted_ids) - set(t.before.preempted_since_plan))
+    if t.kind == "reset":
+        return len(set(t.after.preempted_since_plan) - set(t.before.preempted_since_plan))
+    return 0
 
 
 CheckFn = Callable[[Transition, History], Iterable[Finding]]

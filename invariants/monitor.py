@@ -7,7 +7,7 @@ import textwrap
 from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
-from schedspec.invariants import connector, gates, groups, inflight, lifecycle, state, step  # noqa: F401
+from schedspec.invariants import connector, gates, groups, inflight, kv_events, lifecycle, state, stats, step  # noqa: F401
 from schedspec.invariants.core import ALL_KINDS, REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -97,6 +97,17 @@ _ORDER = (
     "group-tables-cover",
     "groups-prefix-hit-valid",
     "sliding-window-frees",
+    # the KV cache events (kv_events)
+    "kv-events-mirror-exact",
+    "kv-events-parent-stored",
+    "kv-events-removed-once-per-store",
+    "kv-events-cleared-on-reset",
+    # the scheduler statistics (a scheduler built with log_stats: spec/stats.py)
+    "stats-kv-usage",
+    "stats-hits-within-queries",
+    "stats-queue-counts",
+    "stats-preemptions-counted",
+    "stats-drafts-within-proposed",
 )
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from schedspec.spec.interface import RequestSpec, SchedulerView, StepPlan, StepResult
+from schedspec.spec.kv_events import KVCacheEvent
+from schedspec.spec.stats import SchedulerStats
 
 #: The operations a transition can be: the five calls of the Scheduler
 #: protocol that change state, and the two optional gate calls, "pause"
@@ -33,3 +35,9 @@ class Transition:
     #: the plans awaiting update() after the operation, oldest first (with
     #: async scheduling one may stay in flight across operations)
     in_flight: tuple[StepPlan, ...] = ()
+    #: "update" with config.enable_kv_cache_events: the KV cache events the
+    #: scheduler gave right after it (take_kv_events, spec/kv_events.py)
+    kv_events: tuple[KVCacheEvent, ...] = ()
+    #: "update" only: the statistics make_stats() reported after it (a
+    #: scheduler built with log_stats; spec/stats.py), else None
+    stats: SchedulerStats | None = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 # The errors are re-exported: import them from here.
 from schedspec.spec.errors import ConfigError as ConfigError
@@ -328,6 +328,9 @@ class SchedulerConfig:
     kv_cache_groups: tuple[KVCacheGroup, ...] = field(
         default=(), metadata=declare(max_items=MAX_KV_CACHE_GROUPS, since=4)
     )
+    #: vLLM's KVEventsConfig.enable_kv_cache_events: the scheduler queues the
+    #: KV cache events (spec/kv_events.py) for ``take_kv_events()``
+    enable_kv_cache_events: bool = field(default=False, metadata=declare(since=4))
 
     def __post_init__(self) -> None:
         validate_config(self, Policy, KVCacheGroup)
@@ -988,7 +991,13 @@ class Scheduler(Protocol):
       structured-output grammar of a request waiting for one finished
       compiling (``ok=False``: it failed to compile). An unknown or finished
       id, or a request that does not wait for a grammar, raises ProtocolError
-      naming it and changes nothing."""
+      naming it and changes nothing.
+
+    And, for the scheduler statistics (spec/stats.py), a constructor keyword
+    ``log_stats`` (vLLM's Scheduler argument) with
+    ``make_stats() -> SchedulerStats | None``, called once after each update
+    (None when built without log_stats); a class declares it with
+    ``Capabilities.stats`` (schedspec/check/capabilities.py)."""
 
     @property
     def config(self) -> SchedulerConfig: ...
@@ -1019,3 +1028,59 @@ def supports_grammar(scheduler: object) -> bool:
 #: How every part of schedspec names "a way to build a scheduler": a class or
 #: any callable from a validated config to a fresh Scheduler.
 SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
+
+
+# --------------------------------------------------------------------------
+# KV cache events (the rules: spec/kv_events.py)
+# --------------------------------------------------------------------------
+
+#: The medium vLLM's device block pool reports (vllm/distributed/kv_events.py, MEDIUM_GPU).
+MEDIUM_GPU = "GPU"
+
+#: The spec's group kinds (spec/kv_kinds.py) as vLLM's KVCacheSpecKind values
+#: (vllm/v1/kv_cache_interface.py, get_kv_cache_spec_kind).
+VLLM_KIND: Mapping[str, str] = {
+    "full_attention": "full_attention",
+    "sliding_window": "sliding_window",
+    "chunked_local": "chunked_local_attention",
+}
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Blocks registered in the prefix cache (vLLM's BlockStored)."""
+
+    block_keys: tuple[BlockKey, ...]
+    parent_key: BlockKey | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None
+    medium: str
+    group: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """One key a block lost (vLLM's BlockRemoved, one hash per event)."""
+
+    block_keys: tuple[BlockKey, ...]
+    medium: str
+    group: int
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """The prefix cache was reset (vLLM's AllBlocksCleared)."""
+
+
+KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+def plain_key(key: BlockKey) -> BlockKey:
+    """``key`` as group 0 spells it (group_block_key undone): what an event carries."""
+    ident = key[0]
+    i = ident.rfind(GROUP_KEY_SEPARATOR)
+    if i >= 0 and ident[i + 1 :].isdigit():
+        return (ident[:i], key[1])
+    return key

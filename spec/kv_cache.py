@@ -23,7 +23,16 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from schedspec.spec.coverage import CountsRules
-from schedspec.spec.interface import BlockKey, KVView, group_block_key
+from schedspec.spec.interface import BlockKey, KVView, block_key_group, group_block_key
+from schedspec.spec.kv_events import (
+    MEDIUM_GPU,
+    VLLM_KIND,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    plain_key,
+)
 from schedspec.spec.kv_groups import (
     GroupLayout,
     SpecGroup,
@@ -85,6 +94,9 @@ class KVPool(CountsRules):
         self.index: dict[BlockKey, list[int]] = {}
         # rule coverage (spec/coverage.py): shared with the scheduler and its clones
         self.rules: Counter[str] = Counter() if rules is None else rules
+        # The KV cache events since the last take (spec/kv_events.py), None
+        # when events are off (BlockPool.kv_event_queue, enable_kv_cache_events).
+        self.events: list[KVCacheEvent] | None = None
 
     def clone(self) -> KVPool:
         """An independent pool in the same state; keys (tuples) are shared."""
@@ -95,7 +107,15 @@ class KVPool(CountsRules):
         d["free_queue"] = self.free_queue[:]
         d["block_key"] = self.block_key.copy()
         d["index"] = {k: v[:] for k, v in self.index.items()}
+        d["events"] = None if self.events is None else self.events[:]
         return new
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events since the last take, the queue emptied (BlockPool.take_events)."""
+        if self.events is None:
+            return []
+        out, self.events = self.events, []
+        return out
 
     @property
     def num_free(self) -> int:
@@ -179,12 +199,21 @@ class KVPool(CountsRules):
         self._rule("kv.evict_keeps_duplicate", len(holders) > 0)  # pragma: no mutate
         if not holders:
             del self.index[key]
+        if self.events is not None:
+            # BlockPool._emit_block_removed_events: one event per key removed,
+            # whether or not another block still holds it
+            self.events.append(BlockRemoved((plain_key(key),), MEDIUM_GPU, block_key_group(key)))
 
     def evict_blocks(self, blocks: list[int]) -> None:
         """Drop the prefix-cache key of each block, held or free; the blocks
         themselves stay where they are (BlockPool.evict_blocks, for a KV
-        connector's failed load under kv_load_failure_policy "fail")."""
-        for b in blocks:
+        connector's failed load under kv_load_failure_policy "fail"). vLLM
+        passes the blocks as a set built by adding them in the order given
+        (Scheduler._update_requests_with_invalid_blocks: ``blocks_to_evict``)
+        and evicts in that set's iteration order, which orders the
+        BlockRemoved events: the same insertions into a set of ints iterate
+        alike here."""
+        for b in set(blocks):
             if self.enable_caching:
                 self._maybe_evict_cached_block(b)
 
@@ -196,6 +225,8 @@ class KVPool(CountsRules):
         self._rule("kv.reset_ok")  # pragma: no mutate
         self.block_key.clear()
         self.index.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())  # BlockPool.reset_prefix_cache
         return True
 
     # ------------------------------------------------------------ the groups
@@ -332,7 +363,8 @@ class KVPool(CountsRules):
                 self.free_blocks(freed)
 
     def cache_blocks(
-        self, req: GroupTables, num_tokens: int, num_prompt_tokens: int, key_of: Callable[[int], BlockKey]
+        self, req: GroupTables, num_tokens: int, num_prompt_tokens: int, key_of: Callable[[int], BlockKey],
+        lora_id: int = 0,
     ) -> None:
         """KVCacheCoordinator.cache_blocks -> each manager's cache_blocks: the
         blocks full once ``num_tokens`` tokens are computed get their group's
@@ -354,7 +386,27 @@ class KVPool(CountsRules):
             keep = [i for i in range(start, end) if table[i] != NULL_BLOCK and (mask is None or mask[i - start])]
             self.rules["kv_groups.cache_masked"] += len(keep) < end - start  # pragma: no mutate
             self.cache_full_blocks([table[i] for i in keep], [group_block_key(key_of(i), g) for i in keep])
+            if self.events is not None:
+                self.events.append(self._stored_event(group.kind, g, start, end, keep, key_of, lora_id))
             self._set_num_cached(req, g, end)
+
+    def _stored_event(self, kind: str, group: int, start: int, end: int, keep: list[int],
+                      key_of: Callable[[int], BlockKey], lora_id: int) -> BlockStored:
+        """The BlockStored of one cache_full_blocks call (spec/kv_events.py,
+        "stored"; BlockPool._build_block_stored_event): the keys of the blocks
+        registered, the parent key of block ``start - 1`` (None from block
+        0), the tokens of blocks ``start`` to ``end``, skipped ones included."""
+        bs = self.layout.block_size
+        return BlockStored(
+            block_keys=tuple(key_of(i) for i in keep),
+            parent_key=key_of(start - 1) if start > 0 else None,
+            token_ids=key_of(end - 1)[1][start * bs:end * bs],
+            block_size=bs,
+            lora_id=lora_id or None,
+            medium=MEDIUM_GPU,
+            group=group,
+            kind=VLLM_KIND.get(kind, kind),
+        )
 
     def pop_blocks_for_free(self, req: GroupTables) -> list[int]:
         """KVCacheCoordinator.pop_blocks_for_free: the request's blocks, group

@@ -82,6 +82,8 @@ from schedspec.spec.protocol import (
     check_schedule,
 )
 from schedspec.spec.request_state import GrammarState, RequestState as _Request
+from schedspec.spec.stats import SchedulerStats
+from schedspec.spec.stats_record import StatsRecorder, kv_cache_usage
 from schedspec.spec.rules import (
     admission_chunk,
     choose_victim,
@@ -93,6 +95,7 @@ from schedspec.spec.rules import (
     stop_reason,
     surely_reaches_max_tokens,
 )
+from schedspec.spec.kv_events import KVCacheEvent
 from schedspec.spec.step_state import (
     Admission,
     AdmissionChunk,
@@ -108,7 +111,7 @@ _new = object.__new__
 class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
     """Implements spec.interface.Scheduler."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         self._config = check_config(config)
         # rule coverage (spec/coverage.py, spec/rule_names.py): one counter, shared with the KV pool and clones
         self.rules: Counter[str] = Counter()
@@ -137,6 +140,10 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         # identifier -> length of every encoder input ever added (check_mm_lengths)
         self.mm_lengths: dict[str, int] = {}
         self._init_connector()  # the KV connector's state (spec/connector.py)
+        if config.enable_kv_cache_events:  # KV cache events (spec/kv_events.py)
+            self.kv.events = []
+        # log_stats (vLLM's Scheduler argument): the statistics' record (spec/stats.py)
+        self.stats_record: StatsRecorder | None = StatsRecorder(config.num_speculative_tokens) if log_stats else None
 
     @property
     def config(self) -> SchedulerConfig:
@@ -168,6 +175,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         d["encoder"] = self.encoder.clone()
         d["mm_lengths"] = self.mm_lengths.copy()
         self._clone_connector(d)
+        if self.stats_record is not None:
+            d["stats_record"] = self.stats_record.copy()
         return new
 
     # ------------------------------------------------------------------ queues
@@ -296,7 +305,16 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             while self.running:
                 self._rule("preempt.reset_running")  # pragma: no mutate
                 self._preempt_request(self.requests[self.running.pop()], drop_stale_output=True)
-        return self.kv.reset_prefix_cache()
+        done = self.kv.reset_prefix_cache()
+        if done and self.stats_record is not None:
+            self.stats_record.record_reset()  # KVCacheManager.reset_prefix_cache: reset = True
+        return done
+
+    def take_kv_events(self) -> tuple[KVCacheEvent, ...]:
+        """The KV cache events since the last take (spec/kv_events.py;
+        KVCacheManager.take_events, which Scheduler.update_from_output calls
+        once per step); () with ``enable_kv_cache_events`` off."""
+        return tuple(self.kv.take_events())
 
     # ------------------------------------------------------------------ KV
 
@@ -322,6 +340,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         req.num_stale_output_tokens = req.num_in_flight_tokens
         req.num_output_placeholders = 0
         req.num_preemptions += 1
+        if self.stats_record is not None:
+            self.stats_record.num_preemptions += 1  # the PREEMPTED event (spec/stats.py)
         self._prepend_waiting(req.request_id)
         self.preempted.add(req.request_id)
 
@@ -337,7 +357,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         computed tokens below output still in flight."""
         bs = self._config.block_size
         num_tokens = min(num_tokens, req.num_tokens)
-        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), lambda i: req.block_key(i, bs))
+        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), lambda i: req.block_key(i, bs),
+                             req.spec.lora_id)
 
     def _allocate_running(self, req: _Request, n: int) -> bool:
         """KVCacheManager.allocate_slots for a running request (no new hits):
@@ -468,7 +489,10 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self._schedule_waiting(st)
         assert len(self.running) <= cfg.max_num_seqs
         self._advance_cadence(st)
-        return self._make_plan(st)
+        plan = self._make_plan(st)
+        if self.stats_record is not None and cfg.async_scheduling:
+            self.stats_record.note_plan(plan, self.requests)
+        return plan
 
     def _schedule_running(self, st: StepState) -> None:
         """Phase 1, the RUNNING loop: each running request in queue order gets
@@ -718,6 +742,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         prefills (schedule(), the end of the WAITING loop's body)."""
         computed, n, rid = hit.num_computed_tokens, enc.num_tokens, req.request_id
         self._record_load(req, computed - hit.num_external_tokens, hit.num_external_tokens, asynchronous=False)
+        self._record_prefix_cache_stats(req, computed - hit.num_external_tokens)
         self.deferred.discard(rid)
         if req.spec.lora_id:
             st.loras.add(req.spec.lora_id)
@@ -748,6 +773,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self._free_encoder_refs(req)
             return Admission.STOPS_LOOP
         self._record_load(req, computed - hit.num_external_tokens, hit.num_external_tokens, asynchronous=True)
+        self._record_prefix_cache_stats(req, computed - hit.num_external_tokens)
         req.set_status(RequestStatus.WAITING_FOR_REMOTE_KVS)
         req.num_computed_tokens = computed
         self.inflight_prefills.add(req.request_id)
@@ -886,6 +912,11 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 self._rule("async.stale_dropped")  # pragma: no mutate
                 continue  # drop-mode stale output is discarded entirely
             if s.spec_token_ids and toks:
+                if self.stats_record is not None:
+                    # make_spec_decoding_stats: the drafts less those its
+                    # grammar invalidated; accepted: sampled less the bonus token
+                    invalid = s.num_invalid_spec_tokens + self.stats_record.num_invalid(plan, s.request_id)
+                    self.stats_record.observe_draft(len(s.spec_token_ids) - invalid, max(len(toks) - 1, 0))
                 self._roll_back_rejected(req, len(s.spec_token_ids) - (len(toks) - 1), stale)
             if req.spec.mm_inputs:
                 self._free_encoder_inputs(req)  # "only after the step has actually executed"
@@ -898,6 +929,11 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         self.in_flight = self.in_flight[1:]
         if not cfg.async_scheduling:
             self._update_draft_token_ids(result)
+        if self.stats_record is not None:
+            self.stats_record.updated(plan)
+            if self.in_flight and cfg.num_speculative_tokens:
+                # the next plan's drafts, checked once this update is in (spec/stats_record.py)
+                self.stats_record.deferred_drafts(self.in_flight[0], plan, result, self.requests)
 
     def _take_output(self, req: _Request, toks: tuple[int, ...], stale: bool, stopped: list[str]) -> None:
         """update_from_output for one request's sampled tokens: append them
@@ -981,6 +1017,27 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             return None
         self._rules(stop_rules(reason, token, req.spec, req.num_tokens, self._config.max_model_len))  # pragma: no mutate
         return RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_LENGTH_CAPPED
+
+    # ------------------------------------------------------------------ statistics
+
+    def _record_prefix_cache_stats(self, req: _Request, num_hits: int) -> None:
+        """schedule()'s WAITING loop, once an admission's blocks are allocated
+        (sync or asynchronous load): a request that looked the prefix cache up
+        (nothing computed before: ``did_prefix_cache_lookup``) records its
+        tokens and its local hit, with caching on
+        (KVCacheManager.record_prefix_cache_stats; spec/stats.py)."""
+        if self.stats_record is not None and req.num_computed_tokens == 0 and self.kv.enable_caching:
+            self.stats_record.record_lookup(req.num_tokens, num_hits, req.num_preemptions > 0)
+
+    def make_stats(self) -> SchedulerStats | None:
+        """Scheduler.make_stats, which update_from_output calls at its end:
+        the statistics since the last ones (spec/stats.py); None without
+        ``log_stats``. The driver calls it once after each update()."""
+        if self.stats_record is None:
+            return None
+        waiting = len(self.waiting) + len(self.kv_holding)  # get_request_counts
+        usage = kv_cache_usage(self.kv.num_free, self.kv.num_blocks)
+        return self.stats_record.make(len(self.running), waiting, len(self.deferred), usage)
 
     # ------------------------------------------------------------------ view
 

@@ -56,12 +56,14 @@ PEERS: frozenset[tuple[str, str]] = frozenset({("bench", "modelcheck")})
 #: impl is written apart from the spec's logic (N-version): of spec it may use
 #: only the interface types and the shared protocol boundary.
 IMPL_MAY_USE = frozenset({"schedspec.spec.interface", "schedspec.spec.errors", "schedspec.spec.protocol",
-                          "schedspec.spec.validate"})
+                          "schedspec.spec.validate", "schedspec.spec.stats"})
 #: private attributes of a third party's objects that a module must read, with why.
 FOREIGN_PRIVATE: dict[tuple[str, str], str] = {
     ("schedspec.adapters.vllm_views", "_cache"):
         "vLLM 0.33's BlockPool keeps its prefix-cache index (BlockHashToBlockMap) in a private dict;"
         " the adapter reads it to report the KV view",
+    ("schedspec.engine.recorder", "_cache"):
+        "vLLM 0.32's BlockPool keeps the same index the same way; the online monitor reads it for its KV view",
 }
 #: names that must never be imported at top level from project code.
 GENERIC = frozenset({"spec", "impl", "invariants", "harness", "gpu_runner", "check", "adapters",

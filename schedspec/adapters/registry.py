@@ -14,11 +14,14 @@ is imported until asked for.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import inspect
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from schedspec.check.capabilities import FULL, Capabilities, capabilities_of
 from schedspec.check.conformance import method_problems
@@ -39,23 +42,23 @@ class Target:
     capabilities: Capabilities = field(default=FULL)
 
 
-def _spec(config: SchedulerConfig) -> Scheduler:
+def _spec(config: SchedulerConfig, log_stats: bool = False) -> Scheduler:
     from schedspec.spec.scheduler import SpecScheduler
 
-    return SpecScheduler(config)
+    return SpecScheduler(config, log_stats=log_stats)
 
 
-def _impl(config: SchedulerConfig) -> Scheduler:
+def _impl(config: SchedulerConfig, log_stats: bool = False) -> Scheduler:
     from schedspec.impl import ImplScheduler
 
-    sched: Scheduler = ImplScheduler(config)
+    sched: Scheduler = ImplScheduler(config, log_stats=log_stats)
     return sched
 
 
-def _vllm(config: SchedulerConfig) -> Scheduler:
+def _vllm(config: SchedulerConfig, log_stats: bool = False) -> Scheduler:
     from schedspec.adapters.vllm_adapter import VllmScheduler
 
-    sched: Scheduler = VllmScheduler(config)
+    sched: Scheduler = VllmScheduler(config, log_stats=log_stats)
     return sched
 
 
@@ -114,10 +117,11 @@ def factory_of(cls: type, label: str) -> SchedulerFactory:
     starting with ``label`` for anything else."""
     if is_vllm_scheduler_class(cls):
 
-        def wrapped(config: SchedulerConfig) -> Scheduler:
+        def wrapped(config: SchedulerConfig, **kwargs: Any) -> Scheduler:
             from schedspec.adapters.vllm_adapter import VllmScheduler
 
-            sched: Scheduler = VllmScheduler(config, scheduler_cls=cls)
+            # kwargs: log_stats (schedspec.check.scheduler_stats.with_stats)
+            sched: Scheduler = VllmScheduler(config, scheduler_cls=cls, **kwargs)
             return sched
 
         wrapped.__wrapped__ = cls  # type: ignore[attr-defined]  # what a failure names
@@ -132,8 +136,9 @@ def factory_of(cls: type, label: str) -> SchedulerFactory:
     if problems:
         raise AdapterError(f"{label}: {cls.__qualname__} is not a schedspec Scheduler: " + "; ".join(problems))
 
-    def build(config: SchedulerConfig) -> Scheduler:
-        sched: Scheduler = cls(config)
+    def build(config: SchedulerConfig, **kwargs: Any) -> Scheduler:
+        # kwargs: log_stats, for a class that declares Capabilities.stats
+        sched: Scheduler = cls(config, **kwargs)
         return sched
 
     build.__wrapped__ = cls  # type: ignore[attr-defined]  # what a failure names
@@ -169,7 +174,7 @@ EVERY_MODE = Capabilities(async_scheduling=True, speculative_decoding=True)
 #: The spec also takes every admission gate (LoRA, structured outputs, pause
 #: states, the watermark, the prefill cadence, the encoder budget), the KV
 #: connector and hybrid KV cache groups.
-SPEC_CAPABILITIES = EVERY_MODE.with_gates().with_kv()
+SPEC_CAPABILITIES = dataclasses.replace(EVERY_MODE.with_gates().with_kv(), kv_events=True, stats=True)
 
 
 def impl_capabilities() -> Capabilities:
@@ -181,8 +186,11 @@ def impl_capabilities() -> Capabilities:
     from schedspec.impl import ImplScheduler
 
     kv = getattr(ImplScheduler, "KV", ())
-    return EVERY_MODE.with_gates(g for g, cap in GATE_CAPABILITIES.items() if cap in ImplScheduler.GATES).with_kv(
+    caps = EVERY_MODE.with_gates(g for g, cap in GATE_CAPABILITIES.items() if cap in ImplScheduler.GATES).with_kv(
         k for k, cap in KV_CAPABILITIES.items() if cap in kv)
+    # the KV cache events (spec/kv_events.py) and the statistics (spec/stats.py) where it reports them
+    return dataclasses.replace(caps, kv_events=callable(getattr(ImplScheduler, "take_kv_events", None)),
+                               stats=callable(getattr(ImplScheduler, "make_stats", None)))
 
 
 def resolve(name: str) -> Target:

@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from schedspec.check.capabilities import Capabilities
+from schedspec.spec.stats import SchedulerStats
 from schedspec.spec.interface import (
     PauseState,
     RequestSpec,
@@ -95,11 +96,15 @@ from schedspec.spec.protocol import (
     check_schedule,
 )
 
+from schedspec.spec.kv_events import KVCacheEvent
+
 from schedspec.adapters.vllm_config import build_vllm_config, check_managers
+from schedspec.adapters.vllm_events import EventCapture, translate
 from schedspec.adapters.vllm_kv import blocks_kept_after_reset, kv_connector_output
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
 from schedspec.adapters.vllm_message import MessageCheck
 from schedspec.adapters.vllm_requests import Grammar, GrammarBackend, Live, vllm_request
+from schedspec.adapters.vllm_stats import PreemptionCounter, scheduler_stats_in, stats_of
 from schedspec.adapters.vllm_views import (
     BlockKeys,
     BlockTables,
@@ -139,7 +144,8 @@ def is_async_scheduler_class(cls: type) -> bool:
 #: admission gate (LoRA, structured outputs, pause states, the watermark, the
 #: prefill cadence, the encoder budget), the KV connector (the modelled one,
 #: schedspec/adapters/vllm_connector.py) and hybrid KV cache groups.
-VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True).with_gates().with_kv()
+VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True, kv_events=True,
+                                 stats=True).with_gates().with_kv()
 
 
 def capabilities_of_class(cls: type) -> Capabilities:
@@ -151,7 +157,7 @@ def capabilities_of_class(cls: type) -> Capabilities:
     config is refused when it is built)."""
     is_async = is_async_scheduler_class(cls)
     return Capabilities(async_scheduling=is_async, speculative_decoding=True,
-                        sync_scheduling=not is_async).with_gates().with_kv()
+                        sync_scheduling=not is_async, kv_events=True, stats=True).with_gates().with_kv()
 
 
 class VllmScheduler:
@@ -167,7 +173,7 @@ class VllmScheduler:
 
     CAPABILITIES = VLLM_CAPABILITIES
 
-    def __init__(self, config: SchedulerConfig, scheduler_cls: type | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, scheduler_cls: type | None = None, log_stats: bool = False) -> None:
         config = check_config(config)
         load_vllm()
         from schedspec.adapters import vllm_names as v
@@ -195,7 +201,7 @@ class VllmScheduler:
             kv_cache_config=kv_cache_config,
             structured_output_manager=v.StructuredOutputManager(self._vllm_config),
             block_size=config.block_size,
-            log_stats=False,
+            log_stats=log_stats,
         )
         for attr in ("requests", "waiting", "running", "kv_cache_manager", "finished_req_ids"):
             if not hasattr(self.sched, attr):
@@ -206,6 +212,9 @@ class VllmScheduler:
         if config.has_encoder:
             self._set_encoder_budget(config)
         self._pin_finish_order()
+        # log_stats: vLLM's statistics of the last update, mapped (vllm_stats.py)
+        self._preemptions = PreemptionCounter(self.sched) if log_stats else None
+        self._last_stats: SchedulerStats | None = None
         # The structured-output manager's backend (a tokenizer-bound compiler
         # in vLLM): only the bitmask allocation is reached, grammars are ours.
         som = self.sched.structured_output_manager
@@ -241,6 +250,12 @@ class VllmScheduler:
         # request id -> the group-0 blocks its asynchronous load writes, until
         # the worker reports the load (finished_recving)
         self._kv_loading: dict[str, tuple[int, ...]] = {}
+        # the KV cache events (vllm_events.py): vLLM's published batches
+        # captured, and those translated since the last take_kv_events()
+        self._kv_capture: EventCapture | None = None
+        self._kv_events: list[KVCacheEvent] = []
+        if config.enable_kv_cache_events:
+            self._kv_capture = self.sched.kv_event_publisher = EventCapture()
 
     def _pin_finish_order(self) -> None:
         """update_from_output finishes the requests of a step's errors (a
@@ -455,7 +470,11 @@ class VllmScheduler:
         self._in_flight.pop(0)
         for rid in result.finished_recving:
             self._kv_loading.pop(rid, None)
-        into_vllm(self.sched.update_from_output, out, runner_output)
+        outputs = into_vllm(self.sched.update_from_output, out, runner_output)
+        if self._preemptions is not None:
+            # Scheduler.make_stats ran at the end of update_from_output
+            found = scheduler_stats_in(outputs)
+            self._last_stats = None if found is None else stats_of(found, self._preemptions.take())
         if self._async and self._in_flight:
             deferred = self._in_flight[0][1]
             if deferred.pending_structured_output_tokens:
@@ -481,7 +500,21 @@ class VllmScheduler:
             # (update_from_output, grammar_compile_error_reqs)
             self._collect_finished([rid for rid in self._grammars if rid in self._live])
             self._grammars = {rid: f for rid, f in self._grammars.items() if rid in self._live}
+        if self._kv_capture is not None:
+            # every hash the step's events name still has its content here
+            self._kv_events.extend(translate(self._kv_capture.take(), self._keys))
         self._keys.prune_if_large(self.sched.kv_cache_manager.block_pool, self._live.values())
+
+    def take_kv_events(self) -> tuple[KVCacheEvent, ...]:
+        """vLLM's KV cache events published since the last take (one batch per
+        update_from_output), as the spec's (spec/kv_events.py)."""
+        out, self._kv_events = tuple(self._kv_events), []
+        return out
+    def make_stats(self) -> SchedulerStats | None:
+        """The statistics vLLM's update_from_output made at its end
+        (Scheduler.make_stats), as ours; None without log_stats."""
+        stats, self._last_stats = self._last_stats, None
+        return stats
 
     def _deferred_bitmask(self, deferred: Any, plan: StepPlan, result: StepResult) -> None:
         """The engine core's deferred sampling of an async plan whose

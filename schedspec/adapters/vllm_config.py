@@ -78,7 +78,11 @@ def build_vllm_config(config: SchedulerConfig) -> tuple[Any, Any]:
         kv_transfer_config=_kv_transfer_config(config),
         ec_transfer_config=None,
         lora_config=_lora_config(config),
-        kv_events_config=None,
+        # the KV cache events (spec/kv_events.py): queued by the block pool and
+        # taken once per update_from_output; the "null" publisher binds no
+        # socket (schedspec/adapters/vllm_events.py captures the batches)
+        kv_events_config=(v.KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+                          if config.enable_kv_cache_events else None),
     )
     # The engine sets this after profiling the GPU; the scheduler asserts on it.
     vllm_config.cache_config.num_gpu_blocks = config.num_blocks

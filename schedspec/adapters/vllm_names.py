@@ -20,6 +20,7 @@ import torch  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
+    KVEventsConfig,
     KVTransferConfig,
     LoRAConfig,
     ModelConfig,
@@ -27,6 +28,7 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
 )
 from vllm.config import SchedulerConfig as VllmSchedulerConfig  # noqa: E402
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
@@ -64,6 +66,8 @@ __all__ = [
     "Scheduler", "SlidingWindowSpec", "SpeculativeConfig", "StructuredOutputManager",
     "StructuredOutputsParams", "VPauseState", "VRequestStatus", "VllmConfig", "VllmSchedulerConfig",
     "block_hasher", "float32", "get_block_hash", "get_group_id", "register_all_kvcache_specs", "torch",
+    # the KV cache events (schedspec/adapters/vllm_events.py)
+    "AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventsConfig",
 ]
 
 init_none_hash(sha256)

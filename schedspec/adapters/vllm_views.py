@@ -197,6 +197,7 @@ class BlockKeys:
         self.block_size = block_size
         self._keys: dict[bytes, BlockKey] = {}  # vLLM block hash -> content key
         self._prune_at = 4096  # forget keys nobody can ask for once there are this many
+        self._ints: dict[int, BlockKey] | None = None  # event_key's int hashes, built when asked
 
     def record(self, live: Live) -> None:
         """Remember which content every new block hash of the request stands
@@ -228,6 +229,22 @@ class BlockKeys:
             keep.update(one.req.block_hashes[: one.num_hashed])
         self._keys = {h: k for h, k in self._keys.items() if h in keep}
         self._prune_at = max(4096, 2 * len(self._keys))
+
+    def event_key(self, external: bytes | int) -> BlockKey:
+        """The content key (as group 0 spells it) of a block hash as vLLM's
+        KV cache events carry it (kv_cache_utils.maybe_convert_block_hash:
+        the hash, or with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES its low 64
+        bits big-endian as an int)."""
+        if isinstance(external, bytes):
+            key = self._keys.get(external)
+        else:
+            ints = self._ints
+            if ints is None or external not in ints:
+                ints = self._ints = {int.from_bytes(h, "big") & ((1 << 64) - 1): k for h, k in self._keys.items()}
+            key = ints.get(external)
+        if key is None:
+            raise VllmAdapterError(f"a vLLM KV cache event names a block hash {external!r} of no known request")
+        return key
 
     def key(self, hash_with_group: bytes) -> BlockKey:
         """The content key of a cached block: its block hash's content, of

@@ -68,6 +68,8 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
         # the KV connector and hybrid KV cache groups (features.KV_FEATURES)
         "kv_connector",
         "hybrid_kv",
+        # the KV cache events (spec/kv_events.py): take_kv_events()
+        "kv_events",
     }
 )
 
@@ -149,6 +151,15 @@ class Capabilities:
     #: hybrid KV cache groups: config.kv_cache_groups other than one
     #: full-attention group
     hybrid_kv: bool = False
+    #: KV cache events: config.enable_kv_cache_events and take_kv_events()
+    #: (the optional Scheduler method: the events since the last take,
+    #: spec/kv_events.py), opted into as the KV features are
+    kv_events: bool = False
+    #: the scheduler statistics (spec/stats.py): the class takes a
+    #: ``log_stats`` keyword (as vLLM's Scheduler does) and reports them
+    #: through the optional ``make_stats()`` after each update
+    #: (``schedspec check --stats``); no check draws anything for it
+    stats: bool = False
 
     def __post_init__(self) -> None:
         if not (self.sync_scheduling or self.async_scheduling):
@@ -182,7 +193,8 @@ class Capabilities:
             return False
         plain = dataclasses.replace(self, async_scheduling=False, speculative_decoding=False, lora=False,
                                     structured_output=False, pause=False, watermark=False,
-                                    prefill_cadence=False, encoder=False, kv_connector=False, hybrid_kv=False)
+                                    prefill_cadence=False, encoder=False, kv_connector=False, hybrid_kv=False,
+                                    kv_events=False, stats=False)
         return self == FULL or plain == FULL
 
     def always(self) -> tuple[str, ...]:
@@ -327,6 +339,8 @@ class Capabilities:
             out.append("kv_connector=True")
         if config.is_hybrid and not self.hybrid_kv:
             out.append("hybrid kv_cache_groups")
+        if config.enable_kv_cache_events and not self.kv_events:
+            out.append("enable_kv_cache_events=True")
         return out
 
     def request_problems(self, request: RequestSpec) -> list[str]:
@@ -421,6 +435,8 @@ class Capabilities:
             changes["kv_load_failure_policy"] = "fail"
         if config.is_hybrid and not self.hybrid_kv:
             changes["kv_cache_groups"] = ()
+        if config.enable_kv_cache_events and not self.kv_events:
+            changes["enable_kv_cache_events"] = False
         out = dataclasses.replace(config, **changes)
         off = [g for g in self.always_gates() if g not in gates_of(out)]
         if off:

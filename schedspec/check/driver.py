@@ -4,6 +4,9 @@ For every event each scheduler performs the operation; with invariants on,
 a Monitor per scheduler sees the (before, after) views of every operation; in
 lockstep, the StepPlans (block ids included) and the views must be equal after
 every operation. The first failure stops the run and says where and why.
+Schedulers built with log_stats (check/scheduler_stats.py) report their
+statistics after every update (``make_stats()``); those are compared too and
+handed to the invariants with the update.
 
 Each scheduler steps its own model, any ``Model`` (the fake model by default;
 the equivalence matrix passes torch executors). ``run`` applies a workload's
@@ -33,6 +36,7 @@ from typing import Callable, Mapping, Sequence
 
 from schedspec.invariants import Invariant, Monitor, Transition, Violation
 from schedspec.invariants.core import ALL_KINDS
+from schedspec.spec.kv_events import KVCacheEvent
 from schedspec.spec.interface import (
     PauseState,
     ProtocolError,
@@ -60,6 +64,7 @@ from schedspec.check.records import (
     wrong_type,
 )
 from schedspec.check.stats import Stats
+from schedspec.spec.stats import SchedulerStats
 from schedspec.check.workload import (
     Abort,
     AddRequest,
@@ -207,6 +212,9 @@ class Runner:
         self.pause_state = PauseState.UNPAUSED
         #: run() stopped before the last event (its stop_at passed)
         self.stopped = False
+        #: with config.enable_kv_cache_events: called with (step, events) for
+        #: each non-empty batch of the first scheduler (spec/kv_events.py)
+        self.kv_event_sink: Callable[[int, tuple[KVCacheEvent, ...]], None] | None = None
 
     @property
     def where(self) -> tuple[str, str]:
@@ -645,14 +653,28 @@ class Runner:
         self.pending.pop(0)
         if pending.kv_failed:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
+        events_on = self.config.enable_kv_cache_events
+        batches: dict[str, object] = {}
+        made: dict[str, object] = {}
         for name in self.names:
             before = self.views.get(name)
             self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])
+            if events_on:
+                batches[name] = self._take_kv_events(name)
+            stats = made[name] = self._make_stats(name)
+            if isinstance(stats, Failure):
+                return stats
             if before is not None and (
-                f := self._observe(name, "update", before, plan=plans[name], result=results[name])
+                f := self._observe(name, "update", before, plan=plans[name], result=results[name],
+                                   kv_events=batches.get(name, ()),
+                                   **({"stats": stats} if stats is not None else {}))
             ):
                 return f
+        if any(s is not None for s in made.values()):
+            if (f := self._compare("make_stats()", made)):
+                return f
+            self.stats.stats_reports += 1
         for worker in self.workers.values():
             worker.updated(pending.step)
         for rid, toks in results[self.names[0]].sampled.items():
@@ -660,7 +682,41 @@ class Runner:
                 self.truth[rid].extend(toks)
         if self.history is not None:
             self._mark_updated(pending.step)
+        if events_on and (f := self._kv_events_taken(pending.step, batches)):
+            return f
         return self.check_views()
+
+    def _take_kv_events(self, name: str) -> tuple[KVCacheEvent, ...]:
+        """A scheduler's KV cache events since the last take, taken right
+        after its update as vLLM's Scheduler.update_from_output takes them
+        (spec/kv_events.py); the update's Transition carries them."""
+        self.where = (name, "take_kv_events")
+        return tuple(self._optional(name, "take_kv_events")())  # type: ignore[operator]
+
+    def _kv_events_taken(self, step: int, batches: dict[str, object]) -> Failure | None:
+        """The schedulers' events of one update compared in lockstep; the
+        first scheduler's counted and handed to ``kv_event_sink``."""
+        if (f := self._compare("take_kv_events()", batches)):
+            return f
+        batch = batches[self.names[0]]
+        assert isinstance(batch, tuple)
+        self.stats.kv_cache_events += len(batch)
+        if batch and self.kv_event_sink is not None:
+            self.kv_event_sink(step, batch)
+        return None
+    def _make_stats(self, name: str) -> SchedulerStats | Failure | None:
+        """The statistics a scheduler reports after an update (the optional
+        ``make_stats()``, which vLLM's update_from_output calls at its end:
+        spec/stats.py); None from one built without log_stats or without the
+        method. The schedulers' statistics are compared like their plans."""
+        make = getattr(self.scheds[name], "make_stats", None)
+        if not callable(make):
+            return None
+        self.where = (name, "make_stats")
+        stats = make()
+        if stats is not None and not isinstance(stats, SchedulerStats):
+            return self._wrong_type(name, "make_stats", stats, SchedulerStats)
+        return stats
 
     def _meaningful(self, name: str, result: StepResult, pending: _Pending) -> StepResult:
         """``result`` as it reaches update(): the invalid block of a

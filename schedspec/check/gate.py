@@ -37,6 +37,7 @@ from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, guided_workload
 from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_capabilities
+from schedspec.check.kv_events_file import EventsWriter
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
@@ -96,6 +97,12 @@ class CheckSettings:
     #: a workload on which the reference meets a documented vLLM defect
     #: (check/defects.py) fails the run, instead of being counted apart
     strict_defects: bool = False
+    #: every workload with config.enable_kv_cache_events on: the schedulers'
+    #: KV cache events (spec/kv_events.py) compared once per update
+    kv_events: bool = False
+    #: with kv_events: write the reference's stream here as JSON lines
+    #: (kv_events_file.py), one per event
+    events_file: Path | None = None
 
     @property
     def steps_goal(self) -> int | None:
@@ -430,6 +437,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     core_rules: Counter[str] = Counter()
     first = core_first(total_steps, settings.workload_steps)
     seed = settings.seed
+    events_out = EventsWriter(settings.events_file) if settings.events_file is not None else None
     try:
         while True:
             if total_steps is not None and steps >= total_steps:
@@ -442,8 +450,12 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             core = is_core(index - 1, first)
             workload = caps.restrict_workload(
                 make_workload(settings, seed, n, core_rules if core else stats.rules, core))
+            if settings.kv_events and caps.kv_events:
+                workload = dataclasses.replace(
+                    workload, config=dataclasses.replace(workload.config, enable_kv_cache_events=True))
             runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
-                                           plans_only=settings.plans_only, invariants=invariants, stop_at=stop_at)
+                                           plans_only=settings.plans_only, invariants=invariants, stop_at=stop_at,
+                                           kv_event_sink=events_out.sink(seed) if events_out is not None else None)
             if failure is not None and settings.plans_only and failure.kind != "timeout":
                 # the same workload, everything checked
                 failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,

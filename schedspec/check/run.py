@@ -6,10 +6,11 @@ replay`` run workloads through these."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from schedspec.invariants import Invariant
 from schedspec.spec.interface import SchedulerConfig, SchedulerFactory
+from schedspec.spec.kv_events import KVCacheEvent
 from schedspec.spec.scheduler import SpecScheduler
 
 from schedspec.check.driver import Runner
@@ -27,7 +28,9 @@ def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], voc
                  oracle_seed: int = 0, keep_history: bool = False,
                  plans_only: bool = False,
                  invariants: Sequence[Invariant] | None = None,
-                 stop_at: float | None = None) -> tuple[Runner, Failure | None]:
+                 stop_at: float | None = None,
+                 kv_event_sink: Callable[[int, tuple[KVCacheEvent, ...]], None] | None = None,
+                 ) -> tuple[Runner, Failure | None]:
     """Run one workload. ``plans_only``: compare plans (and model outputs) at
     every step but views only once, at the end, with no invariants: the fast
     lockstep; a failure it finds is re-run with everything on. ``invariants``:
@@ -41,6 +44,7 @@ def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], voc
     runner = Runner(workload.config, factories, vocab=vocab, oracle_seed=oracle_seed,
                     keep_history=keep_history, check_invariants=not plans_only,
                     compare_views=not plans_only, invariants=invariants)
+    runner.kv_event_sink = kv_event_sink  # the KV cache events of each update (Runner.kv_event_sink)
     failure = runner.run(workload.events, stop_at=stop_at)
     if runner.stopped:
         return runner, failure

@@ -31,11 +31,13 @@ _SUMMED = (
     "encoder_freed", "invalid_spec_tokens", "lora_steps",
     "kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts", "held_block_steps",
     "sliding_window_frees", "chunked_local_frees",
+    "kv_cache_events",
+    "stats_reports",
 )
 
 #: The KV connector and hybrid-group counters (reported only when a run has them).
 KV_COUNTERS = ("kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts",
-               "held_block_steps", "sliding_window_frees", "chunked_local_frees")
+               "held_block_steps", "sliding_window_frees", "chunked_local_frees", "kv_cache_events")
 
 #: The admission-gate counters (reported only when a run has gates on).
 GATE_COUNTERS = ("pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed",
@@ -77,6 +79,9 @@ class Stats:
     held_block_steps: int = 0  # blocks held by finished requests, summed over the steps
     sliding_window_frees: int = 0  # sliding-window table entries that became the null block
     chunked_local_frees: int = 0  # chunked-local table entries that became the null block
+    kv_cache_events: int = 0  # KV cache events taken (config.enable_kv_cache_events; spec/kv_events.py)
+    #: make_stats() reports compared (schedulers built with log_stats: spec/stats.py)
+    stats_reports: int = 0
     #: the kind of each KV cache group (KVCacheGroup.kind), where the driver
     #: tells it: the null entries of a group's table count to its kind's
     #: counter (check/kv_kinds.py, frees_stat: chunked_local_frees for a
@@ -193,6 +198,8 @@ class Stats:
             # gates reports what it always did
             **{name: getattr(self, name) for name in GATE_COUNTERS if getattr(self, name)},
             **{name: getattr(self, name) for name in KV_COUNTERS if getattr(self, name)},
+            # the scheduler statistics compared (schedulers built with log_stats)
+            **({"stats_reports": self.stats_reports} if self.stats_reports else {}),
         }
 
     def gate_line(self) -> str:

@@ -56,6 +56,10 @@ for a request that never loads asynchronously (kv_load_done), never loads
 (kv_load_failed), never saves (kv_save_done), or with a ``block_index``
 outside the blocks the request's external prefix fills, are refused.
 
+Version 5 adds the schedule event's ``plan``: the plan a recorded scheduler
+made there (schedspec/engine/recorder.py), which a replay compares with the
+scheduler's own (schedspec/check/recorded.py).
+
 Blank lines and lines starting with ``#`` are ignored. Each line is validated
 against the shipped JSON Schema with ``jsonschema`` (imported on first use);
 the rules a schema cannot state (the config's cross-field rules, unique ids,
@@ -86,6 +90,7 @@ from schedspec.check.workload import (
     KVLoadFailed,
     KVSaveDone,
     Pause,
+    RecordedPlan,
     ResetPrefixCache,
     Resume,
     Schedule,
@@ -95,8 +100,8 @@ from schedspec.check.workload import (
 )
 
 #: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.
-TRACE_VERSION = 4
-READ_VERSIONS = (1, 2, 3, 4)
+TRACE_VERSION = 5
+READ_VERSIONS = (1, 2, 3, 4, 5)
 
 
 def fields_since(cls: type, version: int) -> tuple[str, ...]:
@@ -169,6 +174,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
         out: dict[str, Any] = {"op": "schedule"}
         if event.result is not None:
             out["result"] = result_to_json(event.result)
+        if event.plan is not None:
+            out["plan"] = recorded_plan_to_json(event.plan)
         return out
     if isinstance(event, Update):
         return {"op": "update"} if event.step is None else {"op": "update", "step": event.step}
@@ -197,9 +204,16 @@ def result_to_json(result: StepResult) -> dict[str, Any]:
     return out
 
 
+def recorded_plan_to_json(plan: RecordedPlan) -> dict[str, Any]:
+    return {"scheduled": [list(e) for e in plan.scheduled], "preempted": list(plan.preempted),
+            "finished": list(plan.finished)}
+
+
 def version_of(trace: Trace) -> int:
     """The lowest format version that holds ``trace``."""
     config = trace.config.to_dict()
+    if any(isinstance(e, Schedule) and e.plan is not None for e in trace.events):
+        return 5
     if trace.kv:
         return 4
     if trace.gates:
@@ -377,6 +391,7 @@ def _parse_header(
 
 _NEEDS_V3 = "needs trace format version 3 (\"schedspec_trace\": 3)"
 _NEEDS_V4 = "needs trace format version 4 (\"schedspec_trace\": 4)"
+_NEEDS_V5 = "needs trace format version 5 (\"schedspec_trace\": 5)"
 
 
 class _Loading:
@@ -476,10 +491,15 @@ def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
             raise TraceError(path, line, "op", why)
         return Step()
     if op == "schedule":
+        if "plan" in obj and state.version < 5:
+            raise TraceError(path, line, "plan", _NEEDS_V5)
         result = _parse_result(where, obj["result"], state) if "result" in obj else None
         if (why := state.flight.schedule()) is not None:
             raise TraceError(path, line, "op", why)
-        return Schedule(result)
+        plan = obj.get("plan")
+        return Schedule(result, None if plan is None else RecordedPlan(
+            tuple((e[0], e[1], e[2], e[3], e[4]) for e in plan["scheduled"]),
+            tuple(plan.get("preempted", ())), tuple(plan.get("finished", ()))))
     if op == "update":
         step = obj.get("step")
         if (why := state.flight.update(step)) is not None:

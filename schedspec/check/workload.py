@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
-from schedspec.spec.interface import RequestSpec, SchedSpecError, SchedulerConfig, StepResult
+from schedspec.spec.interface import RequestSpec, SchedSpecError, SchedulerConfig, StepPlan, StepResult
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,36 @@ class GrammarReady:
 
 
 @dataclass(frozen=True)
+class RecordedPlan:
+    """The plan a recorded scheduler made at a Schedule (trace format 5,
+    written by the engine's recorder, schedspec/engine/recorder.py): per
+    entry, in plan order, ``(request id, kind, num_computed_tokens,
+    num_scheduled_tokens, number of drafts)``; the preempted and finished
+    ids, sorted. A replay holds the scheduler's plan to it
+    (schedspec/check/recorded.py); the drivers ignore it."""
+
+    scheduled: tuple[tuple[str, str, int, int, int], ...] = ()
+    preempted: tuple[str, ...] = ()
+    finished: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, plan: StepPlan) -> RecordedPlan:
+        return cls(
+            tuple((s.request_id, s.kind.value, s.num_computed_tokens, s.num_scheduled_tokens,
+                   len(s.spec_token_ids)) for s in plan.scheduled),
+            tuple(sorted(plan.preempted_ids)), tuple(sorted(plan.finished_ids)))
+
+
+@dataclass(frozen=True)
 class Schedule:
     """``plan = schedule()`` and run the model on it; the plan is then in
     flight until an Update. ``result``, when given, is the model's output for
     the requests it names (a recorded output: the fake model takes these
-    tokens and drafts instead of its own)."""
+    tokens and drafts instead of its own). ``plan``, when given, is the plan
+    the recorded scheduler made here (RecordedPlan)."""
 
     result: StepResult | None = None
+    plan: RecordedPlan | None = None
 
 
 @dataclass(frozen=True)

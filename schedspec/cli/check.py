@@ -29,6 +29,7 @@ from schedspec.invariants import Selection
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
+from schedspec.cli.common import with_stats_factories
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -66,6 +67,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="fail (exit 1) when one of these spec rules (spec/rule_names.py; a group such as "
                         "'kv' names all its rules) was never reached")
     c.add_argument("--rules", action="store_true", help="print the rule-coverage table (every rule, its count)")
+    c.add_argument("--stats", action="store_true",
+                   help="build every scheduler with log_stats and compare the scheduler statistics "
+                        "(make_stats) after every update, under the invariants of invariants/stats.py")
     c.add_argument("--generator", default="guided", choices=("guided", "random"),
                    help="guided (default): swarm workloads aimed at the rules reached least so far; "
                         "random: the plain seeded workloads")
@@ -79,6 +83,11 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="the KV features the workloads may turn on (the KV connector: external prefix loads, "
                         "async loads and saves, the worker's reports; hybrid KV cache groups), a subset drawn per "
                         "workload (default all: every one the scheduler under test supports; none: neither)")
+    c.add_argument("--kv-events", action="store_true",
+                   help="turn the KV cache events on in every workload (vLLM's KVEventsConfig."
+                        "enable_kv_cache_events) and compare every scheduler's stream once per step")
+    c.add_argument("--events", default=None, metavar="FILE",
+                   help="write the reference's KV cache event stream to FILE as JSON lines (implies --kv-events)")
     add_call_timeout_argument(c)
     c.add_argument("--strict-defects", action="store_true",
                    help="a workload on which the reference meets a documented vLLM 0.33 defect "
@@ -126,6 +135,8 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         kv=kv,
         call_timeout=call_timeout_of(args),
         strict_defects=getattr(args, "strict_defects", False),
+        kv_events=getattr(args, "kv_events", False) or getattr(args, "events", None) is not None,
+        events_file=Path(args.events) if getattr(args, "events", None) is not None else None,
     )
 
 
@@ -172,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
+    if getattr(args, "stats", False):
+        factories = with_stats_factories(factories, target)
     settings = dataclasses.replace(settings, capabilities=target.capabilities)
     try:
         drawn_gates = settings.drawn_gates
@@ -186,6 +199,10 @@ def run(args: argparse.Namespace) -> int:
     if kv_text not in ("all", "none") and unsupported_kv:
         raise UsageError(f"--kv: {args.against} does not support the KV feature(s) {', '.join(unsupported_kv)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
+    if settings.kv_events and not target.capabilities.kv_events:
+        flag = "--events" if settings.events_file is not None else "--kv-events"
+        raise UsageError(f"{flag}: {args.against} does not take KV cache events (its declared "
+                         f"capabilities: {target.capabilities.describe()})")
     check_outputs(args)
     progress = Progress(enabled=not args.quiet)
     coverage = _coverage_start(args, name)
@@ -201,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
         assert outcome.out_dir is not None and outcome.trace_path is not None
         print((outcome.out_dir / "steps.txt").read_text(), end="")
         print(counterexample_line(outcome))
-        print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}")
+        print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}"
+              + (" --stats" if getattr(args, "stats", False) else ""))
         if outcome.reference_failed:
             print(reference_line(outcome, args.against))
     elif outcome.interrupted is not None:
@@ -222,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
     kv = settings.drawn_kv
     print("kv: " + (", ".join(kv) if kv else "none")
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
+    if settings.events_file is not None:
+        print(f"KV cache events: {outcome.stats.kv_cache_events} written to {settings.events_file}")
+    if getattr(args, "stats", False):
+        print(f"stats: {outcome.stats.stats_reports} make_stats() reports compared, one per update")
     if outcome.stats.rules or outcome.interrupted is not None:  # the coverage so far, even of nothing
         # the rules out of reach are those of the modes and gates this run
         # could not draw, not those of every gate
@@ -245,7 +267,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     """Every path the run will write, checked (folders created) before it
     starts: UsageError naming the flag and the path when one cannot be written."""
     check_output_dir("--out", Path(args.out))
-    for flag, value in (("--json", args.json), ("--junit", args.junit)):
+    for flag, value in (("--json", args.json), ("--junit", args.junit), ("--events", getattr(args, "events", None))):
         if value:
             check_output_file(flag, Path(value))
     if args.coverage:

@@ -138,6 +138,19 @@ def lockstep_factories(against: str, reference: str = "spec") -> tuple[str, dict
     return target.name, {reference: resolve(reference).factory, target.name: target.factory}
 
 
+def with_stats_factories(factories: dict[str, Any], target: Any) -> dict[str, Any]:
+    """--stats: the factories building their schedulers with log_stats
+    (check/scheduler_stats.py); UsageError naming a scheduler that does not
+    declare Capabilities.stats."""
+    from schedspec.check.scheduler_stats import StatsUnsupported, stats_factories
+
+    caps = {n: (target.capabilities if n == target.name else resolve(n).capabilities) for n in factories}
+    try:
+        return stats_factories(factories, caps)
+    except StatsUnsupported as exc:
+        raise UsageError(f"--stats: {exc}") from None
+
+
 # --------------------------------------------------------------------------
 # rich, when there is a terminal to draw on
 # --------------------------------------------------------------------------

@@ -35,6 +35,8 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("equivalence", "schedspec.cli.equivalence", "token equivalence on a real model (needs torch)"),
     ("engine-equivalence", "schedspec.cli.engine_equivalence",
      "vLLM's own engine on the CPU: each engine variant's tokens against the baseline"),
+    ("engine-record", "schedspec.cli.engine_record",
+     "capture a replayable trace from vLLM's own engine on the CPU (and its monitor)"),
     ("modelcheck", "schedspec.cli.modelcheck",
      "explore every state within a bound (TLC-style): invariants, deadlock, liveness, impl differential"),
 )

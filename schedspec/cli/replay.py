@@ -28,6 +28,7 @@ from typing import Sequence
 from schedspec.check import report
 from schedspec.check import trace as tracefile
 from schedspec.check.records import Failure, StepRecord
+from schedspec.check.recorded import compare_plans, recorded_plans
 from schedspec.check.capabilities import Capabilities, CapabilityError
 from schedspec.check.deadline import guarded
 from schedspec.check.defects import describe, failure_reports, known_defect
@@ -42,11 +43,12 @@ from schedspec.cli.common import (
     add_mode_arguments,
     call_timeout_of,
     check_factories,
+    with_stats_factories,
     print_table,
     rich_console,
 )
 from schedspec.invariants import Mode, Selection
-from schedspec.spec.interface import ScheduleKind, SchedulerFactory
+from schedspec.spec.interface import ScheduleKind, SchedulerFactory, StepPlan
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
@@ -61,6 +63,8 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                         "(default all: those the scheduler supports); the others are skipped")
     add_mode_arguments(r, " (default: the check the trace records)")
     add_call_timeout_argument(r)
+    r.add_argument("--stats", action="store_true",
+                   help="build the schedulers with log_stats and compare their statistics (as check --stats)")
 
 
 def trace_paths(items: Sequence[str]) -> list[Path]:
@@ -229,6 +233,8 @@ def _run(args: argparse.Namespace) -> int:
         trace = _in_its_mode(path, trace, args.against, target.capabilities)
         selection = _selection(path, trace, args, target.capabilities)
         _, factories = check_factories(args.against, selection.mode)
+        if getattr(args, "stats", False):
+            factories = with_stats_factories(factories, target)
         plans.append((path, trace, selection, factories))
     name = target.name
     if single:
@@ -237,9 +243,16 @@ def _run(args: argparse.Namespace) -> int:
     failed = 0
     for path, trace, selection, factories in plans:
         runner, failure = run_workload(trace.workload, factories, trace.vocab, trace.oracle_seed,
-                                       keep_history=args.table, invariants=selection.invariants)
+                                       keep_history=args.table or bool(recorded_plans(trace.events)),
+                                       invariants=selection.invariants)
         if args.table:
             _show_table(runner.history or [], failure, title=str(path))
+        verdict = _recorded_verdict(trace, runner.history or [], failure, runner.last_plan)
+        if verdict is not None:
+            ok, what = verdict
+            print(f"{'OK     ' if ok else 'FAILED '} {path}: {what}")
+            failed += not ok
+            continue
         if failure is None:
             print(f"OK      {path}: {len(trace.events)} events ({runner.stats.steps} steps; {selection.mode}, "
                   f"{len(selection.invariants)} invariants)")
@@ -260,6 +273,13 @@ def _replay_one(trace: tracefile.Trace, factories: dict[str, SchedulerFactory], 
                 args: argparse.Namespace, selection: Selection) -> int:
     runner, failure = run_workload(trace.workload, factories, trace.vocab, trace.oracle_seed, keep_history=True,
                                    invariants=selection.invariants)
+    verdict = _recorded_verdict(trace, runner.history or [], failure, runner.last_plan)
+    if verdict is not None:
+        ok, what = verdict
+        if args.table or not ok:
+            _show_table(runner.history or [], failure)
+        print(f"{'OK' if ok else 'FAILED'}: replayed {len(trace.events)} events against {args.against}: {what}")
+        return EXIT_OK if ok else EXIT_FAIL
     if args.table or failure is not None:
         _show_table(runner.history or [], failure)
     if failure is None:
@@ -274,3 +294,27 @@ def _replay_one(trace: tracefile.Trace, factories: dict[str, SchedulerFactory], 
         what = f"on a {describe(defect)}" if defect else "a bug of schedspec or a vLLM defect not yet written up"
         print(f"the reference (the spec) failed first, {what}: not a failure of {args.against}")
     return EXIT_FAIL
+
+
+def _recorded_verdict(trace: tracefile.Trace, history: list[StepRecord], failure: Failure | None,
+                      last_plan: StepPlan | None = None) -> tuple[bool, str] | None:
+    """A captured trace (with the plans a recorded engine made, format 5)
+    held to those plans (schedspec/check/recorded.py): (ok, what to print),
+    or None for a trace without them or a failure before any difference
+    (reported as for any trace). A documented vLLM 0.32 -> 0.33 difference
+    is ok, and a failure at or after its step is its consequence."""
+    if not recorded_plans(trace.events):
+        return None
+    compared, mismatch = compare_plans(trace.config, trace.events, history, last_plan)
+    if mismatch is None:
+        if failure is not None:
+            return None
+        return True, f"{compared} plans equal to the recorded engine's (vLLM 0.32), every invariant held"
+    if failure is not None and failure.step < mismatch.step:
+        return None
+    then = f"; then, its consequence: {failure.kind} at step {failure.step}" if failure is not None else ""
+    if mismatch.difference is not None:
+        return True, f"{compared} plans equal to the recorded engine's, then {mismatch.describe()}{then}"
+    return False, (f"{compared} plans equal to the recorded engine's (vLLM 0.32), then {mismatch.describe()} "
+                   f"(not a documented 0.32 -> 0.33 difference: a bug of the scheduler, of vLLM 0.32, "
+                   f"or a difference to document){then}")

@@ -56,6 +56,15 @@ def record_step_stats(out: Any, scheduler: Any, stats: dict[str, int]) -> None:
             stats["chunks"] += 1
 
 
+def _unfinished(scheduler: Any, rid: str) -> bool:
+    """Whether the scheduler holds request ``rid`` unfinished. vLLM 0.32's
+    input processor gives each request the internal id ``rid-XXXXXXXX``
+    (eight random characters: vllm/v1/engine/input_processor.py,
+    assign_request_id), which is what the scheduler keys it by."""
+    return any((key == rid or (key.startswith(rid + "-") and len(key) == len(rid) + 9))
+               and not req.is_finished() for key, req in scheduler.requests.items())
+
+
 def _load_class(path: str | None) -> Any:
     if not path:
         return None
@@ -101,7 +110,7 @@ def run_workload(engine: Any, workload: dict[str, Any], max_steps: int) -> dict[
             for rid, at in list(aborts.items()):
                 if at <= step:
                     del aborts[rid]
-                    if rid in scheduler.requests:
+                    if _unfinished(scheduler, rid):
                         engine.abort_request([rid])
                         results[rid]["aborted_at"] = step
             for output in engine.step():

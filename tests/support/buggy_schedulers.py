@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+from schedspec.check.capabilities import FULL as SPEC_STATS_CAPABILITIES
 from schedspec.spec.scheduler import SpecScheduler
 
 
@@ -47,3 +51,16 @@ class WrongTypeSchedule(SpecScheduler):
 
     def schedule(self):  # type: ignore[no-untyped-def]
         return list(super().schedule().scheduled)
+
+
+class MiscountedPreemptions(SpecScheduler):
+    """Reports scheduler statistics (Capabilities.stats) but counts each
+    preemption twice."""
+
+    CAPABILITIES = dataclasses.replace(SPEC_STATS_CAPABILITIES, stats=True)
+
+    def make_stats(self) -> Any:
+        stats = super().make_stats()
+        if stats is not None and stats.num_preemptions:
+            stats = dataclasses.replace(stats, num_preemptions=2 * stats.num_preemptions)
+        return stats

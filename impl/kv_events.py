@@ -1,0 +1,53 @@
+"""impl's KV cache events: the same stream as the spec's (spec/kv_events.py
+states the rules and cites vLLM 0.33), built only while events are on
+(``PrefixIndex.events`` is a list, not None): the callers test that one
+attribute and build nothing otherwise.
+
+impl keys blocks by interned chained nodes; an event carries the spec's
+BlockKey, spelled as group 0 spells it, which is computed here from the
+request's own identity and tokens (slow, and only with events on)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from schedspec.spec.interface import (
+    MEDIUM_GPU,
+    VLLM_KIND,
+    BlockKey,
+    BlockStored,
+    RequestSpec,
+)
+
+
+class Request(Protocol):
+    """What an event reads of a request (impl/request.py's Request)."""
+
+    def token_range(self, start: int, end: int) -> tuple[int, ...]: ...
+
+    @property
+    def spec(self) -> RequestSpec: ...
+
+
+def request_key(req: Request, i: int, block_size: int) -> BlockKey:
+    """The group-0 key of block ``i`` of ``req`` (RequestSpec.block_identity
+    and every token through the block)."""
+    end = (i + 1) * block_size
+    return (req.spec.block_identity(end), req.token_range(0, end))
+
+
+def stored(req: Request, start: int, end: int, kept: list[int], block_size: int, group: int,
+           kind: str) -> BlockStored:
+    """The BlockStored of caching blocks ``start`` to ``end`` of ``req`` in
+    ``group``, ``kept`` the indices that got a key (BlockPool.cache_full_blocks)."""
+    return BlockStored(
+        block_keys=tuple(request_key(req, i, block_size) for i in kept),
+        parent_key=request_key(req, start - 1, block_size) if start > 0 else None,
+        token_ids=req.token_range(start * block_size, end * block_size),
+        block_size=block_size,
+        lora_id=req.spec.lora_id or None,
+        medium=MEDIUM_GPU,
+        group=group,
+        kind=VLLM_KIND.get(kind, kind),
+    )
+

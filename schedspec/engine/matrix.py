@@ -122,6 +122,7 @@ class VariantReport:
     chunks: int = 0
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    scheduler: str = ""  # the class the engine built (AsyncScheduler with async scheduling)
 
     @property
     def ok(self) -> bool:
@@ -132,7 +133,8 @@ def compare(baseline: dict[str, Any], variant: dict[str, Any], control: bool = F
             tol: float = LOGPROB_TOL) -> VariantReport:
     """One variant's worker result against the baseline's."""
     report = VariantReport(variant["name"], "EQUIVALENT", control,
-                           wall_s=round(sum(r["wall_s"] for r in variant.get("runs", [])), 3))
+                           wall_s=round(sum(r["wall_s"] for r in variant.get("runs", [])), 3),
+                           scheduler=str(variant.get("scheduler", "")))
     if variant.get("error"):
         report.verdict = "ERROR"
         report.problems.append(str(variant["error"]))
@@ -191,7 +193,7 @@ def report_dict(r: VariantReport) -> dict[str, Any]:
             "requests": r.requests, "tokens": r.tokens, "max_logprob_diff": r.max_logprob_diff,
             "preemptions": r.preemptions, "prefix_hits": r.prefix_hits,
             "prefix_queries": r.prefix_queries, "chunks": r.chunks, "wall_s": r.wall_s,
-            "problems": r.problems}
+            "scheduler": r.scheduler, "problems": r.problems}
 
 
 def render(reports: list[VariantReport]) -> str:

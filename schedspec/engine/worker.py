@@ -123,7 +123,7 @@ def run_workload(engine: Any, workload: dict[str, Any], max_steps: int) -> dict[
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    from schedspec.engine.build import build_engine
+    from schedspec.engine.build import build_engine, live_scheduler
     from schedspec.engine.model import ensure_model
 
     model_dir = ensure_model(Path(job["model_dir"]) if job.get("model_dir") else None)
@@ -134,9 +134,16 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         engine = None
         try:
+            if variant.get("args", {}).get("async_scheduling"):
+                # vLLM 0.32's CPU platform would turn it off: kept on, the
+                # engine core runs AsyncScheduler with its batch queue of two
+                from schedspec.engine.record import keep_async_scheduling
+
+                keep_async_scheduling()
             engine = build_engine(model_dir, _load_class(variant.get("scheduler_cls")),
                                   **variant.get("args", {}))
             entry["build_s"] = round(time.perf_counter() - t0, 3)
+            entry["scheduler"] = type(live_scheduler(engine)).__name__
             for workload in job["workloads"]:
                 entry["runs"].append(run_workload(engine, workload, max_steps))
         except Exception as exc:  # recorded: the driver reports the variant as an error

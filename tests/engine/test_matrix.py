@@ -120,14 +120,17 @@ def test_small_matrix_on_the_engine(tmp_path: Path, capsys: pytest.CaptureFixtur
     _engine_or_skip()
     out = tmp_path / "m.json"
     code = main(["engine-equivalence", "--workloads", "shared-prefix,arrivals,aborts",
-                 "--variants", f"chunked-prefill,prefix-caching,small-pool,{matrix.CONTROL}", "--out", str(out)])
+                 "--variants", f"chunked-prefill,prefix-caching,small-pool,async-scheduling,{matrix.CONTROL}",
+                 "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0, text
     data = json.loads(out.read_text())
     verdicts = {r["variant"]: r["verdict"] for r in data["reports"]}
     assert verdicts == {"baseline": "EQUIVALENT", "chunked-prefill": "EQUIVALENT", "prefix-caching": "EQUIVALENT",
-                        "small-pool": "EQUIVALENT", matrix.CONTROL: "DIVERGED"}
+                        "small-pool": "EQUIVALENT", "async-scheduling": "EQUIVALENT", matrix.CONTROL: "DIVERGED"}
     by = {r["variant"]: r for r in data["reports"]}
+    # async scheduling kept on against the CPU platform's default: the engine core's batch queue
+    assert by["async-scheduling"]["scheduler"] == "AsyncScheduler" and by["baseline"]["scheduler"] == "Scheduler"
     assert by["chunked-prefill"]["chunks"] > 0 and by["prefix-caching"]["prefix_hits"] > 0
     assert by["small-pool"]["preemptions"] > 0
     assert by["baseline"]["tokens"] > 100

@@ -229,7 +229,7 @@ def table(results: list[dict[str, Any]], command: str) -> str:
         secs = sorted(first_failure_s(r) for r in killed)
         if secs:
             p90 = secs[min(len(secs) - 1, int(0.9 * len(secs)))]
-            timing = f"first failure median {statistics.median(secs)} s, p90 {p90} s, max {secs[-1]} s"
+            timing = f"first failure median {round(float(statistics.median(secs)), 2)} s, p90 {p90} s, max {secs[-1]} s"
             counts = sorted(int(r["steps"]) for r in killed if r.get("steps") is not None)
             if gate == "check" and len(counts) == len(killed):
                 q90 = counts[min(len(counts) - 1, int(0.9 * len(counts)))]

@@ -176,3 +176,17 @@ def test_a_step_budget_replaces_the_checks_time() -> None:
     cmd = gs.gate_command("check", 6000)
     assert cmd[:3] == ["check", "--steps", "6000"] and "--time" not in cmd
     assert gs.gate_command("modelcheck", 6000) == gs.GATES["modelcheck"]
+
+
+def test_the_docs_quote_the_zoo_record_with_impls_capabilities() -> None:
+    root = Path(gs.ROOT)
+    record = root / "data" / "results" / "gate-strength-zoo-impl"
+    text = gs.table([json.loads(f.read_text()) for f in sorted(record.glob("*.json"))], "CMD")
+    line = next(x for x in text.splitlines() if x.startswith("- check:"))
+    killed = line.split("killed ", 1)[1].split(";")[0]
+    steps = line.split("steps run to it ", 1)[1]
+    doc = " ".join((root / "docs" / "bugzoo.md").read_text().split())
+    n = killed.split("/")[1]
+    assert killed == f"{n}/{n}"
+    assert f"the zoo kills all {n} within 20,000 steps, steps run to the failure {steps}" in doc
+    assert "--check-steps 20000" in (record / "command.txt").read_text()

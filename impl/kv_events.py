@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from schedspec.impl.kv_kinds import KINDS
 from schedspec.spec.interface import (
     MEDIUM_GPU,
-    VLLM_KIND,
     BlockKey,
     BlockStored,
     RequestSpec,
@@ -48,6 +48,6 @@ def stored(req: Request, start: int, end: int, kept: list[int], block_size: int,
         lora_id=req.spec.lora_id or None,
         medium=MEDIUM_GPU,
         group=group,
-        kind=VLLM_KIND.get(kind, kind),
+        kind=KINDS[kind].vllm_kind,
     )
 

@@ -49,6 +49,8 @@ class GroupRules:
     #: the hybrid coordinator looks such a spec up once, first, and cuts its
     #: tables to the final hit (FullAttentionSpec: every prefix of a hit hits)
     downward_closed: ClassVar[bool] = False
+    #: vLLM's KVCacheSpecKind value, as KV cache events carry it
+    vllm_kind: ClassVar[str]
 
     def __init__(self, group: KVCacheGroup) -> None:
         self.group = group
@@ -80,6 +82,8 @@ class GroupRules:
 class FullAttention(GroupRules):
     """FullAttentionManager."""
 
+    vllm_kind = "full_attention"
+
     downward_closed = True
 
 
@@ -87,6 +91,8 @@ class SlidingWindow(GroupRules):
     """SlidingWindowManager (SlidingWindowSpec): skips all but the last W - 1
     tokens, caps at the window and the tokens in flight (one block more),
     searches its hit right to left, keys only the blocks before a boundary."""
+
+    vllm_kind = "sliding_window"
 
     def __init__(self, group: KVCacheGroup) -> None:
         super().__init__(group)
@@ -141,6 +147,8 @@ class ChunkedLocal(GroupRules):
     token before the chunk of the next one, caps at one chunk and the tokens
     in flight, its hit is null up to the chunk start of the next token then
     forward to the first miss; keys every full block."""
+
+    vllm_kind = "chunked_local_attention"
 
     def __init__(self, group: KVCacheGroup) -> None:
         super().__init__(group)

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Iterable
 
 from schedspec.spec.interface import BlockKey, group_block_key
+from schedspec.spec.kv_kinds import BY_VLLM_KIND
 from schedspec.spec.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 #: (medium, group, key as group 0 spells it)
@@ -42,7 +43,8 @@ class KVMirror:
         """Fold ``event`` in; the problems found, each ("parent" | "removed", message)."""
         out: list[tuple[str, str]] = []
         if isinstance(event, BlockStored):
-            if event.parent_key is not None and event.kind == "full_attention":
+            kind = BY_VLLM_KIND.get(event.kind)  # None: a kind no modelled layout has
+            if event.parent_key is not None and kind is not None and kind.parent_stored:
                 parent = (event.medium, event.group, event.parent_key)
                 if parent not in self.stored:
                     out.append(("parent", f"BlockStored in group {event.group} names the parent "

@@ -1037,13 +1037,6 @@ SchedulerFactory = Callable[[SchedulerConfig], Scheduler]
 #: The medium vLLM's device block pool reports (vllm/distributed/kv_events.py, MEDIUM_GPU).
 MEDIUM_GPU = "GPU"
 
-#: The spec's group kinds (spec/kv_kinds.py) as vLLM's KVCacheSpecKind values
-#: (vllm/v1/kv_cache_interface.py, get_kv_cache_spec_kind).
-VLLM_KIND: Mapping[str, str] = {
-    "full_attention": "full_attention",
-    "sliding_window": "sliding_window",
-    "chunked_local": "chunked_local_attention",
-}
 
 
 @dataclass(frozen=True)

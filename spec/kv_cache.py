@@ -26,7 +26,6 @@ from schedspec.spec.coverage import CountsRules
 from schedspec.spec.interface import BlockKey, KVView, block_key_group, group_block_key
 from schedspec.spec.kv_events import (
     MEDIUM_GPU,
-    VLLM_KIND,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -43,7 +42,7 @@ from schedspec.spec.kv_groups import (
     num_skipped_tokens,
     skipped_blocks_to_free,
 )
-from schedspec.spec.kv_kinds import NULL_BLOCK, kind_of
+from schedspec.spec.kv_kinds import KINDS, NULL_BLOCK, kind_of
 from schedspec.spec.rules import cdiv, split_freed_blocks
 
 
@@ -405,7 +404,7 @@ class KVPool(CountsRules):
             lora_id=lora_id or None,
             medium=MEDIUM_GPU,
             group=group,
-            kind=VLLM_KIND.get(kind, kind),
+            kind=KINDS[kind].vllm_kind,
         )
 
     def pop_blocks_for_free(self, req: GroupTables) -> list[int]:

@@ -46,7 +46,6 @@ from typing import Any, Mapping
 
 from schedspec.spec.errors import SchedSpecError
 from schedspec.spec.interface import MEDIUM_GPU as MEDIUM_GPU
-from schedspec.spec.interface import VLLM_KIND as VLLM_KIND
 from schedspec.spec.interface import AllBlocksCleared as AllBlocksCleared
 from schedspec.spec.interface import BlockKey
 from schedspec.spec.interface import BlockRemoved as BlockRemoved

@@ -81,6 +81,13 @@ class GroupKind:
     name: ClassVar[str]
     #: the kind in words, as findings and errors name it ("sliding-window")
     label: ClassVar[str]
+    #: vLLM's KVCacheSpecKind value for it, as KV cache events carry it
+    #: (vllm/v1/kv_cache_interface.py, get_kv_cache_spec_kind)
+    vllm_kind: ClassVar[str]
+    #: whether every BlockStored of its groups names a parent that was stored:
+    #: only where every full block is cached from the start (a sliding window
+    #: caches only the blocks a hit can use, and names parents it skipped)
+    parent_stored: ClassVar[bool] = False
     #: the kind-specific fields of GROUP_FIELDS this kind owns (every other
     #: one must be 0 in a group of this kind)
     fields: ClassVar[tuple[str, ...]] = ()
@@ -158,6 +165,8 @@ class FullAttention(GroupKind):
 
     name = "full_attention"
     label = "full-attention"
+    vllm_kind = "full_attention"
+    parent_stored = True
     downward_closed = True
 
 
@@ -170,6 +179,7 @@ class SlidingWindow(GroupKind):
 
     name = "sliding_window"
     label = "sliding-window"
+    vllm_kind = "sliding_window"
     fields = ("sliding_window",)
     skips = True
     caches_every_block = False
@@ -214,6 +224,7 @@ class ChunkedLocal(GroupKind):
 
     name = "chunked_local"
     label = "chunked-local"
+    vllm_kind = "chunked_local_attention"
     fields = ("attention_chunk_size",)
     skips = True
     attended = "its chunk"
@@ -261,6 +272,10 @@ class ChunkedLocal(GroupKind):
 
 #: Every kind of KV cache group, by its ``KVCacheGroup.kind`` name.
 KINDS: dict[str, GroupKind] = {k.name: k for k in (FullAttention(), SlidingWindow(), ChunkedLocal())}
+
+
+#: The kinds by vLLM's KVCacheSpecKind value (what a KV cache event names).
+BY_VLLM_KIND: dict[str, GroupKind] = {k.vllm_kind: k for k in KINDS.values()}
 
 
 def kind_of(group: GroupFields) -> GroupKind:

@@ -912,11 +912,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 self._rule("async.stale_dropped")  # pragma: no mutate
                 continue  # drop-mode stale output is discarded entirely
             if s.spec_token_ids and toks:
-                if self.stats_record is not None:
-                    # make_spec_decoding_stats: the drafts less those its
-                    # grammar invalidated; accepted: sampled less the bonus token
-                    invalid = s.num_invalid_spec_tokens + self.stats_record.num_invalid(plan, s.request_id)
-                    self.stats_record.observe_draft(len(s.spec_token_ids) - invalid, max(len(toks) - 1, 0))
+                self._count_drafts(plan, s, toks)
                 self._roll_back_rejected(req, len(s.spec_token_ids) - (len(toks) - 1), stale)
             if req.spec.mm_inputs:
                 self._free_encoder_inputs(req)  # "only after the step has actually executed"
@@ -930,10 +926,22 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         if not cfg.async_scheduling:
             self._update_draft_token_ids(result)
         if self.stats_record is not None:
-            self.stats_record.updated(plan)
-            if self.in_flight and cfg.num_speculative_tokens:
-                # the next plan's drafts, checked once this update is in (spec/stats_record.py)
-                self.stats_record.deferred_drafts(self.in_flight[0], plan, result, self.requests)
+            self._stats_after_update(plan, result)
+
+    def _count_drafts(self, plan: StepPlan, s: ScheduledRequest, toks: tuple[int, ...]) -> None:
+        """make_spec_decoding_stats (log_stats): the entry's drafts less those its grammar
+        invalidated; accepted: the sampled tokens less the bonus token."""
+        if self.stats_record is not None:
+            invalid = s.num_invalid_spec_tokens + self.stats_record.num_invalid(plan, s.request_id)
+            self.stats_record.observe_draft(len(s.spec_token_ids) - invalid, max(len(toks) - 1, 0))
+
+    def _stats_after_update(self, plan: StepPlan, result: StepResult) -> None:
+        """The statistics' record after an update (log_stats; spec/stats_record.py): the next
+        plan's drafts are checked once this update is in."""
+        assert self.stats_record is not None
+        self.stats_record.updated(plan)
+        if self.in_flight and self._config.num_speculative_tokens:
+            self.stats_record.deferred_drafts(self.in_flight[0], plan, result, self.requests)
 
     def _take_output(self, req: _Request, toks: tuple[int, ...], stale: bool, stopped: list[str]) -> None:
         """update_from_output for one request's sampled tokens: append them

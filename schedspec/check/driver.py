@@ -655,26 +655,22 @@ class Runner:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
         events_on = self.config.enable_kv_cache_events
         batches: dict[str, object] = {}
-        made: dict[str, object] = {}
+        made: dict[str, object] = {}  # the statistics
         for name in self.names:
             before = self.views.get(name)
             self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])
-            if events_on:
-                batches[name] = self._take_kv_events(name)
+            batches[name] = self._take_kv_events(name) if events_on else ()
             stats = made[name] = self._make_stats(name)
             if isinstance(stats, Failure):
                 return stats
-            if before is not None and (
-                f := self._observe(name, "update", before, plan=plans[name], result=results[name],
-                                   kv_events=batches.get(name, ()),
-                                   **({"stats": stats} if stats is not None else {}))
-            ):
+            if before is not None and (f := self._observe(
+                    name, "update", before, plan=plans[name], result=results[name],
+                    kv_events=batches.get(name, ()), **({"stats": stats} if stats is not None else {}))):
                 return f
-        if any(s is not None for s in made.values()):
-            if (f := self._compare("make_stats()", made)):
-                return f
-            self.stats.stats_reports += 1
+        if any(s is not None for s in made.values()) and (f := self._compare("make_stats()", made)):
+            return f
+        self.stats.stats_reports += any(s is not None for s in made.values())
         for worker in self.workers.values():
             worker.updated(pending.step)
         for rid, toks in results[self.names[0]].sampled.items():
@@ -687,15 +683,13 @@ class Runner:
         return self.check_views()
 
     def _take_kv_events(self, name: str) -> tuple[KVCacheEvent, ...]:
-        """A scheduler's KV cache events since the last take, taken right
-        after its update as vLLM's Scheduler.update_from_output takes them
-        (spec/kv_events.py); the update's Transition carries them."""
+        """A scheduler's KV cache events since the last take, right after its update, as
+        vLLM's update_from_output takes them (spec/kv_events.py)."""
         self.where = (name, "take_kv_events")
         return tuple(self._optional(name, "take_kv_events")())  # type: ignore[operator]
 
     def _kv_events_taken(self, step: int, batches: dict[str, object]) -> Failure | None:
-        """The schedulers' events of one update compared in lockstep; the
-        first scheduler's counted and handed to ``kv_event_sink``."""
+        """The update's events compared in lockstep; the first scheduler's counted and sunk."""
         if (f := self._compare("take_kv_events()", batches)):
             return f
         batch = batches[self.names[0]]
@@ -704,11 +698,9 @@ class Runner:
         if batch and self.kv_event_sink is not None:
             self.kv_event_sink(step, batch)
         return None
+
     def _make_stats(self, name: str) -> SchedulerStats | Failure | None:
-        """The statistics a scheduler reports after an update (the optional
-        ``make_stats()``, which vLLM's update_from_output calls at its end:
-        spec/stats.py); None from one built without log_stats or without the
-        method. The schedulers' statistics are compared like their plans."""
+        """The optional make_stats() after an update (spec/stats.py); None without log_stats."""
         make = getattr(self.scheds[name], "make_stats", None)
         if not callable(make):
             return None

@@ -89,3 +89,30 @@ def completion_record(output: Any) -> dict[str, Any]:
 def live_scheduler(engine: Any) -> Any:
     """The scheduler object of an in-process engine."""
     return engine.engine_core.engine_core.scheduler
+
+
+_KEEPING_ASYNC = False
+
+
+def keep_async_scheduling() -> None:
+    """Engine side, once per process: vLLM 0.32's CPU platform turns async
+    scheduling off whatever the engine's arguments say (platforms/cpu.py,
+    CpuPlatform.check_and_update_config: "async scheduling is not required
+    on CPU"); this restores the arguments' value after that hook, so the
+    engine core runs its batch queue of two (EngineCore.step_with_batch_queue)
+    with vLLM's AsyncScheduler, as on a GPU. The CPU model runner runs it."""
+    global _KEEPING_ASYNC
+    if _KEEPING_ASYNC:
+        return
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    hook: Any = getattr(platform.check_and_update_config, "__func__")
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
+        wanted = vllm_config.scheduler_config.async_scheduling
+        hook(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = wanted
+
+    setattr(platform, "check_and_update_config", classmethod(check_and_update_config))
+    _KEEPING_ASYNC = True

@@ -123,7 +123,7 @@ def run_workload(engine: Any, workload: dict[str, Any], max_steps: int) -> dict[
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    from schedspec.engine.build import build_engine, live_scheduler
+    from schedspec.engine.build import build_engine, keep_async_scheduling, live_scheduler
     from schedspec.engine.model import ensure_model
 
     model_dir = ensure_model(Path(job["model_dir"]) if job.get("model_dir") else None)
@@ -137,8 +137,6 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             if variant.get("args", {}).get("async_scheduling"):
                 # vLLM 0.32's CPU platform would turn it off: kept on, the
                 # engine core runs AsyncScheduler with its batch queue of two
-                from schedspec.engine.record import keep_async_scheduling
-
                 keep_async_scheduling()
             engine = build_engine(model_dir, _load_class(variant.get("scheduler_cls")),
                                   **variant.get("args", {}))

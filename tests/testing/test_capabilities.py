@@ -65,13 +65,17 @@ def test_invariants_whose_premise_is_unsupported_are_skipped_with_the_reason() -
     assert BY_ID["token-budget"] in kept and len(kept) + len(skipped) == len(CATALOGUE)
     # the invariants of the admission gates need their gate; with every gate, nothing is skipped
     # (and those of the KV connector and hybrid groups, kv_connector / hybrid_kv, theirs)
-    kv = {"kv_connector", "hybrid_kv"}
+    # (and those of the KV cache events, kv_events, theirs: an output a scheduler opts into)
+    kv = {"kv_connector", "hybrid_kv", "kv_events"}
     gated = tuple(inv for inv in CATALOGUE if inv.requires & (set(GATE_CAPABILITY_NAMES) | kv))
     assert gated
     assert FULL.split(CATALOGUE)[1] == tuple((inv.id, "needs " + ", ".join(sorted(inv.requires))) for inv in gated)
     kv_only = tuple((inv.id, "needs " + ", ".join(sorted(inv.requires))) for inv in CATALOGUE if inv.requires & kv)
     assert kv_only and FULL.with_gates().split(CATALOGUE)[1] == kv_only
-    assert FULL.with_gates().with_kv().split(CATALOGUE) == (CATALOGUE, ())
+    events_only = tuple((inv.id, "needs kv_events") for inv in CATALOGUE if "kv_events" in inv.requires)
+    assert events_only and FULL.with_gates().with_kv().split(CATALOGUE)[1] == events_only
+    every = dataclasses.replace(FULL.with_gates().with_kv(), kv_events=True)
+    assert every.split(CATALOGUE) == (CATALOGUE, ())
 
 
 def test_malformed_declarations_are_refused() -> None:

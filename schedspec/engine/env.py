@@ -12,8 +12,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: the versions the engine's environment must hold (scripts/setup_engine.sh)
 ENGINE_VLLM_VERSION = "0.32.0"
@@ -132,3 +134,19 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def run_engine_job(module: str, job: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
+    """Project side: ``python -m MODULE JOBFILE OUTFILE`` in the engine
+    environment, the job as JSON in, the result as JSON out; RuntimeError with
+    the stderr's tail when the process fails (EngineEnvError: no environment)."""
+    python = engine_python()
+    with tempfile.TemporaryDirectory(prefix="schedspec-engine-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job_path.write_text(json.dumps(job))
+        proc = subprocess.run([str(python), "-m", module, str(job_path), str(out_path)],
+                              capture_output=True, text=True, timeout=timeout, env=engine_environ())
+        if proc.returncode != 0 or not out_path.exists():
+            raise RuntimeError(f"{module} failed ({proc.returncode}): {proc.stderr.strip()[-3000:]}")
+        result: dict[str, Any] = json.loads(out_path.read_text())
+        return result

@@ -12,15 +12,12 @@ telling the runner a wrong position) must come out DIVERGED.
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedspec.engine.env import engine_environ, engine_python
+from schedspec.engine.env import run_engine_job
 
 #: logprobs of the same token may differ by fp32 noise between batch shapes
 #: (the CPU attention is not batch invariant; measured up to ~1e-5 over the
@@ -214,18 +211,8 @@ def render(reports: list[VariantReport]) -> str:
 
 
 def run_worker(job: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
-    """Run the job in one engine process; RuntimeError with its stderr's
-    tail when it fails (EngineEnvError when the environment is missing)."""
-    python = engine_python()
-    with tempfile.TemporaryDirectory(prefix="schedspec-matrix-") as tmp:
-        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job_path.write_text(json.dumps(job))
-        proc = subprocess.run([str(python), "-m", "schedspec.engine.worker", str(job_path), str(out_path)],
-                              capture_output=True, text=True, timeout=timeout, env=engine_environ())
-        if proc.returncode != 0 or not out_path.exists():
-            raise RuntimeError(f"the engine worker failed ({proc.returncode}): {proc.stderr.strip()[-3000:]}")
-        result: dict[str, Any] = json.loads(out_path.read_text())
-        return result
+    """Run the job in one engine process (env.run_engine_job)."""
+    return run_engine_job("schedspec.engine.worker", job, timeout)
 
 
 def run_matrix(variants: list[Variant], workloads: list[dict[str, Any]],

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from schedspec.engine.build import keep_async_scheduling
-from schedspec.engine.env import engine_environ, engine_python
+from schedspec.engine.env import run_engine_job
 
 
 def _base_class(path: str | None) -> Any:
@@ -140,18 +138,8 @@ def record_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_record_job(job: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
-    """Project side: the job in one engine process; RuntimeError with its
-    stderr's tail when the process fails (EngineEnvError: no environment)."""
-    python = engine_python()
-    with tempfile.TemporaryDirectory(prefix="schedspec-record-") as tmp:
-        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job_path.write_text(json.dumps(job))
-        proc = subprocess.run([str(python), "-m", "schedspec.engine.record", str(job_path), str(out_path)],
-                              capture_output=True, text=True, timeout=timeout, env=engine_environ())
-        if proc.returncode != 0 or not out_path.exists():
-            raise RuntimeError(f"the engine recorder failed ({proc.returncode}): {proc.stderr.strip()[-3000:]}")
-        result: dict[str, Any] = json.loads(out_path.read_text())
-        return result
+    """Project side: the job in one engine process (env.run_engine_job)."""
+    return run_engine_job("schedspec.engine.record", job, timeout)
 
 
 def median_ms(times: list[float], skip: int = 1) -> float:

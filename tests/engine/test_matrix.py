@@ -4,7 +4,6 @@ CLI (fast, no engine), and one small matrix on vLLM's engine (``engine``)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +11,8 @@ import pytest
 
 from schedspec.cli.main import main
 from schedspec.engine import matrix
-from schedspec.engine.env import EngineEnvError, engine_python
+from tests.engine.support import engine_or_skip
 
-REQUIRE_ENGINE = os.environ.get("SCHEDSPEC_REQUIRE_ENGINE") == "1"
 
 
 def _run(name: str, requests: dict[str, tuple[list[int], list[float], int | None]],
@@ -106,18 +104,9 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], monkeypatch: pytes
     assert "scripts/setup_engine.sh" in capsys.readouterr().err
 
 
-def _engine_or_skip() -> None:
-    try:
-        engine_python()
-    except EngineEnvError as exc:
-        if REQUIRE_ENGINE:
-            pytest.fail(f"SCHEDSPEC_REQUIRE_ENGINE=1 but {exc}")
-        pytest.skip(f"{exc} (set SCHEDSPEC_REQUIRE_ENGINE=1 to fail instead of skipping)")
-
-
 @pytest.mark.engine
 def test_small_matrix_on_the_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _engine_or_skip()
+    engine_or_skip()
     out = tmp_path / "m.json"
     code = main(["engine-equivalence", "--workloads", "shared-prefix,arrivals,aborts",
                  "--variants", f"chunked-prefill,prefix-caching,small-pool,async-scheduling,{matrix.CONTROL}",

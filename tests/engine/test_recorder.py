@@ -6,7 +6,6 @@ violation. And ``schedspec engine-record``'s usage errors (no engine)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +15,11 @@ from schedspec.check import trace as tracefile
 from schedspec.check.workload import Abort, RecordedPlan, Schedule
 from schedspec.cli.main import main
 from schedspec.engine import matrix
-from schedspec.engine.env import EngineEnvError, engine_python
+from tests.engine.support import engine_or_skip
 from schedspec.engine.record import run_record_job
 
-REQUIRE_ENGINE = os.environ.get("SCHEDSPEC_REQUIRE_ENGINE") == "1"
 #: chunked prefill, prefix caching, a small pool (preemption), priority and n-gram drafts
 VARIANT = "everything-ngram"
-
-
-def _engine_or_skip() -> None:
-    try:
-        engine_python()
-    except EngineEnvError as exc:
-        if REQUIRE_ENGINE:
-            pytest.fail(f"SCHEDSPEC_REQUIRE_ENGINE=1 but {exc}")
-        pytest.skip(f"{exc} (set SCHEDSPEC_REQUIRE_ENGINE=1 to fail instead of skipping)")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +27,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One engine process, three engines: the recorder on VARIANT over two
     workloads, on vLLM's AsyncScheduler (async scheduling kept on) over one
     with the monitor at N = 1, and the planted defect under the monitor."""
-    _engine_or_skip()
+    engine_or_skip()
     tmp = tmp_path_factory.mktemp("captured")
     workloads = [w for w in matrix.default_workloads(0) if w["name"] in ("shared-prefix", "aborts")]
     args = {v.name: v.args for v in matrix.VARIANTS}

@@ -233,7 +233,7 @@ def _check_effective(vc: Any, config: SchedulerConfig) -> None:
             None,
         ),
         "num_prefill_lookahead_tokens": (vc.num_prefill_lookahead_tokens, 0),
-        "num_hash_lookahead_tokens": (vc.num_hash_lookahead_tokens, 0),
+        "num_hash_lookahead_tokens": (getattr(vc, "num_hash_lookahead_tokens", 0), 0),
         "pipeline_parallel_size": (vc.parallel_config.pipeline_parallel_size, 1),
         "data_parallel_size": (vc.parallel_config.data_parallel_size, 1),
         "decode_context_parallel_size": (vc.parallel_config.decode_context_parallel_size, 1),

@@ -14,6 +14,17 @@ from typing import Any
 from schedspec.spec.interface import SchedSpecError
 
 VLLM_VERSION = "0.33.0"
+#: the versions prepare() accepts: VLLM_VERSION, and the engine's older one
+#: once accept_version() named it (a captured trace replayed on the engine's
+#: own scheduler, schedspec/engine/replay.py)
+_ACCEPTED: set[str] = {VLLM_VERSION}
+
+
+def accept_version(version: str) -> None:
+    """Let prepare() accept ``version`` besides VLLM_VERSION. Only for the
+    engine's side: a captured trace replayed on the scheduler of the vLLM
+    that recorded it; fields that version lacks are not compared."""
+    _ACCEPTED.add(version)
 
 
 class VllmUnavailable(SchedSpecError, ImportError):
@@ -89,7 +100,7 @@ def prepare() -> None:
         raise VllmUnavailable(
             f"vLLM is not importable ({exc}); install it with scripts/install_vllm.sh VENV"
         ) from exc
-    if getattr(vllm, "__version__", None) != VLLM_VERSION:
+    if getattr(vllm, "__version__", None) not in _ACCEPTED:
         raise VllmUnavailable(
             f"vLLM {VLLM_VERSION} is required, found {getattr(vllm, '__version__', '?')}; "
             "install it with scripts/install_vllm.sh VENV"

@@ -148,7 +148,9 @@ def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config:
         "ec_manager_metadata": None,
     }
     for name, want in fixed.items():
-        got = getattr(out, name)
+        # a field an older vLLM lacks (the engine's 0.32, docs/engine.md) is
+        # not compared; 0.33's fields are held to its dataclass by a test
+        got = getattr(out, name, want)
         if got != want:
             problems.append(f"{name} is {got!r}, expected {want!r} here")
     return problems

@@ -35,6 +35,8 @@ from schedspec.check.defects import describe, failure_reports, known_defect
 from schedspec.check.gate import selection_of_trace
 from schedspec.check.run import run_workload
 from schedspec.check.features import parse_gates, parse_kv
+from schedspec.engine import replay as engine_replay
+from schedspec.engine.env import EngineEnvError
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -53,7 +55,9 @@ from schedspec.spec.interface import ScheduleKind, SchedulerFactory, StepPlan
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("trace", nargs="+", help="trace files (.jsonl), or directories holding them")
-    r.add_argument("--against", default="spec", help="spec | impl | vllm | MODULE:CLASS (default spec)")
+    r.add_argument("--against", default="spec",
+                   help="spec | impl | vllm | vllm-0.32 | MODULE:CLASS (default spec); vllm-0.32: the scheduler "
+                        "of the engine's environment, the vLLM a captured trace was recorded on (docs/engine.md)")
     r.add_argument("--table", action="store_true", help="print the step table even when everything held")
     r.add_argument("--gates", default="all", metavar="lora,grammar,pause,watermark,cadence,encoder|all|none",
                    help="replay only the traces whose admission gates (the header's gates) are among these "
@@ -161,6 +165,11 @@ def _outside_gates(trace: tracefile.Trace, gates: tuple[str, ...]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.against == engine_replay.AGAINST:
+        try:
+            return engine_replay.replay_in_engine(args.command_line)
+        except EngineEnvError as exc:
+            raise UsageError(f"--against {engine_replay.AGAINST}: {exc}") from None
     deadline = call_timeout_of(args)
     with guarded(deadline) as why:
         if why is not None:

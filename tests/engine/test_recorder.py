@@ -71,13 +71,37 @@ def test_an_async_engine_is_recorded_with_its_steps_in_flight(captured: dict[str
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("run, against", [("recorded", "spec"), ("recorded", "impl"), ("async", "spec")])
+@pytest.mark.parametrize("run, against", [("recorded", "spec"), ("recorded", "impl"), ("async", "spec"),
+                                          ("recorded", "vllm-0.32"), ("async", "vllm-0.32")])
 def test_a_captured_trace_replays_clean(captured: dict[str, Any], run: str, against: str,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+                                        capfd: pytest.CaptureFixture[str]) -> None:
+    """Against the spec and impl (0.33's decisions), and on the scheduler of
+    the vLLM that recorded it (0.32, run in the engine's environment)."""
     path = captured["result"][run]["trace"]
     assert main(["replay", path, "--against", against]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "plans equal to the recorded engine's (vLLM 0.32), every invariant held" in out
+    if against == "vllm-0.32":
+        assert "the scheduler: vLLM 0.32.0's, in the engine's environment" in out
+
+
+def test_vllm_0_32_runs_the_same_replay_against_vllm() -> None:
+    from schedspec.engine.replay import engine_argv
+
+    assert engine_argv(["replay", "t.jsonl", "--against", "vllm-0.32", "--table"]) == [
+        "replay", "t.jsonl", "--against", "vllm", "--table"]
+    assert engine_argv(["replay", "--against=vllm-0.32", "t.jsonl"]) == ["replay", "--against=vllm", "t.jsonl"]
+    assert engine_argv(["replay", "vllm-0.32", "--against", "spec"]) == ["replay", "vllm-0.32", "--against", "spec"]
+
+
+def test_vllm_0_32_without_the_engine_names_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("SCHEDSPEC_ENGINE_PYTHON", raising=False)
+    monkeypatch.setenv("SCHEDSPEC_ENGINE_VENV", str(tmp_path / "none"))
+    trace = next(Path("vectors/bugzoo").glob("*.jsonl"))
+    assert main(["replay", str(trace), "--against", "vllm-0.32"]) == 2
+    err = capsys.readouterr().err
+    assert "--against vllm-0.32: no engine environment" in err and "scripts/setup_engine.sh" in err
 
 
 @pytest.mark.engine

@@ -179,6 +179,16 @@ KINDS: dict[str, type[GroupRules]] = {
 }
 
 
+#: The kinds the spec models that impl does not yet (docs/spec.md, "Mamba
+#: groups"): a config with one is refused when impl is built.
+NOT_YET: frozenset[str] = frozenset({"mamba"})
+
+
 def rules_of(group: KVCacheGroup) -> GroupRules:
-    """The rules of a (validated) group."""
+    """The rules of a (validated) group; a kind of NOT_YET is refused,
+    naming the field."""
+    if group.kind in NOT_YET:
+        from schedspec.spec.errors import ConfigError
+
+        raise ConfigError("kv_cache_groups", f"impl does not model {group.kind!r} groups yet (use --against spec or vllm)")
     return KINDS[group.kind](group)

@@ -114,6 +114,12 @@ class GroupLayout:
         return len(self.groups)
 
     @property
+    def aligns_chunks(self) -> bool:
+        """Scheduler.need_mamba_block_aligned_split: a Mamba group in "align"
+        mode (prefix caching on: MambaModelConfig.verify_and_update_config)."""
+        return self.enable_caching and any(kind_of(g).keeps_state for g in self.groups)
+
+    @property
     def coordinator(self) -> str:
         """get_kv_cache_coordinator: "no_prefix_cache" when caching is off,
         "unitary" for one group, "hybrid" otherwise."""

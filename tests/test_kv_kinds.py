@@ -40,8 +40,9 @@ def _example(name: str) -> KVCacheGroup:
 
 
 def test_every_layer_registers_every_kind() -> None:
-    assert NAMES == {"full_attention", "sliding_window", "chunked_local"}
-    assert set(impl_kinds.KINDS) == NAMES
+    assert NAMES == {"full_attention", "sliding_window", "chunked_local", "mamba"}
+    # impl's Mamba kind is not written yet: it refuses such a layout by name
+    assert set(impl_kinds.KINDS) | impl_kinds.NOT_YET == NAMES and not set(impl_kinds.KINDS) & impl_kinds.NOT_YET
     assert set(check_kinds.KINDS) == NAMES
     assert set(vllm_kinds.KINDS) == NAMES
 
@@ -50,7 +51,8 @@ def test_the_runner_registers_every_kind() -> None:
     pytest.importorskip("torch")
     from schedspec.gpu_runner import attention_kinds
 
-    assert set(attention_kinds.ATTENTION) == NAMES
+    # the runner's state layer for a kind that keeps state (Mamba) is not written yet
+    assert set(attention_kinds.ATTENTION) == {n for n in NAMES if not kv_kinds.KINDS[n].keeps_state}
     for name, k in attention_kinds.ATTENTION.items():
         assert k.name == name
         assert k.kv_group(8 if k.local else 0).kind == name
@@ -81,9 +83,17 @@ def test_a_field_of_another_kind_is_refused_by_name() -> None:
             assert f"kv_cache_groups[1].{field}" in str(err.value)
 
 
+def test_impl_refuses_a_kind_it_does_not_model_yet_by_name() -> None:
+    from schedspec.spec.errors import ConfigError
+
+    for name in impl_kinds.NOT_YET:
+        with pytest.raises(ConfigError, match=f"impl does not model {name!r}"):
+            impl_kinds.rules_of(_example(name))
+
+
 def test_impl_and_the_spec_agree_on_each_kind() -> None:
     # impl's own classes (written apart) give the spec's skipped tokens and caps
-    for name in NAMES:
+    for name in NAMES - impl_kinds.NOT_YET:
         group = _example(name)
         spec_kind, impl_rules = kv_kinds.KINDS[name], impl_kinds.rules_of(group)
         for n in range(0, 40):

@@ -36,6 +36,42 @@ def chunk_rng(seed: int | str) -> random.Random:
     return random.Random(f"schedspec-kv-chunk-{seed}")
 
 
+#: The probability that a hybrid draw puts a Mamba group ("align" mode) in
+#: the place of its last sliding-window group, drawn from mamba_rng apart
+#: from every other draw. 0 by default: the layouts of a seed stay those it
+#: gave before Mamba groups were modelled; a run opts in with
+#: draw_mamba_groups (the vLLM adapter and the spec model them; impl not yet).
+MAMBA_RATE = 0.0
+
+
+def mamba_rng(seed: int | str) -> random.Random:
+    """The generator of a workload's Mamba draws (with_mamba)."""
+    return random.Random(f"schedspec-kv-mamba-{seed}")
+
+
+def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None = None) -> SchedulerConfig:
+    """``config`` with, at probability ``rate`` (MAMBA_RATE when None), a
+    Mamba group in the place of its last sliding-window or chunked-local
+    group (full + mamba, full + sliding window + mamba, a lone mamba
+    group becomes full + mamba). The config unchanged when the draw misses
+    or the config cannot take a Mamba group (spec/validate.py: prefix
+    caching and chunked prefill on, no drafts, no KV connector)."""
+    from schedspec.spec.interface import KVCacheGroup
+
+    if not config.is_hybrid or rng.random() >= (MAMBA_RATE if rate is None else rate):
+        return config
+    groups = config.groups
+    last = max(g for g, group in enumerate(groups) if kind_of(group).skips)
+    new = groups[:last] + (kv_kinds.MAMBA.draw(config.block_size, rng),) + groups[last + 1:]
+    if not any(kind_of(g).downward_closed for g in new):
+        new = (KVCacheGroup(),) + new
+    try:
+        return dataclasses.replace(config, kv_cache_groups=new,
+                                   num_blocks=max(config.num_blocks, 1 + (config.num_blocks - 1) // len(groups) * len(new)))
+    except SchedSpecError:
+        return config
+
+
 def draw_kv_subset(kv: Sequence[str], rng: random.Random) -> tuple[str, ...]:
     """The KV features one workload turns on: each of ``kv`` with
     probability 0.6 (a workload may draw none), in KV_FEATURES order."""

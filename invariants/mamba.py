@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from schedspec.spec.interface import RequestView, ScheduledRequest, SchedulerConfig, group_block_key
+from schedspec.spec.interface import RequestStatus, RequestView, ScheduledRequest, SchedulerConfig, group_block_key
 from schedspec.spec.mamba import block_aligned_split, checkpoint_position
 
 from schedspec.invariants._util import NULL_BLOCK, admitted, block_key, state_groups, tables
@@ -153,5 +153,5 @@ def mamba_state_blocks_bounded(t: Transition, h: History) -> Iterator[Finding]:
             n = _state_blocks(r, g)
             if n > bound:
                 yield rid, f"mamba group {g} holds {n} state blocks, vLLM's bound is {bound}"
-            elif n and (r.status.is_finished or r.status.name == "PREEMPTED"):
+            elif n and (r.status.is_finished or r.status == RequestStatus.PREEMPTED):
                 yield rid, f"mamba group {g} still holds {n} state blocks while {r.status.name.lower()}"

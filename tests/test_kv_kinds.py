@@ -41,8 +41,7 @@ def _example(name: str) -> KVCacheGroup:
 
 def test_every_layer_registers_every_kind() -> None:
     assert NAMES == {"full_attention", "sliding_window", "chunked_local", "mamba"}
-    # impl's Mamba kind is not written yet: it refuses such a layout by name
-    assert set(impl_kinds.KINDS) | impl_kinds.NOT_YET == NAMES and not set(impl_kinds.KINDS) & impl_kinds.NOT_YET
+    assert set(impl_kinds.KINDS) == NAMES
     assert set(check_kinds.KINDS) == NAMES
     assert set(vllm_kinds.KINDS) == NAMES
 
@@ -83,17 +82,9 @@ def test_a_field_of_another_kind_is_refused_by_name() -> None:
             assert f"kv_cache_groups[1].{field}" in str(err.value)
 
 
-def test_impl_refuses_a_kind_it_does_not_model_yet_by_name() -> None:
-    from schedspec.spec.errors import ConfigError
-
-    for name in impl_kinds.NOT_YET:
-        with pytest.raises(ConfigError, match=f"impl does not model {name!r}"):
-            impl_kinds.rules_of(_example(name))
-
-
 def test_impl_and_the_spec_agree_on_each_kind() -> None:
     # impl's own classes (written apart) give the spec's skipped tokens and caps
-    for name in NAMES - impl_kinds.NOT_YET:
+    for name in NAMES:
         group = _example(name)
         spec_kind, impl_rules = kv_kinds.KINDS[name], impl_kinds.rules_of(group)
         for n in range(0, 40):

@@ -163,3 +163,23 @@ def test_a_chunk_shorter_than_a_block_waits() -> None:
     s.add(req("b", 10, max_tokens=2))
     assert entries(s.schedule()) == [("a", "new", 0, 4)]
     assert s.rules["mamba.chunk_none"] == 1 and s.rules["mamba.chunk_aligned"] >= 1
+
+
+def test_impl_makes_the_spec_plans_on_a_mamba_layout() -> None:
+    # impl's own Mamba rules (impl/kv_kinds.py, impl/kv_groups.py) against the
+    # spec: chunks cut to the grid, the hit at 8, two state blocks, preemption
+    from schedspec.impl import ImplScheduler
+
+    config = SchedulerConfig(**{**HYB, "num_blocks": 10, "max_model_len": 24})  # type: ignore[arg-type]
+    a, b = SpecScheduler(config), ImplScheduler(config)
+    for s in (a, b):
+        s.add(req("x", 10, max_tokens=6))
+        s.add(req("y", 13, max_tokens=5))
+    for i in range(14):
+        pa, pb = step(a), step(b)
+        assert pa == pb, i
+        if i == 3:
+            for s in (a, b):
+                s.add(req("z", 10, max_tokens=3))
+    assert a.view() == b.view()
+    assert a.rules["kv_groups.state_freed"] > 0 and sum(v for k, v in a.rules.items() if k.startswith("preempt.")) > 0

@@ -9,6 +9,7 @@ The vLLM defects the draws steer around are the table of check/defects.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from typing import Any, Sequence
 
@@ -36,12 +37,30 @@ def chunk_rng(seed: int | str) -> random.Random:
     return random.Random(f"schedspec-kv-chunk-{seed}")
 
 
+def _mamba_rate(text: str) -> float:
+    """SCHEDSPEC_MAMBA_RATE's value: a probability, else a clear error."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"SCHEDSPEC_MAMBA_RATE must be a probability between 0 and 1, got {text!r}")
+    return rate
+
+
 #: The probability that a hybrid draw puts a Mamba group ("align" mode) in
 #: the place of its last sliding-window group, drawn from mamba_rng apart
-#: from every other draw. 0 by default: the layouts of a seed stay those it
-#: gave before Mamba groups were modelled; a run opts in with
-#: draw_mamba_groups (the vLLM adapter and the spec model them; impl not yet).
-MAMBA_RATE = 0.0
+#: from every other draw. 0 by default, so the layouts of every seed stay
+#: those it gave before Mamba groups were modelled; a run opts in with the
+#: environment variable SCHEDSPEC_MAMBA_RATE (e.g. 1 with ``--kv hybrid``).
+MAMBA_RATE: float | None = None  # None: read SCHEDSPEC_MAMBA_RATE at each draw
+
+
+def mamba_rate() -> float:
+    """The Mamba draw's probability: MAMBA_RATE when set, else the
+    environment's SCHEDSPEC_MAMBA_RATE (0 when unset; ValueError when not a
+    probability)."""
+    return MAMBA_RATE if MAMBA_RATE is not None else _mamba_rate(os.environ.get("SCHEDSPEC_MAMBA_RATE", "0"))
 
 
 def mamba_rng(seed: int | str) -> random.Random:
@@ -58,7 +77,9 @@ def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None =
     caching and chunked prefill on, no drafts, no KV connector)."""
     from schedspec.spec.interface import KVCacheGroup
 
-    if not config.is_hybrid or rng.random() >= (MAMBA_RATE if rate is None else rate):
+    if rate is None:
+        rate = mamba_rate()
+    if not config.is_hybrid or rng.random() >= rate:
         return config
     groups = config.groups
     last = max(g for g, group in enumerate(groups) if kind_of(group).skips)

@@ -183,3 +183,30 @@ def test_impl_makes_the_spec_plans_on_a_mamba_layout() -> None:
                 s.add(req("z", 10, max_tokens=3))
     assert a.view() == b.view()
     assert a.rules["kv_groups.state_freed"] > 0 and sum(v for k, v in a.rules.items() if k.startswith("preempt.")) > 0
+
+
+def test_the_generator_draws_mamba_layouts_only_on_opt_in() -> None:
+    from schedspec.check import kv_requests
+
+    assert kv_requests._mamba_rate("0.5") == 0.5
+    with pytest.raises(ValueError, match="SCHEDSPEC_MAMBA_RATE"):
+        kv_requests._mamba_rate("often")
+    base = SchedulerConfig(**{**HYB, "kv_cache_groups": (KVCacheGroup(), KVCacheGroup("sliding_window", 8))})  # type: ignore[arg-type]
+    assert kv_requests.with_mamba(base, kv_requests.mamba_rng(1), rate=0.0) == base
+    drawn = kv_requests.with_mamba(base, kv_requests.mamba_rng(1), rate=1.0)
+    assert [g.kind for g in drawn.groups] == ["full_attention", "mamba"]
+    # a config that cannot take a Mamba group keeps its layout
+    off = SchedulerConfig(**{**HYB, "enable_prefix_caching": False, "kv_cache_groups": base.groups})  # type: ignore[arg-type]
+    assert kv_requests.with_mamba(off, kv_requests.mamba_rng(1), rate=1.0) == off
+
+
+def test_a_bad_mamba_rate_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from schedspec.cli.main import main
+
+    monkeypatch.setenv("SCHEDSPEC_MAMBA_RATE", "often")
+    try:
+        rc = main(["check", "--against", "spec", "--steps", "1"])
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    assert rc == 2
+    assert "SCHEDSPEC_MAMBA_RATE must be a probability" in capsys.readouterr().err

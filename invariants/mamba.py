@@ -94,7 +94,7 @@ def mamba_hit_at_checkpoint(t: Transition, h: History) -> Iterator[Finding]:
     "With a Mamba group in align mode a prefill chunk ends on the state grid where a state is to "
     "be checkpointed: a chunk from computed tokens c that stops before the prefill's end (the "
     "prompt, or the known tokens but one) ends on a block boundary (unless a block is wider than "
-    "the largest prefill chunk), and no chunk runs past the last cacheable position "
+    "the largest prefill chunk, or an encoder input cut it), and no chunk runs past the last cacheable position "
     "((num_tokens - 1) // block_size * block_size) from before it.",
     "vllm/v1/core/sched/scheduler.py, Scheduler._mamba_block_aligned_split (aligned_end, "
     "last_cache_position, next_block_boundary); vllm/v1/kv_cache_interface.py, "
@@ -117,7 +117,10 @@ def mamba_chunk_on_grid(t: Transition, h: History) -> Iterator[Finding]:
         prefill_end = max(len(b.spec.prompt_token_ids), b.num_tokens - 1)
         if start >= prefill_end:
             continue
-        if end < prefill_end and end % bs and bs <= max_prefill_tokens(cfg):
+        # vLLM splits before the encoder caps ("Apply Mamba alignment before
+        # encoder caps"): an encoder input may cut the chunk off the grid,
+        # and the next chunk re-aligns at the next block boundary
+        if end < prefill_end and end % bs and bs <= max_prefill_tokens(cfg) and not b.spec.mm_inputs:
             yield s.request_id, f"prefill chunk {start}..{end} stops before {prefill_end} off the state grid (block {bs})"
         last = checkpoint_position(b.num_tokens, bs)
         if start < last < end:

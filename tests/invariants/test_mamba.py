@@ -9,7 +9,7 @@ import dataclasses
 
 from schedspec.invariants import BY_ID, CATALOGUE, Transition
 from schedspec.spec import SpecScheduler, StepResult
-from schedspec.spec.interface import KVCacheGroup, RequestStatus, SchedulerConfig, StepPlan
+from schedspec.spec.interface import KVCacheGroup, MMInput, RequestStatus, SchedulerConfig, StepPlan
 
 from tests.helpers import req
 
@@ -78,6 +78,12 @@ def test_a_chunk_off_the_state_grid_fires() -> None:
     silent(t)
     # 0..6 stops before the prefill's end off the grid
     assert any("off the state grid" in m for m in fires("mamba-chunk-on-grid", with_entry(t, num_scheduled_tokens=6)))
+    # an encoder input may cut the chunk off the grid (vLLM splits before the encoder caps)
+    a = t.before.requests["a"]
+    with_image = dataclasses.replace(a, spec=dataclasses.replace(a.spec, mm_inputs=(MMInput(6, 2, "img"),)))
+    cut = dataclasses.replace(with_entry(t, num_scheduled_tokens=6),
+                              before=dataclasses.replace(t.before, requests={"a": with_image}))
+    assert fires("mamba-chunk-on-grid", cut) == []
     # 0..10 runs past the last cacheable state at 8 (#51113's poisoned slot)
     assert any("runs past the last cacheable state at 8" in m
                for m in fires("mamba-chunk-on-grid", with_entry(t, num_scheduled_tokens=10)))

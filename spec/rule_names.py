@@ -70,7 +70,7 @@ _RULES = (
     # -- the RUNNING loop
     Rule("running.scheduled", "a running request gets its next chunk", _SCHED + ", RUNNING loop"),
     Rule("running.prefill_chunk", "a running request's chunk stops short of its known tokens (threshold, budget or max_model_len cut it)", _SCHED + ", RUNNING loop"),
-    Rule("running.skip_no_tokens", "a running request with nothing to compute this step is skipped (continue, not break); out of reach without async scheduling, where a running request always has its next token to compute", _SCHED + ", RUNNING loop (num_new_tokens == 0: continue)", ("async", "async-spec")),
+    Rule("running.skip_no_tokens", "a running request with nothing to compute this step is skipped (continue, not break); out of reach without async scheduling, where a running request always has its next token to compute (but for a Mamba group's chunk split to 0 tokens, mamba.chunk_none, whose layouts are drawn only on opt-in)", _SCHED + ", RUNNING loop (num_new_tokens == 0: continue)", ("async", "async-spec")),
     Rule("running.stop_budget", "the token budget runs out with running requests not yet visited; out of reach without drafts, where only the tail of the running queue can be short of budget (each earlier request asks no more than it got the step before)", _SCHED + ", RUNNING loop (while token_budget > 0)", ("spec", "async-spec")),
     Rule("running.self_preempted_break", "FCFS: the request preempted itself; the RUNNING loop stops", _SCHED + ", RUNNING loop (preempted_req == request: break)"),
     Rule("running.self_preempted_continue", "PRIORITY: the request preempted itself; later running requests are still tried", _SCHED + ", RUNNING loop (continue after self-preemption)"),

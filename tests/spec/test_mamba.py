@@ -210,3 +210,19 @@ def test_a_bad_mamba_rate_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, caps
         rc = int(exc.code or 0)
     assert rc == 2
     assert "SCHEDSPEC_MAMBA_RATE must be a probability" in capsys.readouterr().err
+
+
+def test_a_clone_keeps_its_own_state_bookkeeping() -> None:
+    # the per-request StateTrack and the states cached this step are copied
+    from schedspec.impl import ImplScheduler
+
+    config = SchedulerConfig(**{**HYB, "num_blocks": 10, "max_model_len": 24})  # type: ignore[arg-type]
+    for make in (SpecScheduler, ImplScheduler):
+        s: Any = make(config)
+        s.add(req("x", 10, max_tokens=6))
+        s.add(req("y", 13, max_tokens=5))
+        step(s)
+        c = s.clone()
+        ahead = [step(s) for _ in range(6)]
+        assert [step(c) for _ in range(6)] == ahead, make.__name__
+        assert c.view() == s.view()

@@ -62,6 +62,39 @@ class Layout:
         self.specs = specs
         self.simple = len(specs) == 2 and specs[0][0].downward_closed
         self.unitary = len(self.groups) == 1
+        #: Scheduler.need_mamba_block_aligned_split: a Mamba group with caching on
+        self.aligns = self.caching and any(r.keeps_state for r in self.rules)
+        threshold = config.long_prefill_token_threshold
+        batch = config.max_num_batched_tokens
+        self.max_prefill = min(batch, threshold) if threshold > 0 else batch
+
+    def split(self, start: int, n: int, num_prompt: int, num_tokens: int, junction: int) -> int:
+        """Scheduler._mamba_block_aligned_split (docs/spec.md, "Mamba
+        groups"): a prefill chunk from ``start`` ends on a block boundary
+        unless it reaches the prefill's end, never runs past the last
+        cacheable state, stops at a block-floored junction."""
+        prefill_end = num_prompt if num_prompt > num_tokens - 1 else num_tokens - 1
+        if start >= prefill_end:
+            return n
+        bs = self.bs
+        end = start + n
+        if end < prefill_end:
+            aligned = end // bs * bs
+            if aligned > start or bs <= self.max_prefill:
+                end = aligned
+        stop = end
+        if start % bs:
+            nxt = (start // bs + 1) * bs
+            if start < nxt < stop:
+                stop = nxt
+        last = (num_tokens - 1) // bs * bs
+        if start < last < stop:
+            stop = last
+        if start < junction < end:
+            floored = start + (junction - start) // bs * bs
+            if start < floored < stop:
+                stop = floored
+        return stop - start if stop > start else 0
 
     def hit(self, lookup: Callable[[int, int], int | None], max_length: int) -> tuple[list[list[int]], int, int]:
         """find_longest_cache_hit: every group's hit blocks, the hit length,
@@ -134,6 +167,7 @@ class GroupedRequest(Protocol):
     next_full_at: int
     num_slots: int
     group_skip_from: int
+    state_tracks: dict[int, list[int]]
     group_block_tuples: tuple[tuple[int, ...], ...] | None
     cached_block_tuple: tuple[int, ...] | None
 
@@ -155,6 +189,8 @@ class GroupsMixin(Generic[Q]):
     _px: PrefixIndex
     _caching: bool
     _layout: Layout
+    #: the keys a Mamba group cached this step (MambaManager.cached_blocks_this_step)
+    _cached_now: set[Any]
 
     def _allocate(self, k: int) -> list[int]:
         raise NotImplementedError
@@ -196,6 +232,7 @@ class GroupsMixin(Generic[Q]):
         req.group_num_cached_blocks = [0] * len(req.group_num_cached_blocks)
         req.group_block_tuples = None
         req.group_skip_from = 0
+        req.state_tracks = {}
         req.num_slots = 0
         if self._caching:
             req.next_full_at = 0  # the next cache call sets it
@@ -302,6 +339,10 @@ class GroupsMixin(Generic[Q]):
             for i in range(start, end):
                 if table[i] != NULL and (mask is None or mask[i - start]):
                     self._g_register_block(req, g, i, table[i])
+                    if rules.keeps_state:
+                        node = self._px.block_node[table[i]]
+                        assert node is not None
+                        self._cached_now.add(node.full_key())
             if self._px.events is not None:
                 kept = [i for i in range(start, end) if table[i] != NULL and (mask is None or mask[i - start])]
                 self._px.events.append(stored(req, start, end, kept, bs, g, lay.groups[g].kind))
@@ -353,6 +394,9 @@ class GroupsMixin(Generic[Q]):
         bs = self._bs
         total = 0
         for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
+            if rules.keeps_state:
+                total += self._state_need(table, num_tokens, hit[g] if hit else ())
+                continue
             required = _cdiv(num_tokens, bs)
             c = lay.caps[g]
             if cap and c is not None:
@@ -365,6 +409,65 @@ class GroupsMixin(Generic[Q]):
             total += max(required - max(skipped, len(new) + len(table)), 0)
             total += self._num_evictable(new[max(0, skipped - len(table)):])
         return total
+
+    def _state_need(self, table: list[int], num_tokens: int, new: Sequence[int]) -> int:
+        """MambaManager.get_num_blocks_to_allocate ("align"): a hit on a state
+        cached this step waits (more than the pool); else at most one new
+        block past the table and the hit, plus the hit's free blocks."""
+        if new:
+            node = self._px.block_node[new[-1]]
+            if node is not None and node.full_key() in self._cached_now:
+                return len(self._ref) + 1
+        k = _cdiv(num_tokens, self._bs) - len(new) - len(table)
+        if k > 1:
+            k = 1
+        return k + self._num_evictable(new)
+
+    def _state_grow(self, req: Q, g: int, table: list[int], num_tokens: int) -> bool:
+        """MambaManager.allocate_new_blocks ("align"): the table's last block
+        becomes the previous state, null places up to the last one, one new
+        block there."""
+        track = req.state_tracks.setdefault(g, [0, -1, 0])
+        required = _cdiv(num_tokens, self._bs)
+        prev = len(table)
+        if required <= prev:
+            track[0] = 1
+            return False
+        if track[0] or prev:
+            track[1] = prev - 1
+        if prev < required - 1:
+            table.extend([NULL] * (required - 1 - prev))
+        table.extend(self._allocate(required - len(table)))
+        track[0] = 1
+        return True
+
+    def _state_retire(self, req: Q, g: int, table: list[int], processed: int) -> None:
+        """MambaManager.remove_skipped_blocks ("align"): the unretired blocks
+        before the last processed token's state (nulls skipped), then the
+        previous state once processed passes the block after it."""
+        track = req.state_tracks.setdefault(g, [0, -1, 0])
+        bs = self._bs
+        if processed > 1:
+            last = (processed - 1) // bs
+            if last > len(table):
+                last = len(table)
+            if track[2] < last:
+                freed = []
+                for i in range(last - 1, track[2] - 1, -1):
+                    if table[i] != NULL:
+                        freed.append(table[i])
+                        table[i] = NULL
+                track[2] = last
+                if freed:
+                    self._free_ordered(freed)
+                    req.group_block_tuples = None
+                    req.cached_block_tuple = None
+        ls = track[1]
+        if 0 <= ls < _cdiv(processed, bs) - 1 and table[ls] != NULL:
+            self._free_ordered([table[ls]])
+            table[ls] = NULL
+            req.group_block_tuples = None
+            req.cached_block_tuple = None
 
     # ------------------------------------------------------------ allocation
 
@@ -408,7 +511,10 @@ class GroupsMixin(Generic[Q]):
         Whether a table grew."""
         bs = self._bs
         grew = False
-        for t in self._tables(req):
+        for g, (rules, t) in enumerate(zip(self._layout.rules, self._tables(req))):
+            if rules.keeps_state:
+                grew = self._state_grow(req, g, t, num_tokens) or grew
+                continue
             k = _cdiv(num_tokens, bs) - len(t)
             if k > 0:
                 t.extend(self._allocate(k))
@@ -425,7 +531,11 @@ class GroupsMixin(Generic[Q]):
         which the next call would free a block."""
         bs = self._bs
         gskip = NEVER
-        for rules, table in zip(self._layout.rules, self._tables(req)):
+        for g, (rules, table) in enumerate(zip(self._layout.rules, self._tables(req))):
+            if rules.keeps_state:
+                self._state_retire(req, g, table, processed)
+                gskip = min(gskip, processed + 1)  # every later processed count may free
+                continue
             skipped = rules.skipped_tokens(processed)
             n = min(skipped // bs, len(table)) if skipped > 0 else 0
             # blocks 0 .. n - 1 are null once this call is done (the null

@@ -51,6 +51,9 @@ class GroupRules:
     downward_closed: ClassVar[bool] = False
     #: vLLM's KVCacheSpecKind value, as KV cache events carry it
     vllm_kind: ClassVar[str]
+    #: one recurrent state per request (MambaManager, "align" mode):
+    #: impl/kv_groups.py allocates and retires its state blocks
+    keeps_state: ClassVar[bool] = False
 
     def __init__(self, group: KVCacheGroup) -> None:
         self.group = group
@@ -171,11 +174,40 @@ class ChunkedLocal(GroupRules):
         return _forward(look, num_ids, start, max_length // bs, bs)
 
 
+class Mamba(GroupRules):
+    """MambaManager in "align" mode: keeps the state of the last computed
+    token only (skips n - 1), its hit the rightmost cached state block with
+    nulls before it, keys only the state block ending on a boundary; its
+    tables grow one state block a step (impl/kv_groups.py)."""
+
+    vllm_kind = "mamba"
+    keeps_state = True
+
+    def skipped_tokens(self, computed: int) -> int:
+        return computed - 1 if computed > 1 else 0
+
+    def hit(self, look: Look, num_ids: int, max_length: int, bs: int) -> tuple[list[list[int]], int]:
+        for i in range(max_length // bs - 1, -1, -1):
+            got = look(i)
+            if got is not None:
+                return [[NULL] * i + [b] for b in got], (i + 1) * bs
+        return [[] for _ in range(num_ids)], 0
+
+    def cache_mask(self, start: int, end: int, bs: int, boundaries: Sequence[int]) -> list[bool] | None:
+        mask = [False] * (end - start)
+        for boundary in boundaries:
+            i = boundary // bs - 1
+            if start <= i < end:
+                mask[i - start] = True
+        return mask
+
+
 #: Every kind impl knows, by its ``KVCacheGroup.kind`` name.
 KINDS: dict[str, type[GroupRules]] = {
     "full_attention": FullAttention,
     "sliding_window": SlidingWindow,
     "chunked_local": ChunkedLocal,
+    "mamba": Mamba,
 }
 
 

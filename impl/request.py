@@ -134,6 +134,8 @@ class Request:
         "group_num_cached_blocks",
         "shared_prefix_end",
         "group_skip_from",
+        # Mamba groups: [allocated, last state index (-1: none), retired] by group
+        "state_tracks",
     )
 
     def __init__(
@@ -217,6 +219,7 @@ class Request:
         self.group_num_cached_blocks: list[int] = []
         self.shared_prefix_end = 0
         self.group_skip_from = NEVER
+        self.state_tracks: dict[int, list[int]] = {}
         self.group_block_tuples: tuple[tuple[int, ...], ...] | None = NO_GROUPS
 
     def copy(self) -> "Request":
@@ -228,6 +231,7 @@ class Request:
         new.block_ids = self.block_ids[:]
         new.group_block_ids = [t[:] for t in self.group_block_ids]
         new.group_num_cached_blocks = self.group_num_cached_blocks[:]
+        new.state_tracks = {g: t[:] for g, t in self.state_tracks.items()}
         return new
 
     @property

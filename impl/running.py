@@ -77,6 +77,7 @@ class RunningPhase:
     _general: bool
     _gated: bool
     _hybrid: bool
+    _layout: Any  # impl/kv_groups.py, Layout
     _connector: bool
     _defer_free: bool
     _processed_seq: int
@@ -220,6 +221,9 @@ class RunningPhase:
         the pool is short), its entry. Returns the next index, or -1 when the
         loop ends here (FCFS: it preempted itself; a deferred free blocks)."""
         n = self._running_chunk(state, req)
+        if n > 0 and self._layout.aligns:  # the Mamba state grid (Layout.split)
+            n = self._layout.split(req.num_computed_tokens, n, req.num_prompt_tokens, req.num_tokens,
+                                   req.shared_prefix_end)
         run: list[int] = []
         duplicates: list[int] = []
         encoder_left = 0

@@ -150,6 +150,7 @@ class ImplScheduler(
         self._stop_sets: dict[frozenset[int], frozenset[int]] = {}
         self._hybrid = config.is_hybrid
         self._layout = Layout(config)
+        self._cached_now = set()  # Mamba states cached this step (impl/kv_groups.py)
         self._init_gates(config)
         # the KV connector (impl/connector.py)
         self._init_connector(config)
@@ -339,6 +340,8 @@ class ImplScheduler(
         ):
             self._choose_path()
         self._step += 1
+        if self._cached_now:
+            self._cached_now.clear()  # kv_cache_manager.new_step_starts()
         state = self._start_step()
         self._schedule_running(state)
         if not state.preempted and self._pause is not PauseState.PAUSED_ALL:
@@ -477,6 +480,7 @@ class ImplScheduler(
         d["_ref"] = self._ref[:]
         d["_fq"] = self._fq.copy()
         d["_px"] = self._px.copy()
+        d["_cached_now"] = set(self._cached_now)
         d["_preempted"] = self._preempted.copy()
         d["_deferred"] = self._deferred.copy()
         d["_grammar_errors"] = self._grammar_errors.copy()

@@ -222,6 +222,9 @@ class WaitingPhase:
         then it runs. _STOP: the loop ends; _PASSED_OVER: an encoder input
         leaves it no token this step."""
         n, spec_token_ids = self._admission_chunk(state, req, computed, running_scheduled)
+        if n > 0 and self._layout.aligns:
+            # the Mamba state grid (Layout.split): a chunk cut to 0 ends the loop
+            n = self._layout.split(computed, n, req.num_prompt_tokens, req.num_tokens, req.shared_prefix_end) or -1
         if n < 0:
             return _STOP
         num_tokens = req.num_tokens

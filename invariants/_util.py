@@ -110,6 +110,14 @@ def skipping_groups(config: SchedulerConfig) -> frozenset[int]:
     return frozenset(g for g, grp in enumerate(config.groups) if kind_of(grp).skips)
 
 
+def state_groups(config: SchedulerConfig) -> frozenset[int]:
+    """The indexes of the groups that keep one recurrent state per request
+    (MambaManager in "align" mode, spec/kv_kinds.py ``keeps_state``): their
+    null places are not a prefix (the state block of each step stands after
+    null padding), so the window invariants leave them to invariants/mamba.py."""
+    return frozenset(g for g, grp in enumerate(config.groups) if kind_of(grp).keeps_state)
+
+
 #: The older name, kept for the invariants written when sliding window was
 #: the only kind that frees: every use means "a group that may hold the null
 #: block and frees before it allocates", which chunked local is too.

@@ -37,6 +37,7 @@ from schedspec.invariants._util import (
     inflight_tokens,
     skipped_blocks,
     skipping_groups,
+    state_groups,
     tables,
 )
 from schedspec.invariants.core import Finding, History, Transition, transition_invariant
@@ -133,7 +134,7 @@ def group_tables_cover(t: Transition, h: History) -> Iterator[Finding]:
         return
     bs = v.config.block_size
     groups = v.config.groups
-    skipping = skipping_groups(v.config)
+    skipping = skipping_groups(v.config) - state_groups(v.config)  # Mamba: invariants/mamba.py
     for rid, r in sorted(v.requests.items()):
         tabs = tables(r)
         if len(tabs) != len(groups):
@@ -277,7 +278,7 @@ def groups_prefix_hit_valid(t: Transition, h: History) -> Iterator[Finding]:
 def sliding_window_frees(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
     cfg = t.after.config
-    sw = skipping_groups(cfg)
+    sw = skipping_groups(cfg) - state_groups(cfg)  # Mamba: invariants/mamba.py
     if not sw:
         return
     bs = cfg.block_size

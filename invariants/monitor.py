@@ -7,7 +7,7 @@ import textwrap
 from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
-from schedspec.invariants import connector, gates, groups, inflight, kv_events, lifecycle, state, stats, step  # noqa: F401
+from schedspec.invariants import connector, gates, groups, inflight, kv_events, lifecycle, mamba, state, stats, step  # noqa: F401
 from schedspec.invariants.core import ALL_KINDS, REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -97,6 +97,9 @@ _ORDER = (
     "group-tables-cover",
     "groups-prefix-hit-valid",
     "sliding-window-frees",
+    "mamba-hit-at-checkpoint",
+    "mamba-chunk-on-grid",
+    "mamba-state-blocks-bounded",
     # the KV cache events (kv_events)
     "kv-events-mirror-exact",
     "kv-events-parent-stored",

@@ -36,6 +36,7 @@ from schedspec.invariants._util import (
     victim_key,
 )
 from schedspec.invariants.core import Finding, History, Transition, TransitionKind, transition_invariant
+from schedspec.invariants.mamba import aligned_want, aligns_chunks
 from schedspec.invariants.inflight import live_entries
 
 _SCHED: tuple[TransitionKind, ...] = ("schedule",)
@@ -1044,7 +1045,9 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
             # may fail with the victim's free deferred: scheduler.py, schedule(),
             # "A deferred free will not help with immediate allocation")
             yield rid, f"head of the running queue was not scheduled in step {t.plan.step} (wanted {want} tokens)"
-    elif entry.num_scheduled_tokens != want and not r.spec.mm_inputs:
+    elif entry.num_scheduled_tokens != want and not r.spec.mm_inputs and not (
+        aligns_chunks(cfg) and aligned_want(cfg, r, want, entry.num_scheduled_tokens)
+    ):
         yield rid, (
             f"head of the running queue was given {entry.num_scheduled_tokens} tokens, want "
             f"min(remaining {r.num_tokens - r.num_computed_tokens}, budget "

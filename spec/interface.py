@@ -198,7 +198,8 @@ class KVCacheGroup:
     ``attention_chunk_size`` tokens and a token attends only the earlier
     positions of its own chunk; blocks wholly before the chunk of the next
     token are freed and nulled: ChunkedLocalAttentionManager,
-    get_num_skipped_tokens). ``block_size`` 0 means the
+    get_num_skipped_tokens) or ``"mamba"`` (one recurrent state per request
+    in "align" mode: MambaManager, spec/mamba.py). ``block_size`` 0 means the
     config's ``block_size``; the modelled layouts give every group the
     config's block size (vLLM requires each cacheable group's block size to be
     a multiple of the hash block size, HybridKVCacheCoordinator.__init__), so

@@ -35,7 +35,7 @@ block it freed (or a hit skipped).
 
 The modelled layouts: every group has the config's block size (so the hash
 block size, the scheduler block size and each group's block size are one
-value, and hits are block aligned), no EAGLE, no DCP/PCP, no Mamba, no
+value, and hits are block aligned), no EAGLE, no DCP/PCP, Mamba only in "align" mode (spec/mamba.py), no
 partial hash hits; the prefix-cache retention interval is vLLM's CacheConfig
 default 0 (``kv_kinds.RETENTION_INTERVAL``: sliding-window groups cache only the blocks
 a later hit can use, at the replay boundary and at a shared-prefix junction).
@@ -112,6 +112,12 @@ class GroupLayout:
     @property
     def num_groups(self) -> int:
         return len(self.groups)
+
+    @property
+    def aligns_chunks(self) -> bool:
+        """Scheduler.need_mamba_block_aligned_split: a Mamba group in "align"
+        mode (prefix caching on: MambaModelConfig.verify_and_update_config)."""
+        return self.enable_caching and any(kind_of(g).keeps_state for g in self.groups)
 
     @property
     def coordinator(self) -> str:

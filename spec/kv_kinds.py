@@ -109,6 +109,12 @@ class GroupKind:
     capped_rule: ClassVar[str | None] = None
     hit_skipped_rule: ClassVar[str | None] = None
     freed_rule: ClassVar[str | None] = None
+    #: whether the group keeps one recurrent state per request instead of
+    #: every position's keys and values (MambaSpec in "align" mode): its
+    #: tables grow by one state block a step (spec/mamba.py), its chunks end
+    #: on the state grid (Scheduler._mamba_block_aligned_split), and a hit
+    #: in it is one state block at a checkpointed length
+    keeps_state: ClassVar[bool] = False
 
     def validate(self, group: GroupFields, block_size: int, where: str) -> None:
         """Raise ConfigError for the first bad kind-specific field of
@@ -270,8 +276,46 @@ class ChunkedLocal(GroupKind):
         return f"chunk {group.attention_chunk_size}"
 
 
+class Mamba(GroupKind):
+    """MambaSpec and MambaManager in "align" mode (prefix caching on; the
+    modelled Mamba block size is the config's block size, no speculative or
+    prefill-checkpoint blocks): a request keeps only the state after its last
+    computed token (get_num_skipped_tokens: ``n - 1``), so its table is the
+    null block but for the state blocks of the last two steps
+    (spec/mamba.py); the state after ``(i + 1) * block_size`` tokens lives in
+    block i, cached only at the reachable boundaries (reachable_block_mask
+    with the default retention 0); the hit is the rightmost cached state
+    block (find_longest_cache_hit), never a run of blocks."""
+
+    name = "mamba"
+    label = "mamba"
+    vllm_kind = "mamba"
+    skips = True
+    caches_every_block = False
+    keeps_state = True
+    attended = "its last state"
+    hit_skipped_rule = "kv_groups.hit_before_state"
+    freed_rule = "kv_groups.state_freed"
+
+    def num_skipped_tokens(self, group: GroupFields, num_computed_tokens: int) -> int:
+        """MambaManager.get_num_skipped_tokens: every token but the last
+        computed one (``n - 1``; at most 0 for no token)."""
+        return max(0, num_computed_tokens - 1)
+
+    def find_hit(self, group: GroupFields, lookup: Lookup, num_ids: int, max_length: int,
+                 block_size: int) -> tuple[list[list[int]], int]:
+        return find_mamba_hit(lookup, num_ids, max_length, block_size)
+
+    def cache_mask(self, group: GroupFields, start: int, end: int, block_size: int,
+                   boundaries: Sequence[int]) -> list[bool] | None:
+        return mamba_cache_mask(start, end, block_size, boundaries)
+
+    def describe(self, group: GroupFields) -> str:
+        return "one state per block"
+
+
 #: Every kind of KV cache group, by its ``KVCacheGroup.kind`` name.
-KINDS: dict[str, GroupKind] = {k.name: k for k in (FullAttention(), SlidingWindow(), ChunkedLocal())}
+KINDS: dict[str, GroupKind] = {k.name: k for k in (FullAttention(), SlidingWindow(), ChunkedLocal(), Mamba())}
 
 
 #: The kinds by vLLM's KVCacheSpecKind value (what a KV cache event names).
@@ -438,4 +482,48 @@ def sliding_window_cache_mask(
             stop = boundary // block_size
             for j in range(max(start, stop - need), min(end, stop)):
                 mask[j - start] = True
+    return mask
+
+
+def find_mamba_hit(lookup: Lookup, num_ids: int, max_length: int, block_size: int) -> tuple[list[list[int]], int]:
+    """MambaManager.find_longest_cache_hit (alignment = the block size): scan
+    right to left from block ``max_length // block_size - 1`` and stop at the
+    first cached state block i; the hit is the null block in places
+    ``[0, i)`` and that block, ``(i + 1) * block_size`` tokens: a state is
+    valid only for exactly the prefix it was checkpointed at. No cached
+    block: an empty hit. E.g. block 4, max_length 13, block 1 cached and
+    block 2 not: ``[null, b1]``, 8 tokens."""
+    for i in range(max_length // block_size - 1, -1, -1):
+        cached = lookup(i)
+        if cached is not None:
+            return [[NULL_BLOCK] * i + [b] for b in cached], (i + 1) * block_size
+    return [[] for _ in range(num_ids)], 0
+
+
+def mamba_cache_mask(start: int, end: int, block_size: int, boundaries: Sequence[int],
+                     retention: int | None = RETENTION_INTERVAL) -> list[bool] | None:
+    """MambaManager.reachable_block_mask (alignment = the block size): dense
+    retention (None) caches every state block; 0 only the block ending on
+    each reachable boundary (the replay boundary num_prompt_tokens - 1 and a
+    shared-prefix junction, block aligned down: block ``b // bs - 1``); a
+    positive interval of k blocks also the last block of every k-block
+    segment (k <= 1: every block).
+
+    pre: 0 <= start <= end and block_size >= 1
+    post: __return__ is None or len(__return__) == end - start
+    """
+    if retention is None:
+        return None
+    mask = [False] * (end - start)
+    if retention:
+        per_segment = retention // block_size
+        if per_segment <= 1:
+            return None
+        for i in range(start, end):
+            if (i + 1) % per_segment == 0:
+                mask[i - start] = True
+    for boundary in boundaries:
+        block = boundary // block_size - 1
+        if start <= block < end:
+            mask[block - start] = True
     return mask

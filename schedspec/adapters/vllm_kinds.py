@@ -11,7 +11,7 @@ imports no vLLM: the spec classes come from ``v``, the adapter's module of vLLM'
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from schedspec.spec.interface import KVCacheGroup
 
@@ -21,6 +21,8 @@ class VllmKind:
 
     #: the class name of the manager vLLM builds for a group of this kind
     manager_name: ClassVar[str] = "FullAttentionManager"
+    #: the CacheConfig.mamba_cache_mode a layout with this kind needs (None: any)
+    cache_mode: ClassVar[str | None] = None
 
     def kv_cache_spec(self, v: Any, group: KVCacheGroup, common: dict[str, Any]) -> Any:
         """vLLM's KVCacheSpec of ``group`` (``common``: block size, heads,
@@ -51,14 +53,36 @@ class ChunkedLocal(VllmKind):
         return v.ChunkedLocalAttentionSpec(attention_chunk_size=group.attention_chunk_size, **common)
 
 
+class Mamba(VllmKind):
+    """MambaSpec in "align" mode of the config's block size (one float32
+    state of one element: the scheduler reads no shape), MambaManager. The
+    config's CacheConfig gets mamba_cache_mode "align" (adapters/vllm_config.py,
+    as MambaModelConfig.verify_and_update_config sets it with prefix caching)."""
+
+    manager_name = "MambaManager"
+    #: the CacheConfig.mamba_cache_mode a layout with this kind runs in
+    cache_mode: ClassVar[str | None] = "align"
+
+    def kv_cache_spec(self, v: Any, group: KVCacheGroup, common: dict[str, Any]) -> Any:
+        return v.MambaSpec(block_size=common["block_size"], shapes=((1,),), dtypes=(common["dtype"],),
+                           mamba_cache_mode="align")
+
+
 #: Every kind the adapter hands vLLM, by its ``KVCacheGroup.kind`` name.
 KINDS: dict[str, VllmKind] = {
     "full_attention": FullAttention(),
     "sliding_window": SlidingWindow(),
     "chunked_local": ChunkedLocal(),
+    "mamba": Mamba(),
 }
 
 
 def vllm_kind(group: KVCacheGroup) -> VllmKind:
     """The adapter's class of a (validated) group's kind."""
     return KINDS[group.kind]
+
+
+def mamba_cache_mode(groups: tuple[KVCacheGroup, ...]) -> Literal["align", "none"]:
+    """CacheConfig.mamba_cache_mode for a layout: "align" when a group's kind
+    needs it, else vLLM's default "none"."""
+    return "align" if any(KINDS[g.kind].cache_mode == "align" for g in groups) else "none"

@@ -51,6 +51,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
@@ -61,7 +62,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 __all__ = [
     "AsyncScheduler", "BlockHashWithGroupId", "CacheConfig", "ChunkedLocalAttentionSpec", "DeviceConfig", "DraftTokenIds",
     "EncoderCacheManager", "FullAttentionSpec", "KVCacheBlock", "KVCacheConfig", "KVCacheGroupSpec",
-    "KVConnectorOutput", "KVTransferConfig", "LoRAConfig", "LoRARequest", "MODEL_DIR", "ModelConfig",
+    "KVConnectorOutput", "MambaSpec", "KVTransferConfig", "LoRAConfig", "LoRARequest", "MODEL_DIR", "ModelConfig",
     "ModelRunnerOutput", "MultiModalFeatureSpec", "PlaceholderRange", "Request", "SamplingParams",
     "Scheduler", "SlidingWindowSpec", "SpeculativeConfig", "StructuredOutputManager",
     "StructuredOutputsParams", "VPauseState", "VRequestStatus", "VllmConfig", "VllmSchedulerConfig",

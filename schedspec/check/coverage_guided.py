@@ -36,7 +36,9 @@ from schedspec.check.config_space import CHECK_SPACE
 from schedspec.check.defects import keep_failed_sync_loads_alive
 from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES, kv_of
 from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_rng, with_gates
-from schedspec.check.kv_requests import KVRequests, chunk_rng, draw_kv_subset, kv_rng, with_kv
+from schedspec.check.kv_requests import (
+    KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
+)
 from schedspec.check.random_workloads import ALPHABET
 from schedspec.check.workload import (
     Abort,
@@ -423,6 +425,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     if kv:
         krng = kv_rng(f"guided-{seed}")
         config = with_kv(config, pick_kv(kv, focus, krng), krng, chunk_rng(f"guided-{seed}"), pick_chunked(focus))
+        config = with_mamba(config, mamba_rng(f"guided-{seed}"))  # opt-in (kv_requests.MAMBA_RATE)
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     f = plan.features

@@ -80,15 +80,35 @@ class ChunkedLocal(CheckKind):
         return max(0, end - 1) // chunk * chunk
 
 
+class Mamba(CheckKind):
+    """MambaManager in "align" mode: a query reads its state, the block
+    holding the state of its last position (written through the group's
+    table by the chunk that reaches it); every earlier place may be the
+    null block."""
+
+    frees_stat = "mamba_frees"
+
+    def draw(self, block_size: int, rng: random.Random) -> KVCacheGroup:
+        return KVCacheGroup("mamba")
+
+    def local(self, group: KVCacheGroup) -> bool:
+        return True
+
+    def first_read(self, group: KVCacheGroup, end: int) -> int:
+        return max(0, end - 1)
+
+
 FULL_ATTENTION = FullAttention()
 SLIDING_WINDOW = SlidingWindow()
 CHUNKED_LOCAL = ChunkedLocal()
+MAMBA = Mamba()
 
 #: Every kind the engine knows, by its ``KVCacheGroup.kind`` name.
 KINDS: dict[str, CheckKind] = {
     "full_attention": FULL_ATTENTION,
     "sliding_window": SLIDING_WINDOW,
     "chunked_local": CHUNKED_LOCAL,
+    "mamba": MAMBA,
 }
 
 

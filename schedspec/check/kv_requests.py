@@ -9,6 +9,7 @@ The vLLM defects the draws steer around are the table of check/defects.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from typing import Any, Sequence
 
@@ -34,6 +35,62 @@ def chunk_rng(seed: int | str) -> random.Random:
     apart from kv_rng's so that every other KV draw of a seed stays the one
     it gave before chunked-local groups were drawn."""
     return random.Random(f"schedspec-kv-chunk-{seed}")
+
+
+def _mamba_rate(text: str) -> float:
+    """SCHEDSPEC_MAMBA_RATE's value: a probability, else a clear error."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"SCHEDSPEC_MAMBA_RATE must be a probability between 0 and 1, got {text!r}")
+    return rate
+
+
+#: The probability that a hybrid draw puts a Mamba group ("align" mode) in
+#: the place of its last sliding-window group, drawn from mamba_rng apart
+#: from every other draw. 0 by default, so the layouts of every seed stay
+#: those it gave before Mamba groups were modelled; a run opts in with the
+#: environment variable SCHEDSPEC_MAMBA_RATE (e.g. 1 with ``--kv hybrid``).
+MAMBA_RATE: float | None = None  # None: read SCHEDSPEC_MAMBA_RATE at each draw
+
+
+def mamba_rate() -> float:
+    """The Mamba draw's probability: MAMBA_RATE when set, else the
+    environment's SCHEDSPEC_MAMBA_RATE (0 when unset; ValueError when not a
+    probability)."""
+    return MAMBA_RATE if MAMBA_RATE is not None else _mamba_rate(os.environ.get("SCHEDSPEC_MAMBA_RATE", "0"))
+
+
+def mamba_rng(seed: int | str) -> random.Random:
+    """The generator of a workload's Mamba draws (with_mamba)."""
+    return random.Random(f"schedspec-kv-mamba-{seed}")
+
+
+def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None = None) -> SchedulerConfig:
+    """``config`` with, at probability ``rate`` (MAMBA_RATE when None), a
+    Mamba group in the place of its last sliding-window or chunked-local
+    group (full + mamba, full + sliding window + mamba, a lone mamba
+    group becomes full + mamba). The config unchanged when the draw misses
+    or the config cannot take a Mamba group (spec/validate.py: prefix
+    caching and chunked prefill on, no drafts, no KV connector)."""
+    from schedspec.spec.interface import KVCacheGroup
+
+    if rate is None:
+        rate = mamba_rate()
+    if not config.is_hybrid or rng.random() >= rate:
+        return config
+    groups = config.groups
+    last = max(g for g, group in enumerate(groups) if kind_of(group).skips)
+    new = groups[:last] + (kv_kinds.MAMBA.draw(config.block_size, rng),) + groups[last + 1:]
+    if not any(kind_of(g).downward_closed for g in new):
+        new = (KVCacheGroup(),) + new
+    try:
+        return dataclasses.replace(config, kv_cache_groups=new,
+                                   num_blocks=max(config.num_blocks, 1 + (config.num_blocks - 1) // len(groups) * len(new)))
+    except SchedSpecError:
+        return config
 
 
 def draw_kv_subset(kv: Sequence[str], rng: random.Random) -> tuple[str, ...]:

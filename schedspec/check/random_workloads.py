@@ -22,7 +22,9 @@ from schedspec.check.config_space import CHECK_SPACE, draw_mode, random_config, 
 from schedspec.check.defects import keep_failed_sync_loads_alive
 from schedspec.check.features import GATES, KV_FEATURES, MODES, kv_of
 from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_rng, with_gates
-from schedspec.check.kv_requests import KVRequests, chunk_rng, draw_kv_subset, kv_rng, with_kv
+from schedspec.check.kv_requests import (
+    KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
+)
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Schedule, Step, Update, Workload
 
 #: Token ids of prompts come from a small alphabet and from a few shared
@@ -124,6 +126,7 @@ def random_workload(
         krng = kv_rng(seed)
         kv_chosen = draw_kv_subset(kv, krng)
         config = with_kv(config, kv_chosen, krng, chunk_rng(seed))
+        config = with_mamba(config, mamba_rng(seed))  # spec/mamba.py's groups, opt-in (MAMBA_RATE)
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     factory = RequestFactory(rng, config, vocab)

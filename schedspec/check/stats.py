@@ -30,14 +30,15 @@ _SUMMED = (
     "pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed", "encoder_inputs",
     "encoder_freed", "invalid_spec_tokens", "lora_steps",
     "kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts", "held_block_steps",
-    "sliding_window_frees", "chunked_local_frees",
+    "sliding_window_frees", "chunked_local_frees", "mamba_frees",
     "kv_cache_events",
     "stats_reports",
 )
 
 #: The KV connector and hybrid-group counters (reported only when a run has them).
 KV_COUNTERS = ("kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts",
-               "held_block_steps", "sliding_window_frees", "chunked_local_frees", "kv_cache_events")
+               "held_block_steps", "sliding_window_frees", "chunked_local_frees", "mamba_frees",
+               "kv_cache_events")
 
 #: The admission-gate counters (reported only when a run has gates on).
 GATE_COUNTERS = ("pauses", "paused_steps", "cache_clears", "grammars_ready", "grammars_failed",
@@ -79,6 +80,7 @@ class Stats:
     held_block_steps: int = 0  # blocks held by finished requests, summed over the steps
     sliding_window_frees: int = 0  # sliding-window table entries that became the null block
     chunked_local_frees: int = 0  # chunked-local table entries that became the null block
+    mamba_frees: int = 0  # Mamba state blocks that became the null block
     kv_cache_events: int = 0  # KV cache events taken (config.enable_kv_cache_events; spec/kv_events.py)
     #: make_stats() reports compared (schedulers built with log_stats: spec/stats.py)
     stats_reports: int = 0

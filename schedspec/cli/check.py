@@ -26,6 +26,7 @@ from schedspec.check.gate import (
 )
 from schedspec.check.gate import rules_line as capability_rules_line
 from schedspec.invariants import Selection
+from schedspec.check.kv_requests import mamba_rate
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
@@ -181,6 +182,10 @@ def _required_rules(text: str | None) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    try:  # the opt-in Mamba draws (check/kv_requests.py)
+        mamba_rate()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
     if getattr(args, "stats", False):

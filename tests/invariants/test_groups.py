@@ -122,8 +122,10 @@ def step2(after_a: RequestView = A_AFTER) -> Transition:
 
 
 def test_every_group_invariant_is_catalogued_and_requires_hybrid_kv() -> None:
+    from tests.invariants.test_mamba import MAMBA_IDS  # the Mamba groups' (invariants/mamba.py)
+
     ids = [inv.id for inv in CATALOGUE if "hybrid_kv" in inv.requires]
-    assert tuple(ids) == GROUP_IDS
+    assert tuple(ids) == GROUP_IDS + MAMBA_IDS
     for i in GROUP_IDS:
         assert "single_type_kv_cache_manager.py" in BY_ID[i].vllm_behaviour or "kv_cache_coordinator.py" in BY_ID[i].vllm_behaviour
 

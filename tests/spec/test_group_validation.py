@@ -15,7 +15,7 @@ from schedspec.spec import ConfigError, Policy, SchedulerConfig
 from schedspec.spec.interface import KVCacheGroup
 from schedspec.spec.validate import validate_config
 
-KINDS_TEXT = "must be one of 'full_attention', 'sliding_window', 'chunked_local'"
+KINDS_TEXT = "must be one of 'full_attention', 'sliding_window', 'chunked_local', 'mamba'"
 
 
 def refused(*groups: Any, block_size: int = 4) -> ConfigError:
@@ -33,7 +33,7 @@ def accepted(*groups: Any, block_size: int = 4) -> SchedulerConfig:
     [
         ((KVCacheGroup(), 5), "kv_cache_groups[1]", "must be a KVCacheGroup, got int"),
         ((KVCacheGroup(), {"kind": "full_attention"}), "kv_cache_groups[1]", "must be a KVCacheGroup, got dict"),
-        ((KVCacheGroup("mamba"),), "kv_cache_groups[0].kind", f"{KINDS_TEXT}, got 'mamba'"),
+        ((KVCacheGroup("linear_attention"),), "kv_cache_groups[0].kind", f"{KINDS_TEXT}, got 'linear_attention'"),
         ((KVCacheGroup(), KVCacheGroup("sliding_window", "w")),  # type: ignore[arg-type]
          "kv_cache_groups[1]", "sliding_window, attention_chunk_size and block_size must be integers, got 'w', 0, 0"),
         ((KVCacheGroup(block_size="4"),),  # type: ignore[arg-type]

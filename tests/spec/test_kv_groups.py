@@ -11,6 +11,7 @@ import pytest
 from schedspec.spec import ConfigError, SpecScheduler, StepResult
 from schedspec.spec.interface import KVCacheGroup, SchedulerConfig, block_key_group, group_block_key
 from schedspec.spec.kv_cache import KVPool
+from schedspec.spec.mamba import StateTrack
 from schedspec.spec.kv_groups import (
     GroupLayout,
     SpecGroup,
@@ -213,6 +214,7 @@ def test_free_request_frees_group_after_group_each_tail_first() -> None:
         group_blocks = [[0] + pool.get_new_blocks(2)]
         group_num_cached = [0]
         shared_prefix_boundary = 0
+        state_tracks: dict[int, StateTrack] = {}
 
     r = R()
     pool.cache_full_blocks([2], [("", (0, 1, 2, 3))])
@@ -233,6 +235,7 @@ def test_pop_blocks_for_free_then_free_is_one_reversed_free() -> None:
         group_blocks = [[0] + pool.get_new_blocks(2)]
         group_num_cached = [0]
         shared_prefix_boundary = 0
+        state_tracks: dict[int, StateTrack] = {}
 
     blocks = pool.pop_blocks_for_free(R())
     assert blocks == [1, 2, 3, 4]
@@ -419,7 +422,7 @@ def test_a_finished_request_has_no_group_tables() -> None:
     [
         ((SW(0),), "kv_cache_groups[0].sliding_window", "needs a window >= 1"),
         ((KVCacheGroup(sliding_window=3),), "kv_cache_groups[0].sliding_window", "has no window"),
-        ((KVCacheGroup(kind="mamba"),), "kv_cache_groups[0].kind", "must be one of 'full_attention', 'sliding_window', 'chunked_local'"),
+        ((KVCacheGroup(kind="linear_attention"),), "kv_cache_groups[0].kind", "must be one of 'full_attention', 'sliding_window', 'chunked_local', 'mamba'"),
         ((KVCacheGroup(block_size=6),), "kv_cache_groups[0].block_size", "multiple of the hash block size"),
         ((KVCacheGroup(block_size=8),), "kv_cache_groups[0].block_size", "differs from block_size"),
         ((FA,) * 5, "kv_cache_groups", "beyond the supported maximum 4"),

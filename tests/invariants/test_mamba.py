@@ -1,0 +1,102 @@
+"""The Mamba groups' invariants (invariants/mamba.py): each holds on a real
+transition of the spec scheduling a full-attention + Mamba layout, where
+the whole catalogue is silent, and fires, under its id, once that
+transition is broken in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schedspec.invariants import BY_ID, CATALOGUE, Transition
+from schedspec.spec import SpecScheduler, StepResult
+from schedspec.spec.interface import KVCacheGroup, MMInput, RequestStatus, SchedulerConfig, StepPlan
+
+from tests.helpers import req
+
+MAMBA_IDS = ("mamba-hit-at-checkpoint", "mamba-chunk-on-grid", "mamba-state-blocks-bounded")
+
+CFG = SchedulerConfig(block_size=4, num_blocks=33, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=64,
+                      enable_prefix_caching=True, kv_cache_groups=(KVCacheGroup(), KVCacheGroup("mamba")))
+
+
+def scheduled(s: SpecScheduler) -> Transition:
+    before = s.view()
+    plan = s.schedule()
+    return Transition("schedule", before, s.view(), plan)
+
+
+def finish(s: SpecScheduler, plan: StepPlan) -> None:
+    s.update(plan, StepResult({e.request_id: (7,) for e in plan.scheduled if e.samples}))
+
+
+def fires(inv_id: str, t: Transition) -> list[str]:
+    return [v.message for v in BY_ID[inv_id].check(t)]
+
+
+def silent(t: Transition) -> None:
+    assert [str(v) for inv in CATALOGUE for v in inv.check(t)] == []
+
+
+def first_chunk() -> Transition:
+    s = SpecScheduler(CFG)
+    s.add(req("a", 10, max_tokens=3))
+    return scheduled(s)
+
+
+def hit_step() -> Transition:
+    s = SpecScheduler(CFG)
+    s.add(req("a", 10, max_tokens=1))
+    while s.requests.get("a") is not None:
+        t = scheduled(s)
+        finish(s, t.plan)  # type: ignore[arg-type]
+    s.add(req("b", 10, max_tokens=1))
+    return scheduled(s)
+
+
+def with_entry(t: Transition, **changes: object) -> Transition:
+    assert t.plan is not None
+    e = dataclasses.replace(t.plan.scheduled[0], **changes)
+    return dataclasses.replace(t, plan=dataclasses.replace(t.plan, scheduled=(e,) + t.plan.scheduled[1:]))
+
+
+def test_a_hit_at_a_checkpointed_state_holds_and_a_wrong_state_fires() -> None:
+    t = hit_step()
+    assert t.plan is not None and t.plan.scheduled[0].num_computed_tokens == 8
+    silent(t)
+    fa, mamba = t.plan.scheduled[0].group_block_ids
+    # the hit's state block is group 0's block 1 (a key of another group, another length)
+    bad = with_entry(t, group_block_ids=(fa, (0, fa[1]) + mamba[2:]))
+    assert any("not cached for exactly" in m for m in fires("mamba-hit-at-checkpoint", bad))
+    # a block before the state block
+    bad = with_entry(t, group_block_ids=(fa, (fa[0],) + mamba[1:]))
+    assert any("places before the hit's state block" in m for m in fires("mamba-hit-at-checkpoint", bad))
+
+
+def test_a_chunk_off_the_state_grid_fires() -> None:
+    t = first_chunk()
+    assert t.plan is not None and t.plan.scheduled[0].num_scheduled_tokens == 8
+    silent(t)
+    # 0..6 stops before the prefill's end off the grid
+    assert any("off the state grid" in m for m in fires("mamba-chunk-on-grid", with_entry(t, num_scheduled_tokens=6)))
+    # an encoder input may cut the chunk off the grid (vLLM splits before the encoder caps)
+    a = t.before.requests["a"]
+    with_image = dataclasses.replace(a, spec=dataclasses.replace(a.spec, mm_inputs=(MMInput(6, 2, "img"),)))
+    cut = dataclasses.replace(with_entry(t, num_scheduled_tokens=6),
+                              before=dataclasses.replace(t.before, requests={"a": with_image}))
+    assert fires("mamba-chunk-on-grid", cut) == []
+    # 0..10 runs past the last cacheable state at 8 (#51113's poisoned slot)
+    assert any("runs past the last cacheable state at 8" in m
+               for m in fires("mamba-chunk-on-grid", with_entry(t, num_scheduled_tokens=10)))
+
+
+def test_too_many_state_blocks_or_blocks_kept_when_preempted_fire() -> None:
+    t = first_chunk()
+    a = t.after.requests["a"]
+    fa, mamba = a.group_block_ids
+    three = dataclasses.replace(a, group_block_ids=(fa, (20, 21, 22)[: len(mamba)] + (23,) * (3 - len(mamba))))
+    after = dataclasses.replace(t.after, requests={**t.after.requests, "a": three})
+    assert any("holds 3 state blocks, vLLM's bound is 2" in m
+               for m in fires("mamba-state-blocks-bounded", dataclasses.replace(t, after=after)))
+    preempted = dataclasses.replace(a, status=RequestStatus.PREEMPTED)
+    after = dataclasses.replace(t.after, requests={**t.after.requests, "a": preempted})
+    assert any("while preempted" in m for m in fires("mamba-state-blocks-bounded", dataclasses.replace(t, after=after)))

@@ -54,6 +54,7 @@ from schedspec.spec.connector import (
     request_finished_delays_free,
 )
 from schedspec.spec.encoder import EncoderMixin, EncoderPlan
+from schedspec.spec.effects import EffectTracker
 from schedspec.spec.gates import GatesMixin
 from schedspec.spec.interface import (
     PauseState,
@@ -110,6 +111,9 @@ _new = object.__new__
 
 class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
     """Implements spec.interface.Scheduler."""
+
+    #: effect coverage (spec/effects.py): None, or the tracker spec.effects.enable attached
+    effects: EffectTracker | None = None
 
     def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         self._config = check_config(config)
@@ -177,6 +181,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         self._clone_connector(d)
         if self.stats_record is not None:
             d["stats_record"] = self.stats_record.copy()
+        if self.effects is not None:
+            d["effects"] = self.effects.copy()
         return new
 
     # ------------------------------------------------------------------ queues
@@ -463,6 +469,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         """schedule(): running requests first, then waiting ones, and those only
         in a step that preempted nobody."""
         check_schedule(self.in_flight, self._config)
+        if self.effects is not None:
+            self.effects.before_schedule(self)
         cfg = self._config
         self.step += 1
         threshold = effective_threshold(
@@ -492,6 +500,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         plan = self._make_plan(st)
         if self.stats_record is not None and cfg.async_scheduling:
             self.stats_record.note_plan(plan, self.requests)
+        if self.effects is not None:
+            self.effects.after_schedule(self, plan)
         return plan
 
     def _schedule_running(self, st: StepState) -> None:
@@ -889,6 +899,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         cfg = self._config
         check_result(plan, self.in_flight, result, self.requests, cfg)
         check_kv_reports(plan, result, cfg, self.kv_loading, self.held, self.running)
+        if self.effects is not None:
+            self.effects.before_update(self)
         if self.defer_block_free and plan.total_num_scheduled_tokens > 0:
             self._drain_deferred_frees()
         failed = self._handle_failed_recving(result.failed_recving)
@@ -927,6 +939,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self._update_draft_token_ids(result)
         if self.stats_record is not None:
             self._stats_after_update(plan, result)
+        if self.effects is not None:
+            self.effects.after_update(self, plan)
 
     def _count_drafts(self, plan: StepPlan, s: ScheduledRequest, toks: tuple[int, ...]) -> None:
         """make_spec_decoding_stats (log_stats): the entry's drafts less those its grammar

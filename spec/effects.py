@@ -110,7 +110,8 @@ class EffectTracker:
     tables: dict[str, tuple[int, ...]] = field(default_factory=dict)
     computed: dict[str, int] = field(default_factory=dict)
     placeholders: dict[str, int] = field(default_factory=dict)
-    give_backs: int = 0
+    given_back: int = 0  # the tokens victims scheduled earlier gave back in this schedule()
+    skips: int = 0  # running.skip_max_tokens_in_flight's count before this schedule()
     freed_by_preemption: set[int] = field(default_factory=set)  # next schedule
     victims: dict[str, tuple[int, ...]] = field(default_factory=dict)  # next schedule
     finished_free: set[int] = field(default_factory=set)  # freed by a stop, for the next schedule
@@ -119,8 +120,8 @@ class EffectTracker:
     reset_victims: dict[str, tuple[int, ...]] = field(default_factory=dict)  # preempted by a reset
 
     def copy(self) -> EffectTracker:
-        return EffectTracker(dict(self.tables), dict(self.computed), dict(self.placeholders), self.give_backs,
-                             set(self.freed_by_preemption), dict(self.victims), set(self.finished_free),
+        return EffectTracker(dict(self.tables), dict(self.computed), dict(self.placeholders), self.given_back,
+                             self.skips, set(self.freed_by_preemption), dict(self.victims), set(self.finished_free),
                              set(self.finished_keyed), dict(self.rolled_back), dict(self.reset_victims))
 
     def _snap(self, sched: SpecScheduler) -> None:
@@ -133,16 +134,24 @@ class EffectTracker:
         prior = self.tables  # as the last schedule() or update() left them: before any reset since
         self._snap(sched)
         self.reset_victims = {rid: prior[rid] for rid in sched.preempted if rid in prior}
-        self.give_backs = sched.rules["preempt.budget_give_back"]
+        self.given_back = 0
+        self.skips = sched.rules["running.skip_max_tokens_in_flight"]
 
     def after_schedule(self, sched: SpecScheduler, plan: StepPlan) -> None:
         rules, bs = sched.rules, sched.config.block_size
         fresh: set[int] = set()  # blocks newly allocated (not hit) this step, by anyone
+        by_others: set[int] = set()  # of those, by requests not preempted in this step or the last
         hits: dict[str, tuple[int, ...]] = {}
+        victims = dict(self.reset_victims)
+        victims.update((rid, self.tables[rid]) for rid in plan.preempted_ids
+                       if rid not in victims and rid in self.tables)
         for e in plan.scheduled:
             h = _hit_len(e.kind, e.num_computed_tokens, bs)
             hits[e.request_id] = e.block_ids[:h]
-            fresh |= set(e.block_ids[h:]) - set(self.tables.get(e.request_id, ()))
+            new = set(e.block_ids[h:]) - set(self.tables.get(e.request_id, ()))
+            fresh |= new
+            if e.request_id not in victims and e.request_id not in self.victims:
+                by_others |= new
         # a victim's resume hits its own freed blocks at the same positions
         for rid, old in self.victims.items():
             got = hits.get(rid, ())
@@ -153,19 +162,15 @@ class EffectTracker:
         if fresh & self.finished_free:
             rules["effect.finished_blocks_reallocated"] += 1
         # this plan's victims: their blocks no one else held are freed
-        victims = dict(self.reset_victims)
-        victims.update((rid, self.tables[rid]) for rid in plan.preempted_ids
-                       if rid not in victims and rid in self.tables)
         others = {b for rid, t in self.tables.items() if rid not in victims for b in t}
         freed = {b for t in victims.values() for b in t} - others
         pending = self.freed_by_preemption | freed
-        if fresh & pending:
+        if by_others & pending:
             rules["effect.preempted_blocks_reallocated"] += 1
-        # a give-back is used when the step fills the whole budget: without it, it had that much less
-        if rules["preempt.budget_give_back"] > self.give_backs and \
-                plan.total_num_scheduled_tokens == sched.config.max_num_batched_tokens:
+        # the tokens given back were used when the step schedules more than it could have without them
+        if self.given_back and plan.total_num_scheduled_tokens + self.given_back > sched.config.max_num_batched_tokens:
             rules["effect.returned_budget_scheduled"] += 1
-        if rules["running.skip_max_tokens_in_flight"] and any(
+        if rules["running.skip_max_tokens_in_flight"] > self.skips and any(
                 self.placeholders.get(rid, 0) > 0 and plan.get(rid) is None for rid in sched.running):
             rules["effect.placeholders_skip"] += 1
         for rid, pos in self.rolled_back.items():
@@ -203,3 +208,47 @@ def enable(sched: object) -> bool:
     if getattr(sched, "effects") is None:
         setattr(sched, "effects", EffectTracker())
     return True
+
+
+Gates = tuple[str, ...] | list[str] | frozenset[str]
+
+
+def effects_line(counts: Mapping[str, int], modes: tuple[str, ...] | list[str] = ALL_MODES,
+                 gates: Gates = ()) -> str:
+    """One line: how many of the effects ``modes`` (with ``gates``) can show
+    were observed, and those never observed (or the rarest)."""
+    names = effects_reachable_in(modes, gates)
+    missing = [n for n in names if counts.get(n, 0) <= 0]
+    if missing:
+        tail = "never observed: " + ", ".join(missing)
+    else:
+        least = sorted(names, key=lambda n: counts.get(n, 0))[:3]
+        tail = "rarest: " + ", ".join(f"{n} {counts.get(n, 0):,}" for n in least)
+    return f"effect coverage: {len(names) - len(missing)} of the {len(names)} effects reachable observed; {tail}"
+
+
+def effects_table(counts: Mapping[str, int], modes: tuple[str, ...] | list[str] = ALL_MODES,
+                  gates: Gates = (), width: int = 36) -> str:
+    """The effects as coverage.format_table shows the rules: the summary
+    line, then each effect, its count, ``NOT REACHED`` or ``out of reach``."""
+    names = set(effects_reachable_in(modes, gates))
+    lines = [effects_line(counts, modes, gates), "  effect"]
+    for name in EFFECT_NAMES:
+        n = int(counts.get(name, 0))
+        mark = "" if n else "   NOT REACHED" if name in names else "   out of reach"
+        lines.append(f"    {name:<{width}} {n:>9,}{mark}")
+    return "\n".join(lines)
+
+
+def effects_report(counts: Mapping[str, int], modes: tuple[str, ...] | list[str] = ALL_MODES,
+                   gates: Gates = ()) -> dict[str, object]:
+    """The JSON report: counts, the reachable ones never observed, those out of reach."""
+    names = effects_reachable_in(modes, gates)
+    return {
+        "reached": sum(1 for n in names if counts.get(n, 0) > 0),
+        "reachable": len(names),
+        "total": len(EFFECT_NAMES),
+        "unreached": [n for n in names if counts.get(n, 0) <= 0],
+        "out_of_reach": [n for n in EFFECT_NAMES if n not in names],
+        "counts": effect_counts(counts),
+    }

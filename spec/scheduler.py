@@ -582,6 +582,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 i -= 1
             if victim.request_id in st.scheduled:
                 self._rule("preempt.budget_give_back")  # pragma: no mutate
+                if self.effects is not None:  # effect coverage: what the budget got back (spec/effects.py)
+                    self.effects.given_back += st.scheduled[victim.request_id].num_scheduled_tokens
                 st.token_budget += st.scheduled.pop(victim.request_id).num_scheduled_tokens
                 given_back = st.encoder_inputs.pop(victim.request_id, [])
                 # its encoder inputs give their embeddings back to the budget

@@ -12,8 +12,8 @@ needed for the step to fit, the rolled-back position is the one scheduled
 again), so a producer that fires while the consumer uses something else is
 not counted. It counts into the spec's rule counter under the effect's name
 (``effect.*``), so every report, merge and aim of the rule counts carries
-them. It is off unless ``enable`` attaches it: the spec then pays one
-``is not None`` test per schedule() and update().
+them. It is off unless ``enable`` attaches it (the check and the model checker
+do): off, the spec pays an ``is not None`` test or two per schedule() and update().
 
     enable(sched)                      # before driving it
     ...
@@ -23,13 +23,13 @@ them. It is off unless ``enable`` attaches it: the spec then pays one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import Any, Mapping
 
 from schedspec.spec.interface import RequestStatus, ScheduleKind, StepPlan
 from schedspec.spec.rule_names import ALL_MODES
 
-if TYPE_CHECKING:
-    from schedspec.spec.scheduler import SpecScheduler
+#: the spec scheduler the tracker reads (spec/scheduler.py imports this module, not the reverse)
+SpecScheduler = Any
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,9 @@ def _hit_len(e_kind: ScheduleKind, num_computed: int, block_size: int) -> int:
 @dataclass
 class EffectTracker:
     """What the spec gave back and has not been used yet, and a snapshot of
-    the state before the current schedule() or update()."""
+    the requests' tables and computed tokens as the last schedule() or
+    update() left them (an update reads the finished requests' tables there;
+    a request added since cannot finish in it)."""
 
     tables: dict[str, tuple[int, ...]] = field(default_factory=dict)
     computed: dict[str, int] = field(default_factory=dict)
@@ -180,9 +182,6 @@ class EffectTracker:
         self.freed_by_preemption = freed - fresh
         self.victims = victims
         self.finished_free, self.finished_keyed, self.rolled_back = set(), set(), {}
-        self._snap(sched)
-
-    def before_update(self, sched: SpecScheduler) -> None:
         self._snap(sched)
 
     def after_update(self, sched: SpecScheduler, plan: StepPlan) -> None:

@@ -901,8 +901,6 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         cfg = self._config
         check_result(plan, self.in_flight, result, self.requests, cfg)
         check_kv_reports(plan, result, cfg, self.kv_loading, self.held, self.running)
-        if self.effects is not None:
-            self.effects.before_update(self)
         if self.defer_block_free and plan.total_num_scheduled_tokens > 0:
             self._drain_deferred_frees()
         failed = self._handle_failed_recving(result.failed_recving)

@@ -165,8 +165,8 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
          "few_seqs short_outputs stops eos no_chunking"),
         # the effects (spec/effects.py): a producing rule's outcome used later
         ("effect.preempted_blocks_reallocated", "tight_pool long_prompts bursts", ""),
-        ("effect.returned_budget_scheduled", "tight_pool priority rising_priority long_outputs big_blocks long_prompts "
-         "small_budget", "few_seqs short_outputs stops eos no_chunking"),
+        ("effect.returned_budget_scheduled", "tight_pool priority rising_priority long_prompts threshold",
+         "few_seqs short_outputs no_chunking big_blocks"),
         ("effect.preempted_resume_hit", "tight_pool long_prompts", "no_caching reset_running"),
         ("effect.finished_blocks_hit", "shared_prefixes duplicates short_outputs bursts", "no_caching"),
         ("effect.finished_blocks_reallocated", "tight_pool short_outputs bursts", ""),
@@ -206,10 +206,14 @@ def choose_focus(counts: Mapping[str, int], seed: int, *, k: int = 3, goal: int 
     return tuple(chosen)
 
 
-def with_effects(names: Sequence[str], modes: Sequence[str], gates: Sequence[str] = ()) -> tuple[str, ...]:
-    """The rules ``names`` and the effects (spec/effects.py) a run in
-    ``modes`` with ``gates`` can observe: what choose_focus aims at."""
-    return tuple(names) + effects_reachable_in(tuple(modes), tuple(gates))
+def effect_focus(counts: Mapping[str, int], seed: int, modes: Sequence[str], gates: Sequence[str] = (),
+                 goal: int = 50) -> tuple[str, ...]:
+    """One effect (spec/effects.py) a run in ``modes`` with ``gates`` can
+    observe, observed fewer than ``goal`` times, to aim the next workload at
+    beside the rules choose_focus picks (so the rules' aim is what it was),
+    drawn as choose_focus draws; () when every one has reached ``goal``."""
+    names = effects_reachable_in(tuple(modes), tuple(gates))
+    return choose_focus(counts, seed + 7919, k=1, goal=goal, names=names)
 
 
 def draw_plan(rng: random.Random, focus: Sequence[str] = ()) -> Plan:

@@ -35,7 +35,7 @@ from schedspec.check.records import Failure, StepRecord
 from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
-from schedspec.check.coverage_guided import choose_focus, guided_workload, with_effects
+from schedspec.check.coverage_guided import choose_focus, effect_focus, guided_workload
 from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_capabilities
 from schedspec.check.kv_events_file import EventsWriter
 from schedspec.check.random_workloads import random_workload
@@ -715,7 +715,7 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
         names = reachable_rules(settings)
         if core:
             names = rules_within(settings.capabilities, reachable_in(modes, gate_capabilities(gates)))
-        focus = choose_focus(counts, seed, names=with_effects(names, modes))  # the effects too (spec/effects.py)
+        focus = choose_focus(counts, seed, names=names) + effect_focus(counts, seed, modes)  # spec/effects.py
         workload = guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes,
                                    gates=gates, kv=kv, always_gates=always)
     else:

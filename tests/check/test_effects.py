@@ -184,14 +184,18 @@ def test_the_check_reports_and_requires_effects(tmp_path: Path, capsys: pytest.C
 
 
 def test_the_guided_generator_aims_at_unobserved_effects() -> None:
-    from schedspec.check.coverage_guided import RULE_HINTS, choose_focus, pick_mode, with_effects
-    from schedspec.spec.rule_names import reachable_in
+    from schedspec.check.coverage_guided import RULE_HINTS, effect_focus, pick_mode
+    from schedspec.check.gate import CheckSettings, make_workload
 
     assert set(EFFECT_NAMES) <= set(RULE_HINTS)
-    names = with_effects(reachable_in(("sync",)), ("sync",))
-    assert set(EFFECT_NAMES[:5]) <= set(names) and "effect.rollback_rescheduled" not in names
-    counts = Counter({n: 60 for n in names})
+    counts = Counter({n: 60 for n in EFFECT_NAMES})
+    assert effect_focus(counts, 0, ("sync",)) == ()
     counts["effect.preempted_resume_hit"] = 0
-    assert choose_focus(counts, 0, names=names) == ("effect.preempted_resume_hit",)
+    counts["effect.rollback_rescheduled"] = 0  # out of reach in sync mode
+    assert effect_focus(counts, 0, ("sync",)) == ("effect.preempted_resume_hit",)
+    picks = Counter(effect_focus(Counter(), seed, ("sync",))[0] for seed in range(200))
+    assert set(picks) == set(EFFECT_NAMES[:5])
+    w = make_workload(CheckSettings(), 3, 50, counts)  # the check's workload names the effect it aims at
+    assert "focus:effect.preempted_resume_hit" in w.features
     for seed in range(10):  # an effect of drafts draws a mode with drafts
         assert pick_mode(("sync", "spec"), ("effect.rollback_rescheduled",), random.Random(seed))[0] == "spec"

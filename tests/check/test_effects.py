@@ -5,6 +5,7 @@ and not counted where the producer fires but nothing uses what it gave."""
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -199,3 +200,15 @@ def test_the_guided_generator_aims_at_unobserved_effects() -> None:
     assert "focus:effect.preempted_resume_hit" in w.features
     for seed in range(10):  # an effect of drafts draws a mode with drafts
         assert pick_mode(("sync", "spec"), ("effect.rollback_rescheduled",), random.Random(seed))[0] == "spec"
+
+
+def test_the_docs_table_lists_every_effect() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "coverage.md").read_text()
+    section = text[text.index("## Effect coverage"):text.index("## Shrinking")]
+    rows = re.findall(r"^\| `(effect\.[a-z_]+)` \|", section, re.M)
+    assert tuple(rows) == EFFECT_NAMES
+    assert f"names {len(EFFECT_NAMES)} effects" in section and f"all {len(EFFECT_NAMES)} within" in section
+    for name in EFFECT_NAMES:  # a rule the table names is one of the effect's
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{name}`"))
+        named = set(re.findall(r"`([a-z_]+\.[a-z_]+)`", row)) - {name}
+        assert named <= set(EFFECTS[name].producers + EFFECTS[name].consumers), row

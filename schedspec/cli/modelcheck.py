@@ -391,6 +391,7 @@ def run_merge(args: argparse.Namespace) -> int:
               f"{merged['merged_shards']} shard(s): every invariant held, no deadlock")
     spaces = [sp for sp in bound(merged["bound"]).spaces if sp.name in {s["space"]["name"] for s in merged["spaces"]}]
     print(rules_line(Counter(merged["rules"]), explored_modes(spaces) or EXPLORED_MODES, explored_gates(spaces)))
+    print(effects_line(Counter(merged["effects"]), explored_modes(spaces) or EXPLORED_MODES, explored_gates(spaces)))
     if merged["rules_missing"]:
         print(f"FAILED: {missing_rules_message(merged['rules_missing'])}")
     if args.json:

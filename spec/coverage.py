@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Mapping
 
+from schedspec.spec.effects import EFFECT_NAMES, EFFECTS
 from schedspec.spec.rule_names import ALL_MODES, RULE_NAMES, RULES, reachable_in
 
 RuleCounts = Counter[str]
@@ -112,7 +113,8 @@ def parse_required(
 ) -> tuple[str, ...]:
     """A ``--require-rules`` value: ``all`` (every rule the run's ``modes``
     and admission ``gates`` can reach: spec/rule_names.py, reachable_in), or names and group
-    prefixes separated by commas (``kv`` or ``kv.*`` means every kv rule).
+    prefixes separated by commas (``kv`` or ``kv.*`` means every kv rule),
+    and effects (spec/effects.py: a name, or ``effect`` for every one).
     Raises ValueError naming an unknown name."""
     out: list[str] = []
     for part in (p.strip() for p in text.split(",")):
@@ -122,8 +124,10 @@ def parse_required(
             out.extend(reachable_in(modes, gates))
             continue
         prefix = part[:-2] if part.endswith(".*") else part
-        if part in RULES:
+        if part in RULES or part in EFFECTS:  # an effect (spec/effects.py) counts like a rule
             out.append(part)
+        elif prefix == "effect":
+            out.extend(EFFECT_NAMES)
         elif any(n.startswith(prefix + ".") for n in RULE_NAMES):
             out.extend(n for n in RULE_NAMES if n.startswith(prefix + "."))
         else:

@@ -54,6 +54,7 @@ from schedspec.spec.connector import (
     request_finished_delays_free,
 )
 from schedspec.spec.encoder import EncoderMixin, EncoderPlan
+from schedspec.spec.effects import EffectTracker
 from schedspec.spec.gates import GatesMixin
 from schedspec.spec.interface import (
     PauseState,
@@ -111,6 +112,9 @@ _new = object.__new__
 
 class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
     """Implements spec.interface.Scheduler."""
+
+    #: effect coverage (spec/effects.py): None, or the tracker spec.effects.enable attached
+    effects: EffectTracker | None = None
 
     def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         self._config = check_config(config)
@@ -178,6 +182,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         self._clone_connector(d)
         if self.stats_record is not None:
             d["stats_record"] = self.stats_record.copy()
+        if self.effects is not None:
+            d["effects"] = self.effects.copy()
         return new
 
     # ------------------------------------------------------------------ queues
@@ -464,6 +470,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         """schedule(): running requests first, then waiting ones, and those only
         in a step that preempted nobody."""
         check_schedule(self.in_flight, self._config)
+        if self.effects is not None:
+            self.effects.before_schedule(self)
         cfg = self._config
         self.step += 1
         self.kv.new_step_starts()  # kv_cache_manager.new_step_starts()
@@ -494,6 +502,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         plan = self._make_plan(st)
         if self.stats_record is not None and cfg.async_scheduling:
             self.stats_record.note_plan(plan, self.requests)
+        if self.effects is not None:
+            self.effects.after_schedule(self, plan)
         return plan
 
     def _schedule_running(self, st: StepState) -> None:
@@ -575,6 +585,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 i -= 1
             if victim.request_id in st.scheduled:
                 self._rule("preempt.budget_give_back")  # pragma: no mutate
+                if self.effects is not None:  # effect coverage: what the budget got back (spec/effects.py)
+                    self.effects.given_back += st.scheduled[victim.request_id].num_scheduled_tokens
                 st.token_budget += st.scheduled.pop(victim.request_id).num_scheduled_tokens
                 given_back = st.encoder_inputs.pop(victim.request_id, [])
                 # its encoder inputs give their embeddings back to the budget
@@ -948,6 +960,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self._update_draft_token_ids(result)
         if self.stats_record is not None:
             self._stats_after_update(plan, result)
+        if self.effects is not None:
+            self.effects.after_update(self, plan)
 
     def _count_drafts(self, plan: StepPlan, s: ScheduledRequest, toks: tuple[int, ...]) -> None:
         """make_spec_decoding_stats (log_stats): the entry's drafts less those its grammar

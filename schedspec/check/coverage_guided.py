@@ -52,6 +52,7 @@ from schedspec.check.workload import (
 )
 from schedspec.spec.interface import Policy, RequestSpec, RequestStatus, SchedulerConfig
 from schedspec.spec.errors import ConfigError
+from schedspec.spec.effects import EFFECTS, effects_reachable_in
 from schedspec.spec.rule_names import RULE_NAMES, RULES
 from schedspec.spec.scheduler import SpecScheduler
 
@@ -164,6 +165,15 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
         ("encoder.admission_passed_over", "duplicates shared_prefixes long_prompts bursts", "no_caching"),
         ("encoder.budget_given_back", "tight_pool priority rising_priority long_outputs long_prompts small_budget",
          "few_seqs short_outputs stops eos no_chunking"),
+        # the effects (spec/effects.py): a producing rule's outcome used later
+        ("effect.preempted_blocks_reallocated", "tight_pool long_prompts bursts", ""),
+        ("effect.returned_budget_scheduled", "tight_pool priority rising_priority long_prompts threshold",
+         "few_seqs short_outputs no_chunking big_blocks"),
+        ("effect.preempted_resume_hit", "tight_pool long_prompts", "no_caching reset_running"),
+        ("effect.finished_blocks_hit", "shared_prefixes duplicates short_outputs bursts", "no_caching"),
+        ("effect.finished_blocks_reallocated", "tight_pool short_outputs bursts", ""),
+        ("effect.rollback_rescheduled", "long_outputs", "short_outputs"),
+        ("effect.placeholders_skip", "short_outputs", ""),
     )
 }
 
@@ -196,6 +206,16 @@ def choose_focus(counts: Mapping[str, int], seed: int, *, k: int = 3, goal: int 
         chosen.append(pool.pop(i))
         weights.pop(i)
     return tuple(chosen)
+
+
+def effect_focus(counts: Mapping[str, int], seed: int, modes: Sequence[str], gates: Sequence[str] = (),
+                 goal: int = 50) -> tuple[str, ...]:
+    """One effect (spec/effects.py) a run in ``modes`` with ``gates`` can
+    observe, observed fewer than ``goal`` times, to aim the next workload at
+    beside the rules choose_focus picks (so the rules' aim is what it was),
+    drawn as choose_focus draws; () when every one has reached ``goal``."""
+    names = effects_reachable_in(tuple(modes), tuple(gates))
+    return choose_focus(counts, seed + 7919, k=1, goal=goal, names=names)
 
 
 def draw_plan(rng: random.Random, focus: Sequence[str] = ()) -> Plan:
@@ -317,7 +337,8 @@ def pick_mode(modes: Sequence[str], focus: Sequence[str], rng: random.Random) ->
     async mode), and k drafts for a mode with speculative decoding."""
     allowed = list(modes)
     for rule in focus:
-        narrowed = [m for m in allowed if m in RULES[rule].modes] if rule in RULES else allowed
+        modes_of = RULES[rule].modes if rule in RULES else EFFECTS[rule].modes if rule in EFFECTS else None
+        narrowed = [m for m in allowed if m in modes_of] if modes_of is not None else allowed
         allowed = narrowed or allowed
     mode = allowed[0] if len(allowed) == 1 else rng.choice(allowed)
     k = rng.choice(CHECK_SPACE.spec_tokens) if mode in ("spec", "async-spec") else 0

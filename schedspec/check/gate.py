@@ -35,12 +35,13 @@ from schedspec.check.records import Failure, StepRecord
 from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
-from schedspec.check.coverage_guided import choose_focus, guided_workload
+from schedspec.check.coverage_guided import choose_focus, effect_focus, guided_workload
 from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_capabilities
 from schedspec.check.kv_events_file import EventsWriter
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
+from schedspec.spec.effects import effects_report
 from schedspec.spec.rule_names import RULE_NAMES, reachable_in
 from schedspec.invariants import DEFAULT_SELECTOR, Mode, Selection, SelectionError, select
 from schedspec.invariants.selection import named_ids
@@ -599,6 +600,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "kv": list(settings.drawn_kv),
         "rule_coverage": o.stats.rule_coverage(required_rules(settings), settings.drawn_modes,
                                                settings.drawn_capabilities, reachable_rules(settings)),
+        "effect_coverage": effects_report(o.stats.rules, settings.drawn_modes, settings.drawn_capabilities),
         "known_defects": [{"workload_seed": h.seed, "defect": h.defect.name, "section": h.defect.section,
                            "violations": [v.invariant_id for v in h.failure.violations] or [h.failure.kind]}
                           for h in o.known_defects],
@@ -713,7 +715,7 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
         names = reachable_rules(settings)
         if core:
             names = rules_within(settings.capabilities, reachable_in(modes, gate_capabilities(gates)))
-        focus = choose_focus(counts, seed, names=names)
+        focus = choose_focus(counts, seed, names=names) + effect_focus(counts, seed, modes)  # spec/effects.py
         workload = guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes,
                                    gates=gates, kv=kv, always_gates=always)
     else:

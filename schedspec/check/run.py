@@ -12,6 +12,7 @@ from schedspec.invariants import Invariant
 from schedspec.spec.interface import SchedulerConfig, SchedulerFactory
 from schedspec.spec.kv_events import KVCacheEvent
 from schedspec.spec.scheduler import SpecScheduler
+from schedspec.spec.effects import enable as enable_effects
 
 from schedspec.check.driver import Runner
 from schedspec.check.records import Failure
@@ -45,6 +46,7 @@ def run_workload(workload: Workload, factories: dict[str, SchedulerFactory], voc
                     keep_history=keep_history, check_invariants=not plans_only,
                     compare_views=not plans_only, invariants=invariants)
     runner.kv_event_sink = kv_event_sink  # the KV cache events of each update (Runner.kv_event_sink)
+    enable_effects(runner.scheds.get(runner.names[0]))  # effect coverage: the reference's (spec/effects.py)
     failure = runner.run(workload.events, stop_at=stop_at)
     if runner.stopped:
         return runner, failure
@@ -70,5 +72,6 @@ def count_rules(runner: Runner, workload: Workload, seed: int, vocab: int) -> No
         return
     spec = Runner(workload.config, {"spec": SpecScheduler}, vocab=vocab, oracle_seed=seed,
                   check_invariants=False, compare_views=False)
+    enable_effects(spec.primary)
     spec.run(workload.events)
     runner.stats.absorb_rules(spec.primary)

@@ -30,6 +30,7 @@ from schedspec.check.kv_requests import mamba_rate
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
+from schedspec.spec.effects import effects_line, effects_table
 from schedspec.cli.common import with_stats_factories
 from schedspec.cli.common import (
     EXIT_FAIL,
@@ -255,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         modes, on = settings.drawn_modes, settings.drawn_capabilities
         print(format_table(outcome.stats.rules, modes=modes, gates=on) if args.rules
               else capability_rules_line(settings, outcome.stats.rules))
+        print(effects_table(outcome.stats.rules, modes, on) if args.rules else effects_line(outcome.stats.rules, modes, on))
     if outcome.missing_rules:
         print(f"FAILED: {missing_rules_message(outcome.missing_rules)}")
     if coverage is not None:

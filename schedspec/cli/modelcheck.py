@@ -56,6 +56,7 @@ from schedspec.modelcheck import (
 from schedspec.modelcheck.shard import merge_reports, shard_spaces
 from schedspec.modelcheck.target import Against
 from schedspec.spec import coverage as rule_coverage
+from schedspec.spec.effects import effects_line, effects_table
 from schedspec.spec.rule_names import RULE_NAMES, reachable_in
 from schedspec.spec.scheduler import SpecScheduler
 
@@ -294,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
     rules = result.rules
     print(rule_coverage.format_table(rules, modes=modes, gates=gates) if args.rules
           else rules_line(rules, modes, gates, caps))
+    print(effects_table(rules, modes, gates) if args.rules else effects_line(rules, modes, gates))
     missing = rule_coverage.unreached(rules, required) if shard is None else []
     if missing:
         print(f"FAILED: {missing_rules_message(missing)}")
@@ -389,6 +391,7 @@ def run_merge(args: argparse.Namespace) -> int:
               f"{merged['merged_shards']} shard(s): every invariant held, no deadlock")
     spaces = [sp for sp in bound(merged["bound"]).spaces if sp.name in {s["space"]["name"] for s in merged["spaces"]}]
     print(rules_line(Counter(merged["rules"]), explored_modes(spaces) or EXPLORED_MODES, explored_gates(spaces)))
+    print(effects_line(Counter(merged["effects"]), explored_modes(spaces) or EXPLORED_MODES, explored_gates(spaces)))
     if merged["rules_missing"]:
         print(f"FAILED: {missing_rules_message(merged['rules_missing'])}")
     if args.json:

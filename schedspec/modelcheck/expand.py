@@ -50,6 +50,7 @@ from schedspec.modelcheck.model import MemoModel
 from schedspec.modelcheck.result import Finding
 from schedspec.modelcheck.space import Space
 from schedspec.modelcheck.state import Canon, Fingerprint, expected_memory, hidden_gate_state, kv_key
+from schedspec.spec.effects import enable as enable_effects
 from schedspec.spec import coverage as rule_coverage
 from schedspec.modelcheck.target import PICKLE_PROTOCOL, Against, CopyMethod, copy_method, deep_copy, shared_objects
 from schedspec.spec.errors import ProtocolError
@@ -340,6 +341,7 @@ class Expander:
 
     def root(self) -> Entry:
         s = self.cls(self.config)
+        enable_effects(s)  # effect coverage, carried by the spec's clones (spec/effects.py)
         impl: Any = None
         memory: dict[int, int] | None = None
         if self.against is not None:

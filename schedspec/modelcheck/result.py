@@ -16,6 +16,7 @@ from schedspec.check.workload import Workload
 from schedspec.invariants import Violation
 from schedspec.modelcheck.space import Space
 from schedspec.spec import coverage as rule_coverage
+from schedspec.spec.effects import effect_counts
 from schedspec.spec.interface import SchedulerConfig
 
 
@@ -98,6 +99,7 @@ class SpaceResult:
             "liveness_path": list(self.liveness_labels),
             "coverage": self.coverage,
             "rules": rule_coverage.as_dict(self.rules),
+            "effects": effect_counts(self.rules),
             "cpu_s": round(self.cpu_s, 3),
             "note": self.note or None,
             "failure": None if self.failure is None else {
@@ -177,6 +179,7 @@ class BoundResult:
             "liveness_bound": max(bounds) if bounds else None,
             "rules": rule_coverage.as_dict(self.rules),
             "rules_unreached": rule_coverage.unreached(self.rules),
+            "effects": effect_counts(self.rules),
             "spaces": [r.as_dict() for r in self.spaces],
         }
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from schedspec.modelcheck.space import ModelCheckError, bound
 from schedspec.spec import coverage as rule_coverage
+from schedspec.spec.effects import effect_counts
 
 #: The report fields every shard of one run must agree on.
 SAME_IN_EVERY_SHARD = ("bound", "impl", "invariants", "against", "mode", "invariant_ids", "rules_required")
@@ -66,6 +67,7 @@ def merge_reports(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     rules: Counter[str] = Counter()
     for s in spaces:
         rules.update(s["rules"])
+        rules.update(s.get("effects", {}))  # counted with the rules (spec/effects.py)
     states = sum(int(s["states"]) for s in spaces)
     elapsed = sum(float(s["elapsed_s"]) for s in spaces)
     cpu = sum(float(s["cpu_s"]) for s in spaces)
@@ -84,6 +86,7 @@ def merge_reports(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "liveness_bound": max(bounds) if bounds else None,
         "rules": rule_coverage.as_dict(rules),
         "rules_unreached": rule_coverage.unreached(rules),
+        "effects": effect_counts(rules),
         "spaces": spaces,
         "workers": max(int(r.get("workers", 1)) for r in reports.values()),
         "rules_missing": rule_coverage.unreached(rules, first.get("rules_required") or ()),

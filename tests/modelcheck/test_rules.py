@@ -104,3 +104,13 @@ def test_rule_counts_do_not_depend_on_the_workers() -> None:
     two = Explorer(space, invariants=(), workers=2).run()
     assert (one.states, one.transitions) == (two.states, two.transitions)
     assert one.rules == two.rules and one.rules["update.request_gone"] > 0
+
+
+def test_the_small_bound_observes_the_effects_of_sync_scheduling(small: BoundResult) -> None:
+    # docs/modelcheck.md, "Rule coverage": every sync effect but the one needing three running requests
+    from schedspec.spec.effects import effect_counts, effects_reachable_in
+
+    counts = effect_counts(small.rules)
+    missing = [n for n in effects_reachable_in(("sync",)) if counts[n] == 0]
+    assert missing == ["effect.returned_budget_scheduled"], counts
+    assert all(r.as_dict()["effects"] == effect_counts(r.rules) for r in small.spaces)

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING
 
 from schedspec.spec.coverage import CountsRules
 from schedspec.spec.interface import (
-    Policy,
     RequestError,
     RequestSpec,
     RequestStatus,
@@ -53,20 +52,10 @@ from schedspec.spec.interface import (
     SessionUpdate,
 )
 
+from schedspec.spec.protocol import check_resumable as check_resumable
+
 if TYPE_CHECKING:
     from schedspec.spec.request_state import RequestState as _Request
-
-
-def check_resumable(request: RequestSpec, config: SchedulerConfig) -> None:
-    """add(): a resumable request within the modelled sessions."""
-    if not request.resumable:
-        return
-    rid = request.request_id
-    if config.policy != Policy.FCFS:
-        raise RequestError(rid, "resumable", "sessions are modelled under the FCFS policy only")
-    for name in ("structured_output", "mm_inputs", "kv_external_tokens", "kv_load_async", "kv_save_async"):
-        if getattr(request, name):
-            raise RequestError(rid, "resumable", f"a session with {name} is not modelled")
 
 
 class SessionsMixin(CountsRules):

@@ -50,6 +50,7 @@ from schedspec.spec.protocol import (
     check_config,
     check_gate_config,
     check_grammar_ready,
+    check_kv_reset,
     check_mm_lengths,
     check_pause_state,
     check_reset,
@@ -309,6 +310,8 @@ class ImplScheduler(
         check_reset(self._inflight, self._config)
         if reset_running_requests and self._connector:
             self._check_kv_reset()
+        if reset_running_requests and self._streaming_queues:
+            check_kv_reset(self._session_blocks_kept())  # impl/sessions.py
         if reset_running_requests:
             running = self._running
             while running:

@@ -16,6 +16,7 @@ from schedspec.impl.request import Request
 
 WAITING_FOR_STREAMING = RequestStatus.WAITING_FOR_STREAMING_REQ
 _WAITING = RequestStatus.WAITING
+_RUNNING = RequestStatus.RUNNING
 
 __all__ = ["SessionsMixin", "WAITING_FOR_STREAMING", "check_resumable"]
 
@@ -127,6 +128,23 @@ class SessionsMixin:
             else:
                 self._waiting.push_back(req)
         self._continuing = []
+
+    def _clear_unproposed(self, scheduled: list[Request], drafted: Any) -> None:
+        """Sync speculative decoding: a scheduled session with no proposal
+        loses the drafts left from before its stop (spec/sessions.py)."""
+        for req in scheduled:
+            if req.spec_token_ids and req.spec.resumable and req.request_id not in drafted \
+                    and self._requests.get(req.request_id) is req:
+                req.spec_token_ids = ()
+
+    def _session_blocks_kept(self) -> str | None:
+        """A session that waits holding blocks: reset_prefix_cache with
+        reset_running_requests cannot free them (vLLM raises)."""
+        for rid in self._streaming_queues:
+            req = self._requests[rid]
+            if req.status is not _RUNNING and (req.block_ids or any(req.group_block_ids)):
+                return f"session {rid!r} holds blocks while it waits ({req.status.value})"
+        return None
 
     def _forget_session(self, req: Request) -> None:
         if req.status is WAITING_FOR_STREAMING:

@@ -74,6 +74,7 @@ class UpdateMixin:
     _continuing: list[Request]
     _handle_stopped: Any
     _enqueue_continuing: Any
+    _clear_unproposed: Any
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
@@ -400,6 +401,8 @@ class UpdateMixin:
                     drafts = get_drafts(req.request_id)
                     if drafts is not None:
                         self._set_drafts(req, drafts)
+        if self._live_sessions and speculative and not self._async:
+            self._clear_unproposed(scheduled, result.draft_token_ids)  # impl/sessions.py
         self._after_update(failed, result, late_drafts, any_stopped)
 
     def _after_update(

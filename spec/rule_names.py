@@ -221,6 +221,7 @@ _RULES = (
     Rule("sessions.ended_at_stop", "a session stops with its end queued: it finishes with its stop status", "sched/scheduler.py, Scheduler._handle_stopped_request (update is None)", gates=_SESS),
     Rule("sessions.skip_waiting_for_input", "the WAITING loop passes over a session waiting for input", "sched/scheduler.py, Scheduler._handle_blocked_waiting_request (WAITING_FOR_STREAMING_REQ)", gates=_SESS),
     Rule("sessions.slots_held", "sessions waiting for input hold the model-runner slots left: the WAITING loop stops short of max_num_seqs running", _SCHED + ", WAITING loop (num_running = len(running) + num_waiting_for_streaming_input)", gates=_SESS),
+    Rule("sessions.stale_drafts_cleared", "sync speculative decoding: a session admitted with the drafts proposed after its stop gets no proposal for the step: the update clears them", "vllm/v1/engine/core.py, EngineCore.post_step (every request of the batch); sched/scheduler.py, Scheduler.update_draft_token_ids", ("spec",), gates=_SESS),
     Rule("sessions.admit_continued", "a continued session is admitted from its kept computed tokens and blocks (no prefix lookup), as a new request", _SCHED + ", WAITING loop (num_computed_tokens > 0 branch; status WAITING: scheduled_new_reqs)", gates=_SESS),
 )
 

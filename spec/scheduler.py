@@ -312,6 +312,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         check_reset(self.in_flight, self._config)
         if reset_running_requests and self._config.kv_connector:
             check_kv_reset(self._blocks_kept_after_reset())
+        if reset_running_requests and self.streaming_queues:
+            check_kv_reset(self._session_blocks_kept())  # spec/sessions.py
         if reset_running_requests:
             while self.running:
                 self._rule("preempt.reset_running")  # pragma: no mutate
@@ -945,6 +947,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         self.in_flight = self.in_flight[1:]
         if not cfg.async_scheduling:
             self._update_draft_token_ids(result)
+            if self.streaming_queues and cfg.num_speculative_tokens:
+                self._clear_unproposed(plan, result)  # spec/sessions.py
         if self.stats_record is not None:
             self._stats_after_update(plan, result)
 

@@ -50,6 +50,8 @@ from schedspec.spec.interface import (
     RequestStatus,
     SchedulerConfig,
     SessionUpdate,
+    StepPlan,
+    StepResult,
 )
 
 from schedspec.spec.protocol import check_resumable as check_resumable
@@ -189,6 +191,33 @@ class SessionsMixin(CountsRules):
                 self.deferred.add(rid)
             (self.kv_holding if req.num_computed_tokens > 0 else self.waiting).append(rid)
         self.continuing = []
+
+    def _clear_unproposed(self, plan: StepPlan, result: StepResult) -> None:
+        """update_draft_token_ids gets the worker's proposals for every
+        request of the batch (vllm/v1/engine/core.py, post_step), an empty one
+        where it proposed none, which clears a request's drafts. Only a
+        session can still hold drafts when it is scheduled: those set after
+        its stop, which its admission leaves (the WAITING loop never reads
+        spec_token_ids); so a scheduled session without a proposal loses them."""
+        for s in plan.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is not None and req.spec.resumable and s.request_id not in result.draft_token_ids \
+                    and req.spec_token_ids:
+                self._rule("sessions.stale_drafts_cleared")  # pragma: no mutate
+                req.spec_token_ids = []
+
+    def _session_blocks_kept(self) -> str | None:
+        """reset_prefix_cache(reset_running_requests=True): preempting the
+        running requests frees no block of a session that waits (for input,
+        or to resume its next chunk), so vLLM's reset fails and raises
+        RuntimeError (scheduler.py, reset_prefix_cache: "Failed to reset KV
+        cache even when all the running requests are preempted"); the
+        boundary refuses it first (check_kv_reset). Why, or None."""
+        for rid in self.streaming_queues:
+            req = self.requests[rid]
+            if req.status != RequestStatus.RUNNING and (req.blocks or any(req.group_blocks)):
+                return f"session {rid!r} holds blocks while it waits ({req.status.value})"
+        return None
 
     def _forget_session(self, req: _Request) -> None:
         """A finished request leaves the session books (finish_requests

@@ -425,7 +425,7 @@ class Runner:
                 # with a KV connector the boundary refuses a reset that would
                 # leave blocks held (a load in flight, blocks kept for a save):
                 # an outcome compared like an abort's, not a failure
-                if not self.config.kv_connector:
+                if not (self.config.kv_connector or session_events.active(self)):
                     raise
                 results[name] = "refused"
                 continue

@@ -69,6 +69,12 @@ def added(runner: Runner, request: RequestSpec) -> list[int]:
     return list(request.prompt_token_ids)
 
 
+def active(runner: Runner) -> bool:
+    """Whether ``runner`` was given a session (a reset it refuses is then an
+    outcome: a waiting session's blocks stay held, spec/sessions.py)."""
+    return bool(_SESSIONS.get(runner))
+
+
 def apply(runner: Runner, event: SessionInput) -> Failure | None:
     """session_update on every scheduler; a refusal (an unknown or finished
     session, one not resumable, an update after its end) is an outcome

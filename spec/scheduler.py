@@ -939,8 +939,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
             if toks:
                 self._take_output(req, toks, stale, stopped)
         self.running = [r for r in self.running if r not in stopped]
-        if self.continuing:
-            self._enqueue_continuing()
+        self._enqueue_continuing()  # sessions that go on (spec/sessions.py)
         self._finish_errors(failed if cfg.kv_load_failure_policy == "fail" else set())
         if cfg.kv_connector:
             self._update_from_kv_xfer_finished(result)

@@ -28,7 +28,7 @@ from schedspec.invariants._util import cdiv, kv_load_failed, lookup, session_wen
 from schedspec.invariants.core import Finding, History, Transition, transition_invariant
 
 _S = RequestStatus
-_QUEUED = (_S.WAITING, _S.PREEMPTED, _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
+_QUEUED = (_S.WAITING, _S.PREEMPTED, _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, _S.WAITING_FOR_STREAMING_REQ)
 
 
 def live_entries(r: RequestView, in_flight: tuple[StepPlan, ...]) -> list[ScheduledRequest]:

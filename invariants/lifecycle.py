@@ -43,7 +43,7 @@ def legal_status_transition(t: Transition, h: History) -> Iterator[Finding]:
         a = lookup(t.after, rid)
         if a is None:
             yield rid, f"was {b.status.name} and vanished (neither unfinished nor finished)"
-        elif a.status != b.status and not is_legal_transition(b.status, a.status):
+        elif a.status != b.status and not is_legal_transition(b.status, a.status, a.spec.resumable):
             yield rid, f"illegal status change {b.status.name} -> {a.status.name}"
     for rid, a in t.after.requests.items():
         if rid not in t.before.requests and a.status != _initial_status(a):
@@ -272,9 +272,9 @@ def blocks_only_grow(t: Transition, h: History) -> Iterator[Finding]:
         failed = t.result is not None and bool(t.result.failed_recving or t.result.invalid_block_ids)
         rolled_back = (
             t.kind == "update"
-            and (cfg.num_speculative_tokens > 0 or (cfg.kv_connector and failed))
+            and (cfg.num_speculative_tokens > 0 or (cfg.kv_connector and failed) or session_went_on(b, a))
             and a.num_computed_tokens <= b.num_computed_tokens
-        )
+        )  # (a session that goes on resumes from its materialized frontier: _handle_stopped_request)
         if tables(a) != tables(b) or (a.num_computed_tokens != b.num_computed_tokens and not rolled_back):
             yield rid, (
                 f"{t.kind} changed computed tokens/blocks from {b.num_computed_tokens}/"

@@ -155,19 +155,18 @@ LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
     #: finished sentinel calls finish_requests(FINISHED_ABORTED))
     _S.WAITING_FOR_STREAMING_REQ: frozenset({_S.WAITING, _S.FINISHED_ABORTED}),
 }
-#: Sessions (spec/sessions.py): a resumable request that stops continues
+#: Sessions (spec/sessions.py): a resumable request that stops goes on
 #: instead (_handle_stopped_request): RUNNING or PREEMPTED -> WAITING (its
 #: next chunk was queued: _update_request_as_session) or
-#: WAITING_FOR_STREAMING_REQ (none queued yet).
-LEGAL_TRANSITIONS = {
-    **LEGAL_TRANSITIONS,
-    _S.RUNNING: LEGAL_TRANSITIONS[_S.RUNNING] | {_S.WAITING, _S.WAITING_FOR_STREAMING_REQ},
-    _S.PREEMPTED: LEGAL_TRANSITIONS[_S.PREEMPTED] | {_S.WAITING, _S.WAITING_FOR_STREAMING_REQ},
+#: WAITING_FOR_STREAMING_REQ (none queued yet). Legal for a resumable request only.
+SESSION_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
+    _S.RUNNING: frozenset({_S.WAITING, _S.WAITING_FOR_STREAMING_REQ}),
+    _S.PREEMPTED: frozenset({_S.WAITING, _S.WAITING_FOR_STREAMING_REQ}),
 }
 
 
-def is_legal_transition(old: RequestStatus, new: RequestStatus) -> bool:
-    return new in LEGAL_TRANSITIONS[old]
+def is_legal_transition(old: RequestStatus, new: RequestStatus, resumable: bool = False) -> bool:
+    return new in LEGAL_TRANSITIONS[old] or (resumable and new in SESSION_TRANSITIONS.get(old, ()))
 
 
 class Policy(enum.Enum):

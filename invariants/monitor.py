@@ -111,9 +111,9 @@ _ORDER = (
     "stats-drafts-within-proposed",
     # streaming-input sessions (resumable requests: invariants/sessions.py)
     "request-in-one-queue",
-    "session-input-not-early",
+    "stream-input-not-early",
     "dropped-token-not-computed",
-    "session-liveness",
+    "stream-liveness",
 )
 
 

@@ -3,13 +3,13 @@ invariants that hold whatever sessions a workload sends.
 
 - request-in-one-queue: every unfinished request is in exactly one queue
   (vLLM's upstream bugs: a running request left in the waiting queue, a
-  request in two queues after a session update);
-- session-input-not-early: no plan computes a position past the tokens a
+  request in two queues after a streaming request update);
+- stream-input-not-early: no plan computes a position past the tokens a
   request has (so a chunk is never scheduled before it arrives), and a
-  session waiting for input is not scheduled;
+  streaming request waiting for input is not scheduled;
 - dropped-token-not-computed: the last sampled token of a finished chunk,
   which the next chunk drops, is never counted as computed;
-- session-liveness: with sessions waiting, the scheduler does not stall
+- stream-liveness: with sessions waiting, the scheduler does not stall
   while the waiting loop could admit the request at its head (free blocks
   and a free slot), for more than SESSION_STALL_BOUND steps.
 """
@@ -26,18 +26,18 @@ from schedspec.invariants.inflight import kept_tokens
 
 _WFS = RequestStatus.WAITING_FOR_STREAMING_REQ
 
-#: The bound of session-liveness: empty steps in a row while the head of the
+#: The bound of stream-liveness: empty steps in a row while the head of the
 #: waiting queue could be admitted.
 SESSION_STALL_BOUND = 32
 
 
 @state_invariant(
     "request-in-one-queue",
-    "Every unfinished request is in exactly one queue, waiting or running, once; a session "
+    "Every unfinished request is in exactly one queue, waiting or running, once; a streaming request "
     "waiting for input is waiting, never running.",
     "vllm/v1/core/sched/scheduler.py: update_from_output removes the stopped requests from their "
     "queues before it enqueues the sessions that go on (continuing_reqs, _enqueue_waiting_request); "
-    "add_request for an existing session queues or applies the update in place and enqueues nothing.",
+    "add_request for an existing streaming request queues or applies the update in place and enqueues nothing.",
     tags=("safety",),
 )
 def request_in_one_queue(v: SchedulerView) -> Iterator[Finding]:
@@ -53,10 +53,10 @@ def request_in_one_queue(v: SchedulerView) -> Iterator[Finding]:
 
 
 @transition_invariant(
-    "session-input-not-early",
+    "stream-input-not-early",
     "No plan entry computes a position past its request's known tokens (the prompt with the chunks "
-    "that arrived, and the outputs) plus its output placeholders and drafts: a session's next chunk "
-    "is never scheduled before it arrives; a session waiting for input is not scheduled.",
+    "that arrived, and the outputs) plus its output placeholders and drafts: a streaming request's next chunk "
+    "is never scheduled before it arrives; a streaming request waiting for input is not scheduled.",
     "vllm/v1/core/sched/scheduler.py, schedule(): num_new_tokens = num_tokens_with_spec + "
     "num_output_placeholders - num_computed_tokens; _handle_blocked_waiting_request passes over "
     "WAITING_FOR_STREAMING_REQ; add_request applies a chunk only when it arrives.",
@@ -83,8 +83,8 @@ def session_input_not_early(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "dropped-token-not-computed",
-    "The last sampled token of a session's chunk, which its next chunk drops, is never counted as "
-    "computed: a session waiting for input has computed at most all its tokens but the last, and "
+    "The last sampled token of a streaming request's chunk, which its next chunk drops, is never counted as "
+    "computed: a streaming request waiting for input has computed at most all its tokens but the last, and "
     "when a chunk is applied at a stop its computed tokens stop before the dropped position, whose "
     "tokens before it are kept.",
     "vllm/v1/core/sched/scheduler.py, _handle_stopped_request (num_computed_tokens = "
@@ -115,13 +115,13 @@ _STALLS = "_session_stalls"  # the count kept on the Monitor's History
 
 
 @transition_invariant(
-    "session-liveness",
+    "stream-liveness",
     f"With sessions waiting, no deadlock: the scheduler makes no more than {SESSION_STALL_BOUND} "
     "empty steps in a row, nothing in flight and unpaused, while the request the waiting loop "
     "reaches first could be admitted (a slot beside the running requests and the sessions waiting "
     "for input, and free blocks for its next token).",
     "vllm/v1/core/sched/scheduler.py, schedule(): the WAITING loop's num_running = len(running) + "
-    "num_waiting_for_streaming_input; a session waiting for input keeps its blocks "
+    "num_waiting_for_streaming_input; a streaming request waiting for input keeps its blocks "
     "(_handle_stopped_request). Upstream, a deadlock under KV pressure with sessions waiting (#49439).",
     ("schedule",),
     tags=("policy:vllm-liveness",),

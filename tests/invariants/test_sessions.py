@@ -19,9 +19,9 @@ from schedspec.spec.interface import RequestStatus, SchedulerView, SessionUpdate
 
 SESSION_IDS = (
     "request-in-one-queue",
-    "session-input-not-early",
+    "stream-input-not-early",
     "dropped-token-not-computed",
-    "session-liveness",
+    "stream-liveness",
 )
 
 WFS = RequestStatus.WAITING_FOR_STREAMING_REQ
@@ -78,12 +78,12 @@ def test_session_input_not_early_fires_on_a_chunk_scheduled_before_it_arrives() 
     before = s.view()
     plan = s.schedule()
     t = Transition("schedule", before, s.view(), plan=plan)
-    assert fires("session-input-not-early", t) == []
+    assert fires("stream-input-not-early", t) == []
     e = plan.scheduled[0]
     early = dataclasses.replace(plan, scheduled=(dataclasses.replace(e, num_scheduled_tokens=7),))
-    assert "past its 5 known tokens" in fires("session-input-not-early", dataclasses.replace(t, plan=early))[0]
+    assert "past its 5 known tokens" in fires("stream-input-not-early", dataclasses.replace(t, plan=early))[0]
     waiting = with_request(before, "s", status=WFS)
-    assert "waits for input" in fires("session-input-not-early", dataclasses.replace(t, before=waiting))[0]
+    assert "waits for input" in fires("stream-input-not-early", dataclasses.replace(t, before=waiting))[0]
 
 
 def test_dropped_token_not_computed_fires_when_the_dropped_position_counts() -> None:
@@ -116,12 +116,12 @@ def test_session_liveness_fires_past_its_bound_of_empty_steps_with_room_to_admit
     h = History()
     found: list[str] = []
     for _ in range(SESSION_STALL_BOUND + 1):
-        found = fires("session-liveness", t, h)
+        found = fires("stream-liveness", t, h)
     assert found and "empty steps in a row" in found[0]
     h2 = History()
     admitted = s.schedule()  # the spec admits r at once
     assert admitted.get("r") is not None
-    assert fires("session-liveness", dataclasses.replace(t, plan=admitted), h2) == []
+    assert fires("stream-liveness", dataclasses.replace(t, plan=admitted), h2) == []
 
 
 @pytest.mark.parametrize("modes", [("sync",), ("async",), ("spec",), ("async-spec",)])
@@ -133,7 +133,7 @@ def test_the_catalogue_is_silent_on_the_spec_with_sessions_but_for_the_liveness_
         for e in w.events:
             f = r.apply(e)
             if f is not None:
-                assert {v.invariant_id for v in f.violations} == {"session-liveness"}, f.message
+                assert {v.invariant_id for v in f.violations} == {"stream-liveness"}, f.message
                 break
         steps += r.stats.steps
     assert steps > 200

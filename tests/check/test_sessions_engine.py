@@ -115,3 +115,22 @@ def test_vllm_keeps_the_specs_plans_and_views_with_sessions() -> None:
 
     steps, updates = _run({"spec": SpecScheduler, "vllm": VllmScheduler}, ("sync", "async"), range(3), 80)
     assert steps >= 200 and updates > 10
+
+
+def test_check_sessions_runs_impl_in_lockstep_and_a_class_without_them_fails_naming_it(
+        tmp_path: "pytest.TempPathFactory", capsys: pytest.CaptureFixture[str]) -> None:
+    from schedspec.cli.main import main
+
+    out = str(tmp_path)
+    rc = main(["check", "--against", "impl", "--sessions", "--invariants", "safety", "--steps", "300",
+               "--quiet", "--out", out])
+    assert rc == 0, capsys.readouterr().out
+    rc = main(["check", "--against", "tests.check.test_sessions_engine:NoSessions", "--sessions", "--steps", "300",
+               "--quiet", "--out", out])
+    assert rc == 1 and "has no session_update()" in capsys.readouterr().out
+
+
+class NoSessions(SpecScheduler):
+    """The spec without the optional session_update."""
+
+    session_update = None  # type: ignore[assignment]

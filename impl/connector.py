@@ -103,6 +103,7 @@ class ConnectorMixin(Generic[R]):
 
     # hybrid KV cache groups (impl/kv_groups.py, GroupsMixin)
     _hybrid: bool
+    _live_sessions: int
     _g_free_request: Callable[[R], None]
     _g_pop_for_free: Callable[[R], list[int]]
     _g_held_blocks: Callable[[R], tuple[int, ...]]
@@ -171,7 +172,7 @@ class ConnectorMixin(Generic[R]):
             self._kv_holding_waiting.remove(req)
         else:
             self._waiting.pop_head()
-        if self._connector and (req.num_computed_tokens > 0 or req.status is _REMOTE):
+        if (self._connector or self._live_sessions) and (req.num_computed_tokens > 0 or req.status is _REMOTE):
             skipped_kvh.append(req)
         else:
             skipped.append(req)

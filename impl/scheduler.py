@@ -50,6 +50,7 @@ from schedspec.spec.protocol import (
     check_config,
     check_gate_config,
     check_grammar_ready,
+    check_kv_reset,
     check_mm_lengths,
     check_pause_state,
     check_reset,
@@ -77,6 +78,7 @@ from schedspec.impl.request import (
     running_seq_of,
 )
 from schedspec.impl.running import RunningPhase, StepState
+from schedspec.impl.sessions import SessionsMixin, check_resumable
 from schedspec.impl.stats import StatsMixin
 from schedspec.impl.update import UpdateMixin
 from schedspec.impl.waiting import WaitingPhase
@@ -95,6 +97,7 @@ class ImplScheduler(
     ConnectorMixin[Request],
     GroupsMixin[Request],
     StatsMixin,
+    SessionsMixin,
 ):
     """Implements spec.interface.Scheduler, with the optional
     ``set_pause_state`` and ``grammar_ready``."""
@@ -156,6 +159,7 @@ class ImplScheduler(
         self._init_connector(config)
         # log_stats: the statistics (impl/stats.py)
         self._init_stats(log_stats)
+        self._init_sessions()  # streaming-input sessions (impl/sessions.py)
 
     def _init_gates(self, config: SchedulerConfig) -> None:
         """The admission gates' state, and the switches of the phases."""
@@ -195,6 +199,8 @@ class ImplScheduler(
             check_mm_lengths(request, self._mm_lengths)
             for m in request.mm_inputs:
                 self._mm_lengths[m.identifier] = m.length
+        if request.resumable:
+            check_resumable(request, self._config)
         req = Request(request, self._max_model_len, self._bs, self._caching, self._stop_sets)
         if self._hybrid:
             num_other = len(self._layout.groups) - 1
@@ -209,6 +215,8 @@ class ImplScheduler(
             self._live_grammars += 1
         self._requests[request.request_id] = req
         self._waiting.push_back(req)
+        if request.resumable:
+            self._add_session(request)
 
     def set_pause_state(self, state: PauseState) -> None:
         """PAUSED_NEW admits nothing from the waiting queue, PAUSED_ALL
@@ -255,6 +263,8 @@ class ImplScheduler(
             self._waiting.remove(req)
 
     def _finish(self, req: Request, status: RequestStatus, delay: bool = False) -> None:
+        if self._live_sessions and req.spec.resumable:
+            self._forget_session(req)
         req.status = status
         if self._connector and self._finish_keeps_blocks(req, status, delay):
             self._held[req.request_id] = req
@@ -301,6 +311,8 @@ class ImplScheduler(
         check_reset(self._inflight, self._config)
         if reset_running_requests and self._connector:
             self._check_kv_reset()
+        if reset_running_requests and self._streaming_queues:
+            check_kv_reset(self._session_blocks_kept())  # impl/sessions.py
         if reset_running_requests:
             running = self._running
             while running:
@@ -337,6 +349,7 @@ class ImplScheduler(
         check_schedule(self._inflight, self._config)
         if self._gated is not (
             self._config_gated or self._live_grammars > 0 or self._pause is not PauseState.UNPAUSED
+            or self._live_sessions > 0
         ):
             self._choose_path()
         self._step += 1
@@ -442,6 +455,8 @@ class ImplScheduler(
             for rid, v in finished.items():
                 if v.block_ids:  # kept for the connector: reported without them
                     finished[rid] = self._finished_view_without_blocks(v)
+        elif self._kv_holding_waiting:  # sessions holding their blocks (impl/sessions.py)
+            waiting = tuple(r.request_id for r in self._kv_holding_order()) + waiting
         return SchedulerView(
             config=self._config,
             step=self._step,
@@ -489,6 +504,10 @@ class ImplScheduler(
             d["_encoder_cache"] = self._encoder_cache.copy()
         if self._connector:
             self._clone_connector(d, remap)
+        elif self._kv_holding_waiting:
+            d["_kv_holding_waiting"] = [remap[id(r)] for r in self._kv_holding_waiting]
+        if self._streaming_queues:
+            self._clone_sessions(d, remap)
         return new
 
     # ------------------------------------------------------------------ introspection

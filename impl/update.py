@@ -26,10 +26,14 @@ from schedspec.spec.interface import RequestStatus, SchedulerConfig, StepPlan, S
 from schedspec.spec.protocol import check_sampled, check_update, is_token_ids
 
 from schedspec.impl.request import ERROR, LENGTH_CAPPED, NO_TOKENS, PREEMPTED, RUNNING, Request, STOPPED, WAITING
+from schedspec.impl.sessions import WAITING_FOR_STREAMING
 
 _NO_FAILED: frozenset[str] = frozenset()
 # what _apply_output left of the request
 _UNFINISHED, _STOPPED_RUNNING, _FINISHED = object(), object(), object()
+# a session stopped and goes on (impl/sessions.py): it leaves the running
+# queue, takes drafts as an unfinished request does
+_CONTINUED = object()
 
 
 class _Bad(Exception):
@@ -65,6 +69,12 @@ class UpdateMixin:
     _log_stats: bool
     _stats_drafts: Any
     _stats_updated: Any
+    # streaming-input sessions (impl/sessions.py)
+    _live_sessions: int
+    _continuing: list[Request]
+    _handle_stopped: Any
+    _enqueue_continuing: Any
+    _clear_unproposed: Any
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
@@ -254,6 +264,9 @@ class UpdateMixin:
             return False
         if not was_running:
             self._unqueue(req)  # a stale output stopped a preempted request
+        if self._live_sessions and req.spec.resumable and finished is not ERROR and not self._handle_stopped(req):
+            self._continuing.append(req)  # a session goes on (impl/sessions.py)
+            return was_running
         self._finish(req, finished)
         return was_running
 
@@ -382,6 +395,14 @@ class UpdateMixin:
                         self._set_drafts(req, drafts)
             elif outcome is _STOPPED_RUNNING:
                 any_stopped = True
+            elif outcome is _CONTINUED:
+                any_stopped = True
+                if get_drafts is not None:
+                    drafts = get_drafts(req.request_id)
+                    if drafts is not None:
+                        self._set_drafts(req, drafts)
+        if self._live_sessions and speculative and not self._async:
+            self._clear_unproposed(scheduled, result.draft_token_ids)  # impl/sessions.py
         self._after_update(failed, result, late_drafts, any_stopped)
 
     def _after_update(
@@ -393,6 +414,8 @@ class UpdateMixin:
         the plan leaves the in-flight list."""
         if any_stopped:
             self._running = [r for r in self._running if r.status is RUNNING]
+        if self._continuing:
+            self._enqueue_continuing()
         if failed and self._fail_policy:
             self._finish_grammar_errors(failed)
         elif self._grammar_errors:
@@ -433,8 +456,8 @@ class UpdateMixin:
         if req.num_stale_output_tokens > 0:
             stopped = self._apply_stale(req, num_scheduled, tokens)
             status = req.status
-            if status is RUNNING or status is PREEMPTED or status is WAITING:
-                return _UNFINISHED
+            if status is RUNNING or status is PREEMPTED or status is WAITING or status is WAITING_FOR_STREAMING:
+                return _CONTINUED if req in self._continuing else _UNFINISHED
             return _STOPPED_RUNNING if stopped else _FINISHED  # the stale output finished it
         encoder_on = self._encoder_cache is not None
         if not tokens:
@@ -467,6 +490,9 @@ class UpdateMixin:
             return _UNFINISHED
         if not was_running:
             self._unqueue(req)
+        if self._live_sessions and req.spec.resumable and finished is not ERROR and not self._handle_stopped(req):
+            self._continuing.append(req)  # a session goes on (impl/sessions.py)
+            return _CONTINUED
         self._finish(req, finished)
         return _STOPPED_RUNNING if was_running else _FINISHED
 

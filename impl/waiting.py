@@ -25,6 +25,7 @@ from schedspec.impl.request import (
     plan_entry,
 )
 from schedspec.impl.running import StepState
+from schedspec.impl.sessions import WAITING_FOR_STREAMING
 
 _PAUSED_NEW = PauseState.PAUSED_NEW
 # what _admit did with the head request
@@ -75,6 +76,8 @@ class WaitingPhase:
     _caching: bool
     _log_stats: bool
     _stats_lookup: Any
+    _num_waiting_for_streaming: int
+    _async: bool
 
     def _schedule_waiting(self, state: StepState) -> None:
         """The WAITING loop: kv_holding_waiting first (also under
@@ -89,11 +92,11 @@ class WaitingPhase:
         skipped: list[Request] = []
         skipped_kvh: list[Request] = []  # passed over holding KV blocks
         while state.budget > 0:
-            from_kvh = self._connector and len(kvh) > 0
+            from_kvh = len(kvh) > 0  # only with a connector, or sessions holding blocks
             if not from_kvh and (self._pause is _PAUSED_NEW or not len(waiting)):
                 break  # nothing is admitted while paused
-            if len(running) >= max_seqs:
-                break
+            if len(running) + self._num_waiting_for_streaming >= max_seqs:
+                break  # sessions waiting for input hold a slot each
             req = self._kv_holding_head() if from_kvh else waiting.peek()
             if self._passed_over(req, loras):
                 self._deferred.add(req.request_id)
@@ -137,6 +140,8 @@ class WaitingPhase:
                 self._grammar_errors.add(req.request_id)  # finished at the next update
                 return True
             req.status = WAITING
+        elif req.status is WAITING_FOR_STREAMING:
+            return True  # a session waiting for its next chunk
         if req.num_stale_output_tokens and not req.drop_stale_output:
             # output of a step in flight when it was preempted is still to
             # come: it keeps its place, the loop goes on behind it
@@ -275,5 +280,8 @@ class WaitingPhase:
             self._group_tuples(req) if self._hybrid else NO_GROUPS,
         ))
         state.scheduled.append(req)
+        kept = req.spec_token_ids  # a continued session's drafts (sync), untouched by its admission
         self._advance(state, req, end, n, spec_token_ids, req.is_prefill_chunk)
+        if kept and not (self._async and not req.is_prefill_chunk):
+            req.spec_token_ids = kept
         return _ADMITTED

@@ -227,8 +227,8 @@ def admission_candidate(view: SchedulerView) -> str | None:
     loras = {view.requests[rid].spec.lora_id for rid in view.running if rid in view.requests} - {0}
     for rid in live:
         r = view.requests[rid]
-        if r.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
-            continue
+        if r.status in (RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, RequestStatus.WAITING_FOR_STREAMING_REQ):
+            continue  # (a session waiting for input: _handle_blocked_waiting_request)
         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in view.kv_loads_done:
             continue  # its load is in flight (_handle_blocked_waiting_request)
         m = view.config.max_loras
@@ -504,3 +504,30 @@ def kv_holding_prefix(view: SchedulerView, h: Any = None) -> list[str]:
 
     last = max((i for i, rid in enumerate(w) if held(rid)), default=-1)
     return w[: last + 1]
+
+
+#: The statuses of a session that stopped and goes on (spec/sessions.py).
+SESSION_WAITS = (RequestStatus.WAITING, RequestStatus.WAITING_FOR_STREAMING_REQ)
+
+
+def session_went_on(b: RequestView | None, a: RequestView | None) -> bool:
+    """Whether ``a`` is a session (a resumable request) that stopped since
+    ``b`` and went on instead of finishing (scheduler.py,
+    _handle_stopped_request): it ran or was preempted, and now waits for
+    input or, its next chunk applied, to be admitted again."""
+    return (
+        a is not None and b is not None and a.spec.resumable and a.status in SESSION_WAITS
+        and b.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED)
+        and (a.status == RequestStatus.WAITING_FOR_STREAMING_REQ or a.spec.prompt_token_ids != b.spec.prompt_token_ids)
+    )
+
+
+def sessions_hold(view: SchedulerView) -> bool:
+    """Whether a session holds what admission needs while it waits: a
+    model-runner slot (WAITING_FOR_STREAMING_REQ counts against
+    max_num_seqs) or blocks (one that went on keeps its blocks)."""
+    return any(
+        r.spec.resumable and r.status != RequestStatus.RUNNING
+        and (r.status == RequestStatus.WAITING_FOR_STREAMING_REQ or bool(r.block_ids))
+        for r in view.requests.values()
+    )

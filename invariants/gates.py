@@ -202,6 +202,9 @@ def paused_admits_nothing(t: Transition, h: History) -> Iterator[Finding]:
             yield None, f"PAUSED_ALL, yet step {t.plan.step} preempts {victims}"
         return
     held = set(kv_holding_prefix(t.before, h)) if t.before.config.kv_connector else set()
+    # sessions that went on hold their blocks in kv_holding_waiting too (spec/sessions.py)
+    held |= {rid for rid in t.before.waiting if (r := t.before.requests.get(rid)) is not None
+             and r.spec.resumable and r.num_computed_tokens > 0}
     for s in t.plan.scheduled:
         if s.kind != ScheduleKind.RUNNING and s.request_id not in held:
             yield s.request_id, f"PAUSED_NEW, yet admitted as {s.kind.name} in step {t.plan.step}"

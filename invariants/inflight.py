@@ -24,11 +24,11 @@ from schedspec.spec.interface import (
     StepPlan,
 )
 
-from schedspec.invariants._util import cdiv, kv_load_failed, lookup
+from schedspec.invariants._util import cdiv, kv_load_failed, lookup, session_went_on
 from schedspec.invariants.core import Finding, History, Transition, transition_invariant
 
 _S = RequestStatus
-_QUEUED = (_S.WAITING, _S.PREEMPTED, _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)
+_QUEUED = (_S.WAITING, _S.PREEMPTED, _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, _S.WAITING_FOR_STREAMING_REQ)
 
 
 def live_entries(r: RequestView, in_flight: tuple[StepPlan, ...]) -> list[ScheduledRequest]:
@@ -139,7 +139,8 @@ def within_max_model_len_with_lookahead(t: Transition, h: History) -> Iterator[F
 )
 def preempted_carries_no_drafts(t: Transition, h: History) -> Iterator[Finding]:
     for rid, r in t.after.requests.items():
-        if r.status in _QUEUED and (r.spec_token_ids or r.num_output_placeholders):
+        if r.status in _QUEUED and (r.spec_token_ids and not r.spec.resumable or r.num_output_placeholders):
+            # (a session that went on keeps the drafts proposed after its stop: sessions.py)
             yield rid, (
                 f"{r.status.name} with drafts {list(r.spec_token_ids)} and "
                 f"{r.num_output_placeholders} output placeholders"
@@ -240,6 +241,8 @@ def in_flight_output_delivered_once(t: Transition, h: History) -> Iterator[Findi
         a = lookup(t.after, rid)
         if a is None:
             continue
+        if session_went_on(b, a):
+            continue  # a session stopped and went on (sessions.py: session-continuation)
         got = a.output_token_ids[len(b.output_token_ids):]
         if rid in failed and not got:
             continue  # a failed KV load's request gets no output (update_from_output skips it)

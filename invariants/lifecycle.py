@@ -15,6 +15,7 @@ from schedspec.invariants._util import (
     kv_holding_prefix,
     kv_load_failed,
     lookup,
+    session_went_on,
     skipped_blocks,
     skipping_groups,
     status_of,
@@ -42,7 +43,7 @@ def legal_status_transition(t: Transition, h: History) -> Iterator[Finding]:
         a = lookup(t.after, rid)
         if a is None:
             yield rid, f"was {b.status.name} and vanished (neither unfinished nor finished)"
-        elif a.status != b.status and not is_legal_transition(b.status, a.status):
+        elif a.status != b.status and not is_legal_transition(b.status, a.status, a.spec.resumable):
             yield rid, f"illegal status change {b.status.name} -> {a.status.name}"
     for rid, a in t.after.requests.items():
         if rid not in t.before.requests and a.status != _initial_status(a):
@@ -145,6 +146,8 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
         for cid, (old, new) in changes.items():
             if old == _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and new == _S.FINISHED_ERROR:
                 continue  # its grammar failed to compile (grammar_compile_error_reqs)
+            if old in stoppable and session_went_on(lookup(t.before, cid), lookup(t.after, cid)):
+                continue  # a session stopped and goes on (_handle_stopped_request; sessions.py)
             if (
                 new == _S.FINISHED_ERROR
                 and old in (_S.RUNNING, _S.WAITING_FOR_REMOTE_KVS)
@@ -183,8 +186,8 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
 def waiting_queue_order(t: Transition, h: History) -> Iterator[Finding]:
     if t.after.config.policy != Policy.FCFS:
         return
-    if t.after.config.kv_connector:
-        yield from _two_queue_order(t, h)
+    if t.after.config.kv_connector or any(r.spec.resumable for r in t.before.requests.values()):
+        yield from _two_queue_order(t, h)  # (sessions that went on wait in kv_holding_waiting too)
         return
     now = set(t.after.waiting)
     returned = [rid for rid in t.before.running if rid in now]
@@ -211,8 +214,12 @@ def _two_queue_order(t: Transition, h: History) -> Iterator[Finding]:
     hs, ps = set(hold), set(plain)
     want_hold = [r for r in before.waiting if r in hs and r in held_before]
     want_hold += [r for r in before.waiting if r in hs and r not in held_before]
-    want_plain = [r for r in before.running if r in ps] + [r for r in before.waiting if r in ps]
-    want_plain += [r for r in plain if r not in before.requests]
+    # a session that stopped and went on joins its back (update_from_output, continuing_reqs)
+    want_hold += [r for r in before.running if r in hs]
+    went_on = [r for r in (*before.running, *before.waiting)
+               if r in ps and session_went_on(lookup(before, r), lookup(after, r))]
+    want_plain = [r for r in (*before.running, *before.waiting) if r in ps and r not in went_on]
+    want_plain += went_on + [r for r in plain if r not in before.requests]  # (went on: enqueued at the back)
     if hold != want_hold:
         yield None, f"kv_holding_waiting is {hold}, FCFS order gives {want_hold}"
     if plain != want_plain:
@@ -265,9 +272,9 @@ def blocks_only_grow(t: Transition, h: History) -> Iterator[Finding]:
         failed = t.result is not None and bool(t.result.failed_recving or t.result.invalid_block_ids)
         rolled_back = (
             t.kind == "update"
-            and (cfg.num_speculative_tokens > 0 or (cfg.kv_connector and failed))
+            and (cfg.num_speculative_tokens > 0 or (cfg.kv_connector and failed) or session_went_on(b, a))
             and a.num_computed_tokens <= b.num_computed_tokens
-        )
+        )  # (a session that goes on resumes from its materialized frontier: _handle_stopped_request)
         if tables(a) != tables(b) or (a.num_computed_tokens != b.num_computed_tokens and not rolled_back):
             yield rid, (
                 f"{t.kind} changed computed tokens/blocks from {b.num_computed_tokens}/"
@@ -304,6 +311,13 @@ def output_append_only(t: Transition, h: History) -> Iterator[Finding]:
             if rid in h.outputs:
                 refs.append(("last seen", h.prompts.get(rid, r.spec.prompt_token_ids), h.outputs[rid]))
             for when, prompt, out in refs:
+                if r.spec.resumable and r.spec.prompt_token_ids != prompt:
+                    # a session went on: its outputs but the last sampled one joined the prompt
+                    # (_update_request_as_session; session-continuation checks the rest)
+                    if not is_prefix(prompt + out[:-1], r.spec.prompt_token_ids) or r.output_token_ids:
+                        yield rid, f"session prompt {list(prompt)} + output {list(out)} ({when}) is now " \
+                                   f"{list(r.spec.prompt_token_ids)} + {list(r.output_token_ids)}"
+                    break
                 if r.spec.prompt_token_ids != prompt:
                     yield rid, f"prompt {list(prompt)} ({when}) is now {list(r.spec.prompt_token_ids)}"
                     break
@@ -333,8 +347,8 @@ def update_appends_sampled_token(t: Transition, h: History) -> Iterator[Finding]
     failed = kv_load_failed(t)
     for rid, b in t.before.requests.items():
         a = lookup(t.after, rid)
-        if a is None or rid in failed:
-            continue  # a failed KV load's request gets no output (update_from_output skips it)
+        if a is None or rid in failed or session_went_on(b, a):
+            continue  # a failed KV load's request gets no output; a session that went on: sessions.py
         s = planned.get(rid)
         toks = sampled.get(rid, ())
         is_async = t.before.config.async_scheduling
@@ -345,8 +359,8 @@ def update_appends_sampled_token(t: Transition, h: History) -> Iterator[Finding]
             kept = _kept_tokens(b, toks, mml)
             want = b.output_token_ids + kept
             what = f"the sampled tokens {list(kept)} appended"
-            if is_async and b.num_preemptions > 0 and a.output_token_ids == b.output_token_ids:
-                continue  # stale output of a reset_prefix_cache preemption: dropped
+            if is_async and (b.num_preemptions > 0 or b.spec.resumable) and a.output_token_ids == b.output_token_ids:
+                continue  # stale output of a reset_prefix_cache preemption, or of a session's stop: dropped
         else:
             want = b.output_token_ids
             what = "unchanged (" + ("not scheduled" if s is None else "partial prefill chunk") + ")"
@@ -383,7 +397,7 @@ def _stop_token(r: RequestView, token: int) -> bool:
 )
 def stop_conditions(t: Transition, h: History) -> Iterator[Finding]:
     for rid, r in t.after.requests.items():
-        if len(r.output_token_ids) >= r.spec.max_tokens:
+        if len(r.output_token_ids) >= r.spec.max_tokens and r.status != _S.WAITING_FOR_STREAMING_REQ:
             yield rid, f"unfinished with {len(r.output_token_ids)} outputs, max_tokens is {r.spec.max_tokens}"
     if t.kind != "update" or t.plan is None:
         return
@@ -410,7 +424,7 @@ def stop_conditions(t: Transition, h: History) -> Iterator[Finding]:
             want = _S.FINISHED_LENGTH_CAPPED
         else:
             want = _S.RUNNING
-        if a.status != want:
+        if a.status != want and not (want != _S.RUNNING and session_went_on(b, a)):
             yield rid, (
                 f"token {tok} (output {len(a.output_token_ids)}/{a.spec.max_tokens}, {a.num_tokens}/{mml} "
                 f"tokens, eos {a.spec.eos_token_id}, ignore_eos {a.spec.ignore_eos}, stop {list(a.spec.stop_token_ids)}) "

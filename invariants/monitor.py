@@ -8,6 +8,7 @@ from typing import Iterable
 
 # Importing the checker modules registers their invariants, in this order.
 from schedspec.invariants import connector, gates, groups, inflight, kv_events, lifecycle, mamba, state, stats, step  # noqa: F401
+from schedspec.invariants import sessions  # noqa: F401
 from schedspec.invariants.core import ALL_KINDS, REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -111,6 +112,11 @@ _ORDER = (
     "stats-queue-counts",
     "stats-preemptions-counted",
     "stats-drafts-within-proposed",
+    # streaming-input sessions (resumable requests: invariants/sessions.py)
+    "request-in-one-queue",
+    "stream-input-not-early",
+    "dropped-token-not-computed",
+    "stream-liveness",
 )
 
 

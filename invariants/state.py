@@ -19,6 +19,7 @@ _QUEUED = (
     RequestStatus.PREEMPTED,
     RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
     RequestStatus.WAITING_FOR_REMOTE_KVS,
+    RequestStatus.WAITING_FOR_STREAMING_REQ,  # a session waiting for input (spec/sessions.py)
 )
 _REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
 
@@ -197,6 +198,13 @@ def block_table_covers_computed(v: SchedulerView) -> Iterator[Finding]:
             if r.status == _REMOTE and not v.config.kv_connector:
                 yield rid, "waits for a KV load, but the config has no KV connector"
         elif r.status in _QUEUED:
+            if r.spec.resumable and r.status != RequestStatus.PREEMPTED:
+                # a session that stopped keeps its blocks and computed tokens while it waits
+                # (scheduler.py, _handle_stopped_request; spec/sessions.py)
+                if len(r.block_ids) < want or (r.block_ids and not r.num_computed_tokens):
+                    yield rid, (f"session {r.status.name} with {r.num_computed_tokens} computed tokens holds "
+                                f"{len(r.block_ids)} blocks, needs {want} (none at 0 computed)")
+                continue
             if v.config.kv_connector and r.status != RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
                 if r.num_computed_tokens and len(r.block_ids) < want:
                     yield rid, (
@@ -235,7 +243,8 @@ def waiting_holds_no_blocks(v: SchedulerView) -> Iterator[Finding]:
     if v.config.kv_connector:
         return  # block-table-covers-computed says what a waiting request may hold for a load
     for rid, r in v.requests.items():
-        if r.status == RequestStatus.WAITING and r.block_ids:
+        if r.status == RequestStatus.WAITING and r.block_ids and not r.spec.resumable:
+            # (a session that went on keeps its blocks: block-table-covers-computed)
             yield rid, f"WAITING but holds blocks {list(r.block_ids)}"
 
 

@@ -17,6 +17,7 @@ from schedspec.spec.interface import (
 
 from schedspec.invariants._util import (
     admission_candidate,
+    sessions_hold,
     waiting_order,
     admission_fits,
     admitted,
@@ -309,10 +310,11 @@ def plan_blocks_exact(t: Transition, h: History) -> Iterator[Finding]:
         done = s.num_computed_tokens + s.num_scheduled_tokens
         want = cdiv(min(done + cfg.num_lookahead_tokens, cfg.max_model_len), bs)
         b = t.before.requests.get(s.request_id)
-        if b is not None and (s.kind == ScheduleKind.RUNNING or (cfg.kv_connector and b.block_ids)):
+        if b is not None and (s.kind == ScheduleKind.RUNNING or ((cfg.kv_connector or b.spec.resumable) and b.block_ids)):
             # a table keeps the blocks of drafts rejected since it grew, and
             # a request promoted after a KV connector load keeps the load's
-            # table though a failure truncated its computed tokens
+            # table though a failure truncated its computed tokens, a session
+            # that went on the table of its last chunk (the dropped token's slot)
             want = max(want, len(b.block_ids))
         if len(s.block_ids) != want:
             yield s.request_id, f"entry holds {len(s.block_ids)} blocks for {done} tokens, vLLM holds {want}"
@@ -384,7 +386,8 @@ def computed_within_known(t: Transition, h: History) -> Iterator[Finding]:
 def max_model_len(t: Transition, h: History) -> Iterator[Finding]:
     mml = t.after.config.max_model_len
     for rid, r in t.after.requests.items():
-        if r.num_tokens >= mml:
+        if r.num_tokens >= mml and r.status != RequestStatus.WAITING_FOR_STREAMING_REQ:
+            # (a session capped by max_model_len waits for its end: sessions.py)
             yield rid, f"unfinished with {r.num_tokens} tokens, max_model_len is {mml}"
     if t.kind == "schedule" and t.plan is not None:
         for s in t.plan.scheduled:
@@ -615,7 +618,9 @@ def in_order_past_gates(adm: list[str], order: list[str], after: SchedulerView) 
         if rid in adm:
             continue
         r = after.requests.get(rid)
-        if r is None or not (r.status in (grammar, RequestStatus.WAITING_FOR_REMOTE_KVS) or r.spec.lora_id or r.spec.mm_inputs):
+        if r is None or not (r.status in (grammar, RequestStatus.WAITING_FOR_REMOTE_KVS,
+                                          RequestStatus.WAITING_FOR_STREAMING_REQ)
+                             or r.spec.lora_id or r.spec.mm_inputs):
             return False
     return True
 
@@ -792,6 +797,8 @@ def priority_victim_choice(t: Transition, h: History) -> Iterator[Finding]:
 )
 def progress(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
+    if sessions_hold(t.before):
+        return  # sessions hold slots or blocks while they wait: session-liveness bounds that
     if t.before.pause_state != PauseState.UNPAUSED:
         return  # a paused scheduler admits nothing new, or schedules nothing
     if t.before.config.prefill_schedule_interval > 1:
@@ -852,6 +859,8 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
 )
 def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
+    if sessions_hold(t.before):
+        return  # sessions hold slots or blocks while they wait: session-liveness bounds that
     if t.before.pause_state != PauseState.UNPAUSED or kv_holds_pool(t):
         return
     head = admission_candidate(t.before)
@@ -952,6 +961,8 @@ def failed_load_reservation(v: SchedulerView, h: History, rid: str) -> int:
 )
 def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
+    if sessions_hold(t.before):
+        return  # sessions hold slots or blocks while they wait: session-liveness bounds that
     cfg = t.after.config
     if step_victims(t):
         return
@@ -1020,6 +1031,8 @@ def running_served_while_budget(t: Transition, h: History) -> Iterator[Finding]:
 )
 def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None
+    if sessions_hold(t.before):
+        return  # sessions hold slots or blocks while they wait: session-liveness bounds that
     if not t.before.running:
         return
     rid = t.before.running[0]

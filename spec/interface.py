@@ -62,6 +62,10 @@ class RequestStatus(enum.Enum):
     #: (vllm/v1/core/sched/scheduler.py, schedule(), ``load_kv_async``, and
     #: _update_waiting_for_remote_kv).
     WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+    #: A resumable request (a streaming-input session) finished its chunk and
+    #: no next chunk is queued: it keeps its blocks and waits for the next
+    #: session update (vllm/v1/core/sched/scheduler.py, _handle_stopped_request).
+    WAITING_FOR_STREAMING_REQ = "waiting_for_streaming_req"
 
     @property
     def is_finished(self) -> bool:
@@ -146,11 +150,23 @@ LEGAL_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
     _S.WAITING_FOR_REMOTE_KVS: frozenset(
         {_S.WAITING, _S.PREEMPTED, _S.RUNNING, _S.FINISHED_ABORTED, _S.FINISHED_ERROR}
     ),
+    #: a session waits for its next chunk: the chunk arrives (WAITING), or the
+    #: session ends or is aborted (FINISHED_ABORTED: add_request with the
+    #: finished sentinel calls finish_requests(FINISHED_ABORTED))
+    _S.WAITING_FOR_STREAMING_REQ: frozenset({_S.WAITING, _S.FINISHED_ABORTED}),
+}
+#: Sessions (spec/sessions.py): a resumable request that stops goes on
+#: instead (_handle_stopped_request): RUNNING or PREEMPTED -> WAITING (its
+#: next chunk was queued: _update_request_as_session) or
+#: WAITING_FOR_STREAMING_REQ (none queued yet). Legal for a resumable request only.
+SESSION_TRANSITIONS: Mapping[RequestStatus, frozenset[RequestStatus]] = {
+    _S.RUNNING: frozenset({_S.WAITING, _S.WAITING_FOR_STREAMING_REQ}),
+    _S.PREEMPTED: frozenset({_S.WAITING, _S.WAITING_FOR_STREAMING_REQ}),
 }
 
 
-def is_legal_transition(old: RequestStatus, new: RequestStatus) -> bool:
-    return new in LEGAL_TRANSITIONS[old]
+def is_legal_transition(old: RequestStatus, new: RequestStatus, resumable: bool = False) -> bool:
+    return new in LEGAL_TRANSITIONS[old] or (resumable and new in SESSION_TRANSITIONS.get(old, ()))
 
 
 class Policy(enum.Enum):
@@ -506,6 +522,9 @@ class RequestSpec:
     kv_external_tokens: int = field(default=0, metadata=declare(minimum=0, since=4))
     kv_load_async: bool = field(default=False, metadata=declare(since=4))
     kv_save_async: bool = field(default=False, metadata=declare(since=4))
+    #: a streaming-input session (vLLM's Request.resumable): it continues
+    #: with each SessionUpdate instead of finishing (spec/sessions.py)
+    resumable: bool = field(default=False, metadata=declare(since=6))
 
     def __post_init__(self) -> None:
         validate_request(self)
@@ -577,6 +596,66 @@ class RequestSpec:
             return cls(**kwargs)
         except TypeError as exc:
             raise RequestError(rid, "<request>", str(exc)) from None
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    """The next input chunk of a streaming-input session, or its end
+    (vLLM: add_request with the session's id, vllm/v1/request.py,
+    StreamingUpdate; the end is the non-resumable final request, which
+    StreamingUpdate.from_request turns into the ``None`` sentinel).
+
+    ``prompt_token_ids`` is the chunk's new input (never empty: vLLM's input
+    processor refuses an empty prompt, input_processor.py,
+    _validate_model_input), ``max_tokens`` the output allowed after it.
+    ``end=True`` ends the session: no chunk, and ``max_tokens`` is ignored."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...] = ()
+    max_tokens: int = 1
+    end: bool = False
+
+    def __post_init__(self) -> None:
+        rid = self.request_id if isinstance(self.request_id, str) else "<session>"
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise RequestError(rid, "request_id", "must be a non-empty string")
+        if not isinstance(self.end, bool):
+            raise RequestError(rid, "end", f"must be a boolean, got {self.end!r}")
+        toks = self.prompt_token_ids
+        if not isinstance(toks, tuple) or not all(type(t) is int and t >= 0 for t in toks):
+            raise RequestError(rid, "prompt_token_ids", "must be a tuple of token ids >= 0")
+        if self.end and toks:
+            raise RequestError(rid, "prompt_token_ids", "an end of session carries no chunk")
+        if not self.end and not toks:
+            raise RequestError(rid, "prompt_token_ids", "the chunk cannot be empty (vLLM refuses an empty prompt)")
+        if type(self.max_tokens) is not int or self.max_tokens < 1:
+            raise RequestError(rid, "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.end:
+            return {"request_id": self.request_id, "end": True}
+        return {"request_id": self.request_id, "prompt_token_ids": list(self.prompt_token_ids),
+                "max_tokens": self.max_tokens}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SessionUpdate:
+        rid = str(data.get("request_id", "<session>")) if isinstance(data, Mapping) else "<session>"
+        if not isinstance(data, Mapping):
+            raise RequestError(rid, "<session_update>", "must be an object")
+        unknown = sorted(set(data) - {"request_id", "prompt_token_ids", "max_tokens", "end"})
+        if unknown:
+            raise RequestError(rid, unknown[0], "unknown field")
+        toks = data.get("prompt_token_ids", [])
+        if not isinstance(toks, list):
+            raise RequestError(rid, "prompt_token_ids", "must be a list of token ids")
+        return cls(data.get("request_id"), tuple(toks), data.get("max_tokens", 1),  # type: ignore[arg-type]
+                   data.get("end", False))
+
+
+def supports_sessions(scheduler: object) -> bool:
+    """Whether ``scheduler`` defines the optional ``session_update``
+    (streaming-input sessions, spec/sessions.py)."""
+    return callable(getattr(scheduler, "session_update", None))
 
 
 # --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from typing import Container, Mapping, Sequence, TypeVar, Union
 from schedspec.spec.interface import (
     ConfigError,
     PauseState,
+    Policy,
     ProtocolError,
     RequestError,
     RequestSpec,
@@ -610,3 +611,15 @@ __all__ = [
     "is_token_ids",
     "max_in_flight",
 ]
+
+
+def check_resumable(request: RequestSpec, config: SchedulerConfig) -> None:
+    """add(): a resumable request within the modelled sessions."""
+    if not request.resumable:
+        return
+    rid = request.request_id
+    if config.policy != Policy.FCFS:
+        raise RequestError(rid, "resumable", "sessions are modelled under the FCFS policy only")
+    for name in ("structured_output", "mm_inputs", "kv_external_tokens", "kv_load_async", "kv_save_async"):
+        if getattr(request, name):
+            raise RequestError(rid, "resumable", f"a session with {name} is not modelled")

@@ -87,7 +87,7 @@ class RequestState:
         return (self.spec.block_identity(end), self.all_token_ids[:end])
 
     def set_status(self, new: RequestStatus) -> None:
-        assert is_legal_transition(self.status, new), f"{self.request_id}: {self.status} -> {new}"
+        assert is_legal_transition(self.status, new, self.spec.resumable), f"{self.request_id}: {self.status} -> {new}"
         self.status = new
 
     def copy(self) -> RequestState:

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 #: The four ways a scheduler runs (schedspec.check.features.MODES).
 ALL_MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
 
-#: The KV dimensions' capabilities (schedspec.check.capabilities): a rule
+#: The KV dimensions' capabilities, and streaming-input sessions ("sessions": RequestSpec.resumable): a rule
 #: that needs a KV connector config carries ``gates=("kv_connector",)``, one
 #: of hybrid KV cache groups ``("hybrid_kv",)``; reachable_in reaches them
 #: only when those names are among its ``gates``.
-ALL_KV: tuple[str, ...] = ("kv_connector", "hybrid_kv")
+ALL_KV: tuple[str, ...] = ("kv_connector", "hybrid_kv", "sessions")
 
 #: The admission gates (schedspec.check.capabilities names them alike).
 ALL_GATES: tuple[str, ...] = (
@@ -62,6 +62,7 @@ _SPEC_MODES: tuple[str, ...] = ("spec", "async-spec")
 _ASYNC_MODES: tuple[str, ...] = ("async", "async-spec")
 #: the capability a run needs for the KV connector's rules
 _CONN: tuple[str, ...] = ("kv_connector",)
+_SESS: tuple[str, ...] = ("sessions",)
 
 _RULES = (
     # -- one step
@@ -216,6 +217,18 @@ _RULES = (
     Rule("connector.victim_in_flight", "async scheduling: the preemption victim's last step is in flight, so its blocks could not be freed at once: the RUNNING loop stops instead", _SCHED + ", RUNNING loop (_request_blocks_can_be_freed: break)", _ASYNC_MODES, gates=_CONN),
     Rule("connector.free_deferred", "async scheduling: a request's blocks are freed while a step that scheduled it is in flight: the free waits behind a fence", "sched/scheduler.py, Scheduler._free_request_blocks (deferred_frees)", _ASYNC_MODES, gates=_CONN),
     Rule("connector.deferred_drained", "a processed step passes a deferred free's fence: its blocks return to the pool, tail first", "sched/scheduler.py, Scheduler.update_from_output, _drain_deferred_frees", _ASYNC_MODES, gates=_CONN),
+    # -- streaming-input sessions (spec/sessions.py; RequestSpec.resumable)
+    Rule("sessions.added", "a resumable request is added with an empty streaming queue", "sched/scheduler.py, Scheduler.add_request (request.streaming_queue = deque())", gates=_SESS),
+    Rule("sessions.update_queued", "a session update arrives while the session runs, is preempted or waits for a chunk: it is queued for the session's next stop", "sched/scheduler.py, Scheduler.add_request (existing.streaming_queue.append)", gates=_SESS),
+    Rule("sessions.update_applied", "a session update arrives while the session waits in WAITING_FOR_STREAMING_REQ: it is applied at once", "sched/scheduler.py, Scheduler.add_request, _update_request_as_session", gates=_SESS),
+    Rule("sessions.ended_waiting", "the session's end arrives while it waits for input: it finishes (FINISHED_ABORTED)", "sched/scheduler.py, Scheduler.add_request (finish_requests(FINISHED_ABORTED))", gates=_SESS),
+    Rule("sessions.wait_for_input", "a session stops with no chunk queued: it keeps its blocks and waits in WAITING_FOR_STREAMING_REQ, counted in num_waiting_for_streaming_input", "sched/scheduler.py, Scheduler._handle_stopped_request", gates=_SESS),
+    Rule("sessions.continued_at_stop", "a session stops with a chunk queued: the chunk updates it in place (the last sampled token dropped, outputs folded into the prompt) and it waits again", "sched/scheduler.py, Scheduler._handle_stopped_request, _update_request_as_session", gates=_SESS),
+    Rule("sessions.ended_at_stop", "a session stops with its end queued: it finishes with its stop status", "sched/scheduler.py, Scheduler._handle_stopped_request (update is None)", gates=_SESS),
+    Rule("sessions.skip_waiting_for_input", "the WAITING loop passes over a session waiting for input", "sched/scheduler.py, Scheduler._handle_blocked_waiting_request (WAITING_FOR_STREAMING_REQ)", gates=_SESS),
+    Rule("sessions.slots_held", "sessions waiting for input hold the model-runner slots left: the WAITING loop stops short of max_num_seqs running", _SCHED + ", WAITING loop (num_running = len(running) + num_waiting_for_streaming_input)", gates=_SESS),
+    Rule("sessions.stale_drafts_cleared", "sync speculative decoding: a session admitted with the drafts proposed after its stop gets no proposal for the step: the update clears them", "vllm/v1/engine/core.py, EngineCore.post_step (every request of the batch); sched/scheduler.py, Scheduler.update_draft_token_ids", ("spec",), gates=_SESS),
+    Rule("sessions.admit_continued", "a continued session is admitted from its kept computed tokens and blocks (no prefix lookup), as a new request", _SCHED + ", WAITING loop (num_computed_tokens > 0 branch; status WAITING: scheduled_new_reqs)", gates=_SESS),
 )
 
 #: name -> Rule, in catalogue order.

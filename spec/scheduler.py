@@ -35,7 +35,10 @@ Rule coverage (spec/coverage.py): a branch names itself through one
 ``self._rule("NAME")`` call, a decision with several named outcomes through
 a ``*_rules`` classifier next to it.
 
-The modelled configuration: no streaming (resumable) requests, no pipeline
+- spec/sessions.py: streaming-input sessions (resumable requests), their
+  updates, WAITING_FOR_STREAMING_REQ and the in-place update.
+
+The modelled configuration: no pipeline
 parallelism, no data parallelism, the V1 model runner.
 """
 
@@ -56,6 +59,7 @@ from schedspec.spec.connector import (
 from schedspec.spec.encoder import EncoderMixin, EncoderPlan
 from schedspec.spec.effects import EffectTracker
 from schedspec.spec.gates import GatesMixin
+from schedspec.spec.sessions import SessionsMixin, check_resumable
 from schedspec.spec.interface import (
     PauseState,
     Policy,
@@ -110,7 +114,7 @@ from schedspec.spec.step_state import (
 _new = object.__new__
 
 
-class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
+class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, SessionsMixin):
     """Implements spec.interface.Scheduler."""
 
     #: effect coverage (spec/effects.py): None, or the tracker spec.effects.enable attached
@@ -145,6 +149,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         # identifier -> length of every encoder input ever added (check_mm_lengths)
         self.mm_lengths: dict[str, int] = {}
         self._init_connector()  # the KV connector's state (spec/connector.py)
+        self._init_sessions()  # streaming-input sessions (spec/sessions.py)
         if config.enable_kv_cache_events:  # KV cache events (spec/kv_events.py)
             self.kv.events = []
         # log_stats (vLLM's Scheduler argument): the statistics' record (spec/stats.py)
@@ -180,6 +185,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         d["encoder"] = self.encoder.clone()
         d["mm_lengths"] = self.mm_lengths.copy()
         self._clone_connector(d)
+        self._clone_sessions(d)
         if self.stats_record is not None:
             d["stats_record"] = self.stats_record.copy()
         if self.effects is not None:
@@ -230,6 +236,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         check_add)."""
         request = check_add(request, self._config, self.requests, self.finished)
         check_mm_lengths(request, self.mm_lengths)
+        check_resumable(request, self._config)
         for mm in request.mm_inputs:
             self.mm_lengths[mm.identifier] = mm.length
         req = _Request(spec=request)
@@ -245,6 +252,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self.deferred.add(request.request_id)
         self.requests[request.request_id] = req
         self.waiting.append(request.request_id)
+        if request.resumable:
+            self._add_session(request)
 
     def abort(self, request_id: str) -> None:
         """finish_requests(request_id, FINISHED_ABORTED): any unfinished request,
@@ -277,6 +286,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         (``delay_free_blocks``, or the connector's request_finished asks for
         it: _connector_finished); a request keeping its blocks waits in
         ``held`` (vLLM: Scheduler.requests) for the worker's report."""
+        if req.spec.resumable:
+            self._forget_session(req)
         req.set_status(status)
         rid = req.request_id
         self.inflight_prefills.discard(rid)
@@ -308,6 +319,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
         check_reset(self.in_flight, self._config)
         if reset_running_requests and self._config.kv_connector:
             check_kv_reset(self._blocks_kept_after_reset())
+        if reset_running_requests and self.streaming_queues:
+            check_kv_reset(self._session_blocks_kept())  # spec/sessions.py
         if reset_running_requests:
             while self.running:
                 self._rule("preempt.reset_running")  # pragma: no mutate
@@ -622,7 +635,9 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 self._rule("pause.new_no_admission", bool(self.waiting))  # pragma: no mutate
                 stopped = bool(self.waiting)
                 break
-            if len(self.running) >= self._config.max_num_seqs:
+            if len(self.running) + self.num_waiting_for_streaming_input >= self._config.max_num_seqs:
+                # paused sessions hold a model-runner slot ("num_running")
+                self._rule("sessions.slots_held", len(self.running) < self._config.max_num_seqs)  # pragma: no mutate
                 self._rule("waiting.stop_max_num_seqs")  # pragma: no mutate
                 stopped = True
                 break
@@ -675,6 +690,10 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
                 return True
             self._rule("grammar.ready")  # pragma: no mutate
             req.set_status(RequestStatus.WAITING)
+        if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            # _handle_blocked_waiting_request: a session waiting for input
+            self._rule("sessions.skip_waiting_for_input")  # pragma: no mutate
+            return True
         if req.num_stale_output_tokens and not req.drop_stale_output:
             # Async scheduling: output of a step in flight when it was
             # preempted will still be delivered; resuming now could resample
@@ -724,7 +743,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             self._rule("connector.reload_held", bool(req.blocks))  # pragma: no mutate
             hit = self._prefix_lookup(req)
         else:
-            self._rule("connector.admit_loaded")  # pragma: no mutate
+            # a promoted load, or a session resuming its kept blocks (spec/sessions.py)
+            self._rule("sessions.admit_continued" if req.spec.resumable else "connector.admit_loaded")  # pragma: no mutate
             hit = PrefixHit([[] for _ in self._config.groups], req.num_computed_tokens)
         if hit.load_async:
             return self._start_async_load(req, hit)
@@ -952,12 +972,15 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             if toks:
                 self._take_output(req, toks, stale, stopped)
         self.running = [r for r in self.running if r not in stopped]
+        self._enqueue_continuing()  # sessions that go on (spec/sessions.py)
         self._finish_errors(failed if cfg.kv_load_failure_policy == "fail" else set())
         if cfg.kv_connector:
             self._update_from_kv_xfer_finished(result)
         self.in_flight = self.in_flight[1:]
         if not cfg.async_scheduling:
             self._update_draft_token_ids(result)
+            if self.streaming_queues and cfg.num_speculative_tokens:
+                self._clear_unproposed(plan, result)  # spec/sessions.py
         if self.stats_record is not None:
             self._stats_after_update(plan, result)
         if self.effects is not None:
@@ -1005,6 +1028,9 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin):
             # waiting queue (update_from_output, stopped_preempted_reqs)
             self._rule("async.stale_output_stopped")  # pragma: no mutate
             self._remove_waiting(req.request_id)
+        if req.spec.resumable and status != RequestStatus.FINISHED_ERROR and not self._handle_stopped_request(req):
+            self.continuing.append(req.request_id)  # a session goes on (spec/sessions.py)
+            return
         self._finish(req, status)
 
     def _finish_errors(self, failed_loads: set[str]) -> None:

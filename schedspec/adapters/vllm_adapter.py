@@ -92,6 +92,7 @@ from schedspec.spec.protocol import (
     check_mm_lengths,
     check_pause_state,
     check_reset,
+    check_resumable,
     check_result,
     check_schedule,
 )
@@ -104,6 +105,7 @@ from schedspec.adapters.vllm_kv import blocks_kept_after_reset, kv_connector_out
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
 from schedspec.adapters.vllm_message import MessageCheck
 from schedspec.adapters.vllm_requests import Grammar, GrammarBackend, Live, vllm_request
+from schedspec.adapters.vllm_sessions import SessionsAdapter
 from schedspec.adapters.vllm_stats import PreemptionCounter, scheduler_stats_in, stats_of
 from schedspec.adapters.vllm_views import (
     BlockKeys,
@@ -160,7 +162,7 @@ def capabilities_of_class(cls: type) -> Capabilities:
                         sync_scheduling=not is_async, kv_events=True, stats=True).with_gates().with_kv()
 
 
-class VllmScheduler:
+class VllmScheduler(SessionsAdapter):
     """Implements spec.interface.Scheduler on top of vLLM's real Scheduler.
 
     ``scheduler_cls`` may name a subclass of vLLM's Scheduler (what vLLM takes
@@ -308,6 +310,7 @@ class VllmScheduler:
         # the scheduler ever sees them.
         request = check_add(request, self._config, self._live, self._finished)
         check_mm_lengths(request, self._mm_lengths)
+        check_resumable(request, self._config)
         rid = request.request_id
         req = self.vllm_request(request)
         live = Live(request, req)
@@ -412,7 +415,7 @@ class VllmScheduler:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         check_reset(self._plans(), self._config)
-        if reset_running_requests and self._connector:
+        if reset_running_requests and (self._connector or self.has_sessions()):
             check_kv_reset(blocks_kept_after_reset(self.sched, self._tables.groups))
         done = into_vllm(self.sched.reset_prefix_cache, reset_running_requests=reset_running_requests)
         if reset_running_requests:
@@ -485,6 +488,7 @@ class VllmScheduler:
             drafts = result.draft_token_ids
             into_vllm(self.sched.update_draft_token_ids, DraftTokenIds(
                 req_ids=list(ids), draft_token_ids=[list(drafts.get(rid, ())) for rid in ids]))
+        self.sync_sessions(ids)  # sessions vLLM updated in place (vllm_sessions.py)
         for rid in ids:
             live = self._live.get(rid)
             if live is not None:

@@ -69,6 +69,7 @@ def vllm_request(request: RequestSpec, block_hasher: Any, connector: bool) -> An
         block_hasher=block_hasher,
         lora_request=lora_request(request.lora_id),
         mm_features=[mm_feature(mm) for mm in request.mm_inputs] or None,
+        resumable=request.resumable,
     )
 
 

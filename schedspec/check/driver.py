@@ -50,7 +50,7 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
-from schedspec.check import completion
+from schedspec.check import completion, session_events
 from schedspec.check.deadline import CLOCK, CallTimeout
 from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model
 from schedspec.check.records import (
@@ -343,7 +343,7 @@ class Runner:
                 self.scheds[name].add(req)
                 if before is not None and (f := self._observe(name, "add", before, request=req)):
                     return f
-            self.truth[req.request_id] = list(req.prompt_token_ids)
+            self.truth[req.request_id] = session_events.added(self, req)
             for worker in self.workers.values():
                 worker.add(req.request_id, req.prompt_token_ids)
             if req.lora_id:
@@ -383,8 +383,8 @@ class Runner:
         elif isinstance(event, Resume):
             if (f := self.set_pause_state(PauseState.UNPAUSED)):
                 return f
-        elif isinstance(event, GrammarReady):
-            if (f := self._grammar_ready(event)):
+        elif isinstance(event, (GrammarReady, session_events.SessionInput)):
+            if (f := self._grammar_ready(event) if isinstance(event, GrammarReady) else session_events.apply(self, event)):
                 return f
         elif isinstance(event, (KVLoadDone, KVLoadFailed, KVSaveDone)):
             # the worker queues it: it reaches a scheduler in a later
@@ -425,7 +425,7 @@ class Runner:
                 # with a KV connector the boundary refuses a reset that would
                 # leave blocks held (a load in flight, blocks kept for a save):
                 # an outcome compared like an abort's, not a failure
-                if not self.config.kv_connector:
+                if not (self.config.kv_connector or session_events.active(self)):
                     raise
                 results[name] = "refused"
                 continue
@@ -673,7 +673,7 @@ class Runner:
         self.stats.stats_reports += any(s is not None for s in made.values())
         for worker in self.workers.values():
             worker.updated(pending.step)
-        for rid, toks in results[self.names[0]].sampled.items():
+        for rid, toks in session_events.delivered(self, results[self.names[0]]).items():
             if rid in self.truth and rid not in self.aborted and rid not in pending.dropped:
                 self.truth[rid].extend(toks)
         if self.history is not None:

@@ -104,6 +104,8 @@ class CheckSettings:
     #: with kv_events: write the reference's stream here as JSON lines
     #: (kv_events_file.py), one per event
     events_file: Path | None = None
+    #: streaming-input sessions in the random workloads (check/session_events.py)
+    sessions: bool = False
 
     @property
     def steps_goal(self) -> int | None:
@@ -708,9 +710,9 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     modes = settings.drawn_modes
     if core and "sync" in modes:
         modes = ("sync",)
-    if settings.generator == "random":
+    if settings.generator == "random" or settings.sessions:  # sessions: the random workloads
         workload = random_workload(seed, num_steps, vocab=settings.vocab, modes=modes if core else settings.modes,
-                                   gates=gates, kv=kv, always_gates=always)
+                                   gates=gates, kv=kv, always_gates=always, sessions=settings.sessions)
     elif settings.generator == "guided":
         names = reachable_rules(settings)
         if core:

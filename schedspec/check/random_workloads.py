@@ -25,6 +25,7 @@ from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_r
 from schedspec.check.kv_requests import (
     KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
 )
+from schedspec.check.session_events import SessionRequests, session_config, session_rng
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Schedule, Step, Update, Workload
 
 #: Token ids of prompts come from a small alphabet and from a few shared
@@ -77,6 +78,7 @@ class RequestFactory:
 def random_workload(
     seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",),
     gates: Sequence[str] = (), kv: Sequence[str] = (), always_gates: Sequence[str] = (),
+    sessions: bool = False,
 ) -> Workload:
     """A seeded workload of ``num_steps`` steps with arrivals in bursts,
     aborts and occasional prefix-cache resets, in one of ``modes`` (MODES;
@@ -97,7 +99,11 @@ def random_workload(
     ``kv`` (KV_FEATURES) are the KV features it may use, drawn the same way
     on a generator of their own (``kv_rng``, ``draw_kv_subset``,
     ``with_kv``, ``KVRequests``; a hybrid layout's chunked-local group on
-    ``chunk_rng``'s); they are among its features as ``kv:NAME``."""
+    ``chunk_rng``'s); they are among its features as ``kv:NAME``.
+
+    ``sessions``: some requests are streaming-input sessions, sent chunks and
+    ends between steps (check/session_events.py, on a generator of their
+    own; the config FCFS without a KV connector); feature ``sessions``."""
     rng = random.Random(seed)
     config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
     modes = tuple(modes)
@@ -129,12 +135,18 @@ def random_workload(
         config = with_mamba(config, mamba_rng(seed))  # spec/mamba.py's groups, opt-in (MAMBA_RATE)
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
+    streams: SessionRequests | None = None
+    if sessions:
+        config = session_config(config)
+        kv_requests, kv_chosen = None, kv_of(config)
+        streams = SessionRequests(config, session_rng(seed), vocab)
     factory = RequestFactory(rng, config, vocab)
 
     def make() -> RequestSpec:
         req = factory.make()
         req = req if gated is None else gated.decorate(req)
-        return req if kv_requests is None else kv_requests.decorate(req)
+        req = req if kv_requests is None else kv_requests.decorate(req)
+        return req if streams is None or req.structured_output or req.mm_inputs else streams.decorate(req)
 
     events: list[Event] = []
     live: list[str] = []
@@ -152,6 +164,8 @@ def random_workload(
             live.remove(victim)
             if gated is not None:
                 gated.forget(victim)
+            if streams is not None:
+                streams.forget(victim)
         elif r < 0.31:
             events.append(ResetPrefixCache(rng.random() < 0.3))
         else:
@@ -159,6 +173,8 @@ def random_workload(
                 events.extend(gated.before_step())
             if kv_requests is not None:
                 events.extend(kv_requests.before_step())
+            if streams is not None:
+                events.extend(streams.before_step())
             if config.async_scheduling and mode_rng.random() < 0.15:
                 # schedule(N+1), then an abort or an arrival, then update(N)
                 events.append(Schedule())
@@ -167,6 +183,8 @@ def random_workload(
                     events.append(Abort(victim))
                     if gated is not None:
                         gated.forget(victim)
+                    if streams is not None:
+                        streams.forget(victim)
                 else:
                     req = make()
                     events.append(AddRequest(req))
@@ -184,5 +202,8 @@ def random_workload(
     if kv_requests is not None:
         events.extend(kv_requests.finish())
         events = keep_failed_sync_loads_alive(events, config)
+    if streams is not None:
+        events.extend(streams.finish())
     return Workload(config=config, events=tuple(events), seed=seed,
-                    features=tuple(f"gate:{g}" for g in chosen) + tuple(f"kv:{k}" for k in kv_chosen))
+                    features=tuple(f"gate:{g}" for g in chosen) + tuple(f"kv:{k}" for k in kv_chosen)
+                    + (("sessions",) if streams is not None else ()))

@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from schedspec.spec.interface import ConfigError, MMInput, RequestError, RequestSpec, SchedulerConfig, SchedSpecError
-from schedspec.spec.interface import StepResult
+from schedspec.spec.interface import SessionUpdate, StepResult
 from schedspec.spec.validate import declared
 from schedspec.check.features import gates_of, kv_of
 from schedspec.check.workload import (
@@ -89,6 +89,7 @@ from schedspec.check.workload import (
     KVLoadDone,
     KVLoadFailed,
     KVSaveDone,
+    SessionInput,
     Pause,
     RecordedPlan,
     ResetPrefixCache,
@@ -100,8 +101,8 @@ from schedspec.check.workload import (
 )
 
 #: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.
-TRACE_VERSION = 5
-READ_VERSIONS = (1, 2, 3, 4, 5)
+TRACE_VERSION = 6
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 def fields_since(cls: type, version: int) -> tuple[str, ...]:
@@ -121,6 +122,9 @@ V3_OPS = ("pause", "resume", "grammar_ready")
 V4_CONFIG_FIELDS = fields_since(SchedulerConfig, 4)
 V4_REQUEST_FIELDS = fields_since(RequestSpec, 4)
 V4_OPS = ("kv_load_done", "kv_load_failed", "kv_save_done")
+#: Streaming-input sessions (version 6): the request field and the event.
+V6_REQUEST_FIELDS = fields_since(RequestSpec, 6)
+V6_OPS = ("session_update",)
 #: The JSON Schema every line is validated against (shipped with the package).
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
@@ -194,6 +198,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
         return out
     if isinstance(event, KVSaveDone):
         return {"op": "kv_save_done", "request_id": event.request_id}
+    if isinstance(event, SessionInput):
+        return {"op": "session_update", **event.update.to_dict()}
     raise TypeError(f"not an event: {event!r}")
 
 
@@ -212,6 +218,8 @@ def recorded_plan_to_json(plan: RecordedPlan) -> dict[str, Any]:
 def version_of(trace: Trace) -> int:
     """The lowest format version that holds ``trace``."""
     config = trace.config.to_dict()
+    if any(isinstance(e, SessionInput) or isinstance(e, AddRequest) and e.request.resumable for e in trace.events):
+        return 6
     if any(isinstance(e, Schedule) and e.plan is not None for e in trace.events):
         return 5
     if trace.kv:
@@ -392,6 +400,7 @@ def _parse_header(
 _NEEDS_V3 = "needs trace format version 3 (\"schedspec_trace\": 3)"
 _NEEDS_V4 = "needs trace format version 4 (\"schedspec_trace\": 4)"
 _NEEDS_V5 = "needs trace format version 5 (\"schedspec_trace\": 5)"
+_NEEDS_V6 = "needs trace format version 6 (\"schedspec_trace\": 6)"
 
 
 class _Loading:
@@ -409,6 +418,8 @@ class _Loading:
         self.grammar_reported: dict[str, int] = {}
         #: request id -> its spec (the worker events' checks read it)
         self.requests: dict[str, RequestSpec] = {}
+        #: session id -> the line that ended it (session_update with end)
+        self.session_ended: dict[str, int] = {}
 
 
 def _parse_result(where: tuple[str, int], obj: dict[str, Any], state: _Loading) -> StepResult:
@@ -460,7 +471,15 @@ def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
         for name in V4_REQUEST_FIELDS:
             if name in obj["request"]:
                 raise TraceError(path, line, f"request.{name}", _NEEDS_V4)
+    if state.version < 6 and op in V6_OPS:
+        raise TraceError(path, line, "op", f"{op!r} " + _NEEDS_V6)
+    if state.version < 6 and op == "add" and isinstance(obj.get("request"), dict):
+        for name in V6_REQUEST_FIELDS:
+            if name in obj["request"]:
+                raise TraceError(path, line, f"request.{name}", _NEEDS_V6)
     _schema_check(where, branches[op], obj, "event", f"unknown field for {op!r}")
+    if op == "session_update":
+        return parse_session_update(where, obj, state)
     if op == "add":
         req = _parse_request(where, obj["request"], config)
         if req.request_id in seen:
@@ -628,3 +647,26 @@ def read(path: str | Path) -> Trace:
         line = data[: exc.start].count(b"\n") + 1
         raise TraceError(str(p), line, "encoding", "not UTF-8") from None
     return loads(text, str(p))
+
+
+def parse_session_update(where: tuple[str, int], obj: dict[str, Any], state: _Loading) -> SessionInput:
+    """A session_update names a resumable request added before it (aborted
+    or not: the schedulers refuse an update of a finished session alike),
+    whose end was not sent before; its chunk is not empty."""
+    path, line = where
+    rid = obj["request_id"]
+    req = state.requests.get(rid)
+    if req is None:
+        raise TraceError(path, line, "request_id", f"{rid!r} was never added before this line")
+    if not req.resumable:
+        raise TraceError(path, line, "request_id", f"{rid!r} is not resumable: it takes no session update")
+    ended = state.session_ended
+    if rid in ended:
+        raise TraceError(path, line, "request_id", f"the session {rid!r} was ended on line {ended[rid]}")
+    try:
+        update = SessionUpdate.from_dict({k: v for k, v in obj.items() if k != "op"})
+    except RequestError as exc:
+        raise TraceError(path, line, exc.field, str(exc).split(": ", 2)[-1]) from None
+    if update.end:
+        ended[rid] = line
+    return SessionInput(update)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
-from schedspec.spec.interface import RequestSpec, SchedSpecError, SchedulerConfig, StepPlan, StepResult
+from schedspec.spec.interface import RequestSpec, SchedSpecError, SchedulerConfig, SessionUpdate, StepPlan, StepResult
 
 
 @dataclass(frozen=True)
@@ -203,8 +203,18 @@ class KVSaveDone:
             raise ValueError(f"KVSaveDone.request_id must be a non-empty string, got {self.request_id!r}")
 
 
+@dataclass(frozen=True)
+class SessionInput:
+    """The client sends a streaming-input session its next chunk, or ends it
+    (vLLM: add_request with the session's id; the scheduler's optional
+    ``session_update``, spec/sessions.py). It may come at any time: while
+    the session runs, is preempted, or waits for input."""
+
+    update: SessionUpdate
+
+
 Event = Union[AddRequest, Abort, Step, ResetPrefixCache, Schedule, Update, Pause, Resume, GrammarReady,
-              KVLoadDone, KVLoadFailed, KVSaveDone]
+              KVLoadDone, KVLoadFailed, KVSaveDone, SessionInput]
 
 #: The KV connector's worker events (a scheduler without the kv_connector
 #: capability cannot take them).
@@ -397,6 +407,8 @@ def describe_event(event: Event) -> str:
             ")" if event.block_index is None else f", block_index={event.block_index})")
     if isinstance(event, KVSaveDone):
         return f"kv_save_done({event.request_id!r})"
+    if isinstance(event, SessionInput):
+        return f"session_update({event.update!r})"
     return f"reset_prefix_cache(reset_running_requests={event.reset_running_requests})"
 
 

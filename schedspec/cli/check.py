@@ -90,6 +90,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                         "enable_kv_cache_events) and compare every scheduler's stream once per step")
     c.add_argument("--events", default=None, metavar="FILE",
                    help="write the reference's KV cache event stream to FILE as JSON lines (implies --kv-events)")
+    c.add_argument("--sessions", action="store_true",
+                   help="streaming-input sessions in the random workloads: resumable requests sent chunks and "
+                        "ends between steps (docs/spec.md, Sessions); the scheduler needs session_update()")
     add_call_timeout_argument(c)
     c.add_argument("--strict-defects", action="store_true",
                    help="a workload on which the reference meets a documented vLLM 0.33 defect "
@@ -139,6 +142,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         strict_defects=getattr(args, "strict_defects", False),
         kv_events=getattr(args, "kv_events", False) or getattr(args, "events", None) is not None,
         events_file=Path(args.events) if getattr(args, "events", None) is not None else None,
+        sessions=getattr(args, "sessions", False),
     )
 
 

@@ -318,7 +318,8 @@ class MaxNumSeqsOffByOne(Mutant):
     BUG = "admission compares the running count to max_num_seqs with > instead of >=: one request too many runs"
     ISSUE = "https://github.com/vllm-project/vllm/pull/1034"
     CAUGHT_BY = frozenset({"max-num-seqs"})
-    _schedule_waiting = patched(_schedule_waiting, ("if len(running) >= max_seqs:", "if len(running) > max_seqs:"))
+    _schedule_waiting = patched(_schedule_waiting, ("if len(running) + self._num_waiting_for_streaming >= max_seqs:",
+                                                             "if len(running) + self._num_waiting_for_streaming > max_seqs:"))
 
 
 class BudgetOverrun(Mutant):

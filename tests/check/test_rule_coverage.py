@@ -15,7 +15,7 @@ from schedspec.spec.rule_names import RULE_NAMES, RULES, describe
 from schedspec.spec.scheduler import SpecScheduler
 
 SPEC = Path(__file__).resolve().parents[2] / "spec"
-MARKED_FILES = ("scheduler.py", "kv_cache.py", "connector.py", "gates.py", "encoder.py", "async_drafts.py")
+MARKED_FILES = ("scheduler.py", "kv_cache.py", "connector.py", "gates.py", "encoder.py", "async_drafts.py", "sessions.py")
 NO_MUTATE_BLOCK = "# pragma: no mutate block"
 
 

@@ -869,10 +869,11 @@ def test_every_invariant_has_a_firing_test() -> None:
     from tests.invariants.test_kv_events import KV_EVENT_IDS  # the KV cache events'
     from tests.invariants.test_stats import STATS_IDS  # the statistics' (log_stats)
     from tests.invariants.test_mamba import MAMBA_IDS  # the Mamba groups'
+    from tests.invariants.test_sessions import SESSION_IDS  # the streaming-input sessions'
 
     assert {inv.id for inv in CATALOGUE} == (
         {inv_id for inv_id, _, _ in BAD} | set(INFLIGHT_IDS) | set(GATE_IDS) | set(CONNECTOR_IDS) | set(GROUP_IDS)
-        | set(KV_EVENT_IDS) | set(STATS_IDS) | set(MAMBA_IDS)
+        | set(KV_EVENT_IDS) | set(STATS_IDS) | set(MAMBA_IDS) | set(SESSION_IDS)
     )
 
 

@@ -9,9 +9,13 @@ from schedspec.spec.interface import KVView, RequestView, ScheduledRequest, is_l
 
 def test_statuses_transitions_and_plan_helpers_answer_as_documented() -> None:
     S = RequestStatus
-    assert [s.is_finished for s in S] == [False, False, False, True, True, True, True, False, True, False]
+    assert [s.is_finished for s in S] == [False, False, False, True, True, True, True, False, True, False, False]
     assert is_legal_transition(S.WAITING, S.RUNNING) and is_legal_transition(S.PREEMPTED, S.RUNNING)
     assert not is_legal_transition(S.WAITING, S.PREEMPTED)
+    assert is_legal_transition(S.WAITING_FOR_STREAMING_REQ, S.WAITING)
+    assert is_legal_transition(S.RUNNING, S.WAITING_FOR_STREAMING_REQ, resumable=True)
+    assert not is_legal_transition(S.RUNNING, S.WAITING) and is_legal_transition(S.RUNNING, S.WAITING, True)
+    assert not is_legal_transition(S.WAITING_FOR_STREAMING_REQ, S.RUNNING)
     assert not is_legal_transition(S.FINISHED_ABORTED, S.RUNNING)
     a = ScheduledRequest("a", ScheduleKind.NEW, 0, 4, 6, (1, 2), (0, 1, 2, 3))
     b = ScheduledRequest("b", ScheduleKind.RUNNING, 5, 1, 6, (3, 4), (9,))

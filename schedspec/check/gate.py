@@ -38,6 +38,7 @@ from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, guided_workload
 from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_capabilities
 from schedspec.check.kv_events_file import EventsWriter
+from schedspec.check.event_counts import EventsTally
 from schedspec.check.outputs import outputs_on, with_outputs
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
@@ -281,6 +282,8 @@ class CheckOutcome:
     defect: Defect | None = None
     #: the failing workload's schedulers were built with log_stats (its replay takes --stats)
     stats_on: bool = False
+    #: what the workloads with KV cache events on exercised
+    events: EventsTally = field(default_factory=EventsTally)
 
     @property
     def ok(self) -> bool:
@@ -444,6 +447,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     first = core_first(total_steps, settings.workload_steps)
     seed = settings.seed
     events_out = EventsWriter(settings.events_file) if settings.events_file is not None else None
+    tally = EventsTally()
     try:
         while True:
             if total_steps is not None and steps >= total_steps:
@@ -458,9 +462,10 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                 make_workload(settings, seed, n, core_rules if core else stats.rules, core))
             on = outputs_on(settings.kv_events, settings.stats, caps, seed)
             workload, used = with_outputs(workload, factories, *on)
+            sink = events_out.sink(seed) if events_out is not None else None
             runner, failure = run_workload(workload, used, settings.vocab, oracle_seed=seed,
                                            plans_only=settings.plans_only, invariants=invariants, stop_at=stop_at,
-                                           kv_event_sink=events_out.sink(seed) if events_out is not None else None)
+                                           kv_event_sink=tally.sink(sink) if on[0] else sink)
             if failure is not None and settings.plans_only and failure.kind != "timeout":
                 # the same workload, everything checked
                 failure = run_workload(workload, used, settings.vocab, oracle_seed=seed,
@@ -468,6 +473,8 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             seeds.append(seed)
             if not runner.stopped:
                 count_rules(runner, workload, seed, settings.vocab)
+                if on[0]:
+                    tally.add(runner.stats, workload)
             stats.merge(runner.stats)
             if core:
                 core_rules.update(runner.stats.rules)
@@ -503,7 +510,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
         return _interrupted(exc, outcome, seed)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds, selection=selection,
                            missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))),
-                           known_defects=known)
+                           known_defects=known, events=tally)
     show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=time.monotonic() - start))
     return outcome
 
@@ -599,6 +606,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "elapsed_s": round(o.elapsed, 3),
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
+        **({"kv_events": o.events.as_dict()} if o.events.workloads else {}),
         "check": None if o.selection is None else selection_summary(o.selection, plans_only=settings.plans_only),
         "gates": list(settings.drawn_gates),
         "kv": list(settings.drawn_kv),

@@ -258,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
     if settings.events_file is not None:
         print(f"KV cache events: {outcome.stats.kv_cache_events} written to {settings.events_file}")
     print(outputs_line(settings.kv_events, settings.stats, settings.capabilities))
+    if outcome.events.workloads:
+        print(outcome.events.line())
     if outcome.stats.stats_reports:
         print(f"stats: {outcome.stats.stats_reports} make_stats() reports compared, one per update")
     if outcome.stats.rules or outcome.interrupted is not None:  # the coverage so far, even of nothing

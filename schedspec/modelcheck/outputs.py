@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from schedspec.invariants import Invariant
 from schedspec.spec.interface import Scheduler, SchedulerConfig
@@ -35,7 +35,7 @@ def with_events(space: Space) -> Space:
 def logged(factory: Callable[[SchedulerConfig], Scheduler]) -> Callable[[SchedulerConfig], Scheduler]:
     """``factory`` building with ``log_stats=True`` (a partial: it pickles
     where the factory does)."""
-    built: Callable[[SchedulerConfig], Scheduler] = functools.partial(factory, log_stats=True)
+    built: Callable[[SchedulerConfig], Scheduler] = functools.partial(cast(Any, factory), log_stats=True)
     return built
 
 

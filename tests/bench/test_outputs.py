@@ -29,7 +29,8 @@ class Counting(SpecScheduler):
 def test_the_factories_turn_the_outputs_on_and_each_update_pays_for_them() -> None:
     sched: Any = with_outputs({"s": Counting}, events=True, stats=True)["s"](SchedulerConfig())
     assert isinstance(sched, WithOutputs)
-    assert sched.inner.kv.events is not None and sched.inner.stats_record is not None
+    inner: Any = sched.inner
+    assert inner.kv.events is not None and inner.stats_record is not None
     from schedspec.bench.scheduler import fake_result
 
     plan = sched.schedule()

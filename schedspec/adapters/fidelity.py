@@ -350,7 +350,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("streaming sessions (resumable requests)", r"resumable|streaming|session|continuing_reqs"),
     ("prefix replay, lookahead hashes", r"replay|num_hash_lookahead|block_hashes\.clear|update_block_hashes|prefill_lookahead"),
     ("logprobs, sampling masks, NaN counts", r"logprobs|sampling_mask|nans"),
-    ("stats, metrics and events (the adapter runs with log_stats off)",
+    ("stats, metrics and events (timings, connector and data-parallel stats, kv_cache_report_mode)",
      r"log_stats|record_event|_stats\b|stats\.|perf_metrics|spec_decode_metrics|observability|kv_event"
      r"|take_events|KVEventBatch|EngineCoreOutputs\(|scheduler_stats"),
     ("finished sets per front-end client (data parallelism)",

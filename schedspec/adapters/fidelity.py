@@ -103,15 +103,27 @@ CONNECTOR_FUNCTIONS: tuple[tuple[str, str], ...] = (
 #: files (the KV cache coordinator and the single-type managers) and the four
 #: connector functions it names (the other two of CONNECTOR_FUNCTIONS are
 #: reported without a target).
+#: Then the KV cache events' and the statistics' targets (docs/kv-events.md,
+#: docs/scheduler-stats.md): the block pool, the event functions of the
+#: modelled layouts (not emit_cached_block_events: the spec does not model
+#: kv_cache_report_mode="full"), the takes and the statistics.
 FILE_TARGETS: tuple[tuple[str, float], ...] = (
     ("v1/core/kv_cache_coordinator.py", 70.0),
     ("v1/core/single_type_kv_cache_manager.py", 70.0),
+    ("v1/core/block_pool.py", 85.0),
 )
 FUNCTION_TARGETS: tuple[tuple[str, str, float], ...] = (
     ("v1/core/sched/scheduler.py", "Scheduler._update_waiting_for_remote_kv", 80.0),
     ("v1/core/sched/scheduler.py", "Scheduler._update_from_kv_xfer_finished", 80.0),
     ("v1/core/sched/scheduler.py", "Scheduler._handle_invalid_blocks", 80.0),
     ("v1/core/sched/scheduler.py", "Scheduler._connector_finished", 80.0),
+    ("v1/core/block_pool.py", "BlockPool._build_block_stored_event", 90.0),
+    ("v1/core/block_pool.py", "BlockPool._generate_event_extra_keys", 90.0),
+    ("v1/core/block_pool.py", "BlockPool._emit_block_removed_events", 90.0),
+    ("v1/core/block_pool.py", "BlockPool.take_events", 100.0),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager.take_events", 100.0),
+    ("v1/core/sched/scheduler.py", "Scheduler.make_stats", 90.0),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager.make_prefix_cache_stats", 90.0),
 )
 
 #: The KV cache managers of kinds the spec does not model (vLLM 0.33's
@@ -338,7 +350,7 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("streaming sessions (resumable requests)", r"resumable|streaming|session|continuing_reqs"),
     ("prefix replay, lookahead hashes", r"replay|num_hash_lookahead|block_hashes\.clear|update_block_hashes|prefill_lookahead"),
     ("logprobs, sampling masks, NaN counts", r"logprobs|sampling_mask|nans"),
-    ("stats, metrics and events (the adapter runs with log_stats off)",
+    ("stats, metrics and events (timings, connector and data-parallel stats, kv_cache_report_mode)",
      r"log_stats|record_event|_stats\b|stats\.|perf_metrics|spec_decode_metrics|observability|kv_event"
      r"|take_events|KVEventBatch|EngineCoreOutputs\(|scheduler_stats"),
     ("finished sets per front-end client (data parallelism)",

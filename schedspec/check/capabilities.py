@@ -158,7 +158,7 @@ class Capabilities:
     #: the scheduler statistics (spec/stats.py): the class takes a
     #: ``log_stats`` keyword (as vLLM's Scheduler does) and reports them
     #: through the optional ``make_stats()`` after each update
-    #: (``schedspec check --stats``); no check draws anything for it
+    #: (``schedspec check`` draws it on per workload: check/outputs.py)
     stats: bool = False
 
     def __post_init__(self) -> None:

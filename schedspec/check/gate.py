@@ -38,6 +38,8 @@ from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, effect_focus, guided_workload
 from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_capabilities
 from schedspec.check.kv_events_file import EventsWriter
+from schedspec.check.event_counts import EventsTally
+from schedspec.check.outputs import outputs_on, with_outputs
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
@@ -98,9 +100,12 @@ class CheckSettings:
     #: a workload on which the reference meets a documented vLLM defect
     #: (check/defects.py) fails the run, instead of being counted apart
     strict_defects: bool = False
-    #: every workload with config.enable_kv_cache_events on: the schedulers'
-    #: KV cache events (spec/kv_events.py) compared once per update
-    kv_events: bool = False
+    #: config.enable_kv_cache_events: the schedulers' KV cache events
+    #: (spec/kv_events.py) compared once per update; True in every workload,
+    #: False in none, None in a share (check/outputs.py), each only where
+    #: the capabilities declare them; ``stats`` likewise for log_stats
+    kv_events: bool | None = None
+    stats: bool | None = None
     #: with kv_events: write the reference's stream here as JSON lines
     #: (kv_events_file.py), one per event
     events_file: Path | None = None
@@ -278,6 +283,10 @@ class CheckOutcome:
     #: scheduler under test: a bug of ours, or ``defect`` (--strict-defects)
     reference_failed: bool = False
     defect: Defect | None = None
+    #: the failing workload's schedulers were built with log_stats (its replay takes --stats)
+    stats_on: bool = False
+    #: what the workloads with KV cache events on exercised
+    events: EventsTally = field(default_factory=EventsTally)
 
     @property
     def ok(self) -> bool:
@@ -441,6 +450,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     first = core_first(total_steps, settings.workload_steps)
     seed = settings.seed
     events_out = EventsWriter(settings.events_file) if settings.events_file is not None else None
+    tally = EventsTally()
     try:
         while True:
             if total_steps is not None and steps >= total_steps:
@@ -453,19 +463,21 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             core = is_core(index - 1, first)
             workload = caps.restrict_workload(
                 make_workload(settings, seed, n, core_rules if core else stats.rules, core))
-            if settings.kv_events and caps.kv_events:
-                workload = dataclasses.replace(
-                    workload, config=dataclasses.replace(workload.config, enable_kv_cache_events=True))
-            runner, failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
+            on = outputs_on(settings.kv_events, settings.stats, caps, seed)
+            workload, used = with_outputs(workload, factories, *on)
+            sink = events_out.sink(seed) if events_out is not None else None
+            runner, failure = run_workload(workload, used, settings.vocab, oracle_seed=seed,
                                            plans_only=settings.plans_only, invariants=invariants, stop_at=stop_at,
-                                           kv_event_sink=events_out.sink(seed) if events_out is not None else None)
+                                           kv_event_sink=tally.sink(sink) if on[0] else sink)
             if failure is not None and settings.plans_only and failure.kind != "timeout":
                 # the same workload, everything checked
-                failure = run_workload(workload, factories, settings.vocab, oracle_seed=seed,
+                failure = run_workload(workload, used, settings.vocab, oracle_seed=seed,
                                        invariants=invariants)[1] or failure
             seeds.append(seed)
             if not runner.stopped:
                 count_rules(runner, workload, seed, settings.vocab)
+                if on[0]:
+                    tally.add(runner.stats, workload)
             stats.merge(runner.stats)
             if core:
                 core_rules.update(runner.stats.rules)
@@ -487,12 +499,12 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                 found_after = time.monotonic() - start
                 say(f"FAILED on workload seed {seed}{workload_label(workload)} after {found_after:.1f} s: "
                     f"{failure.describe()}")
-                outcome = _counterexample(factories, settings, selection, workload, failure, seed,
+                outcome = _counterexample(used, settings, selection, workload, failure, seed,
                                           CheckOutcome(steps, workloads, 0.0, stats, seeds=seeds, selection=selection,
                                                        known_defects=known, found_after=found_after),
                                           start, say)
                 outcome.reference_failed = outcome.failure is not None and outcome.failure.scheduler == reference
-                outcome.defect = defect
+                outcome.defect, outcome.stats_on = defect, on[1]
                 return outcome
     except (Interrupted, KeyboardInterrupt) as exc:
         outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=list(seeds),
@@ -501,7 +513,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
         return _interrupted(exc, outcome, seed)
     outcome = CheckOutcome(steps, workloads, time.monotonic() - start, stats, seeds=seeds, selection=selection,
                            missing_rules=tuple(coverage.unreached(stats.rules, required_rules(settings))),
-                           known_defects=known)
+                           known_defects=known, events=tally)
     show(CheckProgress(steps, total_steps, workloads, stats, final=True, elapsed=time.monotonic() - start))
     return outcome
 
@@ -597,6 +609,7 @@ def check_summary(settings: CheckSettings, o: CheckOutcome) -> dict[str, Any]:
         "elapsed_s": round(o.elapsed, 3),
         "steps_per_s": round(o.steps / o.elapsed, 1) if o.elapsed > 0 else None,
         "stats": o.stats.as_dict(),
+        **({"kv_events": o.events.as_dict()} if o.events.workloads else {}),
         "check": None if o.selection is None else selection_summary(o.selection, plans_only=settings.plans_only),
         "gates": list(settings.drawn_gates),
         "kv": list(settings.drawn_kv),

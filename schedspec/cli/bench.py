@@ -54,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-waiting", type=int, default=10_000)
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--quick", action="store_true", help="tiny sizes, a few steps (for tests)")
+    p.add_argument("--kv-events", action="store_true",
+                   help="KV cache events on in every cell, taken after every update (schedspec/bench/outputs.py)")
+    p.add_argument("--stats", action="store_true",
+                   help="every scheduler built with log_stats, make_stats() after every update")
 
 
 def resolve_factories(names: Sequence[str], *, skip_missing: bool = True) -> tuple[dict[str, SchedulerFactory], list[str]]:
@@ -102,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--against: no scheduler available", PROG)
     for note in notes:
         print(note, file=sys.stderr)
+    if getattr(args, "kv_events", False) or getattr(args, "stats", False):
+        from schedspec.bench.outputs import with_outputs
+
+        factories = with_outputs(factories, getattr(args, "kv_events", False), getattr(args, "stats", False))
+        print("outputs: " + " and ".join(w for f, w in (("kv_events", "KV cache events taken"),
+                                                       ("stats", "statistics made")) if getattr(args, f, False))
+              + " after every update, in the timed step (vLLM's inside update_from_output)")
     if args.quick:
         rows = run_bench(
             factories,

@@ -28,10 +28,10 @@ from schedspec.check.gate import rules_line as capability_rules_line
 from schedspec.invariants import Selection
 from schedspec.check.kv_requests import mamba_rate
 from schedspec.check.capabilities import CapabilityError
+from schedspec.check.outputs import outputs_line
 from schedspec.check.features import parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
 from schedspec.spec.effects import effects_line, effects_table
-from schedspec.cli.common import with_stats_factories
 from schedspec.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -71,7 +71,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--rules", action="store_true", help="print the rule-coverage table (every rule, its count)")
     c.add_argument("--stats", action="store_true",
                    help="build every scheduler with log_stats and compare the scheduler statistics "
-                        "(make_stats) after every update, under the invariants of invariants/stats.py")
+                        "(make_stats) after every update, under the invariants of invariants/stats.py, in every "
+                        "workload (default: in a share of them, where the scheduler declares Capabilities.stats)")
+    c.add_argument("--no-stats", action="store_true", help="no scheduler statistics in any workload")
     c.add_argument("--generator", default="guided", choices=("guided", "random"),
                    help="guided (default): swarm workloads aimed at the rules reached least so far; "
                         "random: the plain seeded workloads")
@@ -87,7 +89,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                         "workload (default all: every one the scheduler under test supports; none: neither)")
     c.add_argument("--kv-events", action="store_true",
                    help="turn the KV cache events on in every workload (vLLM's KVEventsConfig."
-                        "enable_kv_cache_events) and compare every scheduler's stream once per step")
+                        "enable_kv_cache_events) and compare every scheduler's stream once per step (default: "
+                        "on in a share of the workloads, where the scheduler declares Capabilities.kv_events)")
+    c.add_argument("--no-kv-events", action="store_true", help="no KV cache events in any workload")
     c.add_argument("--events", default=None, metavar="FILE",
                    help="write the reference's KV cache event stream to FILE as JSON lines (implies --kv-events)")
     c.add_argument("--sessions", action="store_true",
@@ -140,10 +144,20 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         kv=kv,
         call_timeout=call_timeout_of(args),
         strict_defects=getattr(args, "strict_defects", False),
-        kv_events=getattr(args, "kv_events", False) or getattr(args, "events", None) is not None,
+        kv_events=_output_flag(args, "kv_events", "--kv-events", extra=getattr(args, "events", None) is not None),
+        stats=_output_flag(args, "stats", "--stats"),
         events_file=Path(args.events) if getattr(args, "events", None) is not None else None,
         sessions=getattr(args, "sessions", False),
     )
+
+
+def _output_flag(args: argparse.Namespace, name: str, flag: str, extra: bool = False) -> bool | None:
+    """--kv-events / --stats (True: every workload), --no-... (False), neither
+    (None: a share, check/outputs.py); UsageError when both are given."""
+    on, off = getattr(args, name, False) or extra, getattr(args, "no_" + name, False)
+    if on and off:
+        raise UsageError(f"--no-{flag[2:]}: contradicts {flag if getattr(args, name, False) else '--events'}")
+    return True if on else False if off else None
 
 
 def parse_gates_flag(text: str, flag: str = "--gates") -> tuple[str, ...]:
@@ -193,8 +207,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     target, factories = check_factories(args.against, settings.mode)
     name = target.name
-    if getattr(args, "stats", False):
-        factories = with_stats_factories(factories, target)
+    if settings.stats and not target.capabilities.stats:
+        raise UsageError(f"--stats: {args.against} does not report scheduler statistics (its declared "
+                         f"capabilities: {target.capabilities.describe()})")
     settings = dataclasses.replace(settings, capabilities=target.capabilities)
     try:
         drawn_gates = settings.drawn_gates
@@ -229,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         print((outcome.out_dir / "steps.txt").read_text(), end="")
         print(counterexample_line(outcome))
         print(f"replay it: {replay_command(outcome.trace_path, args.against, settings.call_timeout)}"
-              + (" --stats" if getattr(args, "stats", False) else ""))
+              + (" --stats" if outcome.stats_on else ""))
         if outcome.reference_failed:
             print(reference_line(outcome, args.against))
     elif outcome.interrupted is not None:
@@ -252,7 +267,10 @@ def run(args: argparse.Namespace) -> int:
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
     if settings.events_file is not None:
         print(f"KV cache events: {outcome.stats.kv_cache_events} written to {settings.events_file}")
-    if getattr(args, "stats", False):
+    print(outputs_line(settings.kv_events, settings.stats, settings.capabilities))
+    if outcome.events.workloads:
+        print(outcome.events.line())
+    if outcome.stats.stats_reports:
         print(f"stats: {outcome.stats.stats_reports} make_stats() reports compared, one per update")
     if outcome.stats.rules or outcome.interrupted is not None:  # the coverage so far, even of nothing
         # the rules out of reach are those of the modes and gates this run

@@ -53,6 +53,7 @@ from schedspec.modelcheck import (
     table_header,
     write_json,
 )
+from schedspec.modelcheck.outputs import stateless
 from schedspec.modelcheck.shard import merge_reports, shard_spaces
 from schedspec.modelcheck.target import Against
 from schedspec.spec import coverage as rule_coverage
@@ -91,6 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="explore nothing: merge the --json reports of every shard of one run into one report "
                         "(printed, and written to --json)")
     add_mode_arguments(p, " (invariants mode needs --against)")
+    p.add_argument("--kv-events", action="store_true",
+                   help="every space with the KV cache events on, taken after every update and compared")
+    p.add_argument("--stats", action="store_true",
+                   help="the spec and the scheduler under test built with log_stats, make_stats() compared after "
+                        "every update")
 
 
 def scheduler_class(text: str | None) -> type[SpecScheduler]:
@@ -235,6 +241,9 @@ def run(args: argparse.Namespace) -> int:
     caps = resolve(args.against).capabilities if args.against is not None else None
     if caps is not None and args.require_rules == "all":
         required = rules_within(caps, required)
+    for flag, cap in (("--kv-events", "kv_events"), ("--stats", "stats")):
+        if getattr(args, cap, False) and caps is not None and not getattr(caps, cap):
+            raise UsageError(f"{flag}: {args.against} does not declare Capabilities.{cap}")
     names, skipped = supported_spaces(spaces, args.against)
     if not names:
         raise UsageError(f"--against {args.against}: supports none of the spaces chosen: {'; '.join(skipped)}"
@@ -253,10 +262,14 @@ def run(args: argparse.Namespace) -> int:
         under_test = (f"{against.name} taking every transition: " + selection.describe())
     else:
         under_test = ("ImplScheduler replaying every transition" if use_impl else "no impl differential") + note
-    n = len(selection.invariants)
+    n = len(stateless(selection.invariants) if getattr(args, "kv_events", False) else selection.invariants)
     print(f"modelcheck: bound {args.bound}, {len(names)} space(s); {n} invariants on "
           f"every transition, the fake model's KV reads and contents, deadlock and liveness; "
           + under_test + f"; {workers} worker(s)"
+          + "".join(f"; {what} compared after every update" for flag, what in
+                    (("kv_events", "KV cache events (the kv-events-* invariants, which fold the stream's "
+                                   "history, left to schedspec check)"),
+                     ("stats", "statistics")) if getattr(args, flag, False))
           + (" (one where the scheduler under test is copied by deepcopy, as vLLM's is)"
              if against is not None and workers > 1 else ""))
     if skipped:
@@ -279,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
             result = BoundResult(args.bound) if not names else check_bound(
                 args.bound, use_impl=use_impl, scheduler_cls=scheduler_cls, max_states=max_states,
                 log=None if args.quiet else sys.stderr, spaces=names, workers=workers,
-                on_space=row_kept, invariants=selection.invariants, against=against)
+                on_space=row_kept, invariants=selection.invariants, against=against,
+                kv_events=getattr(args, "kv_events", False), stats=getattr(args, "stats", False))
     except ImportError as exc:  # vLLM missing, or the wrong version of it
         raise UsageError(f"--against {args.against}: {exc}") from None
     except Interrupted as exc:
@@ -337,6 +351,8 @@ def _report_failure(args: argparse.Namespace, result: BoundResult) -> dict[str, 
         replay += f" --invariants {args.invariants}"
     if failure.kind == "timeout" and args.call_timeout != DEFAULT_CALL_TIMEOUT:
         replay += f" --call-timeout {args.call_timeout:g}"
+    if getattr(args, "stats", False):
+        replay += " --stats"
     print(f"FAILED in space {space_name}: {failure.describe()}")
     print(f"counterexample: {len(failure.labels)} events (the shortest), written to {trace_path}")
     print(f"replay it: {replay}")

@@ -686,6 +686,7 @@ class Expander:
         if lockstep:
             _call(self.tname, "update", impl.update, plan, result)
             self._compare("view()", after, _call(self.tname, "view", impl.view))
+        self._take_outputs(s2, impl if lockstep else None)
         new = KVWorld.of(worker, plan.step, model.slots, after)
         return Successor(s2, after, self.full_fingerprint(after, None, s2, False, new), adds, None, None, False,
                          None, new)
@@ -737,6 +738,7 @@ class Expander:
             self._check_contents(after, dict(flight.slots))
             if lockstep:
                 _call(who, "update", impl.update, plan, result)
+            self._take_outputs(s2, impl if lockstep else None)
             new = dataclasses.replace(flight, pairs=rest)
             if target:
                 assert tb is not None and tflight is not None
@@ -857,7 +859,23 @@ class Expander:
         if lockstep:
             _call(self.tname, "update", impl.update, plan, result)
             self._compare("view()", after, _call(self.tname, "view", impl.view))
+        self._take_outputs(s2, impl if lockstep else None)
         return after
+
+    def _take_outputs(self, s2: SpecScheduler, impl: Any) -> None:
+        """After an update, as the check's driver: the KV cache events
+        (config.enable_kv_cache_events; spec/kv_events.py) taken and the
+        statistics (a spec built with log_stats; spec/stats.py) made, each
+        compared with the scheduler under test's in lockstep (``impl``)."""
+        if self.config.enable_kv_cache_events:
+            ours = s2.take_kv_events()
+            if impl is not None:
+                self._compare("take_kv_events()", ours,
+                              tuple(_call(self.tname, "take_kv_events", impl.take_kv_events)))
+        if s2.stats_record is not None:
+            stats = s2.make_stats()
+            if impl is not None:
+                self._compare("make_stats()", stats, _call(self.tname, "make_stats", impl.make_stats))
 
     def _target_step(self, t: Any, tmem: dict[int, int], abort: str | None = None) -> dict[int, int]:
         """Invariants mode: the scheduler under test schedules its own plan

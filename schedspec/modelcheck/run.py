@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from schedspec.invariants import CATALOGUE, Invariant
+from schedspec.modelcheck import outputs
 from schedspec.modelcheck.explore import Explorer
 from schedspec.modelcheck.result import BoundResult, SpaceResult
 from schedspec.modelcheck.space import Space, bound, select_spaces, space_problems
@@ -62,6 +64,8 @@ def check_bound(
     invariants: Sequence[Invariant] = CATALOGUE,
     on_space: Callable[[SpaceResult], None] | None = None,
     against: Against | None = None,
+    kv_events: bool = False,
+    stats: bool = False,
 ) -> BoundResult:
     """Explore the spaces of a bound (all, or those named in ``spaces``) in
     turn; stop at the first failure. ``against`` is the scheduler under test
@@ -69,7 +73,16 @@ def check_bound(
     the spaces with an admission gate ImplScheduler does not support: their
     results carry a note). ``log`` gets a progress line every few
     seconds; ``on_space`` each space's result as soon as it is done.
+    ``kv_events`` / ``stats``: the KV cache events and the statistics on,
+    compared after every update (modelcheck/outputs.py).
     ModelCheckError for an unknown bound or space."""
+    if kv_events:  # the kv-events-* invariants fold the stream's history, which no explored state carries
+        invariants = outputs.stateless(invariants)
+        against = against if against is None else dataclasses.replace(
+            against, invariants=outputs.stateless(against.invariants))
+    if stats:
+        scheduler_cls, against = outputs.LoggedSpec if scheduler_cls is SpecScheduler else scheduler_cls, \
+            outputs.logged_against(against)
     b = bound(name)
     chosen = select_spaces(b, spaces)
     out = BoundResult(name)
@@ -79,6 +92,9 @@ def check_bound(
         problems = impl_problems(space) if impl is not None else []
         if problems:
             impl = None  # a gate ImplScheduler does not support: the spec alone
+        if stats and impl is not None:
+            impl = outputs.logged(impl)
+        space = outputs.with_events(space) if kv_events else space
         r = Explorer(space, scheduler_cls=scheduler_cls, impl_cls=impl, invariants=invariants, max_states=max_states,
                      workers=workers, progress=progress, against=against).run()
         if problems:

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 from schedspec.spec.interface import Policy, RequestSpec, SchedulerConfig
 from schedspec.spec.kv_kinds import kind_of
 
-from schedspec.check.workload import Abort, AddRequest, Event, KVLoadDone, KVLoadFailed
+from schedspec.check.workload import Abort, AddRequest, Event, KVLoadDone, KVLoadFailed, SessionInput
 
 # The draws a defect can change (what ``knobs`` holds):
 
@@ -122,6 +122,11 @@ def _cached_synchronous_load(config: SchedulerConfig, request: RequestSpec) -> b
 
 def _priority_with_prefix_caching(config: SchedulerConfig, events: list[Event]) -> bool:
     return config.policy == Policy.PRIORITY and config.enable_prefix_caching
+
+
+def _a_session(config: SchedulerConfig, events: list[Event]) -> bool:
+    return any(isinstance(e, SessionInput) for e in events) or any(
+        isinstance(e, AddRequest) and e.request.resumable for e in events)
 
 
 def _priority_with_an_async_load(config: SchedulerConfig, events: list[Event]) -> bool:
@@ -233,6 +238,19 @@ DEFECTS: tuple[Defect, ...] = (
         reports=frozenset({"kv-context"}),
         witness=frozenset({FAIL_SYNC_LOAD}),
         witnessed=_failed_load_shares_a_block,
+    ),
+    Defect(
+        name="silent-session-holds-the-pool",
+        behaviour=("a streaming-input session waiting for its client's next chunk keeps every block it holds "
+                   "and a running slot for as long as the client is silent; nothing preempts it, so a request "
+                   "that needs those blocks waits as long (scheduler.py, _handle_stopped_request and the "
+                   "WAITING loop's num_waiting_for_streaming_input); the client's silence is no draw to avoid"),
+        section="A silent streaming-input session holds its blocks",
+        reported_by="stream-liveness",
+        knobs=frozenset(),
+        applies=_any_request,
+        reports=frozenset({"stream-liveness"}),
+        witnessed=_a_session,
     ),
     Defect(
         name="victim-preempted-in-its-step",

@@ -5,8 +5,12 @@ draws it changes, and when it applies."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 import random
 from pathlib import Path
+
+import pytest
 
 from schedspec.check.defects import (
     ABORT_AFTER_FAILED_SYNC_LOAD,
@@ -101,3 +105,30 @@ def test_the_async_load_prefill_livelock_is_named_on_its_trace() -> None:
     assert hit is not None and hit.name == "async-load-prefill-livelock"
     fcfs = dataclasses.replace(t.workload.config, policy=Policy.FCFS)
     assert known_defect(fcfs, t.workload.events, {"stall"}) is None
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None and os.environ.get("SCHEDSPEC_REQUIRE_VLLM") != "1",
+                    reason="vLLM is not installed")
+def test_a_silent_session_holding_the_pool_is_named_on_its_trace() -> None:
+    """`check --sessions` (sync, seed 19, shrunk): a session waiting for input holds 13 of 20
+    blocks, the preempted request behind it needs its whole sequence and never fits; the spec and
+    vLLM alike stall (stream-liveness), and the stall is the documented defect."""
+    from schedspec.check import trace as tracefile
+    from schedspec.check.defects import failure_reports, known_defect
+    from schedspec.check.run import run_workload
+    from schedspec.invariants import select
+    from schedspec.spec.scheduler import SpecScheduler
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.adapters.vllm_load import load_vllm
+
+    t = tracefile.read(ROOT / "tests" / "check" / "data" / "silent-session-holds-the-pool.jsonl")
+    load_vllm()
+    factories = {"spec": SpecScheduler, "vllm": VllmScheduler}
+    failure = run_workload(t.workload, factories, t.vocab, oracle_seed=t.oracle_seed,
+                           invariants=select("all", "lockstep"))[1]
+    assert failure is not None and failure.scheduler == "spec", failure
+    assert [v.invariant_id for v in failure.violations] == ["stream-liveness"]
+    hit = known_defect(t.workload.config, t.workload.events, failure_reports(failure.kind, ["stream-liveness"]))
+    assert hit is not None and hit.name == "silent-session-holds-the-pool"
+    assert known_defect(t.workload.config, [], {"stream-liveness"}) is None  # no session: not that defect

@@ -117,7 +117,7 @@ def _record(rec: dict[str, Any]) -> list[str]:
         lines += _table(rec["table"]) + [""]
     lines += [
         f"`{rec['command']}` · {machine} · {rec['date']} · {commit} · "
-        f"Python {v['python']}, torch {_v(v['torch'])}, vLLM {_v(v['vllm'])}" + (" · per-case data in the record" if "detail" in rec else ""),
+        f"Python {v['python']}, torch {_v(v['torch'])}, vLLM {_v(v['vllm'])}" + (" · per-case data" if "detail" in rec else ""),
         "",
     ]
     return lines
@@ -135,11 +135,10 @@ def render(records: list[dict[str, Any]], counts: dict[str, int]) -> str:
         "Every measured figure of the docs. Counts in a figure are those of its commit (today: "
         f"{counts['invariants']} invariants, {counts['rules']} named rules, {counts['reachable']} reachable "
         f"with every feature, {counts['spec_vectors']} spec vectors, {counts['zoo_vectors']} bug-zoo "
-        "counterexamples). Under each: the command · machine · date · commit · versions; its record is "
-        "`data/results/ID.json`, ID given after the result. "
-        f"Machines: {machines}. A bare commit: the one that "
-        "wrote the figure into the docs, the run made on that tree or just before it; a note beside it says "
-        "what else is known. Version `-`: not imported. Superseded runs stay as data, unshown.",
+        "counterexamples). Under each: the command · machine · date · commit · versions; its record "
+        "(per-case data too) is `data/results/ID.json`, ID given after the result. "
+        f"Machines: {machines}. A bare commit wrote the figure into the docs, the run made on that tree "
+        "or just before it. Version `-`: not imported. Superseded runs stay as data, unshown.",
         "",
     ]
     for topic, (heading, doc) in TOPICS.items():

@@ -216,8 +216,18 @@ def recorded_plan_to_json(plan: RecordedPlan) -> dict[str, Any]:
 
 
 def version_of(trace: Trace) -> int:
-    """The lowest format version that holds ``trace``."""
+    """The lowest format version that holds ``trace``: at least the version
+    that brought each config field it writes (the field's declared ``since``)."""
     config = trace.config.to_dict()
+    return max(_config_version(config), _version_of_events(trace, config))
+
+
+def _config_version(config: dict[str, object]) -> int:
+    since = {name: declaration.since for name, _, declaration in declared(SchedulerConfig)}
+    return max((since.get(name, 1) for name in config), default=1)
+
+
+def _version_of_events(trace: Trace, config: dict[str, object]) -> int:
     if any(isinstance(e, SessionInput) or isinstance(e, AddRequest) and e.request.resumable for e in trace.events):
         return 6
     if any(isinstance(e, Schedule) and e.plan is not None for e in trace.events):

@@ -32,6 +32,22 @@ def test_roundtrip() -> None:
     assert t.workload.num_steps == 12
 
 
+@pytest.mark.parametrize("field, value", [("enable_kv_cache_events", True), ("async_scheduling", True)])
+def test_a_config_field_of_a_later_version_is_written_under_that_version(field: str, value: object) -> None:
+    """A trace whose only later-version content is one config field (the KV cache events the
+    check turns on in a share of its workloads, say) is written under the version that brought
+    it, and reads back."""
+    from schedspec.spec.validate import declared
+    from schedspec.spec.interface import SchedulerConfig
+
+    since = {name: d.since for name, _, d in declared(SchedulerConfig)}[field]
+    w = random_workload(3, 12)
+    w = dataclasses.replace(w, config=dataclasses.replace(w.config, **{field: value}))
+    text = tracefile.dumps(tracefile.Trace(w))
+    assert json.loads(text.splitlines()[0])["schedspec_trace"] >= since
+    assert getattr(tracefile.loads(text).config, field) == value
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
 def test_arbitrary_bytes(data: bytes) -> None:

@@ -977,6 +977,13 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         if cfg.kv_connector:
             self._update_from_kv_xfer_finished(result)
         self.in_flight = self.in_flight[1:]
+        self._after_outputs(plan, result)
+
+    def _after_outputs(self, plan: StepPlan, result: StepResult) -> None:
+        """The end of update(): without async scheduling the drafts proposed
+        after the step (update_draft_token_ids); the statistics (log_stats)
+        and the effects' observer (spec/effects.py) when attached."""
+        cfg = self._config
         if not cfg.async_scheduling:
             self._update_draft_token_ids(result)
             if self.streaming_queues and cfg.num_speculative_tokens:

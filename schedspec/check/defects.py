@@ -240,12 +240,12 @@ DEFECTS: tuple[Defect, ...] = (
         witnessed=_failed_load_shares_a_block,
     ),
     Defect(
-        name="silent-session-holds-the-pool",
+        name="silent-stream-holds-the-pool",
         behaviour=("a streaming-input session waiting for its client's next chunk keeps every block it holds "
                    "and a running slot for as long as the client is silent; nothing preempts it, so a request "
                    "that needs those blocks waits as long (scheduler.py, _handle_stopped_request and the "
                    "WAITING loop's num_waiting_for_streaming_input); the client's silence is no draw to avoid"),
-        section="A silent streaming-input session holds its blocks",
+        section="A silent streaming-input request holds its blocks",
         reported_by="stream-liveness",
         knobs=frozenset(),
         applies=_any_request,

@@ -68,7 +68,8 @@ def count_rules(runner: Runner, workload: Workload, seed: int, vocab: int) -> No
     """Add the spec's rule counts for ``workload`` to ``runner.stats``: the
     reference's (the first scheduler), or, when it keeps none (invariants
     mode against another scheduler), a run of the spec alone on the same events."""
-    if runner.stats.absorb_rules(runner.scheds[runner.names[0]]):
+    primary = runner.scheds.get(runner.names[0])  # None: it could not be built (the run's failure)
+    if primary is not None and runner.stats.absorb_rules(primary):
         return
     spec = Runner(workload.config, {"spec": SpecScheduler}, vocab=vocab, oracle_seed=seed,
                   check_invariants=False, compare_views=False)

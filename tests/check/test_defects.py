@@ -122,7 +122,7 @@ def test_a_silent_session_holding_the_pool_is_named_on_its_trace() -> None:
     from schedspec.adapters.vllm_adapter import VllmScheduler
     from schedspec.adapters.vllm_load import load_vllm
 
-    t = tracefile.read(ROOT / "tests" / "check" / "data" / "silent-session-holds-the-pool.jsonl")
+    t = tracefile.read(ROOT / "tests" / "check" / "data" / "silent-stream-holds-the-pool.jsonl")
     load_vllm()
     factories = {"spec": SpecScheduler, "vllm": VllmScheduler}
     failure = run_workload(t.workload, factories, t.vocab, oracle_seed=t.oracle_seed,
@@ -130,5 +130,5 @@ def test_a_silent_session_holding_the_pool_is_named_on_its_trace() -> None:
     assert failure is not None and failure.scheduler == "spec", failure
     assert [v.invariant_id for v in failure.violations] == ["stream-liveness"]
     hit = known_defect(t.workload.config, t.workload.events, failure_reports(failure.kind, ["stream-liveness"]))
-    assert hit is not None and hit.name == "silent-session-holds-the-pool"
+    assert hit is not None and hit.name == "silent-stream-holds-the-pool"
     assert known_defect(t.workload.config, [], {"stream-liveness"}) is None  # no session: not that defect

@@ -1,6 +1,6 @@
 """The check counts, over the workloads with KV cache events on, the
 situations that make the stream interesting (check/event_counts.py); the
-default generator reaches each of them within 2,000 steps."""
+default generator reaches each of them within 4,000 steps."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ def test_the_tally_counts_event_types_rules_and_asked_resets() -> None:
     assert tally.line().startswith("events: 1 workloads (5 steps) with KV cache events on: 0 BlockStored")
 
 
-def test_the_default_check_reaches_every_situation_with_the_events_on_in_2000_steps() -> None:
-    # what `schedspec check --against impl --steps 2000` runs
+def test_the_default_check_reaches_every_situation_with_the_events_on_in_4000_steps() -> None:
+    # what `schedspec check --against impl --steps 4000` runs
     spec, impl = resolve("spec"), resolve("impl")
     outcome = run_check({"spec": spec.factory, "impl": impl.factory},
-                        CheckSettings(against="impl", total_steps=2000, capabilities=impl.capabilities, modes=MODES,
+                        CheckSettings(against="impl", total_steps=4000, capabilities=impl.capabilities, modes=MODES,
                                       call_timeout=None))
     assert outcome.ok
     tally = outcome.events
@@ -42,5 +42,5 @@ def test_the_default_check_reaches_every_situation_with_the_events_on_in_2000_st
                if tally.counts[n] == 0]
     missing += [t for t in ("BlockStored", "BlockRemoved", "AllBlocksCleared") if tally.types[t] == 0]
     assert missing == [], tally.line()
-    summary = check_summary(CheckSettings(total_steps=2000), outcome)
+    summary = check_summary(CheckSettings(total_steps=4000), outcome)
     assert summary["kv_events"]["situations"]["evictions"] == tally.counts["evictions"]

@@ -131,7 +131,7 @@ def test_the_state_machine_runs_the_gates_on_the_spec() -> None:
     caps = dataclasses.replace(target.capabilities, kv_connector=False, hybrid_kv=False)
     machine = make_machine({"spec": target.factory}, capabilities=caps, tally=tally, name="GateMachine")
     run_state_machine_as_test(
-        machine, settings=hsettings(max_examples=25, stateful_step_count=30, derandomize=True, deadline=None))
+        machine, settings=hsettings(max_examples=30, stateful_step_count=50, derandomize=True, deadline=None))
     total = tally.total
     assert total.pauses and total.paused_steps and total.grammars_ready and total.encoder_inputs
     assert total.lora_steps

@@ -52,10 +52,10 @@ class AlwaysDrafting(ImplScheduler):
 
     CAPABILITIES = dataclasses.replace(EVERY, speculative_decoding=ALWAYS)
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         if _off(config, drafts=True, gates=False):
             raise ValueError(f"this scheduler always drafts: {config!r}")
-        super().__init__(config)
+        super().__init__(config, log_stats)
 
 
 class AlwaysGated(ImplScheduler):
@@ -64,10 +64,10 @@ class AlwaysGated(ImplScheduler):
     CAPABILITIES = dataclasses.replace(EVERY, lora=ALWAYS, watermark=ALWAYS, prefill_cadence=ALWAYS,
                                        encoder=ALWAYS)
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         if _off(config, drafts=False, gates=True):
             raise ValueError(f"this scheduler always gates: {_off(config, False, True)} off in {config!r}")
-        super().__init__(config)
+        super().__init__(config, log_stats)
 
 
 #: (capability, the problem config_problems names on CFG, whether the gate is on in a config)

@@ -411,6 +411,13 @@ _NEEDS_V3 = "needs trace format version 3 (\"schedspec_trace\": 3)"
 _NEEDS_V4 = "needs trace format version 4 (\"schedspec_trace\": 4)"
 _NEEDS_V5 = "needs trace format version 5 (\"schedspec_trace\": 5)"
 _NEEDS_V6 = "needs trace format version 6 (\"schedspec_trace\": 6)"
+#: The events and request fields a later version brought, checked in this
+#: order: (version, ops, request fields, the message).
+_LATER_EVENTS: tuple[tuple[int, tuple[str, ...], tuple[str, ...], str], ...] = (
+    (3, V3_OPS, V3_REQUEST_FIELDS, _NEEDS_V3),
+    (4, V4_OPS, V4_REQUEST_FIELDS, _NEEDS_V4),
+    (6, V6_OPS, V6_REQUEST_FIELDS, _NEEDS_V6),
+)
 
 
 class _Loading:
@@ -469,24 +476,15 @@ def _parse_event(where: tuple[str, int], obj: object, state: _Loading) -> Event:
     branches = _validators().events
     if not isinstance(op, str) or op not in branches:
         raise TraceError(path, line, "op", f"unknown event {op!r} (expected one of {sorted(branches)})")
-    if state.version < 3 and op in V3_OPS:
-        raise TraceError(path, line, "op", f"{op!r} " + _NEEDS_V3)
-    if state.version < 3 and op == "add" and isinstance(obj.get("request"), dict):
-        for name in V3_REQUEST_FIELDS:
-            if name in obj["request"]:
-                raise TraceError(path, line, f"request.{name}", _NEEDS_V3)
-    if state.version < 4 and op in V4_OPS:
-        raise TraceError(path, line, "op", f"{op!r} " + _NEEDS_V4)
-    if state.version < 4 and op == "add" and isinstance(obj.get("request"), dict):
-        for name in V4_REQUEST_FIELDS:
-            if name in obj["request"]:
-                raise TraceError(path, line, f"request.{name}", _NEEDS_V4)
-    if state.version < 6 and op in V6_OPS:
-        raise TraceError(path, line, "op", f"{op!r} " + _NEEDS_V6)
-    if state.version < 6 and op == "add" and isinstance(obj.get("request"), dict):
-        for name in V6_REQUEST_FIELDS:
-            if name in obj["request"]:
-                raise TraceError(path, line, f"request.{name}", _NEEDS_V6)
+    for version, ops, request_fields, needs in _LATER_EVENTS:
+        if state.version >= version:
+            continue
+        if op in ops:
+            raise TraceError(path, line, "op", f"{op!r} " + needs)
+        if op == "add" and isinstance(obj.get("request"), dict):
+            for name in request_fields:
+                if name in obj["request"]:
+                    raise TraceError(path, line, f"request.{name}", needs)
     _schema_check(where, branches[op], obj, "event", f"unknown field for {op!r}")
     if op == "session_update":
         return parse_session_update(where, obj, state)

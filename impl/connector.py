@@ -135,7 +135,7 @@ class ConnectorMixin(Generic[R]):
         # this schedule's loads, for the plan (build_connector_meta)
         self._pending_loads: list[KVLoad] = []
         # defer_block_free: sched_step_seq, processed_step_seq, deferred_frees
-        self._defer_free = config.kv_connector and config.async_scheduling
+        self._defer_free = config.kv_connector and config.max_concurrent_batches > 1
         self._sched_seq = 0
         self._processed_seq = 0
         self._deferred_frees: list[tuple[int, list[int]]] = []

@@ -167,6 +167,9 @@ class ImplScheduler(
             config.prefill_schedule_interval > 1 or config.has_encoder or config.kv_connector or self._hybrid
         )
         self._base_general = config.async_scheduling or config.num_speculative_tokens > 0
+        # several plans in flight (pipeline parallelism): the general path,
+        # which keeps the in-flight and stale token counts
+        self._base_general |= config.max_concurrent_batches > 1
         self._gated = self._config_gated
         self._general = self._base_general or self._gated
         self._live_grammars = 0  # unfinished requests with a grammar

@@ -155,10 +155,11 @@ def attended_span(group: KVCacheGroup) -> str:
 
 
 def defers_frees(config: SchedulerConfig) -> bool:
-    """Whether vLLM defers block frees behind the steps in flight: async
-    scheduling with a KV connector (kv_both is a consumer: scheduler.py,
+    """Whether vLLM defers block frees behind the steps in flight: several
+    batches in flight (async scheduling or a pipeline: max_concurrent_batches
+    > 1) with a KV connector (kv_both is a consumer: scheduler.py,
     __init__, defer_block_free)."""
-    return config.kv_connector and config.async_scheduling
+    return config.kv_connector and config.max_concurrent_batches > 1
 
 
 def held_blocks(r: RequestView | ScheduledRequest) -> list[int]:

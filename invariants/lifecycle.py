@@ -139,10 +139,10 @@ def status_change_by_operation(t: Transition, h: History) -> Iterator[Finding]:
         for cid in sorted(adm - set(changes)):
             yield cid, "admitted but its status did not become RUNNING"
     elif t.kind == "update":
-        # async scheduling: the stale output of a step in flight at a
-        # preemption may stop the preempted request (update_from_output,
-        # stopped_preempted_reqs)
-        stoppable = (_S.RUNNING, _S.PREEMPTED) if t.after.config.async_scheduling else (_S.RUNNING,)
+        # several steps in flight (async scheduling, a pipeline): the stale
+        # output of a step in flight at a preemption may stop the preempted
+        # request (update_from_output, stopped_preempted_reqs)
+        stoppable = (_S.RUNNING, _S.PREEMPTED) if t.after.config.max_concurrent_batches > 1 else (_S.RUNNING,)
         for cid, (old, new) in changes.items():
             if old == _S.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and new == _S.FINISHED_ERROR:
                 continue  # its grammar failed to compile (grammar_compile_error_reqs)
@@ -351,7 +351,7 @@ def update_appends_sampled_token(t: Transition, h: History) -> Iterator[Finding]
             continue  # a failed KV load's request gets no output; a session that went on: sessions.py
         s = planned.get(rid)
         toks = sampled.get(rid, ())
-        is_async = t.before.config.async_scheduling
+        is_async = t.before.config.max_concurrent_batches > 1  # steps in flight at an update
         stale = b.status == _S.PREEMPTED and is_async
         if s is not None and s.samples and (b.status == _S.RUNNING or stale) and toks:
             # the accepted drafts then the bonus token, up to the first that

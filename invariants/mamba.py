@@ -150,7 +150,7 @@ def mamba_state_blocks_bounded(t: Transition, h: History) -> Iterator[Finding]:
     groups = state_groups(cfg)
     if not groups:
         return
-    bound = 3 if cfg.async_scheduling else 2
+    bound = 1 + cfg.max_concurrent_batches  # 2, and 3 with async scheduling's two plans in flight
     for rid, r in sorted(t.after.requests.items()):
         for g in sorted(groups):
             n = _state_blocks(r, g)

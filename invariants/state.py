@@ -263,10 +263,10 @@ def waiting_holds_no_blocks(v: SchedulerView) -> Iterator[Finding]:
 def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
     # Speculative decoding: rejected drafts roll num_computed_tokens back but
-    # keep their blocks, by up to k per step still counted (two with async
-    # scheduling: scheduler.py, update_from_output, num_rejected).
+    # keep their blocks, by up to k per step still counted (one per plan in
+    # flight, max_concurrent_batches: scheduler.py, update_from_output, num_rejected).
     k = v.config.num_speculative_tokens
-    slack = k * (2 if v.config.async_scheduling else 1)
+    slack = k * v.config.max_concurrent_batches
     for rid, r in v.requests.items():
         if r.status == RequestStatus.RUNNING:
             want = cdiv(r.num_computed_tokens, bs)

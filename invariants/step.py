@@ -355,10 +355,10 @@ def plan_token_ids(t: Transition, h: History) -> Iterator[Finding]:
 )
 def computed_within_known(t: Transition, h: History) -> Iterator[Finding]:
     cfg = t.after.config
-    # Without async scheduling the drafts of the step just scheduled (at most
-    # k) are computed but neither known nor placeholders until its update;
-    # with it, the placeholders count them.
-    drafts = 0 if cfg.async_scheduling else cfg.num_speculative_tokens
+    # Without async scheduling the drafts of each step in flight (at most
+    # k, one step or a pipeline's) are computed but neither known nor
+    # placeholders until its update; with it, the placeholders count them.
+    drafts = 0 if cfg.async_scheduling else cfg.num_speculative_tokens * cfg.max_concurrent_batches
     for rid, r in t.after.requests.items():
         known = r.num_tokens + r.num_output_placeholders
         if not 0 <= r.num_computed_tokens <= known + drafts:
@@ -605,11 +605,13 @@ def full_sequence_reserved(t: Transition, h: History) -> Iterator[Finding]:
         )
 
 
-def in_order_past_gates(adm: list[str], order: list[str], after: SchedulerView) -> bool:
+def in_order_past_gates(adm: list[str], order: list[str], after: SchedulerView,
+                        stale: frozenset[str] = frozenset()) -> bool:
     """Whether ``adm`` are admitted in ``order`` with only requests an
     admission gate passes over (skip_request) left behind before the last of
     them: one still waiting for its grammar, one with a LoRA adapter (the
-    max_loras check) or with encoder inputs (no token fits this step)."""
+    max_loras check) or with encoder inputs (no token fits this step), or one
+    of ``stale`` (stale_passed_over)."""
     pos = [order.index(rid) for rid in adm if rid in order]
     if len(pos) != len(adm) or pos != sorted(pos):
         return False
@@ -620,9 +622,23 @@ def in_order_past_gates(adm: list[str], order: list[str], after: SchedulerView) 
         r = after.requests.get(rid)
         if r is None or not (r.status in (grammar, RequestStatus.WAITING_FOR_REMOTE_KVS,
                                           RequestStatus.WAITING_FOR_STREAMING_REQ)
-                             or r.spec.lora_id or r.spec.mm_inputs):
+                             or r.spec.lora_id or r.spec.mm_inputs or rid in stale):
             return False
     return True
+
+
+def stale_passed_over(t: Transition) -> frozenset[str]:
+    """The queued requests the WAITING loop may pass over for their stale
+    output (scheduler.py, schedule(): ``num_stale_output_tokens and not
+    drop_stale_output: skip_request``, "It drains within the pipeline
+    depth"): with k >= 3 plans in flight, a request preempted with steps in
+    flight still has some of them in flight at a later schedule; those with
+    an entry in a plan in flight before this one. (With k <= 2 the stale
+    output drains at the update before the next schedule.)"""
+    if t.before.config.max_concurrent_batches <= 2 or t.plan is None:
+        return frozenset()
+    return frozenset(s.request_id for p in t.in_flight if p.step != t.plan.step for s in p.scheduled
+                     if s.request_id in t.before.waiting)
 
 
 def kv_holds_pool(t: Transition) -> bool:
@@ -675,7 +691,7 @@ def fcfs_admission_order(t: Transition, h: History) -> Iterator[Finding]:
         return
     adm = [s.request_id for s in admitted(t.plan)]
     head = list(t.before.waiting[: len(adm)])
-    if adm != head and not in_order_past_gates(adm, list(t.before.waiting), t.after):
+    if adm != head and not in_order_past_gates(adm, list(t.before.waiting), t.after, stale_passed_over(t)):
         yield None, f"admitted {adm}, but the head of the waiting queue was {head}"
 
 
@@ -726,7 +742,7 @@ def priority_admission_order(t: Transition, h: History) -> Iterator[Finding]:
         for part in _priority_queues(t.before, h)
         for rid in sorted(part, key=lambda rid: queue_key(t.before.requests[rid]))
     ]
-    if adm != cands[: len(adm)] and not in_order_past_gates(adm, cands, t.after):
+    if adm != cands[: len(adm)] and not in_order_past_gates(adm, cands, t.after, stale_passed_over(t)):
         yield None, f"admitted {adm}, but in priority order the waiting queue starts {cands[: len(adm)]}"
 
 
@@ -835,6 +851,10 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
         # async scheduling: a request whose step is in flight may have nothing
         # left to schedule (max_tokens surely reached, max_model_len), and
         # holds its blocks until the update
+        return
+    if t.before.config.pipeline_parallel_size > 1 and any(p.scheduled for p in t.in_flight if p.step != t.plan.step):
+        # a pipeline's plans in flight: their requests have nothing to
+        # schedule until their update, and hold their blocks (and seats) until then
         return
     if not t.plan.scheduled:
         yield None, (
@@ -1004,12 +1024,15 @@ def running_served_while_budget(t: Transition, h: History) -> Iterator[Finding]:
     if cfg.prefill_schedule_interval > 1 or t.before.pause_state == PauseState.PAUSED_ALL:
         return  # the prefill cadence holds running prefill chunks in some steps; paused
     left = cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
-    if left <= 0:
-        return
+    if left <= 0 or defers_frees(cfg) and len(t.in_flight) > 1:
+        return  # (a victim whose step is in flight stops the RUNNING loop: progress says so)
     scheduled = set(t.plan.scheduled_ids)
+    # a pipeline's plans in flight (k > 1): a request whose decode is in
+    # one of them has no token to schedule (num_new_tokens == 0: continue)
+    busy = {s.request_id for p in t.in_flight if p.step != t.plan.step for s in p.scheduled}
     for rid in t.before.running:
         a = t.after.requests.get(rid)
-        if rid not in scheduled and a is not None and a.status == RequestStatus.RUNNING and not a.spec.mm_inputs:
+        if rid not in scheduled | busy and a is not None and a.status == RequestStatus.RUNNING and not a.spec.mm_inputs:
             yield rid, (
                 f"running but not scheduled in step {t.plan.step}, though {left} of the "
                 f"{cfg.max_num_batched_tokens} budget tokens were left"

@@ -197,9 +197,11 @@ class ConnectorMixin(CountsRules):
         self.inflight_prefills: set[str] = set()
         # this schedule's loads (update_state_after_alloc), for the plan
         self.pending_loads: list[KVLoad] = []
-        # defer_block_free (async scheduling with a consumer connector):
-        # sched_step_seq, processed_step_seq, deferred_frees
-        self.defer_block_free = self._config.kv_connector and self._config.async_scheduling
+        # defer_block_free (several batches in flight, max_concurrent_batches
+        # > 1, with a consumer connector: Scheduler.__init__,
+        # multiple_inflight_batches): sched_step_seq, processed_step_seq,
+        # deferred_frees
+        self.defer_block_free = self._config.kv_connector and self._config.max_concurrent_batches > 1
         self.sched_step_seq = 0
         self.processed_step_seq = 0
         self.deferred_frees: list[DeferredFree] = []

@@ -30,6 +30,7 @@ from schedspec.spec.validate import (
     declaration_of,
     declare,
     declared,
+    max_concurrent_batches,
     validate_config,
     validate_request,
 )
@@ -348,6 +349,7 @@ class SchedulerConfig:
     #: vLLM's KVEventsConfig.enable_kv_cache_events: the scheduler queues the
     #: KV cache events (spec/kv_events.py) for ``take_kv_events()``
     enable_kv_cache_events: bool = field(default=False, metadata=declare(since=4))
+    pipeline_parallel_size: int = field(default=1, metadata=declare(minimum=1, maximum=4, since=7))
 
     def __post_init__(self) -> None:
         validate_config(self, Policy, KVCacheGroup)
@@ -378,6 +380,13 @@ class SchedulerConfig:
     @property
     def num_usable_blocks(self) -> int:
         return self.num_blocks - 1
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """k, the plans the engine keeps in flight (spec/validate.py,
+        max_concurrent_batches): ``pipeline_parallel_size`` without async
+        scheduling, two with it."""
+        return max_concurrent_batches(self)
 
     @property
     def num_lookahead_tokens(self) -> int:

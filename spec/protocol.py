@@ -15,6 +15,10 @@ driven by vllm/v1/engine/core.py, EngineCore.step_with_batch_queue):
   (never two); updates come in plan order, each exactly once. add() and
   abort() may come at any time; reset_prefix_cache() while at most one plan
   is in flight.
+- In general, with k = ``config.max_concurrent_batches`` (pipeline
+  parallelism: ``pipeline_parallel_size`` plans without async scheduling),
+  schedule() may be called while up to k - 1 plans await update, and
+  reset_prefix_cache() too; updates come oldest first, each exactly once.
 - A result holds, per entry that samples, 1 + a tokens (a accepted drafts,
   at most the entry's drafts, then the bonus token) and nothing for a partial
   prefill chunk; drafts only for requests the plan scheduled, at most
@@ -253,17 +257,20 @@ def in_flight(outstanding: InFlight) -> tuple[StepPlan, ...]:
 
 
 def max_in_flight(config: SchedulerConfig | None) -> int:
-    """How many plans may await update() when schedule() returns: one without
-    async scheduling, two with it (vllm/v1/engine/core.py,
-    EngineCore.step_with_batch_queue: the batch queue of an async scheduler
-    holds two steps, so schedule() for step N+1 comes before update() for
-    step N, and never a third)."""
-    return 2 if config is not None and config.async_scheduling else 1
+    """How many plans may await update() when schedule() returns: k, the
+    config's max_concurrent_batches (vllm/v1/engine/core.py,
+    EngineCore.step_with_batch_queue: schedule() runs while the batch queue
+    holds fewer than batch_queue_size = max_concurrent_batches steps, so with
+    k = 2 (async scheduling) schedule() for step N+1 comes before update()
+    for step N, and never a third; without async scheduling k is
+    ``pipeline_parallel_size``, 1 being the plain step)."""
+    return 1 if config is None else config.max_concurrent_batches
 
 
 def check_schedule(outstanding: InFlight, config: SchedulerConfig | None = None) -> None:
-    """schedule(): without async scheduling, not while a plan awaits its
-    update(); with it, not while two do (one plan may be in flight)."""
+    """schedule(): not while k = max_in_flight(config) plans await update()
+    (without async scheduling and pipeline parallelism, not while one does;
+    with async scheduling, not while two do)."""
     plans = in_flight(outstanding)
     if len(plans) >= max_in_flight(config):
         last = plans[-1].step
@@ -272,9 +279,10 @@ def check_schedule(outstanding: InFlight, config: SchedulerConfig | None = None)
                 "schedule() called again before update() of the previous plan", step=last, field="plan"
             )
         steps = ", ".join(str(p.step) for p in plans)
+        allows = "async scheduling allows one plan in flight" if config is not None and config.async_scheduling \
+            else f"pipeline_parallel_size {len(plans)} allows {len(plans) - 1} plans in flight"
         raise ProtocolError(
-            f"schedule() with steps {steps} in flight: async scheduling allows one plan in "
-            f"flight, so step {plans[0].step} must be updated first",
+            f"schedule() with steps {steps} in flight: {allows}, so step {plans[0].step} must be updated first",
             step=plans[0].step,
             field="plan",
         )
@@ -286,9 +294,10 @@ def check_reset(outstanding: InFlight, config: SchedulerConfig | None = None) ->
     flight, as vLLM's engine core serves it between two engine steps
     (EngineCore.reset_prefix_cache -> Scheduler.reset_prefix_cache, which
     preempts the running requests with ``drop_stale_output=True``); never
-    while two are."""
+    while two are. With k plans in flight (max_in_flight), while up to k - 1
+    are: the engine serves it between two steps of its batch queue."""
     plans = in_flight(outstanding)
-    allowed = 1 if config is not None and config.async_scheduling else 0
+    allowed = max_in_flight(config) - 1
     if len(plans) > allowed:
         raise ProtocolError(
             "reset_prefix_cache between schedule() and update()", step=plans[-1].step, field="plan"

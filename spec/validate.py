@@ -146,6 +146,9 @@ class ConfigFields(Protocol):
     @property
     def kv_cache_groups(self) -> tuple[object, ...]: ...
 
+    @property
+    def pipeline_parallel_size(self) -> int: ...
+
 
 class RequestFields(Protocol):
     """The fields of a RequestSpec as the checks read them."""
@@ -229,7 +232,38 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_config_relations(config)
     _check_kv_fields(config, group_type)
     _check_state_groups(config)
+    _check_pipeline(config)
     _check_groups_fit(config)
+
+
+# -- pipeline parallelism: k plans in flight ---------------------------------
+
+
+def max_concurrent_batches(config: ConfigFields) -> int:
+    """k, the batches (plans) the engine keeps in flight through its batch
+    queue (vllm/config/vllm.py, VllmConfig.max_concurrent_batches, which
+    vllm/v1/engine/core.py, EngineCore.__init__ takes as batch_queue_size):
+    one per pipeline stage, and two for async scheduling, which the V1 model
+    runner (the one modelled) runs only without pipeline parallelism
+    (_check_pipeline). schedule() is called while up to k - 1 plans are in
+    flight (spec/protocol.py, max_in_flight)."""
+    pp = config.pipeline_parallel_size
+    if config.async_scheduling and pp <= 1:
+        return 2
+    return pp
+
+
+def _check_pipeline(config: ConfigFields) -> None:
+    """vllm/config/vllm.py, VllmConfig.__post_init__: async scheduling
+    explicitly on with an incompatibility of the V1 model runner raises
+    "Async scheduling is not supported by the V1 model runner with pipeline
+    parallelism"."""
+    if config.async_scheduling and config.pipeline_parallel_size > 1:
+        raise ConfigError(
+            "pipeline_parallel_size",
+            f"must be 1 with async_scheduling, got {config.pipeline_parallel_size}: vLLM's V1 model runner "
+            "refuses async scheduling with pipeline parallelism",
+        )
 
 
 def _check_state_groups(config: ConfigFields) -> None:
@@ -269,13 +303,13 @@ def _check_groups_fit(config: ConfigFields) -> None:
     group holds cdiv(max_model_len, block_size) blocks of it, a
     sliding-window group its admission cap (vllm/v1/kv_cache_interface.py,
     SlidingWindowSpec.max_admission_blocks_per_request: the window's W - 1
-    tokens and every token in flight, one batch or two with async
-    scheduling, at most max_model_len, one block more). The plain layout is
+    tokens and every token in flight, one batch per plan in flight
+    (max_concurrent_batches), at most max_model_len, one block more). The plain layout is
     the check of _check_config_relations."""
     if not config.kv_cache_groups:
         return
     bs, mml = config.block_size, config.max_model_len
-    in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+    in_flight = max_concurrent_batches(config) * config.max_num_batched_tokens  # max_in_flight_tokens
     need = []
     for g in config.kv_cache_groups:
         # the group kind's max_admission_blocks_per_request (spec/kv_kinds.py);

@@ -494,9 +494,9 @@ class Capabilities:
             return workload if features == workload.features else dataclasses.replace(workload, features=features)
         config = self.restrict_config(workload.config)
         events = self.restrict_events(workload.events)
-        if config.async_scheduling != workload.config.async_scheduling:
+        if config.max_concurrent_batches != workload.config.max_concurrent_batches:
             # schedule/update events of an async workload, within the sync protocol
-            events = tuple(keep_protocol(events, config.async_scheduling))
+            events = tuple(keep_protocol(events, config.async_scheduling, config.max_concurrent_batches))
         # the draws a documented vLLM defect rules out under the new config
         # (a failed synchronous load once async scheduling is on)
         events = steer(events, config)

@@ -106,7 +106,7 @@ def quiesce(runner: Driven, max_steps: int) -> Failure | None:
             continue
         # the events may end between a schedule and its update (two plans
         # in flight with async scheduling): update first
-        full = len(runner.pending) >= (2 if runner.config.async_scheduling else 1)
+        full = len(runner.pending) >= runner.config.max_concurrent_batches
         event: Event = Update() if full else Step()
         if (f := runner.apply(event)):
             return f
@@ -155,6 +155,8 @@ def run_to_completion(
                     if isinstance(e, (AddRequest, GrammarReady, Resume))), default=-1)
     if runner.workers:  # a load in flight is waited for up to the bounded wait
         max_idle_steps += KV_REPORT_BOUND + 1
+    # k > 2 plans in flight: a request waits k - 1 empty plans for its update
+    max_idle_steps *= max(1, runner.config.max_concurrent_batches - 1)
     idle = 0
     i = 0
     while True:
@@ -169,7 +171,7 @@ def run_to_completion(
             return runner.drain()
         if runner.stats.steps >= max_steps:
             return runner.fail("stall", runner.names[0], f"not finished after {max_steps} steps")
-        if i >= len(events) and len(runner.pending) >= (2 if runner.config.async_scheduling else 1):
+        if i >= len(events) and len(runner.pending) >= runner.config.max_concurrent_batches:
             event: Event = Update()  # the events ended between a Schedule and its Update
         else:
             event = events[i] if i < len(events) else Step()

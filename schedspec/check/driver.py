@@ -201,7 +201,7 @@ class Runner:
         #: every request the primary reported finished, by id (run_to_completion keeps it)
         self.finished: dict[str, RequestView] = {}
         #: the in-flight protocol as the events drive it, and the plans in flight
-        self.flight = InFlight(config.async_scheduling)
+        self.flight = InFlight.of(config)
         self.pending: list[_Pending] = []
         #: a Pause with clear_cache waits for the engine to go idle, then
         #: resets the prefix cache (vllm/v1/engine/core.py, _finish_pause)
@@ -237,7 +237,7 @@ class Runner:
                             self.models.get(exc.scheduler))
         step = self.step_in_progress or self._timed_out_step or self.stats.steps
         return Failure("timeout", self.event_index, step, name, exc.describe(who), exception=exc,
-                       in_flight=self.in_flight if self.config.async_scheduling else ())
+                       in_flight=self.in_flight if self.flight.limit > 1 else ())
 
     def timed(self, call: Callable[[], Failure | None]) -> Failure | None:
         """``call()`` (one of the runner's own methods), a call into a
@@ -261,7 +261,7 @@ class Runner:
     def fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = (),
               exception: BaseException | None = None) -> Failure:
         return Failure(kind, self.event_index, self.step_in_progress or self.stats.steps, name, message,
-                       violations, exception, self.in_flight if self.config.async_scheduling else ())
+                       violations, exception, self.in_flight if self.flight.limit > 1 else ())
 
     def _observe(self, name: str, t_kind: str, before: SchedulerView, **kw: object) -> Failure | None:
         if not self.need_views:
@@ -398,7 +398,7 @@ class Runner:
             # once two are in flight)
             if (f := self._scheduled(None)):
                 return f
-            if not self.config.async_scheduling or len(self.pending) == 2:
+            if len(self.pending) >= self.flight.limit:
                 return self._updated(None)
             return None
         elif isinstance(event, Schedule):
@@ -500,7 +500,7 @@ class Runner:
         where the driver schedules empty plans (a reset may come with one
         plan in flight, never two)."""
         if self.pending:
-            if not self.config.async_scheduling or len(self.pending) > 1:
+            if self.flight.limit == 1 or len(self.pending) >= self.flight.limit:
                 return False
             if any(p.plans[self.names[0]].scheduled for p in self.pending):
                 return False
@@ -519,7 +519,7 @@ class Runner:
         return self.check_views()
 
     def _probe(self) -> InFlight:
-        probe = InFlight(self.flight.async_scheduling)
+        probe = InFlight(self.flight.async_scheduling, self.flight.depth)
         probe.scheduled, probe.steps = self.flight.scheduled, list(self.flight.steps)
         return probe
 

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from schedspec.spec.interface import RequestSpec, SchedulerConfig
 
+from schedspec.check.pipeline import pipeline_rng, with_pipeline
 from schedspec.check.config_space import CHECK_SPACE, draw_mode, random_config, with_mode
 from schedspec.check.defects import keep_failed_sync_loads_alive
 from schedspec.check.features import GATES, KV_FEATURES, MODES, kv_of
@@ -78,7 +79,7 @@ class RequestFactory:
 def random_workload(
     seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",),
     gates: Sequence[str] = (), kv: Sequence[str] = (), always_gates: Sequence[str] = (),
-    sessions: bool = False,
+    sessions: bool = False, pipeline: bool = False,
 ) -> Workload:
     """A seeded workload of ``num_steps`` steps with arrivals in bursts,
     aborts and occasional prefix-cache resets, in one of ``modes`` (MODES;
@@ -103,7 +104,11 @@ def random_workload(
 
     ``sessions``: some requests are streaming-input sessions, sent chunks and
     ends between steps (check/session_events.py, on a generator of their
-    own; the config FCFS without a KV connector); feature ``sessions``."""
+    own; the config FCFS without a KV connector); feature ``sessions``.
+
+    ``pipeline``: the config's pipeline_parallel_size is drawn from 1 to 4
+    where it allows one (check/pipeline.py), so up to k plans are in flight;
+    a workload with k > 2 has feature ``pipeline``."""
     rng = random.Random(seed)
     config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
     modes = tuple(modes)
@@ -140,6 +145,8 @@ def random_workload(
         config = session_config(config)
         kv_requests, kv_chosen = None, kv_of(config)
         streams = SessionRequests(config, session_rng(seed), vocab)
+    if pipeline:
+        config = with_pipeline(config, pipeline_rng(seed))
     factory = RequestFactory(rng, config, vocab)
 
     def make() -> RequestSpec:
@@ -175,7 +182,7 @@ def random_workload(
                 events.extend(kv_requests.before_step())
             if streams is not None:
                 events.extend(streams.before_step())
-            if config.async_scheduling and mode_rng.random() < 0.15:
+            if config.max_concurrent_batches > 1 and mode_rng.random() < 0.15:
                 # schedule(N+1), then an abort or an arrival, then update(N)
                 events.append(Schedule())
                 if mode_rng.random() < 0.6:
@@ -206,4 +213,5 @@ def random_workload(
         events.extend(streams.finish())
     return Workload(config=config, events=tuple(events), seed=seed,
                     features=tuple(f"gate:{g}" for g in chosen) + tuple(f"kv:{k}" for k in kv_chosen)
-                    + (("sessions",) if streams is not None else ()))
+                    + (("sessions",) if streams is not None else ())
+                    + (("pipeline",) if config.pipeline_parallel_size > 1 else ()))

@@ -12,6 +12,7 @@ requests still added.
 The admission gates shrink too: gate events are dropped like any other (a
 grammar_ready stays only for a request still added with structured output),
 the config's gates are turned off one at a time (max_loras, the watermark,
+fewer plans in flight (a smaller pipeline_parallel_size),
 the prefill cadence, the encoder budget; the requests' adapters and encoder
 inputs go with them), and each request can lose its adapter, its structured
 output (with its grammar_ready) or its encoder inputs; a shorter prompt keeps
@@ -100,7 +101,8 @@ def _consistent(events: list[Event], async_scheduling: bool = False,
     requests: dict[str, RequestSpec] = {}
     out: list[Event] = []
     ready: set[str] = set()
-    for e in keep_protocol(events, async_scheduling):
+    depth = config.max_concurrent_batches if config is not None else None
+    for e in keep_protocol(events, async_scheduling, depth):
         if isinstance(e, AddRequest):
             requests[e.request.request_id] = e.request
         if isinstance(e, Abort) and e.request_id not in added:
@@ -176,6 +178,8 @@ def _config_options(config: SchedulerConfig) -> list[SchedulerConfig]:
         changes.append({"kv_cache_groups": ()})
         if len(config.kv_cache_groups) > 2:
             changes.append({"kv_cache_groups": config.kv_cache_groups[:2]})
+    # fewer plans in flight (pipeline_parallel_size, down to one)
+    changes.extend({"pipeline_parallel_size": k} for k in range(1, config.pipeline_parallel_size))
     if config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
         changes.append({"max_num_batched_tokens": min(2 * config.max_num_batched_tokens, config.max_model_len)})
     out = []

@@ -248,19 +248,33 @@ class InFlight:
     workload's events through one of these, so a workload that breaks the
     in-flight protocol is refused before any scheduler sees it."""
 
-    def __init__(self, async_scheduling: bool) -> None:
+    def __init__(self, async_scheduling: bool, depth: int | None = None) -> None:
         self.async_scheduling = async_scheduling
+        #: k, the plans in flight once schedule() returns
+        #: (SchedulerConfig.max_concurrent_batches; None: two with async
+        #: scheduling, else one)
+        self.depth = depth
         self.scheduled = 0
         self.steps: list[int] = []  # the steps in flight, oldest first
+
+    @classmethod
+    def of(cls, config: SchedulerConfig) -> InFlight:
+        """The protocol of ``config``: k = its max_concurrent_batches."""
+        return cls(config.async_scheduling, config.max_concurrent_batches)
 
     @property
     def limit(self) -> int:
         """How many plans may be in flight once schedule() returns."""
+        if self.depth is not None:
+            return self.depth
         return 2 if self.async_scheduling else 1
 
     def schedule(self) -> str | None:
         """Count a schedule(); the reason it may not happen, or None."""
         if len(self.steps) >= self.limit:
+            if self.limit > 2:
+                return (f"schedule with steps {', '.join(map(str, self.steps))} in flight: {self.limit} plans "
+                        f"may be in flight (pipeline_parallel_size), so step {self.steps[0]} must be updated first")
             if self.async_scheduling:
                 return (f"schedule with steps {self.steps[0]} and {self.steps[1]} in flight: "
                         f"step {self.steps[0]} must be updated first")
@@ -290,7 +304,7 @@ class InFlight:
         """Count a Step event: (whether it updates, the reason it may not happen)."""
         if (why := self.schedule()) is not None:
             return False, why
-        if not self.async_scheduling or len(self.steps) == 2:
+        if len(self.steps) >= self.limit:  # the batch queue is full
             self.steps.pop(0)
             return True, None
         return False, None
@@ -299,8 +313,8 @@ class InFlight:
         """Whether reset_prefix_cache may come now: never between a schedule
         and its update without async scheduling; with it, while at most one
         plan is in flight (vLLM's engine core serves a reset between two
-        engine steps)."""
-        if len(self.steps) > (1 if self.async_scheduling else 0):
+        engine steps); with k plans in flight, while at most k - 1 are."""
+        if len(self.steps) > self.limit - 1:
             return f"reset_prefix_cache with step(s) {self.steps} in flight"
         return None
 
@@ -351,18 +365,18 @@ class Workload:
         return tuple(out)
 
 
-def keep_protocol(events: Sequence[Event], async_scheduling: bool) -> list[Event]:
+def keep_protocol(events: Sequence[Event], async_scheduling: bool, depth: int | None = None) -> list[Event]:
     """``events`` within the in-flight protocol of a mode: a Step, Schedule or
     reset_prefix_cache the mode does not allow at that point, and an Update
     with nothing in flight, are dropped; Updates lose their step numbers (they
     update the oldest plan either way). The identity on events that keep it,
     step numbers aside. The shrinker's candidates and a workload whose mode a
-    scheduler cannot run go through it."""
-    flight = InFlight(async_scheduling)
+    scheduler cannot run go through it. ``depth``: k (InFlight)."""
+    flight = InFlight(async_scheduling, depth)
     out: list[Event] = []
     for e in events:
         if isinstance(e, Step):
-            probe = InFlight(async_scheduling)
+            probe = InFlight(async_scheduling, depth)
             probe.scheduled, probe.steps = flight.scheduled, list(flight.steps)
             if probe.step()[1] is not None:
                 continue

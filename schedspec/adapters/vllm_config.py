@@ -84,6 +84,7 @@ def build_vllm_config(config: SchedulerConfig) -> tuple[Any, Any]:
         # socket (schedspec/adapters/vllm_events.py captures the batches)
         kv_events_config=(v.KVEventsConfig(enable_kv_cache_events=True, publisher="null")
                           if config.enable_kv_cache_events else None),
+        **_parallel_config(config),
     )
     # The engine sets this after profiling the GPU; the scheduler asserts on it.
     vllm_config.cache_config.num_gpu_blocks = config.num_blocks
@@ -103,6 +104,19 @@ def build_vllm_config(config: SchedulerConfig) -> tuple[Any, Any]:
             into_vllm(v.register_all_kvcache_specs, vllm_config)
             _SPECS_REGISTERED = True
     return vllm_config, kv_cache_config
+
+
+def _parallel_config(config: SchedulerConfig) -> dict[str, Any]:
+    """With pipeline parallelism, a ParallelConfig of that many stages (the
+    scheduler reads only pipeline_parallel_size: Scheduler.__init__ use_pp,
+    VllmConfig.max_concurrent_batches); no distributed setup is built, since
+    the scheduler never reaches one (only the executor would). Without it,
+    vLLM's default."""
+    if config.pipeline_parallel_size == 1:
+        return {}
+    from schedspec.adapters import vllm_names as v
+
+    return {"parallel_config": v.ParallelConfig(pipeline_parallel_size=config.pipeline_parallel_size)}
 
 
 def _kv_cache_groups(config: SchedulerConfig) -> list[Any]:
@@ -235,7 +249,8 @@ def _check_effective(vc: Any, config: SchedulerConfig) -> None:
         ),
         "num_prefill_lookahead_tokens": (vc.num_prefill_lookahead_tokens, 0),
         "num_hash_lookahead_tokens": (getattr(vc, "num_hash_lookahead_tokens", 0), 0),
-        "pipeline_parallel_size": (vc.parallel_config.pipeline_parallel_size, 1),
+        "pipeline_parallel_size": (vc.parallel_config.pipeline_parallel_size, config.pipeline_parallel_size),
+        "max_concurrent_batches": (vc.max_concurrent_batches, config.max_concurrent_batches),
         "data_parallel_size": (vc.parallel_config.data_parallel_size, 1),
         "decode_context_parallel_size": (vc.parallel_config.decode_context_parallel_size, 1),
         "is_encoder_decoder": (mc.is_encoder_decoder, False),

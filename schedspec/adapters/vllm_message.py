@@ -14,8 +14,8 @@ CachedRequestData with how it is covered.
 vLLM 0.33.0 sources: vllm/v1/core/sched/output.py (the dataclasses),
 vllm/v1/core/sched/scheduler.py (Scheduler.schedule, _make_cached_request_data,
 _update_after_schedule, _get_new_block_ids_to_zero, reset_prefix_cache), with
-the V1 model runner (``use_v2_model_runner`` off, pinned by the adapter) and no
-pipeline parallelism.
+the V1 model runner (``use_v2_model_runner`` off, pinned by the adapter); with
+pipeline parallelism the cached requests' new_token_ids.
 """
 
 from __future__ import annotations
@@ -54,6 +54,28 @@ class MessageCheck:
                 + "; ".join(problems))
 
 
+def _new_token_ids_problems(cached: Any, entries: Mapping[str, Any], config: SchedulerConfig) -> list[str]:
+    """CachedRequestData.new_token_ids (_make_cached_request_data): with
+    pipeline parallelism and no async scheduling the scheduler sends each
+    cached request's tokens to compute, drafts left out
+    (``all_token_ids[num_computed_tokens : num_computed_tokens + n]``), since
+    the first stage's worker never sees what the last one sampled."""
+    if config.pipeline_parallel_size == 1 or config.async_scheduling:
+        if cached.new_token_ids:
+            return [f"CachedRequestData.new_token_ids is {cached.new_token_ids!r} without pipeline parallelism"]
+        return []
+    if len(cached.new_token_ids) != len(cached.req_ids):
+        return [f"CachedRequestData.new_token_ids has {len(cached.new_token_ids)} lists for "
+                f"{len(cached.req_ids)} cached requests"]
+    problems = []
+    for rid, sent in zip(cached.req_ids, cached.new_token_ids):
+        e = entries.get(rid)
+        if e is not None and list(sent) != list(e.token_ids[: e.num_scheduled_tokens - len(e.spec_token_ids)]):
+            problems.append(f"CachedRequestData.new_token_ids of {rid!r} is {list(sent)}, not the tokens the plan "
+                            f"computes")
+    return problems
+
+
 def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config: SchedulerConfig,
                      prev_scheduled: frozenset[str]) -> list[str]:
     async_scheduling = config.async_scheduling
@@ -86,10 +108,9 @@ def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config:
                             f"the request {len(spec.mm_inputs)}")
     cached = out.scheduled_cached_reqs
     # _make_cached_request_data: new_token_ids only with pipeline parallelism
-    # and no async scheduling (not modelled): otherwise the runner caches
-    # the sampled tokens itself and the list stays empty.
-    if cached.new_token_ids:
-        problems.append(f"CachedRequestData.new_token_ids is {cached.new_token_ids!r} without pipeline parallelism")
+    # and no async scheduling: otherwise the runner caches the sampled tokens
+    # itself and the list stays empty.
+    problems += _new_token_ids_problems(cached, entries, config)
     for i, rid in enumerate(cached.req_ids):
         entry = entries.get(rid)
         if entry is None:

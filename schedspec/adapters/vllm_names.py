@@ -24,6 +24,7 @@ from vllm.config import (  # noqa: E402
     KVTransferConfig,
     LoRAConfig,
     ModelConfig,
+    ParallelConfig,
     SpeculativeConfig,
     VllmConfig,
 )
@@ -69,6 +70,8 @@ __all__ = [
     "block_hasher", "float32", "get_block_hash", "get_group_id", "register_all_kvcache_specs", "torch",
     # the KV cache events (schedspec/adapters/vllm_events.py)
     "AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventsConfig",
+    # pipeline parallelism (schedspec/adapters/vllm_config.py)
+    "ParallelConfig",
 ]
 
 init_none_hash(sha256)

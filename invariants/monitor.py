@@ -9,6 +9,7 @@ from typing import Iterable
 # Importing the checker modules registers their invariants, in this order.
 from schedspec.invariants import connector, gates, groups, inflight, kv_events, lifecycle, mamba, state, stats, step  # noqa: F401
 from schedspec.invariants import sessions  # noqa: F401
+from schedspec.invariants import pipeline  # noqa: F401
 from schedspec.invariants.core import ALL_KINDS, REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -69,6 +70,8 @@ _ORDER = (
     "drafts-bounded",
     "spec-tokens-in-budget",
     "in-flight-output-delivered-once",
+    "in-flight-within-k",
+    "pipeline-no-recompute",
     "verified-frontier",
     # the admission gates (LoRA, structured outputs, pause, watermark,
     # prefill cadence, encoder)

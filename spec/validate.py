@@ -264,6 +264,18 @@ def _check_pipeline(config: ConfigFields) -> None:
             f"must be 1 with async_scheduling, got {config.pipeline_parallel_size}: vLLM's V1 model runner "
             "refuses async scheduling with pipeline parallelism",
         )
+    # Not modelled: drafts of a synchronous pipeline. The engine hands them
+    # over after each batch (EngineCore.post_step, update_draft_token_ids),
+    # which then reads is_prefill_chunk as the newest schedule left it and
+    # sets them on a request whose next step is already in flight (or that
+    # was preempted since), so the next schedule verifies drafts at a
+    # position whose token is still in flight.
+    if config.num_speculative_tokens and config.pipeline_parallel_size > 1 and not config.async_scheduling:
+        raise ConfigError(
+            "num_speculative_tokens",
+            "must be 0 with pipeline_parallel_size > 1 without async scheduling (the drafts of a synchronous "
+            "pipeline are not modelled)",
+        )
 
 
 def _check_state_groups(config: ConfigFields) -> None:

@@ -57,3 +57,4 @@ def describe(config: SchedulerConfig) -> str:
     if config.pipeline_parallel_size == 1:
         return ""
     return f"k={config.max_concurrent_batches} (pipeline_parallel_size {config.pipeline_parallel_size})"
+

@@ -69,6 +69,13 @@ def test_a_pipeline_size_vllm_does_not_take_is_a_config_error_naming_the_field(k
     assert e.value.field == "pipeline_parallel_size" and words in str(e.value)
 
 
+def test_drafts_of_a_synchronous_pipeline_are_refused_as_not_modelled() -> None:
+    with pytest.raises(ConfigError) as e:
+        dataclasses.replace(BASE, pipeline_parallel_size=2, num_speculative_tokens=2)
+    assert e.value.field == "num_speculative_tokens" and "not modelled" in str(e.value)
+    assert dataclasses.replace(BASE, async_scheduling=True, num_speculative_tokens=2).max_concurrent_batches == 2
+
+
 def test_a_sliding_window_group_reserves_for_every_plan_in_flight() -> None:
     """VllmConfig.max_in_flight_tokens = max_concurrent_batches * max_num_batched_tokens: a pool
     that fits one plan's window does not fit four."""

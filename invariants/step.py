@@ -994,6 +994,8 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     head = admission_candidate(t.after)
     if head is None or t.after.requests[head].spec.mm_inputs:
         return  # an encoder input beyond the budget or the cache may stop it
+    if head in stale_passed_over(t):
+        return  # passed over while its stale output is in flight (k >= 3 plans)
     if kv_holds_pool(t) or t.after.requests[head].spec.kv_external_tokens:
         return  # a load's blocks and reservation are not what admission_fits counts
     if any(failed_load_reservation(t.after, h, rid) for rid in t.after.waiting):

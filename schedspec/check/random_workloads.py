@@ -108,7 +108,8 @@ def random_workload(
 
     ``pipeline``: the config's pipeline_parallel_size is drawn from 1 to 4
     where it allows one (check/pipeline.py), so up to k plans are in flight;
-    a workload with k > 2 has feature ``pipeline``."""
+    a workload with pipeline_parallel_size > 1 has feature ``pipeline:k=K``,
+    which the reports print with its seed."""
     rng = random.Random(seed)
     config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
     modes = tuple(modes)
@@ -214,4 +215,4 @@ def random_workload(
     return Workload(config=config, events=tuple(events), seed=seed,
                     features=tuple(f"gate:{g}" for g in chosen) + tuple(f"kv:{k}" for k in kv_chosen)
                     + (("sessions",) if streams is not None else ())
-                    + (("pipeline",) if config.pipeline_parallel_size > 1 else ()))
+                    + ((f"pipeline:k={config.max_concurrent_batches}",) if config.pipeline_parallel_size > 1 else ()))

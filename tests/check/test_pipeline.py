@@ -208,7 +208,8 @@ def test_the_generator_draws_every_pipeline_size_the_config_allows() -> None:
     for seed in range(60):
         w = random_workload(seed, 4, modes=("sync", "async"), pipeline=True)
         seen[(w.config.async_scheduling, w.config.pipeline_parallel_size)] += 1
-        assert ("pipeline" in w.features) == (w.config.pipeline_parallel_size > 1)
+        k = w.config.max_concurrent_batches
+        assert (f"pipeline:k={k}" in w.features) == (w.config.pipeline_parallel_size > 1)
     assert {pp for a, pp in seen if not a} == {1, 2, 3, 4}
     assert {pp for a, pp in seen if a} == {1}  # V1: async scheduling with pipeline size 1 only
     assert allowed_sizes(dataclasses.replace(BASE, async_scheduling=True)) == (1,)
@@ -231,3 +232,29 @@ def test_the_shrinker_tries_fewer_plans_in_flight() -> None:
 def test_reports_name_k() -> None:
     assert describe(PP3) == "k=3 (pipeline_parallel_size 3)"
     assert describe(BASE) == ""
+
+
+class OnePlanOnly(SpecScheduler):
+    """The spec, refusing to schedule while a plan awaits its update (a scheduler written
+    for the synchronous protocol alone)."""
+
+    def schedule(self) -> StepPlan:
+        if self.in_flight and not self._config.async_scheduling:
+            raise RuntimeError("a plan is still in flight")
+        return super().schedule()
+
+
+def test_check_pipeline_runs_impl_in_lockstep_and_a_failure_names_k(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from schedspec.cli.main import main
+
+    out = str(tmp_path)
+    rc = main(["check", "--against", "impl", "--pipeline", "--modes", "sync", "--steps", "300", "--quiet",
+               "--out", out])
+    first = capsys.readouterr().out
+    assert rc == 0, first
+    rc = main(["check", "--against", "tests.check.test_pipeline:OnePlanOnly", "--pipeline", "--modes", "sync",
+               "--steps", "300", "--out", out])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert rc == 1 and "pipeline:k=" in text and "a plan is still in flight" in text

@@ -20,13 +20,10 @@ from schedspec.invariants.inflight import live_entries
 
 @transition_invariant(
     "in-flight-within-k",
-    "At most k = max_concurrent_batches plans are in flight, in step order: a schedule adds the "
-    "newest, and an update completes the oldest, which then leaves the batch queue (each plan "
-    "is updated once).",
-    "vllm/v1/engine/core.py, EngineCore.step_with_batch_queue: schedule() only while "
-    "len(batch_queue) < batch_queue_size (vllm/config/vllm.py, max_concurrent_batches), "
-    "batch_queue.appendleft then batch_queue.pop: the oldest future is the one awaited and "
-    "its output the one update_from_output takes.",
+    "At most k = max_concurrent_batches plans in flight, in step order; an update completes the "
+    "oldest, once.",
+    "vllm/v1/engine/core.py, EngineCore.step_with_batch_queue (schedule while len(batch_queue) < "
+    "batch_queue_size; batch_queue.pop takes the oldest).",
     ("schedule", "update"),
     tags=("safety",),
 )
@@ -47,13 +44,10 @@ def in_flight_within_k(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "pipeline-no-recompute",
-    "Without async scheduling, the plans in flight never compute a position of a request twice: "
-    "its entries in them cover disjoint positions, and at most one of them samples (a request "
-    "whose sampling step is in flight is not scheduled again before its update), so each output "
-    "token is produced and delivered once.",
-    "vllm/v1/core/sched/scheduler.py, Scheduler._update_after_schedule (num_computed_tokens += "
-    "num_scheduled_tokens at schedule time) and schedule(), the RUNNING loop (num_new_tokens = "
-    "num_tokens_with_spec + num_output_placeholders - num_computed_tokens; 0: continue).",
+    "Without async scheduling, a request's entries in the plans in flight cover disjoint "
+    "positions and at most one samples: each output is produced once.",
+    "vllm/v1/core/sched/scheduler.py, _update_after_schedule (num_computed_tokens advanced at "
+    "schedule time); the RUNNING loop (num_new_tokens 0: continue).",
     ("schedule",),
     tags=("safety",),
 )

@@ -1067,7 +1067,10 @@ class Scheduler(Protocol):
     With ``config.async_scheduling`` one plan may be in flight: schedule() may
     be called while exactly one plan awaits its update (never two), and the
     updates come in plan order, each exactly once; add, abort and
-    reset_prefix_cache may come while a plan is in flight. spec/protocol.py
+    reset_prefix_cache may come while a plan is in flight. In general up to
+    k - 1 plans may await update at a schedule(), k being
+    ``config.max_concurrent_batches`` (pipeline parallelism:
+    ``pipeline_parallel_size`` without async scheduling). spec/protocol.py
     states the rules and raises ProtocolError for a call that breaks them.
 
     Two optional methods, which a scheduler that supports the gate defines

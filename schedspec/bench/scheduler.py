@@ -82,10 +82,14 @@ class Mode:
 
     async_scheduling: bool = False
     num_speculative_tokens: int = 0
+    #: k plans in flight without async scheduling (``sync+ppK``; docs/spec.md, In flight)
+    pipeline_parallel_size: int = 1
 
     @property
     def label(self) -> str:
         base = "async" if self.async_scheduling else "sync"
+        if self.pipeline_parallel_size > 1:
+            base += f"+pp{self.pipeline_parallel_size}"
         k = self.num_speculative_tokens
         return f"{base}+spec{k}" if k else base
 
@@ -101,6 +105,7 @@ class Mode:
             config,
             async_scheduling=self.async_scheduling,
             num_speculative_tokens=self.num_speculative_tokens,
+            pipeline_parallel_size=self.pipeline_parallel_size,
         )
 
 
@@ -108,7 +113,7 @@ SYNC = Mode()
 #: The modes ``schedspec bench`` runs by default.
 DEFAULT_MODES: tuple[Mode, ...] = (SYNC, Mode(True, 0), Mode(False, 3), Mode(True, 3))
 
-_MODE_RE = re.compile(r"^(sync|async)(?:\+spec(\d*))?$")
+_MODE_RE = re.compile(r"^(sync|async)(?:\+pp([2-4]))?(?:\+spec(\d*))?$")
 
 
 def parse_modes(text: str) -> tuple[Mode, ...]:
@@ -120,11 +125,14 @@ def parse_modes(text: str) -> tuple[Mode, ...]:
             continue
         m = _MODE_RE.match(part)
         if m is None:
-            raise ValueError(f"{part!r} is not a mode (sync, async, sync+specK, async+specK)")
-        k = 0 if m.group(2) is None else int(m.group(2) or 3)
-        if not 1 <= k <= 8 and m.group(2) is not None:
+            raise ValueError(f"{part!r} is not a mode (sync, async, sync+specK, async+specK, sync+ppK)")
+        k = 0 if m.group(3) is None else int(m.group(3) or 3)
+        if not 1 <= k <= 8 and m.group(3) is not None:
             raise ValueError(f"{part!r}: the number of speculative tokens must be 1 to 8")
-        mode = Mode(m.group(1) == "async", k)
+        pp = int(m.group(2) or 1)
+        if pp > 1 and (m.group(1) == "async" or k):
+            raise ValueError(f"{part!r}: a pipeline (+ppK) runs synchronously without drafts")
+        mode = Mode(m.group(1) == "async", k, pp)
         if mode not in out:
             out.append(mode)
     if not out:
@@ -368,7 +376,7 @@ class _Driver:
         self.sched = sched
         self.k = mode.num_speculative_tokens
         self.propose = self.k > 0 and not mode.async_scheduling
-        self.depth = 2 if mode.async_scheduling else 1
+        self.depth = 2 if mode.async_scheduling else mode.pipeline_parallel_size  # max_concurrent_batches
         self.in_flight: deque[StepPlan] = deque()
         #: every plan scheduled, when a list (``workload_plans``); None while timing
         self.plans: list[StepPlan] | None = None

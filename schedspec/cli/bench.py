@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--modes",
         default="sync,async,sync+spec3,async+spec3",
-        help="comma-separated: sync, async, sync+specK, async+specK (K speculative tokens, 1-8); "
+        help="comma-separated: sync, async, sync+specK, async+specK (K speculative tokens, 1-8), sync+ppK "
+             "(K = 2-4 plans in flight); "
         "every workload runs in each",
     )
     p.add_argument(

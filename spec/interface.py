@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Callable, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 # The errors are re-exported: import them from here.
@@ -381,11 +382,11 @@ class SchedulerConfig:
     def num_usable_blocks(self) -> int:
         return self.num_blocks - 1
 
-    @property
+    @cached_property
     def max_concurrent_batches(self) -> int:
         """k, the plans the engine keeps in flight (spec/validate.py,
         max_concurrent_batches): ``pipeline_parallel_size`` without async
-        scheduling, two with it."""
+        scheduling, two with it. Cached: every schedule() reads it."""
         return max_concurrent_batches(self)
 
     @property

@@ -377,6 +377,7 @@ class _Driver:
         self.k = mode.num_speculative_tokens
         self.propose = self.k > 0 and not mode.async_scheduling
         self.depth = 2 if mode.async_scheduling else mode.pipeline_parallel_size  # max_concurrent_batches
+        self.pipeline = mode.pipeline_parallel_size
         self.in_flight: deque[StepPlan] = deque()
         #: every plan scheduled, when a list (``workload_plans``); None while timing
         self.plans: list[StepPlan] | None = None
@@ -541,13 +542,16 @@ def _timed_steps(
 
 
 def _warm_to_decode(drv: _Driver, reqs: Sequence[RequestSpec], limit: int = 10_000) -> None:
-    """Add the requests and step until every one has sampled a token."""
+    """Add the requests and step until every one has sampled a token (with
+    k plans in flight, a pipeline's, the last k plans decode them all)."""
     for r in reqs:
         drv.add(r)
     want = len(reqs)
+    last: deque[tuple[int, bool]] = deque(maxlen=drv.pipeline)
     for _ in range(limit):
         _, _, count, decode = drv.step()
-        if count == want and decode:
+        last.append((count, decode))
+        if sum(c for c, _ in last) == want and all(d for _, d in last):
             return
     raise RuntimeError("the decode workload never reached steady decoding")
 

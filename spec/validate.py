@@ -218,6 +218,9 @@ KV_GROUP_KINDS = tuple(KINDS)
 
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
+#: vLLM's model runners (VllmConfig.use_v2_model_runner): "v1" or Model Runner V2
+MODEL_RUNNERS = ("v1", "v2")
+
 
 def validate_config(config: ConfigFields, policy_type: type, group_type: type | None = None) -> None:
     """Raise ConfigError for the first invalid field of ``config``: first the
@@ -230,6 +233,21 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_kv_fields(config, group_type)
     _check_state_groups(config)
     _check_groups_fit(config)
+    _check_model_runner(config)
+
+
+def _check_model_runner(config: ConfigFields) -> None:
+    """What vLLM refuses of the model runner choice (vllm/config/vllm.py,
+    VllmConfig._get_v1_model_runner_unsupported_features, raised by
+    _validate_v1_model_runner): the V1 runner with pipeline parallelism and
+    async scheduling ("MRV1 + PP>1 + async sched ... does not work")."""
+    runner = getattr(config, "model_runner", "v1")
+    if not isinstance(runner, str) or runner not in MODEL_RUNNERS:
+        raise ConfigError("model_runner", f"must be one of {', '.join(map(repr, MODEL_RUNNERS))}, got {runner!r}")
+    pp = getattr(config, "pipeline_parallel_size", 1)
+    if getattr(config, "model_runner", "v1") == "v1" and pp > 1 and config.async_scheduling:
+        raise ConfigError("pipeline_parallel_size", f"({pp}) > 1 with async_scheduling needs model_runner \"v2\": "
+                          "vLLM's V1 model runner refuses pipeline parallelism with async scheduling")
 
 
 def _check_state_groups(config: ConfigFields) -> None:

@@ -143,6 +143,12 @@ class ImplScheduler(
         self._inflight_codes: list[list[int]] = []
         self._num_spec_tokens = config.num_speculative_tokens
         self._async = config.async_scheduling
+        # Model Runner V2's decode throttle (spec/runner_v2.py): the steps
+        # between two decodes of one request, 0 = none (the fast path then
+        # never reads next_decode_eligible_step)
+        self._stagger = (
+            config.pipeline_parallel_size if config.model_runner == "v2" and config.async_scheduling else 0
+        )
         # n -> (-1,) * n: the token ids of a step wholly past the known tokens
         self._unknown: dict[int, tuple[int, ...]] = {}
         # the k placeholder drafts of a request with async scheduling: one

@@ -3,6 +3,7 @@ the config fields, what vLLM refuses, and the trace format version 7."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -44,3 +45,53 @@ def test_version_6_trace_cannot_name_the_runner() -> None:
     header = {"schedspec_trace": 6, "config": {"model_runner": "v2"}}
     with pytest.raises(TraceError, match="config.model_runner: needs trace format version 7"):
         loads(json.dumps(header) + "\n", path="t.jsonl")
+
+
+# -- the decode throttle (spec/runner_v2.py), spec and impl, and its invariant
+
+from schedspec.impl import ImplScheduler  # noqa: E402
+from schedspec.spec.interface import RequestSpec, StepPlan, StepResult  # noqa: E402
+from schedspec.spec.scheduler import SpecScheduler  # noqa: E402
+
+
+def _config(runner: str, pp: int) -> SchedulerConfig:
+    return SchedulerConfig(block_size=4, num_blocks=33, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=64,
+                           async_scheduling=True, model_runner=runner, pipeline_parallel_size=pp)
+
+
+def _drive(sched: object, steps: int) -> list[StepPlan]:
+    """Two requests decoding with one step in flight (the async driver):
+    schedule N+1, then update N."""
+    s: object = sched
+    for i in range(2):
+        s.add(RequestSpec(f"r{i}", (1, 2, 3, 4 + i), 40))  # type: ignore[attr-defined]
+    plans: list[StepPlan] = [s.schedule()]  # type: ignore[attr-defined]
+    for _ in range(steps):
+        plans.append(s.schedule())  # type: ignore[attr-defined]
+        done = plans[-2]
+        s.update(done, StepResult({e.request_id: (7,) for e in done.scheduled if e.samples}))  # type: ignore[attr-defined]
+    return plans
+
+
+def _steps_of(plans: list[StepPlan], rid: str) -> list[int]:
+    return [p.step for p in plans if p.get(rid) is not None]
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_v2_pipeline_async_decodes_every_pp_steps(pp: int) -> None:
+    spec = SpecScheduler(_config("v2", pp))
+    steps = _steps_of(_drive(spec, 12), "r0")
+    # the prefill samples in step 1; then one decode every pp steps
+    assert steps == list(range(1, 14, pp))
+    assert spec.rules["v2.decode_throttled"] > 0
+
+
+@pytest.mark.parametrize("runner, pp", [("v1", 1), ("v2", 1)])
+def test_no_throttle_without_v2_pipeline(runner: str, pp: int) -> None:
+    # ("v1", pp > 1) with async scheduling is refused by the config
+    assert _steps_of(_drive(SpecScheduler(_config(runner, pp)), 8), "r0") == list(range(1, 10))
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3, 4])
+def test_impl_throttles_as_the_spec(pp: int) -> None:
+    assert _drive(ImplScheduler(_config("v2", pp)), 15) == _drive(SpecScheduler(_config("v2", pp)), 15)

@@ -111,6 +111,8 @@ class CheckSettings:
     events_file: Path | None = None
     #: streaming-input sessions in the random workloads (check/session_events.py)
     sessions: bool = False
+    #: the model runner and pipeline size drawn (check/runner_draw.py)
+    runner: bool = False
 
     @property
     def steps_goal(self) -> int | None:
@@ -723,9 +725,10 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     modes = settings.drawn_modes
     if core and "sync" in modes:
         modes = ("sync",)
-    if settings.generator == "random" or settings.sessions:  # sessions: the random workloads
+    if settings.generator == "random" or settings.sessions or settings.runner:  # both: the random workloads
         workload = random_workload(seed, num_steps, vocab=settings.vocab, modes=modes if core else settings.modes,
-                                   gates=gates, kv=kv, always_gates=always, sessions=settings.sessions)
+                                   gates=gates, kv=kv, always_gates=always, sessions=settings.sessions,
+                                   runner=settings.runner)
     elif settings.generator == "guided":
         names = reachable_rules(settings)
         if core:

@@ -25,6 +25,7 @@ from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_r
 from schedspec.check.kv_requests import (
     KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
 )
+from schedspec.check.runner_draw import runner_feature, with_runner
 from schedspec.check.session_events import SessionRequests, session_config, session_rng
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Schedule, Step, Update, Workload
 
@@ -78,7 +79,7 @@ class RequestFactory:
 def random_workload(
     seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",),
     gates: Sequence[str] = (), kv: Sequence[str] = (), always_gates: Sequence[str] = (),
-    sessions: bool = False,
+    sessions: bool = False, runner: bool = False,
 ) -> Workload:
     """A seeded workload of ``num_steps`` steps with arrivals in bursts,
     aborts and occasional prefix-cache resets, in one of ``modes`` (MODES;
@@ -103,7 +104,10 @@ def random_workload(
 
     ``sessions``: some requests are streaming-input sessions, sent chunks and
     ends between steps (check/session_events.py, on a generator of their
-    own; the config FCFS without a KV connector); feature ``sessions``."""
+    own; the config FCFS without a KV connector); feature ``sessions``.
+
+    ``runner``: the model runner and the pipeline size drawn
+    (check/runner_draw.py); feature ``runner:v2/pp3``."""
     rng = random.Random(seed)
     config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
     modes = tuple(modes)
@@ -140,6 +144,8 @@ def random_workload(
         config = session_config(config)
         kv_requests, kv_chosen = None, kv_of(config)
         streams = SessionRequests(config, session_rng(seed), vocab)
+    if runner:
+        config = with_runner(config, seed)
     factory = RequestFactory(rng, config, vocab)
 
     def make() -> RequestSpec:
@@ -206,4 +212,5 @@ def random_workload(
         events.extend(streams.finish())
     return Workload(config=config, events=tuple(events), seed=seed,
                     features=tuple(f"gate:{g}" for g in chosen) + tuple(f"kv:{k}" for k in kv_chosen)
-                    + (("sessions",) if streams is not None else ()))
+                    + (("sessions",) if streams is not None else ())
+                    + (runner_feature(config) if runner else ()))

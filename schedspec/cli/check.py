@@ -97,6 +97,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--sessions", action="store_true",
                    help="streaming-input sessions in the random workloads: resumable requests sent chunks and "
                         "ends between steps (docs/spec.md, Sessions); the scheduler needs session_update()")
+    c.add_argument("--runner", action="store_true",
+                   help="draw Model Runner V1 or V2 and pipeline_parallel_size 1..4 in the random workloads "
+                        "(docs/spec.md, Model Runner V2)")
     add_call_timeout_argument(c)
     c.add_argument("--strict-defects", action="store_true",
                    help="a workload on which the reference meets a documented vLLM 0.33 defect "
@@ -148,6 +151,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         stats=_output_flag(args, "stats", "--stats"),
         events_file=Path(args.events) if getattr(args, "events", None) is not None else None,
         sessions=getattr(args, "sessions", False),
+        runner=getattr(args, "runner", False),
     )
 
 

@@ -95,3 +95,24 @@ def test_no_throttle_without_v2_pipeline(runner: str, pp: int) -> None:
 @pytest.mark.parametrize("pp", [1, 2, 3, 4])
 def test_impl_throttles_as_the_spec(pp: int) -> None:
     assert _drive(ImplScheduler(_config("v2", pp)), 15) == _drive(SpecScheduler(_config("v2", pp)), 15)
+
+
+# -- the generator (schedspec/check/runner_draw.py)
+
+from schedspec.check.random_workloads import random_workload  # noqa: E402
+
+
+def test_the_generator_draws_both_runners_and_every_pipeline_size() -> None:
+    drawn = set()
+    for seed in range(150):
+        w = random_workload(seed, 5, modes=("sync", "async"), runner=True)
+        c = w.config
+        assert not (c.model_runner == "v1" and c.async_scheduling and c.pipeline_parallel_size > 1)
+        assert f"runner:{c.model_runner}/pp{c.pipeline_parallel_size}" in w.features
+        drawn.add((c.model_runner, c.pipeline_parallel_size, c.async_scheduling))
+        # the rest of the workload is the one its seed always gave
+        plain = random_workload(seed, 5, modes=("sync", "async"))
+        assert w.events == plain.events and plain.config.model_runner == "v1"
+        assert dataclasses.replace(c, model_runner="v1", pipeline_parallel_size=1) == plain.config
+    assert {pp for r, pp, a in drawn if r == "v1" and not a} == {1, 2, 3, 4}
+    assert {pp for r, pp, a in drawn if r == "v2" and a} == {1, 2, 3, 4}

@@ -299,8 +299,6 @@ class RunningPhase:
             if self._async and not chunk:
                 req.num_output_placeholders = placeholders + 1 + len(spec_token_ids)
                 req.spec_token_ids = self._placeholder_drafts
-                if self._stagger:
-                    req.next_decode_eligible_step = self._step + self._stagger
             else:
                 req.spec_token_ids = NO_TOKENS
 

@@ -365,6 +365,11 @@ class ImplScheduler(
         self._schedule_running(state)
         if not state.preempted and self._pause is not PauseState.PAUSED_ALL:
             self._schedule_waiting(state)
+        if self._stagger:  # V2's decode throttle: every entry that samples (not a victim given back)
+            eligible = self._step + self._stagger
+            for req in state.scheduled:
+                if not req.is_prefill_chunk:
+                    req.next_decode_eligible_step = eligible
         plan = self._assemble_plan(state)
         if self._log_stats and self._async and self._num_spec_tokens:
             self._stats_note_plan(plan)

@@ -104,7 +104,7 @@ from schedspec.adapters.vllm_events import EventCapture, translate
 from schedspec.adapters.vllm_kv import blocks_kept_after_reset, kv_connector_output
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
 from schedspec.adapters.vllm_message import MessageCheck
-from schedspec.adapters.vllm_runner import check_runner, runner_env
+from schedspec.adapters.vllm_runner import check_runner, resuming, runner_env
 from schedspec.adapters.vllm_requests import Grammar, GrammarBackend, Live, vllm_request
 from schedspec.adapters.vllm_sessions import SessionsAdapter
 from schedspec.adapters.vllm_stats import PreemptionCounter, scheduler_stats_in, stats_of
@@ -429,9 +429,8 @@ class VllmScheduler(SessionsAdapter):
 
     def schedule(self) -> StepPlan:
         check_schedule(self._plans(), self._config)
-        # V2 sends a resumed request as new (vllm_runner.py): those preempted before
-        preempted = frozenset(r.request_id for r in self.sched.waiting if r.status.name == "PREEMPTED") if (
-            self._config.model_runner == "v2") else frozenset()
+        # V2 sends a resumed request as new (vllm_runner.py, resuming)
+        preempted = resuming(self.sched) if self._config.model_runner == "v2" else frozenset()
         out = into_vllm(self.sched.schedule)
         self._step += 1
         self._finished = {}

@@ -79,10 +79,16 @@ def check_runner(sched: Any, config: SchedulerConfig) -> None:
             raise VllmAdapterError(f"vLLM's scheduler has {name}={got[name]!r}; the config needs {value!r}")
 
 
-def resumed_as_new(out: Any, live: Mapping[str, Live], preempted_before: frozenset[str]) -> frozenset[str]:
-    """The requests of ``out.scheduled_new_reqs`` that V2 sends as new though
-    they resume: those preempted before this schedule() call."""
-    return frozenset(nr.req_id for nr in out.scheduled_new_reqs if nr.req_id in preempted_before)
+def resuming(sched: Any) -> frozenset[str]:
+    """The requests that schedule() would admit as resumed (V1's
+    ``scheduled_resumed_reqs``; V2 sends them among the new ones): those
+    PREEMPTED, and those WAITING_FOR_REMOTE_KVS that were preempted before,
+    which _handle_blocked_waiting_request promotes to PREEMPTED once their
+    load is done (``if request.num_preemptions``)."""
+    return frozenset(
+        rid for rid, r in sched.requests.items()
+        if r.status.name == "PREEMPTED" or (r.status.name == "WAITING_FOR_REMOTE_KVS" and r.num_preemptions)
+    )
 
 
 def v2_message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live]) -> list[str]:

@@ -101,6 +101,7 @@ class Request:
         "num_in_flight_tokens",
         "is_prefill_chunk",
         "was_prefill_chunk",
+        "next_decode_eligible_step",  # Model Runner V2's decode throttle
         "num_stale_output_tokens",
         "max_tokens_end",
         "num_prompt_tokens",
@@ -195,6 +196,7 @@ class Request:
         self.drop_stale_output = False
         self.is_prefill_chunk = False
         self.was_prefill_chunk = False  # is_prefill_chunk before this step's plan
+        self.next_decode_eligible_step = 0  # V2's throttle: the first step it may decode again
         # prompt + max_tokens (not capped by max_model_len): the max_tokens
         # skip of a request whose steps in flight surely finish it
         self.max_tokens_end = self.num_prompt_tokens + spec.max_tokens

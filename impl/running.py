@@ -82,6 +82,8 @@ class RunningPhase:
     _defer_free: bool
     _processed_seq: int
     _placeholder_drafts: tuple[int, ...]
+    _stagger: int  # Model Runner V2's decode throttle (0 = off)
+    _step: int
     _group_tuples: Any
     _grow_running: Any
     _preempt: Any
@@ -102,6 +104,7 @@ class RunningPhase:
         running, budget, threshold = self._running, state.budget, state.threshold
         max_model_len, num_spec, placeholder_drafts = self._max_model_len, self._num_spec_tokens, self._placeholder_drafts
         asynchronous, general, gated = self._async, self._general, self._gated
+        staggered = self._stagger > 0
         width = 1 + num_spec  # a steady async decode: its token and k drafts
         base = num_spec + 2  # the update code's radix
         all_unknown = self._unknown_tokens(width)
@@ -115,7 +118,8 @@ class RunningPhase:
             if asynchronous:
                 num_tokens = computed - num_spec
                 steady = (
-                    req.num_output_placeholders == width
+                    not staggered  # V2's throttle: the general rules (_running_chunk)
+                    and req.num_output_placeholders == width
                     and req.spec_token_ids is placeholder_drafts
                     and req.num_tokens == num_tokens
                     and computed + 2 - width < req.max_tokens_end
@@ -203,6 +207,8 @@ class RunningPhase:
         placeholders = req.num_output_placeholders
         if placeholders > 0 and computed + 2 - placeholders >= req.max_tokens_end:
             return 0  # the steps in flight surely finish it
+        if self._stagger and self._step < req.next_decode_eligible_step:
+            return 0  # V2 + PP + async: decoded too recently (spec/runner_v2.py)
         if state.defer_prefill and req.is_prefill_chunk:
             return 0  # a prefill chunk waits for the cadence
         n = req.num_tokens + len(req.spec_token_ids) + placeholders - computed

@@ -143,6 +143,12 @@ class ImplScheduler(
         self._inflight_codes: list[list[int]] = []
         self._num_spec_tokens = config.num_speculative_tokens
         self._async = config.async_scheduling
+        # Model Runner V2's decode throttle (spec/runner_v2.py): the steps
+        # between two decodes of one request, 0 = none (the fast path then
+        # never reads next_decode_eligible_step)
+        self._stagger = (
+            config.pipeline_parallel_size if config.model_runner == "v2" and config.async_scheduling else 0
+        )
         # n -> (-1,) * n: the token ids of a step wholly past the known tokens
         self._unknown: dict[int, tuple[int, ...]] = {}
         # the k placeholder drafts of a request with async scheduling: one
@@ -362,6 +368,11 @@ class ImplScheduler(
         self._schedule_running(state)
         if not state.preempted and self._pause is not PauseState.PAUSED_ALL:
             self._schedule_waiting(state)
+        if self._stagger:  # V2's decode throttle: every entry that samples (not a victim given back)
+            eligible = self._step + self._stagger
+            for req in state.scheduled:
+                if not req.is_prefill_chunk:
+                    req.next_decode_eligible_step = eligible
         plan = self._assemble_plan(state)
         if self._log_stats and self._async and self._num_spec_tokens:
             self._stats_note_plan(plan)

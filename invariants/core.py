@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
 from schedspec.spec.interface import KVLoad, RequestSpec, RequestStatus, SchedulerView, StepPlan, StepResult
+from schedspec.spec.runner_v2 import decode_stagger
 
 from schedspec.invariants.kv_mirror import KVMirror
 from schedspec.invariants.transition import ALL_KINDS as ALL_KINDS
@@ -65,6 +66,9 @@ class History:
     #: the preemptions seen since the last statistics a scheduler reported
     #: (Transition.stats; stats-preemptions-counted)
     preemptions_since_stats: int = 0
+    #: Model Runner V2's decode throttle (invariants/runner_v2.py): request id
+    #: -> the step of the last plan in which it sampled
+    decoded_at: dict[str, int] = field(default_factory=dict)
 
     def record(self, t: Transition) -> None:
         """Fold a transition in; called after every invariant has checked it."""
@@ -77,11 +81,14 @@ class History:
             self.reported_finished.discard(rid)
             self.loads.pop(rid, None)
             self.finished_status.pop(rid, None)
+            self.decoded_at.pop(rid, None)
         for views in (t.after.requests, t.after.finished):
             for rid, r in views.items():
                 self.prompts[rid] = r.spec.prompt_token_ids
                 self.outputs[rid] = r.output_token_ids
         self._record_kv(t)
+        if t.kind == "schedule" and t.plan is not None and decode_stagger(t.after.config):
+            self.decoded_at.update((s.request_id, t.plan.step) for s in t.plan.scheduled if s.samples)
         if t.after.config.enable_kv_cache_events:
             self._record_kv_events(t)
         if t.kind == "schedule" and t.plan is not None:

@@ -10,6 +10,7 @@ from typing import Iterable
 from schedspec.invariants import connector, gates, groups, inflight, kv_events, lifecycle, mamba, state, stats, step  # noqa: F401
 from schedspec.invariants import sessions  # noqa: F401
 from schedspec.invariants import pipeline  # noqa: F401
+from schedspec.invariants import runner_v2  # noqa: F401
 from schedspec.invariants.core import ALL_KINDS, REGISTRY, History, Invariant, Transition, Violation
 
 _ORDER = (
@@ -120,6 +121,8 @@ _ORDER = (
     "stream-input-not-early",
     "dropped-token-not-computed",
     "stream-liveness",
+    # Model Runner V2 (invariants/runner_v2.py)
+    "v2-decode-throttle",
 )
 
 

@@ -39,6 +39,7 @@ from schedspec.invariants._util import (
 from schedspec.invariants.core import Finding, History, Transition, TransitionKind, transition_invariant
 from schedspec.invariants.mamba import aligned_want, aligns_chunks
 from schedspec.invariants.inflight import live_entries
+from schedspec.invariants.runner_v2 import throttled
 
 _SCHED: tuple[TransitionKind, ...] = ("schedule",)
 _KIND_FROM = {
@@ -835,6 +836,10 @@ def progress(t: Transition, h: History) -> Iterator[Finding]:
     grammar = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     if all(r.status == grammar for r in t.before.requests.values()):
         return  # requests waiting for their grammar are passed over
+    if any(throttled(t, h, rid) for rid in t.before.running):
+        # V2's decode throttle passes a running request over while it holds
+        # its blocks and slot: the others may not fit (a pipeline bubble)
+        return
     if kv_holds_pool(t):
         return  # KV loads in flight hold blocks and their requests wait (kv_holds_pool)
     if defers_frees(t.before.config) and len(t.in_flight) > 1:
@@ -1069,6 +1074,8 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
         return  # nothing runs while paused; the cadence may hold a prefill chunk
     if r.spec.mm_inputs and t.plan.get(rid) is None:
         return  # an encoder input beyond the budget or cache may leave it no token
+    if throttled(t, h, rid):
+        return  # Model Runner V2's decode throttle passes it over (invariants/runner_v2.py)
     want = running_chunk(r, cfg.max_num_batched_tokens, effective_threshold(t.before), cfg.max_model_len)
     entry = t.plan.get(rid)
     preempted = rid in step_victims(t)

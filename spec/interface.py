@@ -26,6 +26,7 @@ from schedspec.spec.kv_kinds import FullAttention
 from schedspec.spec.validate import KV_GROUP_KINDS as KV_GROUP_KINDS
 from schedspec.spec.validate import (
     KV_LOAD_FAILURE_POLICIES,
+    MODEL_RUNNERS,
     MAX_KV_CACHE_GROUPS,
     MAX_SPECULATIVE_TOKENS,
     declaration_of,
@@ -351,6 +352,9 @@ class SchedulerConfig:
     #: KV cache events (spec/kv_events.py) for ``take_kv_events()``
     enable_kv_cache_events: bool = field(default=False, metadata=declare(since=4))
     pipeline_parallel_size: int = field(default=1, metadata=declare(minimum=1, maximum=4, since=7))
+    #: vLLM's model runner (VllmConfig.use_v2_model_runner, vllm/config/vllm.py):
+    #: "v2" is Model Runner V2, whose decisions spec/runner_v2.py models
+    model_runner: str = field(default="v1", metadata=declare(choices=MODEL_RUNNERS, since=7))
 
     def __post_init__(self) -> None:
         validate_config(self, Policy, KVCacheGroup)

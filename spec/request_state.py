@@ -56,6 +56,9 @@ class RequestState:
     grammar: GrammarState = GrammarState.COMPILING
     # defer_block_free: the sched_step_seq of the last step that scheduled it
     last_sched_seq: int = 0
+    # Model Runner V2's decode throttle (spec/runner_v2.py): the first step
+    # in which it may be scheduled again (Request.next_decode_eligible_step)
+    next_decode_eligible_step: int = 0
     # Hybrid KV cache groups (spec/kv_groups.py): the tables of groups 1.. (group
     # 0's is ``blocks``), how many leading blocks of each have a key, whether
     # the layout is hybrid (views carry every table), and the shared-prefix

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 #: The four ways a scheduler runs (schedspec.check.features.MODES).
 ALL_MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
 
-#: The KV dimensions' capabilities, and streaming-input sessions ("sessions": RequestSpec.resumable): a rule
+#: The KV dimensions' capabilities, streaming-input sessions ("sessions": RequestSpec.resumable) and
+#: Model Runner V2's throttle ("runner_v2": model_runner "v2", pipeline, async): a rule
 #: that needs a KV connector config carries ``gates=("kv_connector",)``, one
 #: of hybrid KV cache groups ``("hybrid_kv",)``; reachable_in reaches them
 #: only when those names are among its ``gates``.
-ALL_KV: tuple[str, ...] = ("kv_connector", "hybrid_kv", "sessions")
+ALL_KV: tuple[str, ...] = ("kv_connector", "hybrid_kv", "sessions", "runner_v2")
 
 #: The admission gates (schedspec.check.capabilities names them alike).
 ALL_GATES: tuple[str, ...] = (
@@ -138,6 +139,7 @@ _RULES = (
     Rule("watermark.blocked", "a waiting request whose blocks fit the free pool is held back by the watermark: head-of-line block", "kv_cache_manager.py, KVCacheManager.allocate_slots (has_scheduled_reqs and WAITING/PREEMPTED: watermark_blocks)", gates=("watermark",)),
     # -- the prefill cadence (prefill_schedule_interval > 1)
     Rule("cadence.hold", "the interval since the last prefill-carrying step has not passed and a request is decoding: prefill is held this step", _SCHED + " (local prefill cadence: defer_prefills)", gates=("prefill_cadence",)),
+    Rule("v2.decode_throttled", "V2 runner + pipeline + async: a running request scheduled fewer than pipeline_parallel_size steps ago is passed over (continue)", _SCHED + ", RUNNING loop (current_step < request.next_decode_eligible_step); sched/async_scheduler.py, AsyncScheduler._update_after_schedule", _ASYNC_MODES, gates=("runner_v2",)),
     Rule("cadence.running_chunk_held", "a running prefill chunk is skipped in a held step (continue)", _SCHED + ", RUNNING loop (defer_prefills and request.is_prefill_chunk)", gates=("prefill_cadence",)),
     Rule("cadence.admission_held", "a waiting request with prompt left to compute stops the WAITING loop in a held step", _SCHED + ", WAITING loop (defer_prefills and num_computed_tokens < num_tokens - 1: break)", gates=("prefill_cadence",)),
     Rule("cadence.restart", "a step carried prefill (a running chunk or an admission with prompt left): the interval restarts from it", _SCHED + " (last_prefill_step = num_executed_steps)", gates=("prefill_cadence",)),

@@ -102,6 +102,7 @@ from schedspec.spec.rules import (
     surely_reaches_max_tokens,
 )
 from schedspec.spec.kv_events import KVCacheEvent
+from schedspec.spec.runner_v2 import decode_stagger, decode_throttled
 from schedspec.spec.step_state import (
     Admission,
     AdmissionChunk,
@@ -535,6 +536,10 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
                 self._rule("running.skip_max_tokens_in_flight")  # pragma: no mutate
                 i += 1  # async: the steps in flight finish it ("continue" in vLLM)
                 continue
+            if decode_throttled(self.step, req.next_decode_eligible_step):
+                self._rule("v2.decode_throttled")  # pragma: no mutate
+                i += 1  # V2 + PP + async: its last decode was too recent (spec/runner_v2.py)
+                continue
             if st.defer_prefills and req.is_prefill_chunk:
                 self._rule("cadence.running_chunk_held")  # pragma: no mutate
                 i += 1  # a prefill chunk waits for a cadence-aligned step
@@ -907,6 +912,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
                 self._rule("async.placeholders_added")  # pragma: no mutate
                 req.num_output_placeholders += 1 + len(e.spec_token_ids)
                 req.spec_token_ids = [-1] * cfg.num_speculative_tokens
+                if stagger := decode_stagger(cfg):  # spec/runner_v2.py
+                    req.next_decode_eligible_step = self.step + stagger
         plan = StepPlan(
             step=self.step,
             scheduled=tuple(entries),

@@ -221,6 +221,9 @@ KV_GROUP_KINDS = tuple(KINDS)
 
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
+#: vLLM's model runners (VllmConfig.use_v2_model_runner): "v1" or Model Runner V2
+MODEL_RUNNERS = ("v1", "v2")
+
 
 def validate_config(config: ConfigFields, policy_type: type, group_type: type | None = None) -> None:
     """Raise ConfigError for the first invalid field of ``config``: first the
@@ -234,6 +237,21 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_state_groups(config)
     _check_pipeline(config)
     _check_groups_fit(config)
+    _check_model_runner(config)
+
+
+def _check_model_runner(config: ConfigFields) -> None:
+    """What vLLM refuses of the model runner choice (vllm/config/vllm.py,
+    VllmConfig._get_v1_model_runner_unsupported_features, raised by
+    _validate_v1_model_runner): the V1 runner with pipeline parallelism and
+    async scheduling ("MRV1 + PP>1 + async sched ... does not work")."""
+    runner = getattr(config, "model_runner", "v1")
+    if not isinstance(runner, str) or runner not in MODEL_RUNNERS:
+        raise ConfigError("model_runner", f"must be one of {', '.join(map(repr, MODEL_RUNNERS))}, got {runner!r}")
+    pp = getattr(config, "pipeline_parallel_size", 1)
+    if getattr(config, "model_runner", "v1") == "v1" and pp > 1 and config.async_scheduling:
+        raise ConfigError("pipeline_parallel_size", f"({pp}) > 1 with async_scheduling needs model_runner \"v2\": "
+                          "vLLM's V1 model runner refuses pipeline parallelism with async scheduling")
 
 
 # -- pipeline parallelism: k plans in flight ---------------------------------
@@ -243,27 +261,19 @@ def max_concurrent_batches(config: ConfigFields) -> int:
     """k, the batches (plans) the engine keeps in flight through its batch
     queue (vllm/config/vllm.py, VllmConfig.max_concurrent_batches, which
     vllm/v1/engine/core.py, EngineCore.__init__ takes as batch_queue_size):
-    one per pipeline stage, and two for async scheduling, which the V1 model
-    runner (the one modelled) runs only without pipeline parallelism
-    (_check_pipeline). schedule() is called while up to k - 1 plans are in
-    flight (spec/protocol.py, max_in_flight)."""
+    one per pipeline stage; with async scheduling one more under Model
+    Runner V2, and two under the V1 runner, which runs async scheduling only
+    without pipeline parallelism (_check_model_runner). schedule() is called
+    while up to k - 1 plans are in flight (spec/protocol.py, max_in_flight)."""
     pp = config.pipeline_parallel_size
-    if config.async_scheduling and pp <= 1:
-        return 2
+    if config.async_scheduling:
+        return pp + 1 if getattr(config, "model_runner", "v1") == "v2" else 2
     return pp
 
 
 def _check_pipeline(config: ConfigFields) -> None:
-    """vllm/config/vllm.py, VllmConfig.__post_init__: async scheduling
-    explicitly on with an incompatibility of the V1 model runner raises
-    "Async scheduling is not supported by the V1 model runner with pipeline
-    parallelism"."""
-    if config.async_scheduling and config.pipeline_parallel_size > 1:
-        raise ConfigError(
-            "pipeline_parallel_size",
-            f"must be 1 with async_scheduling, got {config.pipeline_parallel_size}: vLLM's V1 model runner "
-            "refuses async scheduling with pipeline parallelism",
-        )
+    """What a pipeline refuses beside the model runner's refusal of async
+    scheduling with pipeline parallelism under V1 (_check_model_runner)."""
     # Not modelled: drafts of a synchronous pipeline. The engine hands them
     # over after each batch (EngineCore.post_step, update_draft_token_ids),
     # which then reads is_prefill_chunk as the newest schedule left it and

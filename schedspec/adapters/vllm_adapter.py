@@ -104,6 +104,7 @@ from schedspec.adapters.vllm_events import EventCapture, translate
 from schedspec.adapters.vllm_kv import blocks_kept_after_reset, kv_connector_output
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
 from schedspec.adapters.vllm_message import MessageCheck
+from schedspec.adapters.vllm_runner import check_runner, resuming, runner_env
 from schedspec.adapters.vllm_requests import Grammar, GrammarBackend, Live, vllm_request
 from schedspec.adapters.vllm_sessions import SessionsAdapter
 from schedspec.adapters.vllm_stats import PreemptionCounter, scheduler_stats_in, stats_of
@@ -197,14 +198,15 @@ class VllmScheduler(SessionsAdapter):
                     "synchronously)"
                 )
         self._vllm_config, kv_cache_config = build_vllm_config(config)
-        self.sched: Any = into_vllm(
-            cls,
-            vllm_config=self._vllm_config,
-            kv_cache_config=kv_cache_config,
-            structured_output_manager=v.StructuredOutputManager(self._vllm_config),
-            block_size=config.block_size,
-            log_stats=log_stats,
-        )
+        with runner_env(config):  # Scheduler.__init__ reads use_v2_model_runner (vllm_runner.py)
+            self.sched: Any = into_vllm(
+                cls,
+                vllm_config=self._vllm_config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=v.StructuredOutputManager(self._vllm_config),
+                block_size=config.block_size,
+                log_stats=log_stats,
+            )
         for attr in ("requests", "waiting", "running", "kv_cache_manager", "finished_req_ids"):
             if not hasattr(self.sched, attr):
                 raise VllmAdapterError(
@@ -224,6 +226,7 @@ class VllmScheduler(SessionsAdapter):
         som.backend_name = "schedspec"
         managers = self.sched.kv_cache_manager.coordinator.single_type_managers
         check_managers(managers, config)
+        check_runner(self.sched, config)
         if self._config.kv_connector:
             from schedspec.adapters.vllm_connector import SchedspecKVConnector
 
@@ -426,11 +429,13 @@ class VllmScheduler(SessionsAdapter):
 
     def schedule(self) -> StepPlan:
         check_schedule(self._plans(), self._config)
+        # V2 sends a resumed request as new (vllm_runner.py, resuming)
+        preempted = resuming(self.sched) if self._config.model_runner == "v2" else frozenset()
         out = into_vllm(self.sched.schedule)
         self._step += 1
         self._finished = {}
         plan = plan_of(out, self._step, self._live, self._tables, async_scheduling=self._async,
-                       hybrid=self._hybrid)
+                       hybrid=self._hybrid, resumed_as_new=preempted)
         self._message.check(out, plan, self._live)
         bs = self._config.block_size
         for load in plan.kv_loads:

@@ -19,6 +19,7 @@ from schedspec.spec.interface import Policy, SchedulerConfig
 
 from schedspec.adapters.vllm_kinds import mamba_cache_mode, vllm_kind
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
+from schedspec.adapters.vllm_runner import parallel_config, runner_env
 
 _LOCK = threading.Lock()
 _SPECS_REGISTERED = False
@@ -70,8 +71,16 @@ def build_vllm_config(config: SchedulerConfig) -> tuple[Any, Any]:
         num_gpu_blocks_override=None,
         mamba_cache_mode=mamba_cache_mode(config.groups),
     )
+    with runner_env(config):  # the model runner (vllm_runner.py)
+        return _build(config, model_config, scheduler_config, cache_config)
+
+
+def _build(config: SchedulerConfig, model_config: Any, scheduler_config: Any, cache_config: Any) -> tuple[Any, Any]:
+    from schedspec.adapters import vllm_names as v
+
     vllm_config = v.VllmConfig(
         model_config=model_config,
+        parallel_config=parallel_config(config),
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=v.DeviceConfig(device="cpu"),
@@ -236,7 +245,7 @@ def _check_effective(vc: Any, config: SchedulerConfig) -> None:
         "prefill_schedule_interval": (sc.prefill_schedule_interval, config.prefill_schedule_interval),
         "max_loras": (vc.lora_config.max_loras if vc.lora_config is not None else 0, config.max_loras),
         "long_prefill_token_threshold_adaptive": (sc.long_prefill_token_threshold_adaptive, False),
-        "use_v2_model_runner": (vc.use_v2_model_runner, False),
+        "use_v2_model_runner": (vc.use_v2_model_runner, config.model_runner == "v2"),
         "num_speculative_tokens": (vc.num_speculative_tokens, k),
         "num_lookahead_tokens": (vc.num_lookahead_tokens, config.num_lookahead_tokens),
         "max_num_new_slots_for_drafting": (

@@ -14,8 +14,8 @@ CachedRequestData with how it is covered.
 vLLM 0.33.0 sources: vllm/v1/core/sched/output.py (the dataclasses),
 vllm/v1/core/sched/scheduler.py (Scheduler.schedule, _make_cached_request_data,
 _update_after_schedule, _get_new_block_ids_to_zero, reset_prefix_cache), with
-the V1 model runner (``use_v2_model_runner`` off, pinned by the adapter); with
-pipeline parallelism the cached requests' new_token_ids.
+the V1 model runner; what Model Runner V2 and pipeline parallelism change is
+held in schedspec/adapters/vllm_runner.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from schedspec.spec.interface import SchedulerConfig, StepPlan
 from schedspec.adapters.vllm_kinds import mamba_cache_mode
 from schedspec.adapters.vllm_load import VllmAdapterError
 from schedspec.adapters.vllm_requests import Live
+from schedspec.adapters.vllm_runner import v2_message_problems
 
 
 class MessageCheck:
@@ -78,10 +79,11 @@ def _new_token_ids_problems(cached: Any, entries: Mapping[str, Any], config: Sch
 
 def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config: SchedulerConfig,
                      prev_scheduled: frozenset[str]) -> list[str]:
-    async_scheduling = config.async_scheduling
     """Every field of ``out`` that is not what ``plan`` (with the requests'
     state in ``live`` and ``prev_scheduled``, the previous plan's requests)
     implies, as a sentence naming the field and the request."""
+    async_scheduling = config.async_scheduling
+    v2 = config.model_runner == "v2"  # Model Runner V2's message (vllm_runner.py)
     problems: list[str] = []
     entries = {s.request_id: s for s in plan.scheduled}
     total = sum(s.num_scheduled_tokens for s in plan.scheduled)
@@ -99,8 +101,8 @@ def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config:
         params = new.sampling_params
         if params is None or params.max_tokens != spec.max_tokens:
             problems.append(f"NewRequestData.sampling_params of {new.req_id!r} are not the request's")
-        # the V2 runner's whole-sequence copy; DeepSeek's sliding-window replay
-        if new.prefill_token_ids is not None or new.replay_start != 0:
+        # the V2 runner's whole-sequence copy (vllm_runner.py); DeepSeek's sliding-window replay
+        if (new.prefill_token_ids is not None and not v2) or new.replay_start != 0:
             problems.append(f"NewRequestData of {new.req_id!r} carries prefill_token_ids or a replay_start, "
                             f"which the V1 model runner and the modelled layouts never get")
         if len(new.mm_features or ()) > len(spec.mm_inputs):
@@ -119,7 +121,9 @@ def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config:
         req = live[rid].req
         # the whole history iff the runner may have dropped the request from
         # its persistent batch: it was not in the previous plan
-        if rid in prev_scheduled and rid in cached.all_token_ids:
+        if v2:
+            pass  # no all_token_ids (v2_message_problems)
+        elif rid in prev_scheduled and rid in cached.all_token_ids:
             problems.append(f"CachedRequestData.all_token_ids sends {rid!r}'s history though the previous plan "
                             f"scheduled it")
         elif rid not in prev_scheduled:
@@ -135,6 +139,8 @@ def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config:
         if cached.num_output_tokens[i] != outputs:
             problems.append(f"CachedRequestData.num_output_tokens of {rid!r} is {cached.num_output_tokens[i]}, "
                             f"the plan implies {outputs}")
+    if v2:
+        problems.extend(v2_message_problems(out, plan, live))
     # _update_after_schedule: a structured-output request that samples
     grammar = any(s.samples and live[s.request_id].spec.structured_output for s in plan.scheduled)
     if bool(out.has_structured_output_requests) != grammar:
@@ -168,6 +174,9 @@ def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config:
         "kv_connector_block_state": None,
         # EncoderCacheManager.get_manager_metadata returns None in 0.33
         "ec_manager_metadata": None,
+        # _get_encoder_input_updates: {} with the V1 runner; with V2 the
+        # modelled encoder inputs carry no data (MultiModalFeatureSpec.data None)
+        "encoder_input_updates": {},
     }
     if mamba_cache_mode(config.groups) == "align":
         # KVCacheConfig.needs_kv_cache_zeroing with a Mamba group: the ids of

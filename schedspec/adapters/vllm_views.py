@@ -9,7 +9,8 @@ unless said otherwise):
   (running loop, then admissions), so its key order is the plan's order.
 * A request in ``scheduled_new_reqs`` is NEW; one whose id is in
   ``scheduled_cached_reqs.resumed_req_ids`` is RESUMED (with
-  ``VLLM_USE_V2_MODEL_RUNNER=0``, pinned here); any other cached one is RUNNING.
+  the V1 model runner; V2 sends it among the new ones, ``resumed_as_new``);
+  any other cached one is RUNNING.
 * vLLM sends a new or resumed request's whole block table and only the new
   blocks of a running one (vllm/v1/worker/gpu_model_runner.py, _update_states).
   BlockTables rebuilds each table from those messages, as a model runner
@@ -130,7 +131,7 @@ class BlockTables:
 
 
 def plan_of(out: Any, step: int, live: Mapping[str, Live], tables: BlockTables, *, async_scheduling: bool,
-            hybrid: bool) -> StepPlan:
+            hybrid: bool, resumed_as_new: frozenset[str] = frozenset()) -> StepPlan:
     """vLLM's SchedulerOutput ``out`` of plan ``step`` as a StepPlan, each
     request's tables rebuilt from what vLLM sent (``tables.sent``) and
     checked against its own."""
@@ -154,7 +155,8 @@ def plan_of(out: Any, step: int, live: Mapping[str, Live], tables: BlockTables, 
             # the step was scheduled with.
             placeholders -= 1 + len(drafts)
         if rid in new:
-            kind = ScheduleKind.NEW
+            # Model Runner V2 sends a resumed request as new (vllm_runner.py)
+            kind = ScheduleKind.RESUMED if rid in resumed_as_new else ScheduleKind.NEW
             computed = new[rid].num_computed_tokens
             sent = [list(ids) for ids in new[rid].block_ids]
         else:

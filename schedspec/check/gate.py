@@ -113,6 +113,8 @@ class CheckSettings:
     sessions: bool = False
     #: pipeline sizes (k plans in flight) drawn in the random workloads (check/pipeline.py)
     pipeline: bool = False
+    #: the model runner and pipeline size drawn (check/runner_draw.py)
+    runner: bool = False
 
     @property
     def steps_goal(self) -> int | None:
@@ -725,10 +727,10 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     modes = settings.drawn_modes
     if core and "sync" in modes:
         modes = ("sync",)
-    if settings.generator == "random" or settings.sessions or settings.pipeline:  # the random workloads
+    if settings.generator == "random" or settings.sessions or settings.pipeline or settings.runner:
         workload = random_workload(seed, num_steps, vocab=settings.vocab, modes=modes if core else settings.modes,
                                    gates=gates, kv=kv, always_gates=always, sessions=settings.sessions,
-                                   pipeline=settings.pipeline)
+                                   pipeline=settings.pipeline, runner=settings.runner)
     elif settings.generator == "guided":
         names = reachable_rules(settings)
         if core:

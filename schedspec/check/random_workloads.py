@@ -26,6 +26,7 @@ from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_r
 from schedspec.check.kv_requests import (
     KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
 )
+from schedspec.check.runner_draw import runner_feature, with_runner
 from schedspec.check.session_events import SessionRequests, session_config, session_rng
 from schedspec.check.workload import Abort, AddRequest, Event, ResetPrefixCache, Schedule, Step, Update, Workload
 
@@ -79,7 +80,7 @@ class RequestFactory:
 def random_workload(
     seed: int, num_steps: int, vocab: int = 64, modes: Sequence[str] = ("sync",),
     gates: Sequence[str] = (), kv: Sequence[str] = (), always_gates: Sequence[str] = (),
-    sessions: bool = False, pipeline: bool = False,
+    sessions: bool = False, pipeline: bool = False, runner: bool = False,
 ) -> Workload:
     """A seeded workload of ``num_steps`` steps with arrivals in bursts,
     aborts and occasional prefix-cache resets, in one of ``modes`` (MODES;
@@ -109,7 +110,10 @@ def random_workload(
     ``pipeline``: the config's pipeline_parallel_size is drawn from 1 to 4
     where it allows one (check/pipeline.py), so up to k plans are in flight;
     a workload with pipeline_parallel_size > 1 has feature ``pipeline:k=K``,
-    which the reports print with its seed."""
+    which the reports print with its seed.
+
+    ``runner``: the model runner and the pipeline size drawn
+    (check/runner_draw.py); feature ``runner:v2/pp3``."""
     rng = random.Random(seed)
     config = random_config(rng, dataclasses.replace(CHECK_SPACE, modes=("sync",)))
     modes = tuple(modes)
@@ -148,6 +152,8 @@ def random_workload(
         streams = SessionRequests(config, session_rng(seed), vocab)
     if pipeline:
         config = with_pipeline(config, pipeline_rng(seed))
+    if runner:
+        config = with_runner(config, seed)
     factory = RequestFactory(rng, config, vocab)
 
     def make() -> RequestSpec:
@@ -215,4 +221,5 @@ def random_workload(
     return Workload(config=config, events=tuple(events), seed=seed,
                     features=tuple(f"gate:{g}" for g in chosen) + tuple(f"kv:{k}" for k in kv_chosen)
                     + (("sessions",) if streams is not None else ())
-                    + ((f"pipeline:k={config.max_concurrent_batches}",) if config.pipeline_parallel_size > 1 else ()))
+                    + ((f"pipeline:k={config.max_concurrent_batches}",) if config.pipeline_parallel_size > 1 else ())
+                    + (runner_feature(config) if runner else ()))

@@ -100,6 +100,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--pipeline", action="store_true",
                    help="draw pipeline_parallel_size 1..4 in the random workloads: up to k plans in flight "
                         "(docs/spec.md, In flight)")
+    c.add_argument("--runner", action="store_true",
+                   help="draw Model Runner V1 or V2 and pipeline_parallel_size 1..4 in the random workloads "
+                        "(docs/spec.md, Model Runner V2)")
     add_call_timeout_argument(c)
     c.add_argument("--strict-defects", action="store_true",
                    help="a workload on which the reference meets a documented vLLM 0.33 defect "
@@ -152,6 +155,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         events_file=Path(args.events) if getattr(args, "events", None) is not None else None,
         sessions=getattr(args, "sessions", False),
         pipeline=getattr(args, "pipeline", False),
+        runner=getattr(args, "runner", False),
     )
 
 

@@ -871,10 +871,12 @@ def test_every_invariant_has_a_firing_test() -> None:
     from tests.invariants.test_mamba import MAMBA_IDS  # the Mamba groups'
     from tests.invariants.test_sessions import SESSION_IDS  # the streaming-input sessions'
     from tests.invariants.test_pipeline import IDS as PIPELINE_IDS  # k plans in flight
+    from tests.invariants.test_runner_v2 import RUNNER_V2_IDS  # Model Runner V2's
 
     assert {inv.id for inv in CATALOGUE} == (
         {inv_id for inv_id, _, _ in BAD} | set(INFLIGHT_IDS) | set(GATE_IDS) | set(CONNECTOR_IDS) | set(GROUP_IDS)
         | set(KV_EVENT_IDS) | set(STATS_IDS) | set(MAMBA_IDS) | set(SESSION_IDS) | set(PIPELINE_IDS)
+        | set(RUNNER_V2_IDS)
     )
 
 

@@ -110,9 +110,12 @@ def test_the_generator_draws_both_runners_and_every_pipeline_size() -> None:
         assert not (c.model_runner == "v1" and c.async_scheduling and c.pipeline_parallel_size > 1)
         assert f"runner:{c.model_runner}/pp{c.pipeline_parallel_size}" in w.features
         drawn.add((c.model_runner, c.pipeline_parallel_size, c.async_scheduling))
-        # the rest of the workload is the one its seed always gave
+        # the rest of the workload is the one its seed always gave where the
+        # plans in flight are as many (the generator's steps follow k)
         plain = random_workload(seed, 5, modes=("sync", "async"))
-        assert w.events == plain.events and plain.config.model_runner == "v1"
+        assert plain.config.model_runner == "v1"
+        if c.max_concurrent_batches == plain.config.max_concurrent_batches:
+            assert w.events == plain.events
         assert dataclasses.replace(c, model_runner="v1", pipeline_parallel_size=1) == plain.config
     assert {pp for r, pp, a in drawn if r == "v1" and not a} == {1, 2, 3, 4}
     assert {pp for r, pp, a in drawn if r == "v2" and a} == {1, 2, 3, 4}

@@ -24,7 +24,7 @@ position with the block table it held before (continued in place, nothing
 recomputed). Negative controls: the spec with the dropped token's position
 counted as computed after an update (``dropped_kv``: the chunk's first token
 is never written), and the continuation's positions shifted by one
-(``session_position``, ``executor.Fault``). Both must be caught.
+(``stream_position``, ``executor.Fault``). Both must be caught.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ SESSIONS = 2
 PRESSURE = 4
 
 #: The negative controls of the session matrix.
-SESSION_CONTROLS = ("dropped_kv", "session_position")
+SESSION_CONTROLS = ("dropped_kv", "stream_position")
 
 
 # --------------------------------------------------------------------------
@@ -190,13 +190,13 @@ def session_variants(max_model_len: int, block_size: int = 16, max_num_seqs: int
     base = baseline_config(max_model_len, block_size, max_num_seqs)
     chunked = dict(enable_chunked_prefill=True, max_num_batched_tokens=max(max_num_seqs, block_size))
     return (
-        Variant("session", base, frozenset({"continued"})),
-        Variant("session-chunked", replace(base, **chunked),  # type: ignore[arg-type]
+        Variant("stream", base, frozenset({"continued"})),
+        Variant("stream-chunked", replace(base, **chunked),  # type: ignore[arg-type]
                 frozenset({"continued", "chunked"})),
-        Variant("session-prefix", replace(base, enable_prefix_caching=True), frozenset({"continued", "cache_hit"})),
-        Variant("session-tiny", session_pool(base), frozenset({"continued", "preempted"})),
-        Variant("session-async", replace(base, async_scheduling=True), frozenset({"continued", "in_flight"})),
-        Variant("session-all", session_pool(replace(base, async_scheduling=True, enable_prefix_caching=True,
+        Variant("stream-prefix", replace(base, enable_prefix_caching=True), frozenset({"continued", "cache_hit"})),
+        Variant("stream-tiny", session_pool(base), frozenset({"continued", "preempted"})),
+        Variant("stream-async", replace(base, async_scheduling=True), frozenset({"continued", "in_flight"})),
+        Variant("stream-all", session_pool(replace(base, async_scheduling=True, enable_prefix_caching=True,
                                              **chunked)),  # type: ignore[arg-type]
                 frozenset({"continued", "chunked", "cache_hit", "preempted", "in_flight"})),
     )
@@ -420,7 +420,7 @@ def session_control(kind: str, factory: SchedulerFactory, model: PagedLlama, sw:
         cmp, _ = run_session_variant(dropped_kv_factory(fired), model, sw, variant, base, atol=atol)
         first = str(cmp.divergences[0]) if cmp.divergences else ""
         return NegativeControl(kind, sw.name, variant.name, fired, len(cmp.divergences), first)
-    if kind != "session_position":
+    if kind != "stream_position":
         raise ValueError(f"session control must be one of {', '.join(SESSION_CONTROLS)}, got {kind!r}")
     _, ex = run_session_variant(factory, model, sw, variant, base, atol=atol)
     if not ex.first_step:

@@ -93,8 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-connector", action="store_true",
                    help="skip the KV connector variants (kv-sync, kv-async, kv-all, kv-async-spec) and their control")
     p.add_argument("--sessions", action="store_true",
-                   help="add the streaming-input session variants (session, session-chunked, session-prefix, "
-                        "session-tiny, session-async, session-all) and their controls")
+                   help="add the streaming-input session variants (session, stream-chunked, stream-prefix, "
+                        "stream-tiny, stream-async, stream-all) and their controls")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -75,8 +75,8 @@ def test_session_continuations_equal_the_whole_input_bitwise(small: LlamaWeights
     report = S.run_session_matrix(factory, model, _workloads(small), variants, baseline=baseline_config(MML),
                                   negative=scheduler == "spec")
     assert report.ok, report.table()
-    assert [v.name for v in variants] == ["session", "session-chunked", "session-prefix", "session-tiny",
-                                          "session-async", "session-all"]
+    assert [v.name for v in variants] == ["stream", "stream-chunked", "stream-prefix", "stream-tiny",
+                                          "stream-async", "stream-all"]
     for c in report.comparisons:
         # every chunk of every session compared, the dropped tokens included, every logits row bitwise
         assert c.tokens_compared > 0 and c.logits_compared == c.logits_bitwise == c.tokens_compared
@@ -96,7 +96,7 @@ def test_the_continued_guard_fails_when_no_session_is_continued_in_place(
     report = S.run_session_matrix(spec_factory, model, _workloads(small, 1), [v], baseline=baseline_config(MML),
                                   negative=False)
     assert not report.divergent
-    assert report.guard_failures == ["variant session never continued in 1 workloads"]
+    assert report.guard_failures == ["variant stream never continued in 1 workloads"]
     assert not report.ok
 
 
@@ -140,9 +140,9 @@ def test_cli_sessions_adds_the_session_rows(tmp_path: Path, capsys: pytest.Captu
               "--device", "cpu", "--max-model-len", "64", "--quiet", "--no-connector"]
     rc = schedspec_main([*common, "--sessions", "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
-    for name in ("session-tiny", "session-all", "negative control dropped_kv", "negative control session_position"):
+    for name in ("stream-tiny", "stream-all", "negative control dropped_kv", "negative control stream_position"):
         assert name in out
-    assert "DIVERGED s" not in out and "GUARD variant session" not in out, out
+    assert "DIVERGED s" not in out and "GUARD variant stream" not in out, out
     assert rc in (0, 1)  # one plain workload may leave a guard of the other variants unmet
     assert schedspec_main([*common, "--sessions", "--sliding-window", "24"]) == 2
 
@@ -154,5 +154,5 @@ def test_run_equivalence_sessions_merges_into_one_report(small: LlamaWeights) ->
     main = MatrixReport("m", "cpu", "exact", ["w0"], [])
     out = S.session_extension(None, workloads=1, negative=False)(main, model, MML)
     assert out is main and main.workloads == ["w0", "s0"]
-    assert [v.name for v in main.variants][0] == "session" and main.ok, main.table()
+    assert [v.name for v in main.variants][0] == "stream" and main.ok, main.table()
     assert replace(main, comparisons=[]).ok

@@ -1373,6 +1373,7 @@ def run_equivalence(
     cl_layers: str = "odd",
     layer_pattern: str = "",
     reference: bool | None = None,
+    extend: Callable[[MatrixReport, PagedLlama, int], object] | None = None,
 ) -> MatrixReport:
     """Load ``model``, build workloads and variants, run the matrix
     (``repeat`` times: see ``merge_repeats``; the negative controls run once).
@@ -1383,7 +1384,9 @@ def run_equivalence(
     sliding-window and chunked-local layers: ``PagedLlama``).
     ``connector`` adds the connector variants. ``reference`` checks every
     baseline against the dense, non-paged reference (None: for a hybrid
-    model). ``capabilities``: what the
+    model). ``extend(report, model, max_model_len)``: more rows run after
+    the matrix on the same model, into its report (the streaming-input
+    sessions: gpu_runner/sessions.py, ``session_extension``). ``capabilities``: what the
     scheduler declares (None: the spec, everything): without ``kv_connector``
     the connector variants are left out (a progress line says so), without
     ``hybrid_kv`` a sliding window or chunked local attention is refused
@@ -1446,6 +1449,8 @@ def run_equivalence(
         runs.append(run)
     merged = merge_repeats(runs)
     merged.interrupted = interrupted
+    if extend is not None and not interrupted:
+        extend(merged, paged, mml)
     merged.skipped = skipped
     merged.made_async = made_async
     return merged

@@ -28,6 +28,7 @@ class SessionsMixin:
     _config: SchedulerConfig
     _requests: dict[str, Request]
     _kv_holding_waiting: list[Request]
+    _connector: bool
     _deferred: set[str]
     _waiting: Any
     _max_model_len: int
@@ -44,8 +45,17 @@ class SessionsMixin:
         d["_streaming_queues"] = self._streaming_queues.copy()
         d["_session_bound"] = self._session_bound.copy()
         d["_continuing"] = [remap[id(r)] for r in self._continuing]
+        if not self._connector:  # continuing sessions holding blocks wait there (the connector copies its own)
+            d["_kv_holding_waiting"] = [remap[id(r)] for r in self._kv_holding_waiting]
 
     def _add_session(self, spec: RequestSpec) -> None:
+        if not self._streaming_queues:
+            # the first session of a scheduler: containers of its own, since a
+            # clone without sessions shares the empty ones (clone copies them
+            # only while a session is live)
+            self._streaming_queues, self._session_bound, self._continuing = {}, {}, []
+            if not self._connector:
+                self._kv_holding_waiting = list(self._kv_holding_waiting)
         self._live_sessions += 1
         self._streaming_queues[spec.request_id] = ()
         self._session_bound[spec.request_id] = len(spec.prompt_token_ids) + spec.max_tokens

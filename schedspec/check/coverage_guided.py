@@ -40,6 +40,7 @@ from schedspec.check.kv_requests import (
     KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
 )
 from schedspec.check.random_workloads import ALPHABET
+from schedspec.check.session_events import SessionRequests, session_config, session_rng
 from schedspec.check.workload import (
     Abort,
     AddRequest,
@@ -415,6 +416,17 @@ def pick_kv(kv: Sequence[str], focus: Sequence[str], rng: random.Random) -> tupl
     return tuple(k for k in KV_FEATURES if k in chosen)
 
 
+def _streams(config: SchedulerConfig, focus: Sequence[str], seed: int, vocab: int) -> SessionRequests | None:
+    """Streaming-input sessions for a focus on one of their rules (Rule.gates
+    naming "sessions", spec/rule_names.py): some requests resumable, their
+    chunks and ends sent between steps (session_events.SessionRequests), in
+    the config sessions are modelled in (FCFS, no KV connector); None for
+    any other focus, so its workload is the one its seed always gave."""
+    if not any("sessions" in RULES[rule].gates for rule in focus if rule in RULES):
+        return None
+    return SessionRequests(session_config(config), session_rng(f"guided-{seed}"), vocab)
+
+
 def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),
                     modes: Sequence[str] = ("sync",), oracle_seed: int | None = None,
                     gates: Sequence[str] = (), kv: Sequence[str] = (),
@@ -449,6 +461,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         config = with_mamba(config, mamba_rng(f"guided-{seed}"))  # opt-in (kv_requests.MAMBA_RATE)
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
+    streams = _streams(config, focus, seed, vocab)  # a focus on a streaming-input rule: sessions
+    if streams is not None:
+        config, kv_requests = streams.config, None
     f = plan.features
     requests = _Requests(rng, config, plan, vocab)
 
@@ -456,7 +471,8 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         def make(self) -> RequestSpec:
             req = requests.make()
             req = req if gated is None else gated.decorate(req)
-            return req if kv_requests is None else kv_requests.decorate(req)
+            req = req if kv_requests is None else kv_requests.decorate(req)
+            return req if streams is None or req.structured_output or req.mm_inputs else streams.decorate(req)
 
     make = _Make()
     sim = Runner(config, {"spec": SpecScheduler}, vocab=vocab,
@@ -502,6 +518,8 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
             emit(Abort(victim))
             if gated is not None:
                 gated.forget(victim)
+            if streams is not None:
+                streams.forget(victim)
         elif r < p_add + p_abort + p_reset:
             if "resets" in f and draining == 0 and rng.random() < 0.3:
                 draining = rng.randint(4, 24)
@@ -514,6 +532,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
             if kv_requests is not None:
                 for event in kv_requests.before_step():
                     emit(event)
+            if streams is not None:
+                for event in streams.before_step():
+                    emit(event)
             if "split_steps" in f and spec.requests and rng.random() < 0.25:
                 emit(Schedule())  # schedule(N), an abort or an arrival, then update(N)
                 if rng.random() < 0.6:
@@ -521,6 +542,8 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
                     emit(Abort(victim))
                     if gated is not None:
                         gated.forget(victim)
+                    if streams is not None:
+                        streams.forget(victim)
                 else:
                     emit(AddRequest(make.make()))
                 emit(Update())
@@ -534,6 +557,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
                     emit(ResetPrefixCache(False))
     if gated is not None:
         for event in gated.finish():
+            emit(event)
+    if streams is not None:
+        for event in streams.finish():
             emit(event)
     if kv_requests is not None:
         for event in kv_requests.finish():

@@ -6,7 +6,7 @@
                           [--repeat N] [--deterministic-algorithms]
                           [--sliding-window W [--sw-layers odd|even|all]]
                           [--chunked-local C [--cl-layers odd|even|all]] [--layer-pattern FSC]
-                          [--no-reference] [--no-connector]
+                          [--no-reference] [--no-connector] [--sessions]
     schedspec equivalence --cross-device DEV [--device D] [--mode M] [--model M] [--workloads N] [--seed N] [--json F]
     schedspec equivalence --max-batch [--prompt-len L] [--max-batch-tokens N] [--max-step-seconds S] [--json F]
 
@@ -92,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a hybrid model: skip the check of each baseline against the dense, non-paged reference")
     p.add_argument("--no-connector", action="store_true",
                    help="skip the KV connector variants (kv-sync, kv-async, kv-all, kv-async-spec) and their control")
+    p.add_argument("--sessions", action="store_true",
+                   help="add the streaming-input session variants (session, stream-chunked, stream-prefix, "
+                        "stream-tiny, stream-async, stream-all) and their controls")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -193,9 +196,21 @@ def _run_equivalence(args: argparse.Namespace, factory: Any, capabilities: Any,
             cl_layers=args.cl_layers,
             layer_pattern=args.layer_pattern,
             reference=False if args.no_reference else None,
+            extend=_sessions(args, factory, progress),
         )
     except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
         raise UsageError(str(exc), PROG) from None
+
+
+def _sessions(args: argparse.Namespace, factory: Any, progress: Any) -> Any:
+    """``--sessions``: the session matrix run after the matrix (gpu_runner/sessions.py)."""
+    if not args.sessions:
+        return None
+    from schedspec.gpu_runner.sessions import session_extension
+
+    return session_extension(factory, workloads=args.workloads, seed=args.seed, atol=args.atol,
+                             negative=not args.no_negative, progress=progress,
+                             hybrid=bool(args.sliding_window or args.chunked_local or args.layer_pattern))
 
 
 def _report(args: argparse.Namespace, report: Any) -> int:

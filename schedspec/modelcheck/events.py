@@ -17,7 +17,10 @@ Step): ``load done #k``, ``load failed #k`` (the whole load, failed_recving),
 ``load failed #k at block b`` (invalid_block_ids) for the k-th asynchronous
 load in flight (by arrival), ``save done #k`` for the k-th finished request
 holding its blocks for a save, and ``sync load failed #k at block b`` for the
-k-th unfinished request, whose synchronous load in this step fails.
+k-th unfinished request, whose synchronous load in this step fails. Last, in
+a space with streaming-input shapes, ``chunk #k`` and ``end #k`` per position:
+the k-th unfinished request's next chunk (its shape's) or its end
+(check/workload.py's SessionInput).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class Alphabet:
 
     def __init__(self, shapes: Sequence[Shape], max_requests: int, abort_in_step: bool = False,
                  aborts: bool = True, resets: bool = True, async_scheduling: bool = False, pauses: bool = False,
-                 grammar: bool = False, kv_ops: Sequence[str] = ()) -> None:
+                 grammar: bool = False, kv_ops: Sequence[str] = (), sessions: bool = False) -> None:
         self.shapes = tuple(shapes)
         #: False: no abort events at all (a scheduler under test that takes none)
         self.aborts = aborts
@@ -110,6 +113,11 @@ class Alphabet:
         self.kv_positions = 2 * max_requests
         self.first_kv = self.size
         self.size += len(self.kv_ops) * self.kv_positions
+        #: chunk #k, then end #k, from this code on (streaming-input sessions)
+        self.sessions = sessions
+        self.first_session = self.size
+        if sessions:
+            self.size += 2 * max_requests
 
     def add(self, i: int) -> int:
         return EventCode.FIRST_ADD + i
@@ -155,7 +163,18 @@ class Alphabet:
         return self.first_grammar + k + (0 if ok else self.max_requests)
 
     def is_kv(self, code: int) -> bool:
-        return self.first_kv <= code < self.size
+        return self.first_kv <= code < self.first_session
+
+    def is_session(self, code: int) -> bool:
+        return self.sessions and self.first_session <= code < self.first_session + 2 * self.max_requests
+
+    def session_event(self, code: int) -> tuple[int, bool]:
+        """(position among the unfinished requests, end) of a session code."""
+        i = code - self.first_session
+        return i % self.max_requests, i >= self.max_requests
+
+    def session_code(self, k: int, end: bool) -> int:
+        return self.first_session + k + (self.max_requests if end else 0)
 
     def kv_code(self, op: str, k: int) -> int:
         return self.first_kv + self.kv_ops.index(op) * self.kv_positions + k
@@ -166,7 +185,8 @@ class Alphabet:
         return self.kv_ops[i], k
 
     def enabled(self, known: int, unfinished: int, in_flight: int = 0, pause_state: int = 0,
-                grammar_waiting: Sequence[int] = (), kv: Sequence[int] = ()) -> list[int]:
+                grammar_waiting: Sequence[int] = (), kv: Sequence[int] = (),
+                sessions: Sequence[int] = ()) -> list[int]:
         """The codes enabled in a state where the scheduler knows ``known``
         requests (unfinished, or finished and not yet reported), ``unfinished``
         of them unfinished, and ``in_flight`` plans await update (async
@@ -192,6 +212,7 @@ class Alphabet:
         if self.grammar:
             codes += [self.grammar_code(k, ok) for ok in (True, False) for k in grammar_waiting]
         codes += kv  # the worker's reports the state makes meaningful (expand.Expander.enabled)
+        codes += sessions  # the session updates the spec takes (modelcheck/sessions.py)
         return codes
 
     def label(self, code: int) -> str:
@@ -208,6 +229,9 @@ class Alphabet:
         if self.is_grammar(code):
             k, ok = self.grammar_event(code)
             return f"grammar {'ok' if ok else 'failed'} #{k}"
+        if self.is_session(code):
+            k, end = self.session_event(code)
+            return f"{'end' if end else 'chunk'} #{k}"
         if self.is_kv(code):
             op, k = self.kv_event(code)
             _, label, _, block = next(o for o in KV_OPS if o[0] == op)

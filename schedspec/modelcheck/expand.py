@@ -36,6 +36,7 @@ from schedspec.check.workload import (
     ResetPrefixCache,
     Resume,
     Schedule,
+    SessionInput,
     Step,
     Update,
     Workload,
@@ -46,6 +47,7 @@ from schedspec.modelcheck.checks import StatelessChecker
 from schedspec.modelcheck.coverage import Coverage
 from schedspec.modelcheck.events import KV_OPS, PAUSE_STATE_OF, RESET, RESET_RUNNING, STEP, Alphabet
 from schedspec.modelcheck.kvworld import KVWorld, forced_reports, kv_enabled, report_event
+from schedspec.modelcheck import sessions
 from schedspec.modelcheck.model import MemoModel
 from schedspec.modelcheck.result import Finding
 from schedspec.modelcheck.space import Space
@@ -293,7 +295,8 @@ class Expander:
                                  aborts=against is None or against.aborts, resets=against is None or against.resets,
                                  async_scheduling=self.is_async, pauses=space.pauses,
                                  grammar=any(sh.structured_output for sh in self.shapes),
-                                 kv_ops=self._kv_ops(space) if self.kv_on else ())
+                                 kv_ops=self._kv_ops(space) if self.kv_on else (),
+                                 sessions=any(sh.resumable for sh in self.shapes))
         spec_invariants = () if self.tchecker is not None else tuple(invariants)
         self.checker = StatelessChecker(spec_invariants)
         #: a space with an admission gate: its state is in the fingerprint
@@ -378,6 +381,8 @@ class Expander:
             fp += (flight.key(v),)
         if self.gated:
             fp += (hidden_gate_state(s, v), clear)
+        if self.alphabet.sessions:
+            fp += (sessions.session_state(s, v),)
         if kv is not None:
             fp += (kv_key(v, kv.loads, kv.saves, kv.queue, kv.now, self.kv_bound, kv.invalid),)
         return fp
@@ -394,7 +399,8 @@ class Expander:
         return self.alphabet.enabled(len(v.requests) + len(v.finished), len(v.requests),
                                      len(flight.pairs) if flight is not None else 0, int(v.pause_state),
                                      grammar_waiting,
-                                     kv_enabled(self.alphabet, v, kv, self.config.block_size) if kv else ())
+                                     kv_enabled(self.alphabet, v, kv, self.config.block_size) if kv else (),
+                                     sessions.enabled_updates(self.alphabet, self.shapes, self.config, s, v))
 
     # -------------------------------------------------------------- checks
 
@@ -436,6 +442,8 @@ class Expander:
         if not self.incremental:
             return None
         fp = self.canon.fingerprint(mid)
+        if self.alphabet.sessions:
+            fp += (sessions.session_state(s, mid),)
         return fp + (hidden_gate_state(s, mid),) if self.gated else fp
 
     def _first_mid(self, fp: Fingerprint | None) -> bool:
@@ -956,15 +964,16 @@ class Expander:
                 # leave blocks held (a load in flight, blocks kept for a
                 # save), the scheduler unchanged: an outcome, as the check
                 # driver takes it
-                if not self.config.kv_connector:
+                # (sessions: a session waiting holds its blocks, spec/sessions.py)
+                if not (self.config.kv_connector or a.sessions):
                     raise
                 outcome = "refused"
-                self.coverage.kv_resets_refused += 1
+                self.coverage.kv_resets_refused += self.config.kv_connector
             if impl is not None:
                 try:
                     theirs: bool | str = _call(who, "reset_prefix_cache", impl.reset_prefix_cache, running_too)
                 except Finding:
-                    if not self.config.kv_connector:
+                    if not (self.config.kv_connector or a.sessions):
                         raise
                     theirs = "refused"
                 if self.lockstep:
@@ -985,6 +994,12 @@ class Expander:
             if impl is not None:
                 _call(who, "set_pause_state", _optional(who, impl, "set_pause_state"), state)
             clear = clear or clear_cache
+        elif a.is_session(code):
+            kind = "session"
+            update = sessions.update_for(a, self.shapes, before, code)
+            s2.session_update(update)
+            if impl is not None:
+                _call(who, "session_update", _optional(who, impl, "session_update"), update)
         elif a.is_grammar(code):
             kind = "grammar"
             k, ok = a.grammar_event(code)
@@ -1088,6 +1103,8 @@ class Expander:
             elif a.is_pause(code):
                 _, mode, clear_cache = a.pause_event(code)
                 these = [Resume() if mode is None else Pause(mode, clear_cache)]
+            elif a.is_session(code):
+                these = [SessionInput(sessions.update_for(a, self.shapes, sched.view(), code))]
             elif a.is_grammar(code):
                 k, ok = a.grammar_event(code)
                 these = [GrammarReady(list(sched.view().requests)[k], ok)]
@@ -1115,8 +1132,9 @@ def _busy(succ: Successor) -> bool:
     if not v.requests or v.pause_state != PauseState.UNPAUSED:
         return False
     requests: Any = getattr(succ.state, "requests", {})
-    return any(r.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-               or getattr(requests.get(rid), "grammar", None) not in (None, GrammarState.COMPILING) for rid, r in v.requests.items())
+    return any((r.status is not RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+                or getattr(requests.get(rid), "grammar", None) not in (None, GrammarState.COMPILING))
+               and not sessions.waits_for_input(r.status) for rid, r in v.requests.items())
 
 
 def engine_idle(v: SchedulerView, in_flight: int) -> bool:

@@ -46,6 +46,11 @@ class Shape:
     kv_external_tokens: int = 0
     kv_load_async: bool = False
     kv_save_async: bool = False
+    #: a streaming-input session (RequestSpec.resumable), whose ``chunk #k``
+    #: events send ``chunk`` with ``chunk_max_tokens`` (modelcheck/sessions.py)
+    resumable: bool = False
+    chunk: tuple[int, ...] = (1,)
+    chunk_max_tokens: int = 1
 
     def request(self, request_id: str, arrival: int) -> RequestSpec:
         return RequestSpec(
@@ -65,6 +70,7 @@ class Shape:
             kv_external_tokens=self.kv_external_tokens,
             kv_load_async=self.kv_load_async,
             kv_save_async=self.kv_save_async,
+            resumable=self.resumable,
         )
 
     def describe(self) -> str:
@@ -88,6 +94,8 @@ class Shape:
                          + (" loaded asynchronously" if self.kv_load_async else " loaded synchronously"))
         if self.kv_save_async:
             parts.append("saved asynchronously")
+        if self.resumable:
+            parts.append(f"streaming, chunks {list(self.chunk)} ({self.chunk_max_tokens})")
         return f"{self.name}: " + ", ".join(parts)
 
 
@@ -225,6 +233,10 @@ _A = Shape("A", (1, 2, 3), 3)
 _A2 = Shape("A", (1, 2, 3), 2)
 _B = Shape("B", (1, 2, 0, 3), 2, priority=1)
 _C = Shape("C", (1, 2, 3), 2, cache_salt="s")
+# S: a streaming-input session sharing A's first block; one chunk [3] (1)
+# fits its bound under max_model_len 6, then its end; its prompt then is A1's
+_S = Shape("S", (1, 2), 1, resumable=True, chunk=(3,), chunk_max_tokens=1)
+_A1 = Shape("A1", (1, 2, 3), 1)
 _D = Shape("D", (3,), 3, stop_after=2)
 _Dlow = Shape("D", (3,), 3, priority=1, stop_after=2)
 _E = Shape("E", (2, 1), 2, eos_token_id=0)
@@ -272,6 +284,9 @@ def _small() -> Bound:
         _space("fcfs-nochunk-eos-abortstep", (_B, _Eos), 2, abort_in_step=True, enable_chunked_prefill=False,
                num_blocks=4, max_model_len=5, max_num_batched_tokens=5),
         _space("fcfs-seqs1-eos-abortstep", (_A2, _Eos), 2, abort_in_step=True, max_num_seqs=1, **tight),
+        # a streaming-input session: its chunk and end at any time (while it
+        # waits, runs or waits for input), with resets and aborts
+        _space("fcfs-cache-stream-1req", (_S, _A1), 1, max_model_len=6),
     ))
 
 
@@ -286,6 +301,11 @@ def _medium() -> Bound:
         _space("fcfs-cache-threshold-noreserve", (_A, _B), 2, long_prefill_token_threshold=2,
                scheduler_reserve_full_isl=False),
         _space("fcfs-cache-eos", (_A2, _E), 2),
+        # a session beside another request (the admission count of sessions
+        # waiting for input); each needs at most 2 of the 4 usable blocks, so
+        # a session waiting for input never holds what the other needs
+        # (stream-liveness, docs/divergences.md)
+        _space("fcfs-nocache-stream", (_S, _A1), 2, max_model_len=6, enable_prefix_caching=False),
     ))
 
 

@@ -101,8 +101,8 @@ from schedspec.check.workload import (
 )
 
 #: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.
-TRACE_VERSION = 6
-READ_VERSIONS = (1, 2, 3, 4, 5, 6)
+TRACE_VERSION = 7
+READ_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 
 
 def fields_since(cls: type, version: int) -> tuple[str, ...]:
@@ -125,6 +125,8 @@ V4_OPS = ("kv_load_done", "kv_load_failed", "kv_save_done")
 #: Streaming-input sessions (version 6): the request field and the event.
 V6_REQUEST_FIELDS = fields_since(RequestSpec, 6)
 V6_OPS = ("session_update",)
+#: Config fields a trace before version 7 cannot carry.
+V7_CONFIG_FIELDS = fields_since(SchedulerConfig, 7)
 #: The JSON Schema every line is validated against (shipped with the package).
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
@@ -397,6 +399,10 @@ def _parse_header(
                 raise TraceError(path, line, f"config.{name}", _NEEDS_V4)
         if "kv" in obj:
             raise TraceError(path, line, "kv", _NEEDS_V4)
+    if version < 7:
+        for name in V7_CONFIG_FIELDS:
+            if name in obj["config"]:
+                raise TraceError(path, line, f"config.{name}", "needs trace format version 7 (\"schedspec_trace\": 7)")
     try:  # the cross-field rules the schema cannot express
         config = SchedulerConfig.from_dict(obj["config"])
     except ConfigError as exc:

@@ -158,3 +158,31 @@ def mamba_state_blocks_bounded(t: Transition, h: History) -> Iterator[Finding]:
                 yield rid, f"mamba group {g} holds {n} state blocks, vLLM's bound is {bound}"
             elif n and (r.status.is_finished or r.status == RequestStatus.PREEMPTED):
                 yield rid, f"mamba group {g} still holds {n} state blocks while {r.status.name.lower()}"
+
+
+@transition_invariant(
+    "mamba-progress-bound",
+    "With a Mamba group a request's computed tokens never fall back without a preemption counted: "
+    "across any operation, a request (not resumable) whose num_computed_tokens is lower after "
+    "than before has num_preemptions one higher, so no request is prefilled again and again while "
+    "its preemptions stay 0 (with no drafts and no connector beside a Mamba group, nothing else "
+    "takes computed tokens back).",
+    "vllm/v1/core/sched/scheduler.py, Scheduler._preempt_request (num_computed_tokens = 0, "
+    "num_preemptions += 1) is the only place a Mamba layout's computed tokens go back; "
+    "_mamba_block_aligned_split must leave a running request progress (vllm#52520: a request "
+    "near the pool ceiling re-prefilled for ever with num_preemptions 0).",
+    tags=("safety",),
+    requires=_NEEDS,
+)
+def mamba_progress_bound(t: Transition, h: History) -> Iterator[Finding]:
+    if not state_groups(t.after.config):
+        return
+    for rid, a in sorted(t.after.requests.items()):
+        b = t.before.requests.get(rid)
+        if b is None or b.spec.resumable or a.num_computed_tokens >= b.num_computed_tokens:
+            continue
+        if a.num_preemptions <= b.num_preemptions:
+            yield rid, (
+                f"computed tokens fell from {b.num_computed_tokens} to {a.num_computed_tokens} with "
+                f"num_preemptions still {a.num_preemptions}: prefilled again without a preemption"
+            )

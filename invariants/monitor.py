@@ -105,6 +105,7 @@ _ORDER = (
     "mamba-hit-at-checkpoint",
     "mamba-chunk-on-grid",
     "mamba-state-blocks-bounded",
+    "mamba-progress-bound",
     # the KV cache events (kv_events)
     "kv-events-mirror-exact",
     "kv-events-parent-stored",

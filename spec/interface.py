@@ -348,6 +348,11 @@ class SchedulerConfig:
     kv_cache_groups: tuple[KVCacheGroup, ...] = field(
         default=(), metadata=declare(max_items=MAX_KV_CACHE_GROUPS, since=4)
     )
+    #: vLLM's CacheConfig.prefix_match_unit, the hash block size: the token
+    #: boundary prefix-cache keys are computed at (0 = vLLM's default, the GCD
+    #: of the groups' block sizes: the block size in the modelled layouts);
+    #: spec/validate.py, _check_hash_block_size, says what vLLM refuses
+    hash_block_size: int = field(default=0, metadata=declare(minimum=0, maximum=1 << 16, since=7))
     #: vLLM's KVEventsConfig.enable_kv_cache_events: the scheduler queues the
     #: KV cache events (spec/kv_events.py) for ``take_kv_events()``
     enable_kv_cache_events: bool = field(default=False, metadata=declare(since=4))

@@ -238,6 +238,34 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_pipeline(config)
     _check_groups_fit(config)
     _check_model_runner(config)
+    _check_hash_block_size(config)
+
+
+def _check_hash_block_size(config: ConfigFields) -> None:
+    """The hash block size (vLLM's CacheConfig.prefix_match_unit), as
+    vllm/v1/core/kv_cache_utils.py, resolve_kv_cache_block_sizes, resolves
+    it: ignored while neither prefix caching nor a KV connector reads block
+    hashes; with one group it must be the block size ("with a single KV
+    cache group, prefix-cache hits land on the block size"); with several,
+    every cacheable group's block size must be a multiple of it (also
+    HybridKVCacheCoordinator.__init__'s assertion). A hash block size below a
+    group's block size makes FullAttentionManager.cache_blocks register
+    partial-block entries (_cache_partial_tail_block,
+    BlockPool.cache_partial_block), which are not modelled yet."""
+    hb = getattr(config, "hash_block_size", 0)
+    if not hb or not (config.enable_prefix_caching or config.kv_connector):
+        return
+    sizes = [getattr(g, "block_size", 0) or config.block_size for g in config.kv_cache_groups]
+    if len(config.kv_cache_groups) <= 1 and hb != config.block_size:
+        raise ConfigError("hash_block_size", f"({hb}) must be 0 or block_size ({config.block_size}) with one KV "
+                          "cache group: vLLM's prefix-cache hits land on the block size")
+    bad = [bs for bs in sizes if bs % hb]
+    if bad:
+        raise ConfigError("hash_block_size", f"({hb}) must divide every KV cache group's block size, got block "
+                          f"size {bad[0]}: vLLM refuses a prefix_match_unit that does not")
+    if hb != config.block_size:
+        raise ConfigError("hash_block_size", f"({hb}) below the block size ({config.block_size}): partial-block "
+                          "prefix-cache entries (BlockPool.cache_partial_block) are not modelled")
 
 
 def _check_model_runner(config: ConfigFields) -> None:

@@ -70,6 +70,7 @@ def build_vllm_config(config: SchedulerConfig) -> tuple[Any, Any]:
         sliding_window=None,
         num_gpu_blocks_override=None,
         mamba_cache_mode=mamba_cache_mode(config.groups),
+        prefix_match_unit=config.hash_block_size or None,
     )
     with runner_env(config):  # the model runner (vllm_runner.py)
         return _build(config, model_config, scheduler_config, cache_config)
@@ -107,6 +108,7 @@ def _build(config: SchedulerConfig, model_config: Any, scheduler_config: Any, ca
         prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
     )
     _check_effective(vllm_config, config)
+    _check_hash_block_size(v, vllm_config, kv_cache_config, config)
     global _SPECS_REGISTERED
     with _LOCK:
         if not _SPECS_REGISTERED:  # what the engine core does once (v1/engine/core.py)
@@ -210,6 +212,19 @@ def _lora_config(config: SchedulerConfig) -> Any:
     if not config.max_loras:
         return None
     return v.LoRAConfig(max_loras=config.max_loras, max_lora_rank=8)
+
+
+def _check_hash_block_size(v: Any, vc: Any, kv_cache_config: Any, config: SchedulerConfig) -> None:
+    """The hash block size vLLM's engine resolves from CacheConfig.prefix_match_unit
+    (v1/core/kv_cache_utils.py, resolve_kv_cache_block_sizes; v1/engine/core.py
+    passes it to the scheduler) is the one the spec uses: the config's
+    ``hash_block_size``, 0 meaning the block size."""
+    _, hash_block_size = v.resolve_kv_cache_block_sizes(kv_cache_config, vc)
+    if hash_block_size != (config.hash_block_size or config.block_size):
+        raise VllmAdapterError(
+            f"vLLM resolved the hash block size to {hash_block_size}, the spec to "
+            f"{config.hash_block_size or config.block_size}"
+        )
 
 
 def _check_effective(vc: Any, config: SchedulerConfig) -> None:

@@ -43,6 +43,7 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
     get_request_block_hasher,
     init_none_hash,
 )
+from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState as VPauseState  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402

@@ -143,6 +143,9 @@ def parse_modes(text: str) -> tuple[Mode, ...]:
 #: The sliding window and the attention chunk of the hybrid layouts, in tokens.
 HYBRID_WINDOW = 128
 HYBRID_CHUNK = 256
+#: The most state blocks a request holds in a Mamba group (three with async
+#: scheduling: invariants/mamba.py, mamba-state-blocks-bounded).
+MAMBA_STATE_BLOCKS = 3
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,10 @@ class KvLayout:
     prompt in the connector's store and loads it within the step that
     admits it (``requests``), nothing is saved),
     ``hybrid`` (a full-attention group and a sliding-window group of
-    HYBRID_WINDOW tokens, one pool) and ``chunked`` (a full-attention group
-    and a chunked-local group of HYBRID_CHUNK tokens)."""
+    HYBRID_WINDOW tokens, one pool), ``chunked`` (a full-attention group
+    and a chunked-local group of HYBRID_CHUNK tokens) and ``mamba`` (a
+    full-attention group and a Mamba group in "align" mode: spec/mamba.py;
+    no drafts beside it, so the spec modes' cells are n/a)."""
 
     name: str = "plain"
 
@@ -170,12 +175,16 @@ class KvLayout:
             return (KVCacheGroup(), KVCacheGroup("sliding_window", sliding_window=HYBRID_WINDOW))
         if self.name == "chunked":
             return (KVCacheGroup(), KVCacheGroup("chunked_local", attention_chunk_size=HYBRID_CHUNK))
+        if self.name == "mamba":
+            return (KVCacheGroup(), KVCacheGroup("mamba"))
         return ()
 
     def extra_blocks_per_request(self, block_size: int) -> int:
         """The most blocks a decoding request holds in its groups past the
         first: a window's (or a chunk's) worth and the partial blocks at
         both ends."""
+        if self.name == "mamba":
+            return MAMBA_STATE_BLOCKS
         span = {"hybrid": HYBRID_WINDOW, "chunked": HYBRID_CHUNK}.get(self.name, 0)
         return -(-span // block_size) + 2 if span else 0
 
@@ -201,11 +210,11 @@ class KvLayout:
 
 PLAIN = KvLayout()
 #: Every layout ``--kv`` knows, in table order.
-KV_LAYOUTS: tuple[str, ...] = ("plain", "connector", "hybrid", "chunked")
+KV_LAYOUTS: tuple[str, ...] = ("plain", "connector", "hybrid", "chunked", "mamba")
 
 
 def parse_kv_layouts(text: str) -> tuple[KvLayout, ...]:
-    """``plain,connector,hybrid,chunked`` (``all``: every one) to layouts;
+    """``plain,connector,hybrid,chunked,mamba`` (``all``: every one) to layouts;
     ValueError naming the part that is not one."""
     if text.strip() == "all":
         return tuple(KvLayout(n) for n in KV_LAYOUTS)

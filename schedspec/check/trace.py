@@ -125,7 +125,7 @@ V4_OPS = ("kv_load_done", "kv_load_failed", "kv_save_done")
 #: Streaming-input sessions (version 6): the request field and the event.
 V6_REQUEST_FIELDS = fields_since(RequestSpec, 6)
 V6_OPS = ("session_update",)
-#: Config fields of version 7 (pipeline parallelism, the model runner).
+#: Config fields of version 7 (pipeline parallelism, the model runner, the hash block size).
 V7_CONFIG_FIELDS = fields_since(SchedulerConfig, 7)
 #: The JSON Schema every line is validated against (shipped with the package).
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")

@@ -531,10 +531,26 @@ def _connector_hybrid() -> Bound:
     ))
 
 
+def _mamba() -> Bound:
+    # A Mamba group in "align" mode (spec/mamba.py) beside full attention,
+    # in the least pool vLLM's start-up check accepts: state blocks
+    # checkpointed at block boundaries, the prefill chunk split on the state
+    # grid (Scheduler._mamba_block_aligned_split), hits only at a
+    # checkpointed length, aborts; one request at a time (two
+    # together exceed a short run: over 39,000 states at depth 17, as does a
+    # sliding window beside).
+    short: dict[str, Any] = dict(max_model_len=4, max_num_batched_tokens=3)
+    return Bound("mamba", (
+        _space("mamba-full", (_A2, _Ps), 1, kv_cache_groups=(KVCacheGroup(), KVCacheGroup("mamba")), num_blocks=6,
+               **short),
+    ))
+
+
 BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "large": _large, "modes": _modes,
                                           "modes-large": _modes_large, "gates": _gates, "gates-large": _gates_large,
                                           "connector": _connector, "hybrid": _hybrid,
-                                          "connector-hybrid": _connector_hybrid, "kv-livelock": _kv_livelock}
+                                          "connector-hybrid": _connector_hybrid, "kv-livelock": _kv_livelock,
+                                          "mamba": _mamba}
 
 
 def bound(name: str) -> Bound:

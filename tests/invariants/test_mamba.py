@@ -13,7 +13,7 @@ from schedspec.spec.interface import KVCacheGroup, MMInput, RequestStatus, Sched
 
 from tests.helpers import req
 
-MAMBA_IDS = ("mamba-hit-at-checkpoint", "mamba-chunk-on-grid", "mamba-state-blocks-bounded")
+MAMBA_IDS = ("mamba-hit-at-checkpoint", "mamba-chunk-on-grid", "mamba-state-blocks-bounded", "mamba-progress-bound")
 
 CFG = SchedulerConfig(block_size=4, num_blocks=33, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=64,
                       enable_prefix_caching=True, kv_cache_groups=(KVCacheGroup(), KVCacheGroup("mamba")))
@@ -100,3 +100,25 @@ def test_too_many_state_blocks_or_blocks_kept_when_preempted_fire() -> None:
     preempted = dataclasses.replace(a, status=RequestStatus.PREEMPTED)
     after = dataclasses.replace(t.after, requests={**t.after.requests, "a": preempted})
     assert any("while preempted" in m for m in fires("mamba-state-blocks-bounded", dataclasses.replace(t, after=after)))
+
+
+def test_computed_tokens_falling_back_without_a_preemption_fire() -> None:
+    s = SpecScheduler(CFG)
+    s.add(req("a", 10, max_tokens=3))
+    t = scheduled(s)
+    finish(s, t.plan)  # type: ignore[arg-type]
+    before = s.view()
+    plan = s.schedule()
+    t = Transition("schedule", before, s.view(), plan)
+    silent(t)
+    a = t.after.requests["a"]
+    assert t.before.requests["a"].num_computed_tokens == 8 and a.num_preemptions == 0
+    # requeued and prefilled again from 0 with num_preemptions 0 (vllm#52520)
+    requeued = dataclasses.replace(a, num_computed_tokens=0, status=RequestStatus.WAITING, block_ids=(),
+                                   group_block_ids=())
+    bad = dataclasses.replace(t, after=dataclasses.replace(t.after, requests={**t.after.requests, "a": requeued}))
+    assert any("fell from 8 to 0 with num_preemptions still 0" in m for m in fires("mamba-progress-bound", bad))
+    # the same fall with the preemption counted is a preemption, not a re-prefill
+    counted = dataclasses.replace(requeued, num_preemptions=1, status=RequestStatus.PREEMPTED)
+    ok = dataclasses.replace(t, after=dataclasses.replace(t.after, requests={**t.after.requests, "a": counted}))
+    assert fires("mamba-progress-bound", ok) == []

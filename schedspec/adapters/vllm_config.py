@@ -94,7 +94,6 @@ def _build(config: SchedulerConfig, model_config: Any, scheduler_config: Any, ca
         # socket (schedspec/adapters/vllm_events.py captures the batches)
         kv_events_config=(v.KVEventsConfig(enable_kv_cache_events=True, publisher="null")
                           if config.enable_kv_cache_events else None),
-        **_parallel_config(config),
     )
     # The engine sets this after profiling the GPU; the scheduler asserts on it.
     vllm_config.cache_config.num_gpu_blocks = config.num_blocks
@@ -115,19 +114,6 @@ def _build(config: SchedulerConfig, model_config: Any, scheduler_config: Any, ca
             into_vllm(v.register_all_kvcache_specs, vllm_config)
             _SPECS_REGISTERED = True
     return vllm_config, kv_cache_config
-
-
-def _parallel_config(config: SchedulerConfig) -> dict[str, Any]:
-    """With pipeline parallelism, a ParallelConfig of that many stages (the
-    scheduler reads only pipeline_parallel_size: Scheduler.__init__ use_pp,
-    VllmConfig.max_concurrent_batches); no distributed setup is built, since
-    the scheduler never reaches one (only the executor would). Without it,
-    vLLM's default."""
-    if config.pipeline_parallel_size == 1:
-        return {}
-    from schedspec.adapters import vllm_names as v
-
-    return {"parallel_config": v.ParallelConfig(pipeline_parallel_size=config.pipeline_parallel_size)}
 
 
 def _kv_cache_groups(config: SchedulerConfig) -> list[Any]:

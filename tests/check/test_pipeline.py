@@ -60,7 +60,7 @@ def test_max_concurrent_batches_is_vllms(pp: int, async_: bool, k: int) -> None:
     ({"pipeline_parallel_size": 0}, "must be positive"),
     ({"pipeline_parallel_size": 5}, "maximum 4"),
     ({"pipeline_parallel_size": True}, "must be an integer"),
-    ({"pipeline_parallel_size": 2, "async_scheduling": True}, "refuses async scheduling with pipeline parallelism"),
+    ({"pipeline_parallel_size": 2, "async_scheduling": True}, "refuses pipeline parallelism with async scheduling"),
 ])
 def test_a_pipeline_size_vllm_does_not_take_is_a_config_error_naming_the_field(kw: dict[str, object],
                                                                                 words: str) -> None:
@@ -179,7 +179,7 @@ def test_a_default_trace_is_written_as_before() -> None:
 @pytest.mark.parametrize(("version", "config", "words"), [
     (6, {"pipeline_parallel_size": 2}, "needs trace format version 7"),
     (7, {"pipeline_parallel_size": 5}, "maximum of 4"),
-    (7, {"pipeline_parallel_size": 2, "async_scheduling": True}, "refuses async scheduling"),
+    (7, {"pipeline_parallel_size": 2, "async_scheduling": True}, "refuses pipeline parallelism with async scheduling"),
 ])
 def test_a_bad_pipeline_size_in_a_trace_names_file_line_and_field(version: int, config: dict[str, object],
                                                                    words: str, tmp_path: Path) -> None:

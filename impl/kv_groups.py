@@ -48,7 +48,7 @@ class Layout:
         self.caching = config.enable_prefix_caching
         #: each group's kind with its parameters
         self.rules: tuple[GroupRules, ...] = tuple(rules_of(g) for g in self.groups)
-        in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+        in_flight = config.max_concurrent_batches * config.max_num_batched_tokens
         self.caps: tuple[int | None, ...] = tuple(r.cap(bs, in_flight, config.max_model_len) for r in self.rules)
         # verify_and_split_kv_cache_groups: equal specs (the kind and its
         # fields; one block size) merged in order of first appearance, the

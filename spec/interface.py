@@ -26,6 +26,7 @@ from schedspec.spec.validate import KV_GROUP_KINDS as KV_GROUP_KINDS
 from schedspec.spec.validate import (
     KV_LOAD_FAILURE_POLICIES,
     MODEL_RUNNERS,
+    max_concurrent_batches,
     MAX_KV_CACHE_GROUPS,
     MAX_SPECULATIVE_TOKENS,
     declaration_of,
@@ -368,6 +369,12 @@ class SchedulerConfig:
         """Whether the layout is other than one full-attention group (then
         plans and views carry ``group_block_ids``)."""
         return self.groups != (KVCacheGroup(),)
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """VllmConfig.max_concurrent_batches (spec/validate.py): the batches
+        whose tokens the KV cache groups' caps reserve."""
+        return max_concurrent_batches(self)
 
     @property
     def watermark_blocks(self) -> int:

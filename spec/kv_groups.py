@@ -102,10 +102,10 @@ class GroupLayout:
 
     @classmethod
     def of(cls, config: SchedulerConfig) -> GroupLayout:
-        """vllm/config/vllm.py, VllmConfig.max_in_flight_tokens: one batch per
-        concurrent step, two with async scheduling; get_manager_for_kv_cache_spec
+        """vllm/config/vllm.py, VllmConfig.max_in_flight_tokens: a token budget
+        per concurrent batch (max_concurrent_batches); get_manager_for_kv_cache_spec
         gives a sliding-window and a chunked-local manager their spec's cap."""
-        in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+        in_flight = config.max_concurrent_batches * config.max_num_batched_tokens
         caps = tuple(group_admission_cap(g, config.block_size, in_flight, config.max_model_len) for g in config.groups)
         return cls(config.groups, config.block_size, config.enable_prefix_caching, caps)
 

@@ -236,6 +236,21 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_model_runner(config)
 
 
+def max_concurrent_batches(config: ConfigFields) -> int:
+    """vllm/config/vllm.py, VllmConfig.max_concurrent_batches: the steps a
+    pipeline keeps in flight (pipeline_parallel_size), one more with V2 and
+    async scheduling, two with the V1 runner's async scheduling and no
+    pipeline; the KV cache groups' caps reserve that many token budgets
+    (VllmConfig.max_in_flight_tokens)."""
+    pp: int = getattr(config, "pipeline_parallel_size", 1)
+    if config.async_scheduling:
+        if getattr(config, "model_runner", "v1") == "v2":
+            return pp + 1
+        if pp <= 1:
+            return 2
+    return pp
+
+
 def _check_model_runner(config: ConfigFields) -> None:
     """What vLLM refuses of the model runner choice (vllm/config/vllm.py,
     VllmConfig._get_v1_model_runner_unsupported_features, raised by
@@ -293,7 +308,7 @@ def _check_groups_fit(config: ConfigFields) -> None:
     if not config.kv_cache_groups:
         return
     bs, mml = config.block_size, config.max_model_len
-    in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+    in_flight = max_concurrent_batches(config) * config.max_num_batched_tokens
     need = []
     for g in config.kv_cache_groups:
         # the group kind's max_admission_blocks_per_request (spec/kv_kinds.py);

@@ -119,3 +119,25 @@ def test_the_generator_draws_both_runners_and_every_pipeline_size() -> None:
         assert dataclasses.replace(c, model_runner="v1", pipeline_parallel_size=1) == plain.config
     assert {pp for r, pp, a in drawn if r == "v1" and not a} == {1, 2, 3, 4}
     assert {pp for r, pp, a in drawn if r == "v2" and a} == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("runner, asynchronous, pp, batches", [
+    ("v1", False, 1, 1), ("v1", True, 1, 2), ("v1", False, 3, 3),
+    ("v2", False, 1, 1), ("v2", True, 1, 2), ("v2", True, 3, 4), ("v2", False, 4, 4),
+])
+def test_max_concurrent_batches_as_vllm(runner: str, asynchronous: bool, pp: int, batches: int) -> None:
+    # VllmConfig.max_concurrent_batches: the sliding-window caps reserve that many token budgets
+    c = SchedulerConfig(model_runner=runner, async_scheduling=asynchronous, pipeline_parallel_size=pp)
+    assert c.max_concurrent_batches == batches
+
+
+def test_a_pipeline_reserves_more_for_a_sliding_window_group() -> None:
+    from schedspec.spec.interface import KVCacheGroup
+    from schedspec.spec.kv_groups import GroupLayout
+
+    kw: dict[str, object] = dict(block_size=4, num_blocks=40, max_num_batched_tokens=16, max_model_len=128,
+                                 kv_cache_groups=(KVCacheGroup(kind="sliding_window", sliding_window=8),))
+    one = GroupLayout.of(SchedulerConfig(**kw))  # type: ignore[arg-type]
+    three = GroupLayout.of(SchedulerConfig(pipeline_parallel_size=3, **kw))  # type: ignore[arg-type]
+    c1, c3 = one.admission_caps[0], three.admission_caps[0]
+    assert c1 is not None and c3 is not None and c3 > c1

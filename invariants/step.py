@@ -898,6 +898,8 @@ def progress_admits_head(t: Transition, h: History) -> Iterator[Finding]:
         return
     if head is not None and _async_load_over_reserve(t.before, h, head):
         return
+    if head in stale_passed_over(t):
+        return  # passed over while its stale output is in flight (k >= 3 plans)
     if not t.before.running and head is not None and not set(ahead) & set(t.plan.scheduled_ids):
         yield head, "nothing was running, yet the head of the waiting queue was not admitted"
 

@@ -161,7 +161,7 @@ class Runner:
             else {
                 n: FakeModel(config.block_size, vocab, oracle_seed,
                              num_speculative_tokens=config.num_speculative_tokens, acceptance=acceptance,
-                             groups=config.groups if config.is_hybrid else ())
+                             groups=config.groups if config.is_hybrid else (), rows=config.max_concurrent_batches - 1)
                 for n in self.names
             }
         )

@@ -128,6 +128,7 @@ class FakeModel:
         num_speculative_tokens: int = 0,
         acceptance: str | None = None,
         groups: Sequence[KVCacheGroup] = (),
+        rows: int = 1,
     ) -> None:
         if vocab < 2:
             raise ValueError("vocab must be at least 2")
@@ -143,6 +144,13 @@ class FakeModel:
         self.num_speculative_tokens = num_speculative_tokens
         self.acceptance = acceptance
         self.slots: dict[int, int] = {}  # slot (block * block_size + offset) -> token id
+        #: the request ids of the last ``rows`` plans: whose outputs may still
+        #: be in flight (one plan, or with Model Runner V2's decode throttle
+        #: under a pipeline the plans since a request's last decode: its
+        #: sampled tokens live in the worker's per-request state, not in a
+        #: batch row; k - 1 of k plans in flight)
+        self._recent: list[frozenset[str]] = []
+        self._rows = max(1, rows)
         #: request id -> position -> the token the model sampled there (what fills a -1)
         self.outputs: dict[str, dict[int, int]] = {}
         #: request id -> the drafts proposed after its last step (what fills a -1 draft)
@@ -387,10 +395,11 @@ class FakeModel:
                 # an empty proposal is said, as a drafter with no match says it
                 drafts[rid] = proposal
                 self.proposals[rid] = proposal
-        # What fills a -1 lives as long as the worker's batch row: the
-        # requests of this plan (a request's in-flight output is always its
-        # output in the plan just before).
-        keep = set(plan.scheduled_ids)
+        # What fills a -1 lives as long as the worker keeps the request: the
+        # requests of this plan (a request's in-flight output is its output
+        # in the plan just before), or of the last ``rows`` plans.
+        self._recent = [*self._recent[-(self._rows - 1):], frozenset(plan.scheduled_ids)] if self._rows > 1 else []
+        keep = set(plan.scheduled_ids).union(*self._recent)
         for store in (self.outputs, self.proposals, self.rejected):
             for rid in [r for r in store if r not in keep]:
                 del store[rid]

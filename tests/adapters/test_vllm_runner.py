@@ -92,7 +92,7 @@ def test_vllm_takes_the_v2_runner_and_the_pipeline(pp: int) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("modes, runner, pp", [
-    (("async", "async-spec"), "v2", 3), (("async",), "v2", 2), (("sync", "spec"), "v2", 4), (("sync",), "v1", 2),
+    (("async", "async-spec"), "v2", 3), (("async",), "v2", 2), (("sync",), "v2", 4), (("spec",), "v2", 1), (("sync",), "v1", 2),
 ])
 def test_lockstep_with_vllm(modes: tuple[str, ...], runner: str, pp: int) -> None:
     from schedspec.adapters.vllm_adapter import VllmScheduler

@@ -26,6 +26,7 @@ from schedspec.spec.interface import SchedulerConfig, StepPlan
 
 from schedspec.adapters.vllm_kinds import mamba_cache_mode
 from schedspec.adapters.vllm_load import VllmAdapterError
+from schedspec.adapters.vllm_message_encoder import encoder_problems
 from schedspec.adapters.vllm_requests import Live
 from schedspec.adapters.vllm_runner import v2_message_problems
 
@@ -185,6 +186,8 @@ def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config:
         # field carries them), only their type is checked
         fixed.pop("new_block_ids_to_zero")
         problems.extend(zeroed_problems(out.new_block_ids_to_zero))
+    # scheduled_encoder_input_stats, encoder_input_updates: vllm_message_encoder.py
+    problems.extend(encoder_problems(out, plan, live))
     for name, want in fixed.items():
         # a field an older vLLM lacks (the engine's 0.32, docs/engine.md) is
         # not compared; 0.33's fields are held to its dataclass by a test

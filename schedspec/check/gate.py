@@ -36,6 +36,8 @@ from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, effect_focus, guided_workload
+from schedspec.check.dense_phase import (DENSE_STEPS, after_phase, core_first_after, dense_first, in_phase,
+                                         phase_settings)
 from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_capabilities
 from schedspec.check.kv_events_file import EventsWriter
 from schedspec.check.event_counts import EventsTally
@@ -452,6 +454,8 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     # coverage alone, as in a run with no gate or KV feature to draw
     core_rules: Counter[str] = Counter()
     first = core_first(total_steps, settings.workload_steps)
+    dense = dense_first(total_steps, settings.workload_steps)  # short core workloads first (dense_phase.py)
+    first = core_first_after(first, dense)
     seed = settings.seed
     events_out = EventsWriter(settings.events_file) if settings.events_file is not None else None
     tally = EventsTally()
@@ -464,22 +468,25 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             seed = settings.seed + index * shard_n + (shard_k - 1)
             index += 1
             n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
-            core = is_core(index - 1, first)
+            core = in_phase(index - 1, dense) or is_core(after_phase(index - 1, dense), first)
+            n = min(n, DENSE_STEPS) if in_phase(index - 1, dense) else n
+            # this workload's settings: the dense phase's vocabulary (dense_phase.py)
+            ws = phase_settings(settings, in_phase(index - 1, dense))
             workload = caps.restrict_workload(
-                make_workload(settings, seed, n, core_rules if core else stats.rules, core))
+                make_workload(ws, seed, n, core_rules if core else stats.rules, core))
             on = outputs_on(settings.kv_events, settings.stats, caps, seed)
             workload, used = with_outputs(workload, factories, *on)
             sink = events_out.sink(seed) if events_out is not None else None
-            runner, failure = run_workload(workload, used, settings.vocab, oracle_seed=seed,
+            runner, failure = run_workload(workload, used, ws.vocab, oracle_seed=seed,
                                            plans_only=settings.plans_only, invariants=invariants, stop_at=stop_at,
                                            kv_event_sink=tally.sink(sink) if on[0] else sink)
             if failure is not None and settings.plans_only and failure.kind != "timeout":
                 # the same workload, everything checked
-                failure = run_workload(workload, used, settings.vocab, oracle_seed=seed,
+                failure = run_workload(workload, used, ws.vocab, oracle_seed=seed,
                                        invariants=invariants)[1] or failure
             seeds.append(seed)
             if not runner.stopped:
-                count_rules(runner, workload, seed, settings.vocab)
+                count_rules(runner, workload, seed, ws.vocab)
                 if on[0]:
                     tally.add(runner.stats, workload)
             stats.merge(runner.stats)
@@ -503,7 +510,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                 found_after = time.monotonic() - start
                 say(f"FAILED on workload seed {seed}{workload_label(workload)} after {found_after:.1f} s: "
                     f"{failure.describe()}")
-                outcome = _counterexample(used, settings, selection, workload, failure, seed,
+                outcome = _counterexample(used, ws, selection, workload, failure, seed,
                                           CheckOutcome(steps, workloads, 0.0, stats, seeds=seeds, selection=selection,
                                                        known_defects=known, found_after=found_after),
                                           start, say)

@@ -43,10 +43,12 @@ def _schedspec(*argv: str, timeout: float = 120) -> tuple[subprocess.CompletedPr
 @posix_only
 def test_a_scheduler_that_blocks_at_its_50th_schedule_is_a_finding_not_a_hung_job(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done, elapsed = _schedspec("check", "--against", "hanging_schedulers:Hang", "--time", "5", "--call-timeout",
+    # 300 steps: a run too short for the dense phase (check/dense_phase.py), whose 40-step
+    # workloads never make a 50th schedule(): the first workload has 200 steps
+    done, elapsed = _schedspec("check", "--against", "hanging_schedulers:Hang", "--steps", "300", "--call-timeout",
                                "1", "--quiet", "--out", str(out), "--json", str(tmp_path / "s.json"))
     assert done.returncode == 1, done.stdout + done.stderr
-    assert elapsed < 5 + 1 + 20  # the budget, the deadline, the interpreter's start on a busy machine
+    assert elapsed < 5 + 1 + 20  # the first workload, the deadline, the interpreter's start on a busy machine
     text = done.stdout
     assert "timeout at event" in text and "(step 50) in hanging_schedulers:Hang" in text, text
     assert re.search(r"Hang\.schedule\(\) did not return: still running after 1\.\d s", text), text

@@ -46,3 +46,25 @@ def test_impl_names_the_same_events_as_the_spec() -> None:
         step(a)
         step(b)
         assert a.take_kv_events() == b.take_kv_events()
+
+
+def test_long_prefix_fast_keys_equal_the_spec_and_removals_read_the_node() -> None:
+    """Requests of long prompts sharing a prefix, through a pool small enough
+    to evict: impl's keys (built once per stored block and left on the node,
+    impl/kv_events.py stored_keyed) name the same events as the spec's, and
+    every node a BlockStored registered carries the key its BlockRemoved names."""
+    config = cfg(num_blocks=48, max_model_len=180, max_num_batched_tokens=48, enable_kv_cache_events=True)
+    a, b = SpecScheduler(config), ImplScheduler(config)
+    shared = list(range(100))
+    for s in (a, b):
+        for k in range(6):
+            s.add(req(f"r{k}", shared + [50 + k] * (4 + 9 * k), max_tokens=12))
+    kinds: set[str] = set()
+    for _ in range(80):
+        step(a)
+        step(b)
+        ea, eb = a.take_kv_events(), b.take_kv_events()
+        assert ea == eb
+        kinds |= {type(e).__name__ for e in eb}
+        assert all(node.ekey is not None for node in b._px.intern.values() if node.holders)
+    assert {"BlockStored", "BlockRemoved"} <= kinds

@@ -31,6 +31,9 @@ class Request(Protocol):
     def token_range(self, start: int, end: int) -> tuple[int, ...]: ...
 
     @property
+    def identity_marks(self) -> dict[int, str]: ...
+
+    @property
     def spec(self) -> RequestSpec: ...
 
 
@@ -57,14 +60,21 @@ def stored(req: Request, start: int, end: int, kept: list[int], block_size: int,
     )
 
 
-
 def stored_keyed(req: Request, table: Sequence[int], block_node: Sequence[KeyNode | None], start: int,
                  end: int, kept: list[int], block_size: int, group: int, kind: str) -> BlockStored:
     """``stored``, the parent key read off the node of block ``start - 1``
     where it has one, and each kept block's node (``block_node[table[i]]``)
     given the key and group its BlockRemoved will name, where it has none yet
     (a node is one key: a second holder's key is the same)."""
-    keys = tuple(request_key(req, i, block_size) for i in kept)
+    # one tuple of the tokens through block end - 1, each key a slice of it;
+    # the identity computed once where it is the same for every block (no
+    # identity marks: RequestSpec.block_identity of block 0)
+    tokens = req.token_range(0, end * block_size)
+    if req.identity_marks:
+        keys = tuple((req.spec.block_identity((i + 1) * block_size), tokens[: (i + 1) * block_size]) for i in kept)
+    else:
+        identity = req.spec.block_identity(block_size)
+        keys = tuple((identity, tokens[: (i + 1) * block_size]) for i in kept)
     parent_key: BlockKey | None = None
     if start > 0:
         up = block_node[table[start - 1]]
@@ -77,7 +87,7 @@ def stored_keyed(req: Request, table: Sequence[int], block_node: Sequence[KeyNod
     return BlockStored(
         block_keys=keys,
         parent_key=parent_key,
-        token_ids=req.token_range(start * block_size, end * block_size),
+        token_ids=tokens[start * block_size :],
         block_size=block_size,
         lora_id=req.spec.lora_id or None,
         medium=MEDIUM_GPU,

@@ -73,7 +73,9 @@ def stored_keyed(req: Request, table: Sequence[int], block_node: Sequence[KeyNod
     if req.identity_marks:
         keys = tuple((req.spec.block_identity((i + 1) * block_size), tokens[: (i + 1) * block_size]) for i in kept)
     else:
-        identity = req.spec.block_identity(block_size)
+        spec = req.spec
+        # block_identity is the bare salt without an adapter or encoder input
+        identity = spec.salt if not (spec.lora_id or spec.mm_inputs) else spec.block_identity(block_size)
         keys = tuple((identity, tokens[: (i + 1) * block_size]) for i in kept)
     parent_key: BlockKey | None = None
     if start > 0:

@@ -77,3 +77,31 @@ def test_long_prefix_fast_keys_equal_the_spec_and_removals_read_the_node() -> No
         assert all(node.ekey is not None for node in b._px.intern.values() if node.holders)
     assert {"BlockStored", "BlockRemoved"} <= kinds
     assert any("img" in i for i in identities) and any("img" not in i and i.startswith("\x00") for i in identities)
+
+
+def test_a_clone_keeps_the_keys_its_removals_name() -> None:
+    """ImplScheduler.clone (PrefixIndex.copy) carries each node's event key:
+    the clone, driven on, names the same events as the spec driven on."""
+    config = cfg(num_blocks=12, enable_kv_cache_events=True)
+    a, b = SpecScheduler(config), ImplScheduler(config)
+    for s in (a, b):
+        s.add(req("x", 13, max_tokens=6))
+        s.add(req("y", [5] * 13, max_tokens=6))
+    for _ in range(3):
+        step(a)
+        step(b)
+    a.take_kv_events()
+    b.take_kv_events()
+    c = b.clone()
+    assert [n.ekey for n in c._px.intern.values()] == [n.ekey for n in b._px.intern.values()]
+    assert any(n.ekey is not None for n in c._px.intern.values())
+    for s in (a, c):
+        s.add(req("z", [9] * 21, max_tokens=4))
+    removed = 0
+    for _ in range(10):
+        step(a)
+        step(c)
+        ea, ec = a.take_kv_events(), c.take_kv_events()
+        assert ea == ec
+        removed += sum(type(e).__name__ == "BlockRemoved" for e in ec)
+    assert removed > 0

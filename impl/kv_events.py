@@ -5,13 +5,18 @@ attribute and build nothing otherwise.
 
 impl keys blocks by interned chained nodes; an event carries the spec's
 BlockKey, spelled as group 0 spells it, which is computed here from the
-request's own identity and tokens (slow, and only with events on)."""
+request's own identity and tokens (one slice per block, and only with events
+on). ``stored_keyed`` also leaves each registered block's key on its node
+(``KeyNode.ekey``), so the block's BlockRemoved reads it instead of walking
+the chain back to the root (O(position) per removal, quadratic over a long
+prefix)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from schedspec.impl.kv_kinds import KINDS
+from schedspec.impl.prefix_index import KeyNode
 from schedspec.spec.interface import (
     MEDIUM_GPU,
     BlockKey,
@@ -24,6 +29,9 @@ class Request(Protocol):
     """What an event reads of a request (impl/request.py's Request)."""
 
     def token_range(self, start: int, end: int) -> tuple[int, ...]: ...
+
+    @property
+    def identity_marks(self) -> dict[int, str]: ...
 
     @property
     def spec(self) -> RequestSpec: ...
@@ -51,3 +59,40 @@ def stored(req: Request, start: int, end: int, kept: list[int], block_size: int,
         kind=KINDS[kind].vllm_kind,
     )
 
+
+def stored_keyed(req: Request, table: Sequence[int], block_node: Sequence[KeyNode | None], start: int,
+                 end: int, kept: list[int], block_size: int, group: int, kind: str) -> BlockStored:
+    """``stored``, the parent key read off the node of block ``start - 1``
+    where it has one, and each kept block's node (``block_node[table[i]]``)
+    given the key and group its BlockRemoved will name, where it has none yet
+    (a node is one key: a second holder's key is the same)."""
+    # one tuple of the tokens through block end - 1, each key a slice of it;
+    # the identity computed once where it is the same for every block (no
+    # identity marks: RequestSpec.block_identity of block 0)
+    tokens = req.token_range(0, end * block_size)
+    if req.identity_marks:
+        keys = tuple((req.spec.block_identity((i + 1) * block_size), tokens[: (i + 1) * block_size]) for i in kept)
+    else:
+        spec = req.spec
+        # block_identity is the bare salt without an adapter or encoder input
+        identity = spec.salt if not (spec.lora_id or spec.mm_inputs) else spec.block_identity(block_size)
+        keys = tuple((identity, tokens[: (i + 1) * block_size]) for i in kept)
+    parent_key: BlockKey | None = None
+    if start > 0:
+        up = block_node[table[start - 1]]
+        ekey = None if up is None else up.ekey
+        parent_key = request_key(req, start - 1, block_size) if ekey is None else ekey[0]
+    for i, key in zip(kept, keys):
+        node = block_node[table[i]]
+        if node is not None and node.ekey is None:
+            node.ekey = (key, group)
+    return BlockStored(
+        block_keys=keys,
+        parent_key=parent_key,
+        token_ids=tokens[start * block_size :],
+        block_size=block_size,
+        lora_id=req.spec.lora_id or None,
+        medium=MEDIUM_GPU,
+        group=group,
+        kind=KINDS[kind].vllm_kind,
+    )

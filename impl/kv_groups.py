@@ -30,7 +30,7 @@ from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
 from schedspec.spec.interface import GROUP_KEY_SEPARATOR, KVCacheGroup, RequestSpec, SchedulerConfig
 
-from schedspec.impl.kv_events import stored
+from schedspec.impl.kv_events import stored_keyed
 from schedspec.impl.kv_kinds import NEVER, NULL, GroupRules, rules_of
 from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
 
@@ -345,7 +345,8 @@ class GroupsMixin(Generic[Q]):
                         self._cached_now.add(node.full_key())
             if self._px.events is not None:
                 kept = [i for i in range(start, end) if table[i] != NULL and (mask is None or mask[i - start])]
-                self._px.events.append(stored(req, start, end, kept, bs, g, lay.groups[g].kind))
+                self._px.events.append(
+                    stored_keyed(req, table, self._px.block_node, start, end, kept, bs, g, lay.groups[g].kind))
             if g == 0:
                 req.num_cached_blocks = end
             else:

@@ -35,12 +35,16 @@ from schedspec.spec.interface import MEDIUM_GPU, BlockKey, BlockRemoved, KVCache
 
 
 class KeyNode:
-    __slots__ = ("ikey", "holders", "refs")
+    __slots__ = ("ikey", "holders", "refs", "ekey")
 
     def __init__(self, ikey: tuple["Parent", tuple[int, ...]], block: int) -> None:
         self.ikey = ikey  # (parent node or salt, this block's tokens)
         self.holders: list[int] = [block]
         self.refs = 1  # len(holders) + number of child nodes
+        #: with events on, (the key an event names, the group) as the
+        #: BlockStored that registered the node named it (impl/kv_events.py),
+        #: so its BlockRemoved costs O(1), not a walk of the chain; else None
+        self.ekey: tuple[BlockKey, int] | None = None
 
     @property
     def parent(self) -> "Parent":
@@ -167,8 +171,11 @@ class PrefixIndex:
         node = self.block_node[block]
         assert node is not None
         if self.events is not None:  # BlockPool._emit_block_removed_events
-            key = node.full_key()
-            self.events.append(BlockRemoved((plain_key(key),), MEDIUM_GPU, block_key_group(key)))
+            ekey = node.ekey
+            if ekey is None:
+                key = node.full_key()
+                ekey = (plain_key(key), block_key_group(key))
+            self.events.append(BlockRemoved((ekey[0],), MEDIUM_GPU, ekey[1]))
         self.block_node[block] = None
         node.holders.remove(block)
         node.refs -= 1
@@ -197,6 +204,7 @@ class PrefixIndex:
             n.ikey = ikey
             n.holders = node.holders[:]
             n.refs = node.refs
+            n.ekey = node.ekey
             intern[ikey] = n
             remap[id(node)] = n
         new.intern = intern

@@ -11,6 +11,7 @@ from schedspec.check.random_workloads import random_workload
 from schedspec.check.run import run_workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec import SpecScheduler
+from schedspec.spec.interface import BlockStored, MMInput
 from tests.helpers import cfg, req, step
 
 
@@ -46,3 +47,61 @@ def test_impl_names_the_same_events_as_the_spec() -> None:
         step(a)
         step(b)
         assert a.take_kv_events() == b.take_kv_events()
+
+
+def test_long_prefix_fast_keys_equal_the_spec_and_removals_read_the_node() -> None:
+    """Requests of long prompts sharing a prefix, through a pool small enough
+    to evict: impl's keys (built once per stored block and left on the node,
+    impl/kv_events.py stored_keyed) name the same events as the spec's, and
+    every node a BlockStored registered carries the key its BlockRemoved names."""
+    config = cfg(num_blocks=48, max_model_len=180, max_num_batched_tokens=48, enable_kv_cache_events=True,
+                 max_loras=2, max_num_encoder_input_tokens=64, encoder_cache_size=64)
+    a, b = SpecScheduler(config), ImplScheduler(config)
+    shared = list(range(100))
+    for s in (a, b):
+        for k in range(6):
+            s.add(req(f"r{k}", shared + [50 + k] * (4 + 9 * k), max_tokens=12))
+        # an adapter's keys (one identity for every block) and an encoder
+        # input inside block 5 (the identity changes there: identity marks)
+        s.add(req("lora", shared + [7] * 9, max_tokens=8, lora_id=1))
+        s.add(req("mm", shared + [8] * 9, max_tokens=8, mm_inputs=(MMInput(22, 6, "img"),)))
+    kinds: set[str] = set()
+    identities: set[str] = set()
+    for _ in range(120):
+        step(a)
+        step(b)
+        ea, eb = a.take_kv_events(), b.take_kv_events()
+        assert ea == eb
+        kinds |= {type(e).__name__ for e in eb}
+        identities |= {k[0] for e in eb if isinstance(e, BlockStored) for k in e.block_keys}
+        assert all(node.ekey is not None for node in b._px.intern.values() if node.holders)
+    assert {"BlockStored", "BlockRemoved"} <= kinds
+    assert any("img" in i for i in identities) and any("img" not in i and i.startswith("\x00") for i in identities)
+
+
+def test_a_clone_keeps_the_keys_its_removals_name() -> None:
+    """ImplScheduler.clone (PrefixIndex.copy) carries each node's event key:
+    the clone, driven on, names the same events as the spec driven on."""
+    config = cfg(num_blocks=12, enable_kv_cache_events=True)
+    a, b = SpecScheduler(config), ImplScheduler(config)
+    for s in (a, b):
+        s.add(req("x", 13, max_tokens=6))
+        s.add(req("y", [5] * 13, max_tokens=6))
+    for _ in range(3):
+        step(a)
+        step(b)
+    a.take_kv_events()
+    b.take_kv_events()
+    c = b.clone()
+    assert [n.ekey for n in c._px.intern.values()] == [n.ekey for n in b._px.intern.values()]
+    assert any(n.ekey is not None for n in c._px.intern.values())
+    for s in (a, c):
+        s.add(req("z", [9] * 21, max_tokens=4))
+    removed = 0
+    for _ in range(10):
+        step(a)
+        step(c)
+        ea, ec = a.take_kv_events(), c.take_kv_events()
+        assert ea == ec
+        removed += sum(type(e).__name__ == "BlockRemoved" for e in ec)
+    assert removed > 0

@@ -32,7 +32,6 @@ def throttled(t: Transition, h: History, rid: str) -> bool:
     "request.next_decode_eligible_step: continue.",
     ("schedule",),
     tags=("policy:vllm-step",),
-    requires=("async_scheduling",),
 )
 def v2_decode_throttle(t: Transition, h: History) -> Iterator[Finding]:
     assert t.plan is not None

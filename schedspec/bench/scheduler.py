@@ -175,7 +175,7 @@ class KvLayout:
             return (KVCacheGroup(), KVCacheGroup("sliding_window", sliding_window=HYBRID_WINDOW))
         if self.name == "chunked":
             return (KVCacheGroup(), KVCacheGroup("chunked_local", attention_chunk_size=HYBRID_CHUNK))
-        if self.name == "mamba":
+        if self.name == "hybrid-mamba":
             return (KVCacheGroup(), KVCacheGroup("mamba"))
         return ()
 
@@ -183,7 +183,7 @@ class KvLayout:
         """The most blocks a decoding request holds in its groups past the
         first: a window's (or a chunk's) worth and the partial blocks at
         both ends."""
-        if self.name == "mamba":
+        if self.name == "hybrid-mamba":
             return MAMBA_STATE_BLOCKS
         span = {"hybrid": HYBRID_WINDOW, "chunked": HYBRID_CHUNK}.get(self.name, 0)
         return -(-span // block_size) + 2 if span else 0
@@ -210,7 +210,7 @@ class KvLayout:
 
 PLAIN = KvLayout()
 #: Every layout ``--kv`` knows, in table order.
-KV_LAYOUTS: tuple[str, ...] = ("plain", "connector", "hybrid", "chunked", "mamba")
+KV_LAYOUTS: tuple[str, ...] = ("plain", "connector", "hybrid", "chunked", "hybrid-mamba")
 
 
 def parse_kv_layouts(text: str) -> tuple[KvLayout, ...]:

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kv",
         default="plain",
         help="comma-separated KV layouts: plain, connector (a KV connector), hybrid (full attention + "
-        "sliding window), chunked (full attention + chunked local attention), mamba (full attention + "
+        "sliding window), chunked (full attention + chunked local attention), hybrid-mamba (full attention + "
         "a Mamba group), all; every workload runs "
         "in each (default plain); with another layout the table adds the first scheduler's CPU-median "
         "ratio against each other one",

@@ -540,7 +540,7 @@ def _mamba() -> Bound:
     # together exceed a short run: over 39,000 states at depth 17, as does a
     # sliding window beside).
     short: dict[str, Any] = dict(max_model_len=4, max_num_batched_tokens=3)
-    return Bound("mamba", (
+    return Bound("hybrid-mamba", (
         _space("mamba-full", (_A2, _Ps), 1, kv_cache_groups=(KVCacheGroup(), KVCacheGroup("mamba")), num_blocks=6,
                **short),
     ))
@@ -550,7 +550,7 @@ BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "l
                                           "modes-large": _modes_large, "gates": _gates, "gates-large": _gates_large,
                                           "connector": _connector, "hybrid": _hybrid,
                                           "connector-hybrid": _connector_hybrid, "kv-livelock": _kv_livelock,
-                                          "mamba": _mamba}
+                                          "hybrid-mamba": _mamba}
 
 
 def bound(name: str) -> Bound:

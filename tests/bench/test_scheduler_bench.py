@@ -223,7 +223,7 @@ def test_kv_layouts_parse_and_shape_the_config() -> None:
     assert hyb.num_blocks > base.num_blocks and not hyb.kv_connector
     assert [g.kind for g in KvLayout("chunked").apply(base, 8).groups] == ["full_attention", "chunked_local"]
     assert KvLayout("chunked").suffix == " chunked"
-    mamba = KvLayout("mamba").apply(base, 8)
+    mamba = KvLayout("hybrid-mamba").apply(base, 8)
     assert [g.kind for g in mamba.groups] == ["full_attention", "mamba"] and mamba.num_blocks == base.num_blocks + 8 * 3
     reqs = decode_requests(6)
     assert KvLayout("hybrid").requests(reqs) == reqs
@@ -233,7 +233,7 @@ def test_kv_layouts_parse_and_shape_the_config() -> None:
 
 def test_kv_layout_rows_carry_the_layout_and_the_ratios(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    layouts = parse_kv_layouts("plain,connector,hybrid,chunked,mamba")
+    layouts = parse_kv_layouts("plain,connector,hybrid,chunked,hybrid-mamba")
     rows = run_bench({"impl": ImplScheduler, "spec": SpecScheduler}, running=(8,), steps=3, json_path=str(out),
                      mixed_steps=12, max_seconds=1.0, memory=False, modes=(SYNC, Mode(True, 0)),
                      layouts=layouts, repeat=2)
@@ -249,7 +249,7 @@ def test_kv_layout_rows_carry_the_layout_and_the_ratios(tmp_path: Path) -> None:
         else:
             assert r.ratios == {}
     data = json.loads(out.read_text())["rows"]
-    assert {d["layout"] for d in data} == {"plain", "connector", "hybrid", "chunked", "mamba"}
+    assert {d["layout"] for d in data} == {"plain", "connector", "hybrid", "chunked", "hybrid-mamba"}
     assert all(("impl/spec" in d["ratios"]) == (d["scheduler"] == "impl") for d in data)
     # the table gains the ratio column only when asked
     plain = format_table(rows).splitlines()

@@ -33,6 +33,8 @@ qualified name.
 
 from __future__ import annotations
 
+import os
+
 import ast
 import inspect
 import re
@@ -156,7 +158,9 @@ def vllm_root() -> Path:
     import vllm
 
     assert vllm.__file__ is not None
-    return Path(vllm.__file__).resolve().parent
+    # not resolved: the tracer matches code objects' co_filename, which keeps
+    # the path vllm was imported by (a symlinked virtualenv stays unresolved)
+    return Path(os.path.abspath(vllm.__file__)).parent
 
 
 def target_paths(root: Path | None = None) -> dict[str, str]:

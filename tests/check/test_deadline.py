@@ -70,7 +70,7 @@ def test_a_healthy_run_is_unchanged_under_the_guard() -> None:
 def test_the_check_writes_the_trace_up_to_the_hang_unshrunk(tmp_path: Path) -> None:
     factories: dict[str, SchedulerFactory] = {"spec": SpecScheduler, "hang": hs.Hang}
     t0 = time.monotonic()
-    outcome = run_check(factories, CheckSettings(against="hang", time_budget=5.0, call_timeout=0.5,
+    outcome = run_check(factories, CheckSettings(against="hang", time_budget=5.0, total_steps=300, call_timeout=0.5,
                                                  out_dir=tmp_path, modes=("sync",), kv=()))
     assert time.monotonic() - t0 < 5.0 + 0.5 + 3.0
     assert outcome.failure is not None and outcome.failure.kind == "timeout"

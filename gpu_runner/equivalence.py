@@ -61,7 +61,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 import torch
 
@@ -78,6 +78,7 @@ from schedspec.spec.interface import (
 
 from schedspec.check.deadline import Interrupted
 from schedspec.check.driver import Runner
+from schedspec.check.records import Failure
 from schedspec.check.stats import FEATURES, Stats
 from schedspec.check.workload import KV_REPORT_BOUND, AddRequest, Event, KVLoadDone, KVSaveDone, Workload, timed_events
 from schedspec.gpu_runner.attention_kinds import attention_of, freed_report
@@ -516,6 +517,19 @@ class HangError(RuntimeError):
     the message names the workload, the variant, the method and the step."""
 
 
+def raise_run_failure(failure: Failure, where: str) -> NoReturn:
+    """Raise what a failed run of the matrix means: a stall (StallError) or a
+    hang (HangError) named by ``where``, the scheduler's own exception, or a
+    RuntimeError with the failure's description."""
+    if failure.kind == "stall":
+        raise StallError(f"{where}: {failure.message}")
+    if failure.kind == "timeout":
+        raise HangError(f"{where}: {failure.describe()}")
+    if failure.exception is not None:
+        raise failure.exception
+    raise RuntimeError(failure.describe())
+
+
 def drive(
     scheduler: SchedulerFactory,
     executor: Executor,
@@ -543,13 +557,7 @@ def drive(
     if failure is None and runner.workers:
         failure = runner.quiesce()  # the pending saves reported, every block back
     if failure is not None:
-        if failure.kind == "stall":
-            raise StallError(f"{workload.name}/{variant}: {failure.message}")
-        if failure.kind == "timeout":
-            raise HangError(f"{workload.name}/{variant}: {failure.describe()}")
-        if failure.exception is not None:
-            raise failure.exception
-        raise RuntimeError(failure.describe())
+        raise_run_failure(failure, f"{workload.name}/{variant}")
     stats = runner.stats
     stats.seconds = time.perf_counter() - t0
     stats.forward_seconds = executor.seconds

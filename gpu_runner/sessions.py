@@ -63,6 +63,7 @@ from schedspec.gpu_runner.equivalence import (
     baseline_config,
     compare_runs,
     least_pool,
+    raise_run_failure,
     spec_factory,
 )
 from schedspec.gpu_runner.executor import Executor, Fault, PlanError
@@ -258,11 +259,7 @@ def _drive(factory: SchedulerFactory, executor: Executor, workload: Workload, va
                     models={variant: executor})
     failure = runner.run_to_completion(workload.events, max_steps=20_000, max_idle_steps=3)
     if failure is not None:
-        if failure.kind == "stall":
-            raise StallError(f"{workload.name}/{variant}: {failure.message}")
-        if failure.exception is not None:
-            raise failure.exception
-        raise RuntimeError(failure.describe())
+        raise_run_failure(failure, f"{workload.name}/{variant}")
     stats = runner.stats
     stats.seconds = time.perf_counter() - t0
     stats.forward_seconds = executor.seconds

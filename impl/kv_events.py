@@ -44,22 +44,6 @@ def request_key(req: Request, i: int, block_size: int) -> BlockKey:
     return (req.spec.block_identity(end), req.token_range(0, end))
 
 
-def stored(req: Request, start: int, end: int, kept: list[int], block_size: int, group: int,
-           kind: str) -> BlockStored:
-    """The BlockStored of caching blocks ``start`` to ``end`` of ``req`` in
-    ``group``, ``kept`` the indices that got a key (BlockPool.cache_full_blocks)."""
-    return BlockStored(
-        block_keys=tuple(request_key(req, i, block_size) for i in kept),
-        parent_key=request_key(req, start - 1, block_size) if start > 0 else None,
-        token_ids=req.token_range(start * block_size, end * block_size),
-        block_size=block_size,
-        lora_id=req.spec.lora_id or None,
-        medium=MEDIUM_GPU,
-        group=group,
-        kind=KINDS[kind].vllm_kind,
-    )
-
-
 def stored_keyed(req: Request, table: Sequence[int], block_node: Sequence[KeyNode | None], start: int,
                  end: int, kept: list[int], block_size: int, group: int, kind: str) -> BlockStored:
     """``stored``, the parent key read off the node of block ``start - 1``

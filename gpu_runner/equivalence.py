@@ -1382,6 +1382,7 @@ def run_equivalence(
     layer_pattern: str = "",
     reference: bool | None = None,
     extend: Callable[[MatrixReport, PagedLlama, int], object] | None = None,
+    pipeline: bool = False,
 ) -> MatrixReport:
     """Load ``model``, build workloads and variants, run the matrix
     (``repeat`` times: see ``merge_repeats``; the negative controls run once).
@@ -1394,7 +1395,8 @@ def run_equivalence(
     baseline against the dense, non-paged reference (None: for a hybrid
     model). ``extend(report, model, max_model_len)``: more rows run after
     the matrix on the same model, into its report (the streaming-input
-    sessions: gpu_runner/sessions.py, ``session_extension``). ``capabilities``: what the
+    sessions: gpu_runner/sessions.py, ``session_extension``). ``pipeline`` adds
+    the k-plans-in-flight variants (gpu_runner/pipeline.py). ``capabilities``: what the
     scheduler declares (None: the spec, everything): without ``kv_connector``
     the connector variants are left out (a progress line says so), without
     ``hybrid_kv`` a sliding window or chunked local attention is refused
@@ -1425,6 +1427,10 @@ def run_equivalence(
     variants = default_variants(mml, block_size, groups=groups) + inflight_variants(mml, block_size, groups=groups)
     if connector:
         variants += connector_variants(mml, block_size, groups=groups)
+    if pipeline:
+        from schedspec.gpu_runner.pipeline import pipeline_variants
+
+        variants += pipeline_variants(mml, block_size, groups=groups)
     baseline = baseline_config(mml, block_size, groups=groups)
     skipped: list[tuple[str, str]] = []
     made_async: list[str] = []

@@ -240,6 +240,12 @@ class Executor:
         self.proposals: dict[str, tuple[int, ...]] = {}
         #: request id -> drafts its last sampling step rejected (the optimistic shift)
         self.rejected: dict[str, int] = {}
+        #: the request ids of the last k - 1 plans (k = max_concurrent_batches): a
+        #: request's outputs are kept while any of them scheduled it, as V2's
+        #: per-request state keeps a throttled decode's sampled tokens (pp plans
+        #: later it reads them)
+        self._recent: list[frozenset[str]] = []
+        self._keep_plans = max(1, config.max_concurrent_batches - 1)
         #: counts: drafts verified and accepted, entries planned with outputs in flight
         self.drafts_verified = 0
         self.drafts_accepted = 0
@@ -612,7 +618,8 @@ class Executor:
                 proposal = prompt_lookup(history, self.num_speculative_tokens)
                 if proposal:
                     drafts[sm.request_id] = proposal
-        keep = set(plan.scheduled_ids)
+        self._recent = [*self._recent, frozenset(plan.scheduled_ids)][-self._keep_plans:]
+        keep = set().union(*self._recent)
         for store in (self.outputs, self.rejected):
             for rid in [r for r in store if r not in keep]:
                 del store[rid]

@@ -6,7 +6,7 @@
                           [--repeat N] [--deterministic-algorithms]
                           [--sliding-window W [--sw-layers odd|even|all]]
                           [--chunked-local C [--cl-layers odd|even|all]] [--layer-pattern FSC]
-                          [--no-reference] [--no-connector] [--sessions]
+                          [--no-reference] [--no-connector] [--sessions] [--pipeline]
     schedspec equivalence --cross-device DEV [--device D] [--mode M] [--model M] [--workloads N] [--seed N] [--json F]
     schedspec equivalence --max-batch [--prompt-len L] [--max-batch-tokens N] [--max-step-seconds S] [--json F]
 
@@ -95,6 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sessions", action="store_true",
                    help="add the streaming-input session variants (session, stream-chunked, stream-prefix, "
                         "stream-tiny, stream-async, stream-all) and their controls")
+    p.add_argument("--pipeline", action="store_true",
+                   help="add the k-plans-in-flight variants (pipeline-2, -3, -4, pipeline-3-tiny, "
+                        "pipeline-2-async-v2)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,6 +200,7 @@ def _run_equivalence(args: argparse.Namespace, factory: Any, capabilities: Any,
             layer_pattern=args.layer_pattern,
             reference=False if args.no_reference else None,
             extend=_sessions(args, factory, progress),
+            pipeline=args.pipeline,
         )
     except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
         raise UsageError(str(exc), PROG) from None

@@ -21,7 +21,7 @@ def test_k_plans_in_flight_give_every_baseline_token_bitwise(scheduler: str) -> 
     model = PagedLlama(weights, mode="exact", window=64)
     workloads = make_workloads(1, seed=5, vocab_size=weights.config.vocab_size, max_model_len=64)
     variants = pipeline_variants(64)
-    assert [v.config.max_concurrent_batches for v in variants] == [2, 3, 4, 3]
+    assert [v.config.max_concurrent_batches for v in variants] == [2, 3, 4, 3, 3]
     factory = spec_factory if scheduler == "spec" else ImplScheduler
     report = run_matrix(factory, model, workloads, variants, baseline=baseline_config(64), negative=False)
     assert report.ok, report.table()

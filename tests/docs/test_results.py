@@ -33,15 +33,26 @@ def test_a_record_without_its_versions_is_refused(tmp_path: Path) -> None:
         results.load_records(tmp_path)
 
 
-#: the tree and the torch each CUDA run had (data/cuda-*/env.txt); the CPU pin is torch 2.13.0
-CUDA_RUNS = {"h100": "017dcec", "h200": "ca87ebb"}
+#: the trees and the torch the CUDA runs had (data/cuda-*/env.txt, README.md); the CPU pin is torch 2.13.0
+CUDA_RUNS = {"h100": {"017dcec"}, "h200": {"ca87ebb", "ae3eb98"}}
 
 
 def test_the_cuda_figures_say_their_commit_and_torch() -> None:
     for rec in results.load_records():
         if rec["machine"] in CUDA_RUNS:
-            assert rec["commit"] == CUDA_RUNS[rec["machine"]], rec["id"]
+            assert rec["commit"] in CUDA_RUNS[rec["machine"]], rec["id"]
             assert rec["versions"]["torch"].startswith("2.11.0+cu130"), rec["id"]
+
+
+def test_the_second_h200_run_names_its_tree_and_what_env_printed() -> None:
+    """The machine's copy carried ae3eb98's working tree over its parent's
+    git history, so env.txt prints the parent: the README says both."""
+    run = results.ROOT / "data" / "cuda-h200-2"
+    env = (run / "env.txt").read_text()
+    assert re.search(r"^7c8b4b3[0-9a-f]{33}$", env, re.M) and "torch 2.11.0+cu130 cuda 13.0" in env
+    readme = (run / "README.md").read_text()
+    assert "ae3eb98" in readme and "7c8b4b3" in readme
+    assert "pipeline-2-async-v2" in (run / "cuda-glass16-exact.txt").read_text()
 
 
 def test_the_h200_commit_is_the_one_its_env_printed() -> None:
@@ -54,7 +65,8 @@ def test_the_cuda_page_shows_the_h200_run_and_only_the_h100_figures_it_did_not_r
     records = results.load_records()
     shown = {r["id"]: r for r in records if not r.get("superseded_by")}
     assert {i for i in shown if i.startswith("cuda-h200-")} == {
-        "cuda-h200-equivalence", "cuda-h200-cross-device", "cuda-h200-maxbatch", "cuda-h200-speed"}
+        "cuda-h200-equivalence", "cuda-h200-cross-device", "cuda-h200-maxbatch", "cuda-h200-speed",
+        "cuda-h200-equivalence-pipeline-streaming"}
     assert [i for i in shown if i.startswith("cuda-h100-")] == ["cuda-h100-glass64-smollm2"]
     for rec in records:
         if rec["id"].startswith("cuda-h100-") and rec.get("superseded_by"):

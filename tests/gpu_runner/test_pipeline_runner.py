@@ -27,3 +27,24 @@ def test_k_plans_in_flight_give_every_baseline_token_bitwise(scheduler: str) -> 
     assert report.ok, report.table()
     for c in report.comparisons:
         assert c.tokens_compared > 0 and c.logits_compared == c.logits_bitwise > 0
+
+
+def test_cli_pipeline_adds_the_k_in_flight_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """``equivalence --pipeline`` runs the k-plans-in-flight variants in the
+    matrix, V2 with async among them (three plans in flight: the executor
+    must keep a throttled request's sampled tokens over two plans)."""
+    from schedspec.cli.main import main as schedspec_main
+
+    common = ["equivalence", "--model", "random:seed=1,vocab=256,hidden=64,layers=1", "--workloads", "2",
+              "--device", "cpu", "--max-model-len", "64", "--quiet", "--no-connector", "--no-negative"]
+    schedspec_main([*common, "--pipeline"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("pipeline-")}
+    assert set(rows) >= {"pipeline-2", "pipeline-3", "pipeline-4", "pipeline-3-tiny", "pipeline-2-async-v2"}, out
+    for name, cells in rows.items():
+        if len(cells) > 2 and "/" in cells[1]:
+            passed, total = cells[1].split("/")
+            assert passed == total and int(total) > 0, (name, out)
+    assert "DIVERGED" not in out, out
+    schedspec_main(common)
+    assert "pipeline-2" not in capsys.readouterr().out

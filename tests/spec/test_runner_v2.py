@@ -121,6 +121,23 @@ def test_the_generator_draws_both_runners_and_every_pipeline_size() -> None:
     assert {pp for r, pp, a in drawn if r == "v2" and a} == {1, 2, 3, 4}
 
 
+def test_the_runner_draw_gives_only_configs_the_spec_accepts_in_every_mode() -> None:
+    """Spec mode (drafts, no async) refuses a synchronous pipeline: the
+    runner draw keeps it at one plan in flight, and still draws both runners."""
+    from schedspec.check.runner_draw import with_runner
+
+    with_drafts = 0
+    for seed in range(60):
+        c = random_workload(seed, 5, modes=("spec",), runner=True, pipeline=True).config
+        if c.num_speculative_tokens:
+            with_drafts += 1
+            assert c.pipeline_parallel_size == 1
+    assert with_drafts > 30
+    sync_drafts = SchedulerConfig(num_speculative_tokens=2)
+    assert {with_runner(sync_drafts, s).model_runner for s in range(40)} == {"v1", "v2"}
+    assert {with_runner(sync_drafts, s).pipeline_parallel_size for s in range(40)} == {1}
+
+
 @pytest.mark.parametrize("runner, asynchronous, pp, batches", [
     ("v1", False, 1, 1), ("v1", True, 1, 2), ("v1", False, 3, 3),
     ("v2", False, 1, 1), ("v2", True, 1, 2), ("v2", True, 3, 4), ("v2", False, 4, 4),

@@ -1382,7 +1382,7 @@ def run_equivalence(
     layer_pattern: str = "",
     reference: bool | None = None,
     extend: Callable[[MatrixReport, PagedLlama, int], object] | None = None,
-    pipeline: bool = False,
+    more_variants: Callable[[int, int, tuple[KVCacheGroup, ...]], tuple[Variant, ...]] | None = None,
 ) -> MatrixReport:
     """Load ``model``, build workloads and variants, run the matrix
     (``repeat`` times: see ``merge_repeats``; the negative controls run once).
@@ -1395,8 +1395,9 @@ def run_equivalence(
     baseline against the dense, non-paged reference (None: for a hybrid
     model). ``extend(report, model, max_model_len)``: more rows run after
     the matrix on the same model, into its report (the streaming-input
-    sessions: gpu_runner/sessions.py, ``session_extension``). ``pipeline`` adds
-    the k-plans-in-flight variants (gpu_runner/pipeline.py). ``capabilities``: what the
+    sessions: gpu_runner/sessions.py, ``session_extension``). ``more_variants(max_model_len,
+    block_size, groups)``: variants added to the matrix (``--pipeline``:
+    gpu_runner/pipeline.py, ``pipeline_variants``). ``capabilities``: what the
     scheduler declares (None: the spec, everything): without ``kv_connector``
     the connector variants are left out (a progress line says so), without
     ``hybrid_kv`` a sliding window or chunked local attention is refused
@@ -1427,10 +1428,8 @@ def run_equivalence(
     variants = default_variants(mml, block_size, groups=groups) + inflight_variants(mml, block_size, groups=groups)
     if connector:
         variants += connector_variants(mml, block_size, groups=groups)
-    if pipeline:
-        from schedspec.gpu_runner.pipeline import pipeline_variants
-
-        variants += pipeline_variants(mml, block_size, groups=groups)
+    if more_variants is not None:
+        variants += more_variants(mml, block_size, groups)
     baseline = baseline_config(mml, block_size, groups=groups)
     skipped: list[tuple[str, str]] = []
     made_async: list[str] = []

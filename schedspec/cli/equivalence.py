@@ -200,10 +200,19 @@ def _run_equivalence(args: argparse.Namespace, factory: Any, capabilities: Any,
             layer_pattern=args.layer_pattern,
             reference=False if args.no_reference else None,
             extend=_sessions(args, factory, progress),
-            pipeline=args.pipeline,
+            more_variants=_pipeline(args),
         )
     except (ModelError, ValueError, SchedSpecError, ImportError) as exc:
         raise UsageError(str(exc), PROG) from None
+
+
+def _pipeline(args: argparse.Namespace) -> Any:
+    """``--pipeline``: the k-plans-in-flight variants (gpu_runner/pipeline.py)."""
+    if not args.pipeline:
+        return None
+    from schedspec.gpu_runner.pipeline import pipeline_variants
+
+    return lambda mml, block_size, groups: pipeline_variants(mml, block_size, groups=groups)
 
 
 def _sessions(args: argparse.Namespace, factory: Any, progress: Any) -> Any:

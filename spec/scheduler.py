@@ -1039,9 +1039,12 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
             stopped.append(req.request_id)
         else:
             # stale output stopped a preempted request: it leaves the
-            # waiting queue (update_from_output, stopped_preempted_reqs)
+            # waiting queue and the deferred set (update_from_output,
+            # stopped_preempted_reqs: deferred_waiting.difference_update); a
+            # session that goes on is enqueued again after the loop
             self._rule("async.stale_output_stopped")  # pragma: no mutate
             self._remove_waiting(req.request_id)
+            self.deferred.discard(req.request_id)
         if req.spec.resumable and status != RequestStatus.FINISHED_ERROR and not self._handle_stopped_request(req):
             self.continuing.append(req.request_id)  # a session goes on (spec/sessions.py)
             return

@@ -134,3 +134,25 @@ class NoSessions(SpecScheduler):
     """The spec without the optional session_update."""
 
     session_update = None  # type: ignore[assignment]
+
+
+# -- a stale output stops a preempted session (k plans in flight): it leaves
+# the deferred set, as update_from_output's stopped_preempted_reqs does
+
+STALE_STOP_TRACES = ("stale-stop-of-a-preempted-session-leaves-deferred.jsonl", "sync-pipeline-session-stats.jsonl")
+
+
+@pytest.mark.parametrize("name", STALE_STOP_TRACES)
+def test_a_session_stopped_while_preempted_is_counted_waiting_not_skipped(name: str) -> None:
+    """Shrunk from `check --against vllm --sessions --pipeline --runner`: the
+    spec counted the session in num_skipped_waiting_reqs after a stale
+    output stopped it while preempted; vLLM (deferred_waiting.
+    difference_update(stopped_preempted_reqs)) counts it waiting."""
+    from pathlib import Path
+
+    from schedspec.cli.main import main
+
+    path = Path(__file__).resolve().parent / "data" / name
+    assert main(["replay", str(path), "--against", "impl", "--stats"]) == 0
+    pytest.importorskip("vllm")
+    assert main(["replay", str(path), "--against", "vllm", "--stats"]) == 0

@@ -265,11 +265,13 @@ class ImplScheduler(
 
     def _unqueue(self, req: Request) -> None:
         """Take a waiting request out of its queue (kv_holding_waiting or
-        the waiting queue)."""
+        the waiting queue) and out of the deferred set."""
         if self._kv_holding_waiting and req in self._kv_holding_waiting:
             self._kv_holding_waiting.remove(req)
         else:
             self._waiting.remove(req)
+        if self._deferred:
+            self._deferred.discard(req.request_id)
 
     def _finish(self, req: Request, status: RequestStatus, delay: bool = False) -> None:
         if self._live_sessions and req.spec.resumable:

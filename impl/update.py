@@ -62,7 +62,6 @@ class UpdateMixin:
     _finish: Any
     _finish_request: Any
     _unqueue: Any
-    _deferred: set[str]
     _register: Any
     _encoder_done: Any
     _kv_reports: Any
@@ -265,7 +264,6 @@ class UpdateMixin:
             return False
         if not was_running:
             self._unqueue(req)  # a stale output stopped a preempted request
-            self._deferred.discard(req.request_id)  # deferred_waiting.difference_update
         if self._live_sessions and req.spec.resumable and finished is not ERROR and not self._handle_stopped(req):
             self._continuing.append(req)  # a session goes on (impl/sessions.py)
             return was_running

@@ -210,12 +210,16 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         return sorted(queue, key=self._priority_key)
 
     def _remove_waiting(self, request_id: str) -> None:
-        """Take a request out of whichever waiting queue holds it
-        (``waiting.remove_requests`` and ``kv_holding_waiting.remove_requests``)."""
+        """Take a request out of whichever waiting queue holds it and out of
+        the deferred set (``waiting.remove_requests``,
+        ``kv_holding_waiting.remove_requests`` and
+        ``deferred_waiting.difference_update``, together in finish_requests
+        and for update_from_output's stopped_preempted_reqs)."""
         if request_id in self.kv_holding:
             self.kv_holding.remove(request_id)
         else:
             self.waiting.remove(request_id)
+        self.deferred.discard(request_id)
 
     def _priority_key(self, request_id: str) -> tuple[int, int, str]:
         s = self.requests[request_id].spec
@@ -1040,11 +1044,10 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         else:
             # stale output stopped a preempted request: it leaves the
             # waiting queue and the deferred set (update_from_output,
-            # stopped_preempted_reqs: deferred_waiting.difference_update); a
-            # session that goes on is enqueued again after the loop
+            # stopped_preempted_reqs); a session that goes on is enqueued
+            # again after the loop
             self._rule("async.stale_output_stopped")  # pragma: no mutate
             self._remove_waiting(req.request_id)
-            self.deferred.discard(req.request_id)
         if req.spec.resumable and status != RequestStatus.FINISHED_ERROR and not self._handle_stopped_request(req):
             self.continuing.append(req.request_id)  # a session goes on (spec/sessions.py)
             return

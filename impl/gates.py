@@ -41,11 +41,6 @@ class GatesMixin:
             self._gated = False
             self._general = self._base_general
 
-    def _release_encoder(self, req: Request) -> None:
-        enc = self._encoder_cache
-        if enc is not None:
-            enc.release_all(req.request_id, [m.identifier for m in req.mm_inputs])
-
     def _encoder_window(
         self, req: Request, start: int, num_tokens: int, budget: int
     ) -> tuple[list[int], int, int, list[int]]:

@@ -102,8 +102,6 @@ class Layout:
         i or None)."""
         bs = self.bs
         n = len(self.groups)
-        if not self.caching:
-            return [[] for _ in range(n)], 0, 0
         if self.unitary:
             found, length = self._group_hit(self.specs[0], lookup, max_length)
             return found, length, 0

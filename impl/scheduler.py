@@ -492,7 +492,7 @@ class ImplScheduler(
         """An independent scheduler in the same state, several times faster
         than a pickle round trip (the model checker replays every transition
         of a state on its own copy). Immutable values are shared."""
-        new: ImplScheduler = _new(ImplScheduler)
+        new: ImplScheduler = _new(type(self))
         d = new.__dict__
         d.update(self.__dict__)
         remap: dict[int, Request] = {}

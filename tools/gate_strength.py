@@ -3,6 +3,8 @@
     .venv/bin/python tools/gate_strength.py run WORKDIR --sample 400 --seed 1 --shard 1/8 --out DIR
     .venv/bin/python tools/gate_strength.py run - --sample 0 --zoo -1 --gates check --out DIR
     .venv/bin/python tools/gate_strength.py table DIR > table.md
+    .venv/bin/python tools/gate_strength.py pack DIR > results.jsonl      # to commit
+    .venv/bin/python tools/gate_strength.py unpack results.jsonl DIR     # to resume
 
 ``run`` draws the sample as tools/mutation/sample.py does (impl/ mutants only,
 tools/mutation/equivalent_mutants.py's equivalents left out), keeps this shard's
@@ -78,23 +80,26 @@ def result_path(out: Path, target: str) -> Path:
     return out / (target.replace("/", "_").replace(":", "_") + ".json")
 
 
-def gate_command(gate: str, check_steps: int | None = None) -> list[str]:
+def gate_command(gate: str, check_steps: int | None = None, shrink_time: float | None = None) -> list[str]:
     """The gate's command line; ``check_steps`` replaces the check's 60 s by a
-    step budget, which a loaded machine does not shrink."""
+    step budget, which a loaded machine does not shrink; ``shrink_time`` the
+    check's 30 s of shrinking."""
     cmd = list(GATES[gate])
     if gate == "check" and check_steps is not None:
         i = cmd.index("--time")
         cmd[i:i + 2] = ["--steps", str(check_steps)]
+    if gate == "check" and shrink_time is not None:
+        cmd[cmd.index("--shrink-time") + 1] = f"{shrink_time:g}"
     return cmd
 
 
 def _run_gate(tree: Path, gate: str, against: str, timeout: float,
-              check_steps: int | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "schedspec", *gate_command(gate, check_steps), "--against", against,
+              check_steps: int | None = None, shrink_time: float | None = None, nice: int = 10) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "schedspec", *gate_command(gate, check_steps, shrink_time), "--against", against,
            "--json", str(tree / f"{gate}.json"), "--out", str(tree / f"{gate}-out")]
     start = time.monotonic()
     try:
-        proc = subprocess.run(["nice", "-n", "10", *cmd], cwd=tree, capture_output=True, text=True,
+        proc = subprocess.run(["nice", "-n", str(nice), *cmd], cwd=tree, capture_output=True, text=True,
                               timeout=timeout, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
     except subprocess.TimeoutExpired:
         return {"verdict": "killed (timeout)", "seconds": round(time.monotonic() - start, 1)}
@@ -141,7 +146,8 @@ def _copy_tree(tree: Path) -> Path:
 
 def run_target(workdir: Path | None, target: str, timeout: float,
                gates: tuple[str, ...] = tuple(GATES), zoo_module: str = "tests.bugzoo.zoo",
-               check_steps: int | None = None) -> dict[str, Any]:
+               check_steps: int | None = None, shrink_time: float | None = None,
+               nice: int = 10) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gate-strength.") as tmp:
         tree = _copy_tree(Path(tmp))
         against = "impl"
@@ -158,7 +164,7 @@ def run_target(workdir: Path | None, target: str, timeout: float,
         rule = "-" if target.startswith("zoo:") else target.split(".x", 1)[-1].split("__mutmut_")[0]
         result: dict[str, Any] = {"target": target, "rule": rule}
         for gate in gates:
-            result[gate] = _run_gate(tree, gate, against, timeout, check_steps)
+            result[gate] = _run_gate(tree, gate, against, timeout, check_steps, shrink_time, nice)
         return result
 
 
@@ -277,11 +283,19 @@ def main(argv: list[str]) -> int:
     r.add_argument("--gates", default=",".join(GATES), help="comma-separated, of: " + ", ".join(GATES))
     r.add_argument("--check-steps", type=int, default=None,
                    help="the check's budget in steps instead of 60 s (a loaded machine runs fewer steps in 60 s)")
+    r.add_argument("--shrink-time", type=float, default=None,
+                   help="the check's seconds of shrinking a failure (default 30)")
+    r.add_argument("--nice", type=int, default=10, help="the gates' niceness (default 10)")
     r.add_argument("--zoo-as", choices=("core", "impl"), default="core",
                    help="the zoo's classes as they are (core features only: tests.bugzoo.zoo) or declaring "
                         "everything impl declares (tests.bugzoo.zoo_full)")
     t = sub.add_parser("table")
     t.add_argument("out", type=Path)
+    pk = sub.add_parser("pack", help="every result of OUT as JSON lines on stdout (a record to commit)")
+    pk.add_argument("out", type=Path)
+    un = sub.add_parser("unpack", help="results packed by `pack` into OUT, so that `run` resumes from them")
+    un.add_argument("packed", type=Path)
+    un.add_argument("out", type=Path)
     why = sub.add_parser("reasons", help="explain the survivors: reached by the unmutated gate or not")
     why.add_argument("workdir", type=Path)
     why.add_argument("out", type=Path)
@@ -289,6 +303,29 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "reasons":
         return reasons(args.workdir, args.out, args.steps)
+    if args.cmd == "pack":
+        meta = args.out / "command.txt"
+        if meta.exists():
+            print(json.dumps({"command": meta.read_text().strip()}))
+        for f in sorted(f for f in args.out.glob("*.json") if f.name != "coverage.json"):
+            print(json.dumps(json.loads(f.read_text()), sort_keys=True))
+        return 0
+    if args.cmd == "unpack":
+        args.out.mkdir(parents=True, exist_ok=True)
+        for number, line in enumerate(args.packed.read_text().splitlines(), 1):
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                print(f"{args.packed}:{number}: not JSON: {exc}", file=sys.stderr)
+                return 2
+            if "command" in obj and "target" not in obj:
+                (args.out / "command.txt").write_text(obj["command"] + "\n")
+            elif isinstance(obj.get("target"), str):
+                result_path(args.out, obj["target"]).write_text(json.dumps(obj, indent=1) + "\n")
+            else:
+                print(f"{args.packed}:{number}: target: missing", file=sys.stderr)
+                return 2
+        return 0
     if args.cmd == "table":
         files = sorted(f for f in args.out.glob("*.json") if f.name != "coverage.json")
         if not files:
@@ -319,7 +356,8 @@ def main(argv: list[str]) -> int:
         if not todo or any(done[g]["verdict"].startswith("killed") for g in GATES if g in done):
             continue  # every gate asked for ran, or one already killed it
         zoo_module = "tests.bugzoo.zoo_full" if args.zoo_as == "impl" else "tests.bugzoo.zoo"
-        res = {**done, **run_target(args.workdir, target, args.timeout, todo, zoo_module, args.check_steps)}
+        res = {**done, **run_target(args.workdir, target, args.timeout, todo, zoo_module, args.check_steps,
+                                         args.shrink_time, args.nice)}
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(target, {g: res[g]["verdict"] for g in GATES if g in res}, flush=True)
     return 0

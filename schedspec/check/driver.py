@@ -84,6 +84,13 @@ from schedspec.check.workload import (
 )
 
 
+#: Every FORK_EVERY steps, at the steps FORK_OFFSET, FORK_OFFSET +
+#: FORK_EVERY, ..., each scheduler under test (not the reference) that has a
+#: clone() is forked: Runner._fork.
+FORK_EVERY = 16
+FORK_OFFSET = 3
+
+
 @dataclass
 class _Pending:
     """A plan in flight: every scheduler's plan and its model's output."""
@@ -134,8 +141,14 @@ class Runner:
         models: Mapping[str, Model] | None = None,
         acceptance: str | None = None,
         invariants: Sequence[Invariant] | None = None,
+        fork_every: int = FORK_EVERY,
     ) -> None:
         self.config = config
+        #: every ``fork_every`` steps (0: never) each scheduler under test
+        #: that has a clone() is forked (Runner._fork)
+        self.fork_every = fork_every
+        #: the last step at which a scheduler was replaced by its clone
+        self.last_fork = 0
         self.names = list(factories)
         #: a scheduler that raised while being built or on its first view():
         #: every apply() and run() returns it, naming the scheduler and the call
@@ -260,6 +273,8 @@ class Runner:
 
     def fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = (),
               exception: BaseException | None = None) -> Failure:
+        if self.last_fork and name != self.names[0]:
+            message += f"\n  ({name} runs on a clone() of itself made at step {self.last_fork}: Runner.fork_every)"
         return Failure(kind, self.event_index, self.step_in_progress or self.stats.steps, name, message,
                        violations, exception, self.in_flight if self.flight.limit > 1 else ())
 
@@ -566,8 +581,12 @@ class Runner:
             for rv in self.views[self.names[0]].finished.values():
                 self.stats.finished[rv.status.value] += 1
         plans: dict[str, StepPlan] = {}
+        forked: dict[str, StepPlan] = {}
+        fork = self.fork_every > 0 and step % self.fork_every == FORK_OFFSET % self.fork_every
         for name in self.names:
             before = self.views.get(name)
+            if fork and name != self.names[0] and (f := self._fork(name, forked)):
+                return f
             self.where = (name, "schedule")
             plans[name] = self.scheds[name].schedule()
             if not isinstance(plans[name], StepPlan):
@@ -575,6 +594,12 @@ class Runner:
             if before is not None and (f := self._observe(name, "schedule", before, plan=plans[name])):
                 self._record_failed_step(name, plans[name])
                 return f
+        for name, plan_before in forked.items():
+            if plan_before != plans[name]:
+                self._record_failed_step(name, plans[name])
+                return self.fail("divergence", name, describe_difference(
+                    "schedule() of a scheduler and of its clone()", f"{name} (the original)", plan_before,
+                    f"{name} (its clone)", plans[name]))
         if (f := self._compare("schedule()", dict(plans))) or (f := self.check_views()):
             self._record_failed_step(f.scheduler, plans[f.scheduler])
             return f
@@ -646,6 +671,32 @@ class Runner:
         if self.history is not None:
             self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]], results[self.names[0]],
                                            self.in_flight))
+        return None
+
+    def _fork(self, name: str, forked: dict[str, StepPlan]) -> Failure | None:
+        """Check a scheduler's clone() inside the run: clone it, let the
+        original make this step's plan, drop the original and go on with the
+        clone, which must make the same plan (Runner._schedule_inner compares
+        them) and then every later one the reference makes. A clone that
+        shares a list or dict with its original sees the original's step; one
+        that misses a field decides differently. The model checker and the
+        shrinker rely on clone() (schedspec/modelcheck/target.py)."""
+        sched = self.scheds[name]
+        clone = getattr(sched, "clone", None)
+        if not callable(clone):
+            return None
+        self.where = (name, "clone")
+        twin = clone()
+        if not isinstance(twin, type(sched)):
+            return self._wrong_type(name, "clone", twin, type(sched))
+        self.where = (name, "schedule")
+        plan = sched.schedule()
+        if not isinstance(plan, StepPlan):
+            return self._wrong_type(name, "schedule", plan, StepPlan)
+        forked[name] = plan
+        self.scheds[name] = twin
+        self.stats.forks += 1
+        self.last_fork = self.flight.scheduled
         return None
 
     def _update_inner(self, pending: _Pending) -> Failure | None:

@@ -32,7 +32,7 @@ _SUMMED = (
     "kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts", "held_block_steps",
     "sliding_window_frees", "chunked_local_frees", "mamba_frees",
     "kv_cache_events",
-    "stats_reports",
+    "stats_reports", "forks",
 )
 
 #: The KV connector and hybrid-group counters (reported only when a run has them).
@@ -84,6 +84,8 @@ class Stats:
     kv_cache_events: int = 0  # KV cache events taken (config.enable_kv_cache_events; spec/kv_events.py)
     #: make_stats() reports compared (schedulers built with log_stats: spec/stats.py)
     stats_reports: int = 0
+    #: schedulers under test replaced by their clone() mid-run (Runner.fork_every)
+    forks: int = 0
     #: the kind of each KV cache group (KVCacheGroup.kind), where the driver
     #: tells it: the null entries of a group's table count to its kind's
     #: counter (check/kv_kinds.py, frees_stat: chunked_local_frees for a

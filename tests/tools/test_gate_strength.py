@@ -53,7 +53,7 @@ def test_resumption_skips_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ran: list[str] = []
 
     def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str,
-                 steps: int | None) -> dict[str, object]:
+                 steps: int | None, *rest: object) -> dict[str, object]:
         assert gates == ("check", "modelcheck") and zoo == "tests.bugzoo.zoo"
         ran.append(t)
         return _fake(t, "killed", 1.0)
@@ -82,7 +82,7 @@ def test_zoo_alone_reads_no_workdir_and_runs_the_gates_named(tmp_path: Path, mon
     seen: list[tuple[str, ...]] = []
 
     def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str,
-                 steps: int | None) -> dict[str, object]:
+                 steps: int | None, *rest: object) -> dict[str, object]:
         assert zoo == "tests.bugzoo.zoo_full"
         seen.append(gates)
         return {"target": t, "rule": "", "check": {"verdict": "killed", "seconds": 9.0, "found_after_s": 1.234}}
@@ -122,7 +122,7 @@ def test_a_second_pass_runs_the_model_checker_on_the_checks_survivors_only(
     calls: list[tuple[str, tuple[str, ...]]] = []
 
     def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], zoo: str,
-                 steps: int | None) -> dict[str, object]:
+                 steps: int | None, *rest: object) -> dict[str, object]:
         calls.append((t, gates))
         return {"target": t, "rule": "-", **{g: {"verdict": verdicts[t], "seconds": 1.0} for g in gates}}
     monkeypatch.setattr(gs, "run_target", fake_run)
@@ -193,3 +193,26 @@ def test_the_docs_quote_the_zoo_record_with_impls_capabilities() -> None:
     most_steps = int(steps.split("max ")[1])
     assert f"all {n} declaring impl's capabilities: first failure median {median} s, max {most} s ({most_steps:,} steps)" in doc
     assert "--zoo-as impl" in (record / "command.txt").read_text()
+
+
+def test_the_shrink_time_and_niceness_are_options() -> None:
+    cmd = gs.gate_command("check", None, 10)
+    assert cmd[cmd.index("--shrink-time") + 1] == "10"
+    assert gs.gate_command("check")[gs.gate_command("check").index("--shrink-time") + 1] == "30"
+
+
+def test_pack_and_unpack_carry_a_run_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, again = tmp_path / "out", tmp_path / "again"
+    out.mkdir()
+    (out / "command.txt").write_text("tools/gate_strength.py run W\n")
+    for t, v in (("a", "killed"), ("zoo:B", "survived")):
+        gs.result_path(out, t).write_text(json.dumps(_fake(t, v, 1.0)))
+    assert gs.main(["pack", str(out)]) == 0
+    packed = tmp_path / "r.jsonl"
+    packed.write_text(capsys.readouterr().out)
+    assert gs.main(["unpack", str(packed), str(again)]) == 0
+    assert sorted(p.name for p in again.iterdir()) == sorted(p.name for p in out.iterdir())
+    assert json.loads(gs.result_path(again, "zoo:B").read_text()) == _fake("zoo:B", "survived", 1.0)
+    packed.write_text('{"target": "a"}\n{oops\n')
+    assert gs.main(["unpack", str(packed), str(tmp_path / "bad")]) == 2
+    assert "r.jsonl:2: not JSON" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""The check forks a scheduler under test now and then (Runner._fork): its
+clone() goes on in its place, after the original made the step's plan. A
+clone that shares a container with its original, or leaves a field out, is a
+finding of the check itself, not only of the model checker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedspec.check.driver import FORK_EVERY, FORK_OFFSET
+from schedspec.check.random_workloads import random_workload
+from schedspec.check.run import run_workload
+from schedspec.impl import ImplScheduler
+from schedspec.spec.interface import SchedulerConfig, StepPlan
+from schedspec.spec.scheduler import SpecScheduler
+
+
+class SharesRunning(ImplScheduler):
+    """clone() leaves the running list shared with the original."""
+
+    def clone(self) -> "SharesRunning":
+        twin = super().clone()
+        twin.__dict__["_running"] = self._running
+        assert isinstance(twin, SharesRunning)
+        return twin
+
+
+class SharesFreeQueue(ImplScheduler):
+    """clone() leaves the free-block queue shared with the original."""
+
+    def clone(self) -> "SharesFreeQueue":
+        twin = super().clone()
+        twin.__dict__["_fq"] = self._fq  # the free-block queue shared
+        assert isinstance(twin, SharesFreeQueue)
+        return twin
+
+
+class NoClone:
+    """impl behind a wrapper with no clone(): never forked."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.inner = ImplScheduler(config)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "clone":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def schedule(self) -> StepPlan:
+        return self.inner.schedule()
+
+
+def _first_failure(cls: Any, seeds: range) -> tuple[int, Any]:
+    for seed in seeds:
+        runner, failure = run_workload(random_workload(seed, 120), {"spec": SpecScheduler, "impl": cls})
+        if failure is not None:
+            return seed, failure
+    raise AssertionError(f"{cls.__name__}: no failure on seeds {seeds}")
+
+
+def test_impl_is_forked_and_holds() -> None:
+    forks = 0
+    for seed in range(6):
+        runner, failure = run_workload(random_workload(seed, 120), {"spec": SpecScheduler, "impl": ImplScheduler})
+        assert failure is None, failure.describe()
+        forks += runner.stats.forks
+        steps = runner.stats.steps
+        # the reference is never forked; impl at each fork step it reached
+        assert runner.stats.forks == len([s for s in range(1, steps + 1) if s % FORK_EVERY == FORK_OFFSET])
+        assert isinstance(runner.scheds["impl"], ImplScheduler)
+    assert forks > 0
+
+
+def test_a_clone_sharing_a_list_is_caught_and_named() -> None:
+    seed, failure = _first_failure(SharesRunning, range(20))
+    assert failure.scheduler == "impl"
+    assert "clone() of itself made at step" in failure.describe()
+
+
+def test_a_clone_sharing_the_free_queue_is_caught() -> None:
+    seed, failure = _first_failure(SharesFreeQueue, range(20))
+    assert failure.scheduler == "impl"
+    assert "clone()" in failure.describe()
+
+
+def test_a_scheduler_without_clone_is_not_forked() -> None:
+    runner, failure = run_workload(random_workload(1, 120), {"spec": SpecScheduler, "impl": NoClone})
+    assert failure is None, failure.describe()
+    assert runner.stats.forks == 0 and runner.stats.steps > FORK_EVERY
+
+
+def test_the_docs_give_the_fork_period() -> None:
+    from pathlib import Path
+    text = " ".join((Path(__file__).parents[2] / "docs" / "adapters.md").read_text().split())
+    assert f"every {FORK_EVERY} steps it clones each scheduler under test" in text

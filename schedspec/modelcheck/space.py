@@ -255,12 +255,12 @@ _Eos = Shape("E", (2, 1), 2, eos_after=1)
 _Ps = Shape("P", (1, 2), 2)
 _Ds = Shape("D", (3,), 2, stop_after=1)
 # Three running requests, one of each shape at a time (no caching: the
-# prompts only set lengths): V, of low priority, runs first; P's decode
+# prompts only set lengths): Q, of low priority, runs first; P's decode
 # needs a block the full pool lacks a step after R was admitted with one
-# token of its four, so P preempts V, already scheduled, and R's chunk takes
-# the budget V gave back.
-_Vg = Shape("V", (3,), 3, priority=1, max_at_once=1)
-_Pg = Shape("P", (1, 2), 2, max_at_once=1)
+# token of its four, so P preempts Q, already scheduled, and R's chunk takes
+# the budget Q gave back.
+_Qg = dataclasses.replace(_Q, max_at_once=1)
+_Pg = dataclasses.replace(_Ps, max_at_once=1)
 _Rg = Shape("R", (1, 2, 0, 3), 1, max_at_once=1)
 
 #: The common config: blocks of 2 tokens, 4 usable blocks (one request of
@@ -306,7 +306,7 @@ def _small() -> Bound:
         # a victim's budget given back and used by a later running request
         # (effect.returned_budget_scheduled): without caching a reset only
         # preempts everything, which the spaces above explore, so none here
-        _space("priority-nocache-3seqs-giveback", (_Vg, _Pg, _Rg), 3, policy=Policy.PRIORITY, resets=False,
+        _space("priority-nocache-3seqs-giveback", (_Qg, _Pg, _Rg), 3, policy=Policy.PRIORITY, resets=False,
                enable_prefix_caching=False, scheduler_reserve_full_isl=False, max_num_seqs=3, max_model_len=6),
     ))
 

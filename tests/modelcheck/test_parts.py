@@ -49,12 +49,12 @@ def test_a_shape_bounded_at_once_and_a_space_without_resets() -> None:
     assert a.enabled(known=0, unfinished=0, known_by_shape=[0, 0]) == [0, 3, 4]
     assert a.enabled(known=1, unfinished=1, known_by_shape=[1, 0]) == [0, 4, 5]
     assert a.enabled(known=2, unfinished=2, known_by_shape=[0, 2]) == [0, 3, 4, 5, 6]  # B has no cap
-    # the space's shapes and resets as the expander offers them: one V at a
+    # the space's shapes and resets as the expander offers them: one Q at a
     # time (finished and not yet reported still counts), no reset
     space = next(s for s in bound("small").spaces if s.name == "priority-nocache-3seqs-giveback")
     ex = Expander(space)
     s = SpecScheduler(space.config)
-    assert [ex.alphabet.label(c) for c in ex.enabled(s.view())] == ["step", "add V", "add P", "add R"]
+    assert [ex.alphabet.label(c) for c in ex.enabled(s.view())] == ["step", "add Q", "add P", "add R"]
     s.add(ex.request(0, 1))
     s.add(ex.request(1, 2))
     assert [ex.alphabet.label(c) for c in ex.enabled(s.view())] == ["step", "add R", "abort #0", "abort #1"]

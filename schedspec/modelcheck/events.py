@@ -186,7 +186,7 @@ class Alphabet:
 
     def enabled(self, known: int, unfinished: int, in_flight: int = 0, pause_state: int = 0,
                 grammar_waiting: Sequence[int] = (), kv: Sequence[int] = (),
-                sessions: Sequence[int] = ()) -> list[int]:
+                sessions: Sequence[int] = (), known_by_shape: Sequence[int] = ()) -> list[int]:
         """The codes enabled in a state where the scheduler knows ``known``
         requests (unfinished, or finished and not yet reported), ``unfinished``
         of them unfinished, and ``in_flight`` plans await update (async
@@ -194,14 +194,17 @@ class Alphabet:
         at most one plan in flight, ``update`` with exactly one; a pause to
         another pause state than ``pause_state`` (PauseState's value), resume
         while paused; a grammar report for each position in
-        ``grammar_waiting`` (requests whose grammar is still compiling)."""
+        ``grammar_waiting`` (requests whose grammar is still compiling); no
+        add of a shape whose ``max_at_once`` requests ``known_by_shape``
+        (per shape index) already counts."""
         codes = [STEP.value]
         if self.resets and in_flight <= 1:
             codes += [RESET.value, RESET_RUNNING.value]
         if self.async_scheduling and in_flight == 1:
             codes.append(self.update)
         if known < self.max_requests:
-            codes += [self.add(i) for i in range(len(self.shapes))]
+            codes += [self.add(i) for i, sh in enumerate(self.shapes)
+                      if not sh.max_at_once or i >= len(known_by_shape) or known_by_shape[i] < sh.max_at_once]
         if self.aborts:
             codes += [self.abort(k) for k in range(unfinished)]
             if self.abort_in_step:

@@ -292,7 +292,8 @@ class Expander:
         self.kv_on = space.config.kv_connector and not self.is_async
         self.alphabet = Alphabet(self.shapes, space.max_requests,
                                  space.abort_in_step and not self.is_async and not self.kv_on,
-                                 aborts=against is None or against.aborts, resets=against is None or against.resets,
+                                 aborts=against is None or against.aborts,
+                                 resets=space.resets and (against is None or against.resets),
                                  async_scheduling=self.is_async, pauses=space.pauses,
                                  grammar=any(sh.structured_output for sh in self.shapes),
                                  kv_ops=self._kv_ops(space) if self.kv_on else (),
@@ -400,7 +401,20 @@ class Expander:
                                      len(flight.pairs) if flight is not None else 0, int(v.pause_state),
                                      grammar_waiting,
                                      kv_enabled(self.alphabet, v, kv, self.config.block_size) if kv else (),
-                                     sessions.enabled_updates(self.alphabet, self.shapes, self.config, s, v))
+                                     sessions.enabled_updates(self.alphabet, self.shapes, self.config, s, v),
+                                     self._known_by_shape(v))
+
+    def _known_by_shape(self, v: SchedulerView) -> list[int]:
+        """How many known requests (unfinished, or finished and not yet
+        reported) each shape has, for the shapes' ``max_at_once`` (empty when
+        no shape has one): the k-th request of shape i arrives at k * n + i."""
+        n = len(self.shapes)
+        if not any(sh.max_at_once for sh in self.shapes):
+            return []
+        counts = [0] * n
+        for r in (*v.requests.values(), *v.finished.values()):
+            counts[r.spec.arrival % n] += 1
+        return counts
 
     # -------------------------------------------------------------- checks
 

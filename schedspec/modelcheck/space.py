@@ -51,6 +51,9 @@ class Shape:
     resumable: bool = False
     chunk: tuple[int, ...] = (1,)
     chunk_max_tokens: int = 1
+    #: at most this many requests of this shape known at a time (0: only
+    #: the space's ``max_requests`` bounds them)
+    max_at_once: int = 0
 
     def request(self, request_id: str, arrival: int) -> RequestSpec:
         return RequestSpec(
@@ -96,6 +99,8 @@ class Shape:
             parts.append("saved asynchronously")
         if self.resumable:
             parts.append(f"streaming, chunks {list(self.chunk)} ({self.chunk_max_tokens})")
+        if self.max_at_once:
+            parts.append(f"at most {self.max_at_once} at a time")
         return f"{self.name}: " + ", ".join(parts)
 
 
@@ -128,6 +133,8 @@ class Space:
     #: the worker's report events explored with a connector (KV_OPS names;
     #: all of them by default)
     kv_ops: tuple[str, ...] = ()
+    #: also explore the prefix-cache resets (reset, reset+running)
+    resets: bool = True
 
     def kv(self) -> tuple[str, ...]:
         """The KV features (check/features.py KV_FEATURES: "connector",
@@ -185,6 +192,7 @@ class Space:
             "abort_in_step": self.abort_in_step,
             "acceptance": self.acceptance,
             "pauses": self.pauses,
+            **({} if self.resets else {"resets": False}),
             "gates": list(self.gates()),
             "kv": list(self.kv()),
             **({"kv_report_bound": self.kv_report_bound} if self.config.kv_connector else {}),
@@ -246,6 +254,14 @@ _Q = Shape("Q", (3,), 3, priority=1)
 _Eos = Shape("E", (2, 1), 2, eos_after=1)
 _Ps = Shape("P", (1, 2), 2)
 _Ds = Shape("D", (3,), 2, stop_after=1)
+# Three running requests, one of each shape at a time (no caching: the
+# prompts only set lengths): Q, of low priority, runs first; P's decode
+# needs a block the full pool lacks a step after R was admitted with one
+# token of its four, so P preempts Q, already scheduled, and R's chunk takes
+# the budget Q gave back.
+_Qg = dataclasses.replace(_Q, max_at_once=1)
+_Pg = dataclasses.replace(_Ps, max_at_once=1)
+_Rg = Shape("R", (1, 2, 0, 3), 1, max_at_once=1)
 
 #: The common config: blocks of 2 tokens, 4 usable blocks (one request of
 #: max_model_len 8 fits), 4 tokens per step, 2 running requests.
@@ -254,13 +270,13 @@ _BASE: dict[str, Any] = dict(block_size=2, num_blocks=5, max_num_batched_tokens=
 
 def _space(name: str, shapes: tuple[Shape, ...], max_requests: int, abort_in_step: bool = False,
            acceptance: str = "all", pauses: bool = False, kv_report_bound: int = 3, kv_ops: tuple[str, ...] = (),
-           **overrides: Any) -> Space:
+           resets: bool = True, **overrides: Any) -> Space:
     # The oracle seed also names the acceptance mode in a trace (the fake
     # model takes ACCEPTANCE_MODES[seed % 3] when it is not told), so a
     # counterexample replays with the space's drafts.
     return Space(name, SchedulerConfig(**{**_BASE, **overrides}), shapes, max_requests,
                  oracle_seed=ACCEPTANCE_MODES.index(acceptance), abort_in_step=abort_in_step, acceptance=acceptance,
-                 pauses=pauses, kv_report_bound=kv_report_bound, kv_ops=kv_ops)
+                 pauses=pauses, kv_report_bound=kv_report_bound, kv_ops=kv_ops, resets=resets)
 
 
 def _small() -> Bound:
@@ -287,6 +303,11 @@ def _small() -> Bound:
         # a streaming-input session: its chunk and end at any time (while it
         # waits, runs or waits for input), with resets and aborts
         _space("fcfs-cache-stream-1req", (_S, _A1), 1, max_model_len=6),
+        # a victim's budget given back and used by a later running request
+        # (effect.returned_budget_scheduled): without caching a reset only
+        # preempts everything, which the spaces above explore, so none here
+        _space("priority-nocache-3seqs-giveback", (_Qg, _Pg, _Rg), 3, policy=Policy.PRIORITY, resets=False,
+               enable_prefix_caching=False, scheduler_reserve_full_isl=False, max_num_seqs=3, max_model_len=6),
     ))
 
 

@@ -17,6 +17,7 @@ from schedspec.modelcheck import (
     Deadlock,
     Drained,
     EventCode,
+    Expander,
     Explorer,
     ModelCheckError,
     Shape,
@@ -26,6 +27,7 @@ from schedspec.modelcheck import (
     check_bound,
     drain_distances,
 )
+from schedspec.spec import SpecScheduler
 from schedspec.spec.interface import SchedSpecError
 
 
@@ -40,6 +42,25 @@ def test_alphabet_numbers_and_names_every_event() -> None:
     assert a.enabled(known=1, unfinished=1) == [0, 1, 2, 3, 4, 5]
     assert a.enabled(known=2, unfinished=1) == [0, 1, 2, 5]
     assert a.enabled(known=2, unfinished=0) == [0, 1, 2]
+
+
+def test_a_shape_bounded_at_once_and_a_space_without_resets() -> None:
+    a = Alphabet((Shape("A", (1,), 1, max_at_once=1), Shape("B", (2,), 1)), max_requests=3, resets=False)
+    assert a.enabled(known=0, unfinished=0, known_by_shape=[0, 0]) == [0, 3, 4]
+    assert a.enabled(known=1, unfinished=1, known_by_shape=[1, 0]) == [0, 4, 5]
+    assert a.enabled(known=2, unfinished=2, known_by_shape=[0, 2]) == [0, 3, 4, 5, 6]  # B has no cap
+    # the space's shapes and resets as the expander offers them: one Q at a
+    # time (finished and not yet reported still counts), no reset
+    space = next(s for s in bound("small").spaces if s.name == "priority-nocache-3seqs-giveback")
+    ex = Expander(space)
+    s = SpecScheduler(space.config)
+    assert [ex.alphabet.label(c) for c in ex.enabled(s.view())] == ["step", "add Q", "add P", "add R"]
+    s.add(ex.request(0, 1))
+    s.add(ex.request(1, 2))
+    assert [ex.alphabet.label(c) for c in ex.enabled(s.view())] == ["step", "add R", "abort #0", "abort #1"]
+    s.abort("r1")
+    assert [ex.alphabet.label(c) for c in ex.enabled(s.view())] == ["step", "add R", "abort #0"]
+    assert space.describe()["resets"] is False and "resets" not in bound("small").spaces[0].describe()
 
 
 def test_drain_distances_and_the_worst_state() -> None:

@@ -107,3 +107,13 @@ def test_a_trace_before_version_8_may_not_name_it(tmp_path: Path) -> None:
     bad.write_text("\n".join([lines[0].replace('"schedspec_trace": 8', '"schedspec_trace": 7'), *lines[1:]]))
     with pytest.raises(tracefile.TraceError, match="kv_cache_report_mode: needs trace format version 8"):
         tracefile.read(bad)
+
+
+def test_the_shrinker_tries_the_request_without_its_full_report() -> None:
+    from schedspec.check.shrink import _fit_request, _gate_options
+    from schedspec.spec.interface import SchedulerConfig
+
+    r = RequestSpec("r", (1, 2), 1, kv_cache_report_mode="full")
+    assert RequestSpec("r", (1, 2), 1) in _gate_options(r)
+    assert _fit_request(r, SchedulerConfig()).kv_cache_report_mode == "incremental"
+    assert _fit_request(r, SchedulerConfig(enable_kv_cache_events=True)) == r

@@ -80,3 +80,31 @@ def stored_keyed(req: Request, table: Sequence[int], block_node: Sequence[KeyNod
         group=group,
         kind=KINDS[kind].vllm_kind,
     )
+
+
+def reused(req: Request, counts: Sequence[int], kinds: Sequence[str], block_size: int) -> list[BlockStored]:
+    """The "reused" BlockStored of a prefix hit of a request whose
+    kv_cache_report_mode is "full" (spec/kv_events.py): for each group g
+    with ``counts[g]`` > 0 hit blocks, the request's keys of blocks 0 ..
+    counts[g] - 1, parent None, their tokens (one token tuple sliced)."""
+    top = max(counts, default=0)
+    tokens = req.token_range(0, top * block_size)
+    marks = req.identity_marks
+    spec = req.spec
+    plain = None if marks else (spec.salt if not (spec.lora_id or spec.mm_inputs) else spec.block_identity(block_size))
+    keys = tuple((plain if plain is not None else spec.block_identity((i + 1) * block_size), tokens[: (i + 1) * block_size])
+                 for i in range(top))
+    return [
+        BlockStored(
+            block_keys=keys[:n],
+            parent_key=None,
+            token_ids=tokens[: n * block_size],
+            block_size=block_size,
+            lora_id=spec.lora_id or None,
+            medium=MEDIUM_GPU,
+            group=g,
+            kind=KINDS[kinds[g]].vllm_kind,
+            reused=True,
+        )
+        for g, n in enumerate(counts) if n
+    ]

@@ -13,6 +13,7 @@ from typing import Any
 
 from schedspec.spec.interface import PauseState, ScheduleKind, SchedulerConfig
 
+from schedspec.impl.kv_events import reused
 from schedspec.impl.queues import FcfsWaiting, PriorityWaiting, VictimHeap
 from schedspec.impl.request import (
     NO_GROUPS,
@@ -58,6 +59,7 @@ class WaitingPhase:
     _capacity_bound: bool
     _placeholder_drafts: tuple[int, ...]
     _layout: Any
+    _px: Any
     _kv_holding_head: Any
     _promote: Any
     _skip: Any
@@ -160,11 +162,15 @@ class WaitingPhase:
             hit = [[] for _ in self._layout.groups] if self._hybrid else []
             return hit, req.num_computed_tokens, 0
         if self._hybrid:
-            hit, _ = self._g_find_hit(req)
+            hit, length = self._g_find_hit(req)
             computed = len(hit[0]) * bs
         else:
             hit = self._find_hit(req)
-            computed = len(hit) * bs
+            computed = length = len(hit) * bs
+        if length and self._px.events is not None and req.spec.kv_cache_report_mode == "full":
+            # KVCacheManager.get_computed_blocks: the hit reported at lookup (spec/kv_events.py, "reused")
+            counts = [len(h) for h in hit] if self._hybrid else [len(hit)]
+            self._px.events.extend(reused(req, counts, [g.kind for g in self._layout.groups], bs))
         if not self._connector:
             return hit, computed, 0
         external, load_async = self._external_tokens(req, computed)

@@ -5,7 +5,8 @@ of one instance's prefix cache, rebuilt from the instance's stream alone
 ``KVMirror.apply`` folds one event in and says what in it no consumer can
 make sense of: a BlockStored that names a parent never stored (since the
 last AllBlocksCleared) in a full-attention group, a BlockRemoved of a key the
-mirror does not hold (a key is removed once per store). ``index`` is the
+mirror does not hold (a key is removed once per store). A ``reused``
+BlockStored (a prefix hit reported again) changes nothing. ``index`` is the
 cache the mirror believes in, as the scheduler's view spells it
 (``KVView.cache_index``: key -> the blocks registered under it), counted."""
 
@@ -42,6 +43,10 @@ class KVMirror:
     def apply(self, event: KVCacheEvent) -> list[tuple[str, str]]:
         """Fold ``event`` in; the problems found, each ("parent" | "removed", message)."""
         out: list[tuple[str, str]] = []
+        if isinstance(event, BlockStored) and event.reused:
+            # a prefix hit reported again (kv_cache_report_mode "full"): the
+            # blocks were cached already, nothing changes
+            return out
         if isinstance(event, BlockStored):
             kind = BY_VLLM_KIND.get(event.kind)  # None: a kind no modelled layout has
             if event.parent_key is not None and kind is not None and kind.parent_stored:

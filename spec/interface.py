@@ -25,6 +25,7 @@ from schedspec.spec.errors import SchedSpecError as SchedSpecError
 from schedspec.spec.kv_kinds import FullAttention
 from schedspec.spec.validate import KV_GROUP_KINDS as KV_GROUP_KINDS
 from schedspec.spec.validate import (
+    KV_CACHE_REPORT_MODES,
     KV_LOAD_FAILURE_POLICIES,
     MODEL_RUNNERS,
     MAX_KV_CACHE_GROUPS,
@@ -535,6 +536,10 @@ class RequestSpec:
     ignore_eos: bool = False
     cache_salt: str | None = None
     lora_id: int = field(default=0, metadata=declare(minimum=0, why="0 = no adapter", since=3))
+    #: "full": with KV cache events on, each prefix lookup that hits also
+    #: reports the hit blocks as a BlockStored per group (spec/kv_events.py,
+    #: "reused"; vLLM's SamplingParams.extra_args["kv_cache_report_mode"])
+    kv_cache_report_mode: str = field(default="incremental", metadata=declare(choices=KV_CACHE_REPORT_MODES, since=8))
     structured_output: bool = field(default=False, metadata=declare(since=3))
     grammar_rejects: tuple[int, ...] = field(default=(), metadata=declare(since=3))
     mm_inputs: tuple[MMInput, ...] = field(default=(), metadata=declare(since=3))
@@ -1153,6 +1158,11 @@ class BlockStored:
     medium: str
     group: int
     kind: str
+    #: the blocks were cached already: a prefix hit reported for a request
+    #: whose kv_cache_report_mode is "full" (BlockPool.emit_cached_block_events,
+    #: no block changes); vLLM's event does not say so, the adapter marks
+    #: what that method queued
+    reused: bool = False
 
 
 @dataclass(frozen=True)

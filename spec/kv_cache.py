@@ -460,6 +460,33 @@ class KVPool(CountsRules):
             kind=KINDS[kind].vllm_kind,
         )
 
+    def emit_cached_block_events(self, hit: Sequence[Sequence[int]], key_of: Callable[[int], BlockKey],
+                                 lora_id: int) -> None:
+        """KVCacheCoordinator.emit_cached_block_events -> BlockPool.
+        emit_cached_block_events (spec/kv_events.py, "reused"): for each group
+        whose hit is not empty, in group order, one BlockStored of the hit's
+        n blocks as the request names them (block i: ``key_of(i)``, whatever
+        the group's table holds there, the null block too), parent None, the
+        tokens of blocks 0 to n; no block changes. Only with events on."""
+        if self.events is None:
+            return
+        bs = self.layout.block_size
+        for g, (group, blocks) in enumerate(zip(self.layout.groups, hit)):
+            if not blocks:
+                continue
+            n = len(blocks)
+            self.events.append(BlockStored(
+                block_keys=tuple(key_of(i) for i in range(n)),
+                parent_key=None,
+                token_ids=key_of(n - 1)[1][:n * bs],
+                block_size=bs,
+                lora_id=lora_id or None,
+                medium=MEDIUM_GPU,
+                group=g,
+                kind=KINDS[group.kind].vllm_kind,
+                reused=True,
+            ))
+
     def pop_blocks_for_free(self, req: GroupTables) -> list[int]:
         """KVCacheCoordinator.pop_blocks_for_free: the request's blocks, group
         after group without leading null blocks, taken from it unfreed (a

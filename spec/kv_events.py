@@ -25,6 +25,15 @@ published as one KVEventBatch). The spec's rules, each where the pool acts
   ``get_new_blocks``, or by ``evict_blocks`` after a connector's failed load)
   emits one BlockRemoved (``_emit_block_removed_events``), even when another
   block still holds that key.
+- **reused**: a prefix lookup that hits (``KVCacheManager.get_computed_blocks``
+  with a hit > 0) of a request whose ``kv_cache_report_mode`` is "full"
+  emits, through ``KVCacheCoordinator.emit_cached_block_events``, one
+  BlockStored per group with a non-empty hit (``BlockPool.
+  emit_cached_block_events``): the keys of the hit's n blocks as the request
+  names them (whatever the group's table holds there), parent None, the
+  tokens of blocks 0 to n, the block size, the LoRA adapter, "GPU", the group
+  and its kind, marked ``reused``; no block changes. It is emitted at the
+  lookup, even when the admission then fails.
 - **cleared**: a successful ``BlockPool.reset_prefix_cache`` emits one
   AllBlocksCleared; a refused one emits nothing.
 
@@ -35,9 +44,8 @@ vLLM names a block by its chained hash; the spec by its content, a BlockKey
 (spec/interface.py). An event carries the key as group 0 spells it (vLLM's
 event hashes carry no group id: ``get_block_hash``) beside its ``group``, so
 ``group_block_key(key, group)`` is the key in the scheduler's cache index.
-``BlockPool.emit_cached_block_events`` (BlockStored events for prefix hits,
-only for requests whose ``kv_cache_report_mode`` is "full") and partial
-blocks (``cache_partial_block``) lie outside the modelled configuration.
+Partial blocks (``cache_partial_block``) lie outside the modelled
+configuration.
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ def event_to_dict(event: KVCacheEvent) -> dict[str, Any]:
             "medium": event.medium,
             "group": event.group,
             "kind": event.kind,
+            **({"reused": True} if event.reused else {}),
         }
     if isinstance(event, BlockRemoved):
         return {"type": "BlockRemoved", "block_keys": [_key_to_json(k) for k in event.block_keys],
@@ -107,7 +116,7 @@ def event_from_dict(data: object) -> KVCacheEvent:
         raise KVEventError(f"an event is a JSON object, got {type(data).__name__}")
     kind = data.get("type")
     fields = {"BlockStored": {"type", "block_keys", "parent_key", "token_ids", "block_size", "lora_id", "medium",
-                              "group", "kind"},
+                              "group", "kind", "reused"},
               "BlockRemoved": {"type", "block_keys", "medium", "group"},
               "AllBlocksCleared": {"type"}}
     if kind not in fields:
@@ -143,4 +152,12 @@ def event_from_dict(data: object) -> KVCacheEvent:
         medium=medium,
         group=group,
         kind=group_kind,
+        reused=_reused(data),
     )
+
+
+def _reused(data: Mapping[str, Any]) -> bool:
+    value = data.get("reused", False)
+    if not isinstance(value, bool):
+        raise KVEventError(f"reused: must be a boolean, got {value!r}")
+    return value

@@ -414,12 +414,17 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         longest run of cached full blocks from the start): each group's hit
         blocks, ``len(hit[0]) * block_size`` tokens. The request records its
         shared-prefix junction (the hit plus the uncached common prefix a
-        group cut, else 0: Request.shared_prefix_boundary)."""
+        group cut, else 0: Request.shared_prefix_boundary). A hit of a
+        request whose kv_cache_report_mode is "full" is reported as events
+        then (KVPool.emit_cached_block_events)."""
         req.shared_prefix_boundary = 0
         if not self.kv.enable_caching:
             return [[] for _ in self._config.groups]
         bs = self._config.block_size
         hit = self.kv.find_longest_cache_hit(lambda i: req.block_key(i, bs), req.num_tokens - 1)
+        if hit.num_tokens > 0 and req.spec.kv_cache_report_mode == "full":
+            # reported at lookup, whether or not the admission then succeeds
+            self.kv.emit_cached_block_events(hit.blocks, lambda i: req.block_key(i, bs), req.spec.lora_id)
         if hit.num_uncached_tokens:
             req.shared_prefix_boundary = hit.num_tokens + hit.num_uncached_tokens
         self._rules(prefix_hit_rules(hit.num_tokens, req.num_tokens, bs))  # pragma: no mutate

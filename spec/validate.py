@@ -224,6 +224,11 @@ KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 #: vLLM's model runners (VllmConfig.use_v2_model_runner): "v1" or Model Runner V2
 MODEL_RUNNERS = ("v1", "v2")
 
+#: A request's KV cache report modes (vllm/v1/request.py, Request.__init__:
+#: SamplingParams.extra_args["kv_cache_report_mode"]; vLLM reads any value
+#: but "full" as "incremental", the spec accepts only the two)
+KV_CACHE_REPORT_MODES = ("incremental", "full")
+
 
 def validate_config(config: ConfigFields, policy_type: type, group_type: type | None = None) -> None:
     """Raise ConfigError for the first invalid field of ``config``: first the
@@ -609,6 +614,9 @@ def _check_request_field(rid: str, name: str, kind: Any, b: Declaration, value: 
     elif kind == _STR_OR_NONE:
         if value is not None and not isinstance(value, str):
             raise RequestError(rid, name, f"must be a string or None, got {value!r}")
+    elif kind is str and b.choices:
+        if value not in b.choices:
+            raise RequestError(rid, name, f"must be one of {', '.join(map(repr, b.choices))}, got {value!r}")
     elif typing.get_origin(kind) is tuple and not isinstance(value, tuple):
         raise RequestError(rid, name, f"must be a tuple of {typing.get_args(kind)[0].__name__}")
 

@@ -107,8 +107,7 @@ CONNECTOR_FUNCTIONS: tuple[tuple[str, str], ...] = (
 #: reported without a target).
 #: Then the KV cache events' and the statistics' targets (docs/kv-events.md,
 #: docs/scheduler-stats.md): the block pool, the event functions of the
-#: modelled layouts (not emit_cached_block_events: the spec does not model
-#: kv_cache_report_mode="full"), the takes and the statistics.
+#: modelled layouts, the takes and the statistics.
 FILE_TARGETS: tuple[tuple[str, float], ...] = (
     ("v1/core/kv_cache_coordinator.py", 70.0),
     ("v1/core/single_type_kv_cache_manager.py", 70.0),

@@ -100,7 +100,7 @@ from schedspec.spec.protocol import (
 from schedspec.spec.kv_events import KVCacheEvent
 
 from schedspec.adapters.vllm_config import build_vllm_config, check_managers
-from schedspec.adapters.vllm_events import EventCapture, translate
+from schedspec.adapters.vllm_events import EventCapture, ReusedMarks, translate
 from schedspec.adapters.vllm_kv import blocks_kept_after_reset, kv_connector_output
 from schedspec.adapters.vllm_load import VllmAdapterError, into_vllm, load_vllm
 from schedspec.adapters.vllm_message import MessageCheck
@@ -258,9 +258,11 @@ class VllmScheduler(SessionsAdapter):
         # the KV cache events (vllm_events.py): vLLM's published batches
         # captured, and those translated since the last take_kv_events()
         self._kv_capture: EventCapture | None = None
+        self._kv_marks: ReusedMarks | None = None
         self._kv_events: list[KVCacheEvent] = []
         if config.enable_kv_cache_events:
             self._kv_capture = self.sched.kv_event_publisher = EventCapture()
+            self._kv_marks = ReusedMarks(self.sched.kv_cache_manager.block_pool)
 
     def _pin_finish_order(self) -> None:
         """update_from_output finishes the requests of a step's errors (a
@@ -511,7 +513,7 @@ class VllmScheduler(SessionsAdapter):
             self._grammars = {rid: f for rid, f in self._grammars.items() if rid in self._live}
         if self._kv_capture is not None:
             # every hash the step's events name still has its content here
-            self._kv_events.extend(translate(self._kv_capture.take(), self._keys))
+            self._kv_events.extend(translate(self._kv_capture.take(), self._keys, self._kv_marks))
         self._keys.prune_if_large(self.sched.kv_cache_manager.block_pool, self._live.values())
 
     def take_kv_events(self) -> tuple[KVCacheEvent, ...]:

@@ -40,6 +40,25 @@ class EventCapture:
         return out
 
 
+class ReusedMarks:
+    """The ids of the events vLLM's ``BlockPool.emit_cached_block_events``
+    queued (a prefix hit reported for a request whose kv_cache_report_mode is
+    "full"), which vLLM's BlockStored does not tell apart: the pool's method
+    is wrapped on the instance, runs as it is, and what it appended to
+    ``kv_event_queue`` is noted. ``translate`` marks those ``reused``."""
+
+    def __init__(self, pool: Any) -> None:
+        self.ids: set[int] = set()
+        original = pool.emit_cached_block_events
+
+        def emit_cached_block_events(*args: Any, **kwargs: Any) -> None:
+            before = len(pool.kv_event_queue)
+            original(*args, **kwargs)
+            self.ids.update(id(e) for e in pool.kv_event_queue[before:])
+
+        pool.emit_cached_block_events = emit_cached_block_events
+
+
 T = TypeVar("T")
 
 
@@ -50,10 +69,12 @@ def _given(value: T | None, field: str) -> T:
     return value
 
 
-def translate(events: list[Any], keys: BlockKeys) -> list[KVCacheEvent]:
-    """vLLM's events (BlockStored, BlockRemoved, AllBlocksCleared) as the spec's."""
+def translate(events: list[Any], keys: BlockKeys, marks: ReusedMarks | None = None) -> list[KVCacheEvent]:
+    """vLLM's events (BlockStored, BlockRemoved, AllBlocksCleared) as the
+    spec's; those ``marks`` noted (then forgotten) are ``reused``."""
     from schedspec.adapters import vllm_names as v
 
+    reused = set() if marks is None else marks.ids
     out: list[KVCacheEvent] = []
     for e in events:
         if isinstance(e, v.BlockStored):
@@ -66,6 +87,7 @@ def translate(events: list[Any], keys: BlockKeys) -> list[KVCacheEvent]:
                 medium=_given(e.medium, "BlockStored.medium"),
                 group=_given(e.group_idx, "BlockStored.group_idx"),
                 kind=_given(e.kv_cache_spec_kind, "BlockStored.kv_cache_spec_kind"),
+                reused=id(e) in reused,
             ))
         elif isinstance(e, v.BlockRemoved):
             out.append(BlockRemoved(tuple(keys.event_key(h) for h in e.block_hashes),
@@ -75,4 +97,5 @@ def translate(events: list[Any], keys: BlockKeys) -> list[KVCacheEvent]:
         else:
             raise VllmAdapterError(f"vLLM published a KV cache event of type {type(e).__name__}, "
                                  "outside the modelled BlockStored, BlockRemoved and AllBlocksCleared")
+    reused.clear()
     return out

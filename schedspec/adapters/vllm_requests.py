@@ -11,6 +11,7 @@ method the scheduler's path reaches.
   resolves) is a ``Grammar`` refusing ``grammar_rejects``.
 * ``mm_inputs`` become MultiModalFeatureSpecs (positions, size, identifier,
   no data).
+* ``kv_cache_report_mode`` "full" goes in ``SamplingParams.extra_args``.
 
 vLLM is imported by the first call (schedspec/adapters/vllm_load.py).
 """
@@ -54,10 +55,16 @@ def vllm_request(request: RequestSpec, block_hasher: Any, connector: bool) -> An
     # What the engine's input processor does with the tokenizer's eos id:
     # with ignore_eos the id is not set, so check_stop never matches it.
     params.update_from_generation_config({}, request.eos_token_id)
+    extra: dict[str, Any] = {}
     transfer = kv_transfer_params(request) if connector else None
     if transfer is not None:
         # what vLLM's Request reads its kv_transfer_params from
-        params.extra_args = {"kv_transfer_params": transfer}
+        extra["kv_transfer_params"] = transfer
+    if request.kv_cache_report_mode != "incremental":
+        # Request.__init__ reads kv_cache_report_mode from the same place
+        extra["kv_cache_report_mode"] = request.kv_cache_report_mode
+    if extra:
+        params.extra_args = extra
     return v.Request(
         request_id=request.request_id,
         prompt_token_ids=list(request.prompt_token_ids),

@@ -1,7 +1,7 @@
 """What the workloads with KV cache events on exercised: the situations that
 make a stream interesting to a router (evictions, resets with and without
 running requests, reuse of a cached block by another request, hits in
-hybrid layouts, aborts, the connector), counted from the reference's rule
+hybrid layouts, aborts, the connector, hits reported again), counted from the reference's rule
 counts (spec/rule_names.py) and the events it emitted, so a run shows that
 each happened with the events compared.
 
@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from schedspec.spec.kv_events import KVCacheEvent
+from schedspec.spec.kv_events import BlockStored, KVCacheEvent
 
 from schedspec.check.stats import Stats
 from schedspec.check.workload import ResetPrefixCache, Workload
@@ -36,6 +36,9 @@ SITUATIONS: dict[str, tuple[str, ...]] = {
     "failed loads evicting their blocks": ("connector.invalid_fail",),
 }
 
+#: the BlockStored events that report a prefix hit again (spec/kv_events.py, "reused")
+REPORTED = "prefix hits reported in full report mode"
+
 
 @dataclass
 class EventsTally:
@@ -53,6 +56,7 @@ class EventsTally:
 
         def take(step: int, batch: tuple[KVCacheEvent, ...]) -> None:
             self.types.update(type(e).__name__ for e in batch)
+            self.counts[REPORTED] += sum(1 for e in batch if isinstance(e, BlockStored) and e.reused)
             if inner is not None:
                 inner(step, batch)
 
@@ -80,7 +84,7 @@ class EventsTally:
         """``events: in N workloads (S steps) with KV cache events on: ...`` (every situation, zeros too)."""
         types = ", ".join(f"{self.types.get(t, 0)} {t}" for t in ("BlockStored", "BlockRemoved", "AllBlocksCleared"))
         names = [*SITUATIONS, "resets asked with running requests", "resets asked without running requests",
-                 "prefix hits in hybrid layouts"]
+                 "prefix hits in hybrid layouts", REPORTED]
         situations = ", ".join(f"{self.counts.get(n, 0)} {n}" for n in names)
         return (f"events: {self.workloads} workloads ({self.steps} steps) with KV cache events on: {types}; "
                 f"{situations}")

@@ -24,7 +24,7 @@ from schedspec.spec.interface import SchedulerFactory
 
 from schedspec.check.capabilities import Capabilities
 from schedspec.check.scheduler_stats import with_stats
-from schedspec.check.workload import Workload
+from schedspec.check.workload import AddRequest, Workload
 
 #: The share of the default check's workloads with each output on (drawn
 #: per workload; the cost, measured against impl over 2,000 steps, is about
@@ -44,13 +44,33 @@ def outputs_on(kv_events: bool | None, stats: bool | None, capabilities: Capabil
     return events, on_stats
 
 
+#: The share of a workload's requests that ask for their prefix hits to be
+#: reported (kv_cache_report_mode "full"), drawn where the events are on.
+FULL_REPORT_SHARE = 0.25
+
+
+def with_full_reports(workload: Workload) -> Workload:
+    """``workload`` with some of its requests (FULL_REPORT_SHARE, a draw per
+    request on a generator seeded from the workload's seed) in
+    kv_cache_report_mode "full" (spec/kv_events.py, "reused")."""
+    rng = random.Random(f"schedspec-kv-report-{workload.seed}")
+    events = tuple(
+        AddRequest(dataclasses.replace(e.request, kv_cache_report_mode="full"))
+        if isinstance(e, AddRequest) and rng.random() < FULL_REPORT_SHARE else e
+        for e in workload.events
+    )
+    return dataclasses.replace(workload, events=events)
+
+
 def with_outputs(workload: Workload, factories: dict[str, SchedulerFactory], events: bool,
                  stats: bool) -> tuple[Workload, dict[str, SchedulerFactory]]:
-    """``workload`` with the KV cache events on (when ``events``), and the
+    """``workload`` with the KV cache events on (when ``events``; some
+    requests then report their prefix hits: ``with_full_reports``), and the
     factories building their schedulers with ``log_stats`` (when ``stats``)."""
     if events and not workload.config.enable_kv_cache_events:
         workload = dataclasses.replace(workload,
                                        config=dataclasses.replace(workload.config, enable_kv_cache_events=True))
+        workload = with_full_reports(workload)
     if stats:
         factories = {name: with_stats(f) for name, f in factories.items()}
     return workload, factories

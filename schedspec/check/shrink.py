@@ -63,11 +63,14 @@ def signature(f: Failure) -> tuple[str, frozenset[str]]:
 
 def _fit_request(r: RequestSpec, config: SchedulerConfig) -> RequestSpec:
     """``r`` without the gate fields ``config`` cannot take: no adapter with
-    LoRA off, no encoder inputs without an encoder."""
+    LoRA off, no encoder inputs without an encoder, no full KV cache report
+    without the events."""
     if r.lora_id and not config.max_loras:
         r = dataclasses.replace(r, lora_id=0)
     if r.mm_inputs and not config.has_encoder:
         r = dataclasses.replace(r, mm_inputs=())
+    if r.kv_cache_report_mode != "incremental" and not config.enable_kv_cache_events:
+        r = dataclasses.replace(r, kv_cache_report_mode="incremental")
     if not config.kv_connector and (r.kv_external_tokens or r.kv_load_async or r.kv_save_async):
         r = dataclasses.replace(r, kv_external_tokens=0, kv_load_async=False, kv_save_async=False)
     return r
@@ -306,8 +309,10 @@ def _kv_options(r: RequestSpec) -> list[RequestSpec]:
 def _gate_options(r: RequestSpec) -> list[RequestSpec]:
     """``r`` with one of its gate fields dropped: its adapter, its grammar's
     refused tokens, its structured output, its encoder inputs (all, then the
-    last one)."""
+    last one), its full KV cache report."""
     out: list[RequestSpec] = []
+    if r.kv_cache_report_mode != "incremental":
+        out.append(dataclasses.replace(r, kv_cache_report_mode="incremental"))
     if r.lora_id:
         out.append(dataclasses.replace(r, lora_id=0))
     if r.grammar_rejects:

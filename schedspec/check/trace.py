@@ -101,8 +101,8 @@ from schedspec.check.workload import (
 )
 
 #: The version ``dumps`` writes for a trace that needs it; READ_VERSIONS are read.
-TRACE_VERSION = 7
-READ_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+TRACE_VERSION = 8
+READ_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 def fields_since(cls: type, version: int) -> tuple[str, ...]:
@@ -127,6 +127,8 @@ V6_REQUEST_FIELDS = fields_since(RequestSpec, 6)
 V6_OPS = ("session_update",)
 #: Config fields of version 7 (pipeline parallelism, the model runner, the hash block size).
 V7_CONFIG_FIELDS = fields_since(SchedulerConfig, 7)
+#: The request field of version 8 (a request's KV cache report mode).
+V8_REQUEST_FIELDS = fields_since(RequestSpec, 8)
 #: The JSON Schema every line is validated against (shipped with the package).
 SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
@@ -230,6 +232,9 @@ def _config_version(config: dict[str, object]) -> int:
 
 
 def _version_of_events(trace: Trace, config: dict[str, object]) -> int:
+    if any(isinstance(e, AddRequest) and any(n in e.request.to_dict() for n in V8_REQUEST_FIELDS)
+           for e in trace.events):
+        return 8
     if any(isinstance(e, SessionInput) or isinstance(e, AddRequest) and e.request.resumable for e in trace.events):
         return 6
     if any(isinstance(e, Schedule) and e.plan is not None for e in trace.events):
@@ -418,12 +423,14 @@ _NEEDS_V4 = "needs trace format version 4 (\"schedspec_trace\": 4)"
 _NEEDS_V5 = "needs trace format version 5 (\"schedspec_trace\": 5)"
 _NEEDS_V6 = "needs trace format version 6 (\"schedspec_trace\": 6)"
 _NEEDS_V7 = "needs trace format version 7 (\"schedspec_trace\": 7)"
+_NEEDS_V8 = "needs trace format version 8 (\"schedspec_trace\": 8)"
 #: The events and request fields a later version brought, checked in this
 #: order: (version, ops, request fields, the message).
 _LATER_EVENTS: tuple[tuple[int, tuple[str, ...], tuple[str, ...], str], ...] = (
     (3, V3_OPS, V3_REQUEST_FIELDS, _NEEDS_V3),
     (4, V4_OPS, V4_REQUEST_FIELDS, _NEEDS_V4),
     (6, V6_OPS, V6_REQUEST_FIELDS, _NEEDS_V6),
+    (8, (), V8_REQUEST_FIELDS, _NEEDS_V8),
 )
 
 

@@ -78,3 +78,35 @@ def test_a_failed_load_evicts_in_vllms_set_order() -> None:
                                    oracle_seed=t.oracle_seed)
     assert failure is None, failure.describe()
     assert runner.stats.kv_cache_events >= 3
+
+
+def test_a_full_report_mode_request_reports_its_hits_as_vllm_does() -> None:
+    """The crafted trace: b (kv_cache_report_mode "full") hits a's prefix on a
+    hybrid layout and is looked up, and reported, in every step its admission
+    fails; vLLM's emit_cached_block_events events equal the spec's, marked
+    reused (vllm_events.ReusedMarks)."""
+    from pathlib import Path
+
+    from schedspec.check import trace as tracefile
+    from schedspec.spec.kv_events import BlockStored
+
+    path = Path(__file__).resolve().parents[1] / "check" / "data" / "kv-events-full-report-mode.jsonl"
+    t = tracefile.read(path)
+    reported: list[int] = []
+    runner, failure = run_workload(t.workload, {"spec": SpecScheduler, "vllm": _vllm()}, t.vocab,
+                                   oracle_seed=t.oracle_seed,
+                                   kv_event_sink=lambda n, batch: reported.extend(
+                                       n for e in batch if isinstance(e, BlockStored) and e.reused))
+    assert failure is None, failure.describe()
+    assert len(reported) >= 12 and len(set(reported)) >= 6
+
+
+def test_the_adapter_hands_vllm_the_report_mode() -> None:
+    from schedspec.adapters.vllm_names import block_hasher
+    from schedspec.adapters.vllm_requests import vllm_request
+    from schedspec.spec.interface import RequestSpec
+
+    full = vllm_request(RequestSpec("r", (1, 2), 1, kv_cache_report_mode="full"), block_hasher(4), False)
+    assert full.kv_cache_report_mode == "full"
+    plain = vllm_request(RequestSpec("p", (1, 2), 1), block_hasher(4), False)
+    assert plain.kv_cache_report_mode == "incremental"

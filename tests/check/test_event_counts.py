@@ -5,7 +5,7 @@ default generator reaches each of them within 4,000 steps."""
 from __future__ import annotations
 
 from schedspec.adapters.registry import resolve
-from schedspec.check.event_counts import SITUATIONS, EventsTally
+from schedspec.check.event_counts import REPORTED, SITUATIONS, EventsTally
 from schedspec.check.gate import CheckSettings, check_summary, run_check
 from schedspec.check.features import MODES
 from schedspec.check.stats import Stats
@@ -38,7 +38,7 @@ def test_the_default_check_reaches_every_situation_with_the_events_on_in_4000_st
     tally = outcome.events
     assert 0 < tally.workloads < outcome.workloads + 1
     missing = [n for n in (*SITUATIONS, "resets asked with running requests",
-                           "resets asked without running requests", "prefix hits in hybrid layouts")
+                           "resets asked without running requests", "prefix hits in hybrid layouts", REPORTED)
                if tally.counts[n] == 0]
     missing += [t for t in ("BlockStored", "BlockRemoved", "AllBlocksCleared") if tally.types[t] == 0]
     assert missing == [], tally.line()

@@ -198,7 +198,8 @@ def test_the_schema_names_every_config_and_request_field() -> None:
     request = RequestSpec("r", (1,), 1).to_dict()
     assert set(schema["$defs"]["request"]["properties"]) == {f.name for f in dataclasses.fields(RequestSpec)}
     assert set(request) == ({f.name for f in dataclasses.fields(RequestSpec)} - set(tracefile.V3_REQUEST_FIELDS)
-                            - set(tracefile.V4_REQUEST_FIELDS) - set(tracefile.V6_REQUEST_FIELDS))
+                            - set(tracefile.V4_REQUEST_FIELDS) - set(tracefile.V6_REQUEST_FIELDS)
+                            - set(tracefile.V8_REQUEST_FIELDS))
     assert set(schema["$defs"]["request"]["required"]) == {"request_id", "prompt_token_ids", "max_tokens"}
 
 

@@ -157,7 +157,7 @@ class StatsMixin:
         waiting = len(self._waiting) + len(self._kv_holding_waiting) - deferred
         # both records built by filling a fresh instance's __dict__ in field
         # order, as plan_entry builds a plan entry (impl/request.py): equal to
-        # the constructors' (tests/impl/test_stats.py), at a quarter the cost
+        # the constructors' (tests/impl/test_stats.py), at about a third of the cost
         prefix = _new(PrefixCacheStats)
         fields = prefix.__dict__
         fields["reset"] = self._st_reset

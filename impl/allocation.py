@@ -15,7 +15,7 @@ from typing import Any
 from schedspec.spec.interface import SchedulerConfig
 
 from schedspec.impl.free_queue import FreeBlockQueue
-from schedspec.impl.kv_events import stored_keyed
+from schedspec.impl.kv_events import stored_run
 from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
 from schedspec.impl.request import Request
 
@@ -142,9 +142,7 @@ class AllocationMixin:
         else:
             prefix_index.register_chain(blocks, first, parent, chunks)
         if prefix_index.events is not None:
-            prefix_index.events.append(
-                stored_keyed(req, blocks, prefix_index.block_node, first, num_full, list(range(first, num_full)),
-                             block_size, 0, "full_attention"))
+            prefix_index.events.append(stored_run(req, blocks, prefix_index.block_node, first, chunks, block_size))
         req.num_cached_blocks = num_full
         req.next_full_at = (num_full + 1) * block_size
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from typing import Union
 
-from schedspec.spec.interface import MEDIUM_GPU, BlockKey, BlockRemoved, KVCacheEvent, block_key_group, plain_key
+from schedspec.impl.kv_events import removed
+from schedspec.spec.interface import BlockKey, KVCacheEvent, block_key_group, plain_key
 
 
 class KeyNode:
@@ -175,7 +176,7 @@ class PrefixIndex:
             if ekey is None:
                 key = node.full_key()
                 ekey = (plain_key(key), block_key_group(key))
-            self.events.append(BlockRemoved((ekey[0],), MEDIUM_GPU, ekey[1]))
+            self.events.append(removed(ekey))
         self.block_node[block] = None
         node.holders.remove(block)
         node.refs -= 1

@@ -13,6 +13,8 @@ from typing import AbstractSet, Any
 from schedspec.spec.interface import StepPlan, StepResult
 from schedspec.spec.stats import PrefixCacheStats, SchedulerStats, SpecDecodingStats
 
+_new = object.__new__
+
 
 class StatsMixin:
     """The statistics' record and ``make_stats``."""
@@ -153,10 +155,27 @@ class StatsMixin:
         usage = 1.0 - self._fq.size / usable if usable > 0 else 0.0
         deferred = len(self._deferred)
         waiting = len(self._waiting) + len(self._kv_holding_waiting) - deferred
-        prefix = PrefixCacheStats(self._st_reset, self._st_requests, self._st_queries, self._st_hits,
-                                  self._st_p_requests, self._st_p_queries, self._st_p_hits)
-        out = SchedulerStats(len(self._running), waiting, deferred, usage, prefix, self._st_drafts,
-                             self._st_num_preemptions)
+        # both records built by filling a fresh instance's __dict__ in field
+        # order, as plan_entry builds a plan entry (impl/request.py): equal to
+        # the constructors' (tests/impl/test_stats.py), at about a third of the cost
+        prefix = _new(PrefixCacheStats)
+        fields = prefix.__dict__
+        fields["reset"] = self._st_reset
+        fields["requests"] = self._st_requests
+        fields["queries"] = self._st_queries
+        fields["hits"] = self._st_hits
+        fields["preempted_requests"] = self._st_p_requests
+        fields["preempted_queries"] = self._st_p_queries
+        fields["preempted_hits"] = self._st_p_hits
+        out = _new(SchedulerStats)
+        fields = out.__dict__
+        fields["num_running_reqs"] = len(self._running)
+        fields["num_waiting_reqs"] = waiting
+        fields["num_skipped_waiting_reqs"] = deferred
+        fields["kv_cache_usage"] = usage
+        fields["prefix_cache_stats"] = prefix
+        fields["spec_decoding_stats"] = self._st_drafts
+        fields["num_preemptions"] = self._st_num_preemptions
         self._stats_zero()
         self._st_num_preemptions = 0
         return out

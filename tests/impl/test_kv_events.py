@@ -105,3 +105,53 @@ def test_a_clone_keeps_the_keys_its_removals_name() -> None:
         assert ea == ec
         removed += sum(type(e).__name__ == "BlockRemoved" for e in ec)
     assert removed > 0
+
+
+def test_an_event_built_in_place_equals_the_constructors() -> None:
+    """impl/kv_events.py fills fresh events' ``__dict__``: each equals,
+    hashes, prints and pickles as the dataclass constructor's."""
+    import pickle
+
+    from schedspec.impl.kv_events import _stored, removed
+    from schedspec.spec.interface import MEDIUM_GPU, BlockRemoved
+
+    key = ("salt", (1, 2, 3, 4))
+    pairs = [
+        (_stored((key,), None, (1, 2, 3, 4), 4, None, 0, "full_attention"),
+         BlockStored((key,), None, (1, 2, 3, 4), 4, None, MEDIUM_GPU, 0, "full_attention")),
+        (_stored((("s", (1, 2, 3, 4, 5, 6, 7, 8)),), key, (5, 6, 7, 8), 4, 3, 1, "sliding_window"),
+         BlockStored((("s", (1, 2, 3, 4, 5, 6, 7, 8)),), key, (5, 6, 7, 8), 4, 3, MEDIUM_GPU, 1, "sliding_window")),
+        (removed((key, 2)), BlockRemoved((key,), MEDIUM_GPU, 2)),
+    ]
+    for mine, theirs in pairs:
+        assert type(mine) is type(theirs)
+        assert mine == theirs and hash(mine) == hash(theirs) and repr(mine) == repr(theirs)
+        assert pickle.loads(pickle.dumps(mine)) == theirs and list(vars(mine)) == list(vars(theirs))
+
+
+def test_a_decode_run_keys_each_block_from_its_parents_key() -> None:
+    """Long decodes past the prompt, with a shared prefix, a LoRA adapter and
+    an encoder input (identity marks): each stored key's tokens are its
+    parent's and the block's own (stored_run), and the stream equals the
+    spec's, event for event."""
+    config = cfg(num_blocks=40, max_model_len=120, max_num_batched_tokens=64, enable_kv_cache_events=True,
+                 max_loras=2, max_num_encoder_input_tokens=64, encoder_cache_size=64)
+    a, b = SpecScheduler(config), ImplScheduler(config)
+    for s in (a, b):
+        s.add(req("p", list(range(20)), max_tokens=60))
+        s.add(req("q", list(range(20)) + [3] * 5, max_tokens=50, lora_id=1))
+        s.add(req("m", [4] * 9, max_tokens=40, mm_inputs=(MMInput(5, 3, "img"),)))
+    stored = removed = 0
+    for _ in range(90):
+        step(a)
+        step(b)
+        ea, eb = a.take_kv_events(), b.take_kv_events()
+        assert ea == eb
+        removed += sum(type(e).__name__ == "BlockRemoved" for e in eb)
+        for e in eb:
+            if isinstance(e, BlockStored):
+                stored += len(e.block_keys)
+                first = e.block_keys[0][1]
+                assert first[: len(first) - 4] == (e.parent_key[1] if e.parent_key else ())
+                assert sum((k[1][-4:] for k in e.block_keys), ()) == e.token_ids
+    assert stored > 30 and removed > 0

@@ -44,3 +44,25 @@ def test_off_by_default_and_a_clone_shares_nothing() -> None:
     theirs = c.make_stats()
     assert theirs == mine  # the clone counted the same lookup, on its own
     assert s.make_stats() is not None and s.make_stats().prefix_cache_stats.queries == 0  # type: ignore[union-attr]
+
+
+def test_a_record_built_in_place_equals_the_constructors() -> None:
+    """make_stats fills fresh instances' ``__dict__``: each record equals,
+    hashes, prints and pickles as the dataclass constructor's."""
+    import dataclasses
+    import pickle
+
+    cfg: Config = SchedulerConfig(block_size=4, num_blocks=9, max_num_batched_tokens=32, max_model_len=32,
+                                  enable_prefix_caching=True)
+    s = ImplScheduler(cfg, log_stats=True)
+    s.add(RequestSpec("a", tuple(range(1, 10)), 4))
+    plan = s.schedule()
+    s.update(plan, StepResult({"a": (5,)}, {}))
+    mine = s.make_stats()
+    assert mine is not None
+    prefix = mine.prefix_cache_stats
+    built = dataclasses.replace(mine, prefix_cache_stats=dataclasses.replace(prefix))
+    for a, b in ((mine, built), (prefix, built.prefix_cache_stats)):
+        assert a == b and hash(a) == hash(b) and repr(a) == repr(b)
+        assert pickle.loads(pickle.dumps(a)) == b and list(vars(a)) == list(vars(b))
+    assert mine.num_running_reqs == 1 and prefix.requests == 1 and prefix.queries == 9

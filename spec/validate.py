@@ -223,6 +223,11 @@ KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
 #: vLLM's model runners (VllmConfig.use_v2_model_runner): "v1" or Model Runner V2
 MODEL_RUNNERS = ("v1", "v2")
+#: The drafters modelled (vLLM's SpeculativeConfig.method): "ngram" proposes
+#: from the prompt and reserves no KV slots; "draft_model" runs a forward pass
+#: of its own and reserves num_speculative_tokens lookahead slots
+#: (vllm/config/vllm.py, VllmConfig.num_lookahead_tokens).
+DRAFTERS = ("ngram", "draft_model")
 
 
 def validate_config(config: ConfigFields, policy_type: type, group_type: type | None = None) -> None:
@@ -238,6 +243,7 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_pipeline(config)
     _check_groups_fit(config)
     _check_model_runner(config)
+    _check_drafter(config)
     _check_hash_block_size(config)
 
 
@@ -266,6 +272,13 @@ def _check_hash_block_size(config: ConfigFields) -> None:
     if hb != config.block_size:
         raise ConfigError("hash_block_size", f"({hb}) below the block size ({config.block_size}): partial-block "
                           "prefix-cache entries (BlockPool.cache_partial_block) are not modelled")
+
+
+def _check_drafter(config: ConfigFields) -> None:
+    """The drafter is one of DRAFTERS."""
+    drafter = getattr(config, "drafter", "ngram")
+    if not isinstance(drafter, str) or drafter not in DRAFTERS:
+        raise ConfigError("drafter", f"must be one of {', '.join(map(repr, DRAFTERS))}, got {drafter!r}")
 
 
 def _check_model_runner(config: ConfigFields) -> None:

@@ -993,7 +993,10 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     cfg = t.after.config
     if step_victims(t):
         return
-    left = cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
+    # the tokens the head may take: min(token_budget, input_budget - draft_slots),
+    # a draft model charging each scheduled request and the head one slot
+    left = (cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
+            - cfg.num_draft_slots * (len(t.plan.scheduled) + 1))
     if left <= 0 or len(t.after.running) >= cfg.max_num_seqs:
         return
     if t.after.pause_state != PauseState.UNPAUSED or cfg.prefill_schedule_interval > 1:

@@ -1081,7 +1081,9 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
         return  # an encoder input beyond the budget or cache may leave it no token
     if throttled(t, h, rid):
         return  # Model Runner V2's decode throttle passes it over (invariants/runner_v2.py)
-    want = running_chunk(r, cfg.max_num_batched_tokens, effective_threshold(t.before), cfg.max_model_len)
+    # the head's budget: min(token_budget, input_budget - draft_slots)
+    want = running_chunk(r, cfg.max_num_batched_tokens - cfg.num_draft_slots, effective_threshold(t.before),
+                         cfg.max_model_len)
     entry = t.plan.get(rid)
     preempted = rid in step_victims(t)
     if cfg.policy == Policy.PRIORITY and preempted:

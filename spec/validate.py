@@ -538,11 +538,14 @@ def _check_config_relations(config: ConfigFields) -> None:
     # schedule than schedule un-padded"). With a whole budget below 1 + k a
     # request whose prompt is cached up to its last token would block the
     # head of the waiting queue for ever, so such a budget is refused.
-    if k > 0 and config.max_num_batched_tokens < 1 + k:
+    # A draft model's slot counts too (min(token_budget, input_budget -
+    # draft_slots)): vLLM accepts 1 + k and then never admits such a head.
+    slots = 1 if k > 0 and getattr(config, "drafter", "ngram") == "draft_model" else 0
+    if k > 0 and config.max_num_batched_tokens < 1 + k + slots:
         raise ConfigError(
             "max_num_batched_tokens",
             f"({config.max_num_batched_tokens}) must hold one decode with its drafts: "
-            f"1 + num_speculative_tokens = {1 + k}",
+            f"1 + num_speculative_tokens = {1 + k}" + (" and the draft model's slot" if slots else ""),
         )
     _check_gate_relations(config)
     # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine

@@ -30,6 +30,8 @@ def with_runner(config: SchedulerConfig, seed: int) -> SchedulerConfig:
     base = dataclasses.replace(config, model_runner=runner, pipeline_parallel_size=1)
     pp = rng.choice(allowed_sizes(base) or (1,))
     drafter = rng.choice(DRAFTERS) if config.num_speculative_tokens else "ngram"
+    if config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
+        drafter = "ngram"  # no room for a padded decode and the draft model's slot (spec/validate.py)
     return dataclasses.replace(base, pipeline_parallel_size=pp, drafter=drafter)
 
 

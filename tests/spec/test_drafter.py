@@ -93,3 +93,15 @@ def test_a_draft_slot_per_scheduled_request() -> None:
         s.add(r)
     assert [e.request_id for e in s.schedule().scheduled] == ["a"]
     assert s.rules["schedule.draft_slots_exhausted"] == 1
+
+
+def test_a_budget_without_room_for_the_draft_slot_is_refused() -> None:
+    """A padded decode of 1 + k tokens must fit min(token_budget,
+    input_budget - 1): vLLM accepts max_num_batched_tokens = 1 + k with a
+    draft model and then never admits a request cached up to its last token
+    (found by the impl check, seed 6)."""
+    with pytest.raises(ConfigError) as err:
+        _config(max_num_batched_tokens=3, max_num_seqs=2)
+    assert err.value.field == "max_num_batched_tokens"
+    assert _config("ngram", max_num_batched_tokens=3, max_num_seqs=2).max_num_batched_tokens == 3
+    assert _config(max_num_batched_tokens=4, max_num_seqs=2).num_draft_slots == 1

@@ -534,7 +534,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         i = 0
         while i < len(self.running) and st.token_budget > 0:
             if st.input_budget <= cfg.num_draft_slots:
-                self._rule("schedule.draft_slots_exhausted")  # pragma: no mutate
+                self._rule("running.stop_draft_slots")  # pragma: no mutate
                 return  # no room for a token besides the draft slots (break)
             req = self.requests[self.running[i]]
             if req.num_output_placeholders and surely_reaches_max_tokens(
@@ -655,7 +655,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
                 stopped = bool(self.waiting)
                 break
             if st.input_budget <= self._config.num_draft_slots:
-                self._rule("schedule.draft_slots_exhausted")  # pragma: no mutate
+                self._rule("waiting.stop_draft_slots")  # pragma: no mutate
                 break  # no room for a token besides the draft slots
             if len(self.running) + self.num_waiting_for_streaming_input >= self._config.max_num_seqs:
                 # paused sessions hold a model-runner slot ("num_running")

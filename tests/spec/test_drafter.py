@@ -92,7 +92,7 @@ def test_a_draft_slot_per_scheduled_request() -> None:
     for r in (RequestSpec("a", tuple(range(1, 7)), 5), c):
         s.add(r)
     assert [e.request_id for e in s.schedule().scheduled] == ["a"]
-    assert s.rules["schedule.draft_slots_exhausted"] == 1
+    assert s.rules["waiting.stop_draft_slots"] == 1
 
 
 def test_a_budget_without_room_for_the_draft_slot_is_refused() -> None:

@@ -922,7 +922,7 @@ def _async_load_over_reserve(v: SchedulerView, h: History, rid: str) -> bool:
     stale = sum(failed_load_reservation(v, h, x) for x in v.waiting if x != rid)
     if not cfg.num_speculative_tokens and not stale:
         return False
-    k, bs, g = cfg.num_speculative_tokens, cfg.block_size, len(cfg.groups)
+    k, bs, g = cfg.num_speculative_tokens + cfg.num_lookahead_tokens, cfg.block_size, len(cfg.groups)
     need = cdiv(min(r.num_tokens, cfg.max_model_len) + 1 + k, bs) * g + cdiv(k, bs) * g
     return need + stale > v.kv.num_free_blocks
 
@@ -964,8 +964,8 @@ def failed_load_reservation(v: SchedulerView, h: History, rid: str) -> int:
     if r.spec.kv_external_tokens <= 0:
         return 0
     n = min(len(r.spec.prompt_token_ids) + len(r.output_token_ids), cfg.max_model_len)
-    if cfg.num_speculative_tokens:
-        n += 1 + cfg.num_speculative_tokens
+    if cfg.num_speculative_tokens:  # _request_remaining_blocks: one step with drafts and lookahead
+        n += 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
     return cdiv(n, cfg.block_size) * len(cfg.groups)
 
 

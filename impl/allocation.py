@@ -35,6 +35,7 @@ class AllocationMixin:
     _config: SchedulerConfig
     _bs: int
     _max_model_len: int
+    _lookahead: int
     _caching: bool
     _hybrid: bool
     _ref: list[int]
@@ -155,7 +156,10 @@ class AllocationMixin:
             return self._grow_running_groups(req, end)
         block_size = self._bs
         blocks = req.block_ids
-        need = -(-end // block_size) - len(blocks)
+        slots = end
+        if self._lookahead:  # the drafter's slots, up to max_model_len
+            slots = min(end + self._lookahead, self._max_model_len)
+        need = -(-slots // block_size) - len(blocks)
         if need > 0:
             if need > self._fq.size:
                 return False
@@ -176,7 +180,7 @@ class AllocationMixin:
         when the allocation then fails; the count summed over the groups."""
         computed = req.num_computed_tokens
         max_model_len = self._max_model_len
-        target = end if end < max_model_len else max_model_len
+        target = min(end + self._lookahead, max_model_len)
         # each part only where it may change something (below group_skip_from,
         # num_slots and next_full_at it is a no-op)
         processed = max(0, min(computed, max_model_len) - req.num_in_flight_tokens)
@@ -236,7 +240,7 @@ class AllocationMixin:
             full = min(req.num_tokens, self._max_model_len)
             if max(-(-full // block_size) - num_hit - held, 0) + evictable > free:
                 return False
-        target = min(computed + n, self._max_model_len)
+        target = min(computed + n + (0 if load_async else self._lookahead), self._max_model_len)
         need = max(-(-target // block_size) - num_hit - held, 0)
         if need + evictable + reserved > free:
             return False
@@ -276,7 +280,7 @@ class AllocationMixin:
             if self._g_need(req, full, hit, computed, True) + watermark > self._fq.size:
                 return False
         self._g_remove_skipped(req, max(0, computed - req.num_in_flight_tokens))
-        target = min(computed + n, self._max_model_len)
+        target = min(computed + n + (0 if load_async else self._lookahead), self._max_model_len)
         if self._g_need(req, target, hit, computed) + watermark + reserved > self._fq.size:
             return False
         if any(hit) or num_external > 0:

@@ -251,14 +251,15 @@ class ConnectorMixin(Generic[R]):
         bs = self._bs
         mml = cfg.max_model_len
         k = cfg.num_speculative_tokens
+        step = 1 + k + cfg.num_lookahead_tokens  # one speculative step with the drafter's lookahead
         hyb = self._hybrid
-        total = _cdiv(1 + k, bs) * (len(cfg.groups) if hyb else 1) if k else 0
+        total = _cdiv(step, bs) * (len(cfg.groups) if hyb else 1) if k else 0
         requests = self._requests
         for rid in self._inflight_prefills:
             r = requests[rid]
             num = min(r.num_tokens, mml)
             if k:
-                num += 1 + k
+                num += step
             if hyb:  # summed over the groups, a sliding window at its admission cap
                 total += self._g_need(r, num, None, r.num_computed_tokens, True)
             else:

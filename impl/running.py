@@ -26,7 +26,9 @@ _new = object.__new__
 
 
 class StepState:
-    """What one schedule() call accumulates: the budget left, the entries
+    """What one schedule() call accumulates: the budget left (vLLM's
+    ``min(token_budget, input_budget - draft_slots)``: the budget less one
+    draft-slot charge per scheduled request and one for the next), the entries
     and their requests (parallel lists), one int per entry for update (its
     tokens scheduled and the most tokens it may sample, ``code``), and the
     gates' per-step marks."""
@@ -44,6 +46,7 @@ class StepState:
         "encoder_budget",
         "encoder_run",
         "blocked",
+        "drafts_needed",
     )
 
     def __init__(self, budget: int, threshold: int, encoder_budget: int) -> None:
@@ -61,6 +64,19 @@ class StepState:
         self.encoder_run: dict[str, list[int]] = {}
         # a preemption stopped by a deferred free (the connector)
         self.blocked = False
+        # vLLM's drafts_needed: set once a scheduled request can use the
+        # drafts proposed after the step (spec/runner_v2.py); the scheduler
+        # starts it set unless it can skip drafts
+        self.drafts_needed = True
+
+    def note_drafts(self, req: Request, computed: int, n: int) -> None:
+        """``req`` is scheduled for ``n`` tokens past ``computed``: the step
+        needs drafts unless it is a non-final prefill chunk or surely brings
+        ``req`` to max_tokens (one token sampled, one more from a step in
+        flight)."""
+        num_tokens = req.num_tokens
+        if computed + n >= num_tokens and num_tokens + (2 if req.num_output_placeholders else 1) < req.max_tokens_end:
+            self.drafts_needed = True
 
 
 class RunningPhase:
@@ -72,6 +88,8 @@ class RunningPhase:
     _victims: VictimHeap[Request]
     _priority: bool
     _max_model_len: int
+    _lookahead: int
+    _draft_slots: int
     _num_spec_tokens: int
     _async: bool
     _general: bool
@@ -105,6 +123,8 @@ class RunningPhase:
         max_model_len, num_spec, placeholder_drafts = self._max_model_len, self._num_spec_tokens, self._placeholder_drafts
         asynchronous, general, gated = self._async, self._general, self._gated
         staggered = self._stagger > 0
+        lookahead = self._lookahead  # the drafter's slots past the step (allocate_slots)
+        draft_slots = self._draft_slots  # the batch slots each request takes for the drafter
         width = 1 + num_spec  # a steady async decode: its token and k drafts
         base = num_spec + 2  # the update code's radix
         all_unknown = self._unknown_tokens(width)
@@ -140,7 +160,7 @@ class RunningPhase:
                 and not req.is_prefill_chunk
                 and (
                     (
-                        end <= req.num_slots
+                        end + lookahead <= req.num_slots
                         and num_tokens < req.next_full_at
                         and (
                             not gated
@@ -178,6 +198,8 @@ class RunningPhase:
                 fields["group_block_ids"] = groups if groups is not None else self._group_tuples(req)
                 entries_append(entry)
                 scheduled_append(req)
+                if not state.drafts_needed:
+                    state.note_drafts(req, computed, n)
                 req.num_computed_tokens = end
                 if general:
                     req.num_in_flight_tokens += n
@@ -187,7 +209,7 @@ class RunningPhase:
                         req.num_output_placeholders = width + width
                     elif spec_token_ids:
                         req.spec_token_ids = NO_TOKENS
-                budget -= n
+                budget -= n + draft_slots
                 i += 1
                 continue
             state.budget = budget
@@ -241,7 +263,7 @@ class RunningPhase:
         num_tokens = req.num_tokens
         end = computed + n
         if (
-            end > req.num_slots
+            end + self._lookahead > req.num_slots
             or (end if end < num_tokens else num_tokens) >= req.next_full_at
             or computed - req.num_in_flight_tokens >= req.group_skip_from
         ) and not self._grow_running(req, end):
@@ -276,6 +298,8 @@ class RunningPhase:
             self._group_tuples(req) if self._hybrid else NO_GROUPS,
         ))
         state.scheduled.append(req)
+        if not state.drafts_needed:
+            state.note_drafts(req, computed, n)
         self._advance(state, req, end, n, spec_token_ids, was_chunk)
         return i + 1
 
@@ -289,7 +313,7 @@ class RunningPhase:
         charged; a victim preempted later in the step gives it back
         (``_give_back``)."""
         placeholders = req.num_output_placeholders
-        state.budget -= n
+        state.budget -= n + self._draft_slots
         req.num_computed_tokens = end
         req.was_prefill_chunk = was_chunk
         chunk = req.is_prefill_chunk = end < req.num_tokens + placeholders
@@ -343,7 +367,7 @@ class RunningPhase:
         if j < len(scheduled) and scheduled[j] is victim:
             del scheduled[j]
             given = state.entries.pop(j).num_scheduled_tokens
-            state.budget += given
+            state.budget += given + self._draft_slots
             if self._general:
                 del state.codes[j]
                 victim.num_in_flight_tokens -= given

@@ -116,6 +116,12 @@ class ImplScheduler(
         check_gate_config(config, self.GATES)
         self._bs = config.block_size
         self._max_model_len = config.max_model_len
+        # the drafter's KV slots past the scheduled tokens (allocate_slots' num_lookahead_tokens)
+        self._lookahead = config.num_lookahead_tokens
+        # V2 with a drafter of its own forward pass may skip drafting (Scheduler.__init__, can_skip_drafts)
+        self._can_skip_drafts = self._lookahead > 0 and config.model_runner == "v2"
+        # the batch slots each scheduled request takes for the drafter (max_num_new_slots_for_drafting)
+        self._draft_slots = config.num_draft_slots
         self._caching = config.enable_prefix_caching
         self._priority = config.policy == Policy.PRIORITY
         num_blocks = config.num_blocks
@@ -385,13 +391,15 @@ class ImplScheduler(
         threshold (none for a request alone in the scheduler) and whether the
         prefill cadence holds prefills this step."""
         config = self._config
-        budget = config.max_num_batched_tokens
+        # the input budget less the next request's draft slots (StepState)
+        budget = config.max_num_batched_tokens - self._draft_slots
         if self._pause is PauseState.PAUSED_ALL:
             budget = 0
         threshold = config.long_prefill_token_threshold
         if len(self._running) + len(self._waiting) + len(self._kv_holding_waiting) <= 1:
             threshold = 0
         state = StepState(budget, threshold, config.max_num_encoder_input_tokens)
+        state.drafts_needed = not self._can_skip_drafts
         interval = self._interval
         state.defer_prefill = (
             interval > 1
@@ -424,6 +432,7 @@ class ImplScheduler(
             finished_ids=tuple(sorted(self._finished)),
             freed_encoder_inputs=encoder_cache.take_freed() if encoder_cache is not None else (),
             kv_loads=kv_loads,
+            skip_drafts=not state.drafts_needed,
         )
         self._preempted = set()
         self._finished = {}

@@ -286,6 +286,8 @@ class WaitingPhase:
             self._group_tuples(req) if self._hybrid else NO_GROUPS,
         ))
         state.scheduled.append(req)
+        if not state.drafts_needed:
+            state.note_drafts(req, computed, n)
         kept = req.spec_token_ids  # a continued session's drafts (sync), untouched by its admission
         self._advance(state, req, end, n, spec_token_ids, req.is_prefill_chunk)
         if kept and not (self._async and not req.is_prefill_chunk):

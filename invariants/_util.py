@@ -289,7 +289,8 @@ def admission_fits(view: SchedulerView, r: RequestView, budget: int, threshold: 
 
     if cfg.scheduler_reserve_full_isl and needed(min(r.num_tokens, cfg.max_model_len)) > free:
         return None
-    need = needed(min(hit_tokens + n, cfg.max_model_len))
+    # with the drafter's lookahead slots (allocate_slots' num_lookahead_tokens)
+    need = needed(min(hit_tokens + n + cfg.num_lookahead_tokens, cfg.max_model_len))
     if need > free:
         return None
     whole = needed(min(r.num_tokens, cfg.max_model_len))

@@ -264,9 +264,10 @@ def block_table_exact(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
     # Speculative decoding: rejected drafts roll num_computed_tokens back but
     # keep their blocks, by up to k per step still counted (one per plan in
-    # flight, max_concurrent_batches: scheduler.py, update_from_output, num_rejected).
+    # flight, max_concurrent_batches: scheduler.py, update_from_output, num_rejected),
+    # past the draft model's lookahead slots (allocate_slots' num_lookahead_tokens).
     k = v.config.num_speculative_tokens
-    slack = k * v.config.max_concurrent_batches
+    slack = k * v.config.max_concurrent_batches + v.config.num_lookahead_tokens
     for rid, r in v.requests.items():
         if r.status == RequestStatus.RUNNING:
             want = cdiv(r.num_computed_tokens, bs)

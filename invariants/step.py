@@ -922,7 +922,7 @@ def _async_load_over_reserve(v: SchedulerView, h: History, rid: str) -> bool:
     stale = sum(failed_load_reservation(v, h, x) for x in v.waiting if x != rid)
     if not cfg.num_speculative_tokens and not stale:
         return False
-    k, bs, g = cfg.num_speculative_tokens, cfg.block_size, len(cfg.groups)
+    k, bs, g = cfg.num_speculative_tokens + cfg.num_lookahead_tokens, cfg.block_size, len(cfg.groups)
     need = cdiv(min(r.num_tokens, cfg.max_model_len) + 1 + k, bs) * g + cdiv(k, bs) * g
     return need + stale > v.kv.num_free_blocks
 
@@ -964,8 +964,8 @@ def failed_load_reservation(v: SchedulerView, h: History, rid: str) -> int:
     if r.spec.kv_external_tokens <= 0:
         return 0
     n = min(len(r.spec.prompt_token_ids) + len(r.output_token_ids), cfg.max_model_len)
-    if cfg.num_speculative_tokens:
-        n += 1 + cfg.num_speculative_tokens
+    if cfg.num_speculative_tokens:  # _request_remaining_blocks: one step with drafts and lookahead
+        n += 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
     return cdiv(n, cfg.block_size) * len(cfg.groups)
 
 
@@ -993,7 +993,10 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     cfg = t.after.config
     if step_victims(t):
         return
-    left = cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
+    # the tokens the head may take: min(token_budget, input_budget - draft_slots),
+    # a draft model charging each scheduled request and the head one slot
+    left = (cfg.max_num_batched_tokens - t.plan.total_num_scheduled_tokens
+            - cfg.num_draft_slots * (len(t.plan.scheduled) + 1))
     if left <= 0 or len(t.after.running) >= cfg.max_num_seqs:
         return
     if t.after.pause_state != PauseState.UNPAUSED or cfg.prefill_schedule_interval > 1:
@@ -1078,7 +1081,9 @@ def no_starvation(t: Transition, h: History) -> Iterator[Finding]:
         return  # an encoder input beyond the budget or cache may leave it no token
     if throttled(t, h, rid):
         return  # Model Runner V2's decode throttle passes it over (invariants/runner_v2.py)
-    want = running_chunk(r, cfg.max_num_batched_tokens, effective_threshold(t.before), cfg.max_model_len)
+    # the head's budget: min(token_budget, input_budget - draft_slots)
+    want = running_chunk(r, cfg.max_num_batched_tokens - cfg.num_draft_slots, effective_threshold(t.before),
+                         cfg.max_model_len)
     entry = t.plan.get(rid)
     preempted = rid in step_victims(t)
     if cfg.policy == Policy.PRIORITY and preempted:

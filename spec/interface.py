@@ -25,6 +25,7 @@ from schedspec.spec.errors import SchedSpecError as SchedSpecError
 from schedspec.spec.kv_kinds import FullAttention
 from schedspec.spec.validate import KV_GROUP_KINDS as KV_GROUP_KINDS
 from schedspec.spec.validate import (
+    DRAFTERS,
     KV_CACHE_REPORT_MODES,
     KV_LOAD_FAILURE_POLICIES,
     MODEL_RUNNERS,
@@ -361,6 +362,9 @@ class SchedulerConfig:
     #: vLLM's model runner (VllmConfig.use_v2_model_runner, vllm/config/vllm.py):
     #: "v2" is Model Runner V2, whose decisions spec/runner_v2.py models
     model_runner: str = field(default="v1", metadata=declare(choices=MODEL_RUNNERS, since=7))
+    #: the drafter of speculative decoding (vLLM's SpeculativeConfig.method):
+    #: "draft_model" reserves lookahead slots (``num_lookahead_tokens``)
+    drafter: str = field(default="ngram", metadata=declare(choices=DRAFTERS, since=7))
 
     def __post_init__(self) -> None:
         validate_config(self, Policy, KVCacheGroup)
@@ -403,8 +407,16 @@ class SchedulerConfig:
     def num_lookahead_tokens(self) -> int:
         """KV slots reserved past the scheduled tokens for the drafter
         (vllm/config/vllm.py, VllmConfig.num_lookahead_tokens): 0 for the
-        ngram method, the only one modelled."""
-        return 0
+        ngram method, num_speculative_tokens for a draft model."""
+        return self.num_speculative_tokens if self.drafter == "draft_model" else 0
+
+    @property
+    def num_draft_slots(self) -> int:
+        """The batch slots a scheduled request takes beyond its tokens for
+        the drafter (vllm/config/speculative.py,
+        SpeculativeConfig.max_num_new_slots_for_drafting): 1 for a draft
+        model, which keeps one unsliced input token; 0 for the ngram method."""
+        return 1 if self.drafter == "draft_model" and self.num_speculative_tokens else 0
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name; the fields added after the first trace format
@@ -849,7 +861,10 @@ class StepPlan:
     the encoder-cache entries (mm identifiers) freed since the previous plan,
     in the order they were freed (vLLM's ``free_encoder_mm_hashes``).
     ``kv_loads`` lists the connector loads this step starts, in admission
-    order (empty without a KV connector).
+    order (empty without a KV connector). ``skip_drafts``: no scheduled
+    request can use the drafts proposed after this step, so the drafter may
+    skip proposing them (vLLM's SchedulerOutput.skip_drafts; only with the V2
+    runner and a drafter that reserves lookahead slots, spec/runner_v2.py).
     """
 
     step: int
@@ -858,6 +873,7 @@ class StepPlan:
     finished_ids: tuple[str, ...]
     freed_encoder_inputs: tuple[str, ...] = ()
     kv_loads: tuple[KVLoad, ...] = ()
+    skip_drafts: bool = False
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 ALL_MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
 
 #: The KV dimensions' capabilities, streaming-input sessions ("sessions": RequestSpec.resumable) and
-#: Model Runner V2's throttle ("runner_v2": model_runner "v2", pipeline, async): a rule
+#: Model Runner V2's throttle and the drafter ("runner_v2": model_runner "v2", pipeline, async, drafter): a rule
 #: that needs a KV connector config carries ``gates=("kv_connector",)``, one
 #: of hybrid KV cache groups ``("hybrid_kv",)``; reachable_in reaches them
 #: only when those names are among its ``gates``.
@@ -140,6 +140,9 @@ _RULES = (
     # -- the prefill cadence (prefill_schedule_interval > 1)
     Rule("cadence.hold", "the interval since the last prefill-carrying step has not passed and a request is decoding: prefill is held this step", _SCHED + " (local prefill cadence: defer_prefills)", gates=("prefill_cadence",)),
     Rule("v2.decode_throttled", "V2 runner + pipeline + async: a running request scheduled fewer than pipeline_parallel_size steps ago is passed over (continue)", _SCHED + ", RUNNING loop (current_step < request.next_decode_eligible_step); sched/async_scheduler.py, AsyncScheduler._update_after_schedule", _ASYNC_MODES, gates=("runner_v2",)),
+    Rule("v2.drafts_skipped", "V2 runner + a draft-model drafter (lookahead slots): no request scheduled this step, preempted later in it or not, can use the drafts proposed after it (a non-final prefill chunk, or a step sure to reach max_tokens): the plan says skip_drafts", _SCHED + ", Scheduler.__init__ (can_skip_drafts), Scheduler.schedule (drafts_needed; SchedulerOutput skip_drafts=not drafts_needed) and Scheduler._drafts_unused", ("spec", "async-spec"), gates=("runner_v2",)),
+    Rule("running.stop_draft_slots", "a draft-model drafter takes a batch slot per scheduled request besides its tokens: the input budget is down to the draft slots, so the RUNNING loop ends (break)", _SCHED + ", Scheduler.schedule, RUNNING loop (input_budget <= draft_slots: break; draft_slots = SpeculativeConfig.max_num_new_slots_for_drafting)", ("spec", "async-spec"), gates=("runner_v2",)),
+    Rule("waiting.stop_draft_slots", "a draft-model drafter: the input budget is down to the draft slots, so the WAITING loop ends (break)", _SCHED + ", Scheduler.schedule, WAITING loop (not request_queue or input_budget <= draft_slots: break)", ("spec", "async-spec"), gates=("runner_v2",)),
     Rule("cadence.running_chunk_held", "a running prefill chunk is skipped in a held step (continue)", _SCHED + ", RUNNING loop (defer_prefills and request.is_prefill_chunk)", gates=("prefill_cadence",)),
     Rule("cadence.admission_held", "a waiting request with prompt left to compute stops the WAITING loop in a held step", _SCHED + ", WAITING loop (defer_prefills and num_computed_tokens < num_tokens - 1: break)", gates=("prefill_cadence",)),
     Rule("cadence.restart", "a step carried prefill (a running chunk or an admission with prompt left): the interval restarts from it", _SCHED + " (last_prefill_step = num_executed_steps)", gates=("prefill_cadence",)),

@@ -19,14 +19,19 @@ history, cached requests carry no ``all_token_ids`` (no
 The spec's plan keeps the kind RESUMED; the vLLM adapter's message check
 (schedspec/adapters/vllm_message.py) holds vLLM's packaging to it.
 
-``skip_drafts`` (``can_skip_drafts``) needs a drafter with its own forward
-pass (``num_lookahead_tokens > 0``: EAGLE, draft models), which the spec
-does not model (spec/interface.py, ``num_lookahead_tokens`` is 0 for the
-ngram drafter): with the modelled drafters the plan never skips drafts.
+Skipping drafts (``can_skip_drafts``: V2 and a drafter that reserves
+lookahead slots, the config's ``drafter="draft_model"``): the plan says
+``skip_drafts`` when no request scheduled in the step, preempted later in it
+or not, can use the drafts proposed after it (``drafts_unused``): a
+non-final prefill chunk, or a step sure to bring the request to max_tokens.
+The model runner then proposes none; the plan's entries and the KV blocks do
+not change. With the ngram drafter (no lookahead) or the V1 runner the plan
+never skips drafts.
 
 vLLM 0.33: vllm/v1/core/sched/scheduler.py (Scheduler.__init__:
 ``current_step``, ``can_skip_drafts``; Scheduler.schedule: ``current_step +=
-1`` and the RUNNING loop's ``current_step < request.next_decode_eligible_step``),
+1``, the RUNNING loop's ``current_step < request.next_decode_eligible_step``,
+``drafts_needed`` and ``skip_drafts=not drafts_needed``; _drafts_unused),
 vllm/v1/core/sched/async_scheduler.py (AsyncScheduler.__init__:
 ``decode_stagger = pp_size``; _update_after_schedule: the stamp), and
 vllm/v1/request.py (Request.next_decode_eligible_step, 0 at first).
@@ -55,3 +60,32 @@ def decode_throttled(current_step: int, next_decode_eligible_step: int) -> bool:
     post: __return__ == (current_step < next_decode_eligible_step)
     """
     return current_step < next_decode_eligible_step
+
+
+def can_skip_drafts(config: SchedulerConfig) -> bool:
+    """Scheduler.__init__: ``can_skip_drafts = num_lookahead_tokens > 0 and
+    use_v2_model_runner`` (vllm/v1/core/sched/scheduler.py): only a drafter
+    with a forward pass of its own, under the V2 runner, may skip drafting."""
+    return config.num_lookahead_tokens > 0 and config.model_runner == "v2"
+
+
+def drafts_unused(
+    num_tokens: int, num_computed: int, num_new_tokens: int,
+    num_output_tokens: int, num_output_placeholders: int, max_tokens: int,
+) -> bool:
+    """Scheduler._drafts_unused (vllm/v1/core/sched/scheduler.py): the drafts
+    proposed for a request after this step are sure to go unused. Either the
+    step is a non-final prefill chunk (``num_computed + num_new_tokens <
+    num_tokens``: it samples nothing, and drafts after a chunk are dropped),
+    or it samples the request's last output token: the outputs it surely has
+    afterwards, one from this step and one more from a sampling step in flight
+    (async placeholders), reach ``max_tokens``.
+
+    pre: num_tokens >= 1 and num_computed >= 0 and num_new_tokens >= 0
+    pre: num_output_tokens >= 0 and num_output_placeholders >= 0 and max_tokens >= 1
+    post: __return__ or num_computed + num_new_tokens >= num_tokens
+    """
+    if num_computed + num_new_tokens < num_tokens:
+        return True
+    surely = num_output_tokens + 1 + (1 if num_output_placeholders > 0 else 0)
+    return surely >= max_tokens

@@ -102,7 +102,7 @@ from schedspec.spec.rules import (
     surely_reaches_max_tokens,
 )
 from schedspec.spec.kv_events import KVCacheEvent
-from schedspec.spec.runner_v2 import decode_stagger, decode_throttled
+from schedspec.spec.runner_v2 import can_skip_drafts, decode_stagger, decode_throttled, drafts_unused
 from schedspec.spec.step_state import (
     Admission,
     AdmissionChunk,
@@ -505,9 +505,12 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         )
         st = StepState(
             token_budget=cfg.max_num_batched_tokens,
+            input_budget=cfg.max_num_batched_tokens,
             threshold=threshold,
             encoder_budget=cfg.max_num_encoder_input_tokens,
             defer_prefills=self._defer_prefills(),
+            # vLLM's drafts_needed starts as not can_skip_drafts (spec/runner_v2.py)
+            drafts_needed=not can_skip_drafts(cfg),
         )
         if self.pause_state == PauseState.PAUSED_ALL:
             self._rule("pause.all_empty_step")  # pragma: no mutate
@@ -535,6 +538,9 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         cfg = self._config
         i = 0
         while i < len(self.running) and st.token_budget > 0:
+            if st.input_budget <= cfg.num_draft_slots:
+                self._rule("running.stop_draft_slots")  # pragma: no mutate
+                return  # no room for a token besides the draft slots (break)
             req = self.requests[self.running[i]]
             if req.num_output_placeholders and surely_reaches_max_tokens(
                 num_computed=req.num_computed_tokens,
@@ -557,7 +563,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
                 num_tokens=req.num_tokens,
                 num_computed=req.num_computed_tokens,
                 threshold=st.threshold,
-                token_budget=st.token_budget,
+                token_budget=st.request_token_budget(cfg.num_draft_slots),
                 max_model_len=cfg.max_model_len,
                 num_spec_tokens=len(req.spec_token_ids),
                 num_output_placeholders=req.num_output_placeholders,
@@ -584,6 +590,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
             drafts = self._take_drafts(req, n)
             st.scheduled[req.request_id] = Scheduled(ScheduleKind.RUNNING, req.num_computed_tokens, n, drafts)
             st.token_budget -= n
+            st.input_budget -= n + cfg.num_draft_slots
+            self._note_drafts_needed(st, req, req.num_computed_tokens, n)
             self._commit_encoder_inputs(st, req, enc)
             i += 1
         self._rule("running.stop_budget", i < len(self.running))  # pragma: no mutate
@@ -614,7 +622,9 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
                 self._rule("preempt.budget_give_back")  # pragma: no mutate
                 if self.effects is not None:  # effect coverage: what the budget got back (spec/effects.py)
                     self.effects.given_back += st.scheduled[victim.request_id].num_scheduled_tokens
-                st.token_budget += st.scheduled.pop(victim.request_id).num_scheduled_tokens
+                restored = st.scheduled.pop(victim.request_id).num_scheduled_tokens
+                st.token_budget += restored
+                st.input_budget += restored + self._config.num_draft_slots
                 given_back = st.encoder_inputs.pop(victim.request_id, [])
                 # its encoder inputs give their embeddings back to the budget
                 self._rule("encoder.budget_given_back", len(given_back) > 0)  # pragma: no mutate
@@ -649,6 +659,9 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
                 self._rule("pause.new_no_admission", bool(self.waiting))  # pragma: no mutate
                 stopped = bool(self.waiting)
                 break
+            if st.input_budget <= self._config.num_draft_slots:
+                self._rule("waiting.stop_draft_slots")  # pragma: no mutate
+                break  # no room for a token besides the draft slots
             if len(self.running) + self.num_waiting_for_streaming_input >= self._config.max_num_seqs:
                 # paused sessions hold a model-runner slot ("num_running")
                 self._rule("sessions.slots_held", len(self.running) < self._config.max_num_seqs)  # pragma: no mutate
@@ -807,7 +820,21 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         req.num_computed_tokens = computed
         st.scheduled[rid] = Scheduled(kind, computed, n, drafts)
         st.token_budget -= n
+        st.input_budget -= n + self._config.num_draft_slots
+        self._note_drafts_needed(st, req, computed, n)
         self._commit_encoder_inputs(st, req, enc)
+
+    def _note_drafts_needed(self, st: StepState, req: _Request, computed: int, n: int) -> None:
+        """Scheduler.schedule, after scheduling a request in either loop:
+        ``drafts_needed = drafts_needed or not self._drafts_unused(request,
+        num_computed_tokens, num_new_tokens)`` (vllm/v1/core/sched/scheduler.py;
+        spec/runner_v2.py). Set, it stays set if the request is preempted
+        later in the step."""
+        st.drafts_needed = st.drafts_needed or not drafts_unused(
+            num_tokens=req.num_tokens, num_computed=computed, num_new_tokens=n,
+            num_output_tokens=len(req.output_token_ids), num_output_placeholders=req.num_output_placeholders,
+            max_tokens=req.spec.max_tokens,
+        )
 
     def _start_async_load(self, req: _Request, hit: PrefixHit) -> Admission:
         """An asynchronous load starts (schedule(), ``load_kv_async``):
@@ -862,7 +889,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
                 prefill_scheduled=st.prefill_scheduled,
                 running_scheduled=st.running_scheduled(),
                 max_model_len=cfg.max_model_len,
-                token_budget=st.token_budget,
+                token_budget=st.request_token_budget(cfg.num_draft_slots),
             )
         if padded is None:
             self._rule("admit.blocked_padding")  # pragma: no mutate
@@ -875,7 +902,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
             num_tokens=req.num_tokens,
             num_hit_tokens=num_hit_tokens,
             threshold=st.threshold,
-            token_budget=st.token_budget,
+            token_budget=st.request_token_budget(cfg.num_draft_slots),
             chunked_prefill=cfg.enable_chunked_prefill,
         )
         # 0: chunked prefill off and the prompt does not fit the budget
@@ -930,7 +957,9 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
             finished_ids=tuple(sorted(self.finished)),
             freed_encoder_inputs=tuple(self.encoder.get_freed_mm_hashes()),
             kv_loads=tuple(self.pending_loads),
+            skip_drafts=not st.drafts_needed,
         )
+        self._rule("v2.drafts_skipped", plan.skip_drafts)  # pragma: no mutate
         self.pending_loads = []
         self.preempted = set()
         self.finished = {}

@@ -43,6 +43,10 @@ class StepState:
     ``preempted_reqs``)."""
 
     token_budget: int
+    # vLLM's input_budget: max_num_batched_tokens, charged each scheduled
+    # request's tokens plus its draft slots (SchedulerConfig.num_draft_slots);
+    # the same as token_budget when a request takes no draft slot
+    input_budget: int
     threshold: int  # the long-prefill threshold in force this step (0 = off)
     # request id -> what it runs this step; dict order = scheduling order
     scheduled: dict[str, Scheduled] = field(default_factory=dict)
@@ -60,6 +64,16 @@ class StepState:
     # request runs this step.
     encoder_budget: int = 0
     encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    # vLLM's drafts_needed: a request scheduled this step (even one preempted
+    # later in it) can use the drafts proposed after it (spec/runner_v2.py).
+    drafts_needed: bool = True
+
+    def request_token_budget(self, draft_slots: int) -> int:
+        """The most tokens the next request may schedule: vLLM's
+        ``min(token_budget, input_budget - draft_slots)``
+        (vllm/v1/core/sched/scheduler.py, Scheduler.schedule: the RUNNING
+        loop's num_new_tokens, the WAITING loop's request_token_budget)."""
+        return min(self.token_budget, self.input_budget - draft_slots)
 
     def running_scheduled(self) -> bool:
         """Whether a running request (not an admission) is scheduled yet."""

@@ -223,6 +223,11 @@ KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
 #: vLLM's model runners (VllmConfig.use_v2_model_runner): "v1" or Model Runner V2
 MODEL_RUNNERS = ("v1", "v2")
+#: The drafters modelled (vLLM's SpeculativeConfig.method): "ngram" proposes
+#: from the prompt and reserves no KV slots; "draft_model" runs a forward pass
+#: of its own and reserves num_speculative_tokens lookahead slots
+#: (vllm/config/vllm.py, VllmConfig.num_lookahead_tokens).
+DRAFTERS = ("ngram", "draft_model")
 
 #: A request's KV cache report modes (vllm/v1/request.py, Request.__init__:
 #: SamplingParams.extra_args["kv_cache_report_mode"]; vLLM reads any value
@@ -243,6 +248,7 @@ def validate_config(config: ConfigFields, policy_type: type, group_type: type | 
     _check_pipeline(config)
     _check_groups_fit(config)
     _check_model_runner(config)
+    _check_drafter(config)
     _check_hash_block_size(config)
 
 
@@ -271,6 +277,13 @@ def _check_hash_block_size(config: ConfigFields) -> None:
     if hb != config.block_size:
         raise ConfigError("hash_block_size", f"({hb}) below the block size ({config.block_size}): partial-block "
                           "prefix-cache entries (BlockPool.cache_partial_block) are not modelled")
+
+
+def _check_drafter(config: ConfigFields) -> None:
+    """The drafter is one of DRAFTERS."""
+    drafter = getattr(config, "drafter", "ngram")
+    if not isinstance(drafter, str) or drafter not in DRAFTERS:
+        raise ConfigError("drafter", f"must be one of {', '.join(map(repr, DRAFTERS))}, got {drafter!r}")
 
 
 def _check_model_runner(config: ConfigFields) -> None:
@@ -530,11 +543,14 @@ def _check_config_relations(config: ConfigFields) -> None:
     # schedule than schedule un-padded"). With a whole budget below 1 + k a
     # request whose prompt is cached up to its last token would block the
     # head of the waiting queue for ever, so such a budget is refused.
-    if k > 0 and config.max_num_batched_tokens < 1 + k:
+    # A draft model's slot counts too (min(token_budget, input_budget -
+    # draft_slots)): vLLM accepts 1 + k and then never admits such a head.
+    slots = 1 if k > 0 and getattr(config, "drafter", "ngram") == "draft_model" else 0
+    if k > 0 and config.max_num_batched_tokens < 1 + k + slots:
         raise ConfigError(
             "max_num_batched_tokens",
             f"({config.max_num_batched_tokens}) must hold one decode with its drafts: "
-            f"1 + num_speculative_tokens = {1 + k}",
+            f"1 + num_speculative_tokens = {1 + k}" + (" and the draft model's slot" if slots else ""),
         )
     _check_gate_relations(config)
     # vllm/v1/core/kv_cache_planning.py, check_enough_kv_cache_memory: the engine

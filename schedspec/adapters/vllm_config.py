@@ -79,13 +79,14 @@ def build_vllm_config(config: SchedulerConfig) -> tuple[Any, Any]:
 def _build(config: SchedulerConfig, model_config: Any, scheduler_config: Any, cache_config: Any) -> tuple[Any, Any]:
     from schedspec.adapters import vllm_names as v
 
+    parallel = parallel_config(config)
     vllm_config = v.VllmConfig(
         model_config=model_config,
-        parallel_config=parallel_config(config),
+        parallel_config=parallel,
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=v.DeviceConfig(device="cpu"),
-        speculative_config=_speculative_config(config),
+        speculative_config=_speculative_config(config, model_config, parallel),
         kv_transfer_config=_kv_transfer_config(config),
         ec_transfer_config=None,
         lora_config=_lora_config(config),
@@ -172,14 +173,22 @@ def _kv_transfer_config(config: SchedulerConfig) -> Any:
 _NGRAM_METHOD: dict[bool, Literal["ngram", "ngram_gpu"]] = {False: "ngram", True: "ngram_gpu"}
 
 
-def _speculative_config(config: SchedulerConfig) -> Any:
+def _speculative_config(config: SchedulerConfig, target_model: Any, target_parallel: Any) -> Any:
     """vLLM's speculative_config for ``config``: None with speculative decoding
-    off, else k n-gram drafts (no draft model, no weights)."""
+    off, else k drafts: n-gram ones (no draft model, no weights), or with
+    ``drafter="draft_model"`` those of a draft model, the tiny model's
+    config.json (no weights are loaded: the scheduler reads only
+    ``num_lookahead_tokens`` = k from it, VllmConfig.num_lookahead_tokens),
+    built against the target's model and parallel configs as the engine's
+    arguments build it (vllm/engine/arg_utils.py)."""
     from schedspec.adapters import vllm_names as v
 
     k = config.num_speculative_tokens
     if not k:
         return None
+    if config.drafter == "draft_model":
+        return v.SpeculativeConfig(method="draft_model", model=v.MODEL_DIR, num_speculative_tokens=k,
+                                   target_model_config=target_model, target_parallel_config=target_parallel)
     return v.SpeculativeConfig(
         method=_NGRAM_METHOD[config.async_scheduling],
         num_speculative_tokens=k,
@@ -251,7 +260,7 @@ def _check_effective(vc: Any, config: SchedulerConfig) -> None:
         "num_lookahead_tokens": (vc.num_lookahead_tokens, config.num_lookahead_tokens),
         "max_num_new_slots_for_drafting": (
             spec.max_num_new_slots_for_drafting if spec is not None else 0,
-            0,
+            config.num_draft_slots,
         ),
         "num_speculative_tokens_per_batch_size": (
             spec.num_speculative_tokens_per_batch_size if spec is not None else None,

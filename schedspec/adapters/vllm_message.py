@@ -163,8 +163,6 @@ def message_problems(out: Any, plan: StepPlan, live: Mapping[str, Live], config:
     fixed: dict[str, object] = {
         # no dynamic speculative decoding: the configured draft length
         "num_spec_tokens_to_schedule": config.num_speculative_tokens,
-        # can_skip_drafts needs the V2 model runner
-        "skip_drafts": False,
         # needs_kv_cache_zeroing: no modelled layout asks for it
         "new_block_ids_to_zero": None,
         # take_kv_cache_block_copies: copy-on-write of partial blocks, not modelled

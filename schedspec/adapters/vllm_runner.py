@@ -65,12 +65,17 @@ def parallel_config(config: SchedulerConfig) -> Any:
 
 def check_runner(sched: Any, config: SchedulerConfig) -> None:
     """VllmAdapterError unless vLLM's scheduler took the runner and pipeline
-    size of ``config``: ``use_v2_model_runner``, ``use_pp``, and for the
+    size of ``config``: ``use_v2_model_runner``, ``use_pp``, the drafter's
+    ``num_lookahead_tokens`` and ``can_skip_drafts``, and for the
     AsyncScheduler ``decode_stagger`` (the pipeline size; 1 only on XPU)."""
     v2 = config.model_runner == "v2"
     pp = config.pipeline_parallel_size
-    got = {"use_v2_model_runner": getattr(sched, "use_v2_model_runner", None), "use_pp": getattr(sched, "use_pp", None)}
-    want: dict[str, object] = {"use_v2_model_runner": v2, "use_pp": pp > 1}
+    got = {"use_v2_model_runner": getattr(sched, "use_v2_model_runner", None), "use_pp": getattr(sched, "use_pp", None),
+           "can_skip_drafts": getattr(sched, "can_skip_drafts", None),
+           "num_lookahead_tokens": getattr(sched, "num_lookahead_tokens", None)}
+    want: dict[str, object] = {"use_v2_model_runner": v2, "use_pp": pp > 1,
+                               "can_skip_drafts": v2 and config.num_lookahead_tokens > 0,
+                               "num_lookahead_tokens": config.num_lookahead_tokens}
     if config.async_scheduling:
         got["decode_stagger"] = getattr(sched, "decode_stagger", None)
         want["decode_stagger"] = pp

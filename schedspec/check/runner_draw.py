@@ -6,7 +6,9 @@ those spec/validate.py accepts with the drawn runner (check/pipeline.py,
 allowed_sizes): vLLM's V1 runner refuses pipeline parallelism with async
 scheduling, so a V1 async config keeps a pipeline of 1, and a synchronous
 pipeline with drafts is not modelled; V2 with async scheduling and a pipeline
-of 2..4 is what turns the decode throttle on (spec/runner_v2.py)."""
+of 2..4 is what turns the decode throttle on (spec/runner_v2.py). With
+drafts the drafter is drawn too: a draft model reserves lookahead slots, and
+under V2 lets the plan skip drafts (spec/runner_v2.py)."""
 
 from __future__ import annotations
 
@@ -15,19 +17,26 @@ import random
 
 from schedspec.check.pipeline import allowed_sizes
 from schedspec.spec.interface import SchedulerConfig
-from schedspec.spec.validate import MODEL_RUNNERS
+from schedspec.spec.validate import DRAFTERS, MODEL_RUNNERS
 
 
 def with_runner(config: SchedulerConfig, seed: int) -> SchedulerConfig:
     """``config`` with a model runner and a pipeline size drawn for ``seed``,
-    among the sizes the config accepts with that runner."""
+    among the sizes the config accepts with that runner, and with drafts the
+    drafter (drawn last, so the runner and size are those the seed gave
+    before drafters were drawn)."""
     rng = random.Random(f"schedspec-runner-{seed}")
     runner = rng.choice(MODEL_RUNNERS)
     base = dataclasses.replace(config, model_runner=runner, pipeline_parallel_size=1)
     pp = rng.choice(allowed_sizes(base) or (1,))
-    return dataclasses.replace(base, pipeline_parallel_size=pp)
+    drafter = rng.choice(DRAFTERS) if config.num_speculative_tokens else "ngram"
+    if config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
+        drafter = "ngram"  # no room for a padded decode and the draft model's slot (spec/validate.py)
+    return dataclasses.replace(base, pipeline_parallel_size=pp, drafter=drafter)
 
 
 def runner_feature(config: SchedulerConfig) -> tuple[str, ...]:
-    """The workload's feature naming its runner and pipeline: ``runner:v2/pp3``."""
-    return (f"runner:{config.model_runner}/pp{config.pipeline_parallel_size}",)
+    """The workload's feature naming its runner, pipeline and drafter:
+    ``runner:v2/pp3``, ``runner:v2/pp1/draft_model``."""
+    drafter = "/draft_model" if config.drafter == "draft_model" else ""
+    return (f"runner:{config.model_runner}/pp{config.pipeline_parallel_size}{drafter}",)

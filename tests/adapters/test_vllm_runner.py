@@ -109,3 +109,26 @@ def test_lockstep_with_vllm(modes: tuple[str, ...], runner: str, pp: int) -> Non
         assert failure is None, failure
         throttled += runner_.scheds["spec"].rules["v2.decode_throttled"]
     assert (throttled > 0) == (runner == "v2" and modes[0].startswith("async") and pp > 1)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("modes, runner", [(("spec",), "v2"), (("async-spec",), "v2"), (("spec",), "v1")])
+def test_draft_model_lockstep_with_vllm(modes: tuple[str, ...], runner: str) -> None:
+    """A draft model (lookahead slots, a draft slot per request) in lockstep
+    with vLLM's scheduler; with V2 vLLM's skip_drafts is the plan's."""
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.check.random_workloads import random_workload
+    from schedspec.check.run import run_workload
+    from schedspec.spec.scheduler import SpecScheduler
+
+    skipped = 0
+    for seed in range(3):
+        w = random_workload(seed, 120, modes=modes)
+        config = w.config
+        if config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
+            continue  # no room for the draft slot (spec/validate.py)
+        w = dataclasses.replace(w, config=dataclasses.replace(config, model_runner=runner, drafter="draft_model"))
+        runner_, failure = run_workload(w, {"spec": SpecScheduler, "vllm": VllmScheduler})
+        assert failure is None, failure
+        skipped += runner_.scheds["spec"].rules["v2.drafts_skipped"]
+    assert (skipped > 0) == (runner == "v2")

@@ -75,7 +75,7 @@ class FcfsWaiting(Generic[R]):
 
     def copy(self, remap: dict[int, R]) -> "FcfsWaiting[R]":
         """This queue over other request objects: ``remap[id(old)]`` is the new one."""
-        new: FcfsWaiting[R] = object.__new__(FcfsWaiting)
+        new: FcfsWaiting[R] = object.__new__(type(self))
         new._q = OrderedDict([(rid, remap[id(r)]) for rid, r in self._q.items()])
         return new
 
@@ -134,7 +134,7 @@ class PriorityWaiting(Generic[R]):
         """This queue over other request objects (``remap[id(old)]``); stale
         entries of requests no longer known are dropped (they can never be
         live again: a request leaves the scheduler only finished)."""
-        new: PriorityWaiting[R] = object.__new__(PriorityWaiting)
+        new: PriorityWaiting[R] = object.__new__(type(self))
         new._heap = [(p, a, rid, seq, remap[id(r)]) for p, a, rid, seq, r in self._heap
                      if id(r) in remap]
         heapq.heapify(new._heap)
@@ -167,7 +167,7 @@ class VictimHeap(Generic[V]):
     def copy(self, remap: dict[int, V]) -> "VictimHeap[V]":
         """This heap over other request objects (``remap[id(old)]``); entries
         of requests no longer known are dropped (never running again)."""
-        new: VictimHeap[V] = object.__new__(VictimHeap)
+        new: VictimHeap[V] = object.__new__(type(self))
         new._heap = [(p, a, seq, remap[id(r)]) for p, a, seq, r in self._heap if id(r) in remap]
         heapq.heapify(new._heap)
         return new

@@ -542,22 +542,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
                 self._rule("running.stop_draft_slots")  # pragma: no mutate
                 return  # no room for a token besides the draft slots (break)
             req = self.requests[self.running[i]]
-            if req.num_output_placeholders and surely_reaches_max_tokens(
-                num_computed=req.num_computed_tokens,
-                num_output_placeholders=req.num_output_placeholders,
-                num_prompt_tokens=len(req.spec.prompt_token_ids),
-                max_tokens=req.spec.max_tokens,
-            ):
-                self._rule("running.skip_max_tokens_in_flight")  # pragma: no mutate
-                i += 1  # async: the steps in flight finish it ("continue" in vLLM)
-                continue
-            if decode_throttled(self.step, req.next_decode_eligible_step):
-                self._rule("v2.decode_throttled")  # pragma: no mutate
-                i += 1  # V2 + PP + async: its last decode was too recent (spec/runner_v2.py)
-                continue
-            if st.defer_prefills and req.is_prefill_chunk:
-                self._rule("cadence.running_chunk_held")  # pragma: no mutate
-                i += 1  # a prefill chunk waits for a cadence-aligned step
+            if self._running_passed_over(st, req):
+                i += 1  # "continue" in vLLM
                 continue
             n = running_chunk(
                 num_tokens=req.num_tokens,
@@ -595,6 +581,24 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
             self._commit_encoder_inputs(st, req, enc)
             i += 1
         self._rule("running.stop_budget", i < len(self.running))  # pragma: no mutate
+
+    def _running_passed_over(self, st: StepState, req: _Request) -> bool:
+        """Whether the RUNNING loop passes ``req`` over before its chunk."""
+        if req.num_output_placeholders and surely_reaches_max_tokens(
+            num_computed=req.num_computed_tokens,
+            num_output_placeholders=req.num_output_placeholders,
+            num_prompt_tokens=len(req.spec.prompt_token_ids),
+            max_tokens=req.spec.max_tokens,
+        ):
+            self._rule("running.skip_max_tokens_in_flight")  # pragma: no mutate
+            return True  # async: the steps in flight finish it
+        if decode_throttled(self.step, req.next_decode_eligible_step):
+            self._rule("v2.decode_throttled")  # pragma: no mutate
+            return True  # V2 + PP + async: its last decode was too recent (spec/runner_v2.py)
+        if st.defer_prefills and req.is_prefill_chunk:
+            self._rule("cadence.running_chunk_held")  # pragma: no mutate
+            return True  # a prefill chunk waits for a cadence-aligned step
+        return False
 
     def _allocate_or_preempt(self, st: StepState, req: _Request, n: int, i: int) -> RunningAllocation:
         """allocate_slots for ``req`` (at index ``i`` of the running queue); while

@@ -1,28 +1,18 @@
 """Drives one scheduler, or several in lockstep, through a workload.
 
-For every event each scheduler performs the operation; with invariants on,
-a Monitor per scheduler sees the (before, after) views of every operation; in
-lockstep, the StepPlans (block ids included) and the views must be equal after
-every operation. The first failure stops the run and says where and why.
-Schedulers built with log_stats (check/scheduler_stats.py) report their
-statistics after every update (``make_stats()``); those are compared too and
-handed to the invariants with the update.
+Each scheduler performs every event; a Monitor per scheduler sees the
+(before, after) views; in lockstep the StepPlans, views, KV events and
+statistics (``make_stats()``) must be equal after every operation; the first
+failure stops the run and says where and why. Each scheduler steps its own
+model (the fake one by default). ``run_to_completion`` steps on until every
+request has finished.
 
-Each scheduler steps its own model, any ``Model`` (the fake model by default;
-the equivalence matrix passes torch executors). ``run`` applies a workload's
-events; ``run_to_completion`` also steps on until every request has finished
-and then updates the plan left in flight.
-
-With async scheduling (``config.async_scheduling``) the driver keeps up to two
-plans in flight, as vLLM's engine core does with its batch queue
-(vllm/v1/engine/core.py, EngineCore.step_with_batch_queue): a Step schedules a
-plan and runs the model on it at once, then updates the oldest plan when two
-are in flight; Schedule and Update events spell any other legal interleaving
-out. Add, abort and reset_prefix_cache events then land with a plan in flight.
-The driver's record of each request's tokens holds the delivered tokens; the
-outputs of plans in flight are added to the context the model checks until
-their update delivers them (or, for the requests reset_prefix_cache preempts
-with a plan in flight, drops them: vLLM's ``drop_stale_output``).
+With k plans in flight (async scheduling, pipeline parallelism) a Step
+schedules a plan and runs the model on it, then updates the oldest once k are
+in flight, as vLLM's EngineCore.step_with_batch_queue does; Schedule and Update
+events spell any other legal interleaving out. The outputs of plans in flight
+join the context the model checks until their update delivers them (or
+vLLM's ``drop_stale_output`` drops them).
 A scheduler that raises, or returns the wrong type, is a Failure of kind
 "error" that names the scheduler, its class, the method and the last frame.
 """
@@ -50,7 +40,7 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
-from schedspec.check import completion, session_events
+from schedspec.check import completion, fork, session_events
 from schedspec.check.deadline import CLOCK, CallTimeout
 from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model
 from schedspec.check.records import (
@@ -82,13 +72,6 @@ from schedspec.check.workload import (
     Step,
     Update,
 )
-
-
-#: Every FORK_EVERY steps, at the steps FORK_OFFSET, FORK_OFFSET +
-#: FORK_EVERY, ..., each scheduler under test (not the reference) that has a
-#: clone() is forked: Runner._fork.
-FORK_EVERY = 16
-FORK_OFFSET = 3
 
 
 @dataclass
@@ -141,14 +124,11 @@ class Runner:
         models: Mapping[str, Model] | None = None,
         acceptance: str | None = None,
         invariants: Sequence[Invariant] | None = None,
-        fork_every: int = FORK_EVERY,
+        fork_every: int = fork.FORK_EVERY,
     ) -> None:
         self.config = config
-        #: every ``fork_every`` steps (0: never) each scheduler under test
-        #: that has a clone() is forked (Runner._fork)
-        self.fork_every = fork_every
-        #: the last step at which a scheduler was replaced by its clone
-        self.last_fork = 0
+        self.fork_every = fork_every  # schedulers under test forked every so many steps (check/fork.py)
+        self.last_fork = 0  # the last step at which one was replaced by its clone
         self.names = list(factories)
         #: a scheduler that raised while being built or on its first view():
         #: every apply() and run() returns it, naming the scheduler and the call
@@ -273,8 +253,8 @@ class Runner:
 
     def fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = (),
               exception: BaseException | None = None) -> Failure:
-        if self.last_fork and name != self.names[0]:
-            message += f"\n  ({name} runs on a clone() of itself made at step {self.last_fork}: Runner.fork_every)"
+        message += (f"\n  ({name} runs on a clone() of itself made at step {self.last_fork}: check/fork.py)"
+                    if self.last_fork and name != self.names[0] else "")
         return Failure(kind, self.event_index, self.step_in_progress or self.stats.steps, name, message,
                        violations, exception, self.in_flight if self.flight.limit > 1 else ())
 
@@ -582,10 +562,9 @@ class Runner:
                 self.stats.finished[rv.status.value] += 1
         plans: dict[str, StepPlan] = {}
         forked: dict[str, StepPlan] = {}
-        fork = self.fork_every > 0 and step % self.fork_every == FORK_OFFSET % self.fork_every
         for name in self.names:
             before = self.views.get(name)
-            if fork and name != self.names[0] and (f := self._fork(name, forked)):
+            if fork.due(step, self.fork_every) and name != self.names[0] and (f := fork.fork(self, name, forked)):
                 return f
             self.where = (name, "schedule")
             plans[name] = self.scheds[name].schedule()
@@ -594,12 +573,8 @@ class Runner:
             if before is not None and (f := self._observe(name, "schedule", before, plan=plans[name])):
                 self._record_failed_step(name, plans[name])
                 return f
-        for name, plan_before in forked.items():
-            if plan_before != plans[name]:
-                self._record_failed_step(name, plans[name])
-                return self.fail("divergence", name, describe_difference(
-                    "schedule() of a scheduler and of its clone()", f"{name} (the original)", plan_before,
-                    f"{name} (its clone)", plans[name]))
+        if forked and (f := fork.compare(self, forked, plans)):
+            return f
         if (f := self._compare("schedule()", dict(plans))) or (f := self.check_views()):
             self._record_failed_step(f.scheduler, plans[f.scheduler])
             return f
@@ -671,32 +646,6 @@ class Runner:
         if self.history is not None:
             self.history.append(StepRecord(plan.step, plan, self.views[self.names[0]], results[self.names[0]],
                                            self.in_flight))
-        return None
-
-    def _fork(self, name: str, forked: dict[str, StepPlan]) -> Failure | None:
-        """Check a scheduler's clone() inside the run: clone it, let the
-        original make this step's plan, drop the original and go on with the
-        clone, which must make the same plan (Runner._schedule_inner compares
-        them) and then every later one the reference makes. A clone that
-        shares a list or dict with its original sees the original's step; one
-        that misses a field decides differently. The model checker and the
-        shrinker rely on clone() (schedspec/modelcheck/target.py)."""
-        sched = self.scheds[name]
-        clone = getattr(sched, "clone", None)
-        if not callable(clone):
-            return None
-        self.where = (name, "clone")
-        twin = clone()
-        if not isinstance(twin, type(sched)):
-            return self._wrong_type(name, "clone", twin, type(sched))
-        self.where = (name, "schedule")
-        plan = sched.schedule()
-        if not isinstance(plan, StepPlan):
-            return self._wrong_type(name, "schedule", plan, StepPlan)
-        forked[name] = plan
-        self.scheds[name] = twin
-        self.stats.forks += 1
-        self.last_fork = self.flight.scheduled
         return None
 
     def _update_inner(self, pending: _Pending) -> Failure | None:

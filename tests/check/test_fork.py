@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedspec.check.driver import FORK_EVERY, FORK_OFFSET
+from schedspec.check.fork import FORK_EVERY, FORK_OFFSET
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.run import run_workload
 from schedspec.impl import ImplScheduler

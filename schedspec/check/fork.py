@@ -1,0 +1,61 @@
+"""The check tests a scheduler's clone() inside the run (the model checker
+and the shrinker rely on it: schedspec/modelcheck/target.py).
+
+Every FORK_EVERY steps, at steps FORK_OFFSET, FORK_OFFSET + FORK_EVERY, ...,
+each scheduler under test (not the reference) that has a clone() is forked:
+it is cloned, the original makes the step's plan and is dropped, and the run
+goes on with the clone, which must make the same plan and then every later
+one the reference makes. A clone that shares a list or dict with its original
+sees the original's step; one that misses a field decides differently.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from schedspec.check.records import Failure, describe_difference
+from schedspec.spec.interface import StepPlan
+
+if TYPE_CHECKING:
+    from schedspec.check.driver import Runner
+
+FORK_EVERY = 16
+FORK_OFFSET = 3
+
+
+def due(step: int, every: int) -> bool:
+    """Whether the ``step``-th plan forks the schedulers under test."""
+    return every > 0 and step % every == FORK_OFFSET % every
+
+
+def fork(runner: Runner, name: str, forked: dict[str, StepPlan]) -> Failure | None:
+    """Fork scheduler ``name`` of ``runner`` (nothing without a clone()):
+    the original's plan goes into ``forked``, the clone takes its place."""
+    sched = runner.scheds[name]
+    clone = getattr(sched, "clone", None)
+    if not callable(clone):
+        return None
+    runner.where = (name, "clone")
+    twin = clone()
+    if not isinstance(twin, type(sched)):
+        return runner._wrong_type(name, "clone", twin, type(sched))
+    runner.where = (name, "schedule")
+    plan = sched.schedule()
+    if not isinstance(plan, StepPlan):
+        return runner._wrong_type(name, "schedule", plan, StepPlan)
+    forked[name] = plan
+    runner.scheds[name] = twin
+    runner.stats.forks += 1
+    runner.last_fork = runner.flight.scheduled
+    return None
+
+
+def compare(runner: Runner, forked: dict[str, StepPlan], plans: dict[str, StepPlan]) -> Failure | None:
+    """The original's plan against its clone's, for each forked scheduler."""
+    for name, before in forked.items():
+        if before != plans[name]:
+            runner._record_failed_step(name, plans[name])
+            return runner.fail("divergence", name, describe_difference(
+                "schedule() of a scheduler and of its clone()", f"{name} (the original)", before,
+                f"{name} (its clone)", plans[name]))
+    return None

@@ -24,7 +24,6 @@ from schedspec.impl.kv_kinds import KINDS
 from schedspec.spec.interface import (
     MEDIUM_GPU,
     BlockKey,
-    BlockRemoved,
     BlockStored,
     RequestSpec,
 )
@@ -64,17 +63,6 @@ def _stored(block_keys: tuple[BlockKey, ...], parent_key: BlockKey | None, token
     fields["group"] = group
     fields["kind"] = kind
     fields["reused"] = False
-    return event
-
-
-def removed(ekey: tuple[BlockKey, int]) -> BlockRemoved:
-    """``BlockRemoved((key,), MEDIUM_GPU, group)`` for a node's ``ekey``
-    ``(key, group)``."""
-    event = _new(BlockRemoved)
-    fields = event.__dict__
-    fields["block_keys"] = (ekey[0],)
-    fields["medium"] = MEDIUM_GPU
-    fields["group"] = ekey[1]
     return event
 
 

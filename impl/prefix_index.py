@@ -31,9 +31,20 @@ from __future__ import annotations
 
 from typing import Union
 
-from schedspec.impl.kv_events import removed
-from schedspec.spec.interface import BlockKey, KVCacheEvent, block_key_group, plain_key
+from schedspec.spec.interface import MEDIUM_GPU, BlockKey, BlockRemoved, KVCacheEvent, block_key_group, plain_key
 
+
+
+def removed(ekey: tuple[BlockKey, int]) -> BlockRemoved:
+    """``BlockRemoved((key,), MEDIUM_GPU, group)`` for a node's ``ekey``
+    ``(key, group)``, built by filling its ``__dict__`` (equal to the
+    constructor's: tests/impl/test_kv_events.py)."""
+    event = object.__new__(BlockRemoved)
+    fields = event.__dict__
+    fields["block_keys"] = (ekey[0],)
+    fields["medium"] = MEDIUM_GPU
+    fields["group"] = ekey[1]
+    return event
 
 class KeyNode:
     __slots__ = ("ikey", "holders", "refs", "ekey")

@@ -71,7 +71,7 @@ def check_runner(sched: Any, config: SchedulerConfig) -> None:
     v2 = config.model_runner == "v2"
     pp = config.pipeline_parallel_size
     got = {"use_v2_model_runner": getattr(sched, "use_v2_model_runner", None), "use_pp": getattr(sched, "use_pp", None),
-           "can_skip_drafts": getattr(sched, "can_skip_drafts", None),
+           "can_skip_drafts": getattr(sched, "can_skip_drafts", False),  # vLLM 0.32 never skips drafts
            "num_lookahead_tokens": getattr(sched, "num_lookahead_tokens", None)}
     want: dict[str, object] = {"use_v2_model_runner": v2, "use_pp": pp > 1,
                                "can_skip_drafts": v2 and config.num_lookahead_tokens > 0,

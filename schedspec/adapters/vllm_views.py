@@ -189,7 +189,8 @@ def plan_of(out: Any, step: int, live: Mapping[str, Live], tables: BlockTables, 
         finished_ids=tuple(sorted(out.finished_req_ids)),
         freed_encoder_inputs=tuple(out.free_encoder_mm_hashes),
         kv_loads=kv_loads(out, hybrid),
-        skip_drafts=bool(out.skip_drafts),  # Model Runner V2 with a draft model (spec/runner_v2.py)
+        # V2 with a draft model (spec/runner_v2.py); vLLM 0.32's engine lacks the field
+        skip_drafts=bool(getattr(out, "skip_drafts", False)),
     )
 
 

@@ -573,9 +573,8 @@ class Runner:
             if before is not None and (f := self._observe(name, "schedule", before, plan=plans[name])):
                 self._record_failed_step(name, plans[name])
                 return f
-        if forked and (f := fork.compare(self, forked, plans)):
-            return f
-        if (f := self._compare("schedule()", dict(plans))) or (f := self.check_views()):
+        if ((forked and (f := fork.compare(self, forked, plans))) or (f := self._compare("schedule()", dict(plans)))
+                or (f := self.check_views())):
             self._record_failed_step(f.scheduler, plans[f.scheduler])
             return f
         plan = plans[self.names[0]]

@@ -11,13 +11,24 @@ sees the original's step; one that misses a field decides differently.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from schedspec.check.records import Failure, describe_difference
-from schedspec.spec.interface import StepPlan
+from schedspec.check.records import Failure, describe_difference, wrong_type
+from schedspec.check.stats import Stats
+from schedspec.check.workload import InFlight
+from schedspec.spec.interface import Scheduler, StepPlan
 
-if TYPE_CHECKING:
-    from schedspec.check.driver import Runner
+
+class Runner(Protocol):
+    """What this module reads and writes of the driver (check/driver.py, Runner)."""
+
+    scheds: dict[str, Scheduler]
+    where: tuple[str, str]
+    stats: Stats
+    flight: InFlight
+    last_fork: int
+
+    def fail(self, kind: str, name: str, message: str) -> Failure: ...
 
 FORK_EVERY = 16
 FORK_OFFSET = 3
@@ -38,11 +49,11 @@ def fork(runner: Runner, name: str, forked: dict[str, StepPlan]) -> Failure | No
     runner.where = (name, "clone")
     twin = clone()
     if not isinstance(twin, type(sched)):
-        return runner._wrong_type(name, "clone", twin, type(sched))
+        return runner.fail("error", name, wrong_type(type(sched), "clone", twin, type(sched)))
     runner.where = (name, "schedule")
     plan = sched.schedule()
     if not isinstance(plan, StepPlan):
-        return runner._wrong_type(name, "schedule", plan, StepPlan)
+        return runner.fail("error", name, wrong_type(type(sched), "schedule", plan, StepPlan))
     forked[name] = plan
     runner.scheds[name] = twin
     runner.stats.forks += 1
@@ -51,10 +62,10 @@ def fork(runner: Runner, name: str, forked: dict[str, StepPlan]) -> Failure | No
 
 
 def compare(runner: Runner, forked: dict[str, StepPlan], plans: dict[str, StepPlan]) -> Failure | None:
-    """The original's plan against its clone's, for each forked scheduler."""
+    """The original's plan against its clone's, for each forked scheduler
+    (the driver records the clone's plan as the failed step)."""
     for name, before in forked.items():
         if before != plans[name]:
-            runner._record_failed_step(name, plans[name])
             return runner.fail("divergence", name, describe_difference(
                 "schedule() of a scheduler and of its clone()", f"{name} (the original)", before,
                 f"{name} (its clone)", plans[name]))

@@ -85,19 +85,9 @@ def test_a_full_report_mode_request_reports_its_hits_as_vllm_does() -> None:
     hybrid layout and is looked up, and reported, in every step its admission
     fails; vLLM's emit_cached_block_events events equal the spec's, marked
     reused (vllm_events.ReusedMarks)."""
-    from pathlib import Path
+    from tests.spec.test_kv_report_mode import replay_reported
 
-    from schedspec.check import trace as tracefile
-    from schedspec.spec.kv_events import BlockStored
-
-    path = Path(__file__).resolve().parents[1] / "check" / "data" / "kv-events-full-report-mode.jsonl"
-    t = tracefile.read(path)
-    reported: list[int] = []
-    runner, failure = run_workload(t.workload, {"spec": SpecScheduler, "vllm": _vllm()}, t.vocab,
-                                   oracle_seed=t.oracle_seed,
-                                   kv_event_sink=lambda n, batch: reported.extend(
-                                       n for e in batch if isinstance(e, BlockStored) and e.reused))
-    assert failure is None, failure.describe()
+    reported = replay_reported("vllm", _vllm())
     assert len(reported) >= 12 and len(set(reported)) >= 6
 
 

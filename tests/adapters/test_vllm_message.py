@@ -98,7 +98,6 @@ def test_a_true_message_has_no_problem() -> None:
                                                num_output_tokens=[0])}, "names 'c', which the plan does not"),
     ({"has_structured_output_requests": True}, "has_structured_output_requests is True, the plan implies False"),
     ({"has_sync_kv_loads": True}, "has_sync_kv_loads is True, the plan's loads imply False"),
-    ({"skip_drafts": True}, "skip_drafts is True, expected False"),
     ({"num_spec_tokens_to_schedule": 2}, "num_spec_tokens_to_schedule is 2, expected 0"),
     ({"new_block_ids_to_zero": [4]}, "new_block_ids_to_zero is [4], expected None"),
     ({"kv_cache_block_copies": [(1, 2)]}, "kv_cache_block_copies is [(1, 2)], expected None"),

@@ -72,8 +72,8 @@ def test_format_5_round_trips_and_is_written_only_when_plans_are_recorded() -> N
 
 
 @pytest.mark.parametrize("edit, where", [
-    (lambda h, e: (dict(h, schedspec_trace=8), e), "t.jsonl:1: schedspec_trace: unsupported version 8 "
-                                                    "(this reads 1, 2, 3, 4, 5, 6, 7)"),
+    (lambda h, e: (dict(h, schedspec_trace=9), e), "t.jsonl:1: schedspec_trace: unsupported version 9 "
+                                                    "(this reads 1, 2, 3, 4, 5, 6, 7, 8)"),
     (lambda h, e: (dict(h, schedspec_trace=4), e), "t.jsonl:4: plan: needs trace format version 5"),
     (lambda h, e: (h, [dict(e[0], plan={"scheduled": [["a", "bogus", 0, 10, 0]]})] + e[1:]),
      "t.jsonl:4: plan.scheduled[0][1]:"),

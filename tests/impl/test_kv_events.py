@@ -112,7 +112,8 @@ def test_an_event_built_in_place_equals_the_constructors() -> None:
     hashes, prints and pickles as the dataclass constructor's."""
     import pickle
 
-    from schedspec.impl.kv_events import _stored, removed
+    from schedspec.impl.kv_events import _stored
+    from schedspec.impl.prefix_index import removed
     from schedspec.spec.interface import MEDIUM_GPU, BlockRemoved
 
     key = ("salt", (1, 2, 3, 4))

@@ -15,7 +15,7 @@ from schedspec.check.run import run_workload
 from schedspec.impl import ImplScheduler
 from schedspec.invariants.kv_mirror import KVMirror
 from schedspec.spec import SpecScheduler
-from schedspec.spec.interface import KVCacheGroup, RequestError, RequestSpec
+from schedspec.spec.interface import KVCacheGroup, RequestError, RequestSpec, SchedulerFactory
 from schedspec.spec.kv_events import MEDIUM_GPU, BlockStored, event_from_dict, event_to_dict
 from tests.helpers import cfg, req, step
 
@@ -75,15 +75,23 @@ def test_the_lora_adapter_travels_with_the_report() -> None:
     assert reported.block_keys[0][0] == RequestSpec("x", (0,), 1, lora_id=2).block_identity(4)
 
 
-def test_the_crafted_trace_replays_equal_against_impl() -> None:
+def replay_reported(name: str, factory: SchedulerFactory) -> list[int]:
+    """The crafted trace replayed in lockstep, the spec against ``factory``
+    (named ``name``): the steps of each reused BlockStored, the failure
+    asserted absent."""
     t = tracefile.read(TRACE)
-    assert tracefile.version_of(t) == 8
     reported: list[int] = []
-    runner, failure = run_workload(t.workload, {"spec": SpecScheduler, "impl": ImplScheduler}, t.vocab,
+    runner, failure = run_workload(t.workload, {"spec": SpecScheduler, name: factory}, t.vocab,
                                    oracle_seed=t.oracle_seed,
                                    kv_event_sink=lambda n, batch: reported.extend(
                                        n for e in batch if isinstance(e, BlockStored) and e.reused))
     assert failure is None, failure.describe()
+    return reported
+
+
+def test_the_crafted_trace_replays_equal_against_impl() -> None:
+    assert tracefile.version_of(tracefile.read(TRACE)) == 8
+    reported = replay_reported("impl", ImplScheduler)
     # two groups reported per lookup; b is looked up, and reported, in the steps its admission fails too
     assert len(reported) >= 12 and len(set(reported)) >= 6
 

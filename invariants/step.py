@@ -443,15 +443,12 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
         # still in flight does (with async scheduling a block's last token
         # becomes known at the update of the step after the one computing it,
         # and allocate_slots keys it when the request is next scheduled; steps
-        # run in order, so its KV exists when this step runs).
-        others = {
-            e.block_ids[j]
-            for e in t.plan.scheduled
-            if e.request_id != rid
-            for f in own_live_entries(e, t)
-            for j in range(len(e.block_ids))
-            if f.num_computed_tokens < (j + 1) * bs <= f.num_computed_tokens + f.num_scheduled_tokens
-        }
+        # run in order, so its KV exists when this step runs). An in-flight
+        # step whose request's drafts were rejected since it was planned
+        # computes its positions that many places earlier (the runner
+        # rewinds to the accepted tokens), so the rewound places count too.
+        others = {e.block_ids[j] for e in t.plan.scheduled if e.request_id != rid
+                  for j in filled_places(e, t, bs)}
         others |= promoted_blocks(t)
         for i in range(min(c // bs, len(s.block_ids))):
             blk = s.block_ids[i]
@@ -487,6 +484,29 @@ def promoted_blocks(t: Transition) -> set[int]:
         r = t.before.requests.get(rid)
         if r is not None and r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             out.update(x for tab in tables(r) for x in tab[: r.num_computed_tokens // bs] if x)
+    return out
+
+
+def filled_places(e: ScheduledRequest, t: Transition, bs: int) -> set[int]:
+    """The indices of the blocks of ``e``'s request whose last position this
+    step or one of its live steps in flight computes. An in-flight entry
+    planned before an update rejected drafts computes its places ``shift``
+    earlier, ``shift`` being how far the last in-flight entry's end is past
+    the request's computed tokens before this step (vllm/v1/core/sched/
+    scheduler.py, update_from_output: num_computed_tokens -= num_rejected,
+    the model runner's async inputs start at the corrected position)."""
+    entries = own_live_entries(e, t)
+    before = t.before.requests.get(e.request_id)
+    inflight = [f for f in entries if f is not e]  # t.in_flight holds this step's plan too
+    shift = 0
+    if before is not None and inflight and e.kind == ScheduleKind.RUNNING:
+        last = inflight[-1]
+        shift = max(0, last.num_computed_tokens + last.num_scheduled_tokens - before.num_computed_tokens)
+    out: set[int] = set()
+    for f in entries:
+        lo = f.num_computed_tokens - (shift if f is not e else 0)
+        hi = f.num_computed_tokens + f.num_scheduled_tokens
+        out.update(j for j in range(len(e.block_ids)) if lo < (j + 1) * bs <= hi)
     return out
 
 

@@ -119,6 +119,7 @@ FUNCTION_TARGETS: tuple[tuple[str, str, float], ...] = (
     ("v1/core/sched/scheduler.py", "Scheduler._handle_invalid_blocks", 80.0),
     ("v1/core/sched/scheduler.py", "Scheduler._connector_finished", 80.0),
     ("v1/core/block_pool.py", "BlockPool._build_block_stored_event", 90.0),
+    ("v1/core/block_pool.py", "BlockPool.emit_cached_block_events", 90.0),
     ("v1/core/block_pool.py", "BlockPool._generate_event_extra_keys", 90.0),
     ("v1/core/block_pool.py", "BlockPool._emit_block_removed_events", 90.0),
     ("v1/core/block_pool.py", "BlockPool.take_events", 100.0),

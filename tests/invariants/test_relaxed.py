@@ -168,3 +168,42 @@ def test_a_step_that_only_preempts_for_the_encoder_makes_progress() -> None:
     # the same empty step without the preemption is still no progress
     bare = dataclasses.replace(t, plan=dataclasses.replace(t.plan, preempted_ids=()))
     assert _fires("progress", bare)
+
+
+# A hit on a block whose place a step in flight computes only after a
+# rollback rewound it (async scheduling, 3 drafts, block size 1): r17's step
+# 2 drafts positions 3-5, one draft is accepted, so step 3 (planned at 6-9)
+# computes 4-7; in step 4 r17 keys its block 4 and the resumed r16 hits it.
+REWOUND_CFG = SchedulerConfig(
+    block_size=1, num_blocks=18, max_num_batched_tokens=16, max_num_seqs=8, max_model_len=16,
+    async_scheduling=True, num_speculative_tokens=3, policy=Policy.PRIORITY,
+    enable_kv_cache_events=True, long_prefill_token_threshold=0,
+)
+REWOUND_EVENTS: list[Event] = [
+    AddRequest(RequestSpec("r16", (10, 0), max_tokens=8, priority=984, arrival=16)),
+    AddRequest(RequestSpec("r17", (10, 0), max_tokens=8, priority=0, arrival=17)),
+    Schedule(), Step(), Step(), Step(),
+]
+
+
+def test_hit_on_a_block_an_inflight_step_fills_after_a_rollback_holds() -> None:
+    runner = Runner(REWOUND_CFG, {"spec": SpecScheduler}, vocab=16, oracle_seed=47)
+    rec = Recording()
+    runner.monitors["spec"] = rec
+    assert runner.run(REWOUND_EVENTS) is None
+    t = _nth_schedule(rec.seen, 4)
+    assert t.plan is not None
+    r16, r17 = t.plan.get("r16"), t.plan.get("r17")
+    assert r16 is not None and r17 is not None and r16.num_computed_tokens == 5
+    block = r16.block_ids[4]
+    assert block == r17.block_ids[4] and block not in t.before.kv.block_keys
+    step3 = next(p for p in t.in_flight if p.step == 3).get("r17")
+    assert step3 is not None and (step3.num_computed_tokens, t.before.requests["r17"].num_computed_tokens) == (6, 8)
+    assert _fires("cache-hit-identical-prefix", t) == []
+    # without the rollback (r17 still at step 3's planned end) nothing fills block 4
+    before = dataclasses.replace(t.before, requests={
+        **t.before.requests, "r17": dataclasses.replace(t.before.requests["r17"], num_computed_tokens=10)})
+    assert _fires("cache-hit-identical-prefix", dataclasses.replace(t, before=before)) == [
+        "hit block 9 (index 4) was not cached under the request's key before the step, nor filled "
+        "by another request in it"
+    ]

@@ -93,6 +93,10 @@ def gate_command(gate: str, check_steps: int | None = None, shrink_time: float |
     return cmd
 
 
+#: a gate's verdict when its run outlived ``--timeout`` (neither killed nor survived)
+UNDECIDED = "undecided (wall-clock timeout)"
+
+
 def _run_gate(tree: Path, gate: str, against: str, timeout: float,
               check_steps: int | None = None, shrink_time: float | None = None, nice: int = 10) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "schedspec", *gate_command(gate, check_steps, shrink_time), "--against", against,
@@ -102,7 +106,10 @@ def _run_gate(tree: Path, gate: str, against: str, timeout: float,
         proc = subprocess.run(["nice", "-n", str(nice), *cmd], cwd=tree, capture_output=True, text=True,
                               timeout=timeout, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
     except subprocess.TimeoutExpired:
-        return {"verdict": "killed (timeout)", "seconds": round(time.monotonic() - start, 1)}
+        # the wall clock measures the machine's load, not the gate: a mutant
+        # that hangs a call is killed by the check's own call deadline, so
+        # an outer timeout is undecided (run again on resume)
+        return {"verdict": UNDECIDED, "seconds": round(time.monotonic() - start, 1)}
     seconds = round(time.monotonic() - start, 1)
     summary: dict[str, Any] = {}
     try:
@@ -170,7 +177,7 @@ def run_target(workdir: Path | None, target: str, timeout: float,
 
 def survived_every_gate(result: dict[str, Any]) -> bool:
     gates = [result[g] for g in GATES if g in result]
-    return bool(gates) and not any(g["verdict"].startswith("killed") for g in gates)
+    return bool(gates) and not any(g["verdict"].startswith("killed") or g["verdict"] == UNDECIDED for g in gates)
 
 
 def executed_lines(out: Path, steps: int) -> dict[str, set[int]]:
@@ -242,7 +249,9 @@ def table(results: list[dict[str, Any]], command: str) -> str:
                 timing += f"; steps run to it median {statistics.median(counts):g}, p90 {q90}, max {counts[-1]}"
         else:
             timing = "no failure"
-        lines.append(f"- {gate}: killed {len(killed)}/{len(rows)}; {timing}")
+        undecided = sum(r["verdict"] == UNDECIDED for r in rows)
+        lines.append(f"- {gate}: killed {len(killed)}/{len(rows)}" + (f", {undecided} undecided" if undecided else "")
+                     + f"; {timing}")
     survivors = [r for r in results if survived_every_gate(r)]
     if survivors:
         why = collections.Counter(str(r.get("reason", "not yet explained")) for r in survivors)
@@ -352,7 +361,7 @@ def main(argv: list[str]) -> int:
     for target in shard_of(targets, k, n):
         path = result_path(args.out, target)
         done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-        todo = tuple(g for g in gates if g not in done)
+        todo = tuple(g for g in gates if g not in done or done[g]["verdict"] == UNDECIDED)
         if not todo or any(done[g]["verdict"].startswith("killed") for g in GATES if g in done):
             continue  # every gate asked for ran, or one already killed it
         zoo_module = "tests.bugzoo.zoo_full" if args.zoo_as == "impl" else "tests.bugzoo.zoo"

@@ -216,3 +216,25 @@ def test_pack_and_unpack_carry_a_run_over(tmp_path: Path, capsys: pytest.Capture
     packed.write_text('{"target": "a"}\n{oops\n')
     assert gs.main(["unpack", str(packed), str(tmp_path / "bad")]) == 2
     assert "r.jsonl:2: not JSON" in capsys.readouterr().err
+
+
+def test_a_wall_clock_timeout_is_undecided_and_run_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def slow(*a: object, **k: object) -> None:
+        raise gs.subprocess.TimeoutExpired(cmd="check", timeout=5.0)
+    monkeypatch.setattr(gs.subprocess, "run", slow)
+    undecided = gs._run_gate(tmp_path, "check", "impl", 5.0)
+    assert undecided["verdict"] == gs.UNDECIDED
+    result = {"target": "zoo:Slow", "rule": "-", "check": undecided}
+    assert not gs.survived_every_gate(result)
+    assert "killed 0/1, 1 undecided" in gs.table([result], "cmd")
+    # a resumed run asks the gate again
+    monkeypatch.setattr(gs, "zoo_names", lambda: ["Slow"])
+    gs.result_path(tmp_path, "zoo:Slow").write_text(json.dumps(result))
+    calls: list[tuple[str, ...]] = []
+
+    def fake_run(w: object, t: str, to: float, gates: tuple[str, ...], *rest: object) -> dict[str, object]:
+        calls.append(gates)
+        return {"target": t, "rule": "-", **{g: {"verdict": "killed", "seconds": 1.0} for g in gates}}
+    monkeypatch.setattr(gs, "run_target", fake_run)
+    assert gs.main(["run", "-", "--sample", "0", "--zoo", "-1", "--out", str(tmp_path), "--gates", "check"]) == 0
+    assert calls == [("check",)]

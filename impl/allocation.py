@@ -240,8 +240,10 @@ class AllocationMixin:
         hit: list[int] = []
         parent: Parent = req.key_root
         marks = req.identity_marks
-        lookahead = self._hash_la  # only hashed blocks hit: num_tokens - L tokens
-        for i in range(max_hit_blocks(req.num_tokens - max(0, lookahead - 1), block_size)):
+        lookahead = self._hash_la  # the tokens after a block its key covers (EAGLE)
+        for i in range(max_hit_blocks(req.num_tokens, block_size)):
+            if lookahead > 1 and (i + 1) * block_size + lookahead > req.num_tokens:
+                break  # only hashed blocks hit: num_tokens - L tokens
             if marks and i in marks:
                 assert isinstance(parent, KeyNode)
                 parent = (parent, marks[i])

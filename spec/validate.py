@@ -287,10 +287,8 @@ def _check_drafter(config: ConfigFields) -> None:
     """The drafter is one of DRAFTERS. EAGLE's parts the spec does not model
     are refused: with a KV connector vLLM keeps the legacy block hashes and
     drops the trailing hit block instead (VllmConfig.num_hash_lookahead_tokens;
-    FullAttentionManager.find_longest_cache_hit with use_eagle), and with a
-    Mamba group it moves the state checkpoints
-    (kv_cache_utils.get_mamba_prefill_checkpoint_position with
-    num_hash_lookahead_tokens)."""
+    FullAttentionManager.find_longest_cache_hit with use_eagle). (A Mamba
+    group, whose checkpoints EAGLE moves, already refuses drafts.)"""
     drafter = getattr(config, "drafter", "ngram")
     if not isinstance(drafter, str) or drafter not in DRAFTERS:
         raise ConfigError("drafter", f"must be one of {', '.join(map(repr, DRAFTERS))}, got {drafter!r}")
@@ -298,10 +296,6 @@ def _check_drafter(config: ConfigFields) -> None:
         return
     if config.kv_connector:
         raise ConfigError("drafter", "\"eagle\" with a KV connector (the trailing-block drop) is not modelled")
-    if len(config.kv_cache_groups) > 1 or any(getattr(g, "kind", "") != "full_attention"
-                                              for g in config.kv_cache_groups):
-        raise ConfigError("drafter", "\"eagle\" is modelled with one full-attention KV cache group only "
-                                     "(a Mamba group's checkpoints move with it)")
 
 
 def _check_model_runner(config: ConfigFields) -> None:

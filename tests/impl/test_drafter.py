@@ -9,7 +9,7 @@ import random
 import pytest
 
 from schedspec.impl import ImplScheduler
-from schedspec.spec.interface import RequestSpec, SchedulerConfig, StepPlan, StepResult
+from schedspec.spec.interface import KVCacheGroup, RequestSpec, SchedulerConfig, StepPlan, StepResult
 from schedspec.spec.scheduler import SpecScheduler
 
 
@@ -82,10 +82,16 @@ def test_impl_skips_drafts_for_a_last_token() -> None:
     assert s.schedule().skip_drafts
 
 
-def test_impl_keys_and_events_as_the_spec_with_eagle() -> None:
+@pytest.mark.parametrize("groups", [
+    (),
+    (KVCacheGroup(), KVCacheGroup(kind="sliding_window", sliding_window=4)),
+    (KVCacheGroup(), KVCacheGroup(kind="chunked_local", attention_chunk_size=4)),
+])
+def test_impl_keys_and_events_as_the_spec_with_eagle(groups: tuple[KVCacheGroup, ...]) -> None:
     """EAGLE's hash lookahead: the impl's keys (views) and KV cache events,
-    lookahead_token_ids included, are the spec's, step after step."""
-    config = _config("eagle", "v1", False, enable_kv_cache_events=True)
+    lookahead_token_ids included, are the spec's, in the plain layout and
+    the hybrid ones."""
+    config = _config("eagle", "v1", False, enable_kv_cache_events=True, kv_cache_groups=groups)
     for seed in range(4):
         spec, impl = SpecScheduler(config), ImplScheduler(config)
         assert _drive(impl, seed, 30) == _drive(spec, seed, 30)

@@ -99,3 +99,16 @@ def test_impl_keys_and_events_as_the_spec_with_eagle(groups: tuple[KVCacheGroup,
         events = spec.take_kv_events()
         assert impl.take_kv_events() == events
         assert any(getattr(e, "lookahead_token_ids", None) for e in events)
+
+
+def test_impl_widens_the_encoder_window_with_eagle() -> None:
+    from schedspec.spec.interface import MMInput
+
+    config = _config("eagle", "v1", False, max_num_batched_tokens=8, max_num_seqs=2, max_num_encoder_input_tokens=8,
+                     encoder_cache_size=8)
+    request = RequestSpec("a", tuple(range(1, 17)), 2, mm_inputs=(MMInput(4, 4, "x"), MMInput(8, 4, "y")))
+    spec, impl = SpecScheduler(config), ImplScheduler(config)
+    spec.add(request)
+    impl.add(request)
+    plan = impl.schedule()
+    assert plan == spec.schedule() and plan.scheduled[0].encoder_inputs == (0, 1)

@@ -106,3 +106,19 @@ def test_a_hit_needs_the_token_after_the_block(drafter: str, hit: int) -> None:
     s.add(RequestSpec("c", (1, 2, 3, 4, 5, 9, 9, 9, 9), 5))
     entry = next(e for e in s.schedule().scheduled if e.request_id == "c")
     assert entry.num_computed_tokens == 4
+
+
+@pytest.mark.parametrize("drafter, inputs", [("ngram", (0,)), ("eagle", (0, 1))])
+def test_the_encoder_window_reaches_one_token_further(drafter: str, inputs: tuple[int, ...]) -> None:
+    """A chunk of 8 tokens (the budget) ending right before an encoder
+    input: EAGLE reads the next token, so that input runs in this step too
+    (Scheduler._try_schedule_encoder_inputs, shift_computed_tokens)."""
+    from schedspec.spec.interface import MMInput
+
+    config = _config(drafter, max_num_batched_tokens=8, max_num_seqs=2, max_num_encoder_input_tokens=8,
+                     encoder_cache_size=8)
+    s = SpecScheduler(config)
+    s.add(RequestSpec("a", tuple(range(1, 17)), 2, mm_inputs=(MMInput(4, 4, "x"), MMInput(8, 4, "y"))))
+    (entry,) = s.schedule().scheduled
+    assert entry.num_scheduled_tokens == 8
+    assert entry.encoder_inputs == inputs

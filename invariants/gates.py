@@ -318,14 +318,12 @@ def prefill_cadence(t: Transition, h: History) -> Iterator[Finding]:
 @transition_invariant(
     "encoder-budget",
     "A step runs encoder inputs of at most max_num_encoder_input_tokens embeddings in all, each "
-    "overlapping its request's scheduled tokens (and, with EAGLE, the token after them), and each "
-    "cached after the step; the identifiers "
+    "overlapping its request's scheduled tokens (EAGLE: one more), and each cached after the step; the identifiers "
     "it reports freed are no longer cached.",
     "vllm/v1/core/sched/scheduler.py, _try_schedule_encoder_inputs: encoder_compute_budget starts "
     "at max_num_encoder_input_tokens and each scheduled input's embeddings are taken from it "
     "(EncoderCacheManager.can_allocate checks it), only inputs overlapping "
-    "[num_computed_tokens, num_computed_tokens + num_new_tokens + shift_computed_tokens) are "
-    "scheduled (shift_computed_tokens = num_prefill_lookahead_tokens), "
+    "[num_computed_tokens, num_computed_tokens + num_new_tokens + shift_computed_tokens) are scheduled, "
     "_allocate_encoder_inputs reserves their cache space; get_freed_mm_hashes reports only "
     "entries not cached again.",
     ("schedule",),

@@ -325,11 +325,11 @@ def shared_blocks_identical_prefix(v: SchedulerView) -> Iterator[Finding]:
 @state_invariant(
     "cache-index-consistent",
     "block_keys and cache_index describe the same (key, block) pairs; each key is (salt, tokens) "
-    "with a non-empty whole number of blocks of tokens (and, with EAGLE's hash lookahead L, the L "
-    "tokens after the last block); blocks are usable ids, listed once per key.",
+    "with a non-empty whole number of blocks of tokens (plus EAGLE's lookahead); blocks are usable ids, "
+    "listed once per key.",
     "vllm/v1/core/block_pool.py, BlockHashToBlockMap and KVCacheBlock.block_hash: "
     "_insert_block_hash / _maybe_evict_cached_block keep the block's hash and the hash -> blocks "
-    "map in step; kv_cache_utils.py, get_request_block_hasher (the lookahead tokens).",
+    "map in step.",
     tags=("safety",),
 )
 def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
@@ -362,8 +362,7 @@ def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
 @state_invariant(
     "cached-block-content",
     "A held block that carries a key carries the key of its content: for every holder r at "
-    "index i of group g's table, key = group_block_key((r.salt, r.tokens[:(i+1)*block_size + L]), g) "
-    "(L: EAGLE's hash lookahead, else 0), "
+    "index i of group g's table, key = group_block_key((r.salt, r.tokens[:(i+1)*block_size+lookahead]), g), "
     "and the block is full of computed tokens.",
     "vllm/v1/core/block_pool.py, cache_full_blocks: a block gets the hash of the request's "
     "block_hashes[i] only once its tokens are all scheduled (kv_cache_manager.py, allocate_slots, "
@@ -434,8 +433,7 @@ def _promoted_full_load(v: SchedulerView, r: RequestView, i: int) -> bool:
     "every full-attention group and every block a chunked-local group still holds; with it off, "
     "no block does.",
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: cache_blocks(request, min(computed + new, "
-    "num_tokens)) hashes every block that becomes full, with EAGLE's hash lookahead once the tokens "
-    "after it are known (single_type_kv_cache_manager.py, "
+    "num_tokens)) hashes every block that becomes full (EAGLE: and its next token known; single_type_kv_cache_manager.py, "
     "cache_blocks; a chunked-local group keeps the base reachable_block_mask: every full block); "
     "with enable_caching False nothing is cached. A sliding-window group caches "
     "only the blocks a hit can reach (SlidingWindowManager.reachable_block_mask), which this "

@@ -15,7 +15,7 @@ from typing import Any
 from schedspec.spec.interface import SchedulerConfig
 
 from schedspec.impl.free_queue import FreeBlockQueue
-from schedspec.impl.kv_events import stored_run
+from schedspec.impl.kv_events import stored_keyed, stored_run
 from schedspec.impl.prefix_index import KeyNode, Parent, PrefixIndex
 from schedspec.impl.request import Request
 
@@ -36,6 +36,7 @@ class AllocationMixin:
     _bs: int
     _max_model_len: int
     _lookahead: int
+    _hash_la: int
     _caching: bool
     _hybrid: bool
     _ref: list[int]
@@ -109,6 +110,9 @@ class AllocationMixin:
         if self._hybrid:
             self._g_cache(req, upto)
             return
+        if self._hash_la:
+            self._register_lookahead(req, upto)
+            return
         block_size = self._bs
         num_full = upto // block_size
         first = req.num_cached_blocks
@@ -144,6 +148,37 @@ class AllocationMixin:
             prefix_index.register_chain(blocks, first, parent, chunks)
         if prefix_index.events is not None:
             prefix_index.events.append(stored_run(req, blocks, prefix_index.block_node, first, chunks, block_size))
+        req.num_cached_blocks = num_full
+        req.next_full_at = (num_full + 1) * block_size
+
+    def _register_lookahead(self, req: Request, upto: int) -> None:
+        """``_register`` with EAGLE's hash lookahead L: a block has a key
+        once the L tokens after it are known (``upto`` at most num_tokens -
+        L), and its key's own tokens run L past its end. ``next_full_at``
+        stays the block's end, a bound the callers test before calling."""
+        block_size, lookahead = self._bs, self._hash_la
+        num_full = min(upto, req.num_tokens - lookahead) // block_size
+        first = req.num_cached_blocks
+        if num_full <= first:
+            return
+        prefix_index = self._px
+        blocks = req.block_ids
+        parent: Parent = req.key_root
+        if first > 0:
+            node = prefix_index.block_node[blocks[first - 1]]
+            assert node is not None
+            parent = node
+        token_range = req.token_range
+        chunks = [token_range(x, x + block_size + lookahead)
+                  for x in range(first * block_size, num_full * block_size, block_size)]
+        if req.identity_marks:
+            prefix_index.register_marked(blocks, first, parent, chunks, req.identity_marks)
+        else:
+            prefix_index.register_chain(blocks, first, parent, chunks)
+        if prefix_index.events is not None:
+            prefix_index.events.append(stored_keyed(req, blocks, prefix_index.block_node, first, num_full,
+                                                    list(range(first, num_full)), block_size, 0,
+                                                    "full_attention", lookahead))
         req.num_cached_blocks = num_full
         req.next_full_at = (num_full + 1) * block_size
 
@@ -205,11 +240,14 @@ class AllocationMixin:
         hit: list[int] = []
         parent: Parent = req.key_root
         marks = req.identity_marks
+        lookahead = self._hash_la  # the tokens after a block its key covers (EAGLE)
         for i in range(max_hit_blocks(req.num_tokens, block_size)):
+            if lookahead > 1 and (i + 1) * block_size + lookahead > req.num_tokens:
+                break  # only hashed blocks hit: num_tokens - L tokens
             if marks and i in marks:
                 assert isinstance(parent, KeyNode)
                 parent = (parent, marks[i])
-            node = lookup(parent, req.token_range(i * block_size, (i + 1) * block_size))
+            node = lookup(parent, req.token_range(i * block_size, (i + 1) * block_size + lookahead))
             if node is None:
                 break
             hit.append(node.holders[0])

@@ -21,6 +21,7 @@ class GatesMixin:
     """ImplScheduler's gate rules."""
 
     # provided by ImplScheduler
+    _prefill_la: int
     _encoder_cache: EncoderCache | None
     _gated: bool
     _general: bool
@@ -57,7 +58,7 @@ class GatesMixin:
         duplicates: list[int] = []
         identifiers: set[str] = set()
         taken = 0
-        end = start + num_tokens
+        end = start + num_tokens + self._prefill_la  # EAGLE reads one token past the chunk
         for i, mm_input in enumerate(req.mm_inputs):
             offset = mm_input.offset
             if offset >= end or offset + mm_input.length <= start:

@@ -63,23 +63,24 @@ def _stored(block_keys: tuple[BlockKey, ...], parent_key: BlockKey | None, token
     fields["group"] = group
     fields["kind"] = kind
     fields["reused"] = False
+    fields["lookahead_token_ids"] = None
     return event
 
 
-def request_key(req: Request, i: int, block_size: int) -> BlockKey:
+def request_key(req: Request, i: int, block_size: int, lookahead: int = 0) -> BlockKey:
     """The group-0 key of block ``i`` of ``req`` (RequestSpec.block_identity
-    and every token through the block)."""
-    end = (i + 1) * block_size
+    and every token through the block, and the ``lookahead`` after it)."""
+    end = (i + 1) * block_size + lookahead
     return (req.spec.block_identity(end), req.token_range(0, end))
 
 
 def _parent_key(req: Request, table: Sequence[int], block_node: Sequence[KeyNode | None], start: int,
-                block_size: int) -> BlockKey:
+                block_size: int, lookahead: int = 0) -> BlockKey:
     """The key of block ``start - 1``: read off its node where the node has
     one, else computed from the request."""
     up = block_node[table[start - 1]]
     ekey = None if up is None else up.ekey
-    return request_key(req, start - 1, block_size) if ekey is None else ekey[0]
+    return request_key(req, start - 1, block_size, lookahead) if ekey is None else ekey[0]
 
 
 def stored_run(req: Request, blocks: Sequence[int], block_node: Sequence[KeyNode | None], first: int,
@@ -114,44 +115,56 @@ def stored_run(req: Request, blocks: Sequence[int], block_node: Sequence[KeyNode
 
 
 def stored_keyed(req: Request, table: Sequence[int], block_node: Sequence[KeyNode | None], start: int,
-                 end: int, kept: list[int], block_size: int, group: int, kind: str) -> BlockStored:
+                 end: int, kept: list[int], block_size: int, group: int, kind: str,
+                 lookahead: int = 0) -> BlockStored:
     """The BlockStored of blocks ``start .. end - 1`` of a group's table, of
     which those in ``kept`` are registered (a sliding window's mask skips
     some), the parent key read off the node of block ``start - 1`` where it
     has one, and each kept block's node (``block_node[table[i]]``) given the
     key and group its BlockRemoved will name, where it has none yet (a node
-    is one key: a second holder's key is the same)."""
-    # one tuple of the tokens through block end - 1, each key a slice of it;
-    # the identity computed once where it is the same for every block (no
-    # identity marks: RequestSpec.block_identity of block 0)
-    tokens = req.token_range(0, end * block_size)
-    if req.identity_marks:
-        keys = tuple((req.spec.block_identity((i + 1) * block_size), tokens[: (i + 1) * block_size]) for i in kept)
+    is one key: a second holder's key is the same). With hash lookahead L
+    each key runs L tokens past its block, and the event names those tokens
+    (BlockPool._lookahead_token_ids)."""
+    # one tuple of the tokens through block end - 1 (and L after), each key a
+    # slice of it; the identity computed once where it is the same for every
+    # block (no identity marks: RequestSpec.block_identity of block 0)
+    tokens = req.token_range(0, end * block_size + lookahead)
+    if req.identity_marks or lookahead:
+        keys = tuple((req.spec.block_identity((i + 1) * block_size + lookahead),
+                      tokens[: (i + 1) * block_size + lookahead]) for i in kept)
     else:
         spec = req.spec
         # block_identity is the bare salt without an adapter or encoder input
         identity = spec.salt if not (spec.lora_id or spec.mm_inputs) else spec.block_identity(block_size)
         keys = tuple((identity, tokens[: (i + 1) * block_size]) for i in kept)
-    parent_key = _parent_key(req, table, block_node, start, block_size) if start > 0 else None
+    parent_key = _parent_key(req, table, block_node, start, block_size, lookahead) if start > 0 else None
     for i, key in zip(kept, keys):
         node = block_node[table[i]]
         if node is not None and node.ekey is None:
             node.ekey = (key, group)
-    return _stored(keys, parent_key, tokens[start * block_size :], block_size, req.spec.lora_id or None, group,
-                   KINDS[kind].vllm_kind)
+    event = _stored(keys, parent_key, tokens[start * block_size : end * block_size], block_size,
+                    req.spec.lora_id or None, group, KINDS[kind].vllm_kind)
+    if lookahead:
+        event.__dict__["lookahead_token_ids"] = tuple(
+            tokens[(i + 1) * block_size : (i + 1) * block_size + lookahead] for i in kept)
+    return event
 
 
-def reused(req: Request, counts: Sequence[int], kinds: Sequence[str], block_size: int) -> list[BlockStored]:
+def reused(req: Request, counts: Sequence[int], kinds: Sequence[str], block_size: int,
+           lookahead: int = 0) -> list[BlockStored]:
     """The "reused" BlockStored of a prefix hit of a request whose
     kv_cache_report_mode is "full" (spec/kv_events.py): for each group g
     with ``counts[g]`` > 0 hit blocks, the request's keys of blocks 0 ..
-    counts[g] - 1, parent None, their tokens (one token tuple sliced)."""
+    counts[g] - 1, parent None, their tokens (one token tuple sliced); with
+    hash lookahead L, keys L tokens longer and those tokens named."""
     top = max(counts, default=0)
-    tokens = req.token_range(0, top * block_size)
+    tokens = req.token_range(0, top * block_size + lookahead)
     marks = req.identity_marks
     spec = req.spec
-    plain = None if marks else (spec.salt if not (spec.lora_id or spec.mm_inputs) else spec.block_identity(block_size))
-    keys = tuple((plain if plain is not None else spec.block_identity((i + 1) * block_size), tokens[: (i + 1) * block_size])
+    plain = None if marks or lookahead else (
+        spec.salt if not (spec.lora_id or spec.mm_inputs) else spec.block_identity(block_size))
+    keys = tuple((plain if plain is not None else spec.block_identity((i + 1) * block_size + lookahead),
+                  tokens[: (i + 1) * block_size + lookahead])
                  for i in range(top))
     return [
         BlockStored(
@@ -164,6 +177,8 @@ def reused(req: Request, counts: Sequence[int], kinds: Sequence[str], block_size
             group=g,
             kind=KINDS[kinds[g]].vllm_kind,
             reused=True,
+            lookahead_token_ids=tuple(tokens[(i + 1) * block_size : (i + 1) * block_size + lookahead]
+                                      for i in range(n)) if lookahead else None,
         )
         for g, n in enumerate(counts) if n
     ]

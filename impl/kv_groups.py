@@ -186,6 +186,7 @@ class GroupsMixin(Generic[Q]):
     _fq: Any
     _px: PrefixIndex
     _caching: bool
+    _hash_la: int
     _layout: Layout
     #: the keys a Mamba group cached this step (MambaManager.cached_blocks_this_step)
     _cached_now: set[Any]
@@ -278,7 +279,7 @@ class GroupsMixin(Generic[Q]):
             if marks and i in marks and i > 0:
                 assert isinstance(parent, KeyNode)
                 parent = (parent, marks[i])
-            ikey = (parent, req.token_range(i * bs, (i + 1) * bs))
+            ikey = (parent, req.token_range(i * bs, (i + 1) * bs + self._hash_la))
             node = intern.get(ikey)
             if node is None:
                 if not create:
@@ -316,16 +317,17 @@ class GroupsMixin(Generic[Q]):
             if marks and i in marks:
                 _, marks = self._roots(req, g)
                 parent = (prev, marks[i])
-        self._px.register(block, parent, req.token_range(i * bs, (i + 1) * bs))
+        self._px.register(block, parent, req.token_range(i * bs, (i + 1) * bs + self._hash_la))
 
     def _g_cache(self, req: Q, num_tokens: int) -> None:
         """KVCacheCoordinator.cache_blocks: the blocks full at ``num_tokens``
         (at most the known tokens) get their group's key, a sliding-window
-        group's only those its mask keeps; the null block never."""
+        group's only those its mask keeps; the null block never. With EAGLE's
+        hash lookahead L a block waits for the L tokens after it."""
         if not self._caching:
             return
         bs = self._bs
-        num_tokens = min(num_tokens, req.num_tokens)
+        num_tokens = min(num_tokens, req.num_tokens - self._hash_la)
         lay = self._layout
         boundaries = [req.num_prompt_tokens - 1] + ([req.shared_prefix_end] if req.shared_prefix_end else [])
         for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
@@ -344,7 +346,8 @@ class GroupsMixin(Generic[Q]):
             if self._px.events is not None:
                 kept = [i for i in range(start, end) if table[i] != NULL and (mask is None or mask[i - start])]
                 self._px.events.append(
-                    stored_keyed(req, table, self._px.block_node, start, end, kept, bs, g, lay.groups[g].kind))
+                    stored_keyed(req, table, self._px.block_node, start, end, kept, bs, g, lay.groups[g].kind,
+                                 self._hash_la))
             if g == 0:
                 req.num_cached_blocks = end
             else:
@@ -366,7 +369,7 @@ class GroupsMixin(Generic[Q]):
         if not self._caching:
             return [[] for _ in lay.groups], 0
         bs = self._bs
-        max_length = req.num_tokens - 1
+        max_length = req.num_tokens - max(1, self._hash_la)  # only hashed blocks hit
         max_blocks = max_length // bs
         chains: dict[int, list[KeyNode | None]] = {}
 

@@ -66,8 +66,10 @@ class KeyNode:
     def tokens(self) -> tuple[int, ...]:
         return self.ikey[1]
 
-    def full_key(self) -> BlockKey:
-        """The spec's BlockKey of this node (slow; for views)."""
+    def full_key(self, lookahead: int = 0) -> BlockKey:
+        """The spec's BlockKey of this node (slow; for views). With hash
+        lookahead each node's tokens end with the ``lookahead`` tokens after
+        its block, which the next node's tokens repeat."""
         chunks: list[tuple[int, ...]] = []
         identity: str | None = None
         node: KeyNode = self
@@ -85,8 +87,9 @@ class KeyNode:
                     identity = parent
                 break
         toks: list[int] = []
-        for c in reversed(chunks):
-            toks.extend(c)
+        for c in reversed(chunks[1:]):
+            toks.extend(c[: len(c) - lookahead])
+        toks.extend(chunks[0])
         return (identity, tuple(toks))
 
 
@@ -107,9 +110,11 @@ class PrefixIndex:
     """Intern table plus per-block key. ``block_node[b]`` is the key node of
     block ``b`` or None."""
 
-    __slots__ = ("intern", "block_node", "events")
+    __slots__ = ("intern", "block_node", "events", "lookahead")
 
     def __init__(self, num_blocks: int) -> None:
+        #: the tokens after a block its key covers (EAGLE's hash lookahead)
+        self.lookahead = 0
         self.intern: dict[tuple[Parent, tuple[int, ...]], KeyNode] = {}
         self.block_node: list[KeyNode | None] = [None] * num_blocks
         #: the KV cache events since the last take (impl/kv_events.py); None: off
@@ -185,7 +190,7 @@ class PrefixIndex:
         if self.events is not None:  # BlockPool._emit_block_removed_events
             ekey = node.ekey
             if ekey is None:
-                key = node.full_key()
+                key = node.full_key(self.lookahead)
                 ekey = (plain_key(key), block_key_group(key))
             self.events.append(removed(ekey))
         self.block_node[block] = None
@@ -222,6 +227,7 @@ class PrefixIndex:
         new.intern = intern
         new.block_node = [None if nd is None else remap[id(nd)] for nd in self.block_node]
         new.events = None if self.events is None else self.events[:]
+        new.lookahead = self.lookahead
         return new
 
     def clear(self) -> None:
@@ -239,7 +245,7 @@ class PrefixIndex:
                 continue
             key = memo.get(id(node))
             if key is None:
-                key = node.full_key()
+                key = node.full_key(self.lookahead)
                 memo[id(node)] = key
                 index[key] = tuple(node.holders)
             block_keys[b] = key

@@ -146,6 +146,7 @@ class Request:
         block_size: int,
         caching: bool,
         stop_sets: dict[frozenset[int], frozenset[int]],
+        hash_lookahead: int = 0,
     ) -> None:
         self.request_id = spec.request_id
         self.spec = spec
@@ -168,8 +169,9 @@ class Request:
         self.next_full_at = block_size if caching else NEVER
         self.num_preemptions = 0
         # the root of the block keys' chain: the salt, or the identity with
-        # the LoRA adapter and the encoder inputs of block 0
-        self.key_root = spec.block_identity(block_size)
+        # the LoRA adapter and the encoder inputs of block 0 (and, with hash
+        # lookahead L, of the L tokens after it)
+        self.key_root = spec.block_identity(block_size + hash_lookahead)
         self.priority = spec.priority
         self.arrival = spec.arrival
         stop = set(spec.stop_token_ids)
@@ -210,11 +212,12 @@ class Request:
         self.mm_inputs = spec.mm_inputs
         marks = _NO_MARKS  # shared while empty: one allocation less per request
         for m in spec.mm_inputs:
-            i = m.offset // block_size
+            # the first block whose key (its tokens and L after) reaches the input
+            i = (m.offset - hash_lookahead) // block_size
             if i > 0:
                 if marks is _NO_MARKS:
                     marks = {}
-                marks[i] = spec.block_identity((i + 1) * block_size)
+                marks[i] = spec.block_identity((i + 1) * block_size + hash_lookahead)
         self.identity_marks = marks
         self.last_scheduled_seq = 0
         self.group_block_ids: list[list[int]] = []

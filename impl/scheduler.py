@@ -129,6 +129,11 @@ class ImplScheduler(
         self._ref: list[int] = [0] * num_blocks
         self._fq = FreeBlockQueue(num_blocks)
         self._px = PrefixIndex(num_blocks)
+        # EAGLE's hash lookahead: a block's key covers the tokens after it
+        # (VllmConfig.num_hash_lookahead_tokens; impl/allocation.py)
+        self._hash_la = self._px.lookahead = config.num_hash_lookahead_tokens
+        # EAGLE's prefill lookahead: the encoder-input window reaches past the chunk
+        self._prefill_la = config.num_prefill_lookahead_tokens
         if config.enable_kv_cache_events:  # impl/kv_events.py
             self._px.events = []
         # requests and queues
@@ -216,7 +221,7 @@ class ImplScheduler(
                 self._mm_lengths[m.identifier] = m.length
         if request.resumable:
             check_resumable(request, self._config)
-        req = Request(request, self._max_model_len, self._bs, self._caching, self._stop_sets)
+        req = Request(request, self._max_model_len, self._bs, self._caching, self._stop_sets, self._hash_la)
         if self._hybrid:
             num_other = len(self._layout.groups) - 1
             req.group_block_ids = [[] for _ in range(num_other)]

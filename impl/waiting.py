@@ -76,6 +76,7 @@ class WaitingPhase:
     _group_tuples: Any
     _advance: Any
     _caching: bool
+    _hash_la: int
     _log_stats: bool
     _stats_lookup: Any
     _num_waiting_for_streaming: int
@@ -170,7 +171,8 @@ class WaitingPhase:
         if length and self._px.events is not None and req.spec.kv_cache_report_mode == "full":
             # KVCacheManager.get_computed_blocks: the hit reported at lookup (spec/kv_events.py, "reused")
             counts = [len(h) for h in hit] if self._hybrid else [len(hit)]
-            self._px.events.extend(reused(req, counts, [g.kind for g in self._layout.groups], bs))
+            self._px.events.extend(reused(req, counts, [g.kind for g in self._layout.groups], bs,
+                                          self._hash_la))
         if not self._connector:
             return hit, computed, 0
         external, load_async = self._external_tokens(req, computed)

@@ -29,11 +29,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def block_key(r: RequestView, index: int, block_size: int) -> BlockKey:
+def block_key(r: RequestView, index: int, block_size: int, lookahead: int = 0) -> BlockKey:
     """The content key block ``index`` of ``r`` must carry once it is full:
     its identity (cache salt, LoRA adapter, encoder inputs started before the
-    block's end; RequestView.block_identity) and its token prefix."""
-    end = (index + 1) * block_size
+    block's end; RequestView.block_identity) and its token prefix, both
+    reaching ``lookahead`` tokens past the block with EAGLE's hash lookahead
+    (SchedulerConfig.num_hash_lookahead_tokens; kv_cache_utils.py,
+    get_request_block_hasher)."""
+    end = (index + 1) * block_size + lookahead
     return (r.block_identity(end), r.all_token_ids[:end])
 
 
@@ -247,10 +250,11 @@ def prefix_hit(view: SchedulerView, r: RequestView) -> list[int]:
     find_longest_cache_hit)."""
     if not view.config.enable_prefix_caching:
         return []
-    bs = view.config.block_size
+    # with hash lookahead L only the hashed blocks hit: num_tokens - L tokens
+    bs, lookahead = view.config.block_size, view.config.num_hash_lookahead_tokens
     hit: list[int] = []
-    for i in range((r.num_tokens - 1) // bs):
-        blocks = view.kv.cache_index.get(block_key(r, i, bs), ())
+    for i in range((r.num_tokens - max(1, lookahead)) // bs):
+        blocks = view.kv.cache_index.get(block_key(r, i, bs, lookahead), ())
         if not blocks:
             break
         hit.append(blocks[0])

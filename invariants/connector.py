@@ -242,7 +242,8 @@ def _load_findings(t: Transition, load: KVLoad, bs: int, entry: ScheduledRequest
         yield rid, f"load starts at {load.start}, inside a block: the local hit is whole blocks"
     for i in range(min(load.start // bs, len(a.block_ids))):
         blk = a.block_ids[i]
-        if blk != NULL_BLOCK and t.after.kv.block_keys.get(blk) != block_key(b, i, bs):
+        if blk != NULL_BLOCK and t.after.kv.block_keys.get(blk) != block_key(
+                b, i, bs, t.after.config.num_hash_lookahead_tokens):
             yield rid, f"load starts at {load.start} but block {blk} (index {i}) is not a hit on the request's key"
     if tuple(a.block_ids[: len(load.block_ids)]) != load.block_ids or len(load.block_ids) < cdiv(load.end, bs):
         yield rid, f"load blocks {list(load.block_ids)} are not its table {list(a.block_ids)} covering {load.end} tokens"

@@ -318,12 +318,12 @@ def prefill_cadence(t: Transition, h: History) -> Iterator[Finding]:
 @transition_invariant(
     "encoder-budget",
     "A step runs encoder inputs of at most max_num_encoder_input_tokens embeddings in all, each "
-    "overlapping its request's scheduled tokens, and each cached after the step; the identifiers "
+    "overlapping its request's scheduled tokens (EAGLE: one more), and each cached after the step; the identifiers "
     "it reports freed are no longer cached.",
     "vllm/v1/core/sched/scheduler.py, _try_schedule_encoder_inputs: encoder_compute_budget starts "
     "at max_num_encoder_input_tokens and each scheduled input's embeddings are taken from it "
     "(EncoderCacheManager.can_allocate checks it), only inputs overlapping "
-    "[num_computed_tokens, num_computed_tokens + num_new_tokens) are scheduled, "
+    "[num_computed_tokens, num_computed_tokens + num_new_tokens + shift_computed_tokens) are scheduled, "
     "_allocate_encoder_inputs reserves their cache space; get_freed_mm_hashes reports only "
     "entries not cached again.",
     ("schedule",),
@@ -339,6 +339,7 @@ def encoder_budget(t: Transition, h: History) -> Iterator[Finding]:
         if r is None:
             continue
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_scheduled_tokens
+        end += a.config.num_prefill_lookahead_tokens  # EAGLE reads the token after the chunk
         for i in s.encoder_inputs:
             if not 0 <= i < len(r.spec.mm_inputs):
                 yield s.request_id, f"runs encoder input {i}, which it does not have"

@@ -248,7 +248,7 @@ def groups_prefix_hit_valid(t: Transition, h: History) -> Iterator[Finding]:
                             f"{attended_span(grp)}"
                         )
                     continue
-                want = group_block_key(block_key(b, i, bs), g)
+                want = group_block_key(block_key(b, i, bs, t.after.config.num_hash_lookahead_tokens), g)
                 if t.after.kv.block_keys.get(x) != want:
                     yield rid, f"hit block {x} (index {i}, group {g}) does not carry the group's key for the request"
                 elif t.before.kv.block_keys.get(x) != want and x not in filled:

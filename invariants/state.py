@@ -314,7 +314,8 @@ def shared_blocks_identical_prefix(v: SchedulerView) -> Iterator[Finding]:
                     f"shares block {b} (index {i}) but has only {r.num_computed_tokens} computed "
                     f"tokens: the block is not full ({(i + 1) * bs} needed)"
                 )
-            if rid != rid0 and block_key(r, i, bs) != block_key(r0, i0, bs):
+            la = v.config.num_hash_lookahead_tokens
+            if rid != rid0 and block_key(r, i, bs, la) != block_key(r0, i0, bs, la):
                 yield rid, (
                     f"shares block {b} (index {i}) with {rid0} but their salt or tokens "
                     f"[:{(i + 1) * bs}] differ"
@@ -324,7 +325,8 @@ def shared_blocks_identical_prefix(v: SchedulerView) -> Iterator[Finding]:
 @state_invariant(
     "cache-index-consistent",
     "block_keys and cache_index describe the same (key, block) pairs; each key is (salt, tokens) "
-    "with a non-empty whole number of blocks of tokens; blocks are usable ids, listed once per key.",
+    "with a non-empty whole number of blocks of tokens (plus EAGLE's lookahead); blocks are usable ids, "
+    "listed once per key.",
     "vllm/v1/core/block_pool.py, BlockHashToBlockMap and KVCacheBlock.block_hash: "
     "_insert_block_hash / _maybe_evict_cached_block keep the block's hash and the hash -> blocks "
     "map in step.",
@@ -332,15 +334,15 @@ def shared_blocks_identical_prefix(v: SchedulerView) -> Iterator[Finding]:
 )
 def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
     kv = v.kv
-    bs = v.config.block_size
+    bs, la = v.config.block_size, v.config.num_hash_lookahead_tokens
     for b, key in kv.block_keys.items():
         if not 1 <= b < kv.num_blocks:
             yield None, f"block_keys names block {b}, outside 1..{kv.num_blocks - 1}"
         salt, toks = key
-        if not isinstance(salt, str) or len(toks) == 0 or len(toks) % bs != 0:
+        if not isinstance(salt, str) or len(toks) <= la or (len(toks) - la) % bs != 0:
             yield None, (
                 f"block {b} has a malformed key: salt {salt!r}, {len(toks)} tokens "
-                f"(want a positive multiple of {bs})"
+                f"(want a positive multiple of {bs}" + (f" plus {la})" if la else ")")
             )
         if b not in kv.cache_index.get(key, ()):
             yield None, f"block {b} has a key that cache_index does not list it under"
@@ -360,7 +362,7 @@ def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
 @state_invariant(
     "cached-block-content",
     "A held block that carries a key carries the key of its content: for every holder r at "
-    "index i of group g's table, key = group_block_key((r.salt, r.tokens[:(i+1)*block_size]), g), "
+    "index i of group g's table, key = group_block_key((r.salt, r.tokens[:(i+1)*block_size+lookahead]), g), "
     "and the block is full of computed tokens.",
     "vllm/v1/core/block_pool.py, cache_full_blocks: a block gets the hash of the request's "
     "block_hashes[i] only once its tokens are all scheduled (kv_cache_manager.py, allocate_slots, "
@@ -373,7 +375,7 @@ def cache_index_consistent(v: SchedulerView) -> Iterator[Finding]:
     tags=("safety",),
 )
 def cached_block_content(v: SchedulerView) -> Iterator[Finding]:
-    bs = v.config.block_size
+    bs, la = v.config.block_size, v.config.num_hash_lookahead_tokens
     for rid, r in v.requests.items():
         for g, table in enumerate(tables(r)):
             for i, b in enumerate(table):
@@ -381,7 +383,7 @@ def cached_block_content(v: SchedulerView) -> Iterator[Finding]:
                 if key is None:
                     continue
                 where = f"block {b} (index {i}{f', group {g}' if g else ''})"
-                if key != group_block_key(block_key(r, i, bs), g):
+                if key != group_block_key(block_key(r, i, bs, la), g):
                     yield rid, (
                         f"{where} is keyed by a salt/tokens prefix of {len(key[1])} tokens "
                         f"that differs from the request's own (salt {r.salt!r}, tokens [:{(i + 1) * bs}]"
@@ -431,7 +433,7 @@ def _promoted_full_load(v: SchedulerView, r: RequestView, i: int) -> bool:
     "every full-attention group and every block a chunked-local group still holds; with it off, "
     "no block does.",
     "vllm/v1/core/kv_cache_manager.py, allocate_slots: cache_blocks(request, min(computed + new, "
-    "num_tokens)) hashes every block that becomes full (single_type_kv_cache_manager.py, "
+    "num_tokens)) hashes every block that becomes full (EAGLE: and its next token known; single_type_kv_cache_manager.py, "
     "cache_blocks; a chunked-local group keeps the base reachable_block_mask: every full block); "
     "with enable_caching False nothing is cached. A sliding-window group caches "
     "only the blocks a hit can reach (SlidingWindowManager.reachable_block_mask), which this "
@@ -455,7 +457,9 @@ def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
         # only known tokens are cached: not in-flight placeholders or drafts
         # (kv_cache_manager.py, allocate_slots caps at request.num_tokens;
         # update_from_output caches num_computed_tokens - num_in_flight_tokens)
-        known = min(r.num_computed_tokens - r.num_output_placeholders, r.num_tokens)
+        # and with EAGLE's hash lookahead L a block waits for the L tokens after
+        # it (kv_cache_utils.py, get_request_block_hasher)
+        known = min(r.num_computed_tokens - r.num_output_placeholders, r.num_tokens - v.config.num_hash_lookahead_tokens)
         for g, table in enumerate(tables(r)):
             if g in sw:
                 continue  # a sliding window caches only the blocks a hit can reach

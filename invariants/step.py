@@ -454,7 +454,7 @@ def cache_hit_identical_prefix(t: Transition, h: History) -> Iterator[Finding]:
             blk = s.block_ids[i]
             if blk == 0:
                 continue  # a sliding-window group's skipped place (groups-prefix-hit-valid)
-            want = block_key(b, i, bs)
+            want = block_key(b, i, bs, t.after.config.num_hash_lookahead_tokens)
             if t.after.kv.block_keys.get(blk) != want:
                 yield rid, f"hit block {blk} (index {i}) does not carry the request's key after the step"
             elif t.before.kv.block_keys.get(blk) != want and blk not in others:

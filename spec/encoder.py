@@ -30,6 +30,7 @@ from schedspec.spec.kv_cache import EncoderCache
 from schedspec.spec.step_state import StepState
 
 if TYPE_CHECKING:
+    from schedspec.spec.interface import SchedulerConfig
     from schedspec.spec.request_state import RequestState as _Request
 
 
@@ -47,6 +48,7 @@ class EncoderMixin(CountsRules):
     """SpecScheduler's encoder part (its EncoderCache is ``encoder``)."""
 
     encoder: EncoderCache
+    _config: SchedulerConfig
 
     def _free_encoder_refs(self, req: _Request) -> None:
         """encoder_cache_manager.free(request): drop every encoder-cache
@@ -62,14 +64,16 @@ class EncoderMixin(CountsRules):
         (the request takes a reference); the first that does not fit the
         encoder budget or the cache (can_allocate, which evicts freeable
         entries to make room) stops the scan and cuts the chunk just before
-        it, or to nothing when the chunk starts inside it."""
+        it, or to nothing when the chunk starts inside it. EAGLE reads one
+        token past the chunk, so the window reaches
+        num_prefill_lookahead_tokens further (``shift_computed_tokens``)."""
         mm = req.spec.mm_inputs if n > 0 else ()  # no tokens: no input runs
         rid = req.request_id
         to_run: list[int] = []
         duplicates: list[int] = []
         running_now: set[str] = set()
         num_embeds = 0
-        end = num_computed + n
+        end = num_computed + n + self._config.num_prefill_lookahead_tokens
         for i, m in enumerate(mm):
             if m.end <= num_computed or m.offset >= end:
                 continue  # outside the window

@@ -363,8 +363,11 @@ class SchedulerConfig:
     #: "v2" is Model Runner V2, whose decisions spec/runner_v2.py models
     model_runner: str = field(default="v1", metadata=declare(choices=MODEL_RUNNERS, since=7))
     #: the drafter of speculative decoding (vLLM's SpeculativeConfig.method):
-    #: "draft_model" reserves lookahead slots (``num_lookahead_tokens``)
-    drafter: str = field(default="ngram", metadata=declare(choices=DRAFTERS, since=7))
+    #: "draft_model" and "eagle" reserve lookahead slots (``num_lookahead_tokens``);
+    #: "eagle" also hashes each block with the token after it
+    #: (``num_hash_lookahead_tokens``); "eagle" came with trace format 8
+    drafter: str = field(default="ngram", metadata=declare(choices=DRAFTERS, since=7,
+                                                           choices_since=(("eagle", 8),)))
 
     def __post_init__(self) -> None:
         validate_config(self, Policy, KVCacheGroup)
@@ -407,8 +410,30 @@ class SchedulerConfig:
     def num_lookahead_tokens(self) -> int:
         """KV slots reserved past the scheduled tokens for the drafter
         (vllm/config/vllm.py, VllmConfig.num_lookahead_tokens): 0 for the
-        ngram method, num_speculative_tokens for a draft model."""
-        return self.num_speculative_tokens if self.drafter == "draft_model" else 0
+        ngram method, num_speculative_tokens for a draft model or EAGLE
+        (use_eagle() or uses_draft_model())."""
+        return self.num_speculative_tokens if self.drafter in ("draft_model", "eagle") else 0
+
+    @property
+    def num_prefill_lookahead_tokens(self) -> int:
+        """Prefill tokens past the scheduled ones the drafter reads
+        (vllm/config/vllm.py, VllmConfig.num_prefill_lookahead_tokens): 1 for
+        EAGLE (it reads the next token), 0 for the others. It widens the
+        encoder-input window (Scheduler._try_schedule_encoder_inputs,
+        shift_computed_tokens); the chunk-end reserve
+        (Scheduler._reserve_prefill_lookahead) never binds at 1."""
+        return 1 if self.drafter == "eagle" and self.num_speculative_tokens else 0
+
+    @property
+    def num_hash_lookahead_tokens(self) -> int:
+        """Tokens after a block that its prefix-cache key covers
+        (vllm/config/vllm.py, VllmConfig.num_hash_lookahead_tokens): EAGLE's
+        prefill lookahead with prefix caching on and no KV connector, else 0.
+        With it the scheduler clears use_eagle_block_drop (Scheduler.__init__:
+        "Lookahead hashes prove the boundary token"), so no hit drops a block."""
+        if self.kv_connector or not self.enable_prefix_caching:
+            return 0
+        return self.num_prefill_lookahead_tokens
 
     @property
     def num_draft_slots(self) -> int:
@@ -1179,6 +1204,10 @@ class BlockStored:
     #: no block changes); vLLM's event does not say so, the adapter marks
     #: what that method queued
     reused: bool = False
+    #: per block, the tokens after it that its key covers (vLLM's
+    #: BlockStored.lookahead_token_ids, BlockPool._lookahead_token_ids); None
+    #: without hash lookahead (SchedulerConfig.num_hash_lookahead_tokens)
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,12 @@ class CacheHit(NamedTuple):
 
 class KVPool(CountsRules):
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 rules: Counter[str] | None = None, layout: GroupLayout | None = None) -> None:
+                 rules: Counter[str] | None = None, layout: GroupLayout | None = None,
+                 hash_lookahead: int = 0) -> None:
         self.num_blocks = num_blocks
+        # Tokens after a block its key covers (BlockPool.num_hash_lookahead_tokens):
+        # the stored events then carry them (lookahead_token_ids).
+        self.hash_lookahead = hash_lookahead
         self.block_size = block_size
         self.enable_caching = enable_caching
         # The KV cache groups (immutable, shared by clones); one full-attention
@@ -458,7 +462,17 @@ class KVPool(CountsRules):
             medium=MEDIUM_GPU,
             group=group,
             kind=KINDS[kind].vllm_kind,
+            lookahead_token_ids=self._lookahead_tokens(keep, key_of),
         )
+
+    def _lookahead_tokens(self, blocks: Sequence[int], key_of: Callable[[int], BlockKey]
+                          ) -> tuple[tuple[int, ...], ...] | None:
+        """BlockPool._lookahead_token_ids for each of ``blocks`` (indices):
+        the tokens its key covers past its end; None without hash lookahead."""
+        if not self.hash_lookahead:
+            return None
+        bs = self.layout.block_size
+        return tuple(key_of(i)[1][(i + 1) * bs:] for i in blocks)
 
     def emit_cached_block_events(self, hit: Sequence[Sequence[int]], key_of: Callable[[int], BlockKey],
                                  lora_id: int) -> None:
@@ -485,6 +499,7 @@ class KVPool(CountsRules):
                 group=g,
                 kind=KINDS[group.kind].vllm_kind,
                 reused=True,
+                lookahead_token_ids=self._lookahead_tokens(range(n), key_of),
             ))
 
     def pop_blocks_for_free(self, req: GroupTables) -> list[int]:

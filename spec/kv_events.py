@@ -87,6 +87,8 @@ def event_to_dict(event: KVCacheEvent) -> dict[str, Any]:
             "group": event.group,
             "kind": event.kind,
             **({"reused": True} if event.reused else {}),
+            **({} if event.lookahead_token_ids is None
+               else {"lookahead_token_ids": [list(t) for t in event.lookahead_token_ids]}),
         }
     if isinstance(event, BlockRemoved):
         return {"type": "BlockRemoved", "block_keys": [_key_to_json(k) for k in event.block_keys],
@@ -116,7 +118,7 @@ def event_from_dict(data: object) -> KVCacheEvent:
         raise KVEventError(f"an event is a JSON object, got {type(data).__name__}")
     kind = data.get("type")
     fields = {"BlockStored": {"type", "block_keys", "parent_key", "token_ids", "block_size", "lora_id", "medium",
-                              "group", "kind", "reused"},
+                              "group", "kind", "reused", "lookahead_token_ids"},
               "BlockRemoved": {"type", "block_keys", "medium", "group"},
               "AllBlocksCleared": {"type"}}
     if kind not in fields:
@@ -153,7 +155,18 @@ def event_from_dict(data: object) -> KVCacheEvent:
         group=group,
         kind=group_kind,
         reused=_reused(data),
+        lookahead_token_ids=_lookahead(data),
     )
+
+
+def _lookahead(data: Mapping[str, Any]) -> tuple[tuple[int, ...], ...] | None:
+    value = data.get("lookahead_token_ids")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+            isinstance(t, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in t) for t in value):
+        raise KVEventError(f"lookahead_token_ids: must be a list of lists of ints, got {value!r}")
+    return tuple(tuple(t) for t in value)
 
 
 def _reused(data: Mapping[str, Any]) -> bool:

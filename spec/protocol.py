@@ -632,3 +632,7 @@ def check_resumable(request: RequestSpec, config: SchedulerConfig) -> None:
     for name in ("structured_output", "mm_inputs", "kv_external_tokens", "kv_load_async", "kv_save_async"):
         if getattr(request, name):
             raise RequestError(rid, "resumable", f"a session with {name} is not modelled")
+    if config.num_hash_lookahead_tokens:
+        # Scheduler._update_request_as_session keeps the hashes of the blocks
+        # before keep_end, whose lookahead token may be the one it drops
+        raise RequestError(rid, "resumable", "a session with EAGLE's hash lookahead is not modelled")

@@ -82,11 +82,14 @@ class RequestState:
     def num_tokens(self) -> int:
         return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
 
-    def block_key(self, block_index: int, block_size: int) -> BlockKey:
+    def block_key(self, block_index: int, block_size: int, lookahead: int = 0) -> BlockKey:
         """The content key of this request's block ``block_index`` (vLLM:
         ``request.block_hashes[block_index]``, a chained hash of the same
-        tokens)."""
-        end = (block_index + 1) * block_size
+        tokens). With ``lookahead`` L (EAGLE's num_hash_lookahead_tokens) it
+        covers the L tokens after the block too (kv_cache_utils.py,
+        get_request_block_hasher and generate_lookahead_block_hash_extra_keys:
+        the extra keys span the block and those tokens)."""
+        end = (block_index + 1) * block_size + lookahead
         return (self.spec.block_identity(end), self.all_token_ids[:end])
 
     def set_status(self, new: RequestStatus) -> None:

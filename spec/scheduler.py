@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from schedspec.spec.async_drafts import AsyncDraftsMixin
@@ -61,6 +61,7 @@ from schedspec.spec.effects import EffectTracker
 from schedspec.spec.gates import GatesMixin
 from schedspec.spec.sessions import SessionsMixin, check_resumable
 from schedspec.spec.interface import (
+    BlockKey,
     PauseState,
     Policy,
     RequestSpec,
@@ -126,7 +127,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         # rule coverage (spec/coverage.py, spec/rule_names.py): one counter, shared with the KV pool and clones
         self.rules: Counter[str] = Counter()
         self.kv = KVPool(config.num_blocks, config.block_size, config.enable_prefix_caching, self.rules,
-                         layout=GroupLayout.of(config))
+                         layout=GroupLayout.of(config), hash_lookahead=config.num_hash_lookahead_tokens)
         self.requests: dict[str, _Request] = {}  # unfinished requests
         self.waiting: list[str] = []  # FCFS: queue order; PRIORITY: unordered, head = min key
         self.running: list[str] = []
@@ -379,11 +380,18 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         blocks of known tokens have a hash to cache them under
         (SingleTypeKVCacheManager.cache_blocks: ``min(num_tokens,
         num_hashed_tokens)``), which binds after a failed load truncated the
-        computed tokens below output still in flight."""
-        bs = self._config.block_size
-        num_tokens = min(num_tokens, req.num_tokens)
-        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), lambda i: req.block_key(i, bs),
-                             req.spec.lora_id)
+        computed tokens below output still in flight. With EAGLE's hash
+        lookahead L a block's hash waits for the L tokens after it
+        (get_request_block_hasher: ``request.num_tokens - L``), so a full
+        block is cached only once they are known."""
+        num_tokens = min(num_tokens, req.num_tokens - self._config.num_hash_lookahead_tokens)
+        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), self._key_of(req), req.spec.lora_id)
+
+    def _key_of(self, req: _Request) -> Callable[[int], BlockKey]:
+        """Block i's prefix-cache key for ``req`` (request.block_hashes[i]),
+        with the config's hash lookahead (RequestState.block_key)."""
+        bs, lookahead = self._config.block_size, self._config.num_hash_lookahead_tokens
+        return lambda i: req.block_key(i, bs, lookahead)
 
     def _allocate_running(self, req: _Request, n: int) -> bool:
         """KVCacheManager.allocate_slots for a running request (no new hits):
@@ -421,10 +429,13 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         if not self.kv.enable_caching:
             return [[] for _ in self._config.groups]
         bs = self._config.block_size
-        hit = self.kv.find_longest_cache_hit(lambda i: req.block_key(i, bs), req.num_tokens - 1)
+        # only hashed blocks can hit: with hash lookahead L, num_tokens - L tokens
+        # (get_request_block_hasher), never past num_tokens - 1
+        max_length = req.num_tokens - max(1, self._config.num_hash_lookahead_tokens)
+        hit = self.kv.find_longest_cache_hit(self._key_of(req), max_length)
         if hit.num_tokens > 0 and req.spec.kv_cache_report_mode == "full":
             # reported at lookup, whether or not the admission then succeeds
-            self.kv.emit_cached_block_events(hit.blocks, lambda i: req.block_key(i, bs), req.spec.lora_id)
+            self.kv.emit_cached_block_events(hit.blocks, self._key_of(req), req.spec.lora_id)
         if hit.num_uncached_tokens:
             req.shared_prefix_boundary = hit.num_tokens + hit.num_uncached_tokens
         self._rules(prefix_hit_rules(hit.num_tokens, req.num_tokens, bs))  # pragma: no mutate

@@ -53,6 +53,8 @@ class Declaration:
     min_items: int = 0
     max_items: int | None = None
     since: int = 1
+    #: (choice, version): a choice a later trace format version brought
+    choices_since: tuple[tuple[str, int], ...] = ()
 
 
 _UNDECLARED = Declaration()
@@ -226,8 +228,10 @@ MODEL_RUNNERS = ("v1", "v2")
 #: The drafters modelled (vLLM's SpeculativeConfig.method): "ngram" proposes
 #: from the prompt and reserves no KV slots; "draft_model" runs a forward pass
 #: of its own and reserves num_speculative_tokens lookahead slots
-#: (vllm/config/vllm.py, VllmConfig.num_lookahead_tokens).
-DRAFTERS = ("ngram", "draft_model")
+#: (vllm/config/vllm.py, VllmConfig.num_lookahead_tokens); "eagle" (vLLM's
+#: EAGLE family, SpeculativeConfig.use_eagle) reserves them too, takes no
+#: draft slot, reads one prefill token ahead and hashes blocks with it.
+DRAFTERS = ("ngram", "draft_model", "eagle")
 
 #: A request's KV cache report modes (vllm/v1/request.py, Request.__init__:
 #: SamplingParams.extra_args["kv_cache_report_mode"]; vLLM reads any value
@@ -280,10 +284,18 @@ def _check_hash_block_size(config: ConfigFields) -> None:
 
 
 def _check_drafter(config: ConfigFields) -> None:
-    """The drafter is one of DRAFTERS."""
+    """The drafter is one of DRAFTERS. EAGLE's parts the spec does not model
+    are refused: with a KV connector vLLM keeps the legacy block hashes and
+    drops the trailing hit block instead (VllmConfig.num_hash_lookahead_tokens;
+    FullAttentionManager.find_longest_cache_hit with use_eagle). (A Mamba
+    group, whose checkpoints EAGLE moves, already refuses drafts.)"""
     drafter = getattr(config, "drafter", "ngram")
     if not isinstance(drafter, str) or drafter not in DRAFTERS:
         raise ConfigError("drafter", f"must be one of {', '.join(map(repr, DRAFTERS))}, got {drafter!r}")
+    if drafter != "eagle" or not config.num_speculative_tokens:
+        return
+    if config.kv_connector:
+        raise ConfigError("drafter", "\"eagle\" with a KV connector (the trailing-block drop) is not modelled")
 
 
 def _check_model_runner(config: ConfigFields) -> None:

@@ -241,10 +241,10 @@ class VllmScheduler(SessionsAdapter):
         self._hybrid = config.is_hybrid
         self._connector = config.kv_connector
         self._statuses = Statuses()
-        self._block_hasher = v.block_hasher(config.block_size)
+        self._block_hasher = v.block_hasher(config.block_size, config.num_hash_lookahead_tokens)
         self._live: dict[str, Live] = {}
         self._finished: dict[str, RequestView] = {}
-        self._keys = BlockKeys(config.block_size)
+        self._keys = BlockKeys(config.block_size, config.num_hash_lookahead_tokens)
         self._step = 0
         # plans awaiting update, oldest first, each with vLLM's SchedulerOutput
         self._in_flight: list[tuple[StepPlan, Any]] = []

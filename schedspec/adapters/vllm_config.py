@@ -176,9 +176,11 @@ _NGRAM_METHOD: dict[bool, Literal["ngram", "ngram_gpu"]] = {False: "ngram", True
 def _speculative_config(config: SchedulerConfig, target_model: Any, target_parallel: Any) -> Any:
     """vLLM's speculative_config for ``config``: None with speculative decoding
     off, else k drafts: n-gram ones (no draft model, no weights), or with
-    ``drafter="draft_model"`` those of a draft model, the tiny model's
-    config.json (no weights are loaded: the scheduler reads only
-    ``num_lookahead_tokens`` = k from it, VllmConfig.num_lookahead_tokens),
+    ``drafter="draft_model"`` those of a draft model, with ``"eagle"`` an
+    EAGLE drafter (method "eagle"), either on the tiny model's config.json
+    (no weights are loaded: the scheduler reads only k and the method from
+    it: VllmConfig.num_lookahead_tokens, num_prefill_lookahead_tokens,
+    num_hash_lookahead_tokens),
     built against the target's model and parallel configs as the engine's
     arguments build it (vllm/engine/arg_utils.py)."""
     from schedspec.adapters import vllm_names as v
@@ -186,8 +188,9 @@ def _speculative_config(config: SchedulerConfig, target_model: Any, target_paral
     k = config.num_speculative_tokens
     if not k:
         return None
-    if config.drafter == "draft_model":
-        return v.SpeculativeConfig(method="draft_model", model=v.MODEL_DIR, num_speculative_tokens=k,
+    if config.drafter in ("draft_model", "eagle"):
+        method: Literal["draft_model", "eagle"] = "eagle" if config.drafter == "eagle" else "draft_model"
+        return v.SpeculativeConfig(method=method, model=v.MODEL_DIR, num_speculative_tokens=k,
                                    target_model_config=target_model, target_parallel_config=target_parallel)
     return v.SpeculativeConfig(
         method=_NGRAM_METHOD[config.async_scheduling],
@@ -266,8 +269,8 @@ def _check_effective(vc: Any, config: SchedulerConfig) -> None:
             spec.num_speculative_tokens_per_batch_size if spec is not None else None,
             None,
         ),
-        "num_prefill_lookahead_tokens": (vc.num_prefill_lookahead_tokens, 0),
-        "num_hash_lookahead_tokens": (getattr(vc, "num_hash_lookahead_tokens", 0), 0),
+        "num_prefill_lookahead_tokens": (vc.num_prefill_lookahead_tokens, config.num_prefill_lookahead_tokens),
+        "num_hash_lookahead_tokens": (getattr(vc, "num_hash_lookahead_tokens", 0), config.num_hash_lookahead_tokens),
         "pipeline_parallel_size": (vc.parallel_config.pipeline_parallel_size, config.pipeline_parallel_size),
         "max_concurrent_batches": (vc.max_concurrent_batches, config.max_concurrent_batches),
         "data_parallel_size": (vc.parallel_config.data_parallel_size, 1),

@@ -88,6 +88,8 @@ def translate(events: list[Any], keys: BlockKeys, marks: ReusedMarks | None = No
                 group=_given(e.group_idx, "BlockStored.group_idx"),
                 kind=_given(e.kv_cache_spec_kind, "BlockStored.kv_cache_spec_kind"),
                 reused=id(e) in reused,
+                lookahead_token_ids=None if e.lookahead_token_ids is None
+                else tuple(tuple(t) for t in e.lookahead_token_ids),
             ))
         elif isinstance(e, v.BlockRemoved):
             out.append(BlockRemoved(tuple(keys.event_key(h) for h in e.block_hashes),

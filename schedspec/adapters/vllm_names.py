@@ -83,6 +83,8 @@ MODEL_DIR: str = tiny_model_dir()
 float32 = torch.float32
 
 
-def block_hasher(block_size: int) -> Callable[[Any], Any]:
-    """vLLM's request block hasher for ``block_size`` (SHA-256, as configured)."""
-    return get_request_block_hasher(block_size, sha256)
+def block_hasher(block_size: int, hash_lookahead: int = 0) -> Callable[[Any], Any]:
+    """vLLM's request block hasher for ``block_size`` (SHA-256, as configured),
+    each hash covering ``hash_lookahead`` tokens past its block as the engine
+    builds it (vllm/v1/engine/core.py: VllmConfig.num_hash_lookahead_tokens)."""
+    return get_request_block_hasher(block_size, sha256, hash_lookahead)

@@ -198,22 +198,23 @@ class BlockKeys:
     """vLLM's block hashes as the spec's content keys: which content every
     block hash of a request handed to vLLM stands for."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, lookahead: int = 0) -> None:
         self.block_size = block_size
+        self.lookahead = lookahead  # tokens past a block its hash covers (EAGLE)
         self._keys: dict[bytes, BlockKey] = {}  # vLLM block hash -> content key
         self._prune_at = 4096  # forget keys nobody can ask for once there are this many
         self._ints: dict[int, BlockKey] | None = None  # event_key's int hashes, built when asked
 
     def record(self, live: Live) -> None:
         """Remember which content every new block hash of the request stands
-        for: (salt, all tokens through that block)."""
+        for: (salt, all tokens through that block and the lookahead after it)."""
         hashes = live.req.block_hashes
         if live.num_hashed == len(hashes):
             return
         bs = self.block_size
         tokens = live.req.all_token_ids
         for i in range(live.num_hashed, len(hashes)):
-            end = (i + 1) * bs
+            end = (i + 1) * bs + self.lookahead
             key: BlockKey = (live.spec.block_identity(end), tuple(tokens[:end]))
             known = self._keys.setdefault(hashes[i], key)
             if known != key:

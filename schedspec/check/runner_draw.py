@@ -7,8 +7,9 @@ allowed_sizes): vLLM's V1 runner refuses pipeline parallelism with async
 scheduling, so a V1 async config keeps a pipeline of 1, and a synchronous
 pipeline with drafts is not modelled; V2 with async scheduling and a pipeline
 of 2..4 is what turns the decode throttle on (spec/runner_v2.py). With
-drafts the drafter is drawn too: a draft model reserves lookahead slots, and
-under V2 lets the plan skip drafts (spec/runner_v2.py)."""
+drafts the drafter is drawn too: a draft model or EAGLE reserves lookahead
+slots, and under V2 lets the plan skip drafts (spec/runner_v2.py); EAGLE
+also hashes each block with the token after it."""
 
 from __future__ import annotations
 
@@ -32,11 +33,13 @@ def with_runner(config: SchedulerConfig, seed: int) -> SchedulerConfig:
     drafter = rng.choice(DRAFTERS) if config.num_speculative_tokens else "ngram"
     if config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
         drafter = "ngram"  # no room for a padded decode and the draft model's slot (spec/validate.py)
+    if drafter == "eagle" and config.kv_connector:
+        drafter = "draft_model"  # EAGLE with a KV connector is not modelled (spec/validate.py)
     return dataclasses.replace(base, pipeline_parallel_size=pp, drafter=drafter)
 
 
 def runner_feature(config: SchedulerConfig) -> tuple[str, ...]:
     """The workload's feature naming its runner, pipeline and drafter:
-    ``runner:v2/pp3``, ``runner:v2/pp1/draft_model``."""
-    drafter = "/draft_model" if config.drafter == "draft_model" else ""
+    ``runner:v2/pp3``, ``runner:v2/pp1/draft_model``, ``runner:v1/pp1/eagle``."""
+    drafter = f"/{config.drafter}" if config.drafter != "ngram" else ""
     return (f"runner:{config.model_runner}/pp{config.pipeline_parallel_size}{drafter}",)

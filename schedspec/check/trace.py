@@ -228,7 +228,17 @@ def version_of(trace: Trace) -> int:
 
 def _config_version(config: dict[str, object]) -> int:
     since = {name: declaration.since for name, _, declaration in declared(SchedulerConfig)}
-    return max((since.get(name, 1) for name in config), default=1)
+    return max((max(since.get(name, 1), _choice_since(name, value)) for name, value in config.items()), default=1)
+
+
+#: config field -> {choice: the version that brought it} (Declaration.choices_since)
+_CHOICES_SINCE = {name: dict(declaration.choices_since) for name, _, declaration in declared(SchedulerConfig)
+                  if declaration.choices_since}
+
+
+def _choice_since(name: str, value: object) -> int:
+    """The version that brought ``value`` of config field ``name`` (1: any version that has the field)."""
+    return _CHOICES_SINCE.get(name, {}).get(value, 1) if isinstance(value, str) else 1
 
 
 def _version_of_events(trace: Trace, config: dict[str, object]) -> int:
@@ -408,6 +418,11 @@ def _parse_header(
         for name in V7_CONFIG_FIELDS:
             if name in obj["config"]:
                 raise TraceError(path, line, f"config.{name}", _NEEDS_V7)
+    for name, value in obj["config"].items():
+        needs = _choice_since(name, value)
+        if needs > version:
+            raise TraceError(path, line, f"config.{name}",
+                             f"{value!r} needs trace format version {needs} (\"schedspec_trace\": {needs})")
     try:  # the cross-field rules the schema cannot express
         config = SchedulerConfig.from_dict(obj["config"])
     except ConfigError as exc:

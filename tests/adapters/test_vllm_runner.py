@@ -132,3 +132,26 @@ def test_draft_model_lockstep_with_vllm(modes: tuple[str, ...], runner: str) -> 
         assert failure is None, failure
         skipped += runner_.scheds["spec"].rules["v2.drafts_skipped"]
     assert (skipped > 0) == (runner == "v2")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("modes, runner", [(("spec",), "v1"), (("async-spec",), "v2")])
+def test_eagle_lockstep_with_vllm(modes: tuple[str, ...], runner: str) -> None:
+    """An EAGLE drafter (method "eagle" on the tiny model's config): vLLM
+    hashes each block with the token after it; plans, views and KV cache
+    events (lookahead_token_ids included) are the spec's."""
+    from schedspec.adapters.vllm_adapter import VllmScheduler
+    from schedspec.check.random_workloads import random_workload
+    from schedspec.check.run import run_workload
+    from schedspec.spec.scheduler import SpecScheduler
+
+    for seed in range(3):
+        w = random_workload(seed, 120, modes=modes)
+        config = dataclasses.replace(w.config, model_runner=runner, drafter="eagle", enable_prefix_caching=True,
+                                     enable_kv_cache_events=True)
+        assert config.num_hash_lookahead_tokens == 1
+        s = VllmScheduler(config)
+        assert s.sched.num_hash_lookahead_tokens == 1 and not s.sched.use_eagle_block_drop
+        runner_, failure = run_workload(dataclasses.replace(w, config=config),
+                                        {"spec": SpecScheduler, "vllm": VllmScheduler})
+        assert failure is None, failure

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from schedspec.impl import ImplScheduler
-from schedspec.spec.interface import RequestSpec, SchedulerConfig, StepPlan, StepResult
+from schedspec.spec.interface import KVCacheGroup, RequestSpec, SchedulerConfig, StepPlan, StepResult
 from schedspec.spec.scheduler import SpecScheduler
 
 
@@ -51,7 +51,7 @@ def _drive(sched: object, seed: int, steps: int) -> list[StepPlan]:
     return plans
 
 
-@pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram", "eagle"])
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_impl_plans_as_the_spec(drafter: str, runner: str, async_scheduling: bool) -> None:
@@ -61,7 +61,7 @@ def test_impl_plans_as_the_spec(drafter: str, runner: str, async_scheduling: boo
         spec_plans = _drive(SpecScheduler(config), seed, 40)
         assert _drive(ImplScheduler(config), seed, 40) == spec_plans
         skipped += sum(p.skip_drafts for p in spec_plans)
-    assert (skipped > 0) == (drafter == "draft_model" and runner == "v2")
+    assert (skipped > 0) == (drafter != "ngram" and runner == "v2")
 
 
 def test_impl_charges_a_draft_slot_and_reserves_lookahead() -> None:
@@ -80,3 +80,35 @@ def test_impl_skips_drafts_for_a_last_token() -> None:
     s = ImplScheduler(_config("draft_model", "v2", False))
     s.add(RequestSpec("a", (1, 2, 3), 1))
     assert s.schedule().skip_drafts
+
+
+@pytest.mark.parametrize("groups", [
+    (),
+    (KVCacheGroup(), KVCacheGroup(kind="sliding_window", sliding_window=4)),
+    (KVCacheGroup(), KVCacheGroup(kind="chunked_local", attention_chunk_size=4)),
+])
+def test_impl_keys_and_events_as_the_spec_with_eagle(groups: tuple[KVCacheGroup, ...]) -> None:
+    """EAGLE's hash lookahead: the impl's keys (views) and KV cache events,
+    lookahead_token_ids included, are the spec's, in the plain layout and
+    the hybrid ones."""
+    config = _config("eagle", "v1", False, enable_kv_cache_events=True, kv_cache_groups=groups)
+    for seed in range(4):
+        spec, impl = SpecScheduler(config), ImplScheduler(config)
+        assert _drive(impl, seed, 30) == _drive(spec, seed, 30)
+        assert impl.view().kv == spec.view().kv
+        events = spec.take_kv_events()
+        assert impl.take_kv_events() == events
+        assert any(getattr(e, "lookahead_token_ids", None) for e in events)
+
+
+def test_impl_widens_the_encoder_window_with_eagle() -> None:
+    from schedspec.spec.interface import MMInput
+
+    config = _config("eagle", "v1", False, max_num_batched_tokens=8, max_num_seqs=2, max_num_encoder_input_tokens=8,
+                     encoder_cache_size=8)
+    request = RequestSpec("a", tuple(range(1, 17)), 2, mm_inputs=(MMInput(4, 4, "x"), MMInput(8, 4, "y")))
+    spec, impl = SpecScheduler(config), ImplScheduler(config)
+    spec.add(request)
+    impl.add(request)
+    plan = impl.schedule()
+    assert plan == spec.schedule() and plan.scheduled[0].encoder_inputs == (0, 1)

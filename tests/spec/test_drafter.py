@@ -33,7 +33,7 @@ def test_the_drafter_field() -> None:
     assert (_config("ngram").num_lookahead_tokens, _config("ngram").num_draft_slots) == (0, 0)
     assert SchedulerConfig(drafter="draft_model").num_lookahead_tokens == 0  # no drafts, no drafter
     with pytest.raises(ConfigError) as err:
-        _config("eagle")
+        _config("medusa")
     assert err.value.field == "drafter"
 
 

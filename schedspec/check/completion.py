@@ -68,7 +68,7 @@ def quiesce(runner: Driven, max_steps: int) -> Failure | None:
     KV_REPORT_BOUND + 3 steps in a row with no report pending (waiting
     for a grammar that never comes, say) are aborted, as a client gives
     up. Once every request has finished, the held blocks must all be
-    reported within KV_REPORT_BOUND + 2 steps (the bounded wait); then
+    reported within KV_REPORT_BOUND + max(2, k) steps (the bounded wait; k plans in flight); then
     every block must be free (ref_cnt 0, nothing held by a finished
     request). What fails is a Failure like any other: "stall" when the
     requests never finish within ``max_steps``, "violation" of
@@ -90,10 +90,13 @@ def quiesce(runner: Driven, max_steps: int) -> Failure | None:
             break
         if not view.requests:
             after_finish += 1
-            if after_finish > KV_REPORT_BOUND + 2:
+            # a report sent with step s arrives with its update, k - 1 steps
+            # later with k plans in flight (a pipeline)
+            bound = KV_REPORT_BOUND + max(2, runner.config.max_concurrent_batches)
+            if after_finish > bound:
                 return runner.fail("violation", runner.names[0], "quiescence: reports still pending after the bound",
                                    (Violation("kv-quiescence",
-                                              f"{KV_REPORT_BOUND + 2} steps after every request finished, "
+                                              f"{bound} steps after every request finished, "
                                               f"finished requests still hold blocks: "
                                               f"{dict(view.kv_held_by_finished)}"),))
         if steps >= max_steps:

@@ -258,3 +258,16 @@ def test_check_pipeline_runs_impl_in_lockstep_and_a_failure_names_k(tmp_path: Pa
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert rc == 1 and "pipeline:k=" in text and "a plan is still in flight" in text
+
+
+def test_a_save_reported_at_the_bound_arrives_k_minus_1_steps_later() -> None:
+    # an asynchronous save whose report the worker sends at the bound (step 12,
+    # 8 steps after the finish) arrives with step 12's update, which three plans
+    # in flight deliver after step 14: quiescence waits for it
+    from schedspec.check.run import run_workload
+    t = tracefile.read(Path(__file__).parent / "data" / "pipeline-save-reported-late.jsonl")
+    assert t.workload.config.max_concurrent_batches == 3
+    runner, failure = run_workload(t.workload, {"spec": SpecScheduler, "impl": ImplScheduler},
+                                   vocab=t.vocab, oracle_seed=t.oracle_seed)
+    assert failure is None
+    assert runner.stats.steps >= 14

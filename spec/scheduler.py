@@ -383,7 +383,7 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         bs = self._config.block_size
         num_tokens = min(num_tokens, req.num_tokens)
         self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), lambda i: req.block_key(i, bs),
-                             req.spec.lora_id)
+                             req.spec.lora_id, req.prefix_key)
 
     def _allocate_running(self, req: _Request, n: int) -> bool:
         """KVCacheManager.allocate_slots for a running request (no new hits):

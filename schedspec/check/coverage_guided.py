@@ -37,7 +37,7 @@ from schedspec.check.defects import keep_failed_sync_loads_alive
 from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES, kv_of
 from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_rng, with_gates
 from schedspec.check.kv_requests import (
-    KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
+    KVRequests, chunk_rng, draw_kv_subset, hash_rng, kv_rng, mamba_rng, with_hash_block, with_kv, with_mamba,
 )
 from schedspec.check.random_workloads import ALPHABET
 from schedspec.check.session_events import SessionRequests, session_config, session_rng
@@ -459,6 +459,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         krng = kv_rng(f"guided-{seed}")
         config = with_kv(config, pick_kv(kv, focus, krng), krng, chunk_rng(f"guided-{seed}"), pick_chunked(focus))
         config = with_mamba(config, mamba_rng(f"guided-{seed}"))  # opt-in (kv_requests.MAMBA_RATE)
+        config = with_hash_block(config, hash_rng(f"guided-{seed}"))  # partial prefix-cache entries
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     streams = _streams(config, focus, seed, vocab)  # a focus on a streaming-input rule: sessions

@@ -190,7 +190,7 @@ class KVPool(CountsRules):
             assert self.ref_cnt[b] >= 0
             newly_free.append(self.ref_cnt[b] == 0)
             self._rule("kv.free_shared", self.ref_cnt[b] > 0)  # pragma: no mutate
-        has_key = [b in self.block_key or b in self.partial for b in ordered]
+        has_key = [b in self.block_key for b in ordered]  # a partial entry's block has a full key too
         front, back = split_freed_blocks(
             blocks_tail_first=ordered, newly_free=newly_free, has_key=has_key, caching=self.enable_caching
         )
@@ -203,12 +203,9 @@ class KVPool(CountsRules):
         (BlockPool.cache_full_blocks, one ``_insert_block_hash`` per block)."""
         for block, key in zip(blocks, keys, strict=True):
             assert block not in self.block_key, "a newly full block has no key yet"
-            if block in self.partial:
-                # the partial -> full promotion: every key of the block goes
-                # first, each with its BlockRemoved (_remove_cached_block_hashes,
-                # _emit_block_removed_events)
-                self._rule("kv.partial_promoted")  # pragma: no mutate
-                self._drop_partial_keys(block)
+            # vLLM's partial -> full promotion (a block with a partial entry
+            # becoming full) never runs here: see cache_partial_tail
+            assert block not in self.partial, "a partial entry lands on a full block"
             self._rule("kv.cache_duplicate_key", key in self.index)  # pragma: no mutate
             self.block_key[block] = key
             self.index.setdefault(key, []).append(block)
@@ -218,7 +215,6 @@ class KVPool(CountsRules):
         (BlockPool._maybe_evict_cached_block)."""
         key = self.block_key.pop(block, None)
         if key is None:
-            self._drop_partial_keys(block)
             return
         self._rule("kv.evict_cached")  # pragma: no mutate
         holders = self.index[key]
@@ -233,10 +229,10 @@ class KVPool(CountsRules):
         self._drop_partial_keys(block)
 
     def _drop_partial_keys(self, block: int) -> None:
-        """Remove the partial entries of ``block`` with it, in registration
-        order, one BlockRemoved each (BlockPool._remove_cached_block_hashes:
-        the block's block_hash, then its cached_block_hashes_by_block;
-        _emit_block_removed_events). vLLM walks the extra keys as a set: two
+        """Remove the partial entries of ``block`` with its full key, in
+        registration order, one BlockRemoved each after the full key's
+        (BlockPool._remove_cached_block_hashes: the block's block_hash, then
+        its cached_block_hashes_by_block; _emit_block_removed_events). vLLM walks the extra keys as a set: two
         of them on one block (two resumed requests whose hits share a full
         block that holds both their prompt boundaries) leave vLLM's order to
         the process's hash seed; one never does."""
@@ -253,18 +249,17 @@ class KVPool(CountsRules):
                 self.events.append(BlockRemoved((plain_key(key),), MEDIUM_GPU, block_key_group(key)))
 
     def cache_partial_block(self, block: int, key: BlockKey, stored: BlockStored) -> None:
-        """BlockPool.cache_partial_block for a block that is not the null
-        block: register ``block`` under the partial ``key`` (its group's);
-        ``stored`` is the BlockStored it emits, only when the block did not
-        already carry the key. The branch that first drops a block's keys
-        covering fewer tokens never runs here: the block at a prompt's last
-        boundary is never a hit block (a hit ends at or before the boundary)
-        and a fresh block carries no key, so it carries at most this key or
-        a full key covering more tokens."""
+        """BlockPool.cache_partial_block for a full, keyed block: register
+        ``block`` under the partial ``key`` (its group's) beside its full key
+        (_insert_block_hash: cached_block_hashes_by_block); ``stored`` is the
+        BlockStored it emits, only when the block did not already carry the
+        key (``already_cached``). The branch that first drops a block's keys
+        covering fewer tokens never runs: its full key covers more."""
+        assert block in self.block_key, "a partial entry lands on a full block"
         if key in self.partial.get(block, ()):
             self._rule("kv.partial_again")  # pragma: no mutate
             return
-        self._rule("kv.partial_stored", block in self.block_key)  # pragma: no mutate
+        self._rule("kv.partial_stored")  # pragma: no mutate
         self.partial.setdefault(block, []).append(key)
         self.partial_index.setdefault(key, []).append(block)
         if self.events is not None:
@@ -502,15 +497,21 @@ class KVPool(CountsRules):
         """FullAttentionManager._cache_partial_tail_block (no EAGLE): the
         prompt's last hash boundary short of its final token, ``t = (P - 1)
         // hb * hb``, is registered as a partial entry of the block holding
-        it, once ``num_tokens`` reaches it, unless t is 0 or block aligned
-        or the table does not reach it; then BlockPool.cache_partial_block:
+        it, once the cacheable tokens reach it, unless t is 0 or block
+        aligned or the table does not reach it. The cacheable tokens are
+        ``num_tokens`` rounded down to the block size
+        (HybridKVCacheCoordinator.get_num_cacheable_tokens, _align_cacheable:
+        no fine-grained hits), so the block is full and keyed by then (the
+        manager's cache_blocks keyed it first) and the entry is a second key
+        of it: vLLM's partial -> full promotion in cache_full_blocks never
+        runs. Then BlockPool.cache_partial_block:
         the group's key of the first t tokens, and a BlockStored naming that
         key alone, the parent the key of the first t - hb tokens (None when
         t is hb: _get_partial_block_parent_hash_and_start), the last hb
         tokens, ``block_size`` hb, group g and its kind."""
         hb, bs = self.layout.partial_unit, self.layout.block_size
         t = (num_prompt_tokens - 1) // hb * hb
-        if t == 0 or t > num_tokens or t % bs == 0 or t // bs >= len(table):
+        if t == 0 or t > num_tokens // bs * bs or t % bs == 0 or t // bs >= len(table):
             return
         block = table[t // bs]
         if block == NULL_BLOCK:

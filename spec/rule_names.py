@@ -107,8 +107,7 @@ _RULES = (
     Rule("kv.free_shared", "a freed table's block is still held by another request and stays out of the free queue", "block_pool.py, BlockPool.free_blocks (ref_cnt > 0)"),
     Rule("kv.partial_stored", "a full-attention group registers its prompt's last hash boundary inside a block as a partial prefix-cache entry", "block_pool.py, BlockPool.cache_partial_block"),
     Rule("kv.partial_again", "a block already carries the partial entry cache_blocks would register: nothing changes, no event", "block_pool.py, BlockPool.cache_partial_block"),
-    Rule("kv.partial_promoted", "a block with a partial entry becomes full: its keys go, each with a BlockRemoved, before the full key", "block_pool.py, BlockPool.cache_full_blocks"),
-    Rule("kv.partial_removed", "a block's partial entries are removed with it (eviction, promotion), one BlockRemoved each", "block_pool.py, BlockPool._remove_cached_block_hashes"),
+    Rule("kv.partial_removed", "a block's partial entries are removed with it (eviction), after its full key, one BlockRemoved each", "block_pool.py, BlockPool._remove_cached_block_hashes"),
     Rule("kv.reset_ok", "reset_prefix_cache drops every key (no block held)", "block_pool.py, BlockPool.reset_prefix_cache"),
     Rule("kv.reset_refused", "reset_prefix_cache is refused because blocks are held", "block_pool.py, BlockPool.reset_prefix_cache (num_used_blocks != 1: return False)"),
     # -- update and stop

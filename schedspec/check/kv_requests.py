@@ -96,7 +96,7 @@ def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None =
 #: How often a hybrid layout that can take one hashes its blocks in units
 #: below the block size (with_hash_block): vLLM's prefix_match_unit, so its
 #: full-attention groups register partial prefix-cache entries.
-HASH_BLOCK_RATE = 0.5
+HASH_BLOCK_RATE = 0.75
 
 
 def hash_rng(seed: int | str) -> random.Random:

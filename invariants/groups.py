@@ -312,14 +312,10 @@ def sliding_window_frees(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "partial-entries-with-their-block",
-    "A partial prefix-cache entry (a prefix ending inside a block, registered only with a hash "
-    "block size below the block size, a whole number of hash units long) sits on a block whose full "
-    "key, of the same group, covers that prefix: every partial entry is removed with its block's key.",
-    "vllm/v1/core/single_type_kv_cache_manager.py, FullAttentionManager._cache_partial_tail_block "
-    "registers it on the full block the coordinator just cached (kv_cache_coordinator.py, "
-    "get_num_cacheable_tokens rounds to the block size); block_pool.py, cache_partial_block keeps it "
-    "in cached_block_hashes_by_block, and _remove_cached_block_hashes drops it with the block's hash "
-    "(_maybe_evict_cached_block, evict_blocks); reset_prefix_cache clears both.",
+    "A partial entry (whole hash units ending inside a block) sits on a block whose full key, of its "
+    "group, covers it: it goes with that key.",
+    "vllm/v1/core/single_type_kv_cache_manager.py, FullAttentionManager._cache_partial_tail_block; "
+    "block_pool.py, cache_partial_block, _remove_cached_block_hashes.",
     tags=("safety",),
     requires=_NEEDS,
 )

@@ -239,7 +239,7 @@ class KVPool(CountsRules):
         keys = self.partial.pop(block, None)
         if keys is None:
             return
-        self._rule("kv.partial_removed")  # pragma: no mutate
+        self._rule("kv_groups.partial_removed")  # pragma: no mutate
         for key in keys:
             holders = self.partial_index[key]
             holders.remove(block)
@@ -257,9 +257,9 @@ class KVPool(CountsRules):
         covering fewer tokens never runs: its full key covers more."""
         assert block in self.block_key, "a partial entry lands on a full block"
         if key in self.partial.get(block, ()):
-            self._rule("kv.partial_again")  # pragma: no mutate
+            self._rule("kv_groups.partial_again")  # pragma: no mutate
             return
-        self._rule("kv.partial_stored")  # pragma: no mutate
+        self._rule("kv_groups.partial_stored")  # pragma: no mutate
         self.partial.setdefault(block, []).append(key)
         self.partial_index.setdefault(key, []).append(block)
         if self.events is not None:

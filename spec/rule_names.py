@@ -105,9 +105,6 @@ _RULES = (
     Rule("kv.free_front", "a freed block without a key (or caching off) goes to the front of the free queue", "block_pool.py, BlockPool.free_blocks"),
     Rule("kv.free_back", "a freed block with a key goes to the back of the free queue (LRU)", "block_pool.py, BlockPool.free_blocks"),
     Rule("kv.free_shared", "a freed table's block is still held by another request and stays out of the free queue", "block_pool.py, BlockPool.free_blocks (ref_cnt > 0)"),
-    Rule("kv.partial_stored", "a full-attention group registers its prompt's last hash boundary inside a block as a partial prefix-cache entry", "block_pool.py, BlockPool.cache_partial_block"),
-    Rule("kv.partial_again", "a block already carries the partial entry cache_blocks would register: nothing changes, no event", "block_pool.py, BlockPool.cache_partial_block"),
-    Rule("kv.partial_removed", "a block's partial entries are removed with it (eviction), after its full key, one BlockRemoved each", "block_pool.py, BlockPool._remove_cached_block_hashes"),
     Rule("kv.reset_ok", "reset_prefix_cache drops every key (no block held)", "block_pool.py, BlockPool.reset_prefix_cache"),
     Rule("kv.reset_refused", "reset_prefix_cache is refused because blocks are held", "block_pool.py, BlockPool.reset_prefix_cache (num_used_blocks != 1: return False)"),
     # -- update and stop
@@ -193,6 +190,9 @@ _RULES = (
     Rule("kv_groups.hit_before_state", "an admission's hit in a Mamba group is one state block; the places before it stand as the null block in the group's table", "single_type_kv_cache_manager.py, MambaManager.find_longest_cache_hit (null blocks before the hit), get_num_skipped_tokens (n - 1); SingleTypeKVCacheManager.add_local_computed_blocks", gates=("hybrid_kv",)),
     Rule("kv_groups.state_freed", "a Mamba group frees the unretired blocks before the state of the last processed token and the previous step's state block, the null block taking their places", "single_type_kv_cache_manager.py, MambaManager.remove_skipped_blocks (last_state_block_idx), _remove_blocks_in_range (_num_retired_blocks)", gates=("hybrid_kv",)),
     Rule("kv_groups.state_hit_deferred", "a hit on a Mamba state block another request cached this step is put off to a later step (more blocks than the pool has)", "single_type_kv_cache_manager.py, MambaManager.get_num_blocks_to_allocate (cached_blocks_this_step: num_gpu_blocks + 1)", gates=("hybrid_kv",)),
+    Rule("kv_groups.partial_stored", "a full-attention group registers its prompt's last hash boundary inside a block as a partial prefix-cache entry", "block_pool.py, BlockPool.cache_partial_block", gates=("hybrid_kv",)),
+    Rule("kv_groups.partial_again", "a block already carries the partial entry cache_blocks would register: nothing changes, no event", "block_pool.py, BlockPool.cache_partial_block", gates=("hybrid_kv",)),
+    Rule("kv_groups.partial_removed", "a block's partial entries are removed with it (eviction), after its full key, one BlockRemoved each", "block_pool.py, BlockPool._remove_cached_block_hashes", gates=("hybrid_kv",)),
     Rule("mamba.chunk_aligned", "with a Mamba group in align mode a prefill chunk is cut to end on the state grid: a block boundary, the last cacheable position or the shared-prefix junction", "sched/scheduler.py, Scheduler._mamba_block_aligned_split", gates=("hybrid_kv",)),
     Rule("mamba.chunk_none", "a prefill chunk shorter than a block that cannot reach a block boundary is cut to 0 tokens: the request is skipped (running) or the waiting loop stops", "sched/scheduler.py, Scheduler._mamba_block_aligned_split (max(end - start, 0)); Scheduler.schedule (num_new_tokens == 0)", gates=("hybrid_kv",)),
     # -- the KV connector (spec/connector.py; config.kv_connector)

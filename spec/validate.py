@@ -278,7 +278,7 @@ def _check_hash_block_size(config: ConfigFields) -> None:
     if bad:
         raise ConfigError("hash_block_size", f"({hb}) must divide every KV cache group's block size, got block "
                           f"size {bad[0]}: vLLM refuses a prefix_match_unit that does not")
-    if hb != config.block_size and (config.kv_connector or any(KINDS[g.kind].keeps_state for g in config.kv_cache_groups)):
+    if hb != config.block_size and (config.kv_connector or any(KINDS[cast(GroupFields, g).kind].keeps_state for g in config.kv_cache_groups)):
         raise ConfigError("hash_block_size", f"({hb}) below the block size ({config.block_size}) with a "
                           f"{'KV connector' if config.kv_connector else 'Mamba group'}: fine-grained partial "
                           "prefix-cache hits and their copy-on-write are not modelled")

@@ -77,7 +77,7 @@ class Canon:
         else:
             key_part = multi = ()
         preempted = v.preempted_since_plan
-        fp = (
+        fp: Fingerprint = (
             tuple(rows),
             waiting,
             tuple([rank[r] for r in v.running]),

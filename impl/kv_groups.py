@@ -28,7 +28,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
-from schedspec.spec.interface import GROUP_KEY_SEPARATOR, KVCacheGroup, RequestSpec, SchedulerConfig
+from schedspec.spec.interface import (
+    GROUP_KEY_SEPARATOR,
+    MEDIUM_GPU,
+    BlockKey,
+    BlockStored,
+    KVCacheGroup,
+    RequestSpec,
+    SchedulerConfig,
+    group_block_key,
+)
 
 from schedspec.impl.kv_events import stored_keyed
 from schedspec.impl.kv_kinds import NEVER, NULL, GroupRules, rules_of
@@ -46,6 +55,10 @@ class Layout:
         self.groups = config.groups
         self.bs = bs = config.block_size
         self.caching = config.enable_prefix_caching
+        hb = config.hash_block_size
+        #: the hash block size when caching and below the block size (partial
+        #: entries: spec/kv_groups.py, GroupLayout.partial_unit), else 0
+        self.partial_unit = hb if self.caching and 0 < hb < bs else 0
         #: each group's kind with its parameters
         self.rules: tuple[GroupRules, ...] = tuple(rules_of(g) for g in self.groups)
         in_flight = config.max_concurrent_batches * config.max_num_batched_tokens
@@ -330,10 +343,13 @@ class GroupsMixin(Generic[Q]):
         num_tokens = min(num_tokens, req.num_tokens - self._hash_la)
         lay = self._layout
         boundaries = [req.num_prompt_tokens - 1] + ([req.shared_prefix_end] if req.shared_prefix_end else [])
+        partial = lay.partial_unit
         for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
             start = req.num_cached_blocks if g == 0 else req.group_num_cached_blocks[g - 1]
             end = num_tokens // bs
             if start >= end:
+                if partial and rules.caches_partial_tail:
+                    self._g_partial_tail(req, g, rules, table, end * bs)
                 continue
             mask = rules.cache_mask(start, end, bs, boundaries)
             for i in range(start, end):
@@ -352,12 +368,41 @@ class GroupsMixin(Generic[Q]):
                 req.num_cached_blocks = end
             else:
                 req.group_num_cached_blocks[g - 1] = end
+            if partial and rules.caches_partial_tail:
+                self._g_partial_tail(req, g, rules, table, end * bs)
         # the least token count at which a group has a new full block to key
         least = req.num_cached_blocks
         for c in req.group_num_cached_blocks:
             if c < least:
                 least = c
         req.next_full_at = (least + 1) * bs
+
+    def _g_partial_tail(self, req: Q, g: int, rules: GroupRules, table: list[int], cacheable: int) -> None:
+        """FullAttentionManager._cache_partial_tail_block with ``cacheable``
+        tokens (rounded down to the block size): the prompt's last hash
+        boundary inside a full block becomes a partial entry of it (spec:
+        KVPool.cache_partial_tail). A partial tail is only registered in the
+        call that keys its block (or takes it in a hit), so the calls
+        ``next_full_at`` skips would change nothing."""
+        hb, bs = self._layout.partial_unit, self._bs
+        t = (req.num_prompt_tokens - 1) // hb * hb
+        if t == 0 or t > cacheable or t % bs == 0 or t // bs >= len(table) or table[t // bs] == NULL:
+            return
+        block = table[t // bs]
+        spec = req.spec
+
+        def key_at(n: int) -> BlockKey:
+            return (spec.block_identity(n), req.token_range(0, n))
+
+        key = key_at(t)
+
+        def stored() -> BlockStored:
+            return BlockStored(
+                block_keys=(key,), parent_key=key_at(t - hb) if t > hb else None,
+                token_ids=key[1][t - hb:], block_size=hb, lora_id=spec.lora_id or None,
+                medium=MEDIUM_GPU, group=g, kind=rules.vllm_kind)
+
+        self._px.add_partial(block, group_block_key(key, g), stored)
 
     # ------------------------------------------------------------ hits and counts
 

@@ -54,6 +54,9 @@ class GroupRules:
     #: one recurrent state per request (MambaManager, "align" mode):
     #: impl/kv_groups.py allocates and retires its state blocks
     keeps_state: ClassVar[bool] = False
+    #: registers its prompt's last hash boundary inside a block as a partial
+    #: entry (FullAttentionManager._cache_partial_tail_block)
+    caches_partial_tail: ClassVar[bool] = False
 
     def __init__(self, group: KVCacheGroup) -> None:
         self.group = group
@@ -86,6 +89,7 @@ class FullAttention(GroupRules):
     """FullAttentionManager."""
 
     vllm_kind = "full_attention"
+    caches_partial_tail = True
 
     downward_closed = True
 

@@ -29,9 +29,17 @@ key tuple itself rather than a copy of its parts.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Callable, Union
 
-from schedspec.spec.interface import MEDIUM_GPU, BlockKey, BlockRemoved, KVCacheEvent, block_key_group, plain_key
+from schedspec.spec.interface import (
+    MEDIUM_GPU,
+    BlockKey,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    block_key_group,
+    plain_key,
+)
 
 
 
@@ -110,13 +118,19 @@ class PrefixIndex:
     """Intern table plus per-block key. ``block_node[b]`` is the key node of
     block ``b`` or None."""
 
-    __slots__ = ("intern", "block_node", "events", "lookahead")
+    __slots__ = ("intern", "block_node", "events", "lookahead", "partial", "partial_index")
 
     def __init__(self, num_blocks: int) -> None:
         #: the tokens after a block its key covers (EAGLE's hash lookahead)
         self.lookahead = 0
         self.intern: dict[tuple[Parent, tuple[int, ...]], KeyNode] = {}
         self.block_node: list[KeyNode | None] = [None] * num_blocks
+        #: partial entries (a hash block size below the block size), as the
+        #: spec keeps them (spec/kv_cache.py): block -> its partial keys (the
+        #: group's), key -> its blocks, both in registration order; rare, so
+        #: plain BlockKeys
+        self.partial: dict[int, list[BlockKey]] = {}
+        self.partial_index: dict[BlockKey, list[int]] = {}
         #: the KV cache events since the last take (impl/kv_events.py); None: off
         self.events: list[KVCacheEvent] | None = None
 
@@ -194,6 +208,8 @@ class PrefixIndex:
                 ekey = (plain_key(key), block_key_group(key))
             self.events.append(removed(ekey))
         self.block_node[block] = None
+        if self.partial:
+            self._drop_partial(block)
         node.holders.remove(block)
         node.refs -= 1
         while node.refs == 0:
@@ -203,6 +219,34 @@ class PrefixIndex:
                 break
             up.refs -= 1
             node = up
+
+    def _drop_partial(self, block: int) -> None:
+        """The partial entries of ``block`` go with its full key, each with
+        its BlockRemoved after the full key's (spec: KVPool._drop_partial_keys)."""
+        keys = self.partial.pop(block, None)
+        if keys is None:
+            return
+        for key in keys:
+            holders = self.partial_index[key]
+            holders.remove(block)
+            if not holders:
+                del self.partial_index[key]
+            if self.events is not None:
+                self.events.append(removed((plain_key(key), block_key_group(key))))
+
+    def add_partial(self, block: int, key: BlockKey, stored: Callable[[], BlockStored]) -> None:
+        """Register ``block`` (full, keyed) under the partial ``key`` unless it
+        carries it already; ``stored()`` builds the BlockStored then emitted
+        (spec: KVPool.cache_partial_block)."""
+        keys = self.partial.get(block)
+        if keys is None:
+            keys = self.partial[block] = []
+        elif key in keys:
+            return
+        keys.append(key)
+        self.partial_index.setdefault(key, []).append(block)
+        if self.events is not None:
+            self.events.append(stored())
 
     def copy(self) -> "PrefixIndex":
         """An independent index in the same state (nodes copied, parents
@@ -228,10 +272,14 @@ class PrefixIndex:
         new.block_node = [None if nd is None else remap[id(nd)] for nd in self.block_node]
         new.events = None if self.events is None else self.events[:]
         new.lookahead = self.lookahead
+        new.partial = {b: keys[:] for b, keys in self.partial.items()}
+        new.partial_index = {k: blocks[:] for k, blocks in self.partial_index.items()}
         return new
 
     def clear(self) -> None:
         self.intern.clear()
+        self.partial.clear()
+        self.partial_index.clear()
         n = len(self.block_node)
         self.block_node = [None] * n
 

@@ -464,6 +464,7 @@ class ImplScheduler(
             free_queue=tuple(self._fq.to_list()),
             block_keys=block_keys,
             cache_index=cache_index,
+            partial_index={k: tuple(v) for k, v in self._px.partial_index.items()},
         )
         # the prefill cadence reads is_prefill_chunk: reported with it on
         cadence = self._interval > 1

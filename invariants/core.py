@@ -104,6 +104,7 @@ class History:
         if t.kind == "reset" and reset_emptied(t.after):
             self.kv_resets += 1
         elif t.kind == "update":
+            self.kv_mirror.block_size = t.after.config.block_size
             self.kv_mirror.apply_all(t.kv_events)
             self.kv_resets = 0
     def _record_preemptions(self, t: Transition) -> None:

@@ -308,3 +308,32 @@ def sliding_window_frees(t: Transition, h: History) -> Iterator[Finding]:
                     f"{describe_group(grp, g)} has {k} null places after the "
                     f"step; with {processed} processed tokens vLLM has freed {want}"
                 )
+
+
+@transition_invariant(
+    "partial-entries-with-their-block",
+    "A partial entry (whole hash units ending inside a block) sits on a block whose full key, of its "
+    "group, covers it: it goes with that key.",
+    "vllm/v1/core/single_type_kv_cache_manager.py, FullAttentionManager._cache_partial_tail_block; "
+    "block_pool.py, cache_partial_block, _remove_cached_block_hashes.",
+    tags=("safety",),
+    requires=_NEEDS,
+)
+def partial_entries_with_their_block(t: Transition, h: History) -> Iterator[Finding]:
+    v = t.after
+    kv, bs, hb = v.kv, v.config.block_size, v.config.hash_block_size
+    if kv.partial_index and not 0 < hb < bs:
+        yield None, f"{len(kv.partial_index)} partial entries with a hash block size of {hb or bs}, not below {bs}"
+        return
+    for key, blocks in kv.partial_index.items():
+        n = len(key[1])
+        if n % bs == 0 or n % hb:
+            yield None, f"a partial entry of {n} tokens: not inside a block of {bs}, or not whole units of {hb}"
+            continue
+        for b in blocks:
+            full = kv.block_keys.get(b)
+            if full is None:
+                yield None, f"block {b} keeps the partial entry of {n} tokens without a full key: not removed with it"
+            elif (block_key_group(full) != block_key_group(key) or len(full[1]) != (n // bs + 1) * bs
+                  or full[1][:n] != key[1]):
+                yield None, f"block {b} keeps the partial entry of {n} tokens beside the key of other content"

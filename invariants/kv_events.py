@@ -29,6 +29,7 @@ def _replayed(t: Transition, h: History) -> tuple[KVMirror, list[tuple[str, str]
     if t.kind != "update" or not t.after.config.enable_kv_cache_events:
         return None
     mirror = h.kv_mirror.copy()
+    mirror.block_size = t.after.config.block_size
     return mirror, mirror.apply_all(t.kv_events)
 
 
@@ -45,7 +46,8 @@ def mirror_exact(t: Transition, h: History) -> Iterator[Finding]:
     if replayed is None:
         return
     mirror = replayed[0].index()
-    index = {key: len(blocks) for key, blocks in t.after.kv.cache_index.items()}
+    kv = t.after.kv
+    index = {key: len(blocks) for key, blocks in (*kv.cache_index.items(), *kv.partial_index.items())}
     if mirror == index:
         return
     missing = sorted(k for k in index if mirror.get(k, 0) < index[k])
@@ -56,7 +58,7 @@ def mirror_exact(t: Transition, h: History) -> Iterator[Finding]:
 
 @transition_invariant(
     "kv-events-parent-stored",
-    "A full-attention BlockStored names only a parent stored since the last clear.",
+    "A full-attention BlockStored of full blocks names only a parent stored since the last clear.",
     "vllm/v1/core/block_pool.py, cache_full_blocks.",
     ("update",),
     tags=("safety",),

@@ -5,7 +5,10 @@ of one instance's prefix cache, rebuilt from the instance's stream alone
 ``KVMirror.apply`` folds one event in and says what in it no consumer can
 make sense of: a BlockStored that names a parent never stored (since the
 last AllBlocksCleared) in a full-attention group, a BlockRemoved of a key the
-mirror does not hold (a key is removed once per store). A ``reused``
+mirror does not hold (a key is removed once per store). A BlockStored of
+fewer tokens a block than ``block_size`` (when known) is a partial entry
+(BlockPool.cache_partial_block): its parent is the prefix one hash unit
+shorter, which no event need have stored, so it is not checked. A ``reused``
 BlockStored (a prefix hit reported again) changes nothing. ``index`` is the
 cache the mirror believes in, as the scheduler's view spells it
 (``KVView.cache_index``: key -> the blocks registered under it), counted."""
@@ -26,16 +29,18 @@ Entry = tuple[str, int, BlockKey]
 class KVMirror:
     """The cached blocks per medium, group and key, from the events."""
 
-    __slots__ = ("held", "stored")
+    __slots__ = ("held", "stored", "block_size")
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int = 0) -> None:
+        #: the config's block size (0: unknown, every parent checked)
+        self.block_size = block_size
         #: entry -> how many blocks hold it (stores less removals)
         self.held: Counter[Entry] = Counter()
         #: every entry stored since the last AllBlocksCleared
         self.stored: set[Entry] = set()
 
     def copy(self) -> KVMirror:
-        new = KVMirror()
+        new = KVMirror(self.block_size)
         new.held = self.held.copy()
         new.stored = set(self.stored)
         return new
@@ -49,7 +54,8 @@ class KVMirror:
             return out
         if isinstance(event, BlockStored):
             kind = BY_VLLM_KIND.get(event.kind)  # None: a kind no modelled layout has
-            if event.parent_key is not None and kind is not None and kind.parent_stored:
+            partial = event.block_size < self.block_size
+            if event.parent_key is not None and kind is not None and kind.parent_stored and not partial:
                 parent = (event.medium, event.group, event.parent_key)
                 if parent not in self.stored:
                     out.append(("parent", f"BlockStored in group {event.group} names the parent "

@@ -473,7 +473,7 @@ def finished_reported_once(t: Transition, h: History) -> Iterator[Finding]:
 )
 def free_queue_lru(t: Transition, h: History) -> Iterator[Finding]:
     before, after = list(t.before.kv.free_queue), list(t.after.kv.free_queue)
-    keyed = t.after.kv.block_keys
+    keyed = t.after.kv.keyed_blocks()
     if t.kind in ("add", "pause", "grammar") or (t.kind == "reset" and not _reset_preempted(t)):
         if after != before:
             yield None, f"{t.kind} reordered the free queue: {before} -> {after}"
@@ -585,9 +585,10 @@ def reset_prefix_cache(t: Transition, h: History) -> Iterator[Finding]:
     kv_b, kv_a = t.before.kv, t.after.kv
     held = [b for b, c in enumerate(kv_a.ref_cnt) if c > 0]
     if held:
-        if dict(kv_a.block_keys) != dict(kv_b.block_keys) or dict(kv_a.cache_index) != dict(kv_b.cache_index):
+        if (dict(kv_a.block_keys) != dict(kv_b.block_keys) or dict(kv_a.cache_index) != dict(kv_b.cache_index)
+                or dict(kv_a.partial_index) != dict(kv_b.partial_index)):
             yield None, f"cache changed though blocks {held} are held"
-    elif kv_a.block_keys or kv_a.cache_index:
+    elif kv_a.block_keys or kv_a.cache_index or kv_a.partial_index:
         yield None, (
             f"no block is held, yet {len(kv_a.block_keys)} blocks keep keys after reset_prefix_cache"
         )

@@ -102,6 +102,7 @@ _ORDER = (
     "group-tables-cover",
     "groups-prefix-hit-valid",
     "sliding-window-frees",
+    "partial-entries-with-their-block",
     "mamba-hit-at-checkpoint",
     "mamba-chunk-on-grid",
     "mamba-state-blocks-bounded",

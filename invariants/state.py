@@ -443,7 +443,7 @@ def _promoted_full_load(v: SchedulerView, r: RequestView, i: int) -> bool:
 def full_blocks_cached(v: SchedulerView) -> Iterator[Finding]:
     bs = v.config.block_size
     if not v.config.enable_prefix_caching:
-        if v.kv.block_keys or v.kv.cache_index:
+        if v.kv.block_keys or v.kv.cache_index or v.kv.partial_index:
             yield None, (
                 f"prefix caching is off but {len(v.kv.block_keys)} blocks carry keys and "
                 f"cache_index has {len(v.kv.cache_index)} keys"

@@ -1046,7 +1046,8 @@ class KVView:
     block ``b`` (the null block 0 reports 0); ``free_queue`` lists the free
     blocks in eviction order, head first; ``block_keys`` maps every block that
     carries a prefix-cache key to that key; ``cache_index`` lists, per key,
-    the blocks registered under it in lookup order (a hit takes the first)."""
+    the blocks registered under it in lookup order (a hit takes the first);
+    ``partial_index`` the same for partial-block entries."""
 
     num_blocks: int
     block_size: int
@@ -1054,10 +1055,23 @@ class KVView:
     free_queue: tuple[int, ...]
     block_keys: Mapping[int, BlockKey]
     cache_index: Mapping[BlockKey, tuple[int, ...]]
+    #: the partial prefix-cache entries (a hash block size below the block
+    #: size: BlockPool.cache_partial_block), key -> the blocks registered
+    #: under it in insertion order; a key here is a prefix ending inside a
+    #: block, never one of cache_index
+    partial_index: Mapping[BlockKey, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)
+
+    def keyed_blocks(self) -> set[int]:
+        """The blocks that carry any prefix-cache key, a full or a partial
+        one (vLLM: a block whose block_hash is set)."""
+        out = set(self.block_keys)
+        for blocks in self.partial_index.values():
+            out.update(blocks)
+        return out
 
 
 @dataclass(frozen=True)

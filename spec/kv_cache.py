@@ -97,6 +97,14 @@ class KVPool(CountsRules):
         # returns the first (BlockHashToBlockMap.get_one_block). Identical
         # blocks are not de-duplicated so block tables stay append-only.
         self.index: dict[BlockKey, list[int]] = {}
+        # The partial prefix-cache entries (BlockPool.cache_partial_block):
+        # block id -> the partial keys it carries, in registration order, and
+        # key -> the blocks under it. vLLM keeps them in the same map as full
+        # keys (a block's first key its block_hash, the others in
+        # cached_block_hashes_by_block); a partial key names a prefix ending
+        # inside a block, so it never equals a full block's key.
+        self.partial: dict[int, list[BlockKey]] = {}
+        self.partial_index: dict[BlockKey, list[int]] = {}
         # rule coverage (spec/coverage.py): shared with the scheduler and its clones
         self.rules: Counter[str] = Counter() if rules is None else rules
         # The KV cache events since the last take (spec/kv_events.py), None
@@ -115,6 +123,8 @@ class KVPool(CountsRules):
         d["free_queue"] = self.free_queue[:]
         d["block_key"] = self.block_key.copy()
         d["index"] = {k: v[:] for k, v in self.index.items()}
+        d["partial"] = {k: v[:] for k, v in self.partial.items()}
+        d["partial_index"] = {k: v[:] for k, v in self.partial_index.items()}
         d["events"] = None if self.events is None else self.events[:]
         d["cached_this_step"] = set(self.cached_this_step)
         return new
@@ -184,7 +194,7 @@ class KVPool(CountsRules):
             assert self.ref_cnt[b] >= 0
             newly_free.append(self.ref_cnt[b] == 0)
             self._rule("kv.free_shared", self.ref_cnt[b] > 0)  # pragma: no mutate
-        has_key = [b in self.block_key for b in ordered]
+        has_key = [b in self.block_key for b in ordered]  # a partial entry's block has a full key too
         front, back = split_freed_blocks(
             blocks_tail_first=ordered, newly_free=newly_free, has_key=has_key, caching=self.enable_caching
         )
@@ -197,6 +207,9 @@ class KVPool(CountsRules):
         (BlockPool.cache_full_blocks, one ``_insert_block_hash`` per block)."""
         for block, key in zip(blocks, keys, strict=True):
             assert block not in self.block_key, "a newly full block has no key yet"
+            # vLLM's partial -> full promotion (a block with a partial entry
+            # becoming full) never runs here: see cache_partial_tail
+            assert block not in self.partial, "a partial entry lands on a full block"
             self._rule("kv.cache_duplicate_key", key in self.index)  # pragma: no mutate
             self.block_key[block] = key
             self.index.setdefault(key, []).append(block)
@@ -217,6 +230,44 @@ class KVPool(CountsRules):
             # BlockPool._emit_block_removed_events: one event per key removed,
             # whether or not another block still holds it
             self.events.append(BlockRemoved((plain_key(key),), MEDIUM_GPU, block_key_group(key)))
+        self._drop_partial_keys(block)
+
+    def _drop_partial_keys(self, block: int) -> None:
+        """Remove the partial entries of ``block`` with its full key, in
+        registration order, one BlockRemoved each after the full key's
+        (BlockPool._remove_cached_block_hashes: the block's block_hash, then
+        its cached_block_hashes_by_block; _emit_block_removed_events). vLLM walks the extra keys as a set: two
+        of them on one block (two resumed requests whose hits share a full
+        block that holds both their prompt boundaries) leave vLLM's order to
+        the process's hash seed; one never does."""
+        keys = self.partial.pop(block, None)
+        if keys is None:
+            return
+        self._rule("kv_groups.partial_removed")  # pragma: no mutate
+        for key in keys:
+            holders = self.partial_index[key]
+            holders.remove(block)
+            if not holders:
+                del self.partial_index[key]
+            if self.events is not None:
+                self.events.append(BlockRemoved((plain_key(key),), MEDIUM_GPU, block_key_group(key)))
+
+    def cache_partial_block(self, block: int, key: BlockKey, stored: BlockStored) -> None:
+        """BlockPool.cache_partial_block for a full, keyed block: register
+        ``block`` under the partial ``key`` (its group's) beside its full key
+        (_insert_block_hash: cached_block_hashes_by_block); ``stored`` is the
+        BlockStored it emits, only when the block did not already carry the
+        key (``already_cached``). The branch that first drops a block's keys
+        covering fewer tokens never runs: its full key covers more."""
+        assert block in self.block_key, "a partial entry lands on a full block"
+        if key in self.partial.get(block, ()):
+            self._rule("kv_groups.partial_again")  # pragma: no mutate
+            return
+        self._rule("kv_groups.partial_stored")  # pragma: no mutate
+        self.partial.setdefault(block, []).append(key)
+        self.partial_index.setdefault(key, []).append(block)
+        if self.events is not None:
+            self.events.append(stored)
 
     def evict_blocks(self, blocks: list[int]) -> None:
         """Drop the prefix-cache key of each block, held or free; the blocks
@@ -239,6 +290,8 @@ class KVPool(CountsRules):
         self._rule("kv.reset_ok")  # pragma: no mutate
         self.block_key.clear()
         self.index.clear()
+        self.partial.clear()
+        self.partial_index.clear()
         if self.events is not None:
             self.events.append(AllBlocksCleared())  # BlockPool.reset_prefix_cache
         return True
@@ -418,7 +471,7 @@ class KVPool(CountsRules):
 
     def cache_blocks(
         self, req: GroupTables, num_tokens: int, num_prompt_tokens: int, key_of: Callable[[int], BlockKey],
-        lora_id: int = 0,
+        lora_id: int = 0, key_at: Callable[[int], BlockKey] | None = None,
     ) -> None:
         """KVCacheCoordinator.cache_blocks -> each manager's cache_blocks: the
         blocks full once ``num_tokens`` tokens are computed get their group's
@@ -427,24 +480,74 @@ class KVPool(CountsRules):
         (spec/kv_kinds.py: a sliding-window group's reachable_block_mask, with
         the replay boundary num_prompt_tokens - 1 and the request's
         shared-prefix junction; every one for the other kinds, the base
-        reachable_block_mask: None)."""
+        reachable_block_mask: None). Then, with a hash block size below the
+        block size, each group whose kind caches_partial_tail registers its
+        prompt's partial tail (cache_partial_tail; ``key_at(n)``: the key of
+        the request's first n tokens), even when no block became full."""
         if not self.enable_caching:
             return
         lay, bs = self.layout, self.layout.block_size
         boundaries = [num_prompt_tokens - 1] + ([req.shared_prefix_boundary] if req.shared_prefix_boundary else [])
         for g, (group, table) in enumerate(zip(lay.groups, self.tables(req))):
             start, end = self._num_cached(req, g), num_tokens // bs
-            if start >= end:
-                continue
-            mask = kind_of(group).cache_mask(group, start, end, bs, boundaries)
-            keep = [i for i in range(start, end) if table[i] != NULL_BLOCK and (mask is None or mask[i - start])]
-            self.rules["kv_groups.cache_masked"] += len(keep) < end - start  # pragma: no mutate
-            self.cache_full_blocks([table[i] for i in keep], [group_block_key(key_of(i), g) for i in keep])
-            if kind_of(group).keeps_state:  # MambaManager.cache_blocks: cached_blocks_this_step
-                self.cached_this_step.update(group_block_key(key_of(i), g) for i in keep)
-            if self.events is not None:
-                self.events.append(self._stored_event(group.kind, g, start, end, keep, key_of, lora_id))
-            self._set_num_cached(req, g, end)
+            if start < end:
+                self._cache_group(req, g, table, start, end, boundaries, key_of, lora_id)
+            if lay.partial_unit and kind_of(group).caches_partial_tail:
+                assert key_at is not None, "a partial tail needs the request's prefix keys"
+                self.cache_partial_tail(table, g, num_tokens, num_prompt_tokens, key_at, lora_id)
+
+    def cache_partial_tail(self, table: list[int], g: int, num_tokens: int, num_prompt_tokens: int,
+                           key_at: Callable[[int], BlockKey], lora_id: int) -> None:
+        """FullAttentionManager._cache_partial_tail_block (no EAGLE): the
+        prompt's last hash boundary short of its final token, ``t = (P - 1)
+        // hb * hb``, is registered as a partial entry of the block holding
+        it, once the cacheable tokens reach it, unless t is 0 or block
+        aligned or the table does not reach it. The cacheable tokens are
+        ``num_tokens`` rounded down to the block size
+        (HybridKVCacheCoordinator.get_num_cacheable_tokens, _align_cacheable:
+        no fine-grained hits), so the block is full and keyed by then (the
+        manager's cache_blocks keyed it first) and the entry is a second key
+        of it: vLLM's partial -> full promotion in cache_full_blocks never
+        runs. Then BlockPool.cache_partial_block:
+        the group's key of the first t tokens, and a BlockStored naming that
+        key alone, the parent the key of the first t - hb tokens (None when
+        t is hb: _get_partial_block_parent_hash_and_start), the last hb
+        tokens, ``block_size`` hb, group g and its kind."""
+        hb, bs = self.layout.partial_unit, self.layout.block_size
+        t = (num_prompt_tokens - 1) // hb * hb
+        if t == 0 or t > num_tokens // bs * bs or t % bs == 0 or t // bs >= len(table):
+            return
+        block = table[t // bs]
+        if block == NULL_BLOCK:
+            return
+        key = key_at(t)
+        stored = BlockStored(
+            block_keys=(key,),
+            parent_key=key_at(t - hb) if t > hb else None,
+            token_ids=key[1][t - hb:t],
+            block_size=hb,
+            lora_id=lora_id or None,
+            medium=MEDIUM_GPU,
+            group=g,
+            kind=KINDS[self.layout.groups[g].kind].vllm_kind,
+        )
+        self.cache_partial_block(block, group_block_key(key, g), stored)
+
+    def _cache_group(self, req: GroupTables, g: int, table: list[int], start: int, end: int,
+                     boundaries: list[int], key_of: Callable[[int], BlockKey], lora_id: int) -> None:
+        """One manager's SingleTypeKVCacheManager.cache_blocks: blocks
+        ``start`` to ``end`` of group g's ``table`` keyed, as cache_blocks says."""
+        bs = self.layout.block_size
+        group = self.layout.groups[g]
+        mask = kind_of(group).cache_mask(group, start, end, bs, boundaries)
+        keep = [i for i in range(start, end) if table[i] != NULL_BLOCK and (mask is None or mask[i - start])]
+        self.rules["kv_groups.cache_masked"] += len(keep) < end - start  # pragma: no mutate
+        self.cache_full_blocks([table[i] for i in keep], [group_block_key(key_of(i), g) for i in keep])
+        if kind_of(group).keeps_state:  # MambaManager.cache_blocks: cached_blocks_this_step
+            self.cached_this_step.update(group_block_key(key_of(i), g) for i in keep)
+        if self.events is not None:
+            self.events.append(self._stored_event(group.kind, g, start, end, keep, key_of, lora_id))
+        self._set_num_cached(req, g, end)
 
     def _stored_event(self, kind: str, group: int, start: int, end: int, keep: list[int],
                       key_of: Callable[[int], BlockKey], lora_id: int) -> BlockStored:
@@ -534,6 +637,7 @@ class KVPool(CountsRules):
             free_queue=tuple(self.free_queue),
             block_keys=dict(self.block_key),
             cache_index={k: tuple(v) for k, v in self.index.items()},
+            partial_index={k: tuple(v) for k, v in self.partial_index.items()},
         )
 
 

@@ -20,6 +20,12 @@ published as one KVEventBatch). The spec's rules, each where the pool acts
   skipped ones' too: ``all_token_ids[start:end]``), the block size, the LoRA
   adapter (None without one), the medium "GPU", the group index and its kind
   (``KVCacheManager.take_events`` annotates ``kv_cache_spec_kind``).
+- **partial**: with a hash block size below the block size, a full-attention
+  group's partial entry (``BlockPool.cache_partial_block``, the prompt's
+  last hash boundary t inside a block) emits, when first registered on a
+  block, one BlockStored of its own: the key of the first t tokens, the
+  parent the key of the first t - hb (None when t is hb), the last hb
+  tokens, ``block_size`` hb; removed with its block, after its full key.
 - **removed**: each key a block loses when it is evicted
   (``BlockPool._maybe_evict_cached_block``: on reuse from the free queue in
   ``get_new_blocks``, or by ``evict_blocks`` after a connector's failed load)
@@ -44,8 +50,6 @@ vLLM names a block by its chained hash; the spec by its content, a BlockKey
 (spec/interface.py). An event carries the key as group 0 spells it (vLLM's
 event hashes carry no group id: ``get_block_hash``) beside its ``group``, so
 ``group_block_key(key, group)`` is the key in the scheduler's cache index.
-Partial blocks (``cache_partial_block``) lie outside the modelled
-configuration.
 """
 
 from __future__ import annotations

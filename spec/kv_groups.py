@@ -33,10 +33,11 @@ request's tables live on the request (group 0's is its ``blocks``). The
 null block 0 stands in a sliding-window or chunked-local table for every
 block it freed (or a hit skipped).
 
-The modelled layouts: every group has the config's block size (so the hash
-block size, the scheduler block size and each group's block size are one
-value, and hits are block aligned), no EAGLE, no DCP/PCP, Mamba only in "align" mode (spec/mamba.py), no
-partial hash hits; the prefix-cache retention interval is vLLM's CacheConfig
+The modelled layouts: every group has the config's block size (the
+scheduler block size; the hash block size divides it, and hits are block
+aligned: a hash block size below it comes without a Mamba group, so
+partial_hash_hits_enabled is off and a partial entry is never hit), no
+EAGLE, no DCP/PCP, Mamba only in "align" mode (spec/mamba.py); the prefix-cache retention interval is vLLM's CacheConfig
 default 0 (``kv_kinds.RETENTION_INTERVAL``: sliding-window groups cache only the blocks
 a later hit can use, at the replay boundary and at a shared-prefix junction).
 """
@@ -95,6 +96,11 @@ class GroupLayout:
     #: per group, SlidingWindowSpec's or ChunkedLocalAttentionSpec's
     #: max_admission_blocks_per_request (None for full attention: no cap)
     admission_caps: tuple[int | None, ...]
+    #: the hash block size when prefix caching is on and it is below the
+    #: block size (kv_cache_utils.py, resolve_kv_cache_block_sizes: then a
+    #: full-attention group keys its prompt's last hash boundary inside a
+    #: block as a partial entry), else 0
+    partial_unit: int = 0
 
     @classmethod
     def plain(cls, block_size: int, enable_caching: bool) -> GroupLayout:
@@ -108,7 +114,9 @@ class GroupLayout:
         sliding-window and a chunked-local manager their spec's cap."""
         in_flight = config.max_concurrent_batches * config.max_num_batched_tokens
         caps = tuple(group_admission_cap(g, config.block_size, in_flight, config.max_model_len) for g in config.groups)
-        return cls(config.groups, config.block_size, config.enable_prefix_caching, caps)
+        hb = config.hash_block_size
+        unit = hb if config.enable_prefix_caching and 0 < hb < config.block_size else 0
+        return cls(config.groups, config.block_size, config.enable_prefix_caching, caps, unit)
 
     @property
     def num_groups(self) -> int:

@@ -115,6 +115,11 @@ class GroupKind:
     #: on the state grid (Scheduler._mamba_block_aligned_split), and a hit
     #: in it is one state block at a checkpointed length
     keeps_state: ClassVar[bool] = False
+    #: whether its cache_blocks also registers the prompt's last hash
+    #: boundary inside a block as a partial prefix-cache entry when the hash
+    #: block size is below the block size (FullAttentionManager.cache_blocks,
+    #: _cache_partial_tail_block; spec/kv_cache.py, cache_partial_tail)
+    caches_partial_tail: ClassVar[bool] = False
 
     def validate(self, group: GroupFields, block_size: int, where: str) -> None:
         """Raise ConfigError for the first bad kind-specific field of
@@ -174,6 +179,7 @@ class FullAttention(GroupKind):
     vllm_kind = "full_attention"
     parent_stored = True
     downward_closed = True
+    caches_partial_tail = True
 
 
 class SlidingWindow(GroupKind):

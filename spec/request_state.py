@@ -92,6 +92,12 @@ class RequestState:
         end = (block_index + 1) * block_size + lookahead
         return (self.spec.block_identity(end), self.all_token_ids[:end])
 
+    def prefix_key(self, num_tokens: int) -> BlockKey:
+        """The content key of this request's first ``num_tokens`` tokens (a
+        partial entry's: vLLM's ``request.block_hashes[num_tokens // hash
+        block size - 1]``, BlockPool._get_partial_block_hash)."""
+        return (self.spec.block_identity(num_tokens), self.all_token_ids[:num_tokens])
+
     def set_status(self, new: RequestStatus) -> None:
         assert is_legal_transition(self.status, new, self.spec.resumable), f"{self.request_id}: {self.status} -> {new}"
         self.status = new

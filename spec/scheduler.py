@@ -385,7 +385,8 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         (get_request_block_hasher: ``request.num_tokens - L``), so a full
         block is cached only once they are known."""
         num_tokens = min(num_tokens, req.num_tokens - self._config.num_hash_lookahead_tokens)
-        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), self._key_of(req), req.spec.lora_id)
+        self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), self._key_of(req), req.spec.lora_id,
+                             req.prefix_key)
 
     def _key_of(self, req: _Request) -> Callable[[int], BlockKey]:
         """Block i's prefix-cache key for ``req`` (request.block_hashes[i]),

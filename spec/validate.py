@@ -263,10 +263,14 @@ def _check_hash_block_size(config: ConfigFields) -> None:
     hashes; with one group it must be the block size ("with a single KV
     cache group, prefix-cache hits land on the block size"); with several,
     every cacheable group's block size must be a multiple of it (also
-    HybridKVCacheCoordinator.__init__'s assertion). A hash block size below a
-    group's block size makes FullAttentionManager.cache_blocks register
+    HybridKVCacheCoordinator.__init__'s assertion). A hash block size below
+    the block size makes FullAttentionManager.cache_blocks register
     partial-block entries (_cache_partial_tail_block,
-    BlockPool.cache_partial_block), which are not modelled yet."""
+    BlockPool.cache_partial_block: spec/kv_cache.py, cache_partial_tail);
+    modelled without a Mamba group (with one in "align" mode vLLM turns on
+    fine-grained partial hits and their copy-on-write: partial_hash_hits_enabled)
+    and without a KV connector (whose block hashes would be the finer ones),
+    both still refused."""
     hb = getattr(config, "hash_block_size", 0)
     if not hb or not (config.enable_prefix_caching or config.kv_connector):
         return
@@ -278,9 +282,16 @@ def _check_hash_block_size(config: ConfigFields) -> None:
     if bad:
         raise ConfigError("hash_block_size", f"({hb}) must divide every KV cache group's block size, got block "
                           f"size {bad[0]}: vLLM refuses a prefix_match_unit that does not")
-    if hb != config.block_size:
-        raise ConfigError("hash_block_size", f"({hb}) below the block size ({config.block_size}): partial-block "
-                          "prefix-cache entries (BlockPool.cache_partial_block) are not modelled")
+    if hb != config.block_size and (config.kv_connector or any(KINDS[cast(GroupFields, g).kind].keeps_state for g in config.kv_cache_groups)):
+        raise ConfigError("hash_block_size", f"({hb}) below the block size ({config.block_size}) with a "
+                          f"{'KV connector' if config.kv_connector else 'Mamba group'}: fine-grained partial "
+                          "prefix-cache hits and their copy-on-write are not modelled")
+    if hb != config.block_size and getattr(config, "drafter", "ngram") == "eagle" and config.num_speculative_tokens:
+        # _cache_partial_tail_block: with EAGLE the partial boundary may reach
+        # the whole prompt (token_limit = num_prompt_tokens) and its keys the
+        # lookahead token: not modelled
+        raise ConfigError("hash_block_size", f"({hb}) below the block size ({config.block_size}) with the EAGLE "
+                          "drafter: EAGLE's partial-block entries are not modelled")
 
 
 def _check_drafter(config: ConfigFields) -> None:

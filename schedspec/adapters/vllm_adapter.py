@@ -205,6 +205,9 @@ class VllmScheduler(SessionsAdapter):
                 kv_cache_config=kv_cache_config,
                 structured_output_manager=v.StructuredOutputManager(self._vllm_config),
                 block_size=config.block_size,
+                # as EngineCore.__init__ passes resolve_kv_cache_block_sizes's
+                # (vllm_config.py checks it is the config's)
+                hash_block_size=config.hash_block_size or config.block_size,
                 log_stats=log_stats,
             )
         for attr in ("requests", "waiting", "running", "kv_cache_manager", "finished_req_ids"):
@@ -241,10 +244,12 @@ class VllmScheduler(SessionsAdapter):
         self._hybrid = config.is_hybrid
         self._connector = config.kv_connector
         self._statuses = Statuses()
-        self._block_hasher = v.block_hasher(config.block_size, config.num_hash_lookahead_tokens)
+        # EngineCore's request_block_hasher hashes in units of the hash block size
+        unit = config.hash_block_size or config.block_size
+        self._block_hasher = v.block_hasher(unit, config.num_hash_lookahead_tokens)
         self._live: dict[str, Live] = {}
         self._finished: dict[str, RequestView] = {}
-        self._keys = BlockKeys(config.block_size, config.num_hash_lookahead_tokens)
+        self._keys = BlockKeys(unit, config.num_hash_lookahead_tokens)
         self._step = 0
         # plans awaiting update, oldest first, each with vLLM's SchedulerOutput
         self._in_flight: list[tuple[StepPlan, Any]] = []

@@ -318,25 +318,34 @@ def encoder_view(sched: Any, config: SchedulerConfig) -> tuple[dict[str, int], i
 
 def kv_view(sched: Any, keys: BlockKeys, config: SchedulerConfig) -> KVView:
     """vLLM's block pool as a KVView: reference counts, the free queue, the
-    content key of every cached block and the prefix-cache index."""
+    content key of every cached block and the prefix-cache index. vLLM keeps
+    partial-block entries (BlockPool.cache_partial_block: a block's
+    block_hash or one of its cached_block_hashes_by_block) in the same index;
+    a key whose prefix ends inside a block is one, and goes to
+    ``partial_index`` (a block whose only key is partial has none in
+    ``block_keys``)."""
     from schedspec.adapters.vllm_names import KVCacheBlock
 
     pool = sched.kv_cache_manager.block_pool
-    if pool.cached_block_hashes_by_block:
-        raise VllmAdapterError("vLLM registered partial-block hashes, outside the modelled configuration")
+    bs = config.block_size
     ref_cnt = tuple(0 if b.is_null else b.ref_cnt for b in pool.blocks)
     free_queue = tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
-    block_keys = {
-        b.block_id: keys.key(b.block_hash) for b in pool.blocks if b.block_hash is not None
-    }
+    block_keys: dict[int, BlockKey] = {}
+    for b in pool.blocks:
+        if b.block_hash is not None:
+            key = keys.key(b.block_hash)
+            if len(key[1]) % bs == 0:
+                block_keys[b.block_id] = key
     cache_index: dict[BlockKey, tuple[int, ...]] = {}
+    partial_index: dict[BlockKey, tuple[int, ...]] = {}
     for h, held in pool.cached_block_hash_to_block._cache.items():
         if isinstance(held, KVCacheBlock):
             ids: tuple[int, ...] = (held.block_id,)
         else:
             ids = tuple(held)  # dict block_id -> block, in insertion (lookup) order
         if ids:
-            cache_index[keys.key(h)] = ids
+            key = keys.key(h)
+            (cache_index if len(key[1]) % bs == 0 else partial_index)[key] = ids
     return KVView(
         num_blocks=config.num_blocks,
         block_size=config.block_size,
@@ -344,4 +353,5 @@ def kv_view(sched: Any, keys: BlockKeys, config: SchedulerConfig) -> KVView:
         free_queue=free_queue,
         block_keys=block_keys,
         cache_index=cache_index,
+        partial_index=partial_index,
     )

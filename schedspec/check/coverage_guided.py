@@ -37,7 +37,8 @@ from schedspec.check.defects import keep_failed_sync_loads_alive
 from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES, kv_of
 from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_rng, with_gates
 from schedspec.check.kv_requests import (
-    KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
+    HASH_BLOCK_RATE, KVRequests, chunk_rng, draw_kv_subset, hash_rng, kv_rng, mamba_rng, with_hash_block, with_kv,
+    with_mamba,
 )
 from schedspec.check.random_workloads import ALPHABET
 from schedspec.check.session_events import SessionRequests, session_config, session_rng
@@ -390,6 +391,11 @@ CHUNKED_LOCAL_RULES = frozenset(("kv_groups.hit_skipped_in_chunk", "kv_groups.ch
 SLIDING_WINDOW_RULES = frozenset(("kv_groups.hit_skipped_in_window", "kv_groups.window_freed",
                                   "kv_groups.cache_masked", "kv_groups.admission_capped"))
 
+#: The rules only partial prefix-cache entries reach: a focus on one of them
+#: draws a hash block size below the block size (with_hash_block), so no
+#: KV connector and prefix caching on.
+PARTIAL_RULES = frozenset(("kv_groups.partial_stored", "kv_groups.partial_again", "kv_groups.partial_removed"))
+
 
 def pick_chunked(focus: Sequence[str]) -> bool | None:
     """Whether a guided workload's hybrid layout holds a chunked-local group
@@ -457,8 +463,15 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     kv_chosen: tuple[str, ...] = ()
     if kv:
         krng = kv_rng(f"guided-{seed}")
-        config = with_kv(config, pick_kv(kv, focus, krng), krng, chunk_rng(f"guided-{seed}"), pick_chunked(focus))
+        picked = pick_kv(kv, focus, krng)
+        partial = any(rule in PARTIAL_RULES for rule in focus) and "hybrid" in picked
+        if partial:  # partial entries: no connector, prefix caching on
+            picked = tuple(k for k in picked if k != "connector")
+            config = dataclasses.replace(config, enable_prefix_caching=True)
+        config = with_kv(config, picked, krng, chunk_rng(f"guided-{seed}"), pick_chunked(focus))
         config = with_mamba(config, mamba_rng(f"guided-{seed}"))  # opt-in (kv_requests.MAMBA_RATE)
+        # partial prefix-cache entries, always for a focus on their rules
+        config = with_hash_block(config, hash_rng(f"guided-{seed}"), 1.0 if partial else HASH_BLOCK_RATE)
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     streams = _streams(config, focus, seed, vocab)  # a focus on a streaming-input rule: sessions

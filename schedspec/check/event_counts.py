@@ -34,6 +34,8 @@ SITUATIONS: dict[str, tuple[str, ...]] = {
     "aborts": ("abort.waiting", "abort.preempted", "abort.running"),
     "connector loads": ("connector.load_sync", "connector.load_async"),
     "failed loads evicting their blocks": ("connector.invalid_fail",),
+    "partial entries stored": ("kv_groups.partial_stored",),
+    "blocks removed with partial entries": ("kv_groups.partial_removed",),
 }
 
 #: the BlockStored events that report a prefix hit again (spec/kv_events.py, "reused")

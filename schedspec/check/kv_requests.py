@@ -93,6 +93,35 @@ def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None =
         return config
 
 
+#: How often a hybrid layout that can take one hashes its blocks in units
+#: below the block size (with_hash_block): vLLM's prefix_match_unit, so its
+#: full-attention groups register partial prefix-cache entries.
+HASH_BLOCK_RATE = 0.75
+
+
+def hash_rng(seed: int | str) -> random.Random:
+    """The generator of a workload's hash block size draw (with_hash_block),
+    apart from every other draw, so a seed's other draws stay as they were."""
+    return random.Random(f"schedspec-kv-hash-{seed}")
+
+
+def with_hash_block(config: SchedulerConfig, rng: random.Random, rate: float = HASH_BLOCK_RATE) -> SchedulerConfig:
+    """``config`` with, at probability ``rate``, a hash block size below its
+    block size (a proper divisor: half, a quarter, ... down to 1 token) when
+    it is hybrid with prefix caching on and can take one (spec/validate.py,
+    _check_hash_block_size: no KV connector, no Mamba group); else unchanged."""
+    if not config.is_hybrid or not config.enable_prefix_caching or rng.random() >= rate:
+        return config
+    bs = config.block_size
+    units = [d for d in range(1, bs) if bs % d == 0]
+    if not units:
+        return config
+    try:
+        return dataclasses.replace(config, hash_block_size=rng.choice(units))
+    except SchedSpecError:
+        return config
+
+
 def draw_kv_subset(kv: Sequence[str], rng: random.Random) -> tuple[str, ...]:
     """The KV features one workload turns on: each of ``kv`` with
     probability 0.6 (a workload may draw none), in KV_FEATURES order."""

@@ -24,7 +24,7 @@ from schedspec.check.defects import keep_failed_sync_loads_alive
 from schedspec.check.features import GATES, KV_FEATURES, MODES, kv_of
 from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_rng, with_gates
 from schedspec.check.kv_requests import (
-    KVRequests, chunk_rng, draw_kv_subset, kv_rng, mamba_rng, with_kv, with_mamba,
+    KVRequests, chunk_rng, draw_kv_subset, hash_rng, kv_rng, mamba_rng, with_hash_block, with_kv, with_mamba,
 )
 from schedspec.check.runner_draw import runner_feature, with_runner
 from schedspec.check.session_events import SessionRequests, session_config, session_rng
@@ -143,6 +143,7 @@ def random_workload(
         kv_chosen = draw_kv_subset(kv, krng)
         config = with_kv(config, kv_chosen, krng, chunk_rng(seed))
         config = with_mamba(config, mamba_rng(seed))  # spec/mamba.py's groups, opt-in (MAMBA_RATE)
+        config = with_hash_block(config, hash_rng(seed))  # partial prefix-cache entries
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     streams: SessionRequests | None = None

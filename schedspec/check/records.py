@@ -171,6 +171,8 @@ def describe_difference(what: str, name_a: str, a: object, name_b: str, b: objec
             lines.append(f"  kv.block_keys differ for blocks {diff}")
         if dict(a.kv.cache_index) != dict(b.kv.cache_index):
             lines.append("  kv.cache_index differs")
+        if dict(a.kv.partial_index) != dict(b.kv.partial_index):
+            lines.append("  kv.partial_index differs")
         return "\n".join(lines)
     return f"{what} differs: {name_a}={a!r} {name_b}={b!r}"
 

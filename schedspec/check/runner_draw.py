@@ -33,8 +33,8 @@ def with_runner(config: SchedulerConfig, seed: int) -> SchedulerConfig:
     drafter = rng.choice(DRAFTERS) if config.num_speculative_tokens else "ngram"
     if config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
         drafter = "ngram"  # no room for a padded decode and the draft model's slot (spec/validate.py)
-    if drafter == "eagle" and config.kv_connector:
-        drafter = "draft_model"  # EAGLE with a KV connector is not modelled (spec/validate.py)
+    if drafter == "eagle" and (config.kv_connector or config.hash_block_size not in (0, config.block_size)):
+        drafter = "draft_model"  # EAGLE with a connector or partial entries is not modelled (spec/validate.py)
     return dataclasses.replace(base, pipeline_parallel_size=pp, drafter=drafter)
 
 

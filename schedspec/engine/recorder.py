@@ -204,7 +204,7 @@ class LiveViews:
             return
         hashes = live.req.block_hashes
         done = self._hashed.get(rid, 0)
-        bs = self.config.block_size
+        bs = self.config.hash_block_size or self.config.block_size  # vLLM hashes in units of it
         tokens = live.req.all_token_ids
         for i in range(done, len(hashes)):
             end = (i + 1) * bs
@@ -249,17 +249,22 @@ class LiveViews:
                 raise RecorderError(f"vLLM holds a block hash {bytes(h).hex()} of no recorded request")
             return found
 
-        block_keys = {b.block_id: key(b.block_hash) for b in pool.blocks if b.block_hash is not None}
+        bs = self.config.block_size
+        # a key whose prefix ends inside a block is a partial entry (vllm_views.kv_view)
+        block_keys = {b.block_id: k for b in pool.blocks if b.block_hash is not None
+                      for k in (key(b.block_hash),) if len(k[1]) % bs == 0}
         cache_index: dict[Any, tuple[int, ...]] = {}
+        partial_index: dict[Any, tuple[int, ...]] = {}
         for h, held in pool.cached_block_hash_to_block._cache.items():
             ids = (held.block_id,) if isinstance(held, KVCacheBlock) else tuple(held)
             if ids:
-                cache_index[key(h)] = ids
+                k = key(h)
+                (cache_index if len(k[1]) % bs == 0 else partial_index)[k] = ids
         return KVView(
             num_blocks=self.config.num_blocks, block_size=self.config.block_size,
             ref_cnt=tuple(0 if b.is_null else b.ref_cnt for b in pool.blocks),
             free_queue=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
-            block_keys=block_keys, cache_index=cache_index)
+            block_keys=block_keys, cache_index=cache_index, partial_index=partial_index)
 
     def view(self, step: int) -> SchedulerView:
         from schedspec.adapters.vllm_views import request_view

@@ -77,7 +77,7 @@ class Canon:
         else:
             key_part = multi = ()
         preempted = v.preempted_since_plan
-        fp = (
+        fp: Fingerprint = (
             tuple(rows),
             waiting,
             tuple([rank[r] for r in v.running]),
@@ -87,6 +87,8 @@ class Canon:
             key_part,
             multi,
         )
+        if kv.partial_index:  # partial entries (a hash block size below the block size)
+            fp += (tuple(sorted(kv.partial_index.items())),)
         if not self.gated:
             return fp
         return fp + (self.gate_part(v),)

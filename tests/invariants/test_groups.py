@@ -43,6 +43,7 @@ GROUP_IDS = (
     "group-tables-cover",
     "groups-prefix-hit-valid",
     "sliding-window-frees",
+    "partial-entries-with-their-block",
 )
 
 HYB = SchedulerConfig(
@@ -511,3 +512,37 @@ def test_full_blocks_cached_holds_a_chunked_local_group_to_every_full_block() ->
             assert any(f"block {full[-1]} (index" in m and "group 1" in m for m in found), found
             checked += 1
     assert checked
+
+
+# ---------------------------------------------------------------- partial entries
+
+HYB_HB = dataclasses.replace(HYB, hash_block_size=2)
+PARTIAL: BlockKey = ("", PROMPT[:2])  # a prefix ending inside block 1 (tokens 1..4)
+
+
+def partial_step(partial_index: dict[BlockKey, tuple[int, ...]]) -> Transition:
+    """step2 with hash units of 2 tokens, the after view carrying ``partial_index``."""
+    t = step2()
+    before = dataclasses.replace(t.before, config=HYB_HB)
+    after = dataclasses.replace(t.after, config=HYB_HB, kv=dataclasses.replace(t.after.kv, partial_index=partial_index))
+    return dataclasses.replace(t, before=before, after=after)
+
+
+def test_partial_entry_on_its_full_block_is_silent() -> None:
+    silent(partial_step({PARTIAL: (1,)}))
+
+
+def test_partial_entries_with_their_block() -> None:
+    # block 7 is free and keyless: its partial entry outlived its key (an
+    # eviction that left the partial entry behind)
+    assert fires("partial-entries-with-their-block", partial_step({PARTIAL: (7,)}))
+    # block 3 keeps group 1's key: another group's content
+    assert fires("partial-entries-with-their-block", partial_step({PARTIAL: (3,)}))
+    # block 2 holds tokens 5..8: other content
+    assert fires("partial-entries-with-their-block", partial_step({PARTIAL: (2,)}))
+    # a partial entry without a hash block size below the block size
+    t = partial_step({PARTIAL: (1,)})
+    plain = dataclasses.replace(t, after=dataclasses.replace(t.after, config=HYB))
+    assert fires("partial-entries-with-their-block", plain)
+    # a key of whole blocks is no partial entry
+    assert fires("partial-entries-with-their-block", partial_step({("", PROMPT[:4]): (1,)}))

@@ -1,7 +1,8 @@
 """The hash block size (vLLM's CacheConfig.prefix_match_unit): the values
 vLLM 0.33 refuses are refused with a ConfigError naming ``hash_block_size``,
-the value below the block size vLLM accepts (partial-block entries) is
-refused as not modelled, the rest is accepted; a trace carries it from
+a value below the block size (partial-block entries) is accepted in a
+hybrid layout without a Mamba group or a KV connector and refused as not
+modelled with either, the rest is accepted; a trace carries it from
 format version 7; the vLLM adapter hands it to vLLM's own resolution and
 vLLM refuses and accepts the same values (spec/validate.py,
 _check_hash_block_size; vllm/v1/core/kv_cache_utils.py,
@@ -49,8 +50,14 @@ def test_a_size_not_dividing_every_group_is_refused() -> None:
     assert "must divide" in refusal(32, HYBRID)
 
 
-def test_a_size_below_the_block_size_is_refused_as_partial_entries_not_modelled() -> None:
-    assert "partial-block prefix-cache entries (BlockPool.cache_partial_block) are not modelled" in refusal(8, HYBRID)
+def test_a_size_below_the_block_size_is_modelled_without_mamba_or_a_connector() -> None:
+    assert config(8, HYBRID).hash_block_size == 8
+    assert config(1, HYBRID).hash_block_size == 1
+    assert "with a KV connector: fine-grained partial" in refusal(8, HYBRID, kv_connector=True)
+    mamba = (KVCacheGroup(), KVCacheGroup("mamba"))
+    assert "with a Mamba group: fine-grained partial" in refusal(8, mamba)
+    assert "with the EAGLE drafter" in refusal(8, HYBRID, drafter="eagle", num_speculative_tokens=2)
+    assert config(8, HYBRID, drafter="draft_model", num_speculative_tokens=2).hash_block_size == 8
 
 
 def test_without_block_hashes_vllm_ignores_it() -> None:
@@ -84,7 +91,7 @@ def test_a_trace_carries_it_from_version_7() -> None:
 
 def test_a_trace_with_a_refused_size_names_the_field() -> None:
     with pytest.raises(tracefile.TraceError) as info:
-        tracefile.loads(header(7, hash_block_size=8) + "\n", "t.jsonl")
+        tracefile.loads(header(7, hash_block_size=5) + "\n", "t.jsonl")
     assert "config.hash_block_size" in str(info.value)
 
 
@@ -111,10 +118,11 @@ def test_vllm_resolves_the_accepted_sizes_and_refuses_the_refused_ones(vllm_load
 
     for cfg in (config(0), config(16), config(16, HYBRID)):
         assert VllmScheduler(cfg).sched.kv_cache_manager.coordinator.block_pool.hash_block_size == 16
+    assert VllmScheduler(config(8, HYBRID)).sched.kv_cache_manager.coordinator.block_pool.hash_block_size == 8
     # vLLM refuses what the spec refuses as vLLM's refusals ...
     with pytest.raises(ValueError, match="prefix_match_unit"):
         _resolve(config(16), 8)
     with pytest.raises(ValueError, match="prefix_match_unit"):
         _resolve(config(16, HYBRID), 5)
-    # ... and accepts the finer hash the spec refuses as not modelled
+    # ... and accepts the finer hash the spec accepts
     assert _resolve(config(16, HYBRID), 8) == 8

@@ -126,8 +126,8 @@ class Flight:
         ids.update(rid for rid, _ in self.outputs)
         ids.update(rid for rid, _ in self.proposals)
         ids.update(rid for rid, _ in self.rejected)
-        for r in self.recent:
-            ids.update(r)
+        for recent in self.recent:
+            ids.update(recent)
         rank = {rid: i for i, rid in enumerate(sorted(ids, key=lambda r: (len(r), r)))}
         known = sorted(set(v.requests) | set(v.finished), key=lambda r: (len(r), r))
         plans = tuple((

@@ -74,7 +74,8 @@ class Alphabet:
 
     def __init__(self, shapes: Sequence[Shape], max_requests: int, abort_in_step: bool = False,
                  aborts: bool = True, resets: bool = True, async_scheduling: bool = False, pauses: bool = False,
-                 grammar: bool = False, kv_ops: Sequence[str] = (), sessions: bool = False) -> None:
+                 grammar: bool = False, kv_ops: Sequence[str] = (), sessions: bool = False,
+                 depth: int = 2) -> None:
         self.shapes = tuple(shapes)
         #: False: no abort events at all (a scheduler under test that takes none)
         self.aborts = aborts
@@ -85,10 +86,13 @@ class Alphabet:
         self.first_step_abort = self.first_abort + max_requests
         self.abort_in_step = abort_in_step
         self.size = self.first_step_abort + (max_requests if abort_in_step else 0)
-        #: async scheduling: ``step`` is the engine's turn (schedule() while
-        #: fewer than two plans are in flight, else update() of the oldest),
-        #: and ``update`` (this code) delivers the oldest of one plan in flight
+        #: plans in flight (async scheduling or a pipeline; ``depth`` is k,
+        #: config.max_concurrent_batches): ``step`` is the engine's turn
+        #: (schedule() while fewer than k plans are in flight, else update()
+        #: of the oldest: EngineCore.step_with_batch_queue), and ``update``
+        #: (this code) delivers the oldest while 1 .. k - 1 are in flight
         self.async_scheduling = async_scheduling
+        self.depth = depth if async_scheduling else 1
         self.update = self.size
         if async_scheduling:
             self.size += 1
@@ -190,17 +194,19 @@ class Alphabet:
         """The codes enabled in a state where the scheduler knows ``known``
         requests (unfinished, or finished and not yet reported), ``unfinished``
         of them unfinished, and ``in_flight`` plans await update (async
-        scheduling): adds only below the space's request bound, resets with
-        at most one plan in flight, ``update`` with exactly one; a pause to
+        scheduling or a pipeline of k = ``depth``): adds only below the
+        space's request bound, resets with at most k - 1 plans in flight
+        (check/workload.py, InFlight.reset), ``update`` with 1 .. k - 1
+        (with k the step updates the oldest); a pause to
         another pause state than ``pause_state`` (PauseState's value), resume
         while paused; a grammar report for each position in
         ``grammar_waiting`` (requests whose grammar is still compiling); no
         add of a shape whose ``max_at_once`` requests ``known_by_shape``
         (per shape index) already counts."""
         codes = [STEP.value]
-        if self.resets and in_flight <= 1:
+        if self.resets and in_flight <= max(1, self.depth - 1):
             codes += [RESET.value, RESET_RUNNING.value]
-        if self.async_scheduling and in_flight == 1:
+        if self.async_scheduling and 1 <= in_flight < self.depth:
             codes.append(self.update)
         if known < self.max_requests:
             codes += [self.add(i) for i, sh in enumerate(self.shapes)

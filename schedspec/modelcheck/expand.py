@@ -68,6 +68,7 @@ from schedspec.spec.interface import (
     StepResult,
 )
 from schedspec.spec.request_state import GrammarState
+from schedspec.spec.runner_v2 import decode_stagger
 from schedspec.spec.scheduler import SpecScheduler
 
 T = TypeVar("T")
@@ -91,6 +92,9 @@ class Flight:
     proposals: tuple[tuple[str, tuple[int, ...]], ...] = ()
     rejected: tuple[tuple[str, int], ...] = ()
     slots: tuple[tuple[int, int], ...] = ()
+    #: the requests of the model's last k - 1 plans, oldest first (what it
+    #: keeps outputs for; empty with k = 2: FakeModel's rows)
+    recent: tuple[tuple[str, ...], ...] = ()
 
     @property
     def plans(self) -> tuple[StepPlan, ...]:
@@ -102,12 +106,13 @@ class Flight:
         model.outputs = {rid: dict(o) for rid, o in self.outputs}
         model.proposals = dict(self.proposals)
         model.rejected = dict(self.rejected)
+        model._recent = [frozenset(r) for r in self.recent]
 
     @staticmethod
     def of(model: FakeModel, pairs: tuple[tuple[StepPlan, StepResult], ...]) -> Flight:
         return Flight(pairs, tuple(sorted((rid, tuple(sorted(o.items()))) for rid, o in model.outputs.items())),
                       tuple(sorted(model.proposals.items())), tuple(sorted(model.rejected.items())),
-                      tuple(sorted(model.slots.items())))
+                      tuple(sorted(model.slots.items())), tuple(tuple(sorted(r)) for r in model._recent))
 
     def key(self, v: SchedulerView) -> Fingerprint:
         """The in-flight part of a fingerprint, request ids renamed by
@@ -121,6 +126,8 @@ class Flight:
         ids.update(rid for rid, _ in self.outputs)
         ids.update(rid for rid, _ in self.proposals)
         ids.update(rid for rid, _ in self.rejected)
+        for recent in self.recent:
+            ids.update(recent)
         rank = {rid: i for i, rid in enumerate(sorted(ids, key=lambda r: (len(r), r)))}
         known = sorted(set(v.requests) | set(v.finished), key=lambda r: (len(r), r))
         plans = tuple((
@@ -137,6 +144,7 @@ class Flight:
             tuple(sorted((rank[x], o) for x, o in self.outputs)),
             tuple(sorted((rank[x], o) for x, o in self.proposals)),
             tuple(sorted((rank[x], o) for x, o in self.rejected)),
+            tuple(tuple(sorted(rank[x] for x in r)) for r in self.recent),
         )
 
 
@@ -286,8 +294,14 @@ class Expander:
         #: invariants mode: the checks on the scheduler under test's own transitions
         self.tchecker = StatelessChecker(against.invariants) if against is not None and not self.lockstep else None
         self.shapes = space.resolved_shapes()
-        #: async scheduling: states hold plans in flight (Flight)
-        self.is_async = space.config.async_scheduling
+        #: k, the plans the engine keeps in flight (async scheduling, a
+        #: pipeline: config.max_concurrent_batches); with k > 1 states hold
+        #: the plans in flight (Flight)
+        self.depth = space.config.max_concurrent_batches
+        self.is_async = self.depth > 1
+        #: V2's decode throttle: each request's steps left before it may
+        #: decode again is part of the state (throttle_part)
+        self.stagger = decode_stagger(space.config)
         #: a KV connector (sync scheduling): the worker's reports are events and its state part of a state
         self.kv_on = space.config.kv_connector and not self.is_async
         self.alphabet = Alphabet(self.shapes, space.max_requests,
@@ -297,7 +311,7 @@ class Expander:
                                  async_scheduling=self.is_async, pauses=space.pauses,
                                  grammar=any(sh.structured_output for sh in self.shapes),
                                  kv_ops=self._kv_ops(space) if self.kv_on else (),
-                                 sessions=any(sh.resumable for sh in self.shapes))
+                                 sessions=any(sh.resumable for sh in self.shapes), depth=self.depth)
         spec_invariants = () if self.tchecker is not None else tuple(invariants)
         self.checker = StatelessChecker(spec_invariants)
         #: a space with an admission gate: its state is in the fingerprint
@@ -306,8 +320,11 @@ class Expander:
                            space.config.prefill_schedule_interval, space.config.is_hybrid)
         k = space.config.num_speculative_tokens
         groups = space.config.groups if space.config.is_hybrid else ()
-        self.model = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance, groups)
-        self.tmodel = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance, groups)
+        rows = self.depth - 1  # the plans whose outputs fill a -1 (check/driver.py builds its model alike)
+        self.model = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance, groups,
+                               rows)
+        self.tmodel = MemoModel(space.config.block_size, space.vocab, space.oracle_seed, k, space.acceptance, groups,
+                                rows)
         self.kv_bound = space.kv_report_bound
         self.pickled = pickled
         self.copy: CopyMethod | None = copy if against is not None else None
@@ -386,6 +403,8 @@ class Expander:
             fp += (sessions.session_state(s, v),)
         if kv is not None:
             fp += (kv_key(v, kv.loads, kv.saves, kv.queue, kv.now, self.kv_bound, kv.invalid),)
+        if self.stagger:
+            fp += (throttle_part(s, v),)
         return fp
 
     def enabled(self, v: SchedulerView, flight: Flight | None = None, s: object = None,
@@ -716,9 +735,29 @@ class Expander:
     def apply_async(self, s: SpecScheduler, code: int, before: SchedulerView, flight: Flight, adds: int,
                     impl: Any = None, clear: bool = False, tflight: Flight | None = None,
                     tmem: dict[int, int] | None = None) -> Successor:
-        """One event of an async space: ``step`` schedules a plan (and the
-        fake model runs it) while fewer than two are in flight, else it
-        delivers the oldest; ``update`` delivers the oldest of one; add,
+        """_apply_async, with V2's decode throttle checked against a
+        History that holds what a Monitor remembers along any path to the
+        state: each request's last sampling step (decoded_at), which is the
+        state's own stamp (throttle_part) less the stagger."""
+        if not self.stagger or self.blind:
+            return self._apply_async(s, code, before, flight, adds, impl, clear, tflight, tmem)
+        self._hist = h = History()
+        requests: Any = getattr(s, "requests", {})
+        h.decoded_at = {rid: r.next_decode_eligible_step - self.stagger for rid, r in requests.items()
+                        if getattr(r, "next_decode_eligible_step", 0)}
+        try:
+            return self._apply_async(s, code, before, flight, adds, impl, clear, tflight, tmem)
+        finally:
+            self._hist = None
+
+    def _apply_async(self, s: SpecScheduler, code: int, before: SchedulerView, flight: Flight, adds: int,
+                     impl: Any = None, clear: bool = False, tflight: Flight | None = None,
+                     tmem: dict[int, int] | None = None) -> Successor:
+        """One event of a space with plans in flight (async scheduling, a
+        pipeline of k = config.max_concurrent_batches): ``step`` schedules a
+        plan (and the fake model runs it) while fewer than k are in flight,
+        else it delivers the oldest; ``update`` delivers the oldest of 1 ..
+        k - 1 (vllm/v1/engine/core.py, step_with_batch_queue); add,
         abort, reset and the gate events come between them. Every transition
         is checked with the plans in flight after it; lockstep compares the
         scheduler under test's plans and views; invariants mode runs the
@@ -734,7 +773,7 @@ class Expander:
                                    "deepcopy (its plans in flight travel with the state)")
         tb = _call(who, "view", impl.view) if target else None
         pairs = flight.pairs
-        if code == STEP and len(pairs) < 2:
+        if code == STEP and len(pairs) < self.depth:
             plan = s2.schedule()
             after = s2.view()
             plans = flight.plans + (plan,)
@@ -1102,7 +1141,7 @@ class Expander:
                 these += forced_reports(probe, replay.plans + 1, self.kv_bound)
                 these.append(Step())
             elif a.async_scheduling and code == STEP:
-                these = [Schedule()] if len(replay.in_flight) < 2 else [Update()]
+                these = [Schedule()] if len(replay.in_flight) < self.depth else [Update()]
             elif a.async_scheduling and code == a.update:
                 these = [Update()]
             elif code == STEP:
@@ -1131,6 +1170,19 @@ class Expander:
                         event = Schedule(result)
                 events.append(event)
         return Workload(self.config, tuple(events), seed=None)
+
+
+def throttle_part(s: object, v: SchedulerView) -> Fingerprint:
+    """Model Runner V2's decode throttle (spec/runner_v2.py) as a state
+    keeps it beyond its view: per unfinished request, by arrival, the
+    schedule() calls left before the RUNNING loop takes it again
+    (next_decode_eligible_step less the step counter, 0 once eligible),
+    read from the reference scheduler's public fields (empty for a
+    scheduler without them). The step number itself is left out, as the
+    plans' are."""
+    requests: Any = getattr(s, "requests", {})
+    step: int = getattr(s, "step", 0)
+    return tuple(max(0, getattr(requests.get(rid), "next_decode_eligible_step", 0) - step) for rid in v.requests)
 
 
 def _busy(succ: Successor) -> bool:

@@ -25,11 +25,12 @@ class MemoModel(FakeModel):
     over and over) and the "prefix" acceptance keyed on the context."""
 
     def __init__(self, block_size: int, vocab: int, seed: int, num_speculative_tokens: int = 0,
-                 acceptance: str | None = None, groups: Sequence[KVCacheGroup] = ()) -> None:
+                 acceptance: str | None = None, groups: Sequence[KVCacheGroup] = (), rows: int = 1) -> None:
         # ``groups``: the KV cache groups of a hybrid layout (the model
-        # reads every group's table; a sliding-window group its window)
+        # reads every group's table; a sliding-window group its window);
+        # ``rows``: the plans whose outputs fill a -1 (k - 1 with k in flight)
         super().__init__(block_size, vocab, seed, num_speculative_tokens=num_speculative_tokens,
-                         acceptance=acceptance, groups=groups)
+                         acceptance=acceptance, groups=groups, rows=rows)
         self._memo: dict[tuple[int | None, ...], int] = {}
 
     def sample_token(self, context: tuple[int | None, ...]) -> int:

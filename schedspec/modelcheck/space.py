@@ -179,7 +179,7 @@ class Space:
         model.py)."""
         c = self.config
         return MemoModel(c.block_size, self.vocab, self.oracle_seed, c.num_speculative_tokens, self.acceptance,
-                         c.groups if c.is_hybrid else ())
+                         c.groups if c.is_hybrid else (), rows=c.max_concurrent_batches - 1)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -567,11 +567,33 @@ def _mamba() -> Bound:
     ))
 
 
+def _pipeline() -> Bound:
+    # k plans in flight (config.max_concurrent_batches; check/pipeline.py),
+    # in the tight pool: the plain Scheduler pipelined (k = 2: a decode
+    # waits for its token in flight while a prefill chunk runs on); async
+    # scheduling under the V2 runner with a pipeline of 2 (k = 3: the decode
+    # throttle, and a preempted request's output still in flight passed over
+    # by the WAITING loop, out of reach with k = 2); V2 with a draft model
+    # (k = 2: the plan's skip_drafts). Two requests only of the shortest
+    # shapes, else a space outgrows a minute.
+    tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
+    v2: dict[str, Any] = dict(async_scheduling=True, model_runner="v2", **tight)
+    return Bound("pipeline", (
+        _space("pp2-fcfs-tight-1req", (_A2, _E), 1, pipeline_parallel_size=2, **tight),
+        _space("pp2-fcfs-stop-2req", (_Ds,), 2, pipeline_parallel_size=2, **tight),
+        _space("v2-pp2-async-1req", (_Ps, _E), 1, pipeline_parallel_size=2, **v2),
+        # 2 usable blocks: the second P preempts the first, whose output is in flight
+        _space("v2-pp2-async-small-2req", (_Ps,), 2, pipeline_parallel_size=2, resets=False, async_scheduling=True,
+               model_runner="v2", num_blocks=3, max_model_len=4, max_num_batched_tokens=3),
+        _space("v2-async-draft-spec1-1req", (_Ps, _E), 1, drafter="draft_model", num_speculative_tokens=1, **v2),
+    ))
+
+
 BOUNDS: dict[str, Callable[[], Bound]] = {"small": _small, "medium": _medium, "large": _large, "modes": _modes,
                                           "modes-large": _modes_large, "gates": _gates, "gates-large": _gates_large,
                                           "connector": _connector, "hybrid": _hybrid,
                                           "connector-hybrid": _connector_hybrid, "kv-livelock": _kv_livelock,
-                                          "hybrid-mamba": _mamba}
+                                          "hybrid-mamba": _mamba, "pipeline": _pipeline}
 
 
 def bound(name: str) -> Bound:

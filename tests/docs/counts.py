@@ -200,6 +200,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(r"(?<![\w-])connector-hybrid \| " + NUM + r" spaces", spaces("connector-hybrid"), "spaces of the connector-hybrid bound"),
     Claim(r"(?<![\w-])kv-livelock \| " + NUM + r" spaces?", spaces("kv-livelock"), "spaces of the kv-livelock bound"),
     Claim(r"(?<![\w-])hybrid-mamba \| " + NUM + r" spaces?", spaces("hybrid-mamba"), "spaces of the hybrid-mamba bound"),
+    Claim(r"(?<![\w-])pipeline \| " + NUM + r" spaces?", spaces("pipeline"), "spaces of the pipeline bound"),
 )
 
 

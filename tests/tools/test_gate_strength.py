@@ -238,3 +238,19 @@ def test_a_wall_clock_timeout_is_undecided_and_run_again(tmp_path: Path, monkeyp
     monkeypatch.setattr(gs, "run_target", fake_run)
     assert gs.main(["run", "-", "--sample", "0", "--zoo", "-1", "--out", str(tmp_path), "--gates", "check"]) == 0
     assert calls == [("check",)]
+
+
+def test_a_registered_survivor_takes_its_reason_from_the_register(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = "schedspec.impl.connector.xǁConnectorMixinǁ_free_table__mutmut_13"
+    assert gs.GATE_SURVIVORS[name][0] == "equivalent"
+    gs.result_path(tmp_path, name).write_text(json.dumps(
+        {"target": name, "rule": "r", "check": {"verdict": "survived", "seconds": 1.0}}))
+    monkeypatch.setattr(gs, "executed_lines", lambda out, steps: {})
+
+    def no_show(*a: object, **k: object) -> None:
+        raise AssertionError("a registered survivor needs no diff")
+    monkeypatch.setattr(gs.subprocess, "run", no_show)
+    assert gs.reasons(tmp_path, tmp_path, 10) == 0
+    reason = json.loads(gs.result_path(tmp_path, name).read_text())["reason"]
+    assert reason.startswith("equivalent: num_slots None")

@@ -1,0 +1,33 @@
+"""The sampled impl/ mutants the gate alone (``schedspec check --against
+impl``, 20,000 steps) lets through, each with the reason found by reading
+it: ``tools/gate_strength.py reasons`` takes a reason from here before it
+falls back to the unmutated gate's line coverage.
+
+Names are mutmut 3's for impl/ as of e981998 (the tree the sample in
+data/gate-strength/impl-sample-seed1-e981998.jsonl ran on); they move when a
+mutated function changes. Kinds: "equivalent" (no scheduler tells it apart
+through the protocol: plans, views, events, statistics), "not reached" (the
+default check never draws what makes it differ) and "reached, not observed"
+(drawn, but rarely enough that 20,000 steps did not line it up).
+"""
+
+from __future__ import annotations
+
+GATE_SURVIVORS: dict[str, tuple[str, str]] = {
+    "schedspec.impl.allocation.xǁAllocationMixinǁ_register__mutmut_33": (
+        "equivalent", "end == num_prompt takes the mixed branch, whose token_range slices equal the prompt's"),
+    "schedspec.impl.connector.xǁConnectorMixinǁ_free_table__mutmut_13": (
+        "equivalent", "num_slots None for 0 on a freed table: admission sets it again before any read"),
+    "schedspec.impl.allocation.xǁAllocationMixinǁ_grow_running_groups__mutmut_8": (
+        "not reached", "end - lookahead differs only with lookahead slots (a draft model or EAGLE), which "
+        "the check draws only with --runner"),
+    "schedspec.impl.allocation.xǁAllocationMixinǁ_admit_alloc_groups__mutmut_41": (
+        "reached, not observed", "max(1, ...) frees a skipped block only for a one-token window or chunk "
+        "(block size 1) admitted with a hit and tokens still in flight"),
+    "schedspec.impl.connector.xǁConnectorMixinǁ_after_schedule_kv__mutmut_9": (
+        "reached, not observed", "a request stays in _inflight_prefills past its prefill: the reserve only "
+        "binds with an asynchronous load waiting under block pressure (killed at 140 s in an earlier sample)"),
+    "schedspec.impl.connector.xǁConnectorMixinǁ_clone_connector__mutmut_26": (
+        "reached, not observed", "the clone shares _deferred_frees: the fork (every 16 steps) must land on "
+        "a step with deferred frees pending (async scheduling with a connector)"),
+}

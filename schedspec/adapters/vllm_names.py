@@ -87,4 +87,6 @@ def block_hasher(block_size: int, hash_lookahead: int = 0) -> Callable[[Any], An
     """vLLM's request block hasher for ``block_size`` (SHA-256, as configured),
     each hash covering ``hash_lookahead`` tokens past its block as the engine
     builds it (vllm/v1/engine/core.py: VllmConfig.num_hash_lookahead_tokens)."""
+    if not hash_lookahead:  # vLLM 0.32's engine takes no lookahead argument
+        return get_request_block_hasher(block_size, sha256)
     return get_request_block_hasher(block_size, sha256, hash_lookahead)

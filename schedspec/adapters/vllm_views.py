@@ -331,10 +331,14 @@ def kv_view(sched: Any, keys: BlockKeys, config: SchedulerConfig) -> KVView:
     ref_cnt = tuple(0 if b.is_null else b.ref_cnt for b in pool.blocks)
     free_queue = tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
     block_keys: dict[int, BlockKey] = {}
+
+    def whole(key: BlockKey) -> bool:  # a key of whole blocks (each with EAGLE's lookahead after it)
+        return (len(key[1]) - keys.lookahead) % bs == 0
+
     for b in pool.blocks:
         if b.block_hash is not None:
             key = keys.key(b.block_hash)
-            if len(key[1]) % bs == 0:
+            if whole(key):
                 block_keys[b.block_id] = key
     cache_index: dict[BlockKey, tuple[int, ...]] = {}
     partial_index: dict[BlockKey, tuple[int, ...]] = {}
@@ -345,7 +349,7 @@ def kv_view(sched: Any, keys: BlockKeys, config: SchedulerConfig) -> KVView:
             ids = tuple(held)  # dict block_id -> block, in insertion (lookup) order
         if ids:
             key = keys.key(h)
-            (cache_index if len(key[1]) % bs == 0 else partial_index)[key] = ids
+            (cache_index if whole(key) else partial_index)[key] = ids
     return KVView(
         num_blocks=config.num_blocks,
         block_size=config.block_size,

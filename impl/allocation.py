@@ -110,11 +110,11 @@ class AllocationMixin:
         if self._hybrid:
             self._g_cache(req, upto)
             return
-        if self._hash_la:
-            self._register_lookahead(req, upto)
-            return
         block_size = self._bs
-        num_full = upto // block_size
+        # EAGLE's hash lookahead L: a block has a key once the L tokens after
+        # it are known, and its key's own tokens run L past its end
+        lookahead = self._hash_la
+        num_full = (min(upto, req.num_tokens - lookahead) if lookahead else upto) // block_size
         first = req.num_cached_blocks
         if num_full <= first:
             return
@@ -131,7 +131,10 @@ class AllocationMixin:
         num_prompt = req.num_prompt_tokens
         start = first * block_size
         end = num_full * block_size
-        if num_full == first + 1:  # one block (a decode step)
+        if lookahead:
+            token_range = req.token_range
+            chunks = [token_range(x, x + block_size + lookahead) for x in range(start, end, block_size)]
+        elif num_full == first + 1:  # one block (a decode step)
             chunks = [req.token_range(start, end)]
         elif end <= num_prompt:
             prompt = req.prompt_token_ids
@@ -147,38 +150,10 @@ class AllocationMixin:
         else:
             prefix_index.register_chain(blocks, first, parent, chunks)
         if prefix_index.events is not None:
-            prefix_index.events.append(stored_run(req, blocks, prefix_index.block_node, first, chunks, block_size))
-        req.num_cached_blocks = num_full
-        req.next_full_at = (num_full + 1) * block_size
-
-    def _register_lookahead(self, req: Request, upto: int) -> None:
-        """``_register`` with EAGLE's hash lookahead L: a block has a key
-        once the L tokens after it are known (``upto`` at most num_tokens -
-        L), and its key's own tokens run L past its end. ``next_full_at``
-        stays the block's end, a bound the callers test before calling."""
-        block_size, lookahead = self._bs, self._hash_la
-        num_full = min(upto, req.num_tokens - lookahead) // block_size
-        first = req.num_cached_blocks
-        if num_full <= first:
-            return
-        prefix_index = self._px
-        blocks = req.block_ids
-        parent: Parent = req.key_root
-        if first > 0:
-            node = prefix_index.block_node[blocks[first - 1]]
-            assert node is not None
-            parent = node
-        token_range = req.token_range
-        chunks = [token_range(x, x + block_size + lookahead)
-                  for x in range(first * block_size, num_full * block_size, block_size)]
-        if req.identity_marks:
-            prefix_index.register_marked(blocks, first, parent, chunks, req.identity_marks)
-        else:
-            prefix_index.register_chain(blocks, first, parent, chunks)
-        if prefix_index.events is not None:
-            prefix_index.events.append(stored_keyed(req, blocks, prefix_index.block_node, first, num_full,
-                                                    list(range(first, num_full)), block_size, 0,
-                                                    "full_attention", lookahead))
+            prefix_index.events.append(
+                stored_keyed(req, blocks, prefix_index.block_node, first, num_full, list(range(first, num_full)),
+                             block_size, 0, "full_attention", lookahead) if lookahead
+                else stored_run(req, blocks, prefix_index.block_node, first, chunks, block_size))
         req.num_cached_blocks = num_full
         req.next_full_at = (num_full + 1) * block_size
 

@@ -173,8 +173,9 @@ EVERY_MODE = Capabilities(async_scheduling=True, speculative_decoding=True)
 
 #: The spec also takes every admission gate (LoRA, structured outputs, pause
 #: states, the watermark, the prefill cadence, the encoder budget), the KV
-#: connector and hybrid KV cache groups.
-SPEC_CAPABILITIES = dataclasses.replace(EVERY_MODE.with_gates().with_kv(), kv_events=True, stats=True)
+#: connector, hybrid KV cache groups and every engine feature (sessions, a
+#: pipeline, Model Runner V2, drafters).
+SPEC_CAPABILITIES = dataclasses.replace(EVERY_MODE.with_gates().with_kv().with_engine(), kv_events=True, stats=True)
 
 
 def impl_capabilities() -> Capabilities:
@@ -187,7 +188,7 @@ def impl_capabilities() -> Capabilities:
 
     kv = getattr(ImplScheduler, "KV", ())
     caps = EVERY_MODE.with_gates(g for g, cap in GATE_CAPABILITIES.items() if cap in ImplScheduler.GATES).with_kv(
-        k for k, cap in KV_CAPABILITIES.items() if cap in kv)
+        k for k, cap in KV_CAPABILITIES.items() if cap in kv).with_engine()
     # the KV cache events (spec/kv_events.py) and the statistics (spec/stats.py) where it reports them
     return dataclasses.replace(caps, kv_events=callable(getattr(ImplScheduler, "take_kv_events", None)),
                                stats=callable(getattr(ImplScheduler, "make_stats", None)))

@@ -146,9 +146,10 @@ def is_async_scheduler_class(cls: type) -> bool:
 #: config) supports: everything the spec does, in all four modes, with every
 #: admission gate (LoRA, structured outputs, pause states, the watermark, the
 #: prefill cadence, the encoder budget), the KV connector (the modelled one,
-#: schedspec/adapters/vllm_connector.py) and hybrid KV cache groups.
+#: schedspec/adapters/vllm_connector.py), hybrid KV cache groups and every
+#: engine feature (sessions, a pipeline, Model Runner V2, drafters).
 VLLM_CAPABILITIES = Capabilities(async_scheduling=True, speculative_decoding=True, kv_events=True,
-                                 stats=True).with_gates().with_kv()
+                                 stats=True).with_gates().with_kv().with_engine()
 
 
 def capabilities_of_class(cls: type) -> Capabilities:
@@ -160,7 +161,7 @@ def capabilities_of_class(cls: type) -> Capabilities:
     config is refused when it is built)."""
     is_async = is_async_scheduler_class(cls)
     return Capabilities(async_scheduling=is_async, speculative_decoding=True,
-                        sync_scheduling=not is_async, kv_events=True, stats=True).with_gates().with_kv()
+                        sync_scheduling=not is_async, kv_events=True, stats=True).with_gates().with_kv().with_engine()
 
 
 class VllmScheduler(SessionsAdapter):

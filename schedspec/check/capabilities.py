@@ -29,7 +29,15 @@ from schedspec.invariants.core import Invariant
 from schedspec.spec.interface import Policy, RequestSpec, SchedSpecError, SchedulerConfig
 
 from schedspec.check.defects import steer
-from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES, gates_of
+from schedspec.check.features import (
+    ENGINE_CAPABILITIES,
+    ENGINE_FEATURES,
+    GATE_CAPABILITIES,
+    GATES,
+    KV_CAPABILITIES,
+    KV_FEATURES,
+    gates_of,
+)
 from schedspec.check.gate_requests import with_gates
 from schedspec.check.workload import (
     KV_EVENTS,
@@ -40,6 +48,7 @@ from schedspec.check.workload import (
     Pause,
     ResetPrefixCache,
     Resume,
+    SessionInput,
     Workload,
     keep_protocol,
 )
@@ -70,6 +79,11 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
         "hybrid_kv",
         # the KV cache events (spec/kv_events.py): take_kv_events()
         "kv_events",
+        # the engine features (features.ENGINE_FEATURES)
+        "sessions",
+        "pipeline",
+        "runner_v2",
+        "drafters",
     }
 )
 
@@ -160,6 +174,18 @@ class Capabilities:
     #: through the optional ``make_stats()`` after each update
     #: (``schedspec check`` draws it on per workload: check/outputs.py)
     stats: bool = False
+    # The engine features (features.ENGINE_FEATURES), opted into as the KV
+    # features are:
+    #: streaming-input sessions: RequestSpec.resumable and session_update()
+    #: (the optional Scheduler method; spec/sessions.py)
+    sessions: bool = False
+    #: pipeline_parallel_size 2..4: up to that many plans in flight
+    #: (schedule() again before the oldest plan's update)
+    pipeline: bool = False
+    #: model_runner "v2": Model Runner V2's decisions (spec/runner_v2.py)
+    runner_v2: bool = False
+    #: drafter "draft_model" or "eagle": lookahead slots, EAGLE's hash lookahead
+    drafters: bool = False
 
     def __post_init__(self) -> None:
         if not (self.sync_scheduling or self.async_scheduling):
@@ -194,7 +220,8 @@ class Capabilities:
         plain = dataclasses.replace(self, async_scheduling=False, speculative_decoding=False, lora=False,
                                     structured_output=False, pause=False, watermark=False,
                                     prefill_cadence=False, encoder=False, kv_connector=False, hybrid_kv=False,
-                                    kv_events=False, stats=False)
+                                    kv_events=False, stats=False, sessions=False, pipeline=False,
+                                    runner_v2=False, drafters=False)
         return self == FULL or plain == FULL
 
     def always(self) -> tuple[str, ...]:
@@ -233,6 +260,26 @@ class Capabilities:
                 raise CapabilityError(f"unknown KV feature {k!r} (choose from {', '.join(KV_FEATURES)})")
             changes[KV_CAPABILITIES[k]] = True
         return dataclasses.replace(self, **changes)
+
+    def engine(self) -> tuple[str, ...]:
+        """The engine features (features.ENGINE_FEATURES) this declaration supports."""
+        return tuple(k for k in ENGINE_FEATURES if getattr(self, ENGINE_CAPABILITIES[k]))
+
+    def with_engine(self, engine: Iterable[str] = ENGINE_FEATURES) -> "Capabilities":
+        """This declaration with the engine features ``engine``
+        (features.ENGINE_FEATURES names; default all) supported too."""
+        changes: dict[str, Any] = {}
+        for k in engine:
+            if k not in ENGINE_CAPABILITIES:
+                raise CapabilityError(f"unknown engine feature {k!r} (choose from {', '.join(ENGINE_FEATURES)})")
+            changes[ENGINE_CAPABILITIES[k]] = True
+        return dataclasses.replace(self, **changes)
+
+    def drawable_engine(self, engine: Iterable[str]) -> tuple[str, ...]:
+        """``engine`` less the engine features this declaration does not
+        support, in ENGINE_FEATURES order."""
+        wanted, have = set(engine), self.engine()
+        return tuple(k for k in ENGINE_FEATURES if k in wanted and k in have)
 
     def drawable_modes(self, modes: Iterable[str]) -> tuple[str, ...]:
         """``modes`` (features.MODES) less those this declaration does not
@@ -341,6 +388,12 @@ class Capabilities:
             out.append("hybrid kv_cache_groups")
         if config.enable_kv_cache_events and not self.kv_events:
             out.append("enable_kv_cache_events=True")
+        if config.pipeline_parallel_size > 1 and not self.pipeline:
+            out.append(f"pipeline_parallel_size={config.pipeline_parallel_size}")
+        if config.model_runner == "v2" and not self.runner_v2:
+            out.append("model_runner='v2'")
+        if config.drafter != "ngram" and not self.drafters:
+            out.append(f"drafter={config.drafter!r}")
         return out
 
     def request_problems(self, request: RequestSpec) -> list[str]:
@@ -357,6 +410,8 @@ class Capabilities:
             out.append(f"{request.request_id}: mm_inputs")
         if (request.kv_external_tokens or request.kv_load_async or request.kv_save_async) and not self.kv_connector:
             out.append(f"{request.request_id}: kv_external_tokens / kv_load_async / kv_save_async")
+        if request.resumable and not self.sessions:
+            out.append(f"{request.request_id}: resumable")
         return out
 
     def workload_problems(self, workload: Workload) -> list[str]:
@@ -376,6 +431,8 @@ class Capabilities:
                 out.append("grammar_ready")
             elif isinstance(e, KV_EVENTS) and not self.kv_connector:
                 out.append("KV connector events (kv_load_done / kv_load_failed / kv_save_done)")
+            elif isinstance(e, SessionInput) and not self.sessions:
+                out.append("streaming input (session_update)")
         return list(dict.fromkeys(out))
 
     def restrict_config(self, config: SchedulerConfig) -> SchedulerConfig:
@@ -437,7 +494,21 @@ class Capabilities:
             changes["kv_cache_groups"] = ()
         if config.enable_kv_cache_events and not self.kv_events:
             changes["enable_kv_cache_events"] = False
-        out = dataclasses.replace(config, **changes)
+        if config.pipeline_parallel_size > 1 and not self.pipeline:
+            changes["pipeline_parallel_size"] = 1
+        if config.model_runner == "v2" and not self.runner_v2:
+            changes["model_runner"] = "v1"
+        if config.drafter != "ngram" and not self.drafters:
+            changes["drafter"] = "ngram"
+        try:
+            out = dataclasses.replace(config, **changes)
+        except SchedSpecError:
+            if not config.is_hybrid:
+                raise
+            # a layout the restricted config cannot take (a Mamba group needs
+            # prefix caching and chunked prefill, and no drafts): the plain one
+            changes.update(kv_cache_groups=(), hash_block_size=0)
+            out = dataclasses.replace(config, **changes)
         off = [g for g in self.always_gates() if g not in gates_of(out)]
         if off:
             out = with_gates(out, off, random.Random("schedspec-always-gates"))
@@ -465,6 +536,8 @@ class Capabilities:
             changes["kv_external_tokens"] = 0
             changes["kv_load_async"] = False
             changes["kv_save_async"] = False
+        if request.resumable and not self.sessions:
+            changes["resumable"] = False
         return dataclasses.replace(request, **changes) if changes else request
 
     def restrict_events(self, events: Iterable[Event]) -> tuple[Event, ...]:
@@ -482,6 +555,8 @@ class Capabilities:
             elif isinstance(e, GrammarReady) and not self.structured_output:
                 continue
             elif isinstance(e, KV_EVENTS) and not self.kv_connector:
+                continue
+            elif isinstance(e, SessionInput) and not self.sessions:
                 continue
             else:
                 out.append(e)

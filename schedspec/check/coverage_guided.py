@@ -34,6 +34,7 @@ from typing import Mapping, Sequence
 from schedspec.check.driver import Runner
 from schedspec.check.config_space import CHECK_SPACE
 from schedspec.check.defects import keep_failed_sync_loads_alive
+from schedspec.check.engine_draw import draw_sessions, engine_features, engine_rng, with_engine
 from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES, kv_of
 from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_rng, with_gates
 from schedspec.check.kv_requests import (
@@ -391,6 +392,11 @@ CHUNKED_LOCAL_RULES = frozenset(("kv_groups.hit_skipped_in_chunk", "kv_groups.ch
 SLIDING_WINDOW_RULES = frozenset(("kv_groups.hit_skipped_in_window", "kv_groups.window_freed",
                                   "kv_groups.cache_masked", "kv_groups.admission_capped"))
 
+#: The rules only a Mamba group reaches: a focus on one of them draws one
+#: (with_mamba), so no KV connector or drafts, prefix caching and chunked
+#: prefill on.
+MAMBA_RULES = frozenset(("kv_groups.hit_before_state", "kv_groups.state_freed", "kv_groups.state_hit_deferred",
+                         "mamba.chunk_aligned", "mamba.chunk_none"))
 #: The rules only partial prefix-cache entries reach: a focus on one of them
 #: draws a hash block size below the block size (with_hash_block), so no
 #: KV connector and prefix caching on.
@@ -422,13 +428,14 @@ def pick_kv(kv: Sequence[str], focus: Sequence[str], rng: random.Random) -> tupl
     return tuple(k for k in KV_FEATURES if k in chosen)
 
 
-def _streams(config: SchedulerConfig, focus: Sequence[str], seed: int, vocab: int) -> SessionRequests | None:
-    """Streaming-input sessions for a focus on one of their rules (Rule.gates
-    naming "sessions", spec/rule_names.py): some requests resumable, their
-    chunks and ends sent between steps (session_events.SessionRequests), in
-    the config sessions are modelled in (FCFS, no KV connector); None for
-    any other focus, so its workload is the one its seed always gave."""
-    if not any("sessions" in RULES[rule].gates for rule in focus if rule in RULES):
+def _streams(config: SchedulerConfig, engine: Sequence[str], focus: Sequence[str], seed: int,
+             vocab: int) -> SessionRequests | None:
+    """Streaming-input sessions where the engine draw makes them (always for
+    a focus on one of their rules: Rule.gates naming "sessions",
+    spec/rule_names.py): some requests resumable, their chunks and ends sent
+    between steps (session_events.SessionRequests), in the config sessions
+    are modelled in (FCFS, no KV connector); None otherwise."""
+    if not draw_sessions(engine, focus, engine_rng(f"sessions-{seed}")):
         return None
     return SessionRequests(session_config(config), session_rng(f"guided-{seed}"), vocab)
 
@@ -436,7 +443,7 @@ def _streams(config: SchedulerConfig, focus: Sequence[str], seed: int, vocab: in
 def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),
                     modes: Sequence[str] = ("sync",), oracle_seed: int | None = None,
                     gates: Sequence[str] = (), kv: Sequence[str] = (),
-                    always_gates: Sequence[str] = ()) -> Workload:
+                    always_gates: Sequence[str] = (), engine: Sequence[str] = ()) -> Workload:
     """A seeded workload of ``num_steps`` steps with a swarm of features,
     aimed at ``focus`` (rule names). The spec runs beside the generator (the
     fake model seeded with ``oracle_seed``, default ``seed``, as the gate
@@ -447,7 +454,10 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     workload with none is the one its seed always gave; they are among its
     features as ``gate:NAME``. ``kv``
     (features.KV_FEATURES): the KV features it may turn on, the same way
-    (``pick_kv``, ``with_kv``, ``KVRequests``; ``kv:NAME`` features)."""
+    (``pick_kv``, ``with_kv``, ``KVRequests``; ``kv:NAME`` features).
+    ``engine`` (features.ENGINE_FEATURES): the engine features it may turn
+    on, in a share of the workloads (check/engine_draw.py; ``sessions``,
+    ``pipeline:k=K`` and ``runner:...`` features)."""
     rng = random.Random(f"schedspec-guided-{seed}")
     plan = draw_plan(rng, focus)
     config = with_mode(plan_config(rng, plan), pick_mode(modes, focus, random.Random(f"schedspec-mode-{seed}")))
@@ -465,18 +475,30 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         krng = kv_rng(f"guided-{seed}")
         picked = pick_kv(kv, focus, krng)
         partial = any(rule in PARTIAL_RULES for rule in focus) and "hybrid" in picked
-        if partial:  # partial entries: no connector, prefix caching on
+        mamba = any(rule in MAMBA_RULES for rule in focus) and "hybrid" in picked
+        if partial or mamba:  # partial entries, Mamba groups: no connector, prefix caching on
             picked = tuple(k for k in picked if k != "connector")
             config = dataclasses.replace(config, enable_prefix_caching=True)
-        config = with_kv(config, picked, krng, chunk_rng(f"guided-{seed}"), pick_chunked(focus))
-        config = with_mamba(config, mamba_rng(f"guided-{seed}"))  # opt-in (kv_requests.MAMBA_RATE)
-        # partial prefix-cache entries, always for a focus on their rules
-        config = with_hash_block(config, hash_rng(f"guided-{seed}"), 1.0 if partial else HASH_BLOCK_RATE)
+        if mamba:  # (and chunked prefill on, no drafts: spec/validate.py)
+            config = dataclasses.replace(config, enable_chunked_prefill=True, num_speculative_tokens=0)
+        chunked = pick_chunked(focus)
+        config = with_kv(config, picked, krng, chunk_rng(f"guided-{seed}"), chunked)
+        # partial prefix-cache entries, always for a focus on their rules (none for one on Mamba's)
+        config = with_hash_block(config, hash_rng(f"guided-{seed}"),
+                                 1.0 if partial else 0.0 if mamba else HASH_BLOCK_RATE)
+        # a Mamba group where the layout takes one (kv_requests.MAMBA_RATE), always for a focus on
+        # its rules, never in the place of the window or chunk a focus on their rules needs
+        config = with_mamba(config, mamba_rng(f"guided-{seed}"),
+                            1.0 if mamba else 0.0 if chunked is not None else None)
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
-    streams = _streams(config, focus, seed, vocab)  # a focus on a streaming-input rule: sessions
+    streams = _streams(config, engine, focus, seed, vocab)  # sessions (always for a focus on their rules)
     if streams is not None:
         config, kv_requests = streams.config, None
+    if engine:  # the runner, pipeline and drafter (check/engine_draw.py)
+        config = with_engine(config, engine, focus, engine_rng(f"guided-{seed}"), sessions=streams is not None)
+        if streams is not None:
+            streams.config = config
     f = plan.features
     requests = _Requests(rng, config, plan, vocab)
 
@@ -485,7 +507,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
             req = requests.make()
             req = req if gated is None else gated.decorate(req)
             req = req if kv_requests is None else kv_requests.decorate(req)
-            return req if streams is None or req.structured_output or req.mm_inputs else streams.decorate(req)
+            if streams is None or req.structured_output or req.mm_inputs or config.num_hash_lookahead_tokens:
+                return req  # (sessions with EAGLE's hash lookahead are not modelled: spec/protocol.py)
+            return streams.decorate(req)
 
     make = _Make()
     sim = Runner(config, {"spec": SpecScheduler}, vocab=vocab,
@@ -546,7 +570,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
                 for event in kv_requests.before_step():
                     emit(event)
             if streams is not None:
-                for event in streams.before_step():
+                waiting = {rid for rid, req in spec.requests.items()
+                           if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ}
+                for event in streams.before_step(waiting):
                     emit(event)
             if "split_steps" in f and spec.requests and rng.random() < 0.25:
                 emit(Schedule())  # schedule(N), an abort or an arrival, then update(N)
@@ -580,4 +606,5 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         events = keep_failed_sync_loads_alive(events, config)
     return Workload(config=config, events=tuple(events), seed=seed, name="guided",
                     features=plan.labels() + tuple(f"gate:{g}" for g in chosen)
-                    + tuple(f"kv:{k}" for k in kv_chosen))
+                    + tuple(f"kv:{k}" for k in kv_chosen)
+                    + (("sessions",) if streams is not None else ()) + engine_features(config))

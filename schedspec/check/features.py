@@ -55,21 +55,28 @@ GATE_CAPABILITIES: Mapping[str, str] = {
 }
 
 
-def parse_gates(text: str) -> tuple[str, ...]:
-    """``"lora,pause"`` -> ("lora", "pause"), in GATES order; ``"all"`` ->
-    GATES, ``"none"`` -> (); a ValueError names an unknown gate."""
+def _parse_names(text: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """``"a,b"`` -> the names of ``known`` it lists, in ``known``'s order;
+    ``"all"`` -> ``known``, ``"none"`` -> (); a ValueError names an unknown
+    ``what`` (the CLI's --gates, --kv and --engine)."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
-        raise ValueError(f"no gate given (choose from {', '.join(GATES)}, all or none)")
+        raise ValueError(f"no {what} given (choose from {', '.join(known)}, all or none)")
     if names == ["all"]:
-        return GATES
+        return known
     if names == ["none"]:
         return ()
     for name in names:
-        if name not in GATES:
+        if name not in known:
             extra = " (all and none stand alone)" if name in ("all", "none") else ""
-            raise ValueError(f"unknown gate {name!r}{extra} (choose from {', '.join(GATES)}, all or none)")
-    return tuple(g for g in GATES if g in names)
+            raise ValueError(f"unknown {what} {name!r}{extra} (choose from {', '.join(known)}, all or none)")
+    return tuple(k for k in known if k in names)
+
+
+def parse_gates(text: str) -> tuple[str, ...]:
+    """``"lora,pause"`` -> ("lora", "pause"), in GATES order; ``"all"`` ->
+    GATES, ``"none"`` -> (); a ValueError names an unknown gate."""
+    return _parse_names(text, GATES, "gate")
 
 
 def gates_of(config: SchedulerConfig, events: Sequence["Event"] = ()) -> tuple[str, ...]:
@@ -114,18 +121,7 @@ def parse_kv(text: str) -> tuple[str, ...]:
     """``"connector,hybrid"`` -> ("connector", "hybrid"), in KV_FEATURES
     order; ``"all"`` -> KV_FEATURES, ``"none"`` -> (); a ValueError names an
     unknown feature."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise ValueError(f"no KV feature given (choose from {', '.join(KV_FEATURES)}, all or none)")
-    if names == ["all"]:
-        return KV_FEATURES
-    if names == ["none"]:
-        return ()
-    for name in names:
-        if name not in KV_FEATURES:
-            extra = " (all and none stand alone)" if name in ("all", "none") else ""
-            raise ValueError(f"unknown KV feature {name!r}{extra} (choose from {', '.join(KV_FEATURES)}, all or none)")
-    return tuple(k for k in KV_FEATURES if k in names)
+    return _parse_names(text, KV_FEATURES, "KV feature")
 
 
 def kv_of(config: SchedulerConfig, events: Sequence["Event"] = ()) -> tuple[str, ...]:
@@ -153,3 +149,45 @@ def gate_capabilities(gates: Sequence[str]) -> tuple[str, ...]:
 def kv_capabilities(kv: Sequence[str]) -> tuple[str, ...]:
     """The capability names of the KV features ``kv``."""
     return tuple(KV_CAPABILITIES[k] for k in kv)
+
+
+#: The engine features a workload can turn on, each the way vLLM's engine
+#: drives the scheduler: streaming-input sessions (resumable requests sent
+#: chunks and ends between steps: check/session_events.py), a pipeline of k
+#: plans in flight (pipeline_parallel_size 2..4: check/pipeline.py), Model
+#: Runner V2 (model_runner "v2": spec/runner_v2.py) and a drafter with its own
+#: forward pass (a draft model or EAGLE: lookahead slots, EAGLE's hash
+#: lookahead). Drawn in a share of the workloads (check/engine_draw.py).
+ENGINE_FEATURES: tuple[str, ...] = ("sessions", "pipeline", "runner", "drafter")
+
+#: engine feature -> the capability name (schedspec.check.capabilities) a
+#: scheduler declares to take it (those spec/rule_names.py's Rule.gates
+#: name: sessions, runner_v2)
+ENGINE_CAPABILITIES: Mapping[str, str] = {
+    "sessions": "sessions", "pipeline": "pipeline", "runner": "runner_v2", "drafter": "drafters"}
+
+
+def parse_engine(text: str) -> tuple[str, ...]:
+    """``"sessions,runner"`` -> ("sessions", "runner"), in ENGINE_FEATURES
+    order; ``"all"`` -> ENGINE_FEATURES, ``"none"`` -> (); a ValueError names
+    an unknown feature."""
+    return _parse_names(text, ENGINE_FEATURES, "engine feature")
+
+
+def engine_of(config: SchedulerConfig, events: Sequence["Event"] = ()) -> tuple[str, ...]:
+    """The engine features a config and its events use, in ENGINE_FEATURES order."""
+    on: set[str] = set()
+    if config.pipeline_parallel_size > 1:
+        on.add("pipeline")
+    if config.model_runner == "v2":
+        on.add("runner")
+    if config.drafter != "ngram":
+        on.add("drafter")
+    if any(isinstance(e, AddRequest) and e.request.resumable for e in events):
+        on.add("sessions")
+    return tuple(k for k in ENGINE_FEATURES if k in on)
+
+
+def engine_capabilities(engine: Sequence[str]) -> tuple[str, ...]:
+    """The capability names of the engine features ``engine``."""
+    return tuple(ENGINE_CAPABILITIES[k] for k in engine)

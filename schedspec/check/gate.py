@@ -38,7 +38,15 @@ from schedspec.check.shrink import count_steps, shrink
 from schedspec.check.coverage_guided import choose_focus, effect_focus, guided_workload
 from schedspec.check.dense_phase import (DENSE_STEPS, after_phase, core_first_after, dense_first, in_phase,
                                          phase_settings)
-from schedspec.check.features import GATES, KV_FEATURES, gate_capabilities, kv_capabilities
+from schedspec.check.features import (
+    ENGINE_FEATURES,
+    GATES,
+    KV_FEATURES,
+    engine_capabilities,
+    engine_of,
+    gate_capabilities,
+    kv_capabilities,
+)
 from schedspec.check.kv_events_file import EventsWriter
 from schedspec.check.event_counts import EventsTally
 from schedspec.check.outputs import outputs_on, with_outputs
@@ -96,6 +104,11 @@ class CheckSettings:
     #: the workloads may turn on, each workload a subset; only those the
     #: scheduler under test supports are drawn
     kv: tuple[str, ...] = KV_FEATURES
+    #: the engine features (features.ENGINE_FEATURES: sessions, a pipeline,
+    #: Model Runner V2, drafters) the guided workloads may turn on, in a share
+    #: of them (check/engine_draw.py); only those the scheduler under test
+    #: supports are drawn
+    engine: tuple[str, ...] = ENGINE_FEATURES
     #: the deadline of one call into a scheduler, in seconds (None: none;
     #: check/deadline.py): a call past it is a finding of kind "timeout"
     call_timeout: float | None = DEFAULT_CALL_TIMEOUT
@@ -111,11 +124,11 @@ class CheckSettings:
     #: with kv_events: write the reference's stream here as JSON lines
     #: (kv_events_file.py), one per event
     events_file: Path | None = None
-    #: streaming-input sessions in the random workloads (check/session_events.py)
+    #: every workload random, with streaming-input sessions (check/session_events.py)
     sessions: bool = False
-    #: pipeline sizes (k plans in flight) drawn in the random workloads (check/pipeline.py)
+    #: every workload random, with a pipeline size (k plans in flight) drawn (check/pipeline.py)
     pipeline: bool = False
-    #: the model runner and pipeline size drawn (check/runner_draw.py)
+    #: every workload random, with the model runner, pipeline size and drafter drawn (check/runner_draw.py)
     runner: bool = False
 
     @property
@@ -146,10 +159,17 @@ class CheckSettings:
         return self.capabilities.drawable_kv(self.kv)
 
     @property
+    def drawn_engine(self) -> tuple[str, ...]:
+        """``engine`` less the engine features the scheduler under test does
+        not support, in ENGINE_FEATURES order."""
+        return self.capabilities.drawable_engine(self.engine)
+
+    @property
     def drawn_capabilities(self) -> tuple[str, ...]:
-        """The capability names of the gates and KV features drawn (what
-        spec/rule_names.py's Rule.gates lists)."""
-        return gate_capabilities(self.drawn_gates) + kv_capabilities(self.drawn_kv)
+        """The capability names of the gates, KV and engine features drawn
+        (what spec/rule_names.py's Rule.gates lists)."""
+        return (gate_capabilities(self.drawn_gates) + kv_capabilities(self.drawn_kv)
+                + engine_capabilities(self.drawn_engine))
 
 
 def resolve_selection(mode: Mode, selector: str | None, capabilities: Capabilities = FULL) -> Selection:
@@ -490,6 +510,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                 if on[0]:
                     tally.add(runner.stats, workload)
             stats.merge(runner.stats)
+            stats.count_engine(engine_of(workload.config, workload.events))
             if core:
                 core_rules.update(runner.stats.rules)
             steps += runner.stats.steps
@@ -744,7 +765,8 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
             names = rules_within(settings.capabilities, reachable_in(modes, gate_capabilities(gates)))
         focus = choose_focus(counts, seed, names=names) + effect_focus(counts, seed, modes)  # spec/effects.py
         workload = guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes,
-                                   gates=gates, kv=kv, always_gates=always)
+                                   gates=gates, kv=kv, always_gates=always,
+                                   engine=() if core else settings.drawn_engine)
     else:
         raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got {settings.generator!r}")
     if core and (settings.drawn_gates or settings.drawn_kv or modes != settings.drawn_modes):

@@ -50,17 +50,19 @@ def _mamba_rate(text: str) -> float:
 
 #: The probability that a hybrid draw puts a Mamba group ("align" mode) in
 #: the place of its last sliding-window group, drawn from mamba_rng apart
-#: from every other draw. 0 by default, so the layouts of every seed stay
-#: those it gave before Mamba groups were modelled; a run opts in with the
-#: environment variable SCHEDSPEC_MAMBA_RATE (e.g. 1 with ``--kv hybrid``).
+#: from every other draw: DEFAULT_MAMBA_RATE, or the environment variable
+#: SCHEDSPEC_MAMBA_RATE (e.g. 1 with ``--kv hybrid``; 0 for no Mamba group).
 MAMBA_RATE: float | None = None  # None: read SCHEDSPEC_MAMBA_RATE at each draw
+DEFAULT_MAMBA_RATE = 0.3
 
 
 def mamba_rate() -> float:
     """The Mamba draw's probability: MAMBA_RATE when set, else the
-    environment's SCHEDSPEC_MAMBA_RATE (0 when unset; ValueError when not a
-    probability)."""
-    return MAMBA_RATE if MAMBA_RATE is not None else _mamba_rate(os.environ.get("SCHEDSPEC_MAMBA_RATE", "0"))
+    environment's SCHEDSPEC_MAMBA_RATE (DEFAULT_MAMBA_RATE when unset;
+    ValueError when not a probability)."""
+    if MAMBA_RATE is not None:
+        return MAMBA_RATE
+    return _mamba_rate(os.environ.get("SCHEDSPEC_MAMBA_RATE", str(DEFAULT_MAMBA_RATE)))
 
 
 def mamba_rng(seed: int | str) -> random.Random:

@@ -142,8 +142,8 @@ def random_workload(
         krng = kv_rng(seed)
         kv_chosen = draw_kv_subset(kv, krng)
         config = with_kv(config, kv_chosen, krng, chunk_rng(seed))
-        config = with_mamba(config, mamba_rng(seed))  # spec/mamba.py's groups, opt-in (MAMBA_RATE)
         config = with_hash_block(config, hash_rng(seed))  # partial prefix-cache entries
+        config = with_mamba(config, mamba_rng(seed))  # spec/mamba.py's groups (MAMBA_RATE), where it takes one
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
     streams: SessionRequests | None = None

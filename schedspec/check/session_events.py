@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import weakref
-from typing import Mapping, Protocol, Sequence
+from typing import Collection, Mapping, Protocol, Sequence
 
 from schedspec.spec.interface import (
     Policy,
@@ -175,12 +175,19 @@ class SessionRequests:
     def forget(self, request_id: str) -> None:
         self.live.pop(request_id, None)
 
-    def before_step(self) -> list[Event]:
+    def before_step(self, waiting: Collection[str] | None = None) -> list[Event]:
+        """The chunks and ends sent before a step: each live session gets its
+        next chunk at probability 0.15, or, where the caller knows which
+        sessions wait for input (``waiting``: the guided generator reads its
+        spec beside it), 0.5 for those and 0.04 for the others, so a chunk
+        also lands on a waiting session (applied at once) and not only in its
+        queue."""
         out: list[Event] = []
         rng = self.rng
         for rid in list(self.live):
             r = rng.random()
-            if r < 0.15:
+            p_chunk = 0.15 if waiting is None else 0.5 if rid in waiting else 0.04
+            if r < p_chunk:
                 chunk = tuple(rng.randrange(self.vocab) for _ in range(rng.choice((1, 2, 3, 5, 8))))
                 max_tokens = rng.choice((1, 2, 4, 8))
                 bound = self.live[rid] + len(chunk) + max_tokens

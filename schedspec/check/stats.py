@@ -33,7 +33,13 @@ _SUMMED = (
     "sliding_window_frees", "chunked_local_frees", "mamba_frees",
     "kv_cache_events",
     "stats_reports", "forks",
+    "session_workloads", "pipeline_workloads", "runner_v2_workloads", "drafter_workloads",
 )
+
+#: The workloads with each engine feature (features.ENGINE_FEATURES) on,
+#: counted by the check (reported only when a run has them).
+ENGINE_COUNTERS = {"sessions": "session_workloads", "pipeline": "pipeline_workloads",
+                   "runner": "runner_v2_workloads", "drafter": "drafter_workloads"}
 
 #: The KV connector and hybrid-group counters (reported only when a run has them).
 KV_COUNTERS = ("kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts",
@@ -78,6 +84,11 @@ class Stats:
     kv_saves: int = 0  # asynchronous saves the worker reported finished (finished_sending)
     kv_timeouts: int = 0  # reports the bounded wait forced (loads and saves)
     held_block_steps: int = 0  # blocks held by finished requests, summed over the steps
+    # the engine features, per workload (ENGINE_COUNTERS)
+    session_workloads: int = 0
+    pipeline_workloads: int = 0
+    runner_v2_workloads: int = 0
+    drafter_workloads: int = 0
     sliding_window_frees: int = 0  # sliding-window table entries that became the null block
     chunked_local_frees: int = 0  # chunked-local table entries that became the null block
     mamba_frees: int = 0  # Mamba state blocks that became the null block
@@ -202,6 +213,7 @@ class Stats:
             # gates reports what it always did
             **{name: getattr(self, name) for name in GATE_COUNTERS if getattr(self, name)},
             **{name: getattr(self, name) for name in KV_COUNTERS if getattr(self, name)},
+            **{name: getattr(self, name) for name in ENGINE_COUNTERS.values() if getattr(self, name)},
             # the scheduler statistics compared (schedulers built with log_stats)
             **({"stats_reports": self.stats_reports} if self.stats_reports else {}),
         }
@@ -210,6 +222,18 @@ class Stats:
         """The gate counters in one line (those above zero)."""
         parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in GATE_COUNTERS if getattr(self, name)]
         return ", ".join(parts) if parts else "no gate event"
+
+    def count_engine(self, features: tuple[str, ...]) -> None:
+        """Count one workload with the engine features ``features`` on (features.engine_of)."""
+        for name in features:
+            counter = ENGINE_COUNTERS[name]
+            setattr(self, counter, getattr(self, counter) + 1)
+
+    def engine_line(self) -> str:
+        """The engine-feature workload counters in one line (those above zero)."""
+        parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in ENGINE_COUNTERS.values()
+                 if getattr(self, name)]
+        return ", ".join(parts) if parts else "no workload with one"
 
     def kv_line(self) -> str:
         """The KV connector and hybrid-group counters in one line (those above zero)."""

@@ -29,7 +29,7 @@ from schedspec.invariants import Selection
 from schedspec.check.kv_requests import mamba_rate
 from schedspec.check.capabilities import CapabilityError
 from schedspec.check.outputs import outputs_line
-from schedspec.check.features import parse_gates, parse_kv, parse_modes
+from schedspec.check.features import parse_engine, parse_gates, parse_kv, parse_modes
 from schedspec.spec.coverage import format_table, parse_required
 from schedspec.spec.effects import effects_line, effects_table
 from schedspec.cli.common import (
@@ -94,15 +94,19 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--no-kv-events", action="store_true", help="no KV cache events in any workload")
     c.add_argument("--events", default=None, metavar="FILE",
                    help="write the reference's KV cache event stream to FILE as JSON lines (implies --kv-events)")
+    c.add_argument("--engine", default="all", metavar="sessions,pipeline,runner,drafter|all|none",
+                   help="the engine features the guided workloads may turn on, in a share of them: streaming-input "
+                        "sessions, a pipeline of k plans in flight, Model Runner V2, a drafter with its own forward "
+                        "pass (draft model, EAGLE) (default all: every one the scheduler under test supports)")
     c.add_argument("--sessions", action="store_true",
-                   help="streaming-input sessions in the random workloads: resumable requests sent chunks and "
+                   help="every workload random, with streaming-input sessions: resumable requests sent chunks and "
                         "ends between steps (docs/spec.md, Sessions); the scheduler needs session_update()")
     c.add_argument("--pipeline", action="store_true",
-                   help="draw pipeline_parallel_size 1..4 in the random workloads: up to k plans in flight "
+                   help="every workload random, with pipeline_parallel_size drawn 1..4: up to k plans in flight "
                         "(docs/spec.md, In flight)")
     c.add_argument("--runner", action="store_true",
-                   help="draw Model Runner V1 or V2 and pipeline_parallel_size 1..4 in the random workloads "
-                        "(docs/spec.md, Model Runner V2)")
+                   help="every workload random, with Model Runner V1 or V2, pipeline_parallel_size 1..4 and the "
+                        "drafter drawn (docs/spec.md, Model Runner V2)")
     add_call_timeout_argument(c)
     c.add_argument("--strict-defects", action="store_true",
                    help="a workload on which the reference meets a documented vLLM 0.33 defect "
@@ -129,6 +133,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
     modes = _modes(args.modes)
     gates = parse_gates_flag(args.gates)
     kv = parse_kv_flag(getattr(args, "kv", "all"))
+    engine = parse_engine_flag(getattr(args, "engine", "all"))
     return CheckSettings(
         mode=mode,
         invariants=args.invariants,
@@ -148,6 +153,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         modes=modes,
         gates=gates,
         kv=kv,
+        engine=engine,
         call_timeout=call_timeout_of(args),
         strict_defects=getattr(args, "strict_defects", False),
         kv_events=_output_flag(args, "kv_events", "--kv-events", extra=getattr(args, "events", None) is not None),
@@ -182,6 +188,16 @@ def parse_kv_flag(text: str, flag: str = "--kv") -> tuple[str, ...]:
     ``none``: ()); UsageError naming the flag and the unknown feature."""
     try:
         return parse_kv(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def parse_engine_flag(text: str, flag: str = "--engine") -> tuple[str, ...]:
+    """The engine features an ``--engine`` value names (``all``:
+    ENGINE_FEATURES; ``none``: ()); UsageError naming the flag and the
+    unknown feature."""
+    try:
+        return parse_engine(text)
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
 
@@ -232,6 +248,17 @@ def run(args: argparse.Namespace) -> int:
     if kv_text not in ("all", "none") and unsupported_kv:
         raise UsageError(f"--kv: {args.against} does not support the KV feature(s) {', '.join(unsupported_kv)} "
                          f"(its declared capabilities: {target.capabilities.describe()})")
+    engine_text = getattr(args, "engine", "all").strip()
+    unsupported_engine = [k for k in settings.engine if k not in settings.drawn_engine]
+    if engine_text not in ("all", "none") and unsupported_engine:
+        raise UsageError(f"--engine: {args.against} does not support the engine feature(s) "
+                         f"{', '.join(unsupported_engine)} (its declared capabilities: {target.capabilities.describe()})")
+    # --sessions, --pipeline, --runner ask for the feature in every workload: the scheduler is
+    # held to it whatever it declares (one that cannot take it is a finding, not a usage error)
+    asked = (("sessions",) if settings.sessions else ()) + (("pipeline",) if settings.pipeline else ()) \
+        + (("pipeline", "runner", "drafter") if settings.runner else ())
+    if asked:
+        settings = dataclasses.replace(settings, capabilities=settings.capabilities.with_engine(asked))
     if settings.kv_events and not target.capabilities.kv_events:
         flag = "--events" if settings.events_file is not None else "--kv-events"
         raise UsageError(f"{flag}: {args.against} does not take KV cache events (its declared "
@@ -273,6 +300,9 @@ def run(args: argparse.Namespace) -> int:
     kv = settings.drawn_kv
     print("kv: " + (", ".join(kv) if kv else "none")
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
+    engine = settings.drawn_engine
+    print("engine: " + (", ".join(engine) if engine else "none")
+          + (f" (in a share of the guided workloads; {outcome.stats.engine_line()})" if engine else ""))
     if settings.events_file is not None:
         print(f"KV cache events: {outcome.stats.kv_cache_events} written to {settings.events_file}")
     print(outputs_line(settings.kv_events, settings.stats, settings.capabilities))

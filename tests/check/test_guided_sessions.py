@@ -13,7 +13,7 @@ from schedspec.spec.scheduler import SpecScheduler
 
 
 def test_a_focus_on_a_session_rule_sends_sessions_and_reaches_it() -> None:
-    w = guided_workload(1, 300, focus=("sessions.continued_at_stop",))
+    w = guided_workload(1, 300, focus=("sessions.continued_at_stop",), engine=("sessions",))
     assert w.config.policy == Policy.FCFS and not w.config.kv_connector
     assert any(isinstance(e, AddRequest) and e.request.resumable for e in w.events)
     assert any(isinstance(e, SessionInput) and e.update.end for e in w.events)

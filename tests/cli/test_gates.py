@@ -103,11 +103,13 @@ def test_replay_against_a_scheduler_without_gates_skips_the_gated_traces(tmp_pat
     assert rc == 2 and f"--gates: {PLAIN} does not support the gate(s) pause" in out
 
 
-def _reachable(gates: tuple[str, ...]) -> int:
-    from schedspec.check.features import GATE_CAPABILITIES
+def _reachable(gates: tuple[str, ...], engine: bool = True) -> int:
+    """The rules reachable with ``gates`` and (drawn by default) every engine feature."""
+    from schedspec.check.features import ENGINE_FEATURES, GATE_CAPABILITIES, engine_capabilities
     from schedspec.spec.rule_names import ALL_MODES, reachable_in
 
-    return len(reachable_in(ALL_MODES, tuple(GATE_CAPABILITIES[g] for g in gates)))
+    return len(reachable_in(ALL_MODES, tuple(GATE_CAPABILITIES[g] for g in gates)
+                            + (engine_capabilities(ENGINE_FEATURES) if engine else ())))
 
 
 def test_rule_coverage_counts_the_rules_of_the_gates_the_run_drew(tmp_path: Path) -> None:
@@ -124,11 +126,13 @@ def test_rule_coverage_counts_the_rules_of_the_gates_the_run_drew(tmp_path: Path
 
 
 def test_rule_coverage_leaves_out_the_gates_the_run_did_not_draw(tmp_path: Path) -> None:
-    rc, out = run(["check", "--gates", "encoder", "--kv", "none", "--steps", "100", "--quiet", "--out", str(tmp_path)])
+    rc, out = run(["check", "--gates", "encoder", "--kv", "none", "--engine", "none", "--steps", "100", "--quiet",
+                   "--out", str(tmp_path)])
     assert rc == 0, out
-    assert f" of the {_reachable(('encoder',))} rules reachable in sync, async, spec, async-spec with gates encoder " in out
-    rc, out = run(["check", "--gates", "none", "--kv", "none", "--steps", "100", "--quiet", "--out", str(tmp_path), "--rules"])
+    assert f" of the {_reachable(('encoder',), False)} rules reachable in sync, async, spec, async-spec with gates encoder " in out
+    rc, out = run(["check", "--gates", "none", "--kv", "none", "--engine", "none", "--steps", "100", "--quiet",
+                   "--out", str(tmp_path), "--rules"])
     assert rc == 0, out
-    assert f" of the {_reachable(())} rules reachable in sync, async, spec, async-spec reached" in out
+    assert f" of the {_reachable((), False)} rules reachable in sync, async, spec, async-spec reached" in out
     table = {line.split()[0]: line for line in out.splitlines() if line.startswith("    ")}
     assert table["encoder.evicted"].endswith("out of reach")

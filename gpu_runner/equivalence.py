@@ -397,7 +397,7 @@ def inflight_variants(
     caching and a tiny pool instead of the last."""
     base = baseline_config(max_model_len, block_size, max_num_seqs, groups)
     k = num_speculative_tokens
-    everything = dict(enable_chunked_prefill=True, enable_prefix_caching=True,
+    everything: dict[str, Any] = dict(enable_chunked_prefill=True, enable_prefix_caching=True,
                       max_num_batched_tokens=max(max_num_seqs, 2 * block_size),
                       long_prefill_token_threshold=min(block_size, max_model_len))
     variants = _fitting((
@@ -406,13 +406,13 @@ def inflight_variants(
         ("async-spec", lambda: replace(base, async_scheduling=True, num_speculative_tokens=k),
          frozenset({"in_flight", "drafts_accepted"}), ""),
         ("async-spec-all",
-         lambda: _tiny(replace(base, async_scheduling=True, num_speculative_tokens=k, **everything)),  # type: ignore[arg-type]
+         lambda: _tiny(replace(base, async_scheduling=True, num_speculative_tokens=k, **everything)),
          frozenset({"in_flight", "drafts_accepted", "chunked", "preempted"}), ""),
     ), groups, refused)
     if any(v.name == "async-spec-all" for v in variants):
         return variants
     return variants + _fitting((
-        ("async-all", lambda: _tiny(replace(base, async_scheduling=True, **everything)),  # type: ignore[arg-type]
+        ("async-all", lambda: _tiny(replace(base, async_scheduling=True, **everything)),
          frozenset({"in_flight", "chunked", "preempted"}), ""),
     ), groups, refused)
 

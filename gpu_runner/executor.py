@@ -375,7 +375,8 @@ class Executor:
                     raise bad("token_ids", f"scheduled {tuple(filled[: n - d])!r}, the request has {want!r} there")
             pos = list(range(c, end))
             fault = self.fault
-            if fault is not None and fault.kind != "chunk_null" and not fault.fired and plan.step >= fault.step and (
+            if fault is not None and fault.kind in ("block_table", "position", "kv_load") and not fault.fired and (
+                plan.step >= fault.step) and (
                 fault.request_id is None or fault.request_id == rid
             ):
                 fault.fired.append(f"step {plan.step} request {rid}: {fault.kind}")

@@ -179,7 +179,11 @@ class MambaState(AttentionKind):
     ``num_computed_tokens`` c from the block of position ``c - 1`` (none for
     c = 0: the zero state) and writes the state after its last token to the
     block of position ``c + n - 1``. Every other place of the table may hold
-    the null block (the blocks MambaManager freed or skipped).
+    the null block (the blocks MambaManager freed or skipped). vLLM's worker
+    does the same in two moves (vllm/v1/worker/mamba_utils.py,
+    preprocess_mamba: the state of place ``(c - 1) // block_size`` is copied
+    to place ``cdiv(c + n, block_size) - 1``, where the kernel then runs in
+    place).
 
     The recurrence is a small gated linear one, per channel of the layer's
     key/value width: ``h_t = a_t * h_{t-1} + (1 - a_t) * v_t``,

@@ -39,6 +39,16 @@ baseline and variants alike; its negative controls are a chunked-local table
 with a block of the current chunk nulled (the executor must refuse it) and
 a chunk mask off by one (the reference must see it).
 
+A Mamba layer (``PagedLlama(layer_pattern="FM")``, gpu_runner/attention_kinds.py,
+``MambaState``) keeps one state per request in its group's state blocks.
+vLLM's "align" mode forces prefix caching and chunked prefill, so the
+baseline has both (``required_fields``; its chunks and hits are no guard
+failure) and the variants the layout refuses (drafts, the connector) are
+left out and named; the dense reference runs the recurrence over each whole
+sequence, the guard asks that hits restored a state (``state_restored``)
+and the ``state_checkpoint`` control restores the checkpoint one block
+earlier.
+
 The KV connector (``connector_variants``): the baseline run records every
 request's K/V per layer and position (``executor.KVStore``); a connector
 variant gives requests ``kv_external_tokens`` (aligned to blocks or not),

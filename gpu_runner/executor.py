@@ -65,6 +65,7 @@ from schedspec.gpu_runner.model import (
     StepBatch,
     set_cuda_determinism,
 )
+from schedspec.gpu_runner.reference import reference_states
 
 
 class PlanError(SchedSpecError, ValueError):
@@ -235,7 +236,8 @@ class Executor:
         #: counts of the connector: loads performed, tokens copied from the store
         self.kv_loads = 0
         self.kv_loaded_tokens = 0
-        self.cache = PagedKVCache.allocate(model.config, config.num_blocks, config.block_size, model.device)
+        self.cache = PagedKVCache.allocate(model.config, config.num_blocks, config.block_size, model.device,
+                                           states=any(a.rule.keeps_state for a in model.group_attn))
         self.fault = fault
         self.keep_logits = keep_logits
         self.steps = 0
@@ -545,10 +547,8 @@ class Executor:
         fault, state = self.fault, self.cache.state
         if fault is None or fault.kind != "state_checkpoint" or fault.fired or plan.step < fault.step:
             return []
-        if state is None or known_tokens is None:
+        if state is None or known_tokens is None:  # no state layer (or no tokens to recompute from)
             return []
-        from schedspec.gpu_runner.reference import reference_states
-
         bs = self.config.block_size
         for r, s in enumerate(plan.scheduled):
             c = s.num_computed_tokens
@@ -556,7 +556,7 @@ class Executor:
                     s.request_id in fault.exclude) or (
                     fault.request_id is not None and fault.request_id != s.request_id):
                 continue
-            wrong = reference_states(self.model, list(known_tokens[s.request_id][:c - bs]))
+            wrong = reference_states(self.model, list(known_tokens[s.request_id][:max(c - bs, 0)]))
             saved: list[tuple[int, int, torch.Tensor]] = []
             for layer, g in enumerate(self.model.layer_group):
                 if self.group_attn[g].rule.keeps_state:

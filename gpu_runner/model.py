@@ -360,14 +360,16 @@ class PagedKVCache:
 
     @classmethod
     def allocate(
-        cls, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device
+        cls, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device, states: bool = False
     ) -> PagedKVCache:
+        """Zeroed planes; ``states``: the state planes too (a model with a
+        state layer)."""
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
         return cls(
             torch.zeros(shape, dtype=torch.float32, device=device),
             torch.zeros(shape, dtype=torch.float32, device=device),
             torch.zeros(config.num_layers, num_blocks, config.num_kv_heads * config.head_dim,
-                        dtype=torch.float32, device=device),
+                        dtype=torch.float32, device=device) if states else None,
         )
 
     @property

@@ -5,7 +5,7 @@
                           [--seed N] [--json FILE] [--png FILE] [--out DIR] [--threads N] [--quiet]
                           [--repeat N] [--deterministic-algorithms]
                           [--sliding-window W [--sw-layers odd|even|all]]
-                          [--chunked-local C [--cl-layers odd|even|all]] [--layer-pattern FSC]
+                          [--chunked-local C [--cl-layers odd|even|all]] [--layer-pattern FSCM]
                           [--no-reference] [--no-connector] [--sessions] [--pipeline]
     schedspec equivalence --cross-device DEV [--device D] [--mode M] [--model M] [--workloads N] [--seed N] [--json F]
     schedspec equivalence --max-batch [--prompt-len L] [--max-batch-tokens N] [--max-step-seconds S] [--json F]

@@ -107,6 +107,9 @@ def test_the_config_carries_the_mamba_group(small: LlamaWeights) -> None:
     assert base.enable_prefix_caching and base.enable_chunked_prefill
     with pytest.raises(ConfigError):
         replace(base, enable_prefix_caching=False)
+    # the state planes only for a model with a state layer
+    assert Executor(model, base).cache.state is not None
+    assert Executor(PagedLlama(small, window=MML), baseline_config(MML)).cache.state is None
 
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])

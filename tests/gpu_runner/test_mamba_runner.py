@@ -228,3 +228,19 @@ def test_cli_runs_a_mamba_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "left out, refused with the layout's KV cache groups: spec-decode" in out
     assert rc in (0, 1)  # one workload may leave a guard unmet; the run itself worked
     assert "DIVERGED" not in out and "MISSED" not in out
+
+
+def test_mamba_states_survive_plans_in_flight(small: LlamaWeights) -> None:
+    """k plans in flight (pipeline parallelism, V2's async): the state blocks
+    a plan in flight reads are not overwritten before it runs."""
+    from schedspec.gpu_runner.pipeline import pipeline_variants
+
+    model = _model(small, pattern="MF")
+    variants = pipeline_variants(MML, groups=GROUPS)[3:]
+    assert [v.name for v in variants] == ["pipeline-3-tiny", "pipeline-2-async-v2"]
+    workloads = make_workloads(1, seed=4, vocab_size=300, max_model_len=MML)
+    report = run_matrix(spec_factory, model, workloads, variants, baseline=baseline_config(MML, groups=GROUPS),
+                        reference=True, negative=False)
+    assert report.ok, report.table()
+    assert all(c.logits_compared == c.logits_bitwise > 0 for c in report.comparisons)
+    assert sum(c.inflight["state_restored"] for c in report.comparisons) > 0

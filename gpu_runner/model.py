@@ -499,7 +499,7 @@ def _select(num_layers: int, which: str, what: str) -> list[bool]:
 def layer_kinds(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd", chunked_local: int = 0,
                 cl_layers: str = "odd", layer_pattern: str = "") -> tuple[str, ...]:
     """The attention kind of each layer. ``layer_pattern`` (letters F, S, C,
-    repeated over the layers) when given; else a sliding window alone on
+    M for a Mamba state layer, repeated over the layers) when given; else a sliding window alone on
     ``sw_layers``, chunked local attention alone on ``cl_layers``, both by
     ``DEFAULT_MIXED_PATTERN``; else full attention everywhere."""
     sizes = dict(sliding_window=sliding_window, chunked_local=chunked_local)  # by the kinds' flags
@@ -565,7 +565,10 @@ class PagedLlama:
     ``chunked_local`` C > 0 does the same for chunked local attention on
     ``cl_layers`` (a token at p reads keys (p // C) * C .. p); with both, or
     with ``layer_pattern``, the layers mix full, sliding-window and
-    chunked-local attention. In exact mode such a layer still reads the fixed
+    chunked-local attention; its letter M makes a layer a Mamba state layer
+    (attention_kinds.py, ``MambaState``: a recurrence whose state lives in
+    its group's state blocks, ``PagedKVCache.state``). In exact mode a
+    local layer still reads the fixed
     window of keys and masks those before its first key to ``-inf`` too, so
     its reductions keep their length and order.
 

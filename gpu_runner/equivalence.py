@@ -39,6 +39,16 @@ baseline and variants alike; its negative controls are a chunked-local table
 with a block of the current chunk nulled (the executor must refuse it) and
 a chunk mask off by one (the reference must see it).
 
+A Mamba layer (``PagedLlama(layer_pattern="FM")``, gpu_runner/attention_kinds.py,
+``MambaState``) keeps one state per request in its group's state blocks.
+vLLM's "align" mode forces prefix caching and chunked prefill, so the
+baseline has both (``required_fields``; its chunks and hits are no guard
+failure) and the variants the layout refuses (drafts, the connector) are
+left out and named; the dense reference runs the recurrence over each whole
+sequence, the guard asks that hits restored a state (``state_restored``)
+and the ``state_checkpoint`` control restores the checkpoint one block
+earlier.
+
 The KV connector (``connector_variants``): the baseline run records every
 request's K/V per layer and position (``executor.KVStore``); a connector
 variant gives requests ``kv_external_tokens`` (aligned to blocks or not),
@@ -269,21 +279,55 @@ def least_pool(config: SchedulerConfig) -> int:
     return config.num_blocks
 
 
+def required_fields(groups: tuple[KVCacheGroup, ...]) -> dict[str, bool]:
+    """The config switches the groups' kinds force on (``AttentionKind.requires``:
+    a Mamba group needs prefix caching and chunked prefill)."""
+    return {f: True for g in groups for f in attention_of(g.kind).requires}
+
+
 def baseline_config(max_model_len: int, block_size: int = 16, max_num_seqs: int = 8,
                     groups: tuple[KVCacheGroup, ...] = ()) -> SchedulerConfig:
-    """No chunking, no prefix caching, a pool that holds every running
-    request at max_model_len in every KV cache group (so no preemption)."""
+    """No chunking, no prefix caching (unless a group's kind requires them,
+    ``required_fields``), a pool that holds every running request at
+    max_model_len in every KV cache group (so no preemption)."""
     blocks_per_seq = -(-max_model_len // block_size)
+    need = required_fields(groups)
     return SchedulerConfig(
         block_size=block_size,
         num_blocks=1 + max_num_seqs * blocks_per_seq * max(1, len(groups)),
         max_num_batched_tokens=max(8 * max_model_len, 1024),
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
-        enable_chunked_prefill=False,
-        enable_prefix_caching=False,
+        enable_chunked_prefill=need.get("enable_chunked_prefill", False),
+        enable_prefix_caching=need.get("enable_prefix_caching", False),
         kv_cache_groups=groups,
     )
+
+
+#: The features a baseline may show when its config turns on what causes them
+#: (a layout that requires chunked prefill or prefix caching).
+BASELINE_SWITCHES = {"chunked": "enable_chunked_prefill", "cache_hit": "enable_prefix_caching"}
+
+
+Refused = list[tuple[str, str]]
+
+
+def _fitting(variants: Sequence[tuple[str, Callable[[], SchedulerConfig], frozenset[str], str]],
+             groups: tuple[KVCacheGroup, ...], refused: Refused | None) -> tuple[Variant, ...]:
+    """The variants whose config validates with ``groups`` (a variant
+    refused, e.g. drafts with a Mamba group, is left out and, with
+    ``refused``, named there with the config's reason), their expectations
+    widened for the groups (``_hybrid_expects``)."""
+    out: list[Variant] = []
+    for name, build, expects, kv in variants:
+        try:
+            config = build()
+        except ConfigError as exc:
+            if refused is not None:
+                refused.append((name, f"the layout refuses it: {exc}"))
+            continue
+        out.append(Variant(name, config, _hybrid_expects(set(expects), groups), kv=kv))
+    return tuple(out)
 
 
 def _tiny(config: SchedulerConfig) -> SchedulerConfig:
@@ -297,60 +341,43 @@ def _hybrid_expects(expects: set[str], groups: tuple[KVCacheGroup, ...]) -> froz
     across the groups where it must hit it at all."""
     out = set(expects)
     kinds = [attention_of(g.kind) for g in groups]  # gpu_runner/attention_kinds.py
-    out.update(k.freed_feature for k in kinds if k.freed_feature)
-    if any(k.local for k in kinds) and out & {"cache_hit", "local_hit"}:
+    hits = bool(out & {"cache_hit", "local_hit"})
+    # a state group's feature is a restore: only where the variant must hit
+    out.update(k.freed_feature for k in kinds if k.freed_feature and (hits or not k.keeps_state))
+    if any(k.local for k in kinds) and hits:
         out.add("hybrid_hit")
     return frozenset(out)
 
 
 def default_variants(max_model_len: int, block_size: int = 16, max_num_seqs: int = 8,
-                     groups: tuple[KVCacheGroup, ...] = ()) -> tuple[Variant, ...]:
+                     groups: tuple[KVCacheGroup, ...] = (), refused: Refused | None = None) -> tuple[Variant, ...]:
+    """Chunked prefill (a small budget, a long-prefill threshold), prefix
+    caching, a tiny pool (preemption), all of them under FCFS and PRIORITY.
+    ``refused``: where the variants the layout refuses are named."""
     base = baseline_config(max_model_len, block_size, max_num_seqs, groups)
     small = max(max_num_seqs, 2 * block_size)
-    chunk = {"chunked"}
-    variants = (
-        Variant(
-            "chunked-budget",
-            replace(base, enable_chunked_prefill=True, max_num_batched_tokens=max(max_num_seqs, block_size)),
-            frozenset(chunk),
-        ),
-        Variant(
-            "chunked-threshold",
-            replace(
-                base,
-                enable_chunked_prefill=True,
-                max_num_batched_tokens=3 * block_size,
-                long_prefill_token_threshold=min(12, max_model_len),
-            ),
-            frozenset(chunk),
-        ),
-        Variant("prefix-cache", replace(base, enable_prefix_caching=True), frozenset({"cache_hit"})),
-        Variant("tiny-pool", _tiny(base), frozenset({"preempted"})),
-        Variant(
-            "all-fcfs",
-            _tiny(replace(
-                base,
-                enable_chunked_prefill=True,
-                enable_prefix_caching=True,
-                max_num_batched_tokens=small,
-                long_prefill_token_threshold=min(block_size, max_model_len),
-            )),
-            frozenset(FEATURES),
-        ),
-        Variant(
-            "all-priority",
-            _tiny(replace(
-                base,
-                enable_chunked_prefill=True,
-                enable_prefix_caching=True,
-                max_num_batched_tokens=small,
-                long_prefill_token_threshold=min(block_size, max_model_len),
-                policy=Policy.PRIORITY,
-            )),
-            frozenset(FEATURES),
-        ),
-    )
-    return tuple(replace(v, expects=_hybrid_expects(set(v.expects), groups)) for v in variants)
+    chunk = frozenset({"chunked"})
+    return _fitting((
+        ("chunked-budget",
+         lambda: replace(base, enable_chunked_prefill=True, max_num_batched_tokens=max(max_num_seqs, block_size)),
+         chunk, ""),
+        ("chunked-threshold",
+         lambda: replace(base, enable_chunked_prefill=True, max_num_batched_tokens=3 * block_size,
+                         long_prefill_token_threshold=min(12, max_model_len)),
+         chunk, ""),
+        ("prefix-cache", lambda: replace(base, enable_prefix_caching=True), frozenset({"cache_hit"}), ""),
+        ("tiny-pool", lambda: _tiny(base), frozenset({"preempted"}), ""),
+        ("all-fcfs",
+         lambda: _tiny(replace(base, enable_chunked_prefill=True, enable_prefix_caching=True,
+                               max_num_batched_tokens=small,
+                               long_prefill_token_threshold=min(block_size, max_model_len))),
+         frozenset(FEATURES), ""),
+        ("all-priority",
+         lambda: _tiny(replace(base, enable_chunked_prefill=True, enable_prefix_caching=True,
+                               max_num_batched_tokens=small,
+                               long_prefill_token_threshold=min(block_size, max_model_len), policy=Policy.PRIORITY)),
+         frozenset(FEATURES), ""),
+    ), groups, refused)
 
 
 #: What an in-flight variant must exercise: plans made while an output of the
@@ -359,8 +386,8 @@ INFLIGHT_FEATURES = ("in_flight", "drafts_accepted")
 #: What a hybrid variant must exercise: entries whose sliding-window table
 #: held the null block (freed blocks), the same for a chunked-local table,
 #: new entries with a prefix hit in a hybrid layout (a hit valid in every
-#: group).
-HYBRID_FEATURES = ("sw_freed", "cl_freed", "hybrid_hit")
+#: group), entries that restored a Mamba state from a hit.
+HYBRID_FEATURES = ("sw_freed", "cl_freed", "hybrid_hit", "state_restored")
 #: What a connector variant must exercise: tokens loaded from the store,
 #: asynchronous loads reported, asynchronous saves reported, and (where it
 #: caches prefixes) admissions with a prefix-cache hit beyond what the
@@ -372,63 +399,59 @@ EXECUTOR_FEATURES = INFLIGHT_FEATURES + HYBRID_FEATURES + KV_FEATURES
 
 def inflight_variants(
     max_model_len: int, block_size: int = 16, max_num_seqs: int = 8, num_speculative_tokens: int = 3,
-    groups: tuple[KVCacheGroup, ...] = (),
+    groups: tuple[KVCacheGroup, ...] = (), refused: Refused | None = None,
 ) -> tuple[Variant, ...]:
     """Async scheduling, speculative decoding (k drafts by prompt lookup), both,
-    and both with chunking, prefix caching and a tiny pool."""
+    and both with chunking, prefix caching and a tiny pool; where the layout
+    refuses drafts (a Mamba group), async scheduling with chunking, prefix
+    caching and a tiny pool instead of the last."""
     base = baseline_config(max_model_len, block_size, max_num_seqs, groups)
     k = num_speculative_tokens
-    variants = (
-        Variant("async", replace(base, async_scheduling=True), frozenset({"in_flight"})),
-        Variant("spec-decode", replace(base, num_speculative_tokens=k), frozenset({"drafts_accepted"})),
-        Variant("async-spec", replace(base, async_scheduling=True, num_speculative_tokens=k),
-                frozenset({"in_flight", "drafts_accepted"})),
-        Variant(
-            "async-spec-all",
-            _tiny(replace(
-                base,
-                async_scheduling=True,
-                num_speculative_tokens=k,
-                enable_chunked_prefill=True,
-                enable_prefix_caching=True,
-                max_num_batched_tokens=max(max_num_seqs, 2 * block_size),
-                long_prefill_token_threshold=min(block_size, max_model_len),
-            )),
-            frozenset({"in_flight", "drafts_accepted", "chunked", "preempted"}),
-        ),
-    )
-    return tuple(replace(v, expects=_hybrid_expects(set(v.expects), groups)) for v in variants)
+    everything: dict[str, Any] = dict(enable_chunked_prefill=True, enable_prefix_caching=True,
+                      max_num_batched_tokens=max(max_num_seqs, 2 * block_size),
+                      long_prefill_token_threshold=min(block_size, max_model_len))
+    variants = _fitting((
+        ("async", lambda: replace(base, async_scheduling=True), frozenset({"in_flight"}), ""),
+        ("spec-decode", lambda: replace(base, num_speculative_tokens=k), frozenset({"drafts_accepted"}), ""),
+        ("async-spec", lambda: replace(base, async_scheduling=True, num_speculative_tokens=k),
+         frozenset({"in_flight", "drafts_accepted"}), ""),
+        ("async-spec-all",
+         lambda: _tiny(replace(base, async_scheduling=True, num_speculative_tokens=k, **everything)),
+         frozenset({"in_flight", "drafts_accepted", "chunked", "preempted"}), ""),
+    ), groups, refused)
+    if any(v.name == "async-spec-all" for v in variants):
+        return variants
+    return variants + _fitting((
+        ("async-all", lambda: _tiny(replace(base, async_scheduling=True, **everything)),
+         frozenset({"in_flight", "chunked", "preempted"}), ""),
+    ), groups, refused)
 
 
 def connector_variants(
     max_model_len: int, block_size: int = 16, max_num_seqs: int = 8, num_speculative_tokens: int = 3,
-    groups: tuple[KVCacheGroup, ...] = (),
+    groups: tuple[KVCacheGroup, ...] = (), refused: Refused | None = None,
 ) -> tuple[Variant, ...]:
     """The KV connector (``config.kv_connector``) on ``connector_workload``s:
     synchronous loads only, asynchronous loads only, both mixed with chunked
     prefill, prefix caching and a tiny pool, and both mixed under async
     scheduling with speculative decoding. Every one has asynchronous saves."""
-    base = replace(baseline_config(max_model_len, block_size, max_num_seqs, groups), kv_connector=True)
+    plain = baseline_config(max_model_len, block_size, max_num_seqs, groups)
     k = num_speculative_tokens
-    variants = (
-        Variant("kv-sync", base, frozenset({"kv_loaded", "kv_saved"}), kv="sync"),
-        Variant("kv-async", base, frozenset({"kv_loaded", "kv_async_loaded", "kv_saved"}), kv="async"),
-        Variant(
-            "kv-all",
-            _tiny(replace(
-                base,
-                enable_chunked_prefill=True,
-                enable_prefix_caching=True,
-                max_num_batched_tokens=max(max_num_seqs, 2 * block_size),
-                long_prefill_token_threshold=min(block_size, max_model_len),
-            )),
-            frozenset({"kv_loaded", "kv_async_loaded", "kv_saved", "chunked", "local_hit", "preempted"}),
-            kv="mixed",
-        ),
-        Variant("kv-async-spec", replace(base, async_scheduling=True, num_speculative_tokens=k),
-                frozenset({"kv_loaded", "kv_async_loaded", "kv_saved", "in_flight"}), kv="mixed"),
-    )
-    return tuple(replace(v, expects=_hybrid_expects(set(v.expects), groups)) for v in variants)
+
+    def base() -> SchedulerConfig:
+        return replace(plain, kv_connector=True)
+
+    return _fitting((
+        ("kv-sync", base, frozenset({"kv_loaded", "kv_saved"}), "sync"),
+        ("kv-async", base, frozenset({"kv_loaded", "kv_async_loaded", "kv_saved"}), "async"),
+        ("kv-all",
+         lambda: _tiny(replace(base(), enable_chunked_prefill=True, enable_prefix_caching=True,
+                               max_num_batched_tokens=max(max_num_seqs, 2 * block_size),
+                               long_prefill_token_threshold=min(block_size, max_model_len))),
+         frozenset({"kv_loaded", "kv_async_loaded", "kv_saved", "chunked", "local_hit", "preempted"}), "mixed"),
+        ("kv-async-spec", lambda: replace(base(), async_scheduling=True, num_speculative_tokens=k),
+         frozenset({"kv_loaded", "kv_async_loaded", "kv_saved", "in_flight"}), "mixed"),
+    ), groups, refused)
 
 
 def connector_workload(workload: Workload, style: str, block_size: int = 16) -> Workload:
@@ -575,6 +598,7 @@ def drive(
                   "drafts_verified": executor.drafts_verified,
                   "sw_freed": executor.null_block_entries, "cl_freed": executor.cl_null_entries,
                   "hybrid_hit": executor.hybrid_hit_entries,
+                  "state_restored": executor.state_restores,
                   "local_hit": executor.local_hit_entries,
                   "kv_loaded": executor.kv_loaded_tokens, "kv_loads": executor.kv_loads,
                   "kv_async_loaded": stats.kv_loads_async, "kv_saved": stats.kv_saves,
@@ -743,6 +767,8 @@ class MatrixReport:
     reference: list[Comparison] = field(default_factory=list)
     #: (variant, why) of the variants the scheduler's capabilities left out (``fit_variants``)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: (variant, why) of the variants the layout's KV cache groups refuse (a Mamba group: drafts, the connector)
+    refused: list[tuple[str, str]] = field(default_factory=list)
     #: the baseline and variants run with async scheduling on, for a scheduler
     #: that schedules only asynchronously (``fit_variants``)
     made_async: list[str] = field(default_factory=list)
@@ -873,6 +899,8 @@ class MatrixReport:
         if self.skipped:
             lines.append("skipped, unsupported by the scheduler: "
                          + "; ".join(f"{name} ({why})" for name, why in self.skipped))
+        if self.refused:
+            lines.append("left out, refused with the layout's KV cache groups: " + ", ".join(n for n, _ in self.refused))
         if self.interrupted:
             lines.append(f"INTERRUPTED ({self.interrupted}) after {len(self.baselines)} whole workload(s): "
                          f"{len(self.divergent)} divergent so far; no guard or negative control ran")
@@ -892,6 +920,7 @@ class MatrixReport:
             "variants": [{"name": v.name, "config": v.config.to_dict(), "expects": sorted(v.expects), "kv": v.kv}
                          for v in self.variants],
             "skipped": [{"variant": name, "why": why} for name, why in self.skipped],
+            "refused": [{"variant": name, "why": why} for name, why in self.refused],
             "made_async": self.made_async,
             "comparisons": [
                 {
@@ -1108,9 +1137,12 @@ def negative_control(
         target = _load_target(wl)
     elif kind == "chunk_null":
         target = _chunk_target(workload, _chunk_size(model))
+    elif kind == "state_checkpoint":
+        target = None  # the first restore of a request never aborted
     else:
         target = _fault_target(workload)
-    fault = Fault(kind, step=0, request_id=target)
+    aborted = frozenset(rid for _, rid in wl.abort_steps()) if kind == "state_checkpoint" else frozenset()
+    fault = Fault(kind, step=0, request_id=target, exclude=aborted)
     try:
         rec = run_one(factory, model, variant.config, wl, variant=variant.name, fault=fault, kv_source=kv_source)
     except PlanError as exc:  # the corrupted table was refused outright: caught too
@@ -1231,7 +1263,7 @@ def run_matrix(
     for c in report.baselines.values():
         base_tot.merge(c)
     for feat in FEATURES:
-        if base_tot.feature(feat):
+        if base_tot.feature(feat) and not getattr(baseline, BASELINE_SWITCHES.get(feat, ""), False):
             report.guard_failures.append(f"the baseline itself {feat} ({base_tot.feature(feat)}): it is not a clean baseline")
     for v in variants:
         tot, rows = report.totals(v.name)
@@ -1262,6 +1294,8 @@ def run_matrix(
             report.negative.append(nc)
             if progress:
                 progress(f"negative control chunk_mask: {'caught' if nc.caught else 'MISSED'}")
+        if any(a.rule.keeps_state for a in model.group_attn):
+            _state_control(report, factory, model, bases, workloads, variants, atol, progress)
         kv_variant = next((v for v in variants if v.kv), None)
         if kv_variant is not None:
             kw = next((w for w in workloads if _load_target(variant_workload(w, kv_variant)) is not None), None)
@@ -1275,6 +1309,27 @@ def run_matrix(
                     progress(f"negative control kv_load: {'caught' if nc.caught else 'MISSED'}")
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _state_control(report: MatrixReport, factory: SchedulerFactory, model: PagedLlama, bases: dict[str, RunRecord],
+                   workloads: Sequence[Workload], variants: Sequence[Variant], atol: float,
+                   progress: Progress | None) -> None:
+    """The state negative control (``Fault("state_checkpoint")``): on the
+    run of the matrix that restored the most states (a workload and a
+    variant), the first restore takes the checkpoint one block earlier; it
+    must diverge from the baseline."""
+    by_name = {v.name: v for v in variants}
+    runs = [c for c in report.comparisons if c.workload in bases and c.variant in by_name and not by_name[c.variant].kv]
+    best = max(runs, key=lambda c: c.inflight.get("state_restored", 0), default=None)
+    if best is None or not best.inflight.get("state_restored", 0):
+        report.guard_failures.append("no run restored a Mamba state: the state_checkpoint control did not run")
+        return
+    w = next(x for x in workloads if x.name == best.workload)
+    nc = negative_control(factory, model, bases[w.name], w, by_name[best.variant], "state_checkpoint",
+                          mode=model.mode, atol=atol)
+    report.negative.append(nc)
+    if progress:
+        progress(f"negative control state_checkpoint: {'caught' if nc.caught else 'MISSED'}")
 
 
 def _drop_workload(report: MatrixReport, name: str, bases: dict[str, RunRecord], stores: dict[str, KVStore]) -> None:
@@ -1425,13 +1480,15 @@ def run_equivalence(
     if reference is None:
         reference = paged.is_hybrid
     wls = make_workloads(workloads, seed=seed, vocab_size=weights.config.vocab_size, max_model_len=mml, block_size=block_size)
-    variants = default_variants(mml, block_size, groups=groups) + inflight_variants(mml, block_size, groups=groups)
+    refused: list[tuple[str, str]] = []  # the variants the layout's groups refuse
+    variants = (default_variants(mml, block_size, groups=groups, refused=refused)
+                + inflight_variants(mml, block_size, groups=groups, refused=refused))
     if connector:
-        variants += connector_variants(mml, block_size, groups=groups)
+        variants += connector_variants(mml, block_size, groups=groups, refused=refused)
+    skipped: list[tuple[str, str]] = []
     if more_variants is not None:
         variants += more_variants(mml, block_size, groups)
     baseline = baseline_config(mml, block_size, groups=groups)
-    skipped: list[tuple[str, str]] = []
     made_async: list[str] = []
     if capabilities is not None:
         baseline, variants, skipped, made_async = fit_variants(capabilities, baseline, variants)
@@ -1465,6 +1522,7 @@ def run_equivalence(
     if extend is not None and not interrupted:
         extend(merged, paged, mml)
     merged.skipped = skipped
+    merged.refused = refused
     merged.made_async = made_async
     return merged
 

@@ -65,6 +65,7 @@ from schedspec.gpu_runner.model import (
     StepBatch,
     set_cuda_determinism,
 )
+from schedspec.gpu_runner.reference import reference_states
 
 
 class PlanError(SchedSpecError, ValueError):
@@ -77,8 +78,8 @@ class PlanError(SchedSpecError, ValueError):
         self.field = field_name
 
 
-FaultKind = Literal["block_table", "position", "kv_load", "chunk_null"]
-FAULT_KINDS = ("block_table", "position", "kv_load", "chunk_null")
+FaultKind = Literal["block_table", "position", "kv_load", "chunk_null", "state_checkpoint"]
+FAULT_KINDS = ("block_table", "position", "kv_load", "chunk_null", "state_checkpoint")
 
 
 @dataclass
@@ -96,12 +97,20 @@ class Fault:
     table gets the null block 0 in place of the block holding its current
     chunk's first position (a scheduler that frees the chunk it is in; the
     executor must refuse the plan). It fires only on an entry past its
-    first chunk, of a config with a chunked-local group."""
+    first chunk, of a config with a chunked-local group.
+    ``state_checkpoint``: the first entry that restores a state (a new or
+    resumed request past position 0, in a layout with a state group)
+    starts, in every state layer, from the state one block earlier, the
+    checkpoint at ``num_computed_tokens - block_size`` of the same tokens
+    (the dense reference's; the zero state at 0): a state restored from the
+    wrong checkpoint."""
 
     kind: FaultKind
     step: int = 0
     request_id: str | None = None
     fired: list[str] = field(default_factory=list)
+    #: requests it never fires on (``state_checkpoint``: those aborted)
+    exclude: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -220,12 +229,15 @@ class Executor:
         self.cl_null_entries = 0
         self.local_hit_entries = 0
         self.hybrid_hit_entries = 0
+        #: entries that restored a state (a state group's) from a prefix hit
+        self.state_restores = 0
         #: request id -> the end of its last connector load
         self._loaded: dict[str, int] = {}
         #: counts of the connector: loads performed, tokens copied from the store
         self.kv_loads = 0
         self.kv_loaded_tokens = 0
-        self.cache = PagedKVCache.allocate(model.config, config.num_blocks, config.block_size, model.device)
+        self.cache = PagedKVCache.allocate(model.config, config.num_blocks, config.block_size, model.device,
+                                           states=any(a.rule.keeps_state for a in model.group_attn))
         self.fault = fault
         self.keep_logits = keep_logits
         self.steps = 0
@@ -255,6 +267,8 @@ class Executor:
         """Zero the whole cache (a fresh run on the same pool)."""
         self.cache.k.zero_()
         self.cache.v.zero_()
+        if self.cache.state is not None:
+            self.cache.state.zero_()
 
     # ------------------------------------------------------------------ batch
 
@@ -318,6 +332,9 @@ class Executor:
         logit_rows: list[int] = []
         samplers: list[_Sampler] = []
         seen: set[str] = set()
+        rules = [a.rule for a in self.group_attn]
+        state_read: list[list[int]] = [[] for _ in range(ngroups)]
+        state_write: list[list[int]] = [[] for _ in range(ngroups)]
         for r, s in enumerate(plan.scheduled):
             rid = s.request_id
 
@@ -345,6 +362,11 @@ class Executor:
             need = (end + bs - 1) // bs
             tables = self._tables(plan, s, c, end)
             table = tables[0]
+            for g, rule in enumerate(rules):
+                if rule.keeps_state:
+                    place = rule.read_place(c, bs)
+                    state_read[g].append(0 if place is None else tables[g][place])
+                    state_write[g].append(tables[g][rule.write_place(end, bs)])
             filled, valid = self._filled(plan, s, c)
             for t in filled:
                 if not 0 <= t < vocab:
@@ -355,7 +377,8 @@ class Executor:
                     raise bad("token_ids", f"scheduled {tuple(filled[: n - d])!r}, the request has {want!r} there")
             pos = list(range(c, end))
             fault = self.fault
-            if fault is not None and fault.kind != "chunk_null" and not fault.fired and plan.step >= fault.step and (
+            if fault is not None and fault.kind in ("block_table", "position", "kv_load") and not fault.fired and (
+                plan.step >= fault.step) and (
                 fault.request_id is None or fault.request_id == rid
             ):
                 fault.fired.append(f"step {plan.step} request {rid}: {fault.kind}")
@@ -385,10 +408,14 @@ class Executor:
                 logit_rows.extend(range(last_row, last_row + d + 1))
             if s.num_output_placeholders:
                 self.in_flight_entries += 1
-        all_slots = [x for g in group_slots for x in g]
+        all_slots = [x for g, xs in enumerate(group_slots) if not rules[g].keeps_state for x in xs]
         if len(set(all_slots)) != len(all_slots):
             dup = next(x for x in all_slots if all_slots.count(x) > 1)
             raise PlanError(plan.step, "*", "block_ids", f"two tokens write slot {dup} in one step")
+        for g, writes in enumerate(state_write):
+            if len(set(writes)) != len(writes):
+                dup = next(x for x in writes if writes.count(x) > 1)
+                raise PlanError(plan.step, "*", f"group_block_ids[{g}]", f"two requests write state block {dup} in one step")
         dev = self.model.device
 
         def t64(xs: list[int]) -> torch.Tensor:
@@ -410,6 +437,8 @@ class Executor:
             window=window,
             group_slot_mapping=tuple(t64(xs) for xs in group_slots[1:]),
             group_key_slots=tuple(keys(rows) for rows in group_key_rows[1:]),
+            state_read=tuple(tuple(xs) for xs in state_read),
+            state_write=tuple(tuple(xs) for xs in state_write),
         )
         return batch, samplers
 
@@ -442,6 +471,9 @@ class Executor:
             what_group = f"KV cache group {g} ({attn.describe()}): " if hybrid else ""
             if len(tab) < need:
                 raise PlanError(plan.step, rid, name, f"{what_group}{len(tab)} blocks cannot hold {end} tokens of {bs}")
+            if attn.rule.keeps_state:
+                self._check_state_table(plan, s, c, end, name, what_group, tab, attn)
+                continue
             first_read = attn.first_key(c)
             inside = attn.rule.inside
             for i, b in enumerate(tab):
@@ -464,7 +496,30 @@ class Executor:
             self.local_hit_entries += 1
             if hybrid:
                 self.hybrid_hit_entries += 1
+            if any(a.rule.keeps_state for a in self.group_attn):
+                self.state_restores += 1
         return raw
+
+    def _check_state_table(self, plan: StepPlan, s: ScheduledRequest, c: int, end: int, name: str,
+                           what_group: str, tab: list[int], attn: GroupAttention) -> None:
+        """A state group's table (``keeps_state``): blocks of the pool, the
+        null block anywhere but where the step reads its state (the place
+        of position c - 1) and where it writes the state after its last token
+        (the place of position end - 1)."""
+        bs, nb = self.config.block_size, self.cache.num_blocks
+        for b in tab:
+            if not 0 <= b < nb:
+                raise PlanError(plan.step, s.request_id, name, f"{what_group}the table holds block {b} outside the pool of {nb}")
+        read = attn.rule.read_place(c, bs)
+        if read is not None and tab[read] == 0:
+            raise PlanError(plan.step, s.request_id, name,
+                            f"{what_group}the state after {c} tokens is read from place {read}, "
+                            "but it holds the null block 0 (freed)")
+        write = attn.rule.write_place(end, bs)
+        if tab[write] == 0:
+            raise PlanError(plan.step, s.request_id, name,
+                            f"{what_group}the state after {end} tokens is written to place {write}, "
+                            "but it holds the null block 0")
 
     def _chunk_null_fault(self, plan: StepPlan, s: ScheduledRequest, c: int, raw: list[list[int]]) -> None:
         """``Fault("chunk_null")``: null the block of the current chunk's
@@ -482,6 +537,36 @@ class Executor:
                     fault.fired.append(f"step {plan.step} request {s.request_id}: chunk_null "
                                        f"(group {g}'s block {i}, position {attn.first_key(c)}, nulled)")
                     return
+
+    def _state_checkpoint_fault(self, plan: StepPlan, batch: StepBatch,
+                                known_tokens: Mapping[str, Sequence[int]] | None) -> list[tuple[int, int, torch.Tensor]]:
+        """``Fault("state_checkpoint")``: the first entry that restores a
+        state starts from the checkpoint one block earlier; its read blocks
+        hold that state for this forward only. Returns (layer, block, the
+        state to put back) for each block it overwrote."""
+        fault, state = self.fault, self.cache.state
+        if fault is None or fault.kind != "state_checkpoint" or fault.fired or plan.step < fault.step:
+            return []
+        if state is None or known_tokens is None:  # no state layer (or no tokens to recompute from)
+            return []
+        bs = self.config.block_size
+        for r, s in enumerate(plan.scheduled):
+            c = s.num_computed_tokens
+            if s.kind is ScheduleKind.RUNNING or c <= 0 or s.request_id not in known_tokens or (
+                    s.request_id in fault.exclude) or (
+                    fault.request_id is not None and fault.request_id != s.request_id):
+                continue
+            wrong = reference_states(self.model, list(known_tokens[s.request_id][:max(c - bs, 0)]))
+            saved: list[tuple[int, int, torch.Tensor]] = []
+            for layer, g in enumerate(self.model.layer_group):
+                if self.group_attn[g].rule.keeps_state:
+                    block = batch.state_read[g][r]
+                    saved.append((layer, block, state[layer, block].clone()))
+                    state[layer, block] = wrong[layer]
+            fault.fired.append(f"step {plan.step} request {s.request_id}: state_checkpoint (the state after "
+                               f"{max(c - bs, 0)} tokens restored where the one after {c} belongs)")
+            return saved
+        return []
 
     # ------------------------------------------------------------------ the KV connector's worker side
 
@@ -592,7 +677,11 @@ class Executor:
         if not plan.scheduled:
             return StepOutput(StepResult({}), {}, 0, 0.0)
         batch, samplers = self._prepare(plan, known_tokens)
+        restore = self._state_checkpoint_fault(plan, batch, known_tokens)
         logits = self.model.forward(batch, self.cache)
+        for layer, block, saved in restore:
+            assert self.cache.state is not None
+            self.cache.state[layer, block] = saved
         if self.kv_record is not None:
             self._record(plan, batch)
         argmax = torch.argmax(logits, dim=-1).tolist()

@@ -349,20 +349,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: Rop
 
 @dataclass
 class PagedKVCache:
-    """K and V, each [layers, num_blocks, block_size, kv_heads, head_dim].
-    Block 0 is the null block: it stays zero."""
+    """K and V, each [layers, num_blocks, block_size, kv_heads, head_dim],
+    and the recurrent states of a state layer (Mamba), [layers, num_blocks,
+    kv_heads * head_dim]: one state per block. Block 0 is the null block: it
+    stays zero."""
 
     k: torch.Tensor
     v: torch.Tensor
+    state: torch.Tensor | None = None
 
     @classmethod
     def allocate(
-        cls, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device
+        cls, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device, states: bool = False
     ) -> PagedKVCache:
+        """Zeroed planes; ``states``: the state planes too (a model with a
+        state layer)."""
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
         return cls(
             torch.zeros(shape, dtype=torch.float32, device=device),
             torch.zeros(shape, dtype=torch.float32, device=device),
+            torch.zeros(config.num_layers, num_blocks, config.num_kv_heads * config.head_dim,
+                        dtype=torch.float32, device=device) if states else None,
         )
 
     @property
@@ -405,6 +412,12 @@ class StepBatch:
     #: (``slot_mapping`` and ``key_slots`` are group 0's)
     group_slot_mapping: tuple[torch.Tensor, ...] = ()
     group_key_slots: tuple[torch.Tensor, ...] = ()
+    #: per KV cache group that keeps a state (Mamba), else empty: per
+    #: request, the block whose state the step starts from (0, the null
+    #: block's zero state, for a request at position 0) and the block the
+    #: state after its last token is written to
+    state_read: tuple[tuple[int, ...], ...] = ()
+    state_write: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -486,7 +499,7 @@ def _select(num_layers: int, which: str, what: str) -> list[bool]:
 def layer_kinds(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd", chunked_local: int = 0,
                 cl_layers: str = "odd", layer_pattern: str = "") -> tuple[str, ...]:
     """The attention kind of each layer. ``layer_pattern`` (letters F, S, C,
-    repeated over the layers) when given; else a sliding window alone on
+    M for a Mamba state layer, repeated over the layers) when given; else a sliding window alone on
     ``sw_layers``, chunked local attention alone on ``cl_layers``, both by
     ``DEFAULT_MIXED_PATTERN``; else full attention everywhere."""
     sizes = dict(sliding_window=sliding_window, chunked_local=chunked_local)  # by the kinds' flags
@@ -497,7 +510,7 @@ def layer_kinds(num_layers: int, sliding_window: int = 0, sw_layers: str = "odd"
     if pattern:
         bad = sorted(set(pattern) - set(LAYER_LETTERS))
         if bad:
-            raise ModelError(f"layer_pattern takes the letters F, S, C, got {bad[0]!r} in {pattern!r}")
+            raise ModelError(f"layer_pattern takes the letters {', '.join(LAYER_LETTERS)}, got {bad[0]!r} in {pattern!r}")
         kinds = tuple(LAYER_LETTERS[pattern[i % len(pattern)]] for i in range(num_layers))
         for k in ATTENTION.values():
             if not k.flag:
@@ -552,7 +565,10 @@ class PagedLlama:
     ``chunked_local`` C > 0 does the same for chunked local attention on
     ``cl_layers`` (a token at p reads keys (p // C) * C .. p); with both, or
     with ``layer_pattern``, the layers mix full, sliding-window and
-    chunked-local attention. In exact mode such a layer still reads the fixed
+    chunked-local attention; its letter M makes a layer a Mamba state layer
+    (attention_kinds.py, ``MambaState``: a recurrence whose state lives in
+    its group's state blocks, ``PagedKVCache.state``). In exact mode a
+    local layer still reads the fixed
     window of keys and masks those before its first key to ``-inf`` too, so
     its reductions keep their length and order.
 
@@ -610,7 +626,7 @@ class PagedLlama:
 
     def describe_layout(self) -> str:
         """The layers' attention in words, e.g. ``F S C F (sliding window 32, chunked local 48)``."""
-        sizes = ", ".join(a.describe() for a in self.group_attn if a.rule.local)
+        sizes = ", ".join(a.describe() for a in self.group_attn if a.rule.flag)
         return " ".join(a.rule.letter for a in self.layer_attn) + (f" ({sizes})" if sizes else "")
 
     def with_chunk_start_shift(self, shift: int) -> PagedLlama:
@@ -633,6 +649,31 @@ class PagedLlama:
                 key_pos[None, :] < a.first_keys(pos, self.chunk_start_shift)[:, None])
             out.append(m[:, None, :])
         return out
+
+    def _state_mix(self, layer: int, group: int, qkv: torch.Tensor, batch: StepBatch,
+                   cache: PagedKVCache) -> torch.Tensor:
+        """A state layer (``AttentionKind.keeps_state``) over the step: per
+        request, its recurrence from the state in its read block, the state
+        after its last token written to its write block; returns the rows'
+        ``q * h`` ([rows, H * Dh], zero past the batch's tokens), what the
+        output projection takes."""
+        c = self.config
+        H, KVH, Dh = c.num_heads, c.num_kv_heads, c.head_dim
+        nq, nkv = H * Dh, KVH * Dh
+        rule = self.group_attn[group].rule
+        if cache.state is None:
+            raise ModelError("the cache has no state planes for a state layer")
+        states = cache.state[layer]
+        q = qkv[:, :nq]
+        a, b = rule.gates(qkv[:, nq:nq + nkv], qkv[:, nq + nkv:])
+        hs = qkv.new_zeros(qkv.shape[0], nkv)
+        reads, writes = batch.state_read[group], batch.state_write[group]
+        for r, (start, length) in enumerate(zip(batch.seq_start, batch.seq_len)):
+            rows = slice(start, start + length)
+            last = rule.scan(a[rows], b[rows], states[reads[r]], hs[rows])
+            states[writes[r]] = last
+        mixed: torch.Tensor = q.reshape(-1, KVH, H // KVH, Dh) * hs.view(-1, KVH, 1, Dh)
+        return mixed.reshape(-1, nq)
 
     # ------------------------------------------------------------------ forward
 
@@ -696,27 +737,34 @@ class PagedLlama:
             # Per tile: the reduction of RMSNorm and the QKV matmul.
             for t in tiles:
                 torch.matmul(rms_norm(x[t], lw.attn_norm, eps), lw.wqkv.t(), out=qkv[t])
+            group = self.layer_group[layer]
+            state_mixed = None
+            if self.group_attn[group].rule.keeps_state:
+                state_mixed = self._state_mix(layer, group, qkv, batch, cache)
             # Whole batch: RoPE is correctly rounded elementwise arithmetic.
             qk = apply_rope(qkv[:, : nq + nkv].reshape(n_pad, H + KVH, Dh), cos, sin, c.rope_style)
             # The softmax scale goes into q (one correctly rounded multiply per element).
             q = (qk[:, :H] * self.scale).reshape(n_pad, KVH, G, Dh)
-            group = self.layer_group[layer]
             masked, tile_keys = group_masked[group], group_tile_keys[group]
             kc, vc = cache.flat(layer)
-            kc.index_copy_(0, batch.slots_of(group), qk[:n, H:])
-            vc.index_copy_(0, batch.slots_of(group), qkv[:n, nq + nkv :].reshape(n, KVH, Dh))
+            if state_mixed is None:
+                kc.index_copy_(0, batch.slots_of(group), qk[:n, H:])
+                vc.index_copy_(0, batch.slots_of(group), qkv[:n, nq + nkv :].reshape(n, KVH, Dh))
             out = x.new_empty(x.shape)
             mixed = x.new_empty(T, KVH, G, Dh)
             for t, slots in zip(tiles, tile_keys):
-                # The tile's key windows, position order: [T, window, KVH, Dh].
-                ks = kc.index_select(0, slots).view(T, self.window, KVH, Dh)
-                vs = vc.index_select(0, slots).view(T, self.window, KVH, Dh)
-                qt = q[t]
-                for g in range(KVH):
-                    # Strided views, no copies: [T, G, Dh] @ [T, Dh, window].
-                    scores = torch.bmm(qt[:, g], ks[:, :, g].transpose(1, 2))
-                    probs = torch.softmax(scores.masked_fill_(masked[t], float("-inf")), dim=-1)
-                    torch.bmm(probs, vs[:, :, g], out=mixed[:, g])
+                if state_mixed is not None:  # a state layer: its recurrence's output, no key read
+                    mixed.copy_(state_mixed[t].view(T, KVH, G, Dh))
+                else:
+                    # The tile's key windows, position order: [T, window, KVH, Dh].
+                    ks = kc.index_select(0, slots).view(T, self.window, KVH, Dh)
+                    vs = vc.index_select(0, slots).view(T, self.window, KVH, Dh)
+                    qt = q[t]
+                    for g in range(KVH):
+                        # Strided views, no copies: [T, G, Dh] @ [T, Dh, window].
+                        scores = torch.bmm(qt[:, g], ks[:, :, g].transpose(1, 2))
+                        probs = torch.softmax(scores.masked_fill_(masked[t], float("-inf")), dim=-1)
+                        torch.bmm(probs, vs[:, :, g], out=mixed[:, g])
                 if capture is None:
                     h = x[t] + F.linear(mixed.view(T, nq), lw.wo)
                     out[t] = h + mlp(h, lw, w.intermediate_padded, eps)
@@ -756,14 +804,19 @@ class PagedLlama:
         G = c.num_heads // c.num_kv_heads
         dev = self.device
         for layer, lw in enumerate(w.layers):
-            q, k, v = self._qkv(x, lw, cos, sin)
             group = self.layer_group[layer]
             attn = self.group_attn[group]
-            kc, vc = cache.flat(layer)
-            kc.index_copy_(0, batch.slots_of(group), k)
-            vc.index_copy_(0, batch.slots_of(group), v)
-            mixed = x.new_empty(x.shape[0], c.num_heads, c.head_dim)
-            for r, (start, length, ctx) in enumerate(zip(batch.seq_start, batch.seq_len, batch.ctx_len)):
+            if attn.rule.keeps_state:
+                qkv = F.linear(rms_norm(x, lw.attn_norm, c.rms_norm_eps), lw.wqkv)
+                mixed = self._state_mix(layer, group, qkv, batch, cache).view(x.shape[0], c.num_heads, c.head_dim)
+            else:
+                q, k, v = self._qkv(x, lw, cos, sin)
+                kc, vc = cache.flat(layer)
+                kc.index_copy_(0, batch.slots_of(group), k)
+                vc.index_copy_(0, batch.slots_of(group), v)
+                mixed = x.new_empty(x.shape[0], c.num_heads, c.head_dim)
+            spans = [] if attn.rule.keeps_state else list(zip(batch.seq_start, batch.seq_len, batch.ctx_len))
+            for r, (start, length, ctx) in enumerate(spans):
                 slots = batch.keys_of(group)[r, :ctx]
                 ks = kc[slots].repeat_interleave(G, dim=1).transpose(0, 1)  # [H, ctx, Dh]
                 vs = vc[slots].repeat_interleave(G, dim=1).transpose(0, 1)

@@ -11,7 +11,9 @@ calls), and each layer's mask built from the attention rule itself
 (``reference_allowed``: a key is attended when it is not after the query and,
 for a sliding window of W, fewer than W positions before it, for chunked local
 attention of C, in the same chunk, ``key // C == query // C``), not from the
-model's first-key formula.
+model's first-key formula. A state layer (Mamba: ``keeps_state``) runs its
+recurrence over the whole sequence from the zero state, no state block read
+or written.
 
 In exact mode it runs the same fixed-tile kernels as ``PagedLlama`` (tiles of
 ``tile_rows`` rows, a fixed window of keys, masked to ``-inf``), so its logits
@@ -56,14 +58,47 @@ def reference_logits(model: PagedLlama, tokens: Sequence[int]) -> torch.Tensor:
     return _dense(model, tokens)
 
 
-def _dense(model: PagedLlama, tokens: Sequence[int]) -> torch.Tensor:
+def _state_rows(model: PagedLlama, attn: GroupAttention, qkv: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A state layer over the first ``n`` rows of ``qkv`` (one sequence from
+    position 0, the zero state): ``q * h`` of every row ([rows, H * Dh], zero
+    past n) and the state after row n - 1."""
+    c = model.config
+    H, KVH, Dh = c.num_heads, c.num_kv_heads, c.head_dim
+    nq, nkv = H * Dh, KVH * Dh
+    a, b = attn.rule.gates(qkv[:, nq:nq + nkv], qkv[:, nq + nkv:])
+    hs = qkv.new_zeros(qkv.shape[0], nkv)
+    last = attn.rule.scan(a[:n], b[:n], qkv.new_zeros(nkv), hs[:n])
+    mixed = qkv[:, :nq].reshape(-1, KVH, H // KVH, Dh) * hs.view(-1, KVH, 1, Dh)
+    return mixed.reshape(-1, nq), last
+
+
+@torch.no_grad()
+def reference_states(model: PagedLlama, tokens: Sequence[int]) -> torch.Tensor:
+    """[layers, kv_heads * head_dim]: each state layer's state after
+    ``tokens`` (zero for an empty sequence and for the other layers),
+    computed densely (fast mode's kernels)."""
+    c = model.config
+    out = torch.zeros(c.num_layers, c.num_kv_heads * c.head_dim, device=model.device)
+    if tokens:
+        _dense(model, tokens, out)
+    return out
+
+
+def _dense(model: PagedLlama, tokens: Sequence[int], states: torch.Tensor | None = None) -> torch.Tensor:
     c, w, dev = model.config, model.weights, model.device
     n = len(tokens)
     H, KVH, Dh = c.num_heads, c.num_kv_heads, c.head_dim
     x = w.embed[torch.tensor(list(tokens), dtype=torch.int64, device=dev)]
     cos, sin = model.cos[:n], model.sin[:n]
-    for lw, attn in zip(w.layers, model.layer_attn):
+    for layer, (lw, attn) in enumerate(zip(w.layers, model.layer_attn)):
         qkv = F.linear(rms_norm(x, lw.attn_norm, c.rms_norm_eps), lw.wqkv)
+        if attn.rule.keeps_state:
+            mixed, last = _state_rows(model, attn, qkv, n)
+            if states is not None:
+                states[layer] = last
+            h = x + F.linear(mixed, lw.wo)
+            x = h + mlp(h, lw, w.intermediate_padded, c.rms_norm_eps)
+            continue
         qk = apply_rope(qkv[:, : (H + KVH) * Dh].reshape(n, H + KVH, Dh), cos, sin, c.rope_style)
         q = qk[:, :H].transpose(0, 1)
         k = qk[:, H:].repeat_interleave(H // KVH, dim=1).transpose(0, 1)
@@ -86,7 +121,8 @@ def _exact(model: PagedLlama, tokens: Sequence[int]) -> torch.Tensor:
     tok = torch.tensor(list(tokens) + [0] * (n_pad - n), dtype=torch.int64, device=dev)
     # padding rows sit at position 0 and see key 0 only; their output is dropped
     pos = torch.cat([torch.arange(n, device=dev), torch.zeros(n_pad - n, dtype=torch.int64, device=dev)])
-    masked = {a: ~reference_allowed(a, n_pad, width, dev)[pos][:, None, :] for a in set(model.layer_attn)}
+    masked = {a: ~reference_allowed(a, n_pad, width, dev)[pos][:, None, :]
+              for a in set(model.layer_attn) if not a.rule.keeps_state}
     cos, sin = model.cos[pos], model.sin[pos]
     tiles = [slice(i, i + T) for i in range(0, n_pad, T)]
     x = w.embed[tok]
@@ -94,6 +130,14 @@ def _exact(model: PagedLlama, tokens: Sequence[int]) -> torch.Tensor:
     for lw, attn in zip(w.layers, model.layer_attn):
         for t in tiles:
             torch.matmul(rms_norm(x[t], lw.attn_norm, eps), lw.wqkv.t(), out=qkv[t])
+        if attn.rule.keeps_state:
+            mixed_rows = _state_rows(model, attn, qkv, n)[0]
+            out = x.new_empty(x.shape)
+            for t in tiles:
+                h = x[t] + F.linear(mixed_rows[t].contiguous(), lw.wo)
+                out[t] = h + mlp(h, lw, w.intermediate_padded, eps)
+            x = out
+            continue
         qk = apply_rope(qkv[:, : nq + nkv].reshape(n_pad, H + KVH, Dh), cos, sin, c.rope_style)
         q = (qk[:, :H] * model.scale).reshape(n_pad, KVH, G, Dh)
         # the layer's keys and values: position p in row p, zeros past the sequence

@@ -50,12 +50,14 @@ def test_the_runner_registers_every_kind() -> None:
     pytest.importorskip("torch")
     from schedspec.gpu_runner import attention_kinds
 
-    # the runner's state layer for a kind that keeps state (Mamba) is not written yet
-    assert set(attention_kinds.ATTENTION) == {n for n in NAMES if not kv_kinds.KINDS[n].keeps_state}
+    assert set(attention_kinds.ATTENTION) == NAMES
     for name, k in attention_kinds.ATTENTION.items():
         assert k.name == name
-        assert k.kv_group(8 if k.local else 0).kind == name
-        assert bool(k.flag) == k.local == kv_kinds.KINDS[name].skips
+        assert k.kv_group(8 if k.flag else 0).kind == name
+        assert k.keeps_state == kv_kinds.KINDS[name].keeps_state
+        # a kind that keeps state is local (nulls in its tables) and has no size
+        assert bool(k.flag) == (k.local and not k.keeps_state)
+        assert k.local == kv_kinds.KINDS[name].skips
 
 
 def test_each_spec_kind_declares_its_fields_rules_and_words() -> None:

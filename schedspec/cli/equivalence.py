@@ -5,7 +5,7 @@
                           [--seed N] [--json FILE] [--png FILE] [--out DIR] [--threads N] [--quiet]
                           [--repeat N] [--deterministic-algorithms]
                           [--sliding-window W [--sw-layers odd|even|all]]
-                          [--chunked-local C [--cl-layers odd|even|all]] [--layer-pattern FSC]
+                          [--chunked-local C [--cl-layers odd|even|all]] [--layer-pattern FSCM]
                           [--no-reference] [--no-connector] [--sessions] [--pipeline]
     schedspec equivalence --cross-device DEV [--device D] [--mode M] [--model M] [--workloads N] [--seed N] [--json F]
     schedspec equivalence --max-batch [--prompt-len L] [--max-batch-tokens N] [--max-step-seconds S] [--json F]
@@ -86,8 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cl-layers", default="odd", choices=["odd", "even", "all"],
                    help="--chunked-local alone: which layers use it (default odd)")
     p.add_argument("--layer-pattern", default="", metavar="LETTERS",
-                   help="each layer's attention, F full, S sliding window, C chunked local, repeated over the "
-                        "layers (default with both --sliding-window and --chunked-local: FSC)")
+                   help="each layer's attention, F full, S sliding window, C chunked local, M a Mamba state "
+                        "layer, repeated over the layers (default with both --sliding-window and --chunked-local: FSC)")
     p.add_argument("--no-reference", action="store_true",
                    help="a hybrid model: skip the check of each baseline against the dense, non-paged reference")
     p.add_argument("--no-connector", action="store_true",
@@ -111,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--sliding-window must be >= 0", PROG)
     if args.chunked_local < 0:
         raise UsageError("--chunked-local must be >= 0", PROG)
-    if args.layer_pattern and not (args.sliding_window or args.chunked_local):
-        raise UsageError("--layer-pattern needs --sliding-window or --chunked-local", PROG)
+    if args.layer_pattern and not (args.sliding_window or args.chunked_local or "M" in args.layer_pattern):
+        raise UsageError("--layer-pattern needs --sliding-window, --chunked-local or a Mamba layer (M)", PROG)
     if args.cross_device is not None and args.max_batch:
         raise UsageError("--cross-device and --max-batch are separate runs: give one", PROG)
     if args.max_batch and (args.prompt_len < 1 or args.max_batch_tokens < 1 or not args.max_step_seconds > 0):

@@ -54,7 +54,8 @@ from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
 from schedspec.spec.effects import effects_report
-from schedspec.spec.rule_names import RULE_NAMES, reachable_in
+from schedspec.spec.rule_names import reachable_in
+from schedspec.check.rule_reach import reachable_rules, required_rules, rules_line
 from schedspec.invariants import DEFAULT_SELECTOR, Mode, Selection, SelectionError, select
 from schedspec.invariants.selection import named_ids
 from schedspec.spec.interface import SchedSpecError, SchedulerConfig, SchedulerFactory
@@ -781,34 +782,3 @@ def workload_label(workload: Workload) -> str:
     if not workload.features:
         return ""
     return f" ({workload.name or 'workload'}: {', '.join(workload.features)})"
-
-
-def reachable_rules(settings: CheckSettings) -> tuple[str, ...]:
-    """The spec's rules a run can reach: those of the modes and gates it draws, less those the
-    scheduler's declared capabilities put out of reach (capabilities.RULE_NEEDS)."""
-    return rules_within(settings.capabilities, reachable_in(settings.drawn_modes, settings.drawn_capabilities))
-
-
-def rules_line(settings: CheckSettings, counts: Mapping[str, int], k: int = 3) -> str:
-    """spec.coverage.rules_line over the rules the run can reach (reachable_rules): the rules
-    the scheduler's capabilities put out of reach are neither counted nor listed as missed."""
-    names = reachable_rules(settings)
-    line = coverage.rules_line(counts, k, settings.drawn_modes, settings.drawn_capabilities)
-    if names == reachable_in(settings.drawn_modes, settings.drawn_capabilities):
-        return line
-    got = sum(1 for n in names if counts.get(n, 0) > 0)
-    missing = coverage.unreached(counts, names)
-    tail = ("never reached: " + ", ".join(missing) if missing else
-            "rarest: " + ", ".join(f"{n} {counts.get(n, 0):,}" for n in sorted(names, key=lambda n: counts.get(n, 0))[:k]))
-    where = ", ".join(settings.drawn_modes) + (f" with gates {', '.join(sorted(settings.drawn_capabilities))}"
-                                               if settings.drawn_capabilities else "")
-    return (f"rule coverage: {got} of the {len(names)} rules reachable in {where} within the declared capabilities "
-            f"reached ({len(RULE_NAMES) - len(names)} out of reach there); {tail}")
-
-
-def required_rules(settings: CheckSettings) -> tuple[str, ...]:
-    """The rules the run must reach: those named, and with ``require_all``
-    every rule the modes the scheduler under test supports can reach."""
-    reachable = reachable_rules(settings)
-    names = settings.require_rules + (reachable if settings.require_all else ())
-    return tuple(dict.fromkeys(names))

@@ -24,7 +24,7 @@ from schedspec.check.gate import (
     reference_line,
     run_check,
 )
-from schedspec.check.gate import rules_line as capability_rules_line
+from schedspec.check.rule_reach import rules_line as capability_rules_line
 from schedspec.invariants import Selection
 from schedspec.check.kv_requests import mamba_rate
 from schedspec.check.capabilities import CapabilityError

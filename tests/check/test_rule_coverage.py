@@ -381,7 +381,8 @@ def test_guided_workloads_in_every_mode_reach_every_rule_they_can() -> None:
 
 
 def test_require_all_means_every_rule_the_supported_modes_can_reach() -> None:
-    from schedspec.check.gate import CheckSettings, required_rules, run_check
+    from schedspec.check.gate import CheckSettings, run_check
+    from schedspec.check.rule_reach import required_rules
     from schedspec.spec.rule_names import ALL_MODES, reachable_in
 
     sync_only = CheckSettings(total_steps=1, plans_only=True, require_all=True)

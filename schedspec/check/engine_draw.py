@@ -4,11 +4,11 @@ capabilities).
 
 A share of the guided workloads (ENGINE_RATE) draws, on a generator of its
 own, what of the way vLLM's engine drives the scheduler it turns on: Model
-Runner V1 or V2, a pipeline size among those the config accepts with that
-runner (check/pipeline.py, allowed_sizes; k plans in flight), and with drafts
-the drafter (n-gram, a draft model's lookahead slots, EAGLE's hash
-lookahead); a share of them (SESSION_RATE) makes some requests streaming-input
-sessions. A focus on a rule that needs Model Runner V2 (Rule.gates naming
+Runner V1 or V2 and a pipeline size among those the config accepts with that
+runner (check/pipeline.py, allowed_sizes; k plans in flight); a share of
+those with drafts (DRAFTER_RATE) a drafter with its own forward pass (a
+draft model's lookahead slots, EAGLE's hash lookahead) instead of n-gram; a
+share (SESSION_RATE) makes some requests streaming-input sessions. A focus on a rule that needs Model Runner V2 (Rule.gates naming
 runner_v2) turns V2 on, with a pipeline where the mode is async and a draft
 model where it drafts; a focus on a session rule turns sessions on. A
 workload that draws nothing is the one its seed gave before engine features
@@ -35,6 +35,9 @@ from schedspec.check.runner_draw import runner_feature
 #: The share of guided workloads (not the core ones) that draw a runner,
 #: pipeline and drafter.
 ENGINE_RATE = 0.35
+#: The share of guided workloads with drafts whose drafter is a draft model
+#: or EAGLE (the others: n-gram).
+DRAFTER_RATE = 0.5
 #: The share of guided workloads that make some requests sessions (besides
 #: those whose focus is a session rule).
 SESSION_RATE = 0.12
@@ -60,7 +63,9 @@ def draw_sessions(engine: Sequence[str], focus: Sequence[str], rng: random.Rando
 def _drafter(config: SchedulerConfig, rng: random.Random, v2: bool, sessions: bool) -> str:
     if not config.num_speculative_tokens or config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
         return "ngram"  # no drafts, or no room for a padded decode and the draft model's slot
-    drafter = "draft_model" if v2 else rng.choice(DRAFTERS)
+    if not v2 and rng.random() >= DRAFTER_RATE:
+        return "ngram"
+    drafter = "draft_model" if v2 else rng.choice([d for d in DRAFTERS if d != "ngram"])
     if drafter == "eagle" and (config.kv_connector or sessions
                                or config.hash_block_size not in (0, config.block_size)):
         return "draft_model"  # EAGLE there is not modelled (spec/validate.py, spec/protocol.py)
@@ -69,22 +74,25 @@ def _drafter(config: SchedulerConfig, rng: random.Random, v2: bool, sessions: bo
 
 def with_engine(config: SchedulerConfig, engine: Sequence[str], focus: Sequence[str], rng: random.Random,
                 sessions: bool = False) -> SchedulerConfig:
-    """``config`` with the runner, pipeline size and drafter drawn among
-    ``engine`` (at ENGINE_RATE, always for a focus that needs Model Runner
-    V2); unchanged when the draw misses or the config takes none of them."""
+    """``config`` with the runner and pipeline size drawn among ``engine``
+    (at ENGINE_RATE, always for a focus that needs Model Runner V2), and the
+    drafter (at DRAFTER_RATE, a draft model for that focus); unchanged when
+    the draws miss or the config takes none of them."""
     forced = "runner" in engine and needs(focus, "runner_v2")
-    if not forced and rng.random() >= ENGINE_RATE:
-        return config
-    runner = "v2" if forced else rng.choice(("v1", "v2")) if "runner" in engine else "v1"
-    try:
-        base = dataclasses.replace(config, model_runner=runner, pipeline_parallel_size=1)
-    except SchedSpecError:
-        return config
-    sizes = allowed_sizes(base) if "pipeline" in engine else (1,)
-    if forced and len(sizes) > 1:
-        sizes = sizes[1:]  # V2's throttle needs a pipeline
-    pp = rng.choice(sizes or (1,))
+    base, pp = config, config.pipeline_parallel_size
+    if forced or rng.random() < ENGINE_RATE:
+        runner = "v2" if forced else rng.choice(("v1", "v2")) if "runner" in engine else "v1"
+        try:
+            base = dataclasses.replace(config, model_runner=runner, pipeline_parallel_size=1)
+        except SchedSpecError:
+            return config
+        sizes = allowed_sizes(base) if "pipeline" in engine else (1,)
+        if forced and len(sizes) > 1:
+            sizes = sizes[1:]  # V2's throttle needs a pipeline
+        pp = rng.choice(sizes or (1,))
     drafter = _drafter(base, rng, forced, sessions) if "drafter" in engine else "ngram"
+    if base is config and drafter == config.drafter:
+        return config
     try:
         return dataclasses.replace(base, pipeline_parallel_size=pp, drafter=drafter)
     except SchedSpecError:

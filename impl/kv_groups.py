@@ -76,7 +76,9 @@ class Layout:
         self.simple = len(specs) == 2 and specs[0][0].downward_closed
         self.unitary = len(self.groups) == 1
         #: Scheduler.need_mamba_block_aligned_split: a Mamba group with caching on
-        self.aligns = self.caching and any(r.keeps_state for r in self.rules)
+        #: a group keeps recurrent state (Mamba)
+        self.keeps_state = any(r.keeps_state for r in self.rules)
+        self.aligns = self.caching and self.keeps_state
         threshold = config.long_prefill_token_threshold
         batch = config.max_num_batched_tokens
         self.max_prefill = min(batch, threshold) if threshold > 0 else batch
@@ -486,12 +488,33 @@ class GroupsMixin(Generic[Q]):
             table.extend([NULL] * (required - 1 - prev))
         table.extend(self._allocate(required - len(table)))
         track[0] = 1
+        nxt = self._state_next(table, track)
+        if nxt < req.group_skip_from:
+            req.group_skip_from = nxt
         return True
 
-    def _state_retire(self, req: Q, g: int, table: list[int], processed: int) -> None:
+    def _state_next(self, table: list[int], track: list[int]) -> int:
+        """The fewest processed tokens at which ``_state_retire`` frees a
+        block, the table and its track as they are: past the block after the
+        previous state, or past the first unretired block that is not null
+        (NEVER when there is none). Below it the call changes nothing."""
+        bs = self._bs
+        nxt = NEVER
+        ls = track[1]
+        if ls >= 0 and table[ls] != NULL:
+            nxt = (ls + 1) * bs + 1
+        for i in range(track[2], len(table)):
+            if table[i] != NULL:
+                if (i + 1) * bs + 1 < nxt:
+                    nxt = (i + 1) * bs + 1
+                break
+        return nxt
+
+    def _state_retire(self, req: Q, g: int, table: list[int], processed: int) -> int:
         """MambaManager.remove_skipped_blocks ("align"): the unretired blocks
         before the last processed token's state (nulls skipped), then the
-        previous state once processed passes the block after it."""
+        previous state once processed passes the block after it. Returns
+        ``_state_next`` after it."""
         track = req.state_tracks.setdefault(g, [0, -1, 0])
         bs = self._bs
         if processed > 1:
@@ -515,6 +538,7 @@ class GroupsMixin(Generic[Q]):
             table[ls] = NULL
             req.group_block_tuples = None
             req.cached_block_tuple = None
+        return self._state_next(table, track)
 
     # ------------------------------------------------------------ allocation
 
@@ -528,6 +552,8 @@ class GroupsMixin(Generic[Q]):
         total = num_local + num_external
         ref = self._ref
         fq = self._fq
+        if lay.keeps_state:
+            req.group_skip_from = 0  # a state table grows: the next step retires what it may
         for g, rules in enumerate(lay.rules):
             skipped = rules.skipped_tokens(total) // bs
             kept = list(hit[g][skipped:]) if hit else []
@@ -580,8 +606,9 @@ class GroupsMixin(Generic[Q]):
         gskip = NEVER
         for g, (rules, table) in enumerate(zip(self._layout.rules, self._tables(req))):
             if rules.keeps_state:
-                self._state_retire(req, g, table, processed)
-                gskip = min(gskip, processed + 1)  # every later processed count may free
+                nxt = self._state_retire(req, g, table, processed)
+                if nxt < gskip:
+                    gskip = nxt
                 continue
             skipped = rules.skipped_tokens(processed)
             n = min(skipped // bs, len(table)) if skipped > 0 else 0

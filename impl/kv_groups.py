@@ -214,6 +214,9 @@ class GroupsMixin(Generic[Q]):
     def _free(self, table: list[int]) -> None:
         raise NotImplementedError
 
+    def _allocate_one(self) -> int:
+        raise NotImplementedError
+
     # ------------------------------------------------------------ tables
 
     @staticmethod
@@ -330,7 +333,7 @@ class GroupsMixin(Generic[Q]):
                 # the node of block i - 1 when this group keyed it (the block
                 # is held, so its key stays); else (a window's block left
                 # unkeyed, a null block) the chain from block 0
-                before = self._tables(req)[g][i - 1]
+                before = (req.block_ids if g == 0 else req.group_block_ids[g - 1])[i - 1]
                 prev = self._px.block_node[before] if before != NULL else None
                 if prev is None:
                     prev = self._chain(req, g, i, True)[-1]
@@ -369,7 +372,8 @@ class GroupsMixin(Generic[Q]):
                         if req.shared_prefix_end:
                             boundaries.append(req.shared_prefix_end)
                     mask = rules.cache_mask(start, end, bs, boundaries)
-                kept = self._g_key_blocks(req, g, rules, table, start, end, mask)
+                kept = [] if mask is not None and True not in mask else (
+                    self._g_key_blocks(req, g, rules, table, start, end, mask))
                 if events is not None:
                     events.append(stored_keyed(req, table, self._px.block_node, start, end, kept, bs, g,
                                                lay.groups[g].kind, self._hash_la))
@@ -466,15 +470,21 @@ class GroupsMixin(Generic[Q]):
         lay = self._layout
         bs = self._bs
         total = 0
-        for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
+        needed = _cdiv(num_tokens, bs)
+        for g, rules in enumerate(lay.rules):
+            table = req.block_ids if g == 0 else req.group_block_ids[g - 1]
             if rules.keeps_state:
-                total += self._state_need(table, num_tokens, hit[g] if hit else ())
+                if hit:
+                    total += self._state_need(table, num_tokens, hit[g])
+                else:  # _state_need without a hit: at most one block past the table
+                    k = needed - len(table)
+                    total += k if k < 1 else 1
                 continue
-            required = _cdiv(num_tokens, bs)
+            required = needed
             c = lay.caps[g]
             if cap and c is not None:
                 required = min(required, c)
-            skipped = rules.skipped_tokens(computed) // bs
+            skipped = rules.skipped_tokens(computed) // bs if rules.skips else 0
             if not hit:  # a running request: no hit blocks to take from the free queue
                 total += max(required - max(skipped, len(table)), 0)
                 continue
@@ -500,7 +510,9 @@ class GroupsMixin(Generic[Q]):
         """MambaManager.allocate_new_blocks ("align"): the table's last block
         becomes the previous state, null places up to the last one, one new
         block there."""
-        track = req.state_tracks.setdefault(g, [0, -1, 0])
+        track = req.state_tracks.get(g)
+        if track is None:
+            track = req.state_tracks[g] = [0, -1, 0]
         required = _cdiv(num_tokens, self._bs)
         prev = len(table)
         if required <= prev:
@@ -510,7 +522,7 @@ class GroupsMixin(Generic[Q]):
             track[1] = prev - 1
         if prev < required - 1:
             table.extend([NULL] * (required - 1 - prev))
-        table.extend(self._allocate(required - len(table)))
+        table.append(self._allocate_one())
         track[0] = 1
         nxt = self._state_next(table, track)
         if nxt < req.group_skip_from:
@@ -539,7 +551,9 @@ class GroupsMixin(Generic[Q]):
         before the last processed token's state (nulls skipped), then the
         previous state once processed passes the block after it. Returns
         ``_state_next`` after it."""
-        track = req.state_tracks.setdefault(g, [0, -1, 0])
+        track = req.state_tracks.get(g)
+        if track is None:
+            track = req.state_tracks[g] = [0, -1, 0]
         bs = self._bs
         if processed > 1:
             last = (processed - 1) // bs
@@ -559,7 +573,7 @@ class GroupsMixin(Generic[Q]):
                         req.cached_block_tuple = None
         ls = track[1]
         if 0 <= ls < _cdiv(processed, bs) - 1 and table[ls] != NULL:
-            self._free_ordered([table[ls]])
+            self._free([table[ls]])
             table[ls] = NULL
             req.group_block_tuples = None
             if g == 0:
@@ -619,7 +633,10 @@ class GroupsMixin(Generic[Q]):
                 k = _cdiv(num_tokens, bs) - len(t)
                 if k <= 0:
                     continue
-                t.extend(self._allocate(k))
+                if k == 1:
+                    t.append(self._allocate_one())
+                else:
+                    t.extend(self._allocate(k))
             grew = True
             if g == 0:
                 req.cached_block_tuple = None

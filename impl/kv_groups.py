@@ -19,8 +19,9 @@ impl/kv_kinds.py (``Layout.rules``); this module never asks a kind's name.
 A running request calls the coordinator only when a step may change
 something (docs/impl.md, "The hybrid steady path"): past ``cap`` (the
 shortest table's slots), at ``next_full`` (a group's next full block to key)
-or at ``gskip`` (a window or chunk boundary that frees a block). Every change
-to a table resets the marks it moves.
+or at ``gskip`` (a window or chunk boundary, or a Mamba state to retire, that
+frees a block: ``_state_next``). Every change to a table resets the marks it
+moves.
 """
 
 from __future__ import annotations

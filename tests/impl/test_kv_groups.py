@@ -295,3 +295,18 @@ def test_encoder_identities_key_every_group_of_a_hybrid_layout() -> None:
     # c: a's tokens and image, the hit a plain request gets (the window group's cached blocks
     # stop it at 10); b: another image from block 3 on, so no window-group block matches
     assert hit == {"b": 0, "c": 10}
+
+
+def test_each_kinds_skip_and_mask_flags_say_what_its_rules_do() -> None:
+    """The coordinator reads ``skips`` (remove_skipped_blocks visits only such
+    groups) and ``masks`` (only such groups build a cache mask): each kind's
+    flags agree with the spec's kind and with its own rules."""
+    from schedspec.impl import kv_kinds as impl_kinds
+    from schedspec.spec import kv_kinds as spec_kinds
+
+    for name, cls in impl_kinds.KINDS.items():
+        fields = {f: 8 for f in spec_kinds.KINDS[name].fields}
+        rules = impl_kinds.rules_of(KVCacheGroup(name, **fields))  # type: ignore[arg-type]
+        assert cls.skips == spec_kinds.KINDS[name].skips, name
+        assert cls.skips == any(rules.skipped_tokens(n) for n in range(64)), name
+        assert cls.masks == (rules.cache_mask(0, 8, 4, [17]) is not None), name

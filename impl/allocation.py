@@ -199,8 +199,7 @@ class AllocationMixin:
         if target > req.num_slots:
             if self._g_need(req, target, None, computed) > self._fq.size:
                 return False
-            if self._g_grow(req, target):
-                req.cached_block_tuple = None
+            self._g_grow(req, target)
             req.num_slots = self._g_slots(req)
         known_end = min(end, req.num_tokens)
         if known_end >= req.next_full_at:

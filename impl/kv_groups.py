@@ -19,8 +19,9 @@ impl/kv_kinds.py (``Layout.rules``); this module never asks a kind's name.
 A running request calls the coordinator only when a step may change
 something (docs/impl.md, "The hybrid steady path"): past ``cap`` (the
 shortest table's slots), at ``next_full`` (a group's next full block to key)
-or at ``gskip`` (a window or chunk boundary that frees a block). Every change
-to a table resets the marks it moves.
+or at ``gskip`` (a window or chunk boundary, or a Mamba state to retire, that
+frees a block: ``_state_next``). Every change to a table resets the marks it
+moves.
 """
 
 from __future__ import annotations
@@ -76,7 +77,11 @@ class Layout:
         self.simple = len(specs) == 2 and specs[0][0].downward_closed
         self.unitary = len(self.groups) == 1
         #: Scheduler.need_mamba_block_aligned_split: a Mamba group with caching on
-        self.aligns = self.caching and any(r.keeps_state for r in self.rules)
+        #: the groups that free the blocks they skip (window, chunk, state): (g, rules)
+        self.skippers = tuple((g, r) for g, r in enumerate(self.rules) if r.skips)
+        #: a group keeps recurrent state (Mamba)
+        self.keeps_state = any(r.keeps_state for r in self.rules)
+        self.aligns = self.caching and self.keeps_state
         threshold = config.long_prefill_token_threshold
         batch = config.max_num_batched_tokens
         self.max_prefill = min(batch, threshold) if threshold > 0 else batch
@@ -210,6 +215,9 @@ class GroupsMixin(Generic[Q]):
     def _free(self, table: list[int]) -> None:
         raise NotImplementedError
 
+    def _allocate_one(self) -> int:
+        raise NotImplementedError
+
     # ------------------------------------------------------------ tables
 
     @staticmethod
@@ -225,7 +233,10 @@ class GroupsMixin(Generic[Q]):
         changes (every change sets ``gtuple`` to None)."""
         gt = req.group_block_tuples
         if gt is None:
-            gt = req.group_block_tuples = (tuple(req.block_ids), *(tuple(t) for t in req.group_block_ids))
+            first = req.cached_block_tuple  # group 0's, shared with the plan's block_ids
+            if first is None:
+                first = req.cached_block_tuple = tuple(req.block_ids)
+            gt = req.group_block_tuples = (first, *(tuple(t) for t in req.group_block_ids))
         return gt
 
     def _g_slots(self, req: Q) -> int:
@@ -309,28 +320,31 @@ class GroupsMixin(Generic[Q]):
             parent = node
         return out
 
-    def _g_register_block(self, req: Q, g: int, i: int, block: int) -> None:
-        """Register ``block`` as group g's block i (its key's chain interned)."""
+    def _g_register_block(self, req: Q, g: int, i: int, block: int, prev: KeyNode | None = None) -> KeyNode:
+        """Register ``block`` as group g's block i (its key's chain interned);
+        ``prev``: the node of block i - 1 when the caller holds it. Returns
+        the block's node."""
         bs = self._bs
         parent: Parent
         if i == 0:
             root, marks = self._roots(req, g)
             parent = root
         else:
-            # the node of block i - 1 when this group keyed it (the block is
-            # held, so its key stays); else (a window's block left unkeyed, a
-            # null block) the chain from block 0
-            before = self._tables(req)[g][i - 1]
-            prev = self._px.block_node[before] if before != NULL else None
             if prev is None:
-                prev = self._chain(req, g, i, True)[-1]
-            assert prev is not None
+                # the node of block i - 1 when this group keyed it (the block
+                # is held, so its key stays); else (a window's block left
+                # unkeyed, a null block) the chain from block 0
+                before = (req.block_ids if g == 0 else req.group_block_ids[g - 1])[i - 1]
+                prev = self._px.block_node[before] if before != NULL else None
+                if prev is None:
+                    prev = self._chain(req, g, i, True)[-1]
+                assert prev is not None
             parent = prev
             marks = req.identity_marks
             if marks and i in marks:
                 _, marks = self._roots(req, g)
                 parent = (prev, marks[i])
-        self._px.register(block, parent, req.token_range(i * bs, (i + 1) * bs + self._hash_la))
+        return self._px.register(block, parent, req.token_range(i * bs, (i + 1) * bs + self._hash_la))
 
     def _g_cache(self, req: Q, num_tokens: int) -> None:
         """KVCacheCoordinator.cache_blocks: the blocks full at ``num_tokens``
@@ -340,42 +354,59 @@ class GroupsMixin(Generic[Q]):
         if not self._caching:
             return
         bs = self._bs
-        num_tokens = min(num_tokens, req.num_tokens - self._hash_la)
+        end = min(num_tokens, req.num_tokens - self._hash_la) // bs
         lay = self._layout
-        boundaries = [req.num_prompt_tokens - 1] + ([req.shared_prefix_end] if req.shared_prefix_end else [])
         partial = lay.partial_unit
-        for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
-            start = req.num_cached_blocks if g == 0 else req.group_num_cached_blocks[g - 1]
-            end = num_tokens // bs
-            if start >= end:
-                if partial and rules.caches_partial_tail:
-                    self._g_partial_tail(req, g, rules, table, end * bs)
-                continue
-            mask = rules.cache_mask(start, end, bs, boundaries)
-            for i in range(start, end):
-                if table[i] != NULL and (mask is None or mask[i - start]):
-                    self._g_register_block(req, g, i, table[i])
-                    if rules.keeps_state:
-                        node = self._px.block_node[table[i]]
-                        assert node is not None
-                        self._cached_now.add(node.full_key())
-            if self._px.events is not None:
-                kept = [i for i in range(start, end) if table[i] != NULL and (mask is None or mask[i - start])]
-                self._px.events.append(
-                    stored_keyed(req, table, self._px.block_node, start, end, kept, bs, g, lay.groups[g].kind,
-                                 self._hash_la))
+        boundaries: list[int] | None = None
+        events = self._px.events
+        least = NEVER
+        for g, rules in enumerate(lay.rules):
             if g == 0:
-                req.num_cached_blocks = end
+                table, start = req.block_ids, req.num_cached_blocks
             else:
-                req.group_num_cached_blocks[g - 1] = end
+                table, start = req.group_block_ids[g - 1], req.group_num_cached_blocks[g - 1]
+            if start < end:
+                mask = None
+                if rules.masks:
+                    if boundaries is None:
+                        boundaries = [req.num_prompt_tokens - 1]
+                        if req.shared_prefix_end:
+                            boundaries.append(req.shared_prefix_end)
+                    mask = rules.cache_mask(start, end, bs, boundaries)
+                kept = [] if mask is not None and True not in mask else (
+                    self._g_key_blocks(req, g, rules, table, start, end, mask))
+                if events is not None:
+                    events.append(stored_keyed(req, table, self._px.block_node, start, end, kept, bs, g,
+                                               lay.groups[g].kind, self._hash_la))
+                if g == 0:
+                    req.num_cached_blocks = end
+                else:
+                    req.group_num_cached_blocks[g - 1] = end
+                start = end
+            if start < least:
+                least = start
             if partial and rules.caches_partial_tail:
                 self._g_partial_tail(req, g, rules, table, end * bs)
         # the least token count at which a group has a new full block to key
-        least = req.num_cached_blocks
-        for c in req.group_num_cached_blocks:
-            if c < least:
-                least = c
         req.next_full_at = (least + 1) * bs
+
+    def _g_key_blocks(self, req: Q, g: int, rules: GroupRules, table: list[int], start: int, end: int,
+                      mask: list[bool] | None) -> list[int]:
+        """Key group g's blocks start .. end - 1 that are not null and that
+        ``mask`` keeps (None: all), in order; the indices keyed. A Mamba
+        state keyed joins the states cached this step."""
+        kept: list[int] = []
+        prev: KeyNode | None = None  # the node of the block just keyed
+        for i in range(start, end):
+            block = table[i]
+            if block == NULL or (mask is not None and not mask[i - start]):
+                prev = None
+                continue
+            prev = self._g_register_block(req, g, i, block, prev)
+            kept.append(i)
+            if rules.keeps_state:
+                self._cached_now.add(prev.full_key())
+        return kept
 
     def _g_partial_tail(self, req: Q, g: int, rules: GroupRules, table: list[int], cacheable: int) -> None:
         """FullAttentionManager._cache_partial_tail_block with ``cacheable``
@@ -440,15 +471,21 @@ class GroupsMixin(Generic[Q]):
         lay = self._layout
         bs = self._bs
         total = 0
-        for g, (rules, table) in enumerate(zip(lay.rules, self._tables(req))):
+        needed = _cdiv(num_tokens, bs)
+        for g, rules in enumerate(lay.rules):
+            table = req.block_ids if g == 0 else req.group_block_ids[g - 1]
             if rules.keeps_state:
-                total += self._state_need(table, num_tokens, hit[g] if hit else ())
+                if hit:
+                    total += self._state_need(table, num_tokens, hit[g])
+                else:  # _state_need without a hit: at most one block past the table
+                    k = needed - len(table)
+                    total += k if k < 1 else 1
                 continue
-            required = _cdiv(num_tokens, bs)
+            required = needed
             c = lay.caps[g]
             if cap and c is not None:
                 required = min(required, c)
-            skipped = rules.skipped_tokens(computed) // bs
+            skipped = rules.skipped_tokens(computed) // bs if rules.skips else 0
             if not hit:  # a running request: no hit blocks to take from the free queue
                 total += max(required - max(skipped, len(table)), 0)
                 continue
@@ -474,7 +511,9 @@ class GroupsMixin(Generic[Q]):
         """MambaManager.allocate_new_blocks ("align"): the table's last block
         becomes the previous state, null places up to the last one, one new
         block there."""
-        track = req.state_tracks.setdefault(g, [0, -1, 0])
+        track = req.state_tracks.get(g)
+        if track is None:
+            track = req.state_tracks[g] = [0, -1, 0]
         required = _cdiv(num_tokens, self._bs)
         prev = len(table)
         if required <= prev:
@@ -484,15 +523,38 @@ class GroupsMixin(Generic[Q]):
             track[1] = prev - 1
         if prev < required - 1:
             table.extend([NULL] * (required - 1 - prev))
-        table.extend(self._allocate(required - len(table)))
+        table.append(self._allocate_one())
         track[0] = 1
+        nxt = self._state_next(table, track)
+        if nxt < req.group_skip_from:
+            req.group_skip_from = nxt
         return True
 
-    def _state_retire(self, req: Q, g: int, table: list[int], processed: int) -> None:
+    def _state_next(self, table: list[int], track: list[int]) -> int:
+        """The fewest processed tokens at which ``_state_retire`` frees a
+        block, the table and its track as they are: past the block after the
+        previous state, or past the first unretired block that is not null
+        (NEVER when there is none). Below it the call changes nothing."""
+        bs = self._bs
+        nxt = NEVER
+        ls = track[1]
+        if ls >= 0 and table[ls] != NULL:
+            nxt = (ls + 1) * bs + 1
+        for i in range(track[2], len(table)):
+            if table[i] != NULL:
+                if (i + 1) * bs + 1 < nxt:
+                    nxt = (i + 1) * bs + 1
+                break
+        return nxt
+
+    def _state_retire(self, req: Q, g: int, table: list[int], processed: int) -> int:
         """MambaManager.remove_skipped_blocks ("align"): the unretired blocks
         before the last processed token's state (nulls skipped), then the
-        previous state once processed passes the block after it."""
-        track = req.state_tracks.setdefault(g, [0, -1, 0])
+        previous state once processed passes the block after it. Returns
+        ``_state_next`` after it."""
+        track = req.state_tracks.get(g)
+        if track is None:
+            track = req.state_tracks[g] = [0, -1, 0]
         bs = self._bs
         if processed > 1:
             last = (processed - 1) // bs
@@ -508,13 +570,16 @@ class GroupsMixin(Generic[Q]):
                 if freed:
                     self._free_ordered(freed)
                     req.group_block_tuples = None
-                    req.cached_block_tuple = None
+                    if g == 0:
+                        req.cached_block_tuple = None
         ls = track[1]
         if 0 <= ls < _cdiv(processed, bs) - 1 and table[ls] != NULL:
-            self._free_ordered([table[ls]])
+            self._free([table[ls]])
             table[ls] = NULL
             req.group_block_tuples = None
-            req.cached_block_tuple = None
+            if g == 0:
+                req.cached_block_tuple = None
+        return self._state_next(table, track)
 
     # ------------------------------------------------------------ allocation
 
@@ -528,6 +593,8 @@ class GroupsMixin(Generic[Q]):
         total = num_local + num_external
         ref = self._ref
         fq = self._fq
+        if lay.keeps_state:
+            req.group_skip_from = 0  # a state table grows: the next step retires what it may
         for g, rules in enumerate(lay.rules):
             skipped = rules.skipped_tokens(total) // bs
             kept = list(hit[g][skipped:]) if hit else []
@@ -558,14 +625,22 @@ class GroupsMixin(Generic[Q]):
         Whether a table grew."""
         bs = self._bs
         grew = False
-        for g, (rules, t) in enumerate(zip(self._layout.rules, self._tables(req))):
+        for g, rules in enumerate(self._layout.rules):
+            t = req.block_ids if g == 0 else req.group_block_ids[g - 1]
             if rules.keeps_state:
-                grew = self._state_grow(req, g, t, num_tokens) or grew
-                continue
-            k = _cdiv(num_tokens, bs) - len(t)
-            if k > 0:
-                t.extend(self._allocate(k))
-                grew = True
+                if not self._state_grow(req, g, t, num_tokens):
+                    continue
+            else:
+                k = _cdiv(num_tokens, bs) - len(t)
+                if k <= 0:
+                    continue
+                if k == 1:
+                    t.append(self._allocate_one())
+                else:
+                    t.extend(self._allocate(k))
+            grew = True
+            if g == 0:
+                req.cached_block_tuple = None
         if grew:
             req.group_block_tuples = None
         return grew
@@ -578,10 +653,12 @@ class GroupsMixin(Generic[Q]):
         which the next call would free a block."""
         bs = self._bs
         gskip = NEVER
-        for g, (rules, table) in enumerate(zip(self._layout.rules, self._tables(req))):
+        for g, rules in self._layout.skippers:
+            table = req.block_ids if g == 0 else req.group_block_ids[g - 1]
             if rules.keeps_state:
-                self._state_retire(req, g, table, processed)
-                gskip = min(gskip, processed + 1)  # every later processed count may free
+                nxt = self._state_retire(req, g, table, processed)
+                if nxt < gskip:
+                    gskip = nxt
                 continue
             skipped = rules.skipped_tokens(processed)
             n = min(skipped // bs, len(table)) if skipped > 0 else 0
@@ -601,7 +678,8 @@ class GroupsMixin(Generic[Q]):
                 table[i] = NULL
             if freed:
                 req.group_block_tuples = None
-                req.cached_block_tuple = None  # group 0 may be the window's (a lone sliding-window group)
+                if g == 0:  # a lone sliding-window group
+                    req.cached_block_tuple = None
                 self._free_ordered(freed)
         req.group_skip_from = gskip
 

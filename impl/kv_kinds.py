@@ -57,6 +57,10 @@ class GroupRules:
     #: registers its prompt's last hash boundary inside a block as a partial
     #: entry (FullAttentionManager._cache_partial_tail_block)
     caches_partial_tail: ClassVar[bool] = False
+    #: keys only some of its full blocks (``cache_mask`` returns a mask)
+    masks: ClassVar[bool] = False
+    #: frees blocks it skips (``skipped_tokens`` is not always 0)
+    skips: ClassVar[bool] = False
 
     def __init__(self, group: KVCacheGroup) -> None:
         self.group = group
@@ -100,6 +104,8 @@ class SlidingWindow(GroupRules):
     searches its hit right to left, keys only the blocks before a boundary."""
 
     vllm_kind = "sliding_window"
+    masks = True
+    skips = True
 
     def __init__(self, group: KVCacheGroup) -> None:
         super().__init__(group)
@@ -156,6 +162,7 @@ class ChunkedLocal(GroupRules):
     forward to the first miss; keys every full block."""
 
     vllm_kind = "chunked_local_attention"
+    skips = True
 
     def __init__(self, group: KVCacheGroup) -> None:
         super().__init__(group)
@@ -185,6 +192,8 @@ class Mamba(GroupRules):
     tables grow one state block a step (impl/kv_groups.py)."""
 
     vllm_kind = "mamba"
+    masks = True
+    skips = True
     keeps_state = True
 
     def skipped_tokens(self, computed: int) -> int:

@@ -95,6 +95,7 @@ class RunningPhase:
     _general: bool
     _gated: bool
     _hybrid: bool
+    _groups_inline: bool
     _layout: Any  # impl/kv_groups.py, Layout
     _connector: bool
     _defer_free: bool
@@ -122,6 +123,7 @@ class RunningPhase:
         running, budget, threshold = self._running, state.budget, state.threshold
         max_model_len, num_spec, placeholder_drafts = self._max_model_len, self._num_spec_tokens, self._placeholder_drafts
         asynchronous, general, gated = self._async, self._general, self._gated
+        groups_inline = self._groups_inline  # gated by hybrid groups alone
         staggered = self._stagger > 0
         lookahead = self._lookahead  # the drafter's slots past the step (allocate_slots)
         draft_slots = self._draft_slots  # the batch slots each request takes for the drafter
@@ -170,7 +172,10 @@ class RunningPhase:
                             )
                         )
                     )
-                    or (not gated and self._grow_running(req, end))
+                    or (
+                        (not gated or (groups_inline and req.num_prompt_tokens < num_tokens))
+                        and self._grow_running(req, end)
+                    )
                 )
             ):
                 if asynchronous:

@@ -189,6 +189,11 @@ class ImplScheduler(
         self._base_general |= config.max_concurrent_batches > 1
         self._gated = self._config_gated
         self._general = self._base_general or self._gated
+        # hybrid groups the one config gate: a steady decode past its prompt
+        # may take its blocks from the coordinator inline (impl/running.py)
+        self._groups_inline = self._hybrid and not (
+            config.prefill_schedule_interval > 1 or config.has_encoder or config.kv_connector
+        )
         self._live_grammars = 0  # unfinished requests with a grammar
         self._pause = PauseState.UNPAUSED
         self._watermark = config.watermark_blocks

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 ALL_MODES: tuple[str, ...] = ("sync", "async", "spec", "async-spec")
 
 #: The KV dimensions' capabilities, streaming-input sessions ("sessions": RequestSpec.resumable) and
-#: Model Runner V2's throttle and the drafter ("runner_v2": model_runner "v2", pipeline, async, drafter): a rule
+#: Model Runner V2's throttle and the drafter ("runner_v2": model_runner "v2", pipeline, async, drafter), and a
+#: drafter with its own forward pass ("drafters": EAGLE's hash lookahead): a rule
 #: that needs a KV connector config carries ``gates=("kv_connector",)``, one
 #: of hybrid KV cache groups ``("hybrid_kv",)``; reachable_in reaches them
 #: only when those names are among its ``gates``.
-ALL_KV: tuple[str, ...] = ("kv_connector", "hybrid_kv", "sessions", "runner_v2")
+ALL_KV: tuple[str, ...] = ("kv_connector", "hybrid_kv", "sessions", "runner_v2", "drafters")
 
 #: The admission gates (schedspec.check.capabilities names them alike).
 ALL_GATES: tuple[str, ...] = (
@@ -106,6 +107,7 @@ _RULES = (
     Rule("kv.free_back", "a freed block with a key goes to the back of the free queue (LRU)", "block_pool.py, BlockPool.free_blocks"),
     Rule("kv.free_shared", "a freed table's block is still held by another request and stays out of the free queue", "block_pool.py, BlockPool.free_blocks (ref_cnt > 0)"),
     Rule("kv.reset_ok", "reset_prefix_cache drops every key (no block held)", "block_pool.py, BlockPool.reset_prefix_cache"),
+    Rule("kv.hash_lookahead_wait", "EAGLE's hash lookahead: a full block is not cached yet because the tokens after it its key covers are not all known", "v1/core/kv_cache_utils.py, get_request_block_hasher (request.num_tokens - num_hash_lookahead_tokens); single_type_kv_cache_manager.py, SingleTypeKVCacheManager.cache_blocks", _SPEC_MODES, gates=("drafters",)),
     Rule("kv.reset_refused", "reset_prefix_cache is refused because blocks are held", "block_pool.py, BlockPool.reset_prefix_cache (num_used_blocks != 1: return False)"),
     # -- update and stop
     Rule("update.no_token", "a scheduled entry samples nothing (a prefill chunk)", "sched/scheduler.py, Scheduler.update_from_output"),

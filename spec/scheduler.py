@@ -384,7 +384,10 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
         lookahead L a block's hash waits for the L tokens after it
         (get_request_block_hasher: ``request.num_tokens - L``), so a full
         block is cached only once they are known."""
-        num_tokens = min(num_tokens, req.num_tokens - self._config.num_hash_lookahead_tokens)
+        hashed = req.num_tokens - self._config.num_hash_lookahead_tokens
+        bs = self._config.block_size
+        self._rule("kv.hash_lookahead_wait", self.kv.enable_caching and hashed // bs < num_tokens // bs)  # pragma: no mutate
+        num_tokens = min(num_tokens, hashed)
         self.kv.cache_blocks(req, num_tokens, len(req.spec.prompt_token_ids), self._key_of(req), req.spec.lora_id,
                              req.prefix_key)
 

@@ -129,6 +129,7 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
         ("kv.free_back", "shared_prefixes", "no_caching"),
         ("kv.free_shared", "shared_prefixes bursts", "no_caching"),
         ("kv.reset_ok", "resets", ""),
+        ("kv.hash_lookahead_wait", "shared_prefixes", "no_caching"),
         ("kv.reset_refused", "resets", "reset_running"),
         ("update.no_token", "small_budget long_prompts", "no_chunking"),
         ("update.request_gone", "split_steps aborts", ""),

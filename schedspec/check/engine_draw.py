@@ -10,7 +10,9 @@ those with drafts (DRAFTER_RATE) a drafter with its own forward pass (a
 draft model's lookahead slots, EAGLE's hash lookahead) instead of n-gram; a
 share (SESSION_RATE) makes some requests streaming-input sessions. A focus on a rule that needs Model Runner V2 (Rule.gates naming
 runner_v2) turns V2 on, with a pipeline where the mode is async and a draft
-model where it drafts; a focus on a session rule turns sessions on. A
+model where it drafts; a focus on a rule that needs a drafter (Rule.gates
+naming drafters: EAGLE's hash lookahead) draws EAGLE; a focus on a session
+rule turns sessions on. A
 workload that draws nothing is the one its seed gave before engine features
 were drawn (every draw comes after the rest of the workload's).
 
@@ -60,12 +62,15 @@ def draw_sessions(engine: Sequence[str], focus: Sequence[str], rng: random.Rando
     return rng.random() < SESSION_RATE or needs(focus, "sessions")
 
 
-def _drafter(config: SchedulerConfig, rng: random.Random, v2: bool, sessions: bool) -> str:
+def _drafter(config: SchedulerConfig, rng: random.Random, v2: bool, sessions: bool, eagle_focus: bool) -> str:
     if not config.num_speculative_tokens or config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
         return "ngram"  # no drafts, or no room for a padded decode and the draft model's slot
-    if not v2 and rng.random() >= DRAFTER_RATE:
+    if eagle_focus:
+        drafter = "eagle"
+    elif not v2 and rng.random() >= DRAFTER_RATE:
         return "ngram"
-    drafter = "draft_model" if v2 else rng.choice([d for d in DRAFTERS if d != "ngram"])
+    else:
+        drafter = "draft_model" if v2 else rng.choice([d for d in DRAFTERS if d != "ngram"])
     if drafter == "eagle" and (config.kv_connector or sessions
                                or config.hash_block_size not in (0, config.block_size)):
         return "draft_model"  # EAGLE there is not modelled (spec/validate.py, spec/protocol.py)
@@ -76,7 +81,8 @@ def with_engine(config: SchedulerConfig, engine: Sequence[str], focus: Sequence[
                 sessions: bool = False) -> SchedulerConfig:
     """``config`` with the runner and pipeline size drawn among ``engine``
     (at ENGINE_RATE, always for a focus that needs Model Runner V2), and the
-    drafter (at DRAFTER_RATE, a draft model for that focus); unchanged when
+    drafter (at DRAFTER_RATE; a draft model for that focus, EAGLE for a
+    focus on a rule that needs a drafter, where it is modelled); unchanged when
     the draws miss or the config takes none of them."""
     forced = "runner" in engine and needs(focus, "runner_v2")
     base, pp = config, config.pipeline_parallel_size
@@ -90,7 +96,8 @@ def with_engine(config: SchedulerConfig, engine: Sequence[str], focus: Sequence[
         if forced and len(sizes) > 1:
             sizes = sizes[1:]  # V2's throttle needs a pipeline
         pp = rng.choice(sizes or (1,))
-    drafter = _drafter(base, rng, forced, sessions) if "drafter" in engine else "ngram"
+    eagle = needs(focus, "drafters") and not forced  # a focus on EAGLE's rule (kv.hash_lookahead_wait)
+    drafter = _drafter(base, rng, forced, sessions, eagle) if "drafter" in engine else "ngram"
     if base is config and drafter == config.drafter:
         return config
     try:

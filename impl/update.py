@@ -1,13 +1,17 @@
 """update(plan, result): the model's output applied to the requests of the
 oldest plan in flight (vLLM's Scheduler.update_from_output).
 
-Two paths, one per kind of step bookkeeping that schedule() keeps:
+Three paths, by the step bookkeeping that schedule() keeps and the gates:
 
 - ``_update_sync``, synchronous scheduling without drafts or gates: one token
   per sampling entry, validated and applied in one pass over the plan; on
   input it does not vouch for, it undoes the appended tokens and lets the
   protocol's own check (spec/protocol.py, check_sampled) raise the spec's
   error.
+- ``_update_sync_groups``, the same one pass for synchronous hybrid KV
+  cache groups with no other gate: schedule() keeps the general bookkeeping
+  there, so each entry also drains its in-flight tokens; on input it does
+  not vouch for it undoes its work and hands the step to ``_update_general``.
 - ``_update_general``, everything else (async scheduling, drafts, the gates,
   the KV connector): the result checked in one pass first (``_result_ok``),
   then per entry the in-flight and stale tokens drained, rejected drafts

@@ -34,7 +34,7 @@ from typing import Mapping, Sequence
 from schedspec.check.driver import Runner
 from schedspec.check.config_space import CHECK_SPACE
 from schedspec.check.defects import keep_failed_sync_loads_alive
-from schedspec.check.engine_draw import draw_sessions, engine_features, engine_rng, with_engine
+from schedspec.check.engine_draw import draw_sessions, engine_features, engine_rng, needs, with_engine
 from schedspec.check.features import GATE_CAPABILITIES, GATES, KV_CAPABILITIES, KV_FEATURES, kv_of
 from schedspec.check.gate_requests import GateRequests, draw_gate_subset, gate_rng, with_gates
 from schedspec.check.kv_requests import (
@@ -129,7 +129,7 @@ RULE_HINTS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
         ("kv.free_back", "shared_prefixes", "no_caching"),
         ("kv.free_shared", "shared_prefixes bursts", "no_caching"),
         ("kv.reset_ok", "resets", ""),
-        ("kv.hash_lookahead_wait", "shared_prefixes", "no_caching"),
+        ("kv.hash_lookahead_wait", "shared_prefixes", "no_caching small_budget"),
         ("kv.reset_refused", "resets", "reset_running"),
         ("update.no_token", "small_budget long_prompts", "no_chunking"),
         ("update.request_gone", "split_steps aborts", ""),
@@ -472,12 +472,13 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
                              focus=tuple(focus))
     kv_requests: KVRequests | None = None
     kv_chosen: tuple[str, ...] = ()
+    eagle = "drafter" in engine and needs(focus, "drafters")  # EAGLE (check/engine_draw.py): what it is modelled with
     if kv:
         krng = kv_rng(f"guided-{seed}")
         picked = pick_kv(kv, focus, krng)
         partial = any(rule in PARTIAL_RULES for rule in focus) and "hybrid" in picked
         mamba = any(rule in MAMBA_RULES for rule in focus) and "hybrid" in picked
-        if partial or mamba:  # partial entries, Mamba groups: no connector, prefix caching on
+        if partial or mamba or eagle:  # partial entries, Mamba groups, EAGLE: no connector, prefix caching on
             picked = tuple(k for k in picked if k != "connector")
             config = dataclasses.replace(config, enable_prefix_caching=True)
         if mamba:  # (and chunked prefill on, no drafts: spec/validate.py)
@@ -486,14 +487,14 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         config = with_kv(config, picked, krng, chunk_rng(f"guided-{seed}"), chunked)
         # partial prefix-cache entries, always for a focus on their rules (none for one on Mamba's)
         config = with_hash_block(config, hash_rng(f"guided-{seed}"),
-                                 1.0 if partial else 0.0 if mamba else HASH_BLOCK_RATE)
+                                 1.0 if partial else 0.0 if mamba or eagle else HASH_BLOCK_RATE)
         # a Mamba group where the layout takes one (kv_requests.MAMBA_RATE), always for a focus on
         # its rules, never in the place of the window or chunk a focus on their rules needs
         config = with_mamba(config, mamba_rng(f"guided-{seed}"),
                             1.0 if mamba else 0.0 if chunked is not None else None)
         kv_chosen = kv_of(config)
         kv_requests = KVRequests(config, krng) if config.kv_connector else None
-    streams = _streams(config, engine, focus, seed, vocab)  # sessions (always for a focus on their rules)
+    streams = None if eagle else _streams(config, engine, focus, seed, vocab)  # sessions (always for a focus on theirs)
     if streams is not None:
         config, kv_requests = streams.config, None
     if engine:  # the runner, pipeline and drafter (check/engine_draw.py)

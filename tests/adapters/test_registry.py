@@ -105,7 +105,9 @@ def test_capabilities_travel_with_the_target() -> None:
     target = resolve("tests.support.modes_support:FcfsOnly")
     assert "policy_priority" not in target.capabilities.names()
     assert resolve("spec").capabilities.missing() == ()
-    # the default declaration leaves out the two modes, every admission gate, the KV features and the KV events
+    # the default declaration leaves out the two modes, every admission gate, the KV features, the KV
+    # events and the engine features
     assert FULL.missing() == tuple(sorted(("async_scheduling", "speculative_decoding", "lora", "structured_output",
                                            "pause", "watermark", "prefill_cadence", "encoder", "kv_connector",
-                                           "hybrid_kv", "kv_events")))
+                                           "hybrid_kv", "kv_events", "sessions", "pipeline", "runner_v2",
+                                           "drafters")))

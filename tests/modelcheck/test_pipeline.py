@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from schedspec.check.capabilities import FULL
 from schedspec.cli.main import main
 from schedspec.modelcheck import STEP, Explorer, Expander, Space, bound, impl_class
 from schedspec.modelcheck.events import RESET
@@ -34,7 +35,10 @@ def _space(name: str) -> Space:
 class OlderUpdateMisread(SpecScheduler):
     """Bug: an update that comes while a newer plan is still in flight (the
     oldest of two) takes each sampled token off by one, as if it read the
-    newer plan's row of the output."""
+    newer plan's row of the output. It declares the pipeline (a trace with k
+    plans in flight is outside the default declaration)."""
+
+    CAPABILITIES = FULL.with_engine(("pipeline",))
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if len(self.in_flight) > 1:

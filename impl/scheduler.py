@@ -194,9 +194,6 @@ class ImplScheduler(
         self._groups_inline = self._hybrid and not (
             config.prefill_schedule_interval > 1 or config.has_encoder or config.kv_connector
         )
-        # hybrid groups the one gate, synchronous without drafts: update's
-        # one-pass path (impl/update.py, _update_sync_groups)
-        self._sync_groups = self._groups_inline and not self._base_general
         self._live_grammars = 0  # unfinished requests with a grammar
         self._pause = PauseState.UNPAUSED
         self._watermark = config.watermark_blocks

@@ -1,17 +1,13 @@
 """update(plan, result): the model's output applied to the requests of the
 oldest plan in flight (vLLM's Scheduler.update_from_output).
 
-Three paths, by the step bookkeeping that schedule() keeps and the gates:
+Two paths, one per kind of step bookkeeping that schedule() keeps:
 
 - ``_update_sync``, synchronous scheduling without drafts or gates: one token
   per sampling entry, validated and applied in one pass over the plan; on
   input it does not vouch for, it undoes the appended tokens and lets the
   protocol's own check (spec/protocol.py, check_sampled) raise the spec's
   error.
-- ``_update_sync_groups``, the same one pass for synchronous hybrid KV
-  cache groups with no other gate: schedule() keeps the general bookkeeping
-  there, so each entry also drains its in-flight tokens; on input it does
-  not vouch for it undoes its work and hands the step to ``_update_general``.
 - ``_update_general``, everything else (async scheduling, drafts, the gates,
   the KV connector): the result checked in one pass first (``_result_ok``),
   then per entry the in-flight and stale tokens drained, rejected drafts
@@ -57,8 +53,6 @@ class UpdateMixin:
     _grammar_errors: set[str]
     _general: bool
     _gated: bool
-    _sync_groups: bool
-    _live_grammars: int
     _async: bool
     _caching: bool
     _connector: bool
@@ -84,12 +78,7 @@ class UpdateMixin:
 
     def update(self, plan: StepPlan, result: StepResult) -> None:
         if self._general:
-            if self._sync_groups and not (
-                self._live_grammars or self._live_sessions or self._grammar_errors or self._continuing
-            ):
-                self._update_sync_groups(plan, result)
-            else:
-                self._update_general(plan, result)
+            self._update_general(plan, result)
         else:
             self._update_sync(plan, result)
         if self._log_stats and self._num_spec_tokens:
@@ -151,84 +140,6 @@ class UpdateMixin:
         if stopped:
             for req in stopped:
                 self._finish(req, STOPPED if req.last_token_ids[0] in req.stop_token_ids else LENGTH_CAPPED)
-            self._running = [r for r in self._running if r.status is RUNNING]
-        del self._inflight[0]
-        del self._inflight_reqs[0]
-        del self._inflight_codes[0]
-
-    def _update_sync_groups(self, plan: StepPlan, result: StepResult) -> None:
-        """``_update_sync`` for hybrid KV cache groups gated by nothing else
-        (no drafts, async scheduling, connector, encoder, cadence, grammar or
-        session): schedule() keeps the general bookkeeping, so each running
-        entry also drains its in-flight tokens (``code // base``); nothing
-        else of ``_update_general`` applies (no placeholders, drafts, stale
-        output or keys after the step). Validated and applied in one pass;
-        on input it does not vouch for, or an entry the general rules must
-        take (a request not running but unfinished, or with stale output),
-        it undoes what it did and hands the step to ``_update_general``."""
-        check_update(plan, self._inflight, result)
-        sampled = result.sampled
-        if sampled.__class__ is not dict or result.draft_token_ids:
-            self._update_general(plan, result)
-            return
-        get_tokens = sampled.get
-        scheduled = self._inflight_reqs[0]
-        codes = self._inflight_codes[0]
-        base = self._num_spec_tokens + 2
-        requests = self._requests
-        present = 0
-        stopped: list[Request] = []
-        done = 0  # entries applied
-        try:
-            for req, code in zip(scheduled, codes):
-                tokens = get_tokens(req.request_id)
-                if req.status is not RUNNING:
-                    if req.request_id in requests:
-                        raise _Bad  # preempted or waiting, yet unfinished: the general rules
-                    if tokens is not None:  # finished while the step ran: anything well-formed
-                        present += 1
-                        if not is_token_ids(tokens):
-                            raise _Bad
-                    done += 1
-                    continue
-                if req.num_stale_output_tokens:
-                    raise _Bad
-                if code % base:  # this step samples
-                    if tokens.__class__ is not tuple:
-                        raise _Bad
-                    (token,) = tokens
-                    if token.__class__ is not int or token < 0:
-                        raise _Bad
-                    present += 1
-                    req.num_in_flight_tokens -= code // base
-                    req.output.append(token)
-                    num_tokens = req.num_tokens + 1
-                    req.num_tokens = num_tokens
-                    req.last_token_ids = tokens
-                    if num_tokens >= req.length_cap_at or token in req.stop_token_ids:
-                        stopped.append(req)
-                else:  # a partial prefill chunk
-                    if tokens is not None:
-                        present += 1
-                        if tokens.__class__ is not tuple or len(tokens) != 0:
-                            raise _Bad
-                    req.num_in_flight_tokens -= code // base
-                done += 1
-            if present != len(sampled):
-                raise _Bad  # tokens for a request the plan did not schedule
-        except (_Bad, ValueError, TypeError):
-            for req, code in zip(scheduled[:done], codes):
-                if req.status is RUNNING:
-                    req.num_in_flight_tokens += code // base
-                    if code % base:
-                        req.output.pop()
-                        req.num_tokens -= 1
-                        req.last_token_ids = (req.output[-1],) if req.output else req.prompt_token_ids[-1:]
-            self._update_general(plan, result)
-            return
-        for req in stopped:
-            self._finish(req, STOPPED if req.last_token_ids[0] in req.stop_token_ids else LENGTH_CAPPED)
-        if stopped:
             self._running = [r for r in self._running if r.status is RUNNING]
         del self._inflight[0]
         del self._inflight_reqs[0]

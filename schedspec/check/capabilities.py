@@ -247,39 +247,44 @@ class Capabilities:
                 changes[GATE_CAPABILITIES[g]] = True
         return dataclasses.replace(self, **changes)
 
+    def _supported(self, names: tuple[str, ...], capability: Mapping[str, str]) -> tuple[str, ...]:
+        """Those of ``names`` whose capability (``capability[name]``) this declaration has."""
+        return tuple(k for k in names if getattr(self, capability[k]))
+
+    def _with(self, names: Iterable[str], capability: Mapping[str, str], known: tuple[str, ...],
+              what: str) -> "Capabilities":
+        """This declaration with the capabilities of ``names`` on; CapabilityError
+        naming an unknown ``what``."""
+        changes: dict[str, Any] = {}
+        for k in names:
+            if k not in capability:
+                raise CapabilityError(f"unknown {what} {k!r} (choose from {', '.join(known)})")
+            changes[capability[k]] = True
+        return dataclasses.replace(self, **changes)
+
     def kv(self) -> tuple[str, ...]:
         """The KV features (features.KV_FEATURES) this declaration supports."""
-        return tuple(k for k in KV_FEATURES if getattr(self, KV_CAPABILITIES[k]))
+        return self._supported(KV_FEATURES, KV_CAPABILITIES)
 
     def with_kv(self, kv: Iterable[str] = KV_FEATURES) -> "Capabilities":
         """This declaration with the KV features ``kv`` (features.KV_FEATURES
         names; default both) supported too."""
-        changes: dict[str, Any] = {}
-        for k in kv:
-            if k not in KV_CAPABILITIES:
-                raise CapabilityError(f"unknown KV feature {k!r} (choose from {', '.join(KV_FEATURES)})")
-            changes[KV_CAPABILITIES[k]] = True
-        return dataclasses.replace(self, **changes)
+        return self._with(kv, KV_CAPABILITIES, KV_FEATURES, "KV feature")
 
     def engine(self) -> tuple[str, ...]:
         """The engine features (features.ENGINE_FEATURES) this declaration supports."""
-        return tuple(k for k in ENGINE_FEATURES if getattr(self, ENGINE_CAPABILITIES[k]))
+        return self._supported(ENGINE_FEATURES, ENGINE_CAPABILITIES)
 
     def with_engine(self, engine: Iterable[str] = ENGINE_FEATURES) -> "Capabilities":
         """This declaration with the engine features ``engine``
         (features.ENGINE_FEATURES names; default all) supported too."""
-        changes: dict[str, Any] = {}
-        for k in engine:
-            if k not in ENGINE_CAPABILITIES:
-                raise CapabilityError(f"unknown engine feature {k!r} (choose from {', '.join(ENGINE_FEATURES)})")
-            changes[ENGINE_CAPABILITIES[k]] = True
-        return dataclasses.replace(self, **changes)
+        return self._with(engine, ENGINE_CAPABILITIES, ENGINE_FEATURES, "engine feature")
 
     def drawable_engine(self, engine: Iterable[str]) -> tuple[str, ...]:
         """``engine`` less the engine features this declaration does not
         support, in ENGINE_FEATURES order."""
-        wanted, have = set(engine), self.engine()
-        return tuple(k for k in ENGINE_FEATURES if k in wanted and k in have)
+        wanted = set(engine)
+        return tuple(k for k in self.engine() if k in wanted)
 
     def drawable_modes(self, modes: Iterable[str]) -> tuple[str, ...]:
         """``modes`` (features.MODES) less those this declaration does not
@@ -312,8 +317,8 @@ class Capabilities:
     def drawable_kv(self, kv: Iterable[str]) -> tuple[str, ...]:
         """``kv`` less the KV features this declaration does not support, in
         KV_FEATURES order."""
-        wanted, have = set(kv), self.kv()
-        return tuple(k for k in KV_FEATURES if k in wanted and k in have)
+        wanted = set(kv)
+        return tuple(k for k in self.kv() if k in wanted)
 
     def names(self) -> frozenset[str]:
         """The capability names (CAPABILITY_NAMES) this declaration supports."""

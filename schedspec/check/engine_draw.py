@@ -32,7 +32,7 @@ from schedspec.spec.rule_names import RULES
 from schedspec.spec.validate import DRAFTERS
 
 from schedspec.check.pipeline import allowed_sizes
-from schedspec.check.runner_draw import runner_feature
+from schedspec.check.runner_draw import modelled_drafter, runner_feature
 
 #: The share of guided workloads (not the core ones) that draw a runner,
 #: pipeline and drafter.
@@ -63,18 +63,15 @@ def draw_sessions(engine: Sequence[str], focus: Sequence[str], rng: random.Rando
 
 
 def _drafter(config: SchedulerConfig, rng: random.Random, v2: bool, sessions: bool, eagle_focus: bool) -> str:
-    if not config.num_speculative_tokens or config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
-        return "ngram"  # no drafts, or no room for a padded decode and the draft model's slot
     if eagle_focus:
         drafter = "eagle"
-    elif not v2 and rng.random() >= DRAFTER_RATE:
-        return "ngram"
+    elif v2:
+        drafter = "draft_model"
+    elif rng.random() < DRAFTER_RATE:
+        drafter = rng.choice([d for d in DRAFTERS if d != "ngram"])
     else:
-        drafter = "draft_model" if v2 else rng.choice([d for d in DRAFTERS if d != "ngram"])
-    if drafter == "eagle" and (config.kv_connector or sessions
-                               or config.hash_block_size not in (0, config.block_size)):
-        return "draft_model"  # EAGLE there is not modelled (spec/validate.py, spec/protocol.py)
-    return drafter
+        drafter = "ngram"
+    return modelled_drafter(config, drafter, sessions)
 
 
 def with_engine(config: SchedulerConfig, engine: Sequence[str], focus: Sequence[str], rng: random.Random,

@@ -30,12 +30,22 @@ def with_runner(config: SchedulerConfig, seed: int) -> SchedulerConfig:
     runner = rng.choice(MODEL_RUNNERS)
     base = dataclasses.replace(config, model_runner=runner, pipeline_parallel_size=1)
     pp = rng.choice(allowed_sizes(base) or (1,))
-    drafter = rng.choice(DRAFTERS) if config.num_speculative_tokens else "ngram"
-    if config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
-        drafter = "ngram"  # no room for a padded decode and the draft model's slot (spec/validate.py)
-    if drafter == "eagle" and (config.kv_connector or config.hash_block_size not in (0, config.block_size)):
-        drafter = "draft_model"  # EAGLE with a connector or partial entries is not modelled (spec/validate.py)
+    drafter = modelled_drafter(config, rng.choice(DRAFTERS) if config.num_speculative_tokens else "ngram")
     return dataclasses.replace(base, pipeline_parallel_size=pp, drafter=drafter)
+
+
+def modelled_drafter(config: SchedulerConfig, drafter: str, sessions: bool = False) -> str:
+    """``drafter`` as far as the spec models it in ``config``: n-gram without
+    drafts or without room for a padded decode and the draft model's slot
+    (spec/validate.py); a draft model for EAGLE beside a KV connector, partial
+    prefix-cache entries or (``sessions``) streaming-input sessions
+    (spec/validate.py, spec/protocol.py)."""
+    if not config.num_speculative_tokens or config.max_num_batched_tokens < 2 + config.num_speculative_tokens:
+        return "ngram"
+    if drafter == "eagle" and (config.kv_connector or sessions
+                               or config.hash_block_size not in (0, config.block_size)):
+        return "draft_model"
+    return drafter
 
 
 def runner_feature(config: SchedulerConfig) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ counts of one scheduler (the spec, or none for a scheduler that keeps none).
 from __future__ import annotations
 
 from collections import Counter
+from typing import Iterable
 from dataclasses import dataclass, field
 
 from schedspec.spec import coverage
@@ -218,10 +219,14 @@ class Stats:
             **({"stats_reports": self.stats_reports} if self.stats_reports else {}),
         }
 
+    def _line(self, counters: Iterable[str], none: str) -> str:
+        """``counters`` above zero in one line ("N name, ..."), ``none`` when none is."""
+        parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in counters if getattr(self, name)]
+        return ", ".join(parts) if parts else none
+
     def gate_line(self) -> str:
         """The gate counters in one line (those above zero)."""
-        parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in GATE_COUNTERS if getattr(self, name)]
-        return ", ".join(parts) if parts else "no gate event"
+        return self._line(GATE_COUNTERS, "no gate event")
 
     def count_engine(self, features: tuple[str, ...]) -> None:
         """Count one workload with the engine features ``features`` on (features.engine_of)."""
@@ -231,11 +236,8 @@ class Stats:
 
     def engine_line(self) -> str:
         """The engine-feature workload counters in one line (those above zero)."""
-        parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in ENGINE_COUNTERS.values()
-                 if getattr(self, name)]
-        return ", ".join(parts) if parts else "no workload with one"
+        return self._line(ENGINE_COUNTERS.values(), "no workload with one")
 
     def kv_line(self) -> str:
         """The KV connector and hybrid-group counters in one line (those above zero)."""
-        parts = [f"{getattr(self, name)} {name.replace('_', ' ')}" for name in KV_COUNTERS if getattr(self, name)]
-        return ", ".join(parts) if parts else "no KV load, save or sliding-window or chunked-local free"
+        return self._line(KV_COUNTERS, "no KV load, save or sliding-window or chunked-local free")

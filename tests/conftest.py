@@ -3,11 +3,32 @@
 ``ci`` (quick, derandomized), ``deep`` (long runs), ``dev`` (short, local) for
 the state machine; ``impl-ci`` / ``impl-deep`` for the spec-versus-impl
 lockstep test. HYPOTHESIS_PROFILE picks ci or deep (test modules load it).
+
+Hypothesis also draws constants found in the project's modules that are loaded
+when a test runs (its "local constants"), so a derandomized test would draw
+differently after another test in the same process imported more of the
+project (a CLI test before a state machine on one xdist worker). The pool is
+pinned here to its content when pytest loads this file, so a derandomized test draws the same
+whatever ran before it.
 """
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
+
+
+def _pin_local_constants() -> None:
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the pool
+        return
+    if not callable(getattr(providers, "_get_local_constants", None)):  # pragma: no cover
+        return
+    pool = providers._get_local_constants()
+    providers._get_local_constants = lambda: pool
+
+
+_pin_local_constants()
 
 settings.register_profile(
     "ci",

@@ -18,7 +18,8 @@ rule counts of the run so far.
   plain list of events, replayable against any scheduler.
 
 ``choose_focus(counts, seed)`` picks the focus from a run's counts: rules never
-reached first, then the rarest (fewer than ``goal``), the choice seeded. The
+reached first, then the rarest (fewer than ``goal``), the choice seeded, never
+two that one workload cannot hold together (``focus_conflict``). The
 gate (gate.py) calls it before each workload, so the run's workloads depend
 only on its first seed, its shard and its step goal: the same run gives the
 same counts.
@@ -57,6 +58,7 @@ from schedspec.spec.interface import Policy, RequestSpec, RequestStatus, Schedul
 from schedspec.spec.errors import ConfigError
 from schedspec.spec.effects import EFFECTS, effects_reachable_in
 from schedspec.spec.rule_names import RULE_NAMES, RULES
+from schedspec.spec.request_state import RequestState
 from schedspec.spec.scheduler import SpecScheduler
 
 #: The swarm's switches. Each workload turns each one on with probability 1/2
@@ -209,7 +211,43 @@ def choose_focus(counts: Mapping[str, int], seed: int, *, k: int = 3, goal: int 
         i = rng.choices(range(len(pool)), weights=weights)[0]
         chosen.append(pool.pop(i))
         weights.pop(i)
+        # the rest must be reachable in one workload with it (focus_conflict)
+        keep = [j for j, n in enumerate(pool) if not focus_conflict(chosen[-1], n)]
+        pool, weights = [pool[j] for j in keep], [weights[j] for j in keep]
     return tuple(chosen)
+
+
+def _setups(rule: str) -> frozenset[str]:
+    """What a workload aimed at ``rule`` is built with, among those that
+    exclude one another (FOCUS_CONFLICTS)."""
+    gates = RULES[rule].gates if rule in RULES else ()
+    out = {tag for cap, tag in (("kv_connector", "connector"), ("sessions", "sessions"), ("drafters", "eagle"),
+                                ("runner_v2", "v2")) if cap in gates}
+    for rules, tag in ((MAMBA_RULES, "mamba"), (PARTIAL_RULES, "partial"), (CHUNKED_LOCAL_RULES, "chunked"),
+                       (SLIDING_WINDOW_RULES, "window")):
+        if rule in rules:
+            out.add(tag)
+    return frozenset(out)
+
+
+#: Setups one guided workload cannot hold together (guided_workload): sessions,
+#: EAGLE, Mamba groups and partial entries go without a KV connector; EAGLE
+#: without sessions, Model Runner V2's draft model, Mamba (no drafts) or
+#: partial entries; a Mamba group in place of neither the window nor the chunk
+#: a focus on their rules needs, which exclude each other.
+FOCUS_CONFLICTS: frozenset[frozenset[str]] = frozenset(frozenset(p) for p in (
+    ("connector", "sessions"), ("connector", "eagle"), ("connector", "mamba"), ("connector", "partial"),
+    ("sessions", "eagle"), ("eagle", "v2"), ("eagle", "mamba"), ("eagle", "partial"), ("mamba", "v2"),
+    ("mamba", "partial"), ("mamba", "chunked"), ("mamba", "window"), ("chunked", "window"),
+))
+
+
+def focus_conflict(a: str, b: str) -> bool:
+    """Whether no guided workload can aim at both rules ``a`` and ``b``: a
+    focus on both would build one and leave the other out of reach (a
+    session focus drops the connector a connector focus needs), so
+    choose_focus never picks them together."""
+    return any(frozenset((x, y)) in FOCUS_CONFLICTS for x in _setups(a) for y in _setups(b))
 
 
 def effect_focus(counts: Mapping[str, int], seed: int, modes: Sequence[str], gates: Sequence[str] = (),
@@ -441,6 +479,46 @@ def _streams(config: SchedulerConfig, engine: Sequence[str], focus: Sequence[str
     return SessionRequests(session_config(config), session_rng(f"guided-{seed}"), vocab)
 
 
+def _decodes_left(req: RequestState, config: SchedulerConfig) -> int:
+    """The output tokens ``req`` may still sample: its max_tokens, within max_model_len."""
+    return max(0, min(req.spec.max_tokens - len(req.output_token_ids), config.max_model_len - req.num_tokens))
+
+
+def _left(req: RequestState, config: SchedulerConfig) -> int:
+    """Tokens ``req`` has still to compute, its output allowance included."""
+    return max(0, len(req.spec.prompt_token_ids) - req.num_computed_tokens) + _decodes_left(req, config)
+
+
+def drain_estimate(requests: Sequence[RequestState], config: SchedulerConfig) -> int:
+    """About how many steps ``requests`` take to finish: the longest one
+    decoding a token a step, or all of them at the token budget, or their
+    decodes max_num_seqs at a time, whichever is longest."""
+    if not requests:
+        return 0
+    left = [_left(r, config) for r in requests]
+    decodes = sum(_decodes_left(r, config) for r in requests)
+    return max(max(left), -(-sum(left) // max(1, config.max_num_batched_tokens)),
+               -(-decodes // max(1, config.max_num_seqs)))
+
+
+#: the drain's bound, in steps, however short the workload (a dense-phase
+#: one): a request that ignores eos still decodes long enough to meet it
+DRAIN_FLOOR = 300
+
+
+def drain_victims(spec: SpecScheduler, config: SchedulerConfig, bound: int) -> list[str]:
+    """The requests a guided workload aborts at its end so that its run to
+    quiescence takes about ``bound`` steps at most (drain_estimate): the
+    most work left first. A drain far longer than the workload (long prompts
+    at a budget of a few tokens) reaches little the workload did not, and
+    would spend a timed run's seconds on it."""
+    live = sorted(spec.requests.values(), key=lambda r: (-_left(r, config), r.request_id))
+    out: list[str] = []
+    while live and drain_estimate(live, config) > bound:
+        out.append(live.pop(0).request_id)
+    return out
+
+
 def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[str] = (),
                     modes: Sequence[str] = ("sync",), oracle_seed: int | None = None,
                     gates: Sequence[str] = (), kv: Sequence[str] = (),
@@ -596,6 +674,14 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
                 if draining == 0 or not spec.running:
                     draining = 0
                     emit(ResetPrefixCache(False))
+    # a bounded drain: the requests whose remaining work would keep the run
+    # to quiescence going past twice the workload's length are aborted
+    for victim in drain_victims(spec, config, max(DRAIN_FLOOR, 2 * num_steps)):
+        emit(Abort(victim))
+        if gated is not None:
+            gated.forget(victim)
+        if streams is not None:
+            streams.forget(victim)
     if gated is not None:
         for event in gated.finish():
             emit(event)

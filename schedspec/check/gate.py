@@ -78,7 +78,7 @@ class CheckSettings:
     time_budget: float | None = None  # seconds
     seed: int = 0
     shard: tuple[int, int] = (1, 1)  # K/N: this job takes seeds seed+K-1, seed+K-1+N, ...
-    workload_steps: int = 200
+    workload_steps: int = 100
     vocab: int = 64
     shrink_time: float = 60.0
     plans_only: bool = False

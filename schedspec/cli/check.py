@@ -58,7 +58,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--out", default="schedspec-out", help="where counterexamples go (default schedspec-out/)")
     c.add_argument("--json", default=None, help="write a JSON summary here")
     c.add_argument("--junit", default=None, help="write JUnit XML here")
-    c.add_argument("--workload-steps", default=200, type=int, help="steps per generated workload (default 200)")
+    c.add_argument("--workload-steps", default=100, type=int, help="steps per generated workload (default 100)")
     c.add_argument("--vocab", default=64, type=int, help="fake model vocabulary (default 64)")
     c.add_argument("--shrink-time", default=60.0, type=float, help="seconds to spend shrinking (default 60)")
     c.add_argument("--quiet", action="store_true", help="no progress line")

@@ -281,8 +281,8 @@ def test_check_cli_require_rules(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["check", "--steps", "10", "--quiet", "--modes", "sync,warp"]) == 2
     assert "--modes: unknown mode 'warp'" in capsys.readouterr().err
     out2 = tmp_path / "r.json"
-    assert main(["check", "--steps", "200", "--quiet", "--generator", "random", "--modes", "sync",
-                 "--gates", "none", "--kv", "none", "--json", str(out2)]) == 0
+    assert main(["check", "--steps", "200", "--workload-steps", "200", "--quiet", "--generator", "random",
+                 "--modes", "sync", "--gates", "none", "--kv", "none", "--json", str(out2)]) == 0
     from schedspec.check.driver import Runner
     from schedspec.check.random_workloads import random_workload
 

@@ -197,15 +197,17 @@ class Plan:
 
 
 def choose_focus(counts: Mapping[str, int], seed: int, *, k: int = 3, goal: int = 50,
-                 names: Sequence[str] = RULE_NAMES) -> tuple[str, ...]:
+                 names: Sequence[str] = RULE_NAMES, lead: Sequence[str] = ()) -> tuple[str, ...]:
     """Up to ``k`` rules to aim the next workload at, among those reached
     fewer than ``goal`` times, drawn under ``seed`` with weight
     1 / (1 + count) (a rule never reached is the likeliest); () when every
     rule of ``names`` has reached ``goal``. ``names``: the rules the run's
-    modes can reach (spec/rule_names.py, reachable_in)."""
-    pool = [n for n in names if counts.get(n, 0) < goal]
+    modes can reach (spec/rule_names.py, reachable_in). ``lead``: rules the
+    focus starts with (sweep_lead), the rest drawn beside them."""
+    chosen = list(lead)
+    pool = [n for n in names if counts.get(n, 0) < goal and n not in chosen
+            and not any(focus_conflict(c, n) for c in chosen)]
     rng = random.Random(f"schedspec-focus-{seed}")
-    chosen: list[str] = []
     weights = [1.0 / (1 + counts.get(n, 0)) for n in pool]
     while pool and len(chosen) < k:
         i = rng.choices(range(len(pool)), weights=weights)[0]
@@ -215,6 +217,27 @@ def choose_focus(counts: Mapping[str, int], seed: int, *, k: int = 3, goal: int 
         keep = [j for j, n in enumerate(pool) if not focus_conflict(chosen[-1], n)]
         pool, weights = [pool[j] for j in keep], [weights[j] for j in keep]
     return tuple(chosen)
+
+
+#: The setups a run visits first, one per swarm workload after the dense
+#: phase, each named by a rule that needs it (its focus turns the setup on):
+#: EAGLE's hash lookahead, the connector's invalid blocks and failed loads,
+#: sessions, a Mamba group, partial entries, Model Runner V2 with a pipeline,
+#: chunked-local and sliding-window groups. A feature drawn at a few percent
+#: of the swarm would otherwise wait tens of seconds for its first workload.
+SWEEP: tuple[str, ...] = (
+    "kv.hash_lookahead_wait", "connector.invalid_recompute", "sessions.update_applied", "mamba.chunk_aligned",
+    "kv_groups.partial_stored", "v2.decode_throttled", "connector.failed_load_kept", "kv_groups.chunk_freed",
+    "sessions.stale_drafts_cleared", "kv_groups.window_freed",
+)
+
+
+def sweep_lead(index: int, names: Sequence[str]) -> tuple[str, ...]:
+    """The rule the run's ``index``-th swarm workload (0, 1, ...) leads its
+    focus with: SWEEP's rules among ``names`` (those the run can reach), in
+    order, one each; () after them."""
+    sweep = [rule for rule in SWEEP if rule in names]
+    return (sweep[index],) if 0 <= index < len(sweep) else ()
 
 
 def _setups(rule: str) -> frozenset[str]:
@@ -490,9 +513,10 @@ def _left(req: RequestState, config: SchedulerConfig) -> int:
 
 
 def drain_estimate(requests: Sequence[RequestState], config: SchedulerConfig) -> int:
-    """About how many steps ``requests`` take to finish: the longest one
-    decoding a token a step, or all of them at the token budget, or their
-    decodes max_num_seqs at a time, whichever is longest."""
+    """About how many steps ``requests`` take to finish, on the long side:
+    the most work one request has left taken a token a step, or all of it at
+    the token budget, or their decodes max_num_seqs at a time, whichever is
+    longest."""
     if not requests:
         return 0
     left = [_left(r, config) for r in requests]

@@ -35,7 +35,7 @@ from schedspec.check.records import Failure, StepRecord
 from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
-from schedspec.check.coverage_guided import choose_focus, effect_focus, guided_workload
+from schedspec.check.coverage_guided import choose_focus, effect_focus, guided_workload, sweep_lead
 from schedspec.check.dense_phase import (DENSE_STEPS, after_phase, core_first_after, dense_first, in_phase,
                                          phase_settings)
 from schedspec.check.features import (
@@ -477,7 +477,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     first = core_first(total_steps, settings.workload_steps)
     dense = dense_first(total_steps, settings.workload_steps)  # short core workloads first (dense_phase.py)
     first = core_first_after(first, dense)
-    seed = settings.seed
+    seed, swarm = settings.seed, 0  # swarm: the swarm workloads so far (coverage_guided.sweep_lead)
     events_out = EventsWriter(settings.events_file) if settings.events_file is not None else None
     tally = EventsTally()
     try:
@@ -494,7 +494,8 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             # this workload's settings: the dense phase's vocabulary (dense_phase.py)
             ws = phase_settings(settings, in_phase(index - 1, dense))
             workload = caps.restrict_workload(
-                make_workload(ws, seed, n, core_rules if core else stats.rules, core))
+                make_workload(ws, seed, n, core_rules if core else stats.rules, core, swarm))
+            swarm += not core
             on = outputs_on(settings.kv_events, settings.stats, caps, seed)
             workload, used = with_outputs(workload, factories, *on)
             sink = events_out.sink(seed) if events_out is not None else None
@@ -745,11 +746,12 @@ def is_core(index: int, first: int = CORE_FIRST) -> bool:
 
 
 def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Mapping[str, int],
-                  core: bool = False) -> Workload:
+                  core: bool = False, swarm: int = -1) -> Workload:
     """The workload of ``seed``: guided (aimed at the rules ``counts``, the
     run's so far, has reached least; the focus is named in the workload's
     features) or random, as ``settings.generator`` says; a ``core`` one
-    (is_core) with no gate and no KV feature drawn, named so."""
+    (is_core) with no gate and no KV feature drawn, named so; ``swarm``: the
+    swarm workloads before it, the first ones led by a sweep (sweep_lead)."""
     always = settings.capabilities.always_gates()  # a gate declared ALWAYS is in every workload
     gates = tuple(g for g in settings.drawn_gates if g in always) if core else settings.drawn_gates
     kv = () if core else settings.drawn_kv
@@ -764,7 +766,8 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
         names = reachable_rules(settings)
         if core:
             names = rules_within(settings.capabilities, reachable_in(modes, gate_capabilities(gates)))
-        focus = choose_focus(counts, seed, names=names) + effect_focus(counts, seed, modes)  # spec/effects.py
+        lead = () if core else sweep_lead(swarm, names)
+        focus = choose_focus(counts, seed, names=names, lead=lead) + effect_focus(counts, seed, modes)  # effects
         workload = guided_workload(seed, num_steps, vocab=settings.vocab, focus=focus, modes=modes,
                                    gates=gates, kv=kv, always_gates=always,
                                    engine=() if core else settings.drawn_engine)

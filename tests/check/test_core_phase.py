@@ -33,8 +33,8 @@ def test_core_workloads_draw_nothing_but_the_core_and_the_others_everything(
     made: list[tuple[bool, Workload]] = []
     real = gate.make_workload
 
-    def make(settings: gate.CheckSettings, seed: int, n: int, counts: Any, core: bool = False) -> Workload:
-        made.append((core, real(settings, seed, n, counts, core)))
+    def make(settings: gate.CheckSettings, seed: int, n: int, counts: Any, core: bool = False, swarm: int = -1) -> Workload:
+        made.append((core, real(settings, seed, n, counts, core, swarm)))
         return made[-1][1]
     monkeypatch.setattr(gate, "make_workload", make)
     settings = gate.CheckSettings(against="impl", total_steps=(gate.CORE_FIRST + 6) * 20, workload_steps=20,

@@ -36,8 +36,8 @@ def test_a_run_starts_with_short_core_workloads_on_the_small_vocabulary(
     made: list[tuple[bool, int, int, Workload]] = []
     real = gate.make_workload
 
-    def make(settings: gate.CheckSettings, seed: int, n: int, counts: Any, core: bool = False) -> Workload:
-        made.append((core, n, settings.vocab, real(settings, seed, n, counts, core)))
+    def make(settings: gate.CheckSettings, seed: int, n: int, counts: Any, core: bool = False, swarm: int = -1) -> Workload:
+        made.append((core, n, settings.vocab, real(settings, seed, n, counts, core, swarm)))
         return made[-1][3]
     monkeypatch.setattr(gate, "make_workload", make)
     monkeypatch.setattr(dense_phase, "DENSE_FIRST", 4)

@@ -127,9 +127,9 @@ def _defect_first(monkeypatch: pytest.MonkeyPatch) -> None:
     real = gate.make_workload
     calls: list[int] = []
 
-    def make(settings: CheckSettings, seed: int, n: int, counts: Any, core: bool = False) -> Workload:
+    def make(settings: CheckSettings, seed: int, n: int, counts: Any, core: bool = False, swarm: int = -1) -> Workload:
         calls.append(seed)
-        return Workload(STALE, STALE_EVENTS, seed=seed) if len(calls) == 1 else real(settings, seed, n, counts, core)
+        return Workload(STALE, STALE_EVENTS, seed=seed) if len(calls) == 1 else real(settings, seed, n, counts, core, swarm)
 
     monkeypatch.setattr(gate, "make_workload", make)
 

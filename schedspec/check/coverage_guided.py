@@ -246,7 +246,7 @@ def _setups(rule: str) -> frozenset[str]:
     gates = RULES[rule].gates if rule in RULES else ()
     out = {tag for cap, tag in (("kv_connector", "connector"), ("sessions", "sessions"), ("drafters", "eagle"),
                                 ("runner_v2", "v2")) if cap in gates}
-    for rules, tag in ((MAMBA_RULES, "mamba"), (PARTIAL_RULES, "partial"), (CHUNKED_LOCAL_RULES, "chunked"),
+    for rules, tag in ((MAMBA_RULES, "state"), (PARTIAL_RULES, "partial"), (CHUNKED_LOCAL_RULES, "chunked"),
                        (SLIDING_WINDOW_RULES, "window")):
         if rule in rules:
             out.add(tag)
@@ -254,14 +254,14 @@ def _setups(rule: str) -> frozenset[str]:
 
 
 #: Setups one guided workload cannot hold together (guided_workload): sessions,
-#: EAGLE, Mamba groups and partial entries go without a KV connector; EAGLE
+#: EAGLE, Mamba groups ("state") and partial entries go without a KV connector; EAGLE
 #: without sessions, Model Runner V2's draft model, Mamba (no drafts) or
 #: partial entries; a Mamba group in place of neither the window nor the chunk
 #: a focus on their rules needs, which exclude each other.
 FOCUS_CONFLICTS: frozenset[frozenset[str]] = frozenset(frozenset(p) for p in (
-    ("connector", "sessions"), ("connector", "eagle"), ("connector", "mamba"), ("connector", "partial"),
-    ("sessions", "eagle"), ("eagle", "v2"), ("eagle", "mamba"), ("eagle", "partial"), ("mamba", "v2"),
-    ("mamba", "partial"), ("mamba", "chunked"), ("mamba", "window"), ("chunked", "window"),
+    ("connector", "sessions"), ("connector", "eagle"), ("connector", "state"), ("connector", "partial"),
+    ("sessions", "eagle"), ("eagle", "v2"), ("eagle", "state"), ("eagle", "partial"), ("state", "v2"),
+    ("state", "partial"), ("state", "chunked"), ("state", "window"), ("chunked", "window"),
 ))
 
 

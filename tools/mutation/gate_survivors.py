@@ -4,8 +4,9 @@ it: ``tools/gate_strength.py reasons`` takes a reason from here before it
 falls back to the unmutated gate's line coverage.
 
 Names are mutmut 3's for impl/ as of e981998 (the tree the sample in
-data/gate-strength/impl-sample-seed1-e981998.jsonl ran on); they move when a
-mutated function changes. Kinds: "equivalent" (no scheduler tells it apart
+data/gate-strength/impl-sample-seed1-e981998.jsonl ran on) and as of ddb6a16
+(impl/ of data/gate-strength/impl-sample-seed1-865e1fb.jsonl); they move when
+a mutated function changes. Kinds: "equivalent" (no scheduler tells it apart
 through the protocol: plans, views, events, statistics), "not reached" (the
 default check never draws what makes it differ) and "reached, not observed"
 (drawn, but rarely enough that 20,000 steps did not line it up).
@@ -30,4 +31,10 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.connector.xǁConnectorMixinǁ_clone_connector__mutmut_26": (
         "reached, not observed", "the clone shares _deferred_frees: the fork (every 16 steps) must land on "
         "a step with deferred frees pending (async scheduling with a connector)"),
+    # impl/ as of ddb6a16
+    "schedspec.impl.allocation.xǁAllocationMixinǁ_find_hit__mutmut_18": (
+        "equivalent", "inside `lookahead > 1 and ...`: the hash lookahead is 0 or 1 (EAGLE's one token, "
+        "SchedulerConfig.num_prefill_lookahead_tokens), so the branch never runs"),
+    "schedspec.impl.allocation.xǁAllocationMixinǁ_find_hit__mutmut_20": (
+        "equivalent", "inside `lookahead > 1 and ...`: the hash lookahead is 0 or 1, so the branch never runs"),
 }

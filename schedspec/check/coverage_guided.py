@@ -645,6 +645,13 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         if sim.apply(event) is not None:
             stopped = True
 
+    def abort(victim: str) -> None:
+        emit(Abort(victim))  # and the gates' and sessions' draws forget it
+        if gated is not None:
+            gated.forget(victim)
+        if streams is not None:
+            streams.forget(victim)
+
     while steps < num_steps and not stopped:
         r = rng.random()
         if draining == 0 and (r < p_add or not spec.requests) and len(spec.requests) < cap:
@@ -656,11 +663,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
                 by_state.setdefault(req.status, []).append(rid)
             state = rng.choice(sorted(by_state, key=lambda s: s.value))
             victim = rng.choice(by_state[state])
-            emit(Abort(victim))
-            if gated is not None:
-                gated.forget(victim)
-            if streams is not None:
-                streams.forget(victim)
+            abort(victim)
         elif r < p_add + p_abort + p_reset:
             if "resets" in f and draining == 0 and rng.random() < 0.3:
                 draining = rng.randint(4, 24)
@@ -682,11 +685,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
                 emit(Schedule())  # schedule(N), an abort or an arrival, then update(N)
                 if rng.random() < 0.6:
                     victim = rng.choice(sorted(spec.requests))
-                    emit(Abort(victim))
-                    if gated is not None:
-                        gated.forget(victim)
-                    if streams is not None:
-                        streams.forget(victim)
+                    abort(victim)
                 else:
                     emit(AddRequest(make.make()))
                 emit(Update())
@@ -701,11 +700,7 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
     # a bounded drain: the requests whose remaining work would keep the run
     # to quiescence going past twice the workload's length are aborted
     for victim in drain_victims(spec, config, max(DRAIN_FLOOR, 2 * num_steps)):
-        emit(Abort(victim))
-        if gated is not None:
-            gated.forget(victim)
-        if streams is not None:
-            streams.forget(victim)
+        abort(victim)
     if gated is not None:
         for event in gated.finish():
             emit(event)

@@ -148,18 +148,34 @@ class Monitor:
         self.invariants: tuple[Invariant, ...] = tuple(invariants)
         self.history = History()
         self.transitions_seen = 0
+        #: transition kind -> the invariants that apply to it, in order
+        self._by_kind: dict[str, tuple[Invariant, ...]] = {}
 
-    def observe(self, t: Transition) -> list[Violation]:
+    def check(self, t: Transition) -> list[Violation]:
+        """The violations in ``t`` against the history so far (not folded in)."""
+        chosen = self._by_kind.get(t.kind)
+        if chosen is None:
+            chosen = self._by_kind[t.kind] = tuple(inv for inv in self.invariants if t.kind in inv.kinds)
         out: list[Violation] = []
-        for inv in self.invariants:
+        history = self.history
+        for inv in chosen:
             try:
-                out.extend(inv.check(t, self.history))
+                out.extend(inv.check(t, history))
             except Exception as exc:  # a malformed view must not crash the driver
                 out.append(
                     Violation(inv.id, f"could not check the {t.kind} transition: {type(exc).__name__}: {exc}")
                 )
+        return out
+
+    def record(self, t: Transition) -> None:
+        """Fold ``t`` into the history, as after a check."""
         self.history.record(t)
         self.transitions_seen += 1
+
+    def observe(self, t: Transition) -> list[Violation]:
+        """Check ``t``, then fold it into the history."""
+        out = self.check(t)
+        self.record(t)
         return out
 
 

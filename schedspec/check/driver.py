@@ -42,6 +42,7 @@ from schedspec.spec.interface import (
 )
 from schedspec.check import completion, fork, session_events
 from schedspec.check.deadline import CLOCK, CallTimeout
+from schedspec.check.deferral import Deferral
 from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model
 from schedspec.check.records import (
     Failure,
@@ -170,6 +171,7 @@ class Runner:
         )
         self.compare_views = compare_views and len(self.names) > 1
         self.need_views = check_invariants or self.compare_views or keep_history
+        self.deferral = Deferral(self)  # the invariants once per identical transition (check/deferral.py)
         self.views: dict[str, SchedulerView] = {}
         for n, s in self.scheds.items() if self.need_views and self.build_failure is None else ():
             try:
@@ -253,6 +255,8 @@ class Runner:
 
     def fail(self, kind: str, name: str, message: str, violations: tuple[Violation, ...] = (),
               exception: BaseException | None = None) -> Failure:
+        if kind != "violation" and self.deferral.waiting and (found := self.deferral.flush()):
+            return found  # a violation before it, as when each call was checked at once
         message += (f"\n  ({name} runs on a clone() of itself made at step {self.last_fork}: check/fork.py)"
                     if self.last_fork and name != self.names[0] else "")
         return Failure(kind, self.event_index, self.step_in_progress or self.stats.steps, name, message,
@@ -274,10 +278,7 @@ class Runner:
             in_flight += (kw["plan"],)  # type: ignore[operator]
         t = Transition(kind=t_kind, before=before, after=after, in_flight=in_flight, **kw)  # type: ignore[arg-type]
         self.where = (name, "invariants")
-        found = monitor.observe(t)
-        if found:
-            return self.fail("violation", name, f"{len(found)} invariant violation(s) after {t_kind}", tuple(found))
-        return None
+        return self.deferral.observe(name, monitor, t)
 
     def _compare(self, what: str, values: dict[str, object]) -> Failure | None:
         first = self.names[0]
@@ -521,7 +522,7 @@ class Runner:
     def check_views(self) -> Failure | None:
         if not self.compare_views:
             return None
-        return self._compare("view()", dict(self.views))
+        return self._compare("view()", dict(self.views)) or self.deferral.settle()
 
     def _scheduled(self, recorded: StepResult | None) -> Failure | None:
         self.flight.schedule()

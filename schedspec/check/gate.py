@@ -35,7 +35,7 @@ from schedspec.check.records import Failure, StepRecord
 from schedspec.check.run import count_rules, failure_of, run_workload
 from schedspec.check.stats import Stats
 from schedspec.check.shrink import count_steps, shrink
-from schedspec.check.coverage_guided import choose_focus, effect_focus, guided_workload, sweep_lead
+from schedspec.check.coverage_guided import SWEEP, choose_focus, effect_focus, guided_workload, sweep_lead
 from schedspec.check.dense_phase import (DENSE_STEPS, after_phase, core_first_after, dense_first, in_phase,
                                          phase_settings)
 from schedspec.check.features import (
@@ -496,7 +496,8 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             workload = caps.restrict_workload(
                 make_workload(ws, seed, n, core_rules if core else stats.rules, core, swarm))
             swarm += not core
-            on = outputs_on(settings.kv_events, settings.stats, caps, seed)
+            sweep = settings.generator == "guided" and not core and swarm <= len(SWEEP)  # outputs on
+            on = outputs_on(settings.kv_events, settings.stats, caps, seed, sweep)
             workload, used = with_outputs(workload, factories, *on)
             sink = events_out.sink(seed) if events_out is not None else None
             runner, failure = run_workload(workload, used, ws.vocab, oracle_seed=seed,

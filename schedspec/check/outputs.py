@@ -33,12 +33,14 @@ SHARE = 0.75
 
 
 def outputs_on(kv_events: bool | None, stats: bool | None, capabilities: Capabilities,
-               seed: int) -> tuple[bool, bool]:
+               seed: int, sweep: bool = False) -> tuple[bool, bool]:
     """(events on, statistics on) for the workload of ``seed``: a setting of
-    True or False as it says, None drawn (SHARE), each only where
+    True or False as it says, None drawn (SHARE), or on for a ``sweep``
+    workload (coverage_guided.SWEEP: the few aimed at the rarest setups, whose
+    events and statistics are the most a run sees of them), each only where
     ``capabilities`` declares it."""
     rng = random.Random(f"schedspec-outputs-{seed}")
-    drawn_events, drawn_stats = rng.random() < SHARE, rng.random() < SHARE
+    drawn_events, drawn_stats = rng.random() < SHARE or sweep, rng.random() < SHARE or sweep
     events = capabilities.kv_events and (drawn_events if kv_events is None else kv_events)
     on_stats = capabilities.stats and (drawn_stats if stats is None else stats)
     return events, on_stats

@@ -55,3 +55,15 @@ def test_the_drain_is_bounded_by_aborting_the_requests_with_most_work_left() -> 
     victims = drain_victims(spec, config, 10)
     assert victims[0] == "r0"
     assert drain_estimate([r for r in live if r.request_id not in victims], config) <= 10
+
+
+def test_an_eagle_focus_keys_the_plain_layout_unless_a_group_rule_is_beside_it() -> None:
+    from schedspec.check.coverage_guided import guided_workload
+    kv, engine, modes = ("connector", "hybrid"), ("drafter",), ("sync", "async", "spec", "async-spec")
+    alone = [guided_workload(s, 20, focus=("kv.hash_lookahead_wait",), kv=kv, engine=engine, modes=modes).config
+             for s in range(12)]
+    eagle = [c for c in alone if c.num_hash_lookahead_tokens]
+    assert len(eagle) >= 8 and not any(c.is_hybrid for c in eagle)
+    paired = [guided_workload(s, 20, focus=("kv.hash_lookahead_wait", "kv_groups.window_freed"), kv=kv,
+                              engine=engine, modes=modes).config for s in range(12)]
+    assert sum(1 for c in paired if c.num_hash_lookahead_tokens and c.is_hybrid) >= 4

@@ -85,3 +85,12 @@ def test_the_default_check_finds_a_miscounting_class_and_its_replay_takes_stats(
     assert replay.endswith(" --stats")
     rc, out = cli(["check", *against, "--steps", "2000", "--quiet", "--out", str(tmp_path / "off"), "--no-stats"])
     assert rc == 0, out
+
+
+def test_a_sweep_workload_has_both_outputs_on_unless_turned_off_or_undeclared() -> None:
+    assert all(outputs_on(None, None, BOTH, s, sweep=True) == (True, True) for s in range(50))
+    assert all(outputs_on(False, False, BOTH, s, sweep=True) == (False, False) for s in range(50))
+    assert all(outputs_on(None, None, FULL, s, sweep=True) == (False, False) for s in range(50))
+    # the other workloads' draws are the ones they had
+    assert [outputs_on(None, None, BOTH, s) for s in range(50)] == [
+        outputs_on(None, None, BOTH, s, sweep=False) for s in range(50)]

@@ -37,4 +37,21 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
         "SchedulerConfig.num_prefill_lookahead_tokens), so the branch never runs"),
     "schedspec.impl.allocation.xǁAllocationMixinǁ_find_hit__mutmut_20": (
         "equivalent", "inside `lookahead > 1 and ...`: the hash lookahead is 0 or 1, so the branch never runs"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_slots__mutmut_2": (
+        "equivalent", "`len(t) <= n`: a table as long as the shortest so far gives the same minimum"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_need__mutmut_33": (
+        "equivalent", "`k <= 1`: for k == 1 both branches add 1"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_need__mutmut_48": (
+        "equivalent", "skipped_tokens is 0 for every kind whose `skips` is False (impl/kv_kinds.py), and "
+        "the state kinds leave before it"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_remove_skipped__mutmut_32": (
+        "equivalent", "`skipped >= 0`: skipped_tokens is never negative, and 0 // bs is the else branch's 0"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_chain__mutmut_40": (
+        "equivalent", "KeyNode(ikey, 1): the next two lines set the node's holders and refs anew"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_find_hit__mutmut_5": (
+        "equivalent", "with caching off the hit length only feeds the 'reused' events, and an empty hit emits "
+        "none; the admission counts hit[0]"),
+    "schedspec.impl.encoder_cache.xǁEncoderCacheǁstore__mutmut_2": (
+        "equivalent", "store runs only for an input reuse() just found absent, before any other request's "
+        "gate: holders.get(ident) is None either way"),
 }

@@ -70,11 +70,19 @@ def mamba_rng(seed: int | str) -> random.Random:
     return random.Random(f"schedspec-kv-mamba-{seed}")
 
 
+#: How often a drawn Mamba layout has two Mamba groups: a model with more
+#: Mamba layers than one group of the layout's group size holds gets several
+#: (vllm/v1/core/kv_cache_utils.py, _get_kv_cache_groups_uniform_page_size),
+#: each group its own table and state blocks.
+SECOND_STATE_RATE = 0.3
+
+
 def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None = None) -> SchedulerConfig:
     """``config`` with, at probability ``rate`` (MAMBA_RATE when None), a
     Mamba group in the place of its last sliding-window or chunked-local
     group (full + mamba, full + sliding window + mamba, a lone mamba
-    group becomes full + mamba). The config unchanged when the draw misses
+    group becomes full + mamba), and at SECOND_STATE_RATE a second Mamba
+    group after the last. The config unchanged when the draw misses
     or the config cannot take a Mamba group (spec/validate.py: prefix
     caching and chunked prefill on, no drafts, no KV connector)."""
     from schedspec.spec.interface import KVCacheGroup
@@ -86,6 +94,8 @@ def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None =
     groups = config.groups
     last = max(g for g, group in enumerate(groups) if kind_of(group).skips)
     new = groups[:last] + (kv_kinds.MAMBA.draw(config.block_size, rng),) + groups[last + 1:]
+    if rng.random() < SECOND_STATE_RATE:
+        new += (kv_kinds.MAMBA.draw(config.block_size, rng),)
     if not any(kind_of(g).downward_closed for g in new):
         new = (KVCacheGroup(),) + new
     try:

@@ -160,6 +160,17 @@ def held_by(target: str) -> Callable[[], int]:
     return count
 
 
+def percent(name: str) -> Callable[[], int]:
+    """A rate of check/kv_requests.py, in percent."""
+
+    def value() -> int:
+        from schedspec.check import kv_requests
+
+        return round(100 * float(getattr(kv_requests, name)))
+
+    return value
+
+
 # ------------------------------------------------------------------ the claims
 CLAIMS: tuple[Claim, ...] = (
     Claim(NUM + r" invariants\b(?! held)", invariants, "invariants in the catalogue"),
@@ -201,6 +212,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(r"(?<![\w-])kv-livelock \| " + NUM + r" spaces?", spaces("kv-livelock"), "spaces of the kv-livelock bound"),
     Claim(r"(?<![\w-])hybrid-mamba \| " + NUM + r" spaces?", spaces("hybrid-mamba"), "spaces of the hybrid-mamba bound"),
     Claim(r"(?<![\w-])pipeline \| " + NUM + r" spaces?", spaces("pipeline"), "spaces of the pipeline bound"),
+    Claim(r"puts a Mamba group in " + NUM + r"%", percent("DEFAULT_MAMBA_RATE"), "% (kv_requests.DEFAULT_MAMBA_RATE)"),
+    Claim(r"two Mamba groups in " + NUM + r"%", percent("SECOND_STATE_RATE"), "% (kv_requests.SECOND_STATE_RATE)"),
 )
 
 

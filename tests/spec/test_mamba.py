@@ -226,3 +226,30 @@ def test_a_clone_keeps_its_own_state_bookkeeping() -> None:
         ahead = [step(s) for _ in range(6)]
         assert [step(c) for _ in range(6)] == ahead, make.__name__
         assert c.view() == s.view()
+
+
+def test_some_drawn_layouts_have_two_mamba_groups_and_impl_keeps_each_groups_state() -> None:
+    # a model with more Mamba layers than one group holds has several Mamba groups,
+    # each with its own table and state blocks; impl agrees with the spec on them
+    from schedspec.check import kv_requests
+    from schedspec.check.coverage_guided import guided_workload
+    from schedspec.check.driver import Runner
+    from schedspec.impl.scheduler import ImplScheduler
+
+    base = SchedulerConfig(**{**HYB, "kv_cache_groups": (KVCacheGroup(), KVCacheGroup("sliding_window", 8))})  # type: ignore[arg-type]
+    kinds = [[g.kind for g in kv_requests.with_mamba(base, kv_requests.mamba_rng(s), rate=1.0).groups]
+             for s in range(40)]
+    two = sum(1 for k in kinds if k.count("mamba") == 2)
+    assert 4 <= two <= 24 and all(k.count("mamba") in (1, 2) for k in kinds)
+    checked = 0
+    for seed in range(40):
+        w = guided_workload(seed, 60, focus=("mamba.chunk_aligned",), kv=("hybrid",), modes=("sync", "async"))
+        if sum(1 for g in w.config.groups if g.kind == "mamba") != 2:
+            continue
+        runner = Runner(w.config, {"spec": SpecScheduler, "impl": ImplScheduler}, oracle_seed=seed)
+        assert runner.run(w.events) is None
+        assert runner.stats.mamba_frees > 0 or checked
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3

@@ -54,4 +54,19 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.encoder_cache.xǁEncoderCacheǁstore__mutmut_2": (
         "equivalent", "store runs only for an input reuse() just found absent, before any other request's "
         "gate: holders.get(ident) is None either way"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_clear_groups__mutmut_9": (
+        "equivalent", "group_skip_from None on a cleared table: the only way back to running is an admission, "
+        "whose _g_remove_skipped sets it before _state_grow, _grow_running_groups or the running loop reads it"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_clear_groups__mutmut_3": (
+        "reached, not observed", "num_cached_blocks 1 on a cleared table only shows when the request comes "
+        "back with no prefix hit and a full-attention group 0 keys past block 0 (a window group 0 masks it)"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_g_pop_for_free__mutmut_6": (
+        "reached, not observed", "`i <= len(t)` raises only on a table all null at a preemption: a request "
+        "that preempts itself right after its chunk boundary nulled every block of a chunked-local group"),
+    "schedspec.impl.connector.xǁConnectorMixinǁ_finish_keeps_blocks__mutmut_10": (
+        "reached, not observed", "max(1, ...) frees a block only for a one-token window at block size 1, "
+        "with a connector, on a request that finishes with all its computed tokens in flight"),
+    "schedspec.impl.connector.xǁConnectorMixinǁ_async_load_reserve__mutmut_54": (
+        "reached, not observed", "max(..., 1) adds a block only for an in-flight prefill whose table already "
+        "covers its sequence, and binds only with an asynchronous load at the pool's exact edge"),
 }

@@ -16,7 +16,7 @@ from typing import Iterator
 from schedspec.spec.interface import RequestStatus, RequestView, ScheduledRequest, SchedulerConfig, group_block_key
 from schedspec.spec.mamba import block_aligned_split, checkpoint_position
 
-from schedspec.invariants._util import NULL_BLOCK, admitted, block_key, state_groups, tables
+from schedspec.invariants._util import NULL_BLOCK, admitted, block_key, running_chunk, state_groups, tables
 from schedspec.invariants.core import Finding, History, Transition, transition_invariant
 
 _NEEDS = ("hybrid_kv",)
@@ -44,6 +44,19 @@ def aligned_want(config: SchedulerConfig, r: RequestView, want: int, got: int) -
     cut = block_aligned_split(start, want, len(r.spec.prompt_token_ids), r.num_tokens, bs,
                               max_prefill_tokens(config), 0)
     return got == cut or (0 < got < cut and got % bs == 0)
+
+
+def aligned_away(config: SchedulerConfig, r: RequestView, budget: int, threshold: int) -> bool:
+    """Whether the block-aligned split leaves running request ``r`` no token
+    when the RUNNING loop reaches it with ``budget`` tokens left: a prefill
+    chunk that cannot reach the next block boundary waits for a bigger
+    budget (scheduler.py, schedule(): ``num_new_tokens == 0``, continue).
+    The shared-prefix junction, which the view does not carry, only stops a
+    chunk on a boundary past its start, so it never makes the cut 0."""
+    want = running_chunk(r, budget, threshold, config.max_model_len)
+    return want > 0 and block_aligned_split(
+        r.num_computed_tokens, want, len(r.spec.prompt_token_ids), r.num_tokens, config.block_size,
+        max_prefill_tokens(config), 0) == 0
 
 
 @transition_invariant(

@@ -37,7 +37,7 @@ from schedspec.invariants._util import (
     victim_key,
 )
 from schedspec.invariants.core import Finding, History, Transition, TransitionKind, transition_invariant
-from schedspec.invariants.mamba import aligned_want, aligns_chunks
+from schedspec.invariants.mamba import aligned_away, aligned_want, aligns_chunks
 from schedspec.invariants.inflight import live_entries
 from schedspec.invariants.runner_v2 import throttled
 
@@ -1043,8 +1043,9 @@ def work_conserving_admission(t: Transition, h: History) -> Iterator[Finding]:
     "is left out of the step only when the step spends the whole token budget.",
     "vllm/v1/core/sched/scheduler.py, schedule(): the RUNNING loop visits self.running in order while "
     "token_budget > 0 and gives each request num_new_tokens >= 1 (it is 0 only with output "
-    "placeholders or drafts) unless the request is preempted; a preemption ahead of the current "
-    "request steps the loop index back so nobody is skipped.",
+    "placeholders or drafts, or when a Mamba layout's _mamba_block_aligned_split leaves a prefill "
+    "chunk short of the next block boundary none) unless the request is preempted; a preemption "
+    "ahead of the current request steps the loop index back so nobody is skipped.",
     _SCHED,
     tags=("policy:vllm-step",),
 )
@@ -1062,9 +1063,16 @@ def running_served_while_budget(t: Transition, h: History) -> Iterator[Finding]:
     # a pipeline's plans in flight (k > 1): a request whose decode is in
     # one of them has no token to schedule (num_new_tokens == 0: continue)
     busy = {s.request_id for p in t.in_flight if p.step != t.plan.step for s in p.scheduled}
+    order = {rid: i for i, rid in enumerate(t.before.running)}
     for rid in t.before.running:
         a = t.after.requests.get(rid)
         if rid not in scheduled | busy and a is not None and a.status == RequestStatus.RUNNING and not a.spec.mm_inputs:
+            if aligns_chunks(cfg) and (r := t.before.requests.get(rid)) is not None:
+                # the budget when the loop reached it: all but what the requests ahead of it took
+                ahead = sum(s.num_scheduled_tokens for s in t.plan.scheduled
+                            if order.get(s.request_id, len(order)) < order[rid])
+                if aligned_away(cfg, r, cfg.max_num_batched_tokens - ahead, effective_threshold(t.before)):
+                    continue  # its aligned chunk is 0 tokens: it waits for a bigger budget
             yield rid, (
                 f"running but not scheduled in step {t.plan.step}, though {left} of the "
                 f"{cfg.max_num_batched_tokens} budget tokens were left"

@@ -122,3 +122,49 @@ def test_computed_tokens_falling_back_without_a_preemption_fire() -> None:
     counted = dataclasses.replace(requeued, num_preemptions=1, status=RequestStatus.PREEMPTED)
     ok = dataclasses.replace(t, after=dataclasses.replace(t.after, requests={**t.after.requests, "a": counted}))
     assert fires("mamba-progress-bound", ok) == []
+
+
+def _second_chunk() -> tuple[SpecScheduler, Transition]:
+    """a's 10-token prompt in chunks of 4 (the threshold): the step after the first chunk."""
+    s = SpecScheduler(dataclasses.replace(CFG, long_prefill_token_threshold=4))
+    s.add(req("a", 10, max_tokens=2))
+    t = scheduled(s)
+    finish(s, t.plan)  # type: ignore[arg-type]
+    return s, scheduled(s)
+
+
+def test_aligned_away_is_a_budget_too_small_to_reach_the_next_block_boundary() -> None:
+    from schedspec.invariants.mamba import aligned_away
+
+    r = dataclasses.replace(_second_chunk()[1].before.requests["a"], num_computed_tokens=4)  # 6 to go
+    assert aligned_away(CFG, r, 3, 0)  # 4 + 3 ends inside a block: the aligned chunk is empty
+    assert not aligned_away(CFG, r, 4, 0) and not aligned_away(CFG, r, 16, 0)
+    plain = dataclasses.replace(CFG, kv_cache_groups=(KVCacheGroup(),))
+    assert aligned_away(plain, r, 3, 0)  # (callers ask only where chunks are aligned: aligns_chunks)
+
+
+def test_a_running_mamba_prefill_left_out_while_it_could_reach_a_boundary_is_flagged() -> None:
+    _, t = _second_chunk()
+    assert t.plan is not None and t.plan.get("a") is not None
+    silent(t)
+    left_out = dataclasses.replace(t, plan=dataclasses.replace(t.plan, scheduled=()))
+    assert fires("running-served-while-budget", left_out)
+
+
+def test_a_running_mamba_prefill_whose_aligned_chunk_is_empty_waits_unflagged() -> None:
+    # a trace the check found: two Mamba groups, block size 2; r93's last prompt
+    # block is a chunk of 1 token with 1 budget token left, which
+    # _mamba_block_aligned_split cuts to 0 (it waits for a bigger budget)
+    from pathlib import Path
+
+    from schedspec.check import trace as tracefile
+    from schedspec.check.run import run_workload
+    from schedspec.impl import ImplScheduler
+
+    path = Path(__file__).resolve().parents[1] / "check" / "data" / "mamba-aligned-chunk-waits.jsonl"
+    t = tracefile.read(path)
+    assert [g.kind for g in t.workload.config.groups].count("mamba") == 2
+    runner, failure = run_workload(t.workload, {"spec": SpecScheduler, "impl": ImplScheduler}, t.vocab,
+                                   oracle_seed=t.oracle_seed)
+    assert failure is None, failure
+    assert runner.stats.steps >= 3

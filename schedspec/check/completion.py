@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Mapping, Protocol, Sized
 
 from schedspec.invariants import Violation
-from schedspec.spec.interface import PauseState, RequestView, Scheduler, SchedulerConfig, StepPlan
+from schedspec.spec.interface import PauseState, RequestView, Scheduler, SchedulerConfig, SchedulerView, StepPlan
 from schedspec.check.oracle import KVWorker
 from schedspec.check.records import Failure
 from schedspec.check.stats import Stats
@@ -195,3 +195,20 @@ def collect_finished(runner: Driven) -> None:
     runner.where = (runner.names[0], "view")
     for rid, rv in runner.primary.view().finished.items():
         runner.finished.setdefault(rid, rv)
+
+
+def scheduler_has_no_work(view: SchedulerView) -> bool:
+    """Whether a scheduler in this state gives vLLM's engine core no work
+    (EngineCore.has_work, leaving the plans in flight aside): nothing
+    finished left to report, and no unfinished request as
+    Scheduler.get_num_unfinished_requests counts them under the pause state
+    (PAUSED_ALL: none; PAUSED_NEW: running requests, and waiting ones that
+    hold KV blocks, still drain)."""
+    if view.finished:
+        return False
+    if view.pause_state == PauseState.PAUSED_ALL:
+        return True
+    if view.pause_state == PauseState.PAUSED_NEW:
+        return not view.running and not any(
+            rid in view.requests and view.requests[rid].num_computed_tokens > 0 for rid in view.waiting)
+    return not view.requests

@@ -41,6 +41,7 @@ from schedspec.spec.interface import (
     SchedulerFactory,
 )
 from schedspec.check import completion, fork, session_events
+from schedspec.check.completion import scheduler_has_no_work
 from schedspec.check.deadline import CLOCK, CallTimeout
 from schedspec.check.deferral import Deferral
 from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model
@@ -92,23 +93,6 @@ class _Pending:
     kv_affected: set[str] = field(default_factory=set)
 
 
-def scheduler_has_no_work(view: SchedulerView) -> bool:
-    """Whether a scheduler in this state gives vLLM's engine core no work
-    (EngineCore.has_work, leaving the plans in flight aside): nothing
-    finished left to report, and no unfinished request as
-    Scheduler.get_num_unfinished_requests counts them under the pause state
-    (PAUSED_ALL: none; PAUSED_NEW: running requests, and waiting ones that
-    hold KV blocks, still drain)."""
-    if view.finished:
-        return False
-    if view.pause_state == PauseState.PAUSED_ALL:
-        return True
-    if view.pause_state == PauseState.PAUSED_NEW:
-        return not view.running and not any(
-            rid in view.requests and view.requests[rid].num_computed_tokens > 0 for rid in view.waiting)
-    return not view.requests
-
-
 class Runner:
     """Feeds events to one or more schedulers built from the same config."""
 
@@ -130,6 +114,7 @@ class Runner:
         self.config = config
         self.fork_every = fork_every  # schedulers under test forked every so many steps (check/fork.py)
         self.last_fork = 0  # the last step at which one was replaced by its clone
+        self.reported = False  # the worker reported on the connector's transfers (fork.due)
         self.names = list(factories)
         #: a scheduler that raised while being built or on its first view():
         #: every apply() and run() returns it, naming the scheduler and the call
@@ -565,7 +550,8 @@ class Runner:
         forked: dict[str, StepPlan] = {}
         for name in self.names:
             before = self.views.get(name)
-            if fork.due(step, self.fork_every) and name != self.names[0] and (f := fork.fork(self, name, forked)):
+            if fork.due(step, self.fork_every, self.reported) and name != self.names[0] and (
+                    f := fork.fork(self, name, forked)):
                 return f
             self.where = (name, "schedule")
             plans[name] = self.scheds[name].schedule()
@@ -728,6 +714,7 @@ class Runner:
     def _count_kv(self, worker: KVWorker, plan: StepPlan) -> None:
         """The connector's statistics of one step (the first scheduler's worker)."""
         report = worker.last
+        self.reported = fork.reports(report)
         self.stats.kv_load_failures += len(report.failed_recving) + len(report.invalid_block_ids)
         self.stats.kv_saves += len(report.finished_sending)
         self.stats.kv_timeouts += report.timed_out

@@ -2,7 +2,8 @@
 and the shrinker rely on it: schedspec/modelcheck/target.py).
 
 Every FORK_EVERY steps, at steps FORK_OFFSET, FORK_OFFSET + FORK_EVERY, ...,
-each scheduler under test (not the reference) that has a clone() is forked:
+and on the step after the KV connector's worker reported transfers, each
+scheduler under test (not the reference) that has a clone() is forked:
 it is cloned, the original makes the step's plan and is dropped, and the run
 goes on with the clone, which must make the same plan and then every later
 one the reference makes. A clone that shares a list or dict with its original
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from schedspec.check.oracle import KVReport
 from schedspec.check.records import Failure, describe_difference, wrong_type
 from schedspec.check.stats import Stats
 from schedspec.check.workload import InFlight
@@ -34,9 +36,18 @@ FORK_EVERY = 16
 FORK_OFFSET = 3
 
 
-def due(step: int, every: int) -> bool:
-    """Whether the ``step``-th plan forks the schedulers under test."""
-    return every > 0 and step % every == FORK_OFFSET % every
+def due(step: int, every: int, reported: bool = False) -> bool:
+    """Whether the ``step``-th plan forks the schedulers under test: every
+    ``every`` steps, and the plan after a step whose KV connector worker
+    ``reported`` transfers (loads done or failed, saves done, invalid
+    blocks: the bookkeeping a clone must carry just then)."""
+    return every > 0 and (reported or step % every == FORK_OFFSET % every)
+
+
+def reports(report: KVReport) -> bool:
+    """Whether the worker's ``report`` names a transfer of the KV connector."""
+    return bool(report.finished_recving or report.finished_sending or report.failed_recving
+                or report.invalid_block_ids)
 
 
 def fork(runner: Runner, name: str, forked: dict[str, StepPlan]) -> Failure | None:

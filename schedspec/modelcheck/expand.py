@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
 from schedspec.check.deadline import CLOCK, CallTimeout
-from schedspec.check.driver import scheduler_has_no_work
+from schedspec.check.completion import scheduler_has_no_work
 from schedspec.check.records import describe_difference
 from schedspec.check.oracle import FakeModel, KVWorker
 from schedspec.check.workload import (

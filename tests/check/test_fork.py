@@ -93,3 +93,40 @@ def test_the_docs_give_the_fork_period() -> None:
     from pathlib import Path
     text = " ".join((Path(__file__).parents[2] / "docs" / "adapters.md").read_text().split())
     assert f"every {FORK_EVERY} steps it clones each scheduler under test" in text
+
+
+class SharesLoadsDone(ImplScheduler):
+    """clone() leaves the set of loads reported done shared with the original."""
+
+    def clone(self) -> "SharesLoadsDone":
+        twin = super().clone()
+        twin.__dict__["_loads_done"] = self._loads_done
+        assert isinstance(twin, SharesLoadsDone)
+        return twin
+
+
+def _connector_failure(cls: Any, seeds: range) -> tuple[int, Any, int]:
+    forks = 0
+    for seed in seeds:
+        runner, failure = run_workload(random_workload(seed, 120, kv=("connector",)), {"spec": SpecScheduler, "impl": cls})
+        forks += runner.stats.forks
+        if failure is not None:
+            return seed, failure, forks
+    return -1, None, forks
+
+
+def test_the_plan_after_a_connector_report_forks_too() -> None:
+    from schedspec.check.fork import due
+
+    assert due(FORK_OFFSET, FORK_EVERY) and not due(FORK_OFFSET + 1, FORK_EVERY)
+    assert due(FORK_OFFSET + 1, FORK_EVERY, reported=True) and not due(5, 0, reported=True)
+    # impl holds, forked more often than every FORK_EVERY steps where the connector reports
+    seed, failure, forks = _connector_failure(ImplScheduler, range(4))
+    assert failure is None
+    assert forks > 4 * (120 // FORK_EVERY)
+
+
+def test_a_clone_sharing_the_loads_reported_done_is_caught() -> None:
+    seed, failure, _ = _connector_failure(SharesLoadsDone, range(12))
+    assert failure is not None and failure.scheduler == "impl", "no failure"
+    assert "clone()" in failure.describe()

@@ -69,4 +69,20 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.connector.xǁConnectorMixinǁ_async_load_reserve__mutmut_54": (
         "reached, not observed", "max(..., 1) adds a block only for an in-flight prefill whose table already "
         "covers its sequence, and binds only with an asynchronous load at the pool's exact edge"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_state_grow__mutmut_35": (
+        "equivalent", "track[0] None after the append: it is read only in `track[0] or prev`, and the table "
+        "then holds the block just appended (prev > 0) until _clear_groups drops the track"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_group_tuples__mutmut_3": (
+        "equivalent", "the cached tuple rebuilt from block_ids on every call: the same values, only slower"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_state_next__mutmut_12": (
+        "equivalent", "a lower mark only calls remove_skipped_blocks earlier, where the call changes nothing"),
+    "schedspec.impl.kv_groups.xǁLayoutǁ__init____mutmut_48": (
+        "reached, not observed", "`simple` for layouts of 1 or 3+ distinct group specs: one pass of the hit "
+        "loop differs only where a third kind shortens the hit after the second (full + window + Mamba)"),
+    "schedspec.impl.kv_events.x_reused__mutmut_26": (
+        "reached, not observed", "block_identity(None) names a 'reused' event's key only for a hit of a "
+        "request in full report mode with a LoRA adapter or encoder inputs and no identity marks"),
+    "schedspec.impl.connector.xǁConnectorMixinǁ_handle_invalid_blocks__mutmut_22": (
+        "reached, not observed", "node_of None raises only when the 'fail' policy evicts a synchronous "
+        "load's invalid block with prefix caching on"),
 }

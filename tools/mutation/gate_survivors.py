@@ -85,4 +85,37 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.connector.xǁConnectorMixinǁ_handle_invalid_blocks__mutmut_22": (
         "reached, not observed", "node_of None raises only when the 'fail' policy evicts a synchronous "
         "load's invalid block with prefix caching on"),
+    "schedspec.impl.kv_groups.xǁLayoutǁsplit__mutmut_52": (
+        "equivalent", "`stop >= start`: stop == start gives 0 in both branches"),
+    "schedspec.impl.kv_groups.xǁLayoutǁ__init____mutmut_37": (
+        "equivalent", "the merge key's block size set to 1 instead of 0: any one constant merges the same specs"),
+    "schedspec.impl.kv_groups.xǁLayoutǁhit__mutmut_16": (
+        "equivalent", "a group's length is read only once its blocks are set, which sets the length too"),
+    "schedspec.impl.kv_groups.xǁGroupsMixinǁ_state_retire__mutmut_43": (
+        "not reached", "'' for None only for a Mamba group 0: the drawn layouts put a full-attention group first"),
+    "schedspec.impl.queues.x_choose_victim__mutmut_4": (
+        "not reached", "choose_victim is the reference the crosshair comparison runs against spec/rules.py; "
+        "ImplScheduler keeps its own VictimHeap and never calls it"),
+    "schedspec.impl.request.xǁRequestǁblock_tuple__mutmut_1": (
+        "equivalent", "the cached tuple rebuilt from block_ids on every call: the same values, only slower"),
+    "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running_request__mutmut_22": (
+        "equivalent", "encoder_left is read only when inputs run, and then _encoder_window has set it"),
+    "schedspec.impl.kv_kinds.xǁSlidingWindowǁcap__mutmut_12": (
+        "reached, not observed", "window - 2: the admission cap one block lower only where window - 1 + the "
+        "tokens in flight is one past a block boundary, and it binds only at the pool's exact edge"),
+    "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running_request__mutmut_51": (
+        "equivalent", "`end <= num_tokens`: at end == num_tokens both branches give num_tokens"),
+    "schedspec.impl.running.xǁStepStateǁ__init____mutmut_10": (
+        "equivalent", "prefill_admitted None for False: it is only read for its truth"),
+    "schedspec.impl.running.xǁStepStateǁ__init____mutmut_8": (
+        "equivalent", "prefill_scheduled None for False: it is only read for its truth"),
+    "schedspec.impl.scheduler.xǁImplSchedulerǁ_init_gates__mutmut_24": (
+        "reached, not observed", "a prefill cadence of 2 takes the ungated path, which differs only when a "
+        "running prefill chunk is due to be held"),
+    "schedspec.impl.scheduler.xǁImplSchedulerǁ_preempt__mutmut_8": (
+        "reached, not observed", "keeps drop_stale_output for a request preempted again with no stale "
+        "tokens, seen only if it is preempted twice with a plan in flight and then resumes"),
+    "schedspec.impl.scheduler.xǁImplSchedulerǁadd__mutmut_14": (
+        "not reached", "the lengths feed only the refusal of a request that names an encoder input's "
+        "identifier with another length, a malformed request the check never draws"),
 }

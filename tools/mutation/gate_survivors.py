@@ -118,4 +118,11 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.scheduler.xǁImplSchedulerǁadd__mutmut_14": (
         "not reached", "the lengths feed only the refusal of a request that names an encoder input's "
         "identifier with another length, a malformed request the check never draws"),
+    "schedspec.impl.connector.xǁConnectorMixinǁ_clone_connector__mutmut_10": (
+        "reached, not observed", "a clone sharing _loads_done shows only if a fork lands while loads are "
+        "reported done; since fce7fc5 the check forks on the plan after such a report (killed at 39.7 s)"),
+    "schedspec.impl.allocation.xǁAllocationMixinǁ_admit_alloc__mutmut_31": (
+        "reached, not observed", "max(..., 1) in the full-sequence gate counts a block only for a promoted "
+        "load whose table already covers the prompt, at a pool with exactly the watermark free "
+        "(killed at 51 s in one rerun)"),
 }

@@ -582,9 +582,9 @@ def guided_workload(seed: int, num_steps: int, vocab: int = 64, focus: Sequence[
         mamba = any(rule in MAMBA_RULES for rule in focus) and "hybrid" in picked
         if partial or mamba or eagle:  # partial entries, Mamba groups, EAGLE: no connector, prefix caching on
             picked = tuple(k for k in picked if k != "connector")
+            config = dataclasses.replace(config, enable_prefix_caching=True)
         if eagle and not needs(focus, "hybrid_kv"):  # EAGLE's keys in the plain layout, unless paired with a group rule
             picked = tuple(k for k in picked if k != "hybrid")
-            config = dataclasses.replace(config, enable_prefix_caching=True)
         if mamba:  # (and chunked prefill on, no drafts: spec/validate.py)
             config = dataclasses.replace(config, enable_chunked_prefill=True, num_speculative_tokens=0)
         chunked = pick_chunked(focus)

@@ -67,3 +67,13 @@ def test_an_eagle_focus_keys_the_plain_layout_unless_a_group_rule_is_beside_it()
     paired = [guided_workload(s, 20, focus=("kv.hash_lookahead_wait", "kv_groups.window_freed"), kv=kv,
                               engine=engine, modes=modes).config for s in range(12)]
     assert sum(1 for c in paired if c.num_hash_lookahead_tokens and c.is_hybrid) >= 4
+
+
+def test_a_focus_on_partial_entries_mamba_or_eagle_turns_prefix_caching_on() -> None:
+    from schedspec.check.coverage_guided import guided_workload
+    kv, engine, modes = ("connector", "hybrid"), ("drafter",), ("sync", "async", "spec", "async-spec")
+    for focus in (("kv_groups.partial_stored",), ("mamba.chunk_aligned",), ("kv.hash_lookahead_wait",),
+                  ("kv.hash_lookahead_wait", "kv_groups.window_freed")):
+        for seed in range(10):
+            config = guided_workload(seed, 10, focus=focus, kv=kv, engine=engine, modes=modes).config
+            assert config.enable_prefix_caching and not config.kv_connector, (focus, seed)

@@ -54,9 +54,7 @@ def aligned_away(config: SchedulerConfig, r: RequestView, budget: int, threshold
     The shared-prefix junction, which the view does not carry, only stops a
     chunk on a boundary past its start, so it never makes the cut 0."""
     want = running_chunk(r, budget, threshold, config.max_model_len)
-    return want > 0 and block_aligned_split(
-        r.num_computed_tokens, want, len(r.spec.prompt_token_ids), r.num_tokens, config.block_size,
-        max_prefill_tokens(config), 0) == 0
+    return want > 0 and aligned_want(config, r, want, 0)
 
 
 @transition_invariant(

@@ -47,18 +47,17 @@ class Deferral:
         self.reference: list[Transition] = []
         #: (scheduler, monitor, transition, index of the reference's transition it pairs with)
         self.waiting: list[tuple[str, Monitor, Transition, int]] = []
-        self._counts: dict[str, int] = {}  # scheduler -> transitions since the last settle
+        self._counts: dict[str, int] = {}  # another scheduler -> its transitions since the last settle
 
     def observe(self, name: str, monitor: Monitor, t: Transition) -> Failure | None:
         """``t``, the transition of ``name``'s last call: the reference's is
-        checked now, another's waits when views are compared."""
-        runner = self.runner
-        k = self._counts.get(name, 0)
-        if name == runner.names[0] or not (runner.compare_views and len(runner.names) > 1):
-            if name == runner.names[0]:
+        checked now, another's waits when views are compared (the driver's
+        compare_views: lockstep with views compared)."""
+        if not self.runner.compare_views or name == self.runner.names[0]:
+            if self.runner.compare_views:
                 self.reference.append(t)
-                self._counts[name] = k + 1
             return self._report(name, t, monitor.observe(t))
+        k = self._counts.get(name, 0)
         self._counts[name] = k + 1
         self.waiting.append((name, monitor, t, k))
         return None
@@ -66,32 +65,24 @@ class Deferral:
     def settle(self) -> Failure | None:
         """After the views compared equal: each waiting transition equal to
         the reference's is recorded; any other is checked in full."""
-        waiting, reference = self.waiting, self.reference
-        self.waiting, self.reference, self._counts = [], [], {}
-        for i, (name, monitor, t, k) in enumerate(waiting):
-            if k < len(reference) and t == reference[k]:
-                monitor.record(t)
-                continue
-            if (f := self._report(name, t, monitor.observe(t))):
-                self._drop(waiting[i + 1:])
-                return f
-        return None
+        return self._resolve(compared=True)
 
     def flush(self) -> Failure | None:
         """Before a failure is reported: every waiting transition checked in
         full, the first violation returned (None: none)."""
-        waiting = self.waiting
+        return self._resolve(compared=False)
+
+    def _resolve(self, compared: bool) -> Failure | None:
+        waiting, reference = self.waiting, self.reference
         self.waiting, self.reference, self._counts = [], [], {}
-        for i, (name, monitor, t, _) in enumerate(waiting):
-            if (f := self._report(name, t, monitor.observe(t))):
-                self._drop(waiting[i + 1:])
+        for i, (name, monitor, t, k) in enumerate(waiting):
+            if compared and k < len(reference) and t == reference[k]:
+                monitor.record(t)
+            elif (f := self._report(name, t, monitor.observe(t))):
+                for _, rest, u, _ in waiting[i + 1:]:  # the run stops here: keep the histories whole
+                    rest.record(u)
                 return f
         return None
-
-    @staticmethod
-    def _drop(rest: list[tuple[str, Monitor, Transition, int]]) -> None:
-        for _, monitor, t, _ in rest:  # the run stops here: keep the histories whole
-            monitor.record(t)
 
     def _report(self, name: str, t: Transition, found: list[Violation]) -> Failure | None:
         if not found:

@@ -617,6 +617,7 @@ class Runner:
         if self.workers:
             worker = self.workers[self.names[0]]
             self._count_kv(worker, plan)
+            self.reported = fork.reports(worker.last)  # the next plan forks (fork.due)
             # a request whose synchronous load failed in this plan (and the
             # plan's readers of its block): the scheduler discards its sample
             # (vLLM skips it in update_from_output: failed_kv_load_req_ids)
@@ -714,7 +715,6 @@ class Runner:
     def _count_kv(self, worker: KVWorker, plan: StepPlan) -> None:
         """The connector's statistics of one step (the first scheduler's worker)."""
         report = worker.last
-        self.reported = fork.reports(report)
         self.stats.kv_load_failures += len(report.failed_recving) + len(report.invalid_block_ids)
         self.stats.kv_saves += len(report.finished_sending)
         self.stats.kv_timeouts += report.timed_out

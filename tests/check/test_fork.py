@@ -15,24 +15,24 @@ from schedspec.spec.interface import SchedulerConfig, StepPlan
 from schedspec.spec.scheduler import SpecScheduler
 
 
-class SharesRunning(ImplScheduler):
-    """clone() leaves the running list shared with the original."""
+def _sharing(attr: str, doc: str) -> type[ImplScheduler]:
+    """impl whose clone() leaves ``attr`` shared with the original."""
 
-    def clone(self) -> "SharesRunning":
-        twin = super().clone()
-        twin.__dict__["_running"] = self._running
-        assert isinstance(twin, SharesRunning)
-        return twin
+    class Sharing(ImplScheduler):
+        def clone(self) -> "Sharing":
+            twin = super().clone()
+            twin.__dict__[attr] = getattr(self, attr)
+            assert isinstance(twin, Sharing)
+            return twin
+
+    Sharing.__name__ = Sharing.__qualname__ = "Shares" + "".join(w.title() for w in attr.strip("_").split("_"))
+    Sharing.__doc__ = doc
+    return Sharing
 
 
-class SharesFreeQueue(ImplScheduler):
-    """clone() leaves the free-block queue shared with the original."""
-
-    def clone(self) -> "SharesFreeQueue":
-        twin = super().clone()
-        twin.__dict__["_fq"] = self._fq  # the free-block queue shared
-        assert isinstance(twin, SharesFreeQueue)
-        return twin
+SharesRunning = _sharing("_running", "clone() leaves the running list shared with the original.")
+SharesFreeQueue = _sharing("_fq", "clone() leaves the free-block queue shared with the original.")
+SharesLoadsDone = _sharing("_loads_done", "clone() leaves the set of loads reported done shared with the original.")
 
 
 class NoClone:
@@ -93,16 +93,6 @@ def test_the_docs_give_the_fork_period() -> None:
     from pathlib import Path
     text = " ".join((Path(__file__).parents[2] / "docs" / "adapters.md").read_text().split())
     assert f"every {FORK_EVERY} steps it clones each scheduler under test" in text
-
-
-class SharesLoadsDone(ImplScheduler):
-    """clone() leaves the set of loads reported done shared with the original."""
-
-    def clone(self) -> "SharesLoadsDone":
-        twin = super().clone()
-        twin.__dict__["_loads_done"] = self._loads_done
-        assert isinstance(twin, SharesLoadsDone)
-        return twin
 
 
 def _connector_failure(cls: Any, seeds: range) -> tuple[int, Any, int]:

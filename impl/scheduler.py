@@ -111,6 +111,10 @@ class ImplScheduler(
     #: (spec/protocol.py, gates_of_config).
     GATES: tuple[str, ...] = ("watermark", "prefill_cadence", "pause", "lora", "structured_output", "encoder")
 
+    #: A call it refuses raises spec/protocol.py's error and changes nothing
+    #: (the check probes it: check/rejects.py).
+    PROTOCOL_ERRORS = True
+
     def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         self._config = config = check_config(config)
         check_gate_config(config, self.GATES)

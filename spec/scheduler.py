@@ -121,6 +121,9 @@ class SpecScheduler(GatesMixin, EncoderMixin, AsyncDraftsMixin, ConnectorMixin, 
 
     #: effect coverage (spec/effects.py): None, or the tracker spec.effects.enable attached
     effects: EffectTracker | None = None
+    #: A call it refuses raises spec/protocol.py's error and changes nothing
+    #: (the check probes it: check/rejects.py).
+    PROTOCOL_ERRORS = True
 
     def __init__(self, config: SchedulerConfig, log_stats: bool = False) -> None:
         self._config = check_config(config)

@@ -40,7 +40,7 @@ from schedspec.spec.interface import (
     StepResult,
     SchedulerFactory,
 )
-from schedspec.check import completion, fork, session_events
+from schedspec.check import completion, fork, rejects, session_events
 from schedspec.check.completion import scheduler_has_no_work
 from schedspec.check.deadline import CLOCK, CallTimeout
 from schedspec.check.deferral import Deferral
@@ -110,11 +110,13 @@ class Runner:
         acceptance: str | None = None,
         invariants: Sequence[Invariant] | None = None,
         fork_every: int = fork.FORK_EVERY,
+        reject_every: int = rejects.REJECT_EVERY,
     ) -> None:
         self.config = config
         self.fork_every = fork_every  # schedulers under test forked every so many steps (check/fork.py)
         self.last_fork = 0  # the last step at which one was replaced by its clone
         self.reported = False  # the worker reported on the connector's transfers (fork.due)
+        self.rejects = rejects.Rejects(reject_every)  # refused calls probed (check/rejects.py)
         self.names = list(factories)
         #: a scheduler that raised while being built or on its first view():
         #: every apply() and run() returns it, naming the scheduler and the call
@@ -324,6 +326,8 @@ class Runner:
                 self.scheds[name].add(req)
                 if before is not None and (f := self._observe(name, "add", before, request=req)):
                     return f
+            if (f := self.rejects.after_add(self, req)):
+                return f
             self.truth[req.request_id] = session_events.added(self, req)
             for worker in self.workers.values():
                 worker.add(req.request_id, req.prompt_token_ids)
@@ -640,11 +644,16 @@ class Runner:
         self.pending.pop(0)
         if pending.kv_failed:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
+        if (f := self.rejects.before_update(self, pending.step, plans, results)):
+            return f
         events_on = self.config.enable_kv_cache_events
         batches: dict[str, object] = {}
         made: dict[str, object] = {}  # the statistics
         for name in self.names:
             before = self.views.get(name)
+            if fork.due_update(pending.step, self.fork_every) and name != self.names[0] and (
+                    f := fork.fork_update(self, name, plans[name], results[name])):
+                return f
             self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])
             batches[name] = self._take_kv_events(name) if events_on else ()

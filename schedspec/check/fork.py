@@ -6,8 +6,11 @@ and on the step after the KV connector's worker reported transfers, each
 scheduler under test (not the reference) that has a clone() is forked:
 it is cloned, the original makes the step's plan and is dropped, and the run
 goes on with the clone, which must make the same plan and then every later
-one the reference makes. A clone that shares a list or dict with its original
-sees the original's step; one that misses a field decides differently.
+one the reference makes. Half-way between two such forks, the fork comes at
+an update instead (``due_update``): the original takes the update and is
+dropped, then the clone takes it. A clone that shares a list or dict with
+its original sees the original's step; one that misses a field decides
+differently.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from schedspec.check.oracle import KVReport
 from schedspec.check.records import Failure, describe_difference, wrong_type
 from schedspec.check.stats import Stats
 from schedspec.check.workload import InFlight
-from schedspec.spec.interface import Scheduler, StepPlan
+from schedspec.spec.interface import Scheduler, StepPlan, StepResult
 
 
 class Runner(Protocol):
@@ -42,6 +45,34 @@ def due(step: int, every: int, reported: bool = False) -> bool:
     ``reported`` transfers (loads done or failed, saves done, invalid
     blocks: the bookkeeping a clone must carry just then)."""
     return every > 0 and (reported or step % every == FORK_OFFSET % every)
+
+
+def due_update(step: int, every: int) -> bool:
+    """Whether the update of the ``step``-th plan forks the schedulers under
+    test: every ``every`` steps, half-way between two forks of ``due``."""
+    return every > 1 and step % every == (FORK_OFFSET + every // 2) % every
+
+
+def fork_update(runner: Runner, name: str, plan: StepPlan, result: StepResult) -> Failure | None:
+    """Fork scheduler ``name`` before the update of ``plan``: the original
+    takes the update and is dropped, and the clone, put in its place, takes
+    the same update next (the driver's own call). A container the two share
+    then holds the original's update too, which the clone's view, events
+    or next plans show."""
+    sched = runner.scheds[name]
+    clone = getattr(sched, "clone", None)
+    if not callable(clone):
+        return None
+    runner.where = (name, "clone")
+    twin = clone()
+    if not isinstance(twin, type(sched)):
+        return runner.fail("error", name, wrong_type(type(sched), "clone", twin, type(sched)))
+    runner.where = (name, "update")
+    sched.update(plan, result)
+    runner.scheds[name] = twin
+    runner.stats.forks += 1
+    runner.last_fork = runner.flight.scheduled
+    return None
 
 
 def reports(report: KVReport) -> bool:

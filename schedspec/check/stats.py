@@ -33,7 +33,7 @@ _SUMMED = (
     "kv_loads_sync", "kv_loads_async", "kv_load_failures", "kv_saves", "kv_timeouts", "held_block_steps",
     "sliding_window_frees", "chunked_local_frees", "mamba_frees",
     "kv_cache_events",
-    "stats_reports", "forks",
+    "stats_reports", "forks", "refusals",
     "session_workloads", "pipeline_workloads", "runner_v2_workloads", "drafter_workloads",
 )
 
@@ -98,6 +98,8 @@ class Stats:
     stats_reports: int = 0
     #: schedulers under test replaced by their clone() mid-run (Runner.fork_every)
     forks: int = 0
+    #: malformed calls refused, each by each probed scheduler (Runner.rejects: check/rejects.py)
+    refusals: int = 0
     #: the kind of each KV cache group (KVCacheGroup.kind), where the driver
     #: tells it: the null entries of a group's table count to its kind's
     #: counter (check/kv_kinds.py, frees_stat: chunked_local_frees for a

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedspec.check.fork import FORK_EVERY, FORK_OFFSET
+import pytest
+
+from schedspec.check import fork
+from schedspec.check.fork import FORK_EVERY, FORK_OFFSET, due_update
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.run import run_workload
 from schedspec.impl import ImplScheduler
@@ -33,6 +36,7 @@ def _sharing(attr: str, doc: str) -> type[ImplScheduler]:
 SharesRunning = _sharing("_running", "clone() leaves the running list shared with the original.")
 SharesFreeQueue = _sharing("_fq", "clone() leaves the free-block queue shared with the original.")
 SharesLoadsDone = _sharing("_loads_done", "clone() leaves the set of loads reported done shared with the original.")
+SharesContinuing = _sharing("_continuing", "clone() leaves the sessions continuing at their stop shared with the original.")
 
 
 class NoClone:
@@ -66,7 +70,9 @@ def test_impl_is_forked_and_holds() -> None:
         forks += runner.stats.forks
         steps = runner.stats.steps
         # the reference is never forked; impl at each fork step it reached
-        assert runner.stats.forks == len([s for s in range(1, steps + 1) if s % FORK_EVERY == FORK_OFFSET])
+        # (sync: each step's update too, half-way between two forks at a plan)
+        assert runner.stats.forks == len([s for s in range(1, steps + 1) if s % FORK_EVERY == FORK_OFFSET]) + len(
+            [s for s in range(1, steps + 1) if due_update(s, FORK_EVERY)])
         assert isinstance(runner.scheds["impl"], ImplScheduler)
     assert forks > 0
 
@@ -120,3 +126,22 @@ def test_a_clone_sharing_the_loads_reported_done_is_caught() -> None:
     seed, failure, _ = _connector_failure(SharesLoadsDone, range(12))
     assert failure is not None and failure.scheduler == "impl", "no failure"
     assert "clone()" in failure.describe()
+
+
+def _session_failure(cls: Any, seeds: range) -> Any:
+    for seed in seeds:
+        _, failure = run_workload(random_workload(seed, 120, sessions=True), {"spec": SpecScheduler, "impl": cls})
+        if failure is not None:
+            return failure
+    return None
+
+
+def test_a_clone_sharing_what_only_update_touches_is_caught_at_an_update_fork() -> None:
+    assert due_update(FORK_OFFSET + FORK_EVERY // 2, FORK_EVERY) and not due_update(FORK_OFFSET, FORK_EVERY)
+    assert _session_failure(ImplScheduler, range(6)) is None
+    failure = _session_failure(SharesContinuing, range(20))
+    assert failure is not None and failure.scheduler == "impl" and "clone()" in failure.describe()
+    # the forks at a plan alone do not see it: the original never takes an update
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fork, "due_update", lambda step, every: False)
+        assert _session_failure(SharesContinuing, range(20)) is None

@@ -53,7 +53,10 @@ def _req(rid: str, n: int = 3, max_tokens: int = 6) -> RequestSpec:
 
 
 class Recorder(SpecScheduler):
-    """The spec, logging the order of schedule() and update() calls."""
+    """The spec, logging the order of schedule() and update() calls (the
+    workload's: not probed with refused calls, check/rejects.py)."""
+
+    PROTOCOL_ERRORS = False
 
     log: list[str]
 
@@ -273,7 +276,10 @@ def test_a_placeholder_with_nothing_in_flight_is_a_context_error() -> None:
 
 class SwapsBlocks(SpecScheduler):
     """Hands the model a block table with its first two blocks swapped once a
-    request holds four (the scheduler's own state stays right)."""
+    request holds four (the scheduler's own state stays right). Its update()
+    takes only the plans it made, so it is not probed with refused calls."""
+
+    PROTOCOL_ERRORS = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)

@@ -115,9 +115,6 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.scheduler.xǁImplSchedulerǁ_preempt__mutmut_8": (
         "reached, not observed", "keeps drop_stale_output for a request preempted again with no stale "
         "tokens, seen only if it is preempted twice with a plan in flight and then resumes"),
-    "schedspec.impl.scheduler.xǁImplSchedulerǁadd__mutmut_14": (
-        "not reached", "the lengths feed only the refusal of a request that names an encoder input's "
-        "identifier with another length, a malformed request the check never draws"),
     "schedspec.impl.connector.xǁConnectorMixinǁ_clone_connector__mutmut_10": (
         "reached, not observed", "a clone sharing _loads_done shows only if a fork lands while loads are "
         "reported done; since fce7fc5 the check forks on the plan after such a report (killed at 39.7 s)"),
@@ -125,4 +122,81 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
         "reached, not observed", "max(..., 1) in the full-sequence gate counts a block only for a promoted "
         "load whose table already covers the prompt, at a pool with exactly the watermark free "
         "(killed at 51 s in one rerun)"),
+    # impl/ as of ddb6a16, the rest of the sample at dbbb9c9 (read with the unmutated code)
+    "schedspec.impl.kv_groups.xǁLayoutǁsplit__mutmut_9": (
+        "equivalent", "start == prefill_end leaves n <= 1 (a Mamba group allows no drafts nor connector, a running step samples one token past its placeholders), and a cut needs n >= 2"),
+    "schedspec.impl.request.xǁRequestǁstep_token_ids__mutmut_9": (
+        "equivalent", "token_range(start, num_tokens) with start >= num_tokens is () on every branch"),
+    "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running__mutmut_140": (
+        "equivalent", "_group_tuples returns req.group_block_tuples when it is set and builds it only when it is None: the cache read, not bypassed"),
+    "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running__mutmut_89": (
+        "equivalent", "the new case (an async steady decode at num_tokens == num_prompt) gets from the inline grow the entry the general path gives; _grow_running_groups guards each part itself"),
+    "schedspec.impl.running.xǁRunningPhaseǁ_schedule_running_request__mutmut_48": (
+        "equivalent", "at end + lookahead == num_slots the extra _grow_running allocates nothing and returns True"),
+    "schedspec.impl.running.xǁStepStateǁ__init____mutmut_18": (
+        "equivalent", "the one StepState() in schedule() is followed at once by state.drafts_needed = not self._can_skip_drafts"),
+    "schedspec.impl.scheduler.xǁImplSchedulerǁ_init_gates__mutmut_21": (
+        "equivalent", "inline growth for a hybrid config with only an encoder or only a connector: a steady decode past its prompt has no encoder input and meets the connector only after a failed grow, as on the general path"),
+    "schedspec.impl.scheduler.xǁImplSchedulerǁadd__mutmut_41": (
+        "equivalent", "group_skip_from is overwritten by _g_remove_skipped at the admission, before any read (all reads are of running requests)"),
+    "schedspec.impl.scheduler.xǁImplSchedulerǁclone__mutmut_51": (
+        "equivalent", "_cached_now is cleared at the start of every schedule() and read only inside it: a shared set holds only the running call's entries"),
+    "schedspec.impl.scheduler.xǁImplSchedulerǁclone__mutmut_76": (
+        "equivalent", "without a connector _kv_holding_waiting holds only live sessions, so _streaming_queues is non-empty and _clone_sessions copies the list"),
+    "schedspec.impl.scheduler.xǁImplSchedulerǁstats__mutmut_1": (
+        "equivalent", "stats() is a sizes helper for tests and benchmarks, not a protocol method: no scheduler output reads it"),
+    "schedspec.impl.queues.x_choose_victim__mutmut_4": (
+        "equivalent", "choose_victim is the victim rule's reference for the crosshair and unit tests; ImplScheduler never calls it (impl/running.py keeps its own VictimHeap)"),
+    "schedspec.impl.queues.x_choose_victim__mutmut_7": (
+        "equivalent", "choose_victim is never called by ImplScheduler (a reference for the tests)"),
+    "schedspec.impl.stats.xǁStatsMixinǁ_stats_drafts__mutmut_5": (
+        "equivalent", "_st_invalid is always a dict: {}.get(step) is None, as the else branch"),
+    "schedspec.impl.stats.xǁStatsMixinǁ_stats_drafts__mutmut_14": (
+        "equivalent", "accepted_at[k + 1] is never written (a <= drafts <= k) nor read (reads are [i + 1], i < k)"),
+    "schedspec.impl.stats.xǁStatsMixinǁmake_stats__mutmut_13": (
+        "equivalent", "usable = num_blocks - 1 >= 1: SchedulerConfig.num_blocks has minimum 2"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_apply_output__mutmut_20": (
+        "equivalent", "a WAITING session with stale output returns _FINISHED for _UNFINISHED: the caller differs only in applying drafts (none: async, or a pipeline without drafts) and a running filter it is not in"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_update_general__mutmut_91": (
+        "equivalent", "isdisjoint(tokens) of a one-token tuple is tokens[0] not in the set"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_result_ok__mutmut_34": (
+        "equivalent", "present = 1 only turns a True into False ('not sure'), whose slow path (check_sampled) decides the same"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_result_ok__mutmut_47": (
+        "equivalent", "token < 1 sends a 0 token to the slow path, which accepts it as before"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_result_ok__mutmut_59": (
+        "equivalent", "for a partial chunk's empty tuple it answers False ('not sure') for True: the slow path accepts it"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_result_ok__mutmut_66": (
+        "equivalent", "no draft counted: with_drafts != len(drafts) answers False ('not sure') whenever drafts come, and the slow path decides"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_result_ok__mutmut_68": (
+        "equivalent", "with drafts present it answers False ('not sure') always, and the slow path decides"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_result_ok__mutmut_69": (
+        "equivalent", "with_drafts = 1 can only turn True into False ('not sure'): it equals len(drafts) only when the count was right"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_result_ok__mutmut_70": (
+        "equivalent", "a negative count never equals len(drafts): False ('not sure'), and the slow path decides"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_update_sync__mutmut_40": (
+        "equivalent", "token < 1 sends a 0 token to the rollback and _append_slow, which append it as the fast pass would"),
+    "schedspec.impl.sessions.xǁSessionsMixinǁsession_update__mutmut_3": (
+        "equivalent", "the words of a TypeError's message: the protocol fixes an error's class and field, which check/rejects.py compares"),
+    "schedspec.impl.sessions.xǁSessionsMixinǁsession_update__mutmut_41": (
+        "equivalent", "the words of a RequestError's message: the protocol fixes its class, field and request id"),
+    "schedspec.impl.sessions.xǁSessionsMixinǁ_clone_sessions__mutmut_8": (
+        "reached, not observed", "a clone sharing _continuing shows only when both copies take an update; the fork probe dropped the original after its schedule()"),
+    "schedspec.impl.sessions.xǁSessionsMixinǁ_enqueue_continuing__mutmut_6": (
+        "reached, not observed", "a session preempted with a step in flight whose stale token stops it (computed 0 when it continues): sessions x async or a pipeline x preemption x a stop"),
+    "schedspec.impl.stats.xǁStatsMixinǁ_stats_drafts__mutmut_26": (
+        "not reached", "a result that leaves out the tokens of a drafted request finished meanwhile (legal); the fake model samples for every entry"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_append_slow__mutmut_20": (
+        "not reached", "_append_slow runs only for a valid result the fast pass doubts: an int or tuple subclass, or empty drafts with speculative decoding off; the fake model sends none"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_apply_stale__mutmut_27": (
+        "not reached", "a stale sampled token the request's grammar refuses: the fake model samples within the grammar (rule grammar.refused_sample, out of reach)"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_finish_grammar_errors__mutmut_2": (
+        "reached, not observed", "a failed load (policy fail) in the same update as a grammar failure found by the waiting loop: the error finishes one update later"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_set_drafts__mutmut_10": (
+        "reached, not observed", "cut -= 1 walks the drafts from the end; it differs only when the grammar refuses a draft that is not the first"),
+    "schedspec.impl.waiting.xǁWaitingPhaseǁ_admit__mutmut_91": (
+        "reached, not observed", "end <= num_tokens keeps a connector request whose admission finishes its prefill among the in-flight prefills: it binds only through the async-load reserve under block pressure"),
+    "schedspec.impl.waiting.xǁWaitingPhaseǁ_schedule_waiting__mutmut_85": (
+        "reached, not observed", "crashes only when a request from kv_holding_waiting is passed over by a gate in the waiting loop"),
+    "schedspec.impl.update.xǁUpdateMixinǁ_update_sync__mutmut_19": (
+        "equivalent", "req's first value is read only in the except clause, which nothing reaches before the loop assigns req"),
 }

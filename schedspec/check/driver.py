@@ -44,7 +44,7 @@ from schedspec.check import completion, fork, rejects, session_events
 from schedspec.check.completion import scheduler_has_no_work
 from schedspec.check.deadline import CLOCK, CallTimeout
 from schedspec.check.deferral import Deferral
-from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model
+from schedspec.check.oracle import ContextError, FakeModel, KVWorker, Model, without_aborted
 from schedspec.check.records import (
     Failure,
     StepRecord,
@@ -644,6 +644,8 @@ class Runner:
         self.pending.pop(0)
         if pending.kv_failed:
             results = {name: self._meaningful(name, r, pending) for name, r in results.items()}
+        if self.aborted:  # no tokens for a request aborted meanwhile, on odd steps (oracle.without_aborted)
+            results = {name: without_aborted(r, self.aborted, pending.step) for name, r in results.items()}
         if (f := self.rejects.before_update(self, pending.step, plans, results)):
             return f
         events_on = self.config.enable_kv_cache_events

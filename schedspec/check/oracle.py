@@ -38,12 +38,15 @@ Speculative decoding and async scheduling, as vLLM's worker does them:
   placeholders and the in-flight step rejected drafts, the entry's positions
   are optimistic: the model shifts them back by the rejected count, as the
   worker's deferred spec-decode correction does.
+- A request aborted while its step ran: on every other step the result
+  leaves its tokens out (``without_aborted``), as the protocol allows (the
+  scheduler drops whatever comes for it); on the others they come as sampled.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from schedspec.spec.interface import (
@@ -59,6 +62,15 @@ from schedspec.spec.interface import (
 )
 from schedspec.check.kv_kinds import CheckKind, check_kind
 from schedspec.check.workload import KV_REPORT_BOUND, KVEvent, KVLoadDone, KVLoadFailed, KVSaveDone
+
+
+def without_aborted(result: StepResult, aborted: set[str], step: int) -> StepResult:
+    """``result`` with no tokens for the requests ``aborted`` while the step
+    ran, on odd steps (vLLM's update_from_output skips a request no longer in
+    Scheduler.requests, whatever it got)."""
+    if not step % 2 or not aborted or aborted.isdisjoint(result.sampled):
+        return result
+    return replace(result, sampled={rid: t for rid, t in result.sampled.items() if rid not in aborted})
 
 
 @runtime_checkable

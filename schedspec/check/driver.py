@@ -653,7 +653,7 @@ class Runner:
         made: dict[str, object] = {}  # the statistics
         for name in self.names:
             before = self.views.get(name)
-            if fork.due_update(pending.step, self.fork_every) and name != self.names[0] and (
+            if fork.due_update(pending.step, self.fork_every, session_events.active(self)) and name != self.names[0] and (
                     f := fork.fork_update(self, name, plans[name], results[name])):
                 return f
             self.where = (name, "update")

@@ -47,9 +47,14 @@ def due(step: int, every: int, reported: bool = False) -> bool:
     return every > 0 and (reported or step % every == FORK_OFFSET % every)
 
 
-def due_update(step: int, every: int) -> bool:
+def due_update(step: int, every: int, sessions: bool = False) -> bool:
     """Whether the update of the ``step``-th plan forks the schedulers under
-    test: every ``every`` steps, half-way between two forks of ``due``."""
+    test: every ``every`` steps, half-way between two forks of ``due``; with
+    ``sessions`` (the run was given one) every ``every // 4`` steps, since a
+    session's stop moves it through what only update() touches (the sessions
+    continuing at their stop)."""
+    if sessions:
+        every = max(2, every // 4)
     return every > 1 and step % every == (FORK_OFFSET + every // 2) % every
 
 

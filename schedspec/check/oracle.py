@@ -38,6 +38,9 @@ Speculative decoding and async scheduling, as vLLM's worker does them:
   placeholders and the in-flight step rejected drafts, the entry's positions
   are optimistic: the model shifts them back by the rejected count, as the
   worker's deferred spec-decode correction does.
+- Without speculative decoding the result still says an empty proposal for
+  every sampling request on one step in SILENT_EVERY, as an engine whose
+  drafter is off may; the scheduler has nothing to verify.
 - A request aborted while its step ran: on every other step the result
   leaves its tokens out (``without_aborted``), as the protocol allows (the
   scheduler drops whatever comes for it); on the others they come as sampled.
@@ -62,6 +65,11 @@ from schedspec.spec.interface import (
 )
 from schedspec.check.kv_kinds import CheckKind, check_kind
 from schedspec.check.workload import KV_REPORT_BOUND, KVEvent, KVLoadDone, KVLoadFailed, KVSaveDone
+
+
+#: Without speculative decoding, every SILENT_EVERY-th step still says an
+#: empty proposal for each request that samples.
+SILENT_EVERY = 8
 
 
 def without_aborted(result: StepResult, aborted: set[str], step: int) -> StepResult:
@@ -403,8 +411,10 @@ class FakeModel:
                 proposal = tuple(recorded.draft_token_ids[rid])
             else:
                 proposal = self._propose(s, last + accepted, toks[-1])
-            if proposal or self.num_speculative_tokens:
-                # an empty proposal is said, as a drafter with no match says it
+            if proposal or self.num_speculative_tokens or plan.step % SILENT_EVERY == 1:
+                # an empty proposal is said, as a drafter with no match says
+                # it; without speculative decoding too, now and then (legal:
+                # StepResult.draft_token_ids, an empty tuple for any entry)
                 drafts[rid] = proposal
                 self.proposals[rid] = proposal
         # What fills a -1 lives as long as the worker keeps the request: the

@@ -99,6 +99,7 @@ def test_the_docs_give_the_fork_period() -> None:
     from pathlib import Path
     text = " ".join((Path(__file__).parents[2] / "docs" / "adapters.md").read_text().split())
     assert f"every {FORK_EVERY} steps it clones each scheduler under test" in text
+    assert f"every {FORK_EVERY // 4} steps in a run with sessions" in text
 
 
 def _connector_failure(cls: Any, seeds: range) -> tuple[int, Any, int]:
@@ -138,10 +139,13 @@ def _session_failure(cls: Any, seeds: range) -> Any:
 
 def test_a_clone_sharing_what_only_update_touches_is_caught_at_an_update_fork() -> None:
     assert due_update(FORK_OFFSET + FORK_EVERY // 2, FORK_EVERY) and not due_update(FORK_OFFSET, FORK_EVERY)
+    quarter = FORK_EVERY // 4
+    assert due_update(FORK_OFFSET + quarter // 2, FORK_EVERY, sessions=True)
+    assert due_update(FORK_OFFSET + quarter // 2 + quarter, FORK_EVERY, sessions=True)
     assert _session_failure(ImplScheduler, range(6)) is None
     failure = _session_failure(SharesContinuing, range(20))
     assert failure is not None and failure.scheduler == "impl" and "clone()" in failure.describe()
     # the forks at a plan alone do not see it: the original never takes an update
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fork, "due_update", lambda step, every: False)
+        mp.setattr(fork, "due_update", lambda step, every, sessions=False: False)
         assert _session_failure(SharesContinuing, range(20)) is None

@@ -139,6 +139,9 @@ class FakeModel:
     (``ACCEPTANCE_MODES[seed % 3]``), so a workload's oracle seed also draws
     how its drafts fare."""
 
+    #: a step in this many says an empty proposal without speculative decoding (0: never)
+    silent_every = SILENT_EVERY
+
     def __init__(
         self,
         block_size: int,
@@ -411,12 +414,13 @@ class FakeModel:
                 proposal = tuple(recorded.draft_token_ids[rid])
             else:
                 proposal = self._propose(s, last + accepted, toks[-1])
-            if proposal or self.num_speculative_tokens or plan.step % SILENT_EVERY == 1:
+            if proposal or self.num_speculative_tokens or (self.silent_every and plan.step % self.silent_every == 1):
                 # an empty proposal is said, as a drafter with no match says
                 # it; without speculative decoding too, now and then (legal:
                 # StepResult.draft_token_ids, an empty tuple for any entry)
                 drafts[rid] = proposal
-                self.proposals[rid] = proposal
+                if self.num_speculative_tokens:
+                    self.proposals[rid] = proposal
         # What fills a -1 lives as long as the worker keeps the request: the
         # requests of this plan (a request's in-flight output is its output
         # in the plan just before), or of the last ``rows`` plans.
@@ -502,6 +506,12 @@ class FakeModel:
                 return tuple(perfect[:right])
         if right < k:
             perfect[right] = (perfect[right] + 1) % self.vocab
+        if right < k and self.grammars.get(s.request_id):
+            # under a grammar, each draft after the first wrong one too: a
+            # drafter gone astray proposes from a context the model never
+            # reaches, so several drafts may be ones the grammar refuses
+            for i in range(right + 1, k):
+                perfect[i] = (perfect[i] + 1 + i - right) % self.vocab
         return tuple(perfect)
 
 

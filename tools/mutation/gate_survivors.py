@@ -184,9 +184,9 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.sessions.xǁSessionsMixinǁ_enqueue_continuing__mutmut_6": (
         "reached, not observed", "a session preempted with a step in flight whose stale token stops it (computed 0 when it continues): sessions x async or a pipeline x preemption x a stop"),
     "schedspec.impl.stats.xǁStatsMixinǁ_stats_drafts__mutmut_26": (
-        "not reached", "a result that leaves out the tokens of a drafted request finished meanwhile (legal); the fake model samples for every entry"),
+        "reached, not observed", "a result that leaves out the tokens of a drafted request aborted meanwhile (oracle.without_aborted, odd steps since c09a4dd), then another drafted entry in the same plan, with speculative decoding and statistics on"),
     "schedspec.impl.update.xǁUpdateMixinǁ_append_slow__mutmut_20": (
-        "not reached", "_append_slow runs only for a valid result the fast pass doubts: an int or tuple subclass, or empty drafts with speculative decoding off; the fake model sends none"),
+        "not reached", "_append_slow runs only for a valid result the fast pass doubts: an int or tuple subclass, or empty drafts with speculative decoding off; killed since e1c068b, whose fake model says empty proposals now and then (oracle.SILENT_EVERY)"),
     "schedspec.impl.update.xǁUpdateMixinǁ_apply_stale__mutmut_27": (
         "not reached", "a stale sampled token the request's grammar refuses: the fake model samples within the grammar (rule grammar.refused_sample, out of reach)"),
     "schedspec.impl.update.xǁUpdateMixinǁ_finish_grammar_errors__mutmut_2": (

@@ -651,10 +651,10 @@ class Runner:
         events_on = self.config.enable_kv_cache_events
         batches: dict[str, object] = {}
         made: dict[str, object] = {}  # the statistics
+        forking = fork.due_update(pending.step, self.fork_every, session_events.active(self))
         for name in self.names:
             before = self.views.get(name)
-            if fork.due_update(pending.step, self.fork_every, session_events.active(self)) and name != self.names[0] and (
-                    f := fork.fork_update(self, name, plans[name], results[name])):
+            if forking and name != self.names[0] and (f := fork.fork_update(self, name, plans[name], results[name])):
                 return f
             self.where = (name, "update")
             self.scheds[name].update(plans[name], results[name])

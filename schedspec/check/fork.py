@@ -65,18 +65,12 @@ def fork_update(runner: Runner, name: str, plan: StepPlan, result: StepResult) -
     then holds the original's update too, which the clone's view, events
     or next plans show."""
     sched = runner.scheds[name]
-    clone = getattr(sched, "clone", None)
-    if not callable(clone):
-        return None
-    runner.where = (name, "clone")
-    twin = clone()
-    if not isinstance(twin, type(sched)):
-        return runner.fail("error", name, wrong_type(type(sched), "clone", twin, type(sched)))
+    twin = _clone(runner, name)
+    if twin is None or isinstance(twin, Failure):
+        return twin
     runner.where = (name, "update")
     sched.update(plan, result)
-    runner.scheds[name] = twin
-    runner.stats.forks += 1
-    runner.last_fork = runner.flight.scheduled
+    _replace(runner, name, twin)
     return None
 
 
@@ -90,6 +84,22 @@ def fork(runner: Runner, name: str, forked: dict[str, StepPlan]) -> Failure | No
     """Fork scheduler ``name`` of ``runner`` (nothing without a clone()):
     the original's plan goes into ``forked``, the clone takes its place."""
     sched = runner.scheds[name]
+    twin = _clone(runner, name)
+    if twin is None or isinstance(twin, Failure):
+        return twin
+    runner.where = (name, "schedule")
+    plan = sched.schedule()
+    if not isinstance(plan, StepPlan):
+        return runner.fail("error", name, wrong_type(type(sched), "schedule", plan, StepPlan))
+    forked[name] = plan
+    _replace(runner, name, twin)
+    return None
+
+
+def _clone(runner: Runner, name: str) -> Scheduler | Failure | None:
+    """The clone() of scheduler ``name`` (None: it has none; a Failure: it
+    returned something of another type)."""
+    sched = runner.scheds[name]
     clone = getattr(sched, "clone", None)
     if not callable(clone):
         return None
@@ -97,15 +107,14 @@ def fork(runner: Runner, name: str, forked: dict[str, StepPlan]) -> Failure | No
     twin = clone()
     if not isinstance(twin, type(sched)):
         return runner.fail("error", name, wrong_type(type(sched), "clone", twin, type(sched)))
-    runner.where = (name, "schedule")
-    plan = sched.schedule()
-    if not isinstance(plan, StepPlan):
-        return runner.fail("error", name, wrong_type(type(sched), "schedule", plan, StepPlan))
-    forked[name] = plan
+    return twin
+
+
+def _replace(runner: Runner, name: str, twin: Scheduler) -> None:
+    """The clone goes on in the original's place (counted, and named in any later failure)."""
     runner.scheds[name] = twin
     runner.stats.forks += 1
     runner.last_fork = runner.flight.scheduled
-    return None
 
 
 def compare(runner: Runner, forked: dict[str, StepPlan], plans: dict[str, StepPlan]) -> Failure | None:

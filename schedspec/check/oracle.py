@@ -76,7 +76,7 @@ def without_aborted(result: StepResult, aborted: set[str], step: int) -> StepRes
     """``result`` with no tokens for the requests ``aborted`` while the step
     ran, on odd steps (vLLM's update_from_output skips a request no longer in
     Scheduler.requests, whatever it got)."""
-    if not step % 2 or not aborted or aborted.isdisjoint(result.sampled):
+    if not step % 2 or aborted.isdisjoint(result.sampled):
         return result
     return replace(result, sampled={rid: t for rid, t in result.sampled.items() if rid not in aborted})
 

@@ -6,21 +6,21 @@ input through, names the wrong field, or half-applies it is never seen.
 
 Every REJECT_EVERY steps (at steps REJECT_OFFSET, REJECT_OFFSET +
 REJECT_EVERY, ...), before the real update(), each scheduler is handed the
-step's result spoilt in each way of BAD_RESULTS that applies to it; and
+step's result spoilt in each way of ``bad_results`` that applies to it; and
 every REJECT_EVERY-th added request is followed by the bad calls of
-BAD_ADDS (its id again; an encoder input of a known identifier with another
-length; a session update for a request that is not a session). The reference
-must refuse each; every other scheduler must refuse it with the same error
-(its class, ``field``, ``step``, ``request_id``); each must leave its view as
-it was. Only a scheduler whose class sets ``PROTOCOL_ERRORS = True`` (it
-raises the errors of spec/protocol.py: the spec, impl, the vLLM adapter, a
-user's class that opts in) is probed.
+``bad_adds`` (its id again; an encoder input of a known identifier with
+another length; a session update for a request that is not resumable). The
+reference must refuse each; every other scheduler must refuse it with the
+same error (its class, ``field``, ``step``, ``request_id``); each must leave
+its view as it was. Only a scheduler whose class sets ``PROTOCOL_ERRORS =
+True`` (it raises the errors of spec/protocol.py: the spec, impl, a user's
+class that opts in) is probed, and only with the methods it has.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Protocol
+from typing import Protocol
 
 from schedspec.check.deadline import CallTimeout
 from schedspec.check.records import Failure
@@ -66,8 +66,8 @@ def probed(sched: Scheduler) -> bool:
     return getattr(type(sched), "PROTOCOL_ERRORS", False) is True
 
 
-#: A spoilt call: what it is (for the message) and the call itself.
-Bad = tuple[str, Callable[[Scheduler], object]]
+#: A spoilt call: what it is (for the message), the method and its arguments.
+Bad = tuple[str, str, tuple[object, ...]]
 
 
 def _sampled(result: StepResult, rid: str, tokens: object) -> StepResult:
@@ -104,18 +104,14 @@ def bad_results(plan: StepPlan, result: StepResult, live: frozenset[str], num_sp
             spoilt.append((f"a token for {s.request_id!r}, a partial prefill chunk",
                            _sampled(result, s.request_id, (0,))))
             break
-    return [(f"update(plan of step {plan.step}, a result with {what})", _updating(plan, r)) for what, r in spoilt]
-
-
-def _updating(plan: StepPlan, result: StepResult) -> Callable[[Scheduler], object]:
-    return lambda sched: sched.update(plan, result)
+    return [(f"update(plan of step {plan.step}, a result with {what})", "update", (plan, r)) for what, r in spoilt]
 
 
 def bad_adds(request: RequestSpec, known: dict[str, int]) -> list[Bad]:
     """The bad calls after ``request`` was added (``known``: the encoder
     inputs' identifiers seen so far, with their lengths)."""
     rid = request.request_id
-    bad: list[Bad] = [(f"add({rid!r}) again", lambda sched: sched.add(request))]
+    bad: list[Bad] = [(f"add({rid!r}) again", "add", (request,))]
     for mm in request.mm_inputs:
         if known.get(mm.identifier) == mm.length:
             length = mm.length - 1 if mm.length > 1 else 2
@@ -126,18 +122,17 @@ def bad_adds(request: RequestSpec, known: dict[str, int]) -> list[Bad]:
             except SchedSpecError:
                 continue  # shortened, the inputs break another rule of a request
             bad.append((f"add({NOBODY!r}) with {mm.identifier!r} of length {length}, seen with {mm.length}",
-                        lambda sched: sched.add(other)))
+                        "add", (other,)))
             break
     if not request.resumable:
-        update = SessionUpdate(rid, (0,), 1)
-        bad.append((f"session_update({rid!r}), which is not resumable",
-                    lambda sched: getattr(sched, "session_update")(update)))
+        bad.append((f"session_update({rid!r}), which is not resumable", "session_update",
+                    (SessionUpdate(rid, (0,), 1),)))
     return bad
 
 
-def _outcome(sched: Scheduler, call: Callable[[Scheduler], object]) -> BaseException | None:
+def _outcome(sched: Scheduler, method: str, args: tuple[object, ...]) -> BaseException | None:
     try:
-        call(sched)
+        getattr(sched, method)(*args)
     except CallTimeout:
         raise
     except Exception as exc:
@@ -166,12 +161,11 @@ def probe(runner: Runner, bad: list[Bad]) -> Failure | None:
         sched = runner.scheds[name]
         if not probed(sched):
             continue
-        calls = [(what, call) for what, call in bad
-                 if "session_update" not in what or callable(getattr(sched, "session_update", None))]
-        for j, (what, call) in enumerate(calls):
-            runner.where = (name, what.split("(", 1)[0])
-            earlier = (f" (after it refused: {'; '.join(w for w, _ in calls[:j])})" if j else "")
-            exc = _outcome(sched, call)
+        calls = [b for b in bad if callable(getattr(sched, b[1], None))]  # session_update is optional
+        for j, (what, method, args) in enumerate(calls):
+            runner.where = (name, method)
+            earlier = (f" (after it refused: {'; '.join(c[0] for c in calls[:j])})" if j else "")
+            exc = _outcome(sched, method, args)
             ref = refs.get(what)
             if i == 0 or ref is None:
                 if exc is None:
@@ -186,7 +180,7 @@ def probe(runner: Runner, bad: list[Bad]) -> Failure | None:
             runner.where = (name, "view")
             if (after := sched.view()) != runner.views[name]:
                 return runner.fail("divergence", name, f"{name}'s view changed across calls it refused: "
-                                   + "; ".join(what for what, _ in calls)
+                                   + "; ".join(c[0] for c in calls)
                                    + " (a refused call changes nothing: check/rejects.py)")
     return None
 
@@ -210,8 +204,8 @@ class Rejects:
                       results: dict[str, StepResult]) -> Failure | None:
         if not due(step, self.every):
             return None
-        ref = runner.views.get(runner.names[0])
-        live = frozenset(ref.requests) if ref is not None else frozenset()
         first = runner.names[0]
+        view = runner.views.get(first)
+        live = frozenset(view.requests) if view is not None else frozenset()
         bad = bad_results(plans[first], results[first], live, runner.config.num_speculative_tokens)
         return probe(runner, bad)

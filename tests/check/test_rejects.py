@@ -74,7 +74,7 @@ def test_spec_and_impl_refuse_every_bad_call_alike() -> None:
     probe = rejects.probe
 
     def spy(runner: Any, bad: list[rejects.Bad]) -> Failure | None:
-        seen.extend(what for what, _ in bad)
+        seen.extend(b[0] for b in bad)
         return probe(runner, bad)
 
     refusals = 0

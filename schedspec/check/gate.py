@@ -50,6 +50,7 @@ from schedspec.check.features import (
 from schedspec.check.kv_events_file import EventsWriter
 from schedspec.check.event_counts import EventsTally
 from schedspec.check.outputs import outputs_on, with_outputs
+from schedspec.check.narrow import has_narrow, is_narrow, narrow_workload
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
@@ -478,6 +479,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     dense = dense_first(total_steps, settings.workload_steps)  # short core workloads first (dense_phase.py)
     first = core_first_after(first, dense)
     seed, swarm = settings.seed, 0  # swarm: the swarm workloads so far (coverage_guided.sweep_lead)
+    turns, narrowed = 0, has_narrow(settings)  # the narrow workloads so far (narrow.py)
     events_out = EventsWriter(settings.events_file) if settings.events_file is not None else None
     tally = EventsTally()
     try:
@@ -490,13 +492,15 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
             index += 1
             n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
             core = in_phase(index - 1, dense) or is_core(after_phase(index - 1, dense), first)
+            narrow = not core and narrowed and is_narrow(after_phase(index - 1, dense), first, CORE_EVERY)
             n = min(n, DENSE_STEPS) if in_phase(index - 1, dense) else n
             # this workload's settings: the dense phase's vocabulary (dense_phase.py)
             ws = phase_settings(settings, in_phase(index - 1, dense))
-            workload = caps.restrict_workload(
-                make_workload(ws, seed, n, core_rules if core else stats.rules, core, swarm))
-            swarm += not core
-            sweep = settings.generator == "guided" and not core and swarm <= len(SWEEP)  # outputs on
+            workload = caps.restrict_workload(narrow_workload(ws, seed, n, turns) if narrow else
+                                              make_workload(ws, seed, n, core_rules if core else stats.rules,
+                                                            core, swarm))
+            turns, swarm = turns + narrow, swarm + (not core and not narrow)
+            sweep = settings.generator == "guided" and not core and not narrow and swarm <= len(SWEEP)  # outputs on
             on = outputs_on(settings.kv_events, settings.stats, caps, seed, sweep)
             workload, used = with_outputs(workload, factories, *on)
             sink = events_out.sink(seed) if events_out is not None else None

@@ -76,13 +76,20 @@ def mamba_rng(seed: int | str) -> random.Random:
 #: each group its own table and state blocks.
 SECOND_STATE_RATE = 0.3
 
+#: How often a drawn Mamba layout puts its Mamba groups first: a model whose
+#: first layers are Mamba layers (Jamba, Nemotron-H), as vLLM numbers the
+#: groups in the order each spec's first layer comes
+#: (vllm/v1/core/kv_cache_planning.py, _get_kv_cache_groups_uniform_page_size).
+STATE_FIRST_RATE = 0.3
+
 
 def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None = None) -> SchedulerConfig:
     """``config`` with, at probability ``rate`` (MAMBA_RATE when None), a
     Mamba group in the place of its last sliding-window or chunked-local
     group (full + mamba, full + sliding window + mamba, a lone mamba
     group becomes full + mamba), and at SECOND_STATE_RATE a second Mamba
-    group after the last. The config unchanged when the draw misses
+    group after the last; at STATE_FIRST_RATE the Mamba groups first. The
+    config unchanged when the draw misses
     or the config cannot take a Mamba group (spec/validate.py: prefix
     caching and chunked prefill on, no drafts, no KV connector)."""
     from schedspec.spec.interface import KVCacheGroup
@@ -98,6 +105,8 @@ def with_mamba(config: SchedulerConfig, rng: random.Random, rate: float | None =
         new += (kv_kinds.MAMBA.draw(config.block_size, rng),)
     if not any(kind_of(g).downward_closed for g in new):
         new = (KVCacheGroup(),) + new
+    if rng.random() < STATE_FIRST_RATE:
+        new = tuple(g for g in new if kind_of(g).keeps_state) + tuple(g for g in new if not kind_of(g).keeps_state)
     try:
         return dataclasses.replace(config, kv_cache_groups=new,
                                    num_blocks=max(config.num_blocks, 1 + (config.num_blocks - 1) // len(groups) * len(new)))

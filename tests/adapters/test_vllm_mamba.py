@@ -55,4 +55,5 @@ def test_spec_impl_and_vllm_agree_on_mamba_layouts(vllm_loaded: Any, mode: str, 
         assert runner.run(w.events) is None, (seed, kinds)
         steps += runner.stats.steps
     assert {("full_attention", "mamba"), ("full_attention", "sliding_window", "mamba")} <= layouts
+    assert any(k[0] == "mamba" for k in layouts)  # a model whose first layers are Mamba layers
     assert steps > 200

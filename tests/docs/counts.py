@@ -214,6 +214,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(r"(?<![\w-])pipeline \| " + NUM + r" spaces?", spaces("pipeline"), "spaces of the pipeline bound"),
     Claim(r"puts a Mamba group in " + NUM + r"%", percent("DEFAULT_MAMBA_RATE"), "% (kv_requests.DEFAULT_MAMBA_RATE)"),
     Claim(r"two Mamba groups in " + NUM + r"%", percent("SECOND_STATE_RATE"), "% (kv_requests.SECOND_STATE_RATE)"),
+    Claim(r"the Mamba groups first in " + NUM + r"%", percent("STATE_FIRST_RATE"), "% (kv_requests.STATE_FIRST_RATE)"),
 )
 
 

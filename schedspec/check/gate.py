@@ -50,7 +50,7 @@ from schedspec.check.features import (
 from schedspec.check.kv_events_file import EventsWriter
 from schedspec.check.event_counts import EventsTally
 from schedspec.check.outputs import outputs_on, with_outputs
-from schedspec.check.narrow import has_narrow, is_narrow, narrow_workload
+from schedspec.check.narrow import has_narrow, is_narrow, narrow_seed, narrow_workload
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
@@ -479,7 +479,7 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     dense = dense_first(total_steps, settings.workload_steps)  # short core workloads first (dense_phase.py)
     first = core_first_after(first, dense)
     seed, swarm = settings.seed, 0  # swarm: the swarm workloads so far (coverage_guided.sweep_lead)
-    turns, narrowed = 0, has_narrow(settings)  # the narrow workloads so far (narrow.py)
+    turns, narrowed, narrow_rules = 0, has_narrow(settings), Counter[str]()  # the narrow workloads so far (narrow.py)
     events_out = EventsWriter(settings.events_file) if settings.events_file is not None else None
     tally = EventsTally()
     try:
@@ -488,17 +488,21 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                 break
             if time_budget is not None and time.monotonic() - start >= time_budget:
                 break
-            seed = settings.seed + index * shard_n + (shard_k - 1)
+            # a narrow workload (narrow.py) is inserted, with a seed of its own, between those of a run
+            # without them: ``base`` counts the others, whose seeds and kinds stay that run's
+            base = index - turns
+            narrow = narrowed and is_narrow(base, dense + first, turns)
             index += 1
             n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
-            core = in_phase(index - 1, dense) or is_core(after_phase(index - 1, dense), first)
-            narrow = not core and narrowed and is_narrow(after_phase(index - 1, dense), first, CORE_EVERY)
-            n = min(n, DENSE_STEPS) if in_phase(index - 1, dense) else n
+            core = not narrow and (in_phase(base, dense) or is_core(after_phase(base, dense), first))
+            seed = narrow_seed(settings.seed, turns, shard_k, shard_n) if narrow else (
+                settings.seed + base * shard_n + (shard_k - 1))
+            n = min(n, DENSE_STEPS) if not narrow and in_phase(base, dense) else n
             # this workload's settings: the dense phase's vocabulary (dense_phase.py)
-            ws = phase_settings(settings, in_phase(index - 1, dense))
+            ws = phase_settings(settings, not narrow and in_phase(base, dense))
             workload = caps.restrict_workload(narrow_workload(ws, seed, n, turns) if narrow else
-                                              make_workload(ws, seed, n, core_rules if core else stats.rules,
-                                                            core, swarm))
+                                              make_workload(ws, seed, n, core_rules if core else
+                                                            stats.rules - narrow_rules, core, swarm))
             turns, swarm = turns + narrow, swarm + (not core and not narrow)
             sweep = settings.generator == "guided" and not core and not narrow and swarm <= len(SWEEP)  # outputs on
             on = outputs_on(settings.kv_events, settings.stats, caps, seed, sweep)
@@ -518,8 +522,8 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                     tally.add(runner.stats, workload)
             stats.merge(runner.stats)
             stats.count_engine(engine_of(workload.config, workload.events))
-            if core:
-                core_rules.update(runner.stats.rules)
+            if core or narrow:  # the focus follows the core's and the guided workloads' own counts
+                (core_rules if core else narrow_rules).update(runner.stats.rules)
             steps += runner.stats.steps
             workloads += 1
             show(CheckProgress(steps, total_steps, workloads, stats, elapsed=time.monotonic() - start))
@@ -731,7 +735,7 @@ GENERATORS = ("guided", "random")
 #: (queues, budgets, the pool, preemption, the prefix cache) is met there as
 #: densely as in a run with nothing else to draw, while the modes, gates and
 #: layouts spread the other workloads thin; those draw from everything the
-#: scheduler declares.
+#: scheduler declares. Narrow workloads (check/narrow.py) come between them.
 CORE_FIRST = 16
 CORE_EVERY = 3
 

@@ -6,7 +6,7 @@ reached least. A path that needs one feature under pressure (an asynchronous
 load waiting for blocks, a session preempted with a step in flight, a hybrid
 layout's preemption with no hit) then waits behind every other draw. After
 the first phase (check/gate.py, ``core_first``), one workload in
-``CORE_EVERY`` that is not a core one is narrow instead of guided: a plain
+NARROW_EVERY is narrow, inserted between the core and guided ones: a plain
 random workload (random_workloads.random_workload: arrivals in bursts,
 aborts, resets, tight pools) with the family of its turn, in rotation:
 
@@ -21,7 +21,9 @@ Only the families the scheduler under test supports are in the rotation
 (CheckSettings.drawn_kv, drawn_engine). The mode is drawn per workload among
 ``CheckSettings.drawn_modes``, as the random generator draws it. A run with
 ``--generator random``, ``--sessions``, ``--pipeline`` or ``--runner`` is
-random throughout and has no narrow turn.
+random throughout and has no narrow turn. A narrow workload has a seed of
+its own (narrow_seed) and its rule counts stay out of the guided focus, so
+the core and guided workloads of a run are those of a run without them.
 """
 
 from __future__ import annotations
@@ -38,9 +40,19 @@ if TYPE_CHECKING:
 #: the engine families a narrow workload turns on alone (random_workload's flags)
 ENGINE_FAMILIES: tuple[str, ...] = ("sessions", "pipeline", "runner")
 
-#: the offset, within CORE_EVERY, of the narrow workloads after the first
-#: phase (a core one is at offset 0)
-NARROW_OFFSET = 1
+#: after the first phase, one workload in NARROW_EVERY is narrow
+NARROW_EVERY = 3
+
+#: where the seeds of a run's narrow workloads start (narrow_seed): apart from
+#: the others', which stay those of a run without narrow workloads
+NARROW_SEEDS = 1_000_000
+
+
+def narrow_seed(first: int, turn: int, shard_k: int, shard_n: int) -> int:
+    """The seed of a run's ``turn``-th narrow workload (0, 1, ...): the
+    run's first seed plus NARROW_SEEDS, then taken as shard K of N takes
+    its other seeds."""
+    return first + NARROW_SEEDS + turn * shard_n + (shard_k - 1)
 
 
 def families(settings: "CheckSettings") -> tuple[str, ...]:
@@ -57,11 +69,12 @@ def has_narrow(settings: "CheckSettings") -> bool:
     return settings.generator == "guided" and not (settings.sessions or settings.pipeline or settings.runner)
 
 
-def is_narrow(index: int, first: int, every: int) -> bool:
-    """Whether the workload number ``index`` after the dense phase is a
-    narrow one: past the first ``first`` (the core phase), at NARROW_OFFSET
-    of each ``every`` (check/gate.py's CORE_EVERY, whose offset 0 is core)."""
-    return index >= first and index % every == NARROW_OFFSET
+def is_narrow(base: int, first_phase: int, turns: int) -> bool:
+    """Whether the next workload of a run is a narrow one, after ``base``
+    others and ``turns`` narrow ones: once the others are past the first
+    ``first_phase`` (the dense and the first core phase), one narrow
+    workload, then one after every NARROW_EVERY - 1 others."""
+    return base >= first_phase + turns * (NARROW_EVERY - 1)
 
 
 def narrow_workload(settings: "CheckSettings", seed: int, num_steps: int, turn: int) -> Workload:

@@ -31,17 +31,12 @@ def test_the_phase_is_the_first_workloads_then_one_in_every_few() -> None:
 def test_core_workloads_draw_nothing_but_the_core_and_the_others_everything(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     made: list[tuple[bool, Workload]] = []
-    real, real_narrow = gate.make_workload, gate.narrow_workload
+    real = gate.make_workload
 
     def make(settings: gate.CheckSettings, seed: int, n: int, counts: Any, core: bool = False, swarm: int = -1) -> Workload:
         made.append((core, real(settings, seed, n, counts, core, swarm)))
         return made[-1][1]
-
-    def narrow(settings: gate.CheckSettings, seed: int, n: int, turn: int) -> Workload:
-        made.append((False, real_narrow(settings, seed, n, turn)))
-        return made[-1][1]
     monkeypatch.setattr(gate, "make_workload", make)
-    monkeypatch.setattr(gate, "narrow_workload", narrow)
     settings = gate.CheckSettings(against="impl", total_steps=(gate.CORE_FIRST + 6) * 20, workload_steps=20,
                                   capabilities=impl_capabilities(), modes=MODES, out_dir=tmp_path)
     outcome = gate.run_check({"spec": SpecScheduler, "impl": ImplScheduler}, settings)

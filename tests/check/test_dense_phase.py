@@ -39,13 +39,7 @@ def test_a_run_starts_with_short_core_workloads_on_the_small_vocabulary(
     def make(settings: gate.CheckSettings, seed: int, n: int, counts: Any, core: bool = False, swarm: int = -1) -> Workload:
         made.append((core, n, settings.vocab, real(settings, seed, n, counts, core, swarm)))
         return made[-1][3]
-    real_narrow = gate.narrow_workload
-
-    def narrow(settings: gate.CheckSettings, seed: int, n: int, turn: int) -> Workload:
-        made.append((False, n, settings.vocab, real_narrow(settings, seed, n, turn)))
-        return made[-1][3]
     monkeypatch.setattr(gate, "make_workload", make)
-    monkeypatch.setattr(gate, "narrow_workload", narrow)
     monkeypatch.setattr(dense_phase, "DENSE_FIRST", 4)
     settings = gate.CheckSettings(against="impl", total_steps=4 * (4 * 40), workload_steps=60,
                                   capabilities=impl_capabilities(), modes=MODES, out_dir=tmp_path)

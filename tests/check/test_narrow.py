@@ -1,6 +1,6 @@
 """The check's narrow workloads (schedspec/check/narrow.py): after the first
-phase, one workload in CORE_EVERY is a random workload of one family, the
-families in rotation, so a path that needs one feature under pressure is met
+phase, one workload in NARROW_EVERY is a random workload of one family, the
+families in rotation, inserted between the core and guided ones, so a path that needs one feature under pressure is met
 without waiting behind every other draw of a guided workload."""
 
 from __future__ import annotations
@@ -36,13 +36,18 @@ def test_a_random_run_has_no_narrow_turn(tmp_path: Path) -> None:
         assert not narrow.has_narrow(_settings(tmp_path, **kw))
 
 
-def test_the_turns_are_after_the_first_phase_between_the_core_ones() -> None:
-    every = gate.CORE_EVERY
-    assert [narrow.is_narrow(i, 4, every) for i in range(4)] == [False] * 4
-    after = [i for i in range(6, 6 + 4 * every) if narrow.is_narrow(i, 4, every)]
-    assert len(after) == 4 and all(i % every == narrow.NARROW_OFFSET for i in after)
-    assert every >= 3  # a core, a narrow and at least one guided workload in each
-    assert not any(narrow.is_narrow(i, 0, every) and gate.is_core(i, 0) for i in range(30))
+def test_the_turns_come_after_the_first_phase_one_in_narrow_every() -> None:
+    every = narrow.NARROW_EVERY
+    kinds, base, turns = [], 0, 0
+    for _ in range(5 + 4 * every):
+        if narrow.is_narrow(base, 5, turns):
+            kinds.append("narrow")
+            turns += 1
+        else:
+            kinds.append("other")
+            base += 1
+    assert kinds[:5] == ["other"] * 5 and kinds[5] == "narrow"
+    assert kinds[5:] == (["narrow"] + ["other"] * (every - 1)) * 4
 
 
 @pytest.mark.parametrize("turn,family", list(enumerate(("plain", "kv:connector", "kv:hybrid", "sessions",
@@ -85,5 +90,47 @@ def test_a_guided_run_interleaves_them_and_they_run_clean(monkeypatch: pytest.Mo
     first = gate.core_first(settings.total_steps, settings.workload_steps)
     turns = [k for k in kinds if k.startswith("narrow")]
     assert turns == [f"narrow {t}" for t in range(len(turns))] and len(turns) >= 4, (first, kinds)
-    for i, k in enumerate(kinds):
-        assert k.startswith("narrow") == narrow.is_narrow(i, first, gate.CORE_EVERY)
+    base = done = 0
+    for k in kinds:
+        assert k.startswith("narrow") == narrow.is_narrow(base, first, done), (base, done, kinds)
+        done += k.startswith("narrow")
+        base += not k.startswith("narrow")
+    others = [k for k in kinds if not k.startswith("narrow")]
+    assert others == ["core" if gate.is_core(i, first) else "guided" for i in range(len(others))]
+
+
+def test_the_core_and_guided_workloads_are_those_of_a_run_without_narrow_ones(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # narrow workloads take seeds of their own and stay out of the guided
+    # focus's counts, so inserting them changes no other workload of the run
+    real_make = gate.make_workload
+
+    def run(with_narrow: bool) -> tuple[list[tuple[int, Workload]], list[int]]:
+        made: list[tuple[int, Workload]] = []
+
+        def make(settings: gate.CheckSettings, seed: int, n: int, counts: Any, core: bool = False,
+                 swarm: int = -1) -> Workload:
+            made.append((seed, real_make(settings, seed, n, counts, core, swarm)))
+            return made[-1][1]
+        monkeypatch.setattr(gate, "make_workload", make)
+        monkeypatch.setattr(gate, "has_narrow", lambda _s: with_narrow)
+        outcome = gate.run_check({"spec": SpecScheduler, "impl": ImplScheduler},
+                                 _settings(tmp_path, total_steps=40 * 20, workload_steps=20))
+        assert outcome.failure is None
+        return made, outcome.seeds
+
+    plain, plain_seeds = run(False)
+    mixed, mixed_seeds = run(True)
+    k = min(len(mixed), len(plain)) - 1  # the last one is cut to the steps the goal has left
+    assert k > gate.CORE_FIRST // 2 and mixed[:k] == plain[:k]
+    narrow_seeds = [s for s in mixed_seeds if s >= narrow.NARROW_SEEDS]
+    assert narrow_seeds == [narrow.narrow_seed(0, t, 1, 1) for t in range(len(narrow_seeds))] and narrow_seeds
+    assert [s for s in mixed_seeds if s < narrow.NARROW_SEEDS][:k] == plain_seeds[:k]
+
+
+def test_the_docs_say_the_share_as_the_code_sets_it() -> None:
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "coverage.md").read_text().split())
+    words = {2: "two", 3: "three", 4: "four"}
+    assert f"after the first phase, one workload in {words[narrow.NARROW_EVERY]} is a plain random workload" in doc
+    families = "(gates only, the connector, hybrid groups, sessions, a pipeline, the model runner)"
+    assert families in doc and len(narrow.families(_settings(Path(".")))) == families.count(",") + 1

@@ -13,7 +13,7 @@ import pytest
 from schedspec.adapters.registry import impl_capabilities
 from schedspec.check import gate, narrow
 from schedspec.check.features import MODES
-from schedspec.check.workload import Workload
+from schedspec.check.workload import AddRequest, Workload
 from schedspec.impl import ImplScheduler
 from schedspec.spec.scheduler import SpecScheduler
 
@@ -60,7 +60,7 @@ def test_each_turn_draws_its_family_and_nothing_of_the_others(tmp_path: Path, tu
         assert w.name == "narrow" and w.features[0] == f"family:{family}"
         c = w.config
         connector, hybrid = c.kv_connector, bool(c.kv_cache_groups)
-        sessions = any(getattr(e, "request", None) is not None and e.request.resumable for e in w.events)
+        sessions = any(isinstance(e, AddRequest) and e.request.resumable for e in w.events)
         v2, k = c.model_runner == "v2", c.pipeline_parallel_size
         assert connector <= (family == "kv:connector") and hybrid <= (family == "kv:hybrid")
         assert sessions <= (family == "sessions")

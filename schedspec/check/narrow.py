@@ -29,13 +29,46 @@ the core and guided workloads of a run are those of a run without them.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from schedspec.check.capabilities import Capabilities
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 
-if TYPE_CHECKING:
-    from schedspec.check.gate import CheckSettings
+
+class NarrowSettings(Protocol):
+    """What a narrow workload reads of a check's settings (check/gate.py's CheckSettings)."""
+
+    @property
+    def generator(self) -> str: ...
+
+    @property
+    def vocab(self) -> int: ...
+
+    @property
+    def sessions(self) -> bool: ...
+
+    @property
+    def pipeline(self) -> bool: ...
+
+    @property
+    def runner(self) -> bool: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def drawn_modes(self) -> tuple[str, ...]: ...
+
+    @property
+    def drawn_gates(self) -> tuple[str, ...]: ...
+
+    @property
+    def drawn_kv(self) -> tuple[str, ...]: ...
+
+    @property
+    def drawn_engine(self) -> tuple[str, ...]: ...
+
 
 #: the engine families a narrow workload turns on alone (random_workload's flags)
 ENGINE_FAMILIES: tuple[str, ...] = ("sessions", "pipeline", "runner")
@@ -55,7 +88,7 @@ def narrow_seed(first: int, turn: int, shard_k: int, shard_n: int) -> int:
     return first + NARROW_SEEDS + turn * shard_n + (shard_k - 1)
 
 
-def families(settings: "CheckSettings") -> tuple[str, ...]:
+def families(settings: NarrowSettings) -> tuple[str, ...]:
     """The rotation of a run's narrow workloads: plain, each KV feature the
     run draws, then each engine family it draws."""
     engine = settings.drawn_engine
@@ -63,7 +96,7 @@ def families(settings: "CheckSettings") -> tuple[str, ...]:
             + tuple(e for e in ENGINE_FAMILIES if e in engine))
 
 
-def has_narrow(settings: "CheckSettings") -> bool:
+def has_narrow(settings: NarrowSettings) -> bool:
     """Whether the run interleaves narrow workloads (a guided run that is
     not random throughout)."""
     return settings.generator == "guided" and not (settings.sessions or settings.pipeline or settings.runner)
@@ -77,7 +110,7 @@ def is_narrow(base: int, first_phase: int, turns: int) -> bool:
     return base >= first_phase + turns * (NARROW_EVERY - 1)
 
 
-def narrow_workload(settings: "CheckSettings", seed: int, num_steps: int, turn: int) -> Workload:
+def narrow_workload(settings: NarrowSettings, seed: int, num_steps: int, turn: int) -> Workload:
     """The ``turn``-th narrow workload of a run (0, 1, ...): a random
     workload of ``seed`` with the family ``families(settings)[turn % n]``,
     named ``narrow``, its first feature ``family:FAMILY``."""

@@ -194,7 +194,7 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.update.xǁUpdateMixinǁ_set_drafts__mutmut_10": (
         "reached, not observed", "cut -= 1 walks the drafts from the end; it differs only when the grammar refuses two drafts, the first not first; killed since a90d732, whose drafter under a grammar goes astray after its first wrong draft"),
     "schedspec.impl.waiting.xǁWaitingPhaseǁ_admit__mutmut_91": (
-        "reached, not observed", "end <= num_tokens keeps a connector request whose admission finishes its prefill among the in-flight prefills: it binds only through the async-load reserve under block pressure"),
+        "reached, not observed", "end <= num_tokens keeps a connector request whose admission finishes its prefill among the in-flight prefills: it binds only through the async-load reserve under block pressure; killed since e1597d0 by a narrow connector workload (check/narrow.py)"),
     "schedspec.impl.waiting.xǁWaitingPhaseǁ_schedule_waiting__mutmut_85": (
         "reached, not observed", "crashes only when a request from kv_holding_waiting is passed over by a gate in the waiting loop"),
     "schedspec.impl.update.xǁUpdateMixinǁ_update_sync__mutmut_19": (

@@ -302,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
           + (f" (each workload a subset; {outcome.stats.kv_line()})" if kv else ""))
     engine = settings.drawn_engine
     print("engine: " + (", ".join(engine) if engine else "none")
-          + (f" (in a share of the guided workloads; {outcome.stats.engine_line()})" if engine else ""))
+          + (f" (in a share of the guided workloads and the narrow ones; {outcome.stats.engine_line()})" if engine else ""))
     if settings.events_file is not None:
         print(f"KV cache events: {outcome.stats.kv_cache_events} written to {settings.events_file}")
     print(outputs_line(settings.kv_events, settings.stats, settings.capabilities))

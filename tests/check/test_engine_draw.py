@@ -132,6 +132,6 @@ def test_the_default_check_reports_the_engine_line(tmp_path: Path, capsys: pytes
     rc = main(["check", "--against", "impl", "--steps", "120", "--quiet", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "engine: sessions, pipeline, runner, drafter (in a share of the guided workloads" in out
+    assert "engine: sessions, pipeline, runner, drafter (in a share of the guided workloads and the narrow ones" in out
     rc = main(["check", "--against", "impl", "--steps", "120", "--quiet", "--out", str(tmp_path), "--engine", "none"])
     assert "engine: none" in capsys.readouterr().out

@@ -50,7 +50,7 @@ from schedspec.check.features import (
 from schedspec.check.kv_events_file import EventsWriter
 from schedspec.check.event_counts import EventsTally
 from schedspec.check.outputs import outputs_on, with_outputs
-from schedspec.check.narrow import has_narrow, is_narrow, narrow_seed, narrow_workload
+from schedspec.check.narrow import families, is_narrow, narrow_seed, narrow_workload
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
 from schedspec.spec import coverage
@@ -138,6 +138,11 @@ class CheckSettings:
         if self.total_steps is None and self.time_budget is None:
             return DEFAULT_STEPS
         return self.total_steps
+
+    @property
+    def random_throughout(self) -> bool:
+        """Every workload random: ``--generator random``, ``--sessions``, ``--pipeline`` or ``--runner``."""
+        return self.generator == "random" or self.sessions or self.pipeline or self.runner
 
     @property
     def shard_text(self) -> str:
@@ -479,7 +484,8 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
     dense = dense_first(total_steps, settings.workload_steps)  # short core workloads first (dense_phase.py)
     first = core_first_after(first, dense)
     seed, swarm = settings.seed, 0  # swarm: the swarm workloads so far (coverage_guided.sweep_lead)
-    turns, narrowed, narrow_rules = 0, has_narrow(settings), Counter[str]()  # the narrow workloads so far (narrow.py)
+    turns, narrow_rules = 0, Counter[str]()  # the narrow workloads so far and their rule counts (narrow.py)
+    rotation = () if settings.random_throughout else families(settings.drawn_kv, settings.drawn_engine)
     events_out = EventsWriter(settings.events_file) if settings.events_file is not None else None
     tally = EventsTally()
     try:
@@ -488,21 +494,19 @@ def _run_check(factories: dict[str, SchedulerFactory], settings: CheckSettings,
                 break
             if time_budget is not None and time.monotonic() - start >= time_budget:
                 break
-            # a narrow workload (narrow.py) is inserted, with a seed of its own, between those of a run
-            # without them: ``base`` counts the others, whose seeds and kinds stay that run's
+            # narrow ones (narrow.py) go between those of a run without them: ``base`` counts these
             base = index - turns
-            narrow = narrowed and is_narrow(base, dense + first, turns)
+            narrow = bool(rotation) and is_narrow(base, dense + first, turns)  # never in the dense phase
             index += 1
             n = settings.workload_steps if total_steps is None else min(settings.workload_steps, total_steps - steps)
             core = not narrow and (in_phase(base, dense) or is_core(after_phase(base, dense), first))
             seed = narrow_seed(settings.seed, turns, shard_k, shard_n) if narrow else (
                 settings.seed + base * shard_n + (shard_k - 1))
-            n = min(n, DENSE_STEPS) if not narrow and in_phase(base, dense) else n
-            # this workload's settings: the dense phase's vocabulary (dense_phase.py)
-            ws = phase_settings(settings, not narrow and in_phase(base, dense))
-            workload = caps.restrict_workload(narrow_workload(ws, seed, n, turns) if narrow else
-                                              make_workload(ws, seed, n, core_rules if core else
-                                                            stats.rules - narrow_rules, core, swarm))
+            n = min(n, DENSE_STEPS) if in_phase(base, dense) else n
+            ws = phase_settings(settings, in_phase(base, dense))  # the dense phase's vocabulary (dense_phase.py)
+            workload = caps.restrict_workload(narrow_workload(
+                seed, n, rotation[turns % len(rotation)], ws.vocab, ws.drawn_modes, ws.drawn_gates, caps.always_gates())
+                if narrow else make_workload(ws, seed, n, core_rules if core else stats.rules - narrow_rules, core, swarm))
             turns, swarm = turns + narrow, swarm + (not core and not narrow)
             sweep = settings.generator == "guided" and not core and not narrow and swarm <= len(SWEEP)  # outputs on
             on = outputs_on(settings.kv_events, settings.stats, caps, seed, sweep)
@@ -767,7 +771,7 @@ def make_workload(settings: CheckSettings, seed: int, num_steps: int, counts: Ma
     modes = settings.drawn_modes
     if core and "sync" in modes:
         modes = ("sync",)
-    if settings.generator == "random" or settings.sessions or settings.pipeline or settings.runner:
+    if settings.random_throughout:
         workload = random_workload(seed, num_steps, vocab=settings.vocab, modes=modes if core else settings.modes,
                                    gates=gates, kv=kv, always_gates=always, sessions=settings.sessions,
                                    pipeline=settings.pipeline, runner=settings.runner)

@@ -19,55 +19,20 @@ aborts, resets, tight pools) with the family of its turn, in rotation:
 
 Only the families the scheduler under test supports are in the rotation
 (CheckSettings.drawn_kv, drawn_engine). The mode is drawn per workload among
-``CheckSettings.drawn_modes``, as the random generator draws it. A run with
-``--generator random``, ``--sessions``, ``--pipeline`` or ``--runner`` is
-random throughout and has no narrow turn. A narrow workload has a seed of
-its own (narrow_seed) and its rule counts stay out of the guided focus, so
-the core and guided workloads of a run are those of a run without them.
+``CheckSettings.drawn_modes``, as the random generator draws it. A run that
+is random throughout (CheckSettings.random_throughout) has no narrow turn.
+A narrow workload has a seed of its own (narrow_seed) and its rule counts
+stay out of the guided focus, so the core and guided workloads of a run are
+those of a run without them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Sequence
 
-from schedspec.check.capabilities import Capabilities
 from schedspec.check.random_workloads import random_workload
 from schedspec.check.workload import Workload
-
-
-class NarrowSettings(Protocol):
-    """What a narrow workload reads of a check's settings (check/gate.py's CheckSettings)."""
-
-    @property
-    def generator(self) -> str: ...
-
-    @property
-    def vocab(self) -> int: ...
-
-    @property
-    def sessions(self) -> bool: ...
-
-    @property
-    def pipeline(self) -> bool: ...
-
-    @property
-    def runner(self) -> bool: ...
-
-    @property
-    def capabilities(self) -> Capabilities: ...
-
-    @property
-    def drawn_modes(self) -> tuple[str, ...]: ...
-
-    @property
-    def drawn_gates(self) -> tuple[str, ...]: ...
-
-    @property
-    def drawn_kv(self) -> tuple[str, ...]: ...
-
-    @property
-    def drawn_engine(self) -> tuple[str, ...]: ...
 
 
 #: the engine families a narrow workload turns on alone (random_workload's flags)
@@ -88,18 +53,11 @@ def narrow_seed(first: int, turn: int, shard_k: int, shard_n: int) -> int:
     return first + NARROW_SEEDS + turn * shard_n + (shard_k - 1)
 
 
-def families(settings: NarrowSettings) -> tuple[str, ...]:
-    """The rotation of a run's narrow workloads: plain, each KV feature the
-    run draws, then each engine family it draws."""
-    engine = settings.drawn_engine
-    return (("plain",) + tuple(f"kv:{k}" for k in settings.drawn_kv)
-            + tuple(e for e in ENGINE_FAMILIES if e in engine))
-
-
-def has_narrow(settings: NarrowSettings) -> bool:
-    """Whether the run interleaves narrow workloads (a guided run that is
-    not random throughout)."""
-    return settings.generator == "guided" and not (settings.sessions or settings.pipeline or settings.runner)
+def families(kv: Sequence[str], engine: Sequence[str]) -> tuple[str, ...]:
+    """The rotation of a run's narrow workloads: plain, each KV feature of
+    ``kv``, then each engine family of ``engine`` (what the run draws:
+    CheckSettings.drawn_kv, drawn_engine)."""
+    return ("plain",) + tuple(f"kv:{k}" for k in kv) + tuple(e for e in ENGINE_FAMILIES if e in engine)
 
 
 def is_narrow(base: int, first_phase: int, turns: int) -> bool:
@@ -110,14 +68,14 @@ def is_narrow(base: int, first_phase: int, turns: int) -> bool:
     return base >= first_phase + turns * (NARROW_EVERY - 1)
 
 
-def narrow_workload(settings: NarrowSettings, seed: int, num_steps: int, turn: int) -> Workload:
-    """The ``turn``-th narrow workload of a run (0, 1, ...): a random
-    workload of ``seed`` with the family ``families(settings)[turn % n]``,
-    named ``narrow``, its first feature ``family:FAMILY``."""
-    family = families(settings)[turn % len(families(settings))]
+def narrow_workload(seed: int, num_steps: int, family: str, vocab: int, modes: Sequence[str],
+                    gates: Sequence[str], always_gates: Sequence[str]) -> Workload:
+    """The narrow workload of ``seed`` with ``family`` (one of families()):
+    a random workload in ``modes`` with ``gates`` (a subset drawn, those of
+    ``always_gates`` in every one) and that family, named ``narrow``, its
+    first feature ``family:FAMILY``."""
     kv = (family[3:],) if family.startswith("kv:") else ()
-    workload = random_workload(
-        seed, num_steps, vocab=settings.vocab, modes=settings.drawn_modes, gates=settings.drawn_gates, kv=kv,
-        always_gates=settings.capabilities.always_gates(), sessions=family == "sessions",
-        pipeline=family == "pipeline", runner=family == "runner")
+    workload = random_workload(seed, num_steps, vocab=vocab, modes=modes, gates=gates, kv=kv,
+                               always_gates=always_gates, sessions=family == "sessions",
+                               pipeline=family == "pipeline", runner=family == "runner")
     return dataclasses.replace(workload, name="narrow", features=(f"family:{family}",) + workload.features)

@@ -23,17 +23,18 @@ def _settings(tmp_path: Path, **kw: Any) -> gate.CheckSettings:
 
 
 def test_the_rotation_is_every_family_the_scheduler_supports(tmp_path: Path) -> None:
-    assert narrow.families(_settings(tmp_path)) == (
+    full = _settings(tmp_path)
+    assert narrow.families(full.drawn_kv, full.drawn_engine) == (
         "plain", "kv:connector", "kv:hybrid", "sessions", "pipeline", "runner")
     only = _settings(tmp_path, kv=("hybrid",), engine=("sessions", "drafter"))
-    assert narrow.families(only) == ("plain", "kv:hybrid", "sessions")
-    assert narrow.families(_settings(tmp_path, kv=(), engine=())) == ("plain",)
+    assert narrow.families(only.drawn_kv, only.drawn_engine) == ("plain", "kv:hybrid", "sessions")
+    assert narrow.families((), ()) == ("plain",)
 
 
-def test_a_random_run_has_no_narrow_turn(tmp_path: Path) -> None:
-    assert narrow.has_narrow(_settings(tmp_path))
+def test_a_run_random_throughout_has_no_narrow_turn(tmp_path: Path) -> None:
+    assert not _settings(tmp_path).random_throughout
     for kw in ({"generator": "random"}, {"sessions": True}, {"pipeline": True}, {"runner": True}):
-        assert not narrow.has_narrow(_settings(tmp_path, **kw))
+        assert _settings(tmp_path, **kw).random_throughout
 
 
 def test_the_turns_come_after_the_first_phase_one_in_narrow_every() -> None:
@@ -54,9 +55,11 @@ def test_the_turns_come_after_the_first_phase_one_in_narrow_every() -> None:
                                                          "pipeline", "runner"))))
 def test_each_turn_draws_its_family_and_nothing_of_the_others(tmp_path: Path, turn: int, family: str) -> None:
     settings = _settings(tmp_path)
+    rotation = narrow.families(settings.drawn_kv, settings.drawn_engine)
     seen = []
     for seed in range(12):
-        w = narrow.narrow_workload(settings, seed, 30, turn)
+        w = narrow.narrow_workload(seed, 30, rotation[turn], settings.vocab, settings.drawn_modes,
+                                   settings.drawn_gates, settings.capabilities.always_gates())
         assert w.name == "narrow" and w.features[0] == f"family:{family}"
         c = w.config
         connector, hybrid = c.kv_connector, bool(c.kv_cache_groups)
@@ -79,9 +82,9 @@ def test_a_guided_run_interleaves_them_and_they_run_clean(monkeypatch: pytest.Mo
         kinds.append("core" if core else "guided")
         return real_make(settings, seed, n, counts, core, swarm)
 
-    def narrowed(settings: gate.CheckSettings, seed: int, n: int, turn: int) -> Workload:
-        kinds.append(f"narrow {turn}")
-        return real_narrow(settings, seed, n, turn)
+    def narrowed(seed: int, n: int, family: str, *rest: Any) -> Workload:
+        kinds.append(f"narrow {family}")
+        return real_narrow(seed, n, family, *rest)
     monkeypatch.setattr(gate, "make_workload", make)
     monkeypatch.setattr(gate, "narrow_workload", narrowed)
     settings = _settings(tmp_path, total_steps=60 * 20, workload_steps=20)
@@ -89,7 +92,8 @@ def test_a_guided_run_interleaves_them_and_they_run_clean(monkeypatch: pytest.Mo
     assert outcome.failure is None
     first = gate.core_first(settings.total_steps, settings.workload_steps)
     turns = [k for k in kinds if k.startswith("narrow")]
-    assert turns == [f"narrow {t}" for t in range(len(turns))] and len(turns) >= 4, (first, kinds)
+    rotation = narrow.families(settings.drawn_kv, settings.drawn_engine)
+    assert turns == [f"narrow {rotation[t % len(rotation)]}" for t in range(len(turns))] and len(turns) >= 4, kinds
     base = done = 0
     for k in kinds:
         assert k.startswith("narrow") == narrow.is_narrow(base, first, done), (base, done, kinds)
@@ -103,7 +107,7 @@ def test_the_core_and_guided_workloads_are_those_of_a_run_without_narrow_ones(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # narrow workloads take seeds of their own and stay out of the guided
     # focus's counts, so inserting them changes no other workload of the run
-    real_make = gate.make_workload
+    real_make, real_families = gate.make_workload, gate.families
 
     def run(with_narrow: bool) -> tuple[list[tuple[int, Workload]], list[int]]:
         made: list[tuple[int, Workload]] = []
@@ -113,7 +117,7 @@ def test_the_core_and_guided_workloads_are_those_of_a_run_without_narrow_ones(
             made.append((seed, real_make(settings, seed, n, counts, core, swarm)))
             return made[-1][1]
         monkeypatch.setattr(gate, "make_workload", make)
-        monkeypatch.setattr(gate, "has_narrow", lambda _s: with_narrow)
+        monkeypatch.setattr(gate, "families", real_families if with_narrow else lambda _kv, _engine: ())
         outcome = gate.run_check({"spec": SpecScheduler, "impl": ImplScheduler},
                                  _settings(tmp_path, total_steps=40 * 20, workload_steps=20))
         assert outcome.failure is None
@@ -133,4 +137,5 @@ def test_the_docs_say_the_share_as_the_code_sets_it() -> None:
     words = {2: "two", 3: "three", 4: "four"}
     assert f"after the first phase, one workload in {words[narrow.NARROW_EVERY]} is a plain random workload" in doc
     families = "(gates only, the connector, hybrid groups, sessions, a pipeline, the model runner)"
-    assert families in doc and len(narrow.families(_settings(Path(".")))) == families.count(",") + 1
+    full = _settings(Path("."))
+    assert families in doc and len(narrow.families(full.drawn_kv, full.drawn_engine)) == families.count(",") + 1

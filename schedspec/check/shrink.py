@@ -45,6 +45,7 @@ from schedspec.check.workload import (
     KVLoadFailed,
     KVSaveDone,
     Schedule,
+    SessionInput,
     Step,
     Workload,
     keep_protocol,
@@ -104,6 +105,7 @@ def _consistent(events: list[Event], async_scheduling: bool = False,
     requests: dict[str, RequestSpec] = {}
     out: list[Event] = []
     ready: set[str] = set()
+    ended: set[str] = set()
     depth = config.max_concurrent_batches if config is not None else None
     for e in keep_protocol(events, async_scheduling, depth):
         if isinstance(e, AddRequest):
@@ -112,6 +114,15 @@ def _consistent(events: list[Event], async_scheduling: bool = False,
             continue
         if isinstance(e, (KVLoadDone, KVLoadFailed, KVSaveDone)) and not _kv_event_fits(e, requests, config):
             continue
+        if isinstance(e, SessionInput):
+            # as the trace loader takes it: a resumable request added
+            # before it, whose end was not sent before
+            rid = e.update.request_id
+            known = requests.get(rid)
+            if known is None or not known.resumable or rid in ended:
+                continue
+            if e.update.end:
+                ended.add(rid)
         if isinstance(e, GrammarReady):
             if e.request_id not in structured or e.request_id in ready:
                 continue

@@ -283,6 +283,7 @@ def _small() -> Bound:
     # A pool of 3 usable blocks (6 tokens) and 3 tokens per step: two requests
     # preempt each other, chunk their prefills and hit each other's prefix.
     tight: dict[str, Any] = dict(num_blocks=4, max_model_len=6, max_num_batched_tokens=3)
+    conn: dict[str, Any] = dict(tight, kv_connector=True, kv_report_bound=2)
     return Bound("small", (
         _space("fcfs-cache-tight", (_A, _B), 2, **tight),
         _space("priority-cache-tight", (_A, _B), 2, policy=Policy.PRIORITY, **tight),
@@ -308,6 +309,22 @@ def _small() -> Bound:
         # preempts everything, which the spaces above explore, so none here
         _space("priority-nocache-3seqs-giveback", (_Qg, _Pg, _Rg), 3, policy=Policy.PRIORITY, resets=False,
                enable_prefix_caching=False, scheduler_reserve_full_isl=False, max_num_seqs=3, max_model_len=6),
+        # One space per KV and gate path where one situation decides, each
+        # at its least (one request of a shape at a time, no resets; a
+        # few thousand states): two asynchronous loads of one prompt, the
+        # second waiting for the blocks the first's in-flight prefill
+        # reserves (_async_load_reserve); a loaded request in
+        # kv_holding_waiting passed over by the encoder budget another
+        # request's image took; a synchronous load failing under policy
+        # "fail" in the step a grammar fails; a Mamba group first (Jamba,
+        # Nemotron-H) whose state blocks retire as one request decodes.
+        _space("conn-async-2loads", (_KW,), 2, kv_load_failure_policy="fail", kv_ops=("done",), **conn),
+        _space("conn-encoder-passed-over", (_X1, _XK), 2, max_num_encoder_input_tokens=2, encoder_cache_size=4,
+               kv_load_failure_policy="fail", kv_ops=("done",), resets=False, **conn),
+        _space("conn-grammar-syncfail", (_G1, _KS1), 2, kv_load_failure_policy="fail", kv_ops=("sync-failed@0",),
+               resets=False, **conn),
+        _space("mamba-first-1req", (_A,), 1, kv_cache_groups=(KVCacheGroup("mamba"), KVCacheGroup()), num_blocks=8,
+               max_model_len=6, max_num_batched_tokens=3, resets=False),
     ))
 
 
@@ -463,6 +480,13 @@ _KV = Shape("KV", (2, 1), 2, kv_save_async=True)
 _KB = Shape("KB", (1, 2, 3), 2, kv_external_tokens=2, kv_load_async=True, kv_save_async=True)
 _KWh = Shape("KW", (1, 2, 0), 1, kv_external_tokens=2, kv_load_async=True, kv_save_async=True)
 _KSh = Shape("KS", (1, 2, 3), 1, kv_external_tokens=2)
+# The small bound's one-at-a-time shapes: XK loads its first block
+# asynchronously and has an image at prompt positions 2-3, behind X's two.
+_XK = Shape("XK", (1, 2, 3, 0), 1, mm_inputs=(MMInput(2, 2, "img-c"),), kv_external_tokens=2, kv_load_async=True,
+            max_at_once=1)
+_X1 = dataclasses.replace(_X, max_at_once=1)
+_G1 = dataclasses.replace(_G, max_at_once=1)
+_KS1 = dataclasses.replace(_KS, max_at_once=1)
 
 
 def _full_sw(window: int) -> tuple[KVCacheGroup, ...]:

@@ -68,7 +68,7 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
         "with a connector, on a request that finishes with all its computed tokens in flight"),
     "schedspec.impl.connector.xǁConnectorMixinǁ_async_load_reserve__mutmut_54": (
         "reached, not observed", "max(..., 1) adds a block only for an in-flight prefill whose table already "
-        "covers its sequence, and binds only with an asynchronous load at the pool's exact edge"),
+        "covers its sequence, and binds only with an asynchronous load at the pool's exact edge; killed since the small bound's conn-async-2loads space (data/gate-strength/survivors-modelcheck-small-9ecebe4.txt)"),
     "schedspec.impl.kv_groups.xǁGroupsMixinǁ_state_grow__mutmut_35": (
         "equivalent", "track[0] None after the append: it is read only in `track[0] or prev`, and the table "
         "then holds the block just appended (prev > 0) until _clear_groups drops the track"),
@@ -92,7 +92,7 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.kv_groups.xǁLayoutǁhit__mutmut_16": (
         "equivalent", "a group's length is read only once its blocks are set, which sets the length too"),
     "schedspec.impl.kv_groups.xǁGroupsMixinǁ_state_retire__mutmut_43": (
-        "not reached", "'' for None only for a Mamba group 0: the drawn layouts put a full-attention group first"),
+        "reached, not observed", "'' for None only for a Mamba group 0 (drawn since e1597d0; the check reaches it, no failure in 60 s); killed since the small bound's mamba-first-1req space (one request decoding past two blocks)"),
     "schedspec.impl.queues.x_choose_victim__mutmut_4": (
         "not reached", "choose_victim is the reference the crosshair comparison runs against spec/rules.py; "
         "ImplScheduler keeps its own VictimHeap and never calls it"),
@@ -190,13 +190,13 @@ GATE_SURVIVORS: dict[str, tuple[str, str]] = {
     "schedspec.impl.update.xǁUpdateMixinǁ_apply_stale__mutmut_27": (
         "not reached", "a stale sampled token the request's grammar refuses: the fake model samples within the grammar (rule grammar.refused_sample, out of reach)"),
     "schedspec.impl.update.xǁUpdateMixinǁ_finish_grammar_errors__mutmut_2": (
-        "reached, not observed", "a failed load (policy fail) in the same update as a grammar failure found by the waiting loop: the error finishes one update later"),
+        "reached, not observed", "a failed load (policy fail) in the same update as a grammar failure found by the waiting loop: the error finishes one update later; killed since the small bound's conn-grammar-syncfail space"),
     "schedspec.impl.update.xǁUpdateMixinǁ_set_drafts__mutmut_10": (
         "reached, not observed", "cut -= 1 walks the drafts from the end; it differs only when the grammar refuses two drafts, the first not first; killed since a90d732, whose drafter under a grammar goes astray after its first wrong draft"),
     "schedspec.impl.waiting.xǁWaitingPhaseǁ_admit__mutmut_91": (
         "reached, not observed", "end <= num_tokens keeps a connector request whose admission finishes its prefill among the in-flight prefills: it binds only through the async-load reserve under block pressure; killed since e1597d0 by a narrow connector workload (check/narrow.py)"),
     "schedspec.impl.waiting.xǁWaitingPhaseǁ_schedule_waiting__mutmut_85": (
-        "reached, not observed", "crashes only when a request from kv_holding_waiting is passed over by a gate in the waiting loop"),
+        "reached, not observed", "crashes only when a request from kv_holding_waiting is passed over by a gate in the waiting loop; killed since the small bound's conn-encoder-passed-over space (a loaded request passed over by the encoder budget)"),
     "schedspec.impl.update.xǁUpdateMixinǁ_update_sync__mutmut_19": (
         "equivalent", "req's first value is read only in the except clause, which nothing reaches before the loop assigns req"),
 }

@@ -248,6 +248,13 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise UsageError(f"--against {args.against}: supports none of the spaces chosen: {'; '.join(skipped)}"
                          + _bounds_it_supports(args.against))
+    if skipped:
+        # the rules a run can reach are those of the spaces it explores, not of the ones skipped
+        explored = [s for s in spaces if s.name in set(names)]
+        modes, gates = explored_modes(explored), explored_gates(explored)
+        required = required_rules(args.require_rules, modes, gates)
+        if caps is not None and args.require_rules == "all":
+            required = rules_within(caps, required)
     if shard is not None:
         every = len(names)
         names = shard_spaces(names, *shard)

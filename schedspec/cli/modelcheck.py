@@ -230,17 +230,12 @@ def run(args: argparse.Namespace) -> int:
         spaces = select_spaces(bound(args.bound), args.space)
     except ModelCheckError as exc:
         raise UsageError(f"--space: {exc}") from None
-    modes = explored_modes(spaces)
-    gates = explored_gates(spaces)
-    required = required_rules(args.require_rules, modes, gates)
     deadline = call_timeout_of(args)
     check_output_dir("--out", Path(args.out))
     if args.json:
         check_output_file("--json", Path(args.json))
     against, selection = against_of(args)
     caps = resolve(args.against).capabilities if args.against is not None else None
-    if caps is not None and args.require_rules == "all":
-        required = rules_within(caps, required)
     for flag, cap in (("--kv-events", "kv_events"), ("--stats", "stats")):
         if getattr(args, cap, False) and caps is not None and not getattr(caps, cap):
             raise UsageError(f"{flag}: {args.against} does not declare Capabilities.{cap}")
@@ -248,13 +243,12 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise UsageError(f"--against {args.against}: supports none of the spaces chosen: {'; '.join(skipped)}"
                          + _bounds_it_supports(args.against))
-    if skipped:
-        # the rules a run can reach are those of the spaces it explores, not of the ones skipped
-        explored = [s for s in spaces if s.name in set(names)]
-        modes, gates = explored_modes(explored), explored_gates(explored)
-        required = required_rules(args.require_rules, modes, gates)
-        if caps is not None and args.require_rules == "all":
-            required = rules_within(caps, required)
+    # the rules a run can reach are those of the spaces it explores, not of the ones skipped
+    explored = [s for s in spaces if s.name in set(names)]
+    modes, gates = explored_modes(explored), explored_gates(explored)
+    required = required_rules(args.require_rules, modes, gates)
+    if caps is not None and args.require_rules == "all":
+        required = rules_within(caps, required)
     if shard is not None:
         every = len(names)
         names = shard_spaces(names, *shard)

@@ -323,8 +323,8 @@ def _small() -> Bound:
                kv_load_failure_policy="fail", kv_ops=("done",), resets=False, **conn),
         _space("conn-grammar-syncfail", (_G1, _KS1), 2, kv_load_failure_policy="fail", kv_ops=("sync-failed@0",),
                resets=False, **conn),
-        _space("mamba-first-1req", (_A,), 1, kv_cache_groups=(KVCacheGroup("mamba"), KVCacheGroup()), num_blocks=8,
-               max_model_len=6, max_num_batched_tokens=3, resets=False),
+        _space("mamba-first-1req", (_A,), 1, kv_cache_groups=(KVCacheGroup("mamba"), KVCacheGroup()), resets=False,
+               **dict(tight, num_blocks=8)),
     ))
 
 
